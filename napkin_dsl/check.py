@@ -1,0 +1,629 @@
+"""The checker: syntax -> typed :class:`~napkin_dsl.diagram.Diagram`, or every error at once.
+
+What it checks, per kernel: names (no unknown names, no use before definition, each output
+assigned exactly once, nothing assigned twice, parameters never assigned); axes (each array
+spelled with its own axes, no axis twice in one array, reductions and softmax name an axis of
+their operand, implicit contraction only for a product of array references with every
+contracted axis in at least two operands, broadcasting only onto axes the target has);
+opaque boxes (argument count, axes and dtypes against the ``box`` signature); dtypes (low
+precision products accumulate in f32, declared output dtypes convert on save); and
+``@level`` names against the hardware named by the kernel's relabel block.
+
+What it deliberately does not check: the legality of group and stream partitions and
+capacities. Those need the whole schedule and live in ``relabel.py``.
+
+Errors are collected, not raised one by one: a user fixing a diagram sees every problem in
+one run, each with its line, column, caret and hint.
+
+>>> from napkin_dsl.syntax import parse
+>>> kernels = check_module(parse("kernel k(A: f32[i j]) -> B: f32[i]:\\n    B[i] = sum[j](A)\\n"))
+>>> kernels["k"].diagram.statements[0].consumed
+('j',)
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import sympy
+
+from . import syntax as syn
+from .diagram import (
+    BINARY_FUNCTIONS,
+    DTYPE_BYTES,
+    OPERATORS,
+    REDUCTIONS,
+    UNARY_FUNCTIONS,
+    Apply,
+    Array,
+    Axis,
+    BoxSignature,
+    Const,
+    Contract,
+    Diagram,
+    Map,
+    Opaque,
+    Read,
+    Reduce,
+    ScalarParam,
+    ScalarParameter,
+    Softmax,
+    Statement,
+    accumulation_dtype,
+    canonical_dtype,
+    count_operations,
+    expression_axes,
+    reads,
+)
+from .errors import NapkinError, NapkinTypeError, Span, raise_collected
+from .hardware import all_level_names, hardware_names, load_hardware
+
+
+@dataclass(frozen=True)
+class CheckedKernel:
+    """A kernel's diagram with the relabel block that names it (if any)."""
+
+    diagram: Diagram
+    relabel: syn.RelabelBlock | None
+    source: str
+    file: str
+    definition: syn.KernelDef
+
+
+class _Collector:
+    def __init__(self):
+        self.errors: list[NapkinError] = []
+
+    def error(self, message: str, span: Span | None, hint: str | None = None, cls=NapkinTypeError):
+        self.errors.append(cls(message, span, hint))
+
+
+def _did_you_mean(name: str, candidates) -> str | None:
+    close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(repr(c) for c in close)}?" if close else None
+
+
+def _axes_text(axes) -> str:
+    return f"[{' '.join(axes)}]"
+
+
+class _KernelChecker:
+    """Checks one kernel definition; errors go to the shared collector."""
+
+    def __init__(self, kdef: syn.KernelDef, boxes: dict, level_names: set[str] | None, hardware: str | None, out: _Collector):
+        self.kdef = kdef
+        self.boxes = boxes
+        self.level_names = level_names
+        self.hardware = hardware
+        self.out = out
+        self.axes: dict[str, Axis] = {}
+        self.arrays: dict[str, Array] = {}
+        self.scalars: dict[str, ScalarParameter] = {}
+        self.defined_at: dict[str, Span] = {}
+        self.statements: list[Statement] = []
+        self.declared_outputs: dict[str, syn.Param] = {}
+        self.later_targets = {s.target: s.span for s in kdef.statements}
+
+    # -- declarations
+    def note_axes(self, axes, span: Span, what: str) -> bool:
+        ok = True
+        seen = set()
+        for axis in axes:
+            if axis in seen:
+                self.out.error(
+                    f"axis {axis!r} appears twice in {what} {_axes_text(axes)}",
+                    span,
+                    "an array has each axis once; use two names for two axes of the same size",
+                )
+                ok = False
+            seen.add(axis)
+            if axis not in self.axes:
+                self.axes[axis] = Axis(axis, Axis.symbol(axis), span)
+        return ok
+
+    def declare(self, param: syn.Param, role: str):
+        name, type_ = param.name, param.type
+        dtype = canonical_dtype(type_.dtype)
+        if name in self.arrays or name in self.scalars:
+            self.out.error(f"{name!r} is declared twice in kernel {self.kdef.name!r}", param.span,
+                           f"first declared at {self.defined_at[name]}")
+            return
+        self.defined_at[name] = param.span
+        if type_.axes is None:
+            if role == "output":
+                self.out.error(f"output {name!r} needs axes", param.span, f"write {name}: {type_.dtype}[axes] (use [] for a single value)")
+                return
+            self.scalars[name] = ScalarParameter(name, dtype, param.span)
+            return
+        self.note_axes(type_.axes, type_.span, f"the type of {name!r}")
+        self.arrays[name] = Array(name, dtype, tuple(type_.axes), role, None, param.span)
+
+    # -- statements
+    def run(self) -> Diagram | None:
+        errors_before = len(self.out.errors)
+        for param in self.kdef.params:
+            self.declare(param, "input")
+        for output in self.kdef.outputs:
+            if output.name in self.arrays or output.name in self.scalars:
+                self.out.error(f"output {output.name!r} has the name of a parameter", output.span, "give the output its own name")
+                continue
+            self.declared_outputs[output.name] = output
+            # Register the output's axes now so size expressions and broadcasts can use them.
+            if output.type.axes is not None:
+                self.note_axes(output.type.axes, output.type.span, f"the type of {output.name!r}")
+        if not self.kdef.statements:
+            self.out.error(f"kernel {self.kdef.name!r} has no statements", self.kdef.span,
+                           "write at least one statement assigning each output, e.g. Y[i] = X[i]")
+        for statement in self.kdef.statements:
+            self.statement(statement)
+        for name, output in self.declared_outputs.items():
+            if name not in self.arrays and name not in self.later_targets:
+                self.out.error(f"output {name!r} is never assigned", output.span, f"add a statement {name}[...] = ...")
+        if len(self.out.errors) > errors_before:
+            return None
+        return Diagram(
+            name=self.kdef.name,
+            axes=dict(self.axes),
+            arrays=dict(self.arrays),
+            scalars=dict(self.scalars),
+            params=tuple(p.name for p in self.kdef.params),
+            outputs=tuple(o.name for o in self.kdef.outputs),
+            statements=tuple(self.statements),
+            span=self.kdef.span,
+        )
+
+    def statement(self, stmt: syn.Statement):
+        name = stmt.target
+        if name in self.scalars or (name in self.arrays and self.arrays[name].role == "input"):
+            self.out.error(f"cannot assign to parameter {name!r}", stmt.span, "parameters are read-only; assign a new name")
+            return
+        if name in self.arrays:
+            self.out.error(f"{name!r} is assigned twice", stmt.span, f"first assigned at {self.defined_at[name]}; each array is assigned exactly once")
+            return
+        if stmt.level is not None and not self.level_ok(stmt):
+            pass  # reported; keep checking the statement itself
+        if stmt.axes is not None:
+            if not self.note_axes(stmt.axes, stmt.span, f"the target {name!r}"):
+                return
+        output = self.declared_outputs.get(name)
+        if output is not None and stmt.axes is not None and output.type.axes is not None and set(stmt.axes) != set(output.type.axes):
+            self.out.error(
+                f"output {name!r} is declared with axes {_axes_text(output.type.axes)} but assigned as {name}{_axes_text(stmt.axes)}",
+                stmt.span, f"declared at {output.span}",
+            )
+            return
+        target_axes = stmt.axes if stmt.axes is not None else (tuple(output.type.axes) if output is not None else None)
+        built = self.box(stmt, target_axes)
+        if built is None:
+            return
+        box, axes, woven, consumed, flops, operand_dtypes = built
+        if output is not None:
+            dtype, role = canonical_dtype(output.type.dtype), "output"
+            axes = tuple(output.type.axes)
+        elif stmt.level is not None:
+            # A materialised intermediate is stored at the width of its widest operand.
+            dtype, role = max(operand_dtypes, key=lambda d: DTYPE_BYTES[d]) if operand_dtypes else "f32", "intermediate"
+        else:
+            dtype, role = accumulation_dtype(operand_dtypes), "intermediate"
+        array = Array(name, dtype, axes, role, stmt.level, stmt.span)
+        self.arrays[name] = array
+        self.defined_at[name] = stmt.span
+        inputs = tuple(dict.fromkeys(r.array for r in _box_reads(box)))
+        self.statements.append(
+            Statement(len(self.statements), name, axes, box, woven, consumed, inputs, flops, dtype, stmt.span, stmt.level)
+        )
+
+    def level_ok(self, stmt: syn.Statement) -> bool:
+        names = self.level_names if self.level_names is not None else all_level_names()
+        if stmt.level in names:
+            return True
+        where = f"hardware {self.hardware!r}" if self.hardware else "any known hardware"
+        self.out.error(
+            f"unknown level @{stmt.level} for {stmt.target!r}: {where} has levels {', '.join(sorted(names))}",
+            stmt.span, _did_you_mean(stmt.level, names) or f"materialise at the top level, e.g. @{sorted(names)[0]}",
+        )
+        return False
+
+    # -- boxes
+    def box(self, stmt: syn.Statement, target_axes):
+        expr = stmt.expr
+        if isinstance(expr, syn.Call) and (expr.name == "softmax" or (expr.name in REDUCTIONS and expr.axes is not None) or expr.name in self.boxes):
+            if expr.name == "softmax":
+                return self.softmax(stmt, expr, target_axes)
+            if expr.name in self.boxes:
+                return self.opaque(stmt, expr, target_axes)
+            return self.reduce(stmt, expr, target_axes)
+        converted = self.expression(expr)
+        if converted is None:
+            return None
+        operand_axes = expression_axes(converted)
+        if target_axes is None:
+            target_axes = operand_axes
+            if _product_factors(converted) is not None and len(reads(converted)) > 1:
+                self.out.error(
+                    f"name the axes of {stmt.target!r}: a product may contract, so napkin needs to know which axes remain",
+                    stmt.span, f"write {stmt.target}{_axes_text(operand_axes)} = ... and drop the axes to contract",
+                )
+                return None
+        missing = [a for a in operand_axes if a not in target_axes]
+        dtypes = [self.arrays[r.array].dtype for r in reads(converted)]
+        factors = _product_factors(converted)
+        if missing:
+            if factors is None:
+                axis = missing[0]
+                holder = next(r for r in reads(converted) if axis in r.axes)
+                self.out.error(
+                    f"axis {axis!r} of {holder.array}{_axes_text(holder.axes)} is not an axis of {stmt.target}{_axes_text(target_axes)}; "
+                    f"only a product of arrays contracts implicitly",
+                    holder.span or stmt.span, f"reduce it explicitly: sum[{axis}](...), max[{axis}](...), or add {axis!r} to the target",
+                )
+                return None
+            operands = [f for f in factors if isinstance(f, Read)]
+            ok = True
+            for axis in missing:
+                holders = [r for r in operands if axis in r.axes]
+                if len(holders) < 2:
+                    self.out.error(
+                        f"axis {axis!r} is contracted but appears only in {holders[0].array}{_axes_text(holders[0].axes)}; "
+                        f"a contraction joins the same axis of two arrays",
+                        holders[0].span or stmt.span, f"to sum one array over {axis!r} write sum[{axis}]({holders[0].array}), or add {axis!r} to the target",
+                    )
+                    ok = False
+            if not ok:
+                return None
+            extra = [a for a in target_axes if a not in operand_axes]
+            if extra:
+                self.out.error(
+                    f"axis {extra[0]!r} of {stmt.target}{_axes_text(target_axes)} appears in no operand of the contraction",
+                    stmt.span, "a contraction's result has only axes of its operands",
+                )
+                return None
+            scalars = [f for f in factors if not isinstance(f, Read)]
+            scale = None
+            for factor in scalars:
+                scale = factor if scale is None else Apply("mul", (scale, factor))
+            box = Contract(tuple(operands), tuple(missing), scale)
+            per_output = sympy.Mul(*(self.axes[a].size for a in missing))
+            outputs = sympy.Mul(*(self.axes[a].size for a in target_axes))
+            flops = {"tensor": 2 * per_output * outputs}
+            if scale is not None:
+                flops["fma"] = outputs
+            return box, tuple(target_axes), tuple(target_axes), tuple(missing), flops, dtypes
+        self.check_broadcast(stmt, target_axes)
+        counts = count_operations(converted)
+        outputs = sympy.Mul(*(self.axes[a].size for a in target_axes))
+        flops = {unit: n * outputs for unit, n in counts.items() if n}
+        return Map(converted), tuple(target_axes), tuple(target_axes), (), flops, dtypes
+
+    def check_broadcast(self, stmt, target_axes):
+        for axis in target_axes:
+            if axis not in self.axes:
+                self.axes[axis] = Axis(axis, Axis.symbol(axis), stmt.span)
+
+    def single_operand(self, expr: syn.Call, what: str):
+        if len(expr.args) != 1:
+            self.out.error(f"{what} takes one operand, got {len(expr.args)}", expr.span, f"write {what}(EXPR)")
+            return None
+        return self.expression(expr.args[0])
+
+    def reduce(self, stmt, expr: syn.Call, target_axes):
+        what = f"{expr.name}[{' '.join(expr.axes)}]"
+        if not expr.axes:
+            self.out.error(f"{expr.name}[] names no axis to reduce", expr.span, f"write {expr.name}[AXIS](...)")
+            return None
+        operand = self.single_operand(expr, what)
+        if operand is None:
+            return None
+        operand_axes = expression_axes(operand)
+        for axis in expr.axes:
+            if axis not in operand_axes:
+                self.out.error(
+                    f"{what} reduces axis {axis!r}, but its operand has axes {_axes_text(operand_axes)}",
+                    expr.span, _did_you_mean(axis, operand_axes) or "reduce an axis the operand has",
+                )
+                return None
+        kept = tuple(a for a in operand_axes if a not in expr.axes)
+        if target_axes is None:
+            target_axes = kept
+        if set(target_axes) != set(kept):
+            self.out.error(
+                f"{stmt.target}{_axes_text(target_axes)} does not match {what} of an operand with axes {_axes_text(operand_axes)}: "
+                f"the result has axes {_axes_text(kept)}",
+                stmt.span, f"write {stmt.target}{_axes_text(kept)}",
+            )
+            return None
+        elements = sympy.Mul(*(self.axes[a].size for a in operand_axes))
+        counts = count_operations(operand)
+        flops = {"fma": (counts["fma"] + 1) * elements}
+        if expr.name == "mean":
+            flops["fma"] += sympy.Mul(*(self.axes[a].size for a in kept))
+        if counts["special"]:
+            flops["special"] = counts["special"] * elements
+        dtypes = [self.arrays[r.array].dtype for r in reads(operand)]
+        return Reduce(expr.name, tuple(expr.axes), operand), tuple(target_axes), tuple(target_axes), tuple(expr.axes), flops, dtypes
+
+    def softmax(self, stmt, expr: syn.Call, target_axes):
+        if expr.axes is None or len(expr.axes) != 1:
+            self.out.error("softmax needs exactly one axis", expr.span, "write softmax[AXIS](EXPR)")
+            return None
+        axis = expr.axes[0]
+        operand = self.single_operand(expr, f"softmax[{axis}]")
+        if operand is None:
+            return None
+        operand_axes = expression_axes(operand)
+        if axis not in operand_axes:
+            self.out.error(
+                f"softmax[{axis}] acts along axis {axis!r}, but its operand has axes {_axes_text(operand_axes)}",
+                expr.span, _did_you_mean(axis, operand_axes) or "name an axis of the operand",
+            )
+            return None
+        if target_axes is None:
+            target_axes = operand_axes
+        if set(target_axes) != set(operand_axes):
+            self.out.error(
+                f"{stmt.target}{_axes_text(target_axes)} does not match softmax[{axis}] of an operand with axes {_axes_text(operand_axes)}",
+                stmt.span, f"softmax keeps its operand's axes: write {stmt.target}{_axes_text(operand_axes)}",
+            )
+            return None
+        elements = sympy.Mul(*(self.axes[a].size for a in operand_axes))
+        counts = count_operations(operand)
+        # Per element: running max, subtract, exp, sum, divide.
+        flops = {"fma": (counts["fma"] + 4) * elements, "special": (counts["special"] + 1) * elements}
+        woven = tuple(a for a in target_axes if a != axis)
+        dtypes = [self.arrays[r.array].dtype for r in reads(operand)]
+        return Softmax(axis, operand), tuple(target_axes), woven, (axis,), flops, dtypes
+
+    def opaque(self, stmt, expr: syn.Call, target_axes):
+        decl: syn.BoxDecl = self.boxes[expr.name]
+        signature = BoxSignature(
+            decl.name,
+            tuple((canonical_dtype(t.dtype), tuple(t.axes or ())) for t in decl.inputs),
+            tuple((canonical_dtype(t.dtype), tuple(t.axes or ())) for t in decl.outputs),
+            decl.span,
+        )
+        if expr.axes is not None:
+            self.out.error(f"box {decl.name} takes no axis list", expr.span, f"write {decl.name}(ARGS)")
+            return None
+        if len(signature.outputs) != 1:
+            self.out.error(f"box {decl.name} has {len(signature.outputs)} outputs; a statement assigns exactly one array", expr.span,
+                           "declare one box per output")
+            return None
+        if len(expr.args) != len(signature.inputs):
+            self.out.error(f"box {decl.name} takes {len(signature.inputs)} inputs, got {len(expr.args)}", expr.span, f"declared at {decl.span}")
+            return None
+        args, woven, consumed, dtypes = [], [], [], []
+        for position, (arg, (dtype, box_axes)) in enumerate(zip(expr.args, signature.inputs), start=1):
+            converted = self.expression(arg)
+            if converted is None:
+                return None
+            if not isinstance(converted, Read):
+                self.out.error(f"input {position} of box {decl.name} must be an array name", getattr(arg, "span", expr.span),
+                               "compute the expression in a statement of its own first")
+                return None
+            array = self.arrays[converted.array]
+            for axis in box_axes:
+                if axis not in converted.axes:
+                    self.out.error(
+                        f"input {position} of box {decl.name} needs axis {axis!r} ({dtype}{_axes_text(box_axes)}), "
+                        f"but {converted.array} has axes {_axes_text(converted.axes)}",
+                        converted.span or expr.span, f"box {decl.name} is declared at {decl.span}",
+                    )
+                    return None
+            if array.dtype != dtype:
+                self.out.error(f"input {position} of box {decl.name} is {dtype}, but {converted.array} is {array.dtype}",
+                               converted.span or expr.span, "convert it in a statement first, or change the box signature")
+                return None
+            woven += [a for a in converted.axes if a not in box_axes and a not in woven]
+            consumed += [a for a in box_axes if a not in consumed]
+            args.append(converted)
+            dtypes.append(array.dtype)
+        produced = signature.outputs[0][1]
+        self.note_axes(produced, decl.span, f"the output of box {decl.name}")
+        expected = tuple(woven) + tuple(a for a in produced if a not in woven)
+        if target_axes is None:
+            target_axes = expected
+        if set(target_axes) != set(expected):
+            self.out.error(
+                f"{stmt.target}{_axes_text(target_axes)} does not match box {decl.name}: woven over {_axes_text(woven)} "
+                f"with outputs {_axes_text(produced)}, the result has axes {_axes_text(expected)}",
+                stmt.span, f"write {stmt.target}{_axes_text(expected)}",
+            )
+            return None
+        copies = sympy.Mul(*(self.axes[a].size for a in woven))
+        flops = {"opaque": sympy.Symbol(f"flops_{decl.name}", positive=True) * copies}
+        return (Opaque(signature, tuple(args)), tuple(target_axes), tuple(woven),
+                tuple(consumed) + tuple(a for a in produced if a not in consumed), flops, dtypes)
+
+    # -- elementwise expressions
+    def expression(self, expr) -> object | None:
+        if isinstance(expr, syn.Number):
+            return Const(sympy.nsimplify(expr.value) if isinstance(expr.value, float) else sympy.Integer(expr.value))
+        if isinstance(expr, syn.Ref):
+            return self.reference(expr)
+        if isinstance(expr, syn.Neg):
+            inner = self.expression(expr.operand)
+            return None if inner is None else Apply("neg", (inner,))
+        if isinstance(expr, syn.BinOp):
+            left, right = self.expression(expr.left), self.expression(expr.right)
+            if left is None or right is None:
+                return None
+            if isinstance(left, Const) and isinstance(right, Const):
+                value = {"+": sympy.Add, "*": sympy.Mul}.get(expr.op)
+                if expr.op == "^":
+                    return Const(left.value ** right.value)
+                if expr.op == "-":
+                    return Const(left.value - right.value)
+                if expr.op == "/":
+                    return Const(left.value / right.value)
+                return Const(value(left.value, right.value))
+            return Apply(OPERATORS[expr.op], (left, right))
+        if isinstance(expr, syn.Call):
+            return self.call(expr)
+        raise AssertionError(f"napkin bug: unknown syntax {expr!r}")
+
+    def reference(self, ref: syn.Ref):
+        name = ref.name
+        if name in self.arrays:
+            array = self.arrays[name]
+            if ref.axes is not None:
+                if len(set(ref.axes)) != len(ref.axes):
+                    self.out.error(f"axis repeated in {name}{_axes_text(ref.axes)}", ref.span, "an array has each axis once")
+                    return None
+                if set(ref.axes) != set(array.axes):
+                    missing = [a for a in array.axes if a not in ref.axes]
+                    unknown = [a for a in ref.axes if a not in array.axes]
+                    detail = f"missing {_axes_text(missing)}" if missing else f"it has no {_axes_text(unknown)}"
+                    self.out.error(
+                        f"{name} has axes {_axes_text(array.axes)} but is used as {name}{_axes_text(ref.axes)} ({detail})",
+                        ref.span, f"{name} is defined at {self.defined_at[name]}; spell its axes as {name}{_axes_text(array.axes)}",
+                    )
+                    return None
+            return Read(name, array.axes, ref.span)
+        if name in self.scalars:
+            if ref.axes is not None:
+                self.out.error(f"{name!r} is a scalar and has no axes", ref.span, f"write {name}")
+                return None
+            return ScalarParam(name)
+        if name in self.axes:
+            if ref.axes is not None:
+                self.out.error(f"{name!r} is an axis (a size), not an array", ref.span, f"write {name} for its size")
+                return None
+            return Const(self.axes[name].size)
+        if name in self.later_targets or name in self.declared_outputs:
+            where = self.later_targets.get(name)
+            self.out.error(f"{name!r} is used before it is defined", ref.span,
+                           f"it is assigned later, at {where}" if where else "assign it before this statement")
+            return None
+        known = list(self.arrays) + list(self.scalars) + list(self.axes)
+        self.out.error(f"unknown name {name!r}", ref.span, _did_you_mean(name, known) or "declare it as a kernel parameter or assign it first")
+        return None
+
+    def call(self, call: syn.Call):
+        name = call.name
+        if name == "softmax" or (name in REDUCTIONS and call.axes is not None) or name in self.boxes:
+            self.out.error(
+                f"{name}{_axes_text(call.axes) if call.axes else ''}(...) must be the whole right-hand side of a statement",
+                call.span, "give its result a name in a statement of its own, then use that name",
+            )
+            return None
+        if call.axes is not None:
+            self.out.error(f"{name} takes no axis list", call.span, f"only sum, max, min, mean and softmax act along an axis")
+            return None
+        args = [self.expression(a) for a in call.args]
+        if any(a is None for a in args):
+            return None
+        if name in UNARY_FUNCTIONS:
+            if len(args) != 1:
+                self.out.error(f"{name} takes one argument, got {len(args)}", call.span, f"write {name}(EXPR)")
+                return None
+            return Apply(name, tuple(args))
+        if name in BINARY_FUNCTIONS:
+            if len(args) != 2:
+                self.out.error(f"{name}(a, b) takes two arguments, got {len(args)}", call.span,
+                               f"for a reduction write {name}[AXIS](EXPR)")
+                return None
+            return Apply(name, tuple(args))
+        functions = sorted(UNARY_FUNCTIONS | BINARY_FUNCTIONS | REDUCTIONS | {"softmax"} | set(self.boxes))
+        self.out.error(f"unknown function {name!r}", call.span,
+                       _did_you_mean(name, functions) or f"known: {', '.join(functions)}; declare others with 'box'")
+        return None
+
+
+def _product_factors(expr):
+    """The factors of a pure product tree, or None if the expression is not one."""
+    if isinstance(expr, Apply) and expr.fn == "mul":
+        left, right = (_product_factors(a) for a in expr.args)
+        return None if left is None or right is None else left + right
+    if isinstance(expr, Read):
+        return [expr]
+    if not reads(expr):
+        return [expr]  # a scalar factor: number, size expression, scalar parameter
+    return None
+
+
+def _box_reads(box) -> list[Read]:
+    if isinstance(box, Contract):
+        return list(box.operands) + (reads(box.scale) if box.scale is not None else [])
+    if isinstance(box, Map):
+        return reads(box.expr)
+    if isinstance(box, (Reduce, Softmax)):
+        return reads(box.operand)
+    return list(box.args)
+
+
+# ---- module level ----------------------------------------------------------------------------
+
+
+def _check_boxes(module: syn.Module, out: _Collector) -> dict:
+    boxes = {}
+    for decl in module.boxes:
+        if decl.name in boxes:
+            out.error(f"box {decl.name!r} is declared twice", decl.span, f"first declared at {boxes[decl.name].span}")
+            continue
+        reserved = UNARY_FUNCTIONS | BINARY_FUNCTIONS | REDUCTIONS | {"softmax"}
+        if decl.name in reserved:
+            out.error(f"box {decl.name!r} has the name of a built-in function", decl.span, "choose another name")
+            continue
+        boxes[decl.name] = decl
+    return boxes
+
+
+def _relabel_hardware(block: syn.RelabelBlock | None, out: _Collector, hardware: str | None):
+    name = block.hardware if block is not None else hardware
+    if name is None:
+        return None, None
+    try:
+        profile = load_hardware(name)
+    except NapkinError:
+        out.error(f"unknown hardware {name!r}", block.span if block else None,
+                  _did_you_mean(name, hardware_names()) or f"known hardware: {', '.join(hardware_names())}")
+        return None, None
+    return name, set(profile.level_names())
+
+
+def check_module(module: syn.Module, *, hardware: str | None = None, relabels: tuple = ()) -> dict[str, CheckedKernel]:
+    """Check every kernel of a module; return them by name or raise all errors together.
+
+    ``hardware`` names the profile that ``@level`` names are checked against for kernels with
+    no relabel block; ``relabels`` adds relabel blocks from elsewhere (a decorator argument).
+    """
+    out = _Collector()
+    boxes = _check_boxes(module, out)
+    blocks = {}
+    kernel_names = [k.name for k in module.kernels]
+    for block in tuple(module.relabels) + tuple(relabels):
+        target = block.kernel if block.kernel is not None else (kernel_names[0] if len(kernel_names) == 1 else None)
+        if target is None:
+            out.error("a relabel block without a kernel name needs exactly one kernel in the file", block.span,
+                      "write relabel KERNEL on HARDWARE:")
+            continue
+        if target not in kernel_names:
+            out.error(f"relabel names unknown kernel {target!r}", block.span,
+                      _did_you_mean(target, kernel_names) or f"kernels here: {', '.join(kernel_names) or 'none'}")
+            continue
+        if target in blocks:
+            out.error(f"kernel {target!r} is relabelled twice", block.span, f"first relabelled at {blocks[target].span}")
+            continue
+        blocks[target] = block
+    results = {}
+    seen = {}
+    for kdef in module.kernels:
+        if kdef.name in seen:
+            out.error(f"kernel {kdef.name!r} is defined twice", kdef.span, f"first defined at {seen[kdef.name]}")
+            continue
+        seen[kdef.name] = kdef.span
+        block = blocks.get(kdef.name)
+        hardware_name, level_names = _relabel_hardware(block, out, hardware)
+        if block is not None:
+            for clauses in block.levels:
+                if level_names is not None and clauses.level not in level_names:
+                    out.error(
+                        f"hardware {hardware_name} has no level {clauses.level!r}; its levels are {', '.join(load_hardware(hardware_name).level_names())}",
+                        clauses.span, _did_you_mean(clauses.level, level_names),
+                    )
+        diagram = _KernelChecker(kdef, boxes, level_names, hardware_name, out).run()
+        if diagram is not None:
+            results[kdef.name] = CheckedKernel(diagram, block, module.source, module.file, kdef)
+    raise_collected(out.errors)
+    return results

@@ -1,0 +1,307 @@
+"""The typed diagram: axes with sizes, arrays with dtypes and levels, one box per statement.
+
+A :class:`Diagram` is what the checker (``check.py``) builds from the syntax of one kernel.
+Every statement is one box of the paper's diagrams:
+
+* :class:`Contract`: a product of array references that sums away the axes missing from
+  its target (a wire cap), optionally scaled by a scalar;
+* :class:`Map`: an elementwise expression, broadcasting operands over missing axes;
+* :class:`Reduce`: ``sum/max/min/mean[axes](expr)``;
+* :class:`Softmax`: ``softmax[axis](expr)``;
+* :class:`Opaque`: an application of a ``box`` declared by signature only.
+
+Each statement records the axes it is woven over (they pass over the box) and the axes it
+consumes (the box acts along them), its FLOPs per compute unit as sympy expressions, and the
+arrays it reads. This module holds data and small queries only; it does not check anything
+(``check.py``), and it knows nothing of memory levels beyond the ``@level`` a statement names.
+
+Elementwise expressions are a small tree (:class:`Read`, :class:`Const`, :class:`ScalarParam`,
+:class:`Apply`) that backends evaluate with broadcasting over named axes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+import sympy
+
+from .errors import Span
+
+# ---- dtypes ------------------------------------------------------------------------------
+
+DTYPE_BYTES = {
+    "f64": 8, "f32": 4, "f16": 2, "bf16": 2, "fp8e4m3": 1, "fp8e5m2": 1, "i32": 4, "i64": 8,
+}
+DTYPE_ALIASES = {"fp8": "fp8e4m3"}
+LOW_PRECISION = {"f16", "bf16", "fp8e4m3", "fp8e5m2"}
+
+
+def canonical_dtype(name: str) -> str:
+    return DTYPE_ALIASES.get(name, name)
+
+
+def accumulation_dtype(dtypes) -> str:
+    """The dtype a box computes in: f64 if any operand is f64, else f32.
+
+    f16/bf16/fp8 products and reductions accumulate in f32, as tensor cores do.
+    """
+    return "f64" if "f64" in set(dtypes) else "f32"
+
+
+# ---- elementwise functions ---------------------------------------------------------------
+
+# Functions that run on the special-function unit (MUFU) on NVIDIA GPUs; others are FMA-pipe.
+SPECIAL_FUNCTIONS = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu"}
+PLAIN_FUNCTIONS = {"relu", "abs", "neg"}
+UNARY_FUNCTIONS = SPECIAL_FUNCTIONS | PLAIN_FUNCTIONS
+BINARY_FUNCTIONS = {"max", "min"}
+OPERATORS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow"}
+REDUCTIONS = {"sum", "max", "min", "mean"}
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A wire: a named axis with one size across the kernel (a sympy symbol or integer)."""
+
+    name: str
+    size: sympy.Expr
+    span: Span | None = None  # where the axis first appeared
+
+    @staticmethod
+    def symbol(name: str) -> sympy.Symbol:
+        return sympy.Symbol(name, positive=True, integer=True)
+
+
+@dataclass(frozen=True)
+class Array:
+    """An array of the kernel: a parameter, an output or an intermediate."""
+
+    name: str
+    dtype: str
+    axes: tuple[str, ...]
+    role: str  # "input", "output" or "intermediate"
+    level: str | None = None  # the level it lives at when materialised; None = on chip
+    span: Span | None = None
+
+    @property
+    def bytes_per_value(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class ScalarParameter:
+    name: str
+    dtype: str
+    span: Span | None = None
+
+
+# ---- elementwise expression tree -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Read:
+    """A read of a whole array; ``axes`` are its axes in storage order."""
+
+    array: str
+    axes: tuple[str, ...]
+    span: Span | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Const:
+    """A number or a size expression such as ``d^-0.5`` (sympy)."""
+
+    value: sympy.Expr
+
+
+@dataclass(frozen=True)
+class ScalarParam:
+    name: str
+
+
+@dataclass(frozen=True)
+class Apply:
+    """An elementwise function or operator: ``fn`` in UNARY/BINARY_FUNCTIONS or OPERATORS' values."""
+
+    fn: str
+    args: tuple["Expression", ...]
+
+
+Expression = Union[Read, Const, ScalarParam, Apply]
+
+
+def reads(expr: Expression) -> list[Read]:
+    """Every array read in an expression, left to right."""
+    if isinstance(expr, Read):
+        return [expr]
+    if isinstance(expr, Apply):
+        return [r for arg in expr.args for r in reads(arg)]
+    return []
+
+
+def expression_axes(expr: Expression) -> tuple[str, ...]:
+    """Axes of an elementwise expression: the union of its reads', in order of appearance."""
+    seen: dict[str, None] = {}
+    for read in reads(expr):
+        for axis in read.axes:
+            seen.setdefault(axis)
+    return tuple(seen)
+
+
+def count_operations(expr: Expression) -> dict[str, int]:
+    """Elementwise operations per output element, by compute unit ("fma" or "special").
+
+    Operations on scalars only (``d^-0.5``) are folded at compile time and cost nothing.
+    """
+    counts = {"fma": 0, "special": 0}
+    if isinstance(expr, Apply):
+        if not reads(expr):
+            return counts
+        for arg in expr.args:
+            for unit, n in count_operations(arg).items():
+                counts[unit] += n
+        counts["special" if expr.fn in SPECIAL_FUNCTIONS else "fma"] += 1
+    return counts
+
+
+def format_expression(expr: Expression) -> str:
+    if isinstance(expr, Read):
+        return f"{expr.array}[{' '.join(expr.axes)}]"
+    if isinstance(expr, Const):
+        return str(expr.value)
+    if isinstance(expr, ScalarParam):
+        return expr.name
+    symbols = {v: k for k, v in OPERATORS.items()}
+    if expr.fn in symbols and len(expr.args) == 2:
+        left, right = (format_expression(a) for a in expr.args)
+        return f"({left} {symbols[expr.fn]} {right})"
+    return f"{expr.fn}({', '.join(format_expression(a) for a in expr.args)})"
+
+
+# ---- boxes -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Contract:
+    operands: tuple[Read, ...]
+    contracted: tuple[str, ...]
+    scale: Expression | None = None
+    kind = "contract"
+
+
+@dataclass(frozen=True)
+class Map:
+    expr: Expression
+    kind = "map"
+
+
+@dataclass(frozen=True)
+class Reduce:
+    op: str  # sum, max, min, mean
+    axes: tuple[str, ...]
+    operand: Expression
+    kind = "reduce"
+
+
+@dataclass(frozen=True)
+class Softmax:
+    axis: str
+    operand: Expression
+    kind = "softmax"
+
+
+@dataclass(frozen=True)
+class BoxSignature:
+    name: str
+    inputs: tuple[tuple[str, tuple[str, ...]], ...]  # (dtype, axes) per input
+    outputs: tuple[tuple[str, tuple[str, ...]], ...]
+    span: Span | None = None
+
+
+@dataclass(frozen=True)
+class Opaque:
+    box: BoxSignature
+    args: tuple[Read, ...]
+    kind = "opaque"
+
+
+Box = Union[Contract, Map, Reduce, Softmax, Opaque]
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One box of the diagram, producing one array."""
+
+    index: int
+    target: str
+    axes: tuple[str, ...]  # the target's axes
+    box: Box
+    woven: tuple[str, ...]  # axes passing over the box
+    consumed: tuple[str, ...]  # axes the box acts along (contracted, reduced, softmaxed, box-internal)
+    inputs: tuple[str, ...]  # names of arrays read, without repeats
+    flops: dict  # unit ("tensor", "fma", "special") -> sympy expression, for the whole statement
+    dtype: str  # dtype of the result as computed
+    span: Span | None = None
+    level: str | None = None  # @level materialisation
+
+    @property
+    def total_flops(self) -> sympy.Expr:
+        return sympy.Add(*self.flops.values())
+
+    @property
+    def iteration_axes(self) -> tuple[str, ...]:
+        """Target axes followed by the consumed axes that disappear from the target."""
+        return self.axes + tuple(a for a in self.consumed if a not in self.axes)
+
+    def describe(self) -> str:
+        box = self.box
+        if isinstance(box, Contract):
+            text = " * ".join(format_expression(r) for r in box.operands)
+            if box.scale is not None:
+                text += f" * {format_expression(box.scale)}"
+            return text
+        if isinstance(box, Map):
+            return format_expression(box.expr)
+        if isinstance(box, Reduce):
+            return f"{box.op}[{' '.join(box.axes)}]({format_expression(box.operand)})"
+        if isinstance(box, Softmax):
+            return f"softmax[{box.axis}]({format_expression(box.operand)})"
+        return f"{box.box.name}({', '.join(format_expression(r) for r in box.args)})"
+
+
+@dataclass(frozen=True)
+class Diagram:
+    """A checked kernel: its axes, arrays, scalars and statements (boxes), in order."""
+
+    name: str
+    axes: dict  # name -> Axis
+    arrays: dict  # name -> Array
+    scalars: dict  # name -> ScalarParameter
+    params: tuple[str, ...]  # parameter names in signature order (arrays and scalars)
+    outputs: tuple[str, ...]
+    statements: tuple[Statement, ...]
+    span: Span | None = None
+
+    def size(self, axis: str) -> sympy.Expr:
+        return self.axes[axis].size
+
+    def sizes(self, axes) -> sympy.Expr:
+        return sympy.Mul(*(self.axes[a].size for a in axes))
+
+    @property
+    def flops(self) -> sympy.Expr:
+        return sympy.Add(*(s.total_flops for s in self.statements))
+
+    def producer(self, array: str) -> Statement | None:
+        for statement in self.statements:
+            if statement.target == array:
+                return statement
+        return None
+
+    def consumers(self, array: str) -> list[Statement]:
+        return [s for s in self.statements if array in s.inputs]
+
+    @property
+    def input_arrays(self) -> list[Array]:
+        return [self.arrays[p] for p in self.params if p in self.arrays]

@@ -1,0 +1,159 @@
+"""Hardware profiles: memory hierarchies as data.
+
+A profile is a chain of memory levels from the top (device memory, or the paper's ``l0``)
+down to the level where compute happens, with a capacity per unit of each level (per
+device, per block, per thread), the bandwidth *into* each level from the one above, the
+number of units, and peak compute rates. Profiles live in ``napkin_dsl/hardware/*.toml``,
+each number beside its public source.
+
+The abstract profiles (``two_level``, ``three_level``) count values, not bytes, and keep
+capacities and bandwidths as sympy symbols, as the paper does.
+
+This module only describes machines; it does not decide what runs where (that is
+``relabel.py``) or what anything costs (``cost.py``).
+
+>>> h100 = load_hardware("H100")
+>>> [level.name for level in h100.levels]
+['gmem', 'l2', 'smem', 'registers']
+>>> h100.level("smem").capacity
+232448
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sympy
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from .errors import NapkinError
+
+PROFILE_DIR = Path(__file__).parent / "hardware"
+
+
+@dataclass(frozen=True)
+class Level:
+    """One memory level. ``capacity`` is per unit (``per``), ``bandwidth`` is into this level."""
+
+    name: str
+    per: str
+    capacity: sympy.Expr | int | None = None
+    bandwidth: sympy.Expr | float | None = None
+    units: int = 1
+    compute: bool = False
+    threads_per_unit: int | None = None
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    description: str
+    levels: tuple[Level, ...]
+    counts: str = "bytes"  # "values" for the paper's abstract models
+    arch: str | None = None
+    peak_flops: dict = field(default_factory=dict)
+    clock_hz: float | None = None
+
+    @property
+    def top(self) -> Level:
+        return self.levels[0]
+
+    @property
+    def symbolic(self) -> bool:
+        return self.counts == "values"
+
+    @property
+    def compute_level(self) -> Level:
+        """The level where boxes run by default: the lowest level marked ``compute``."""
+        marked = [level for level in self.levels if level.compute]
+        return marked[-1] if marked else self.levels[-1]
+
+    def level(self, name: str) -> Level:
+        for level in self.levels:
+            if level.name == name:
+                return level
+        raise KeyError(name)
+
+    def level_names(self) -> list[str]:
+        return [level.name for level in self.levels]
+
+    def index(self, name: str) -> int:
+        return self.level_names().index(name)
+
+    @property
+    def sm_count(self) -> int:
+        return self.compute_level.units
+
+    def peak(self, unit: str, dtype: str) -> float | None:
+        """Peak FLOP/s of a compute unit ("tensor", "fma", "special") for a dtype."""
+        rates = self.peak_flops.get(unit)
+        if rates is None:
+            return None
+        if isinstance(rates, dict):
+            if dtype in rates:
+                return float(rates[dtype])
+            if dtype.startswith("fp8") and "f16" in rates:
+                return float(rates["f16"])  # no fp8 units: fp8 runs at the f16 rate
+            return float(rates["f32"]) if "f32" in rates else None
+        return float(rates)
+
+
+def _size_value(value):
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return sympy.Symbol(value, positive=True)
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def load_hardware(name: str) -> Hardware:
+    """Load a profile by name (``H100``) or from a path to a TOML file."""
+    path = Path(name)
+    if not (path.suffix == ".toml" and path.exists()):
+        path = PROFILE_DIR / f"{name}.toml"
+    if not path.exists():
+        raise NapkinError(
+            f"unknown hardware {name!r}",
+            hint=f"known hardware: {', '.join(hardware_names())}, or a path to a .toml profile",
+        )
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise NapkinError(f"hardware profile {path.name} is not valid TOML: {exc}") from None
+    levels = tuple(
+        Level(
+            name=entry["name"],
+            per=entry.get("per", "core"),
+            capacity=_size_value(entry.get("capacity")),
+            bandwidth=_size_value(entry.get("bandwidth")),
+            units=int(entry.get("units", 1)),
+            compute=bool(entry.get("compute", False)),
+            threads_per_unit=entry.get("threads_per_unit"),
+        )
+        for entry in data["level"]
+    )
+    return Hardware(
+        name=data["name"],
+        description=data.get("description", data["name"]),
+        levels=levels,
+        counts=data.get("counts", "bytes"),
+        arch=data.get("arch"),
+        peak_flops=data.get("peak_flops", {}),
+        clock_hz=data.get("clock_hz"),
+    )
+
+
+def hardware_names() -> list[str]:
+    """Names of the bundled profiles."""
+    return sorted(path.stem for path in PROFILE_DIR.glob("*.toml"))
+
+
+def all_level_names() -> set[str]:
+    return {level.name for name in hardware_names() for level in load_hardware(name).levels}

@@ -1,0 +1,493 @@
+"""Parsing: napkin text -> syntax dataclasses that carry source spans.
+
+This pass only reads. It knows the shape of the notation (declarations, statements,
+expressions, relabel clauses) and turns lark's parse tree into small frozen dataclasses,
+each with the :class:`~napkin_dsl.errors.Span` it came from. It deliberately does not know
+what any name means: axes, sizes, dtypes and relabel legality are the checker's and the
+relabeller's business.
+
+Syntax mistakes become :class:`NapkinSyntaxError` with curated messages for the common
+ones (see ``_CURATED``), never a lark exception.
+
+>>> module = parse("kernel double(X: f32[n]) -> Y: f32[n]:\\n    Y[n] = X[n] * 2\\n")
+>>> module.kernels[0].statements[0].target
+'Y'
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Union
+
+import lark
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from .errors import NapkinSyntaxError, Span
+
+GRAMMAR_PATH = Path(__file__).parent / "grammar" / "napkin.lark"
+
+# Large inputs are refused before parsing: a diagram is a few hundred lines, and lark on
+# a multi-megabyte file would look like a hang.
+MAX_SOURCE_CHARS = 2_000_000
+# Deep nesting would exhaust Python's recursion in the tree walk; no real diagram nests
+# more than a handful of parentheses.
+MAX_NESTING = 64
+
+
+# ---- syntax dataclasses ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Number:
+    value: float
+    text: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A name in an expression: an array (``S``, ``S[q x]``), a scalar or a size (``d``)."""
+
+    name: str
+    axes: tuple[str, ...] | None
+    span: Span
+
+
+@dataclass(frozen=True)
+class Call:
+    """``exp(S)``, ``max(a, b)``, ``softmax[x](S)``, ``sum[x](E)``, ``F(X, W)``."""
+
+    name: str
+    axes: tuple[str, ...] | None
+    args: tuple["Expr", ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str  # one of + - * / ^
+    left: "Expr"
+    right: "Expr"
+    span: Span
+
+
+@dataclass(frozen=True)
+class Neg:
+    operand: "Expr"
+    span: Span
+
+
+Expr = Union[Number, Ref, Call, BinOp, Neg]
+
+
+@dataclass(frozen=True)
+class TypeSyntax:
+    """``bf16[b h q d]`` (axes is a tuple) or ``f32`` (a scalar: axes is None)."""
+
+    dtype: str
+    axes: tuple[str, ...] | None
+    span: Span
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: TypeSyntax
+    span: Span
+
+
+@dataclass(frozen=True)
+class Statement:
+    target: str
+    axes: tuple[str, ...] | None
+    level: str | None
+    expr: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class KernelDef:
+    name: str
+    params: tuple[Param, ...]
+    outputs: tuple[Param, ...]
+    statements: tuple[Statement, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class BoxDecl:
+    name: str
+    inputs: tuple[TypeSyntax, ...]
+    outputs: tuple[TypeSyntax, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Partition:
+    kind: str  # "group" or "stream"
+    axis: str
+    size: int | str
+    span: Span
+
+
+@dataclass(frozen=True)
+class LevelClauses:
+    level: str
+    partitions: tuple[Partition, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class RelabelBlock:
+    kernel: str | None
+    hardware: str
+    levels: tuple[LevelClauses, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Module:
+    """Everything one source text declares, in order."""
+
+    file: str
+    source: str
+    boxes: tuple[BoxDecl, ...] = ()
+    kernels: tuple[KernelDef, ...] = ()
+    relabels: tuple[RelabelBlock, ...] = ()
+    statements: tuple[Statement, ...] = field(default=())  # docstring bodies only
+
+
+# ---- parser ---------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _parser(start: str) -> lark.Lark:
+    return lark.Lark(
+        GRAMMAR_PATH.read_text(),
+        start=start,
+        parser="lalr",
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
+
+
+class _Builder:
+    """Walks a lark tree and builds syntax dataclasses with spans."""
+
+    def __init__(self, file: str, lines: list[str], line_offset: int, first_column_offset: int):
+        self.file = file
+        self.lines = lines
+        self.line_offset = line_offset
+        self.first_column_offset = first_column_offset
+
+    def span(self, item, end_item=None) -> Span:
+        meta = item if isinstance(item, lark.Token) else item.meta
+        line = getattr(meta, "line", 1) or 1
+        column = getattr(meta, "column", 1) or 1
+        end_column = getattr(end_item or meta, "end_column", None)
+        if getattr(end_item or meta, "end_line", line) != line:
+            end_column = None
+        return make_span(self.file, self.lines, line, column, end_column, self.line_offset, self.first_column_offset)
+
+    # -- declarations
+    def module(self, tree: lark.Tree, source: str) -> Module:
+        boxes, kernels, relabels, statements = [], [], [], []
+        for child in tree.children:
+            if not isinstance(child, lark.Tree):
+                continue
+            if child.data == "box_decl":
+                boxes.append(self.box_decl(child))
+            elif child.data == "kernel_def":
+                kernels.append(self.kernel_def(child))
+            elif child.data == "relabel_block":
+                relabels.append(self.relabel_block(child))
+            elif child.data == "statement":
+                statements.append(self.statement(child))
+        return Module(self.file, source, tuple(boxes), tuple(kernels), tuple(relabels), tuple(statements))
+
+    def box_decl(self, tree: lark.Tree) -> BoxDecl:
+        name, *types = tree.children
+        types = [t for t in types if t is not None]
+        # The grammar puts inputs before "->" and outputs after; lark drops the arrow, so
+        # count the inputs from the token positions.
+        arrow_line, arrow_col = _arrow_position(tree, self.lines)
+        inputs = [t for t in types if (t.meta.line, t.meta.column) < (arrow_line, arrow_col)]
+        outputs = [t for t in types if (t.meta.line, t.meta.column) > (arrow_line, arrow_col)]
+        return BoxDecl(
+            str(name),
+            tuple(self.type_syntax(t) for t in inputs),
+            tuple(self.type_syntax(t) for t in outputs),
+            self.span(name),
+        )
+
+    def kernel_def(self, tree: lark.Tree) -> KernelDef:
+        name = tree.children[0]
+        params = [self.param(c) for c in tree.children[1:] if isinstance(c, lark.Tree) and c.data == "param"]
+        outputs = [self.param(c) for c in tree.children[1:] if isinstance(c, lark.Tree) and c.data == "output"]
+        statements = [self.statement(c) for c in tree.children[1:] if isinstance(c, lark.Tree) and c.data == "statement"]
+        return KernelDef(str(name), tuple(params), tuple(outputs), tuple(statements), self.span(name))
+
+    def param(self, tree: lark.Tree) -> Param:
+        name, type_tree = tree.children
+        return Param(str(name), self.type_syntax(type_tree), self.span(name))
+
+    def type_syntax(self, tree: lark.Tree) -> TypeSyntax:
+        dtype = str(tree.children[0])
+        axes = self.axis_names(tree.children[1]) if tree.data == "array_type" else None
+        return TypeSyntax(dtype, axes, self.span(tree))
+
+    @staticmethod
+    def axis_names(tree: lark.Tree) -> tuple[str, ...]:
+        return tuple(str(token) for token in tree.children)
+
+    def statement(self, tree: lark.Tree) -> Statement:
+        name, index, level, expr = tree.children
+        axes = self.axis_names(index.children[0]) if index is not None else None
+        return Statement(
+            str(name),
+            axes,
+            str(level)[1:] if level is not None else None,
+            self.expr(expr, depth=0),
+            self.span(name),
+        )
+
+    def relabel_block(self, tree: lark.Tree) -> RelabelBlock:
+        kernel, hardware, *levels = tree.children
+        return RelabelBlock(
+            str(kernel) if kernel is not None else None,
+            str(hardware),
+            tuple(self.level_clauses(level) for level in levels),
+            self.span(hardware),
+        )
+
+    def level_clauses(self, tree: lark.Tree) -> LevelClauses:
+        level, *lists = tree.children
+        partitions = []
+        for partition_list in lists:
+            kind, *items = partition_list.children
+            for item in items:
+                axis, size = item.children
+                value = int(size.children[0]) if size.data == "int_size" else str(size.children[0])
+                partitions.append(Partition(str(kind), str(axis), value, self.span(axis)))
+        return LevelClauses(str(level), tuple(partitions), self.span(level))
+
+    # -- expressions
+    def expr(self, tree, depth: int):
+        if depth > MAX_NESTING:
+            raise NapkinSyntaxError(
+                f"expression nested more than {MAX_NESTING} levels deep",
+                self.span(tree),
+                "split it into several statements",
+            )
+        kind = tree.data
+        if kind == "number":
+            token = tree.children[0]
+            text = str(token)
+            value = float(text) if any(c in text for c in ".eE") else int(text)
+            return Number(value, text, self.span(token))
+        if kind == "ref":
+            name, index = tree.children
+            axes = self.axis_names(index.children[0]) if index is not None else None
+            return Ref(str(name), axes, self.span(name))
+        if kind == "call":
+            name, index, *args = tree.children
+            axes = self.axis_names(index.children[0]) if index is not None else None
+            return Call(str(name), axes, tuple(self.expr(a, depth + 1) for a in args if a is not None), self.span(name))
+        if kind == "neg":
+            return Neg(self.expr(tree.children[0], depth + 1), self.span(tree))
+        operators = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "^"}
+        if kind in operators:
+            left, right = tree.children
+            return BinOp(operators[kind], self.expr(left, depth + 1), self.expr(right, depth + 1), self.span(tree))
+        raise AssertionError(f"napkin bug: unknown expression node {kind}")
+
+
+def _arrow_position(tree: lark.Tree, lines: list[str]) -> tuple[int, int]:
+    """Line and column of the '->' of a box declaration (lark drops anonymous tokens)."""
+    line = tree.meta.line
+    text = lines[line - 1] if 0 < line <= len(lines) else ""
+    column = text.find("->", tree.meta.column - 1)
+    return line, column + 1
+
+
+def make_span(file, lines, line, column, end_column=None, line_offset=0, first_column_offset=0) -> Span:
+    text = lines[line - 1] if 0 < line <= len(lines) else ""
+    if line == 1 and first_column_offset:
+        column += first_column_offset
+        if end_column:
+            end_column += first_column_offset
+        text = " " * first_column_offset + text
+    return Span(file, line + line_offset, column, text, end_column)
+
+
+# ---- curated syntax errors ------------------------------------------------------------------
+
+# (message, hint, examples that trigger it). lark's match_examples compares the parser state
+# at the failure with the state each example fails in, so these need only resemble the
+# user's mistake.
+_CURATED: list[tuple[str, str, list[str]]] = [
+    (
+        "missing '=' in a statement",
+        "a statement reads TARGET[axes] = expression",
+        ["kernel k(A: f32[i]) -> B: f32[i]:\n    B[i] A[i]\n"],
+    ),
+    (
+        "unclosed '[' in an axis list",
+        "close the axis list with ']'",
+        ["kernel k(A: f32[i) -> B: f32[i]:\n    B[i] = A[i]\n", "kernel k(A: f32[i]) -> B: f32[i]:\n    B[i = A[i]\n"],
+    ),
+    (
+        "axis lists are separated by spaces, not commas",
+        "write A[i j], not A[i, j]",
+        ["kernel k(A: f32[i, j]) -> B: f32[i]:\n    B[i] = A[i]\n", "kernel k(A: f32[i]) -> B: f32[i]:\n    B[i, j] = A[i]\n"],
+    ),
+    (
+        "missing ':' at the end of the kernel header",
+        "a kernel header ends with ':' and its statements follow on the next lines",
+        ["kernel k(A: f32[i]) -> B: f32[i]\n    B[i] = A[i]\n"],
+    ),
+    (
+        "missing '->' and outputs in the kernel header",
+        "declare outputs after the parameters: kernel NAME(PARAMS) -> OUT: f32[axes]:",
+        ["kernel k(A: f32[i]):\n    B[i] = A[i]\n"],
+    ),
+    (
+        "missing or unknown dtype in a type",
+        "types read DTYPE[axes] with DTYPE one of f64 f32 f16 bf16 fp8 fp8e4m3 fp8e5m2 i32 i64",
+        ["kernel k(A: [i]) -> B: f32[i]:\n    B[i] = A[i]\n", "kernel k(A: float32[i]) -> B: f32[i]:\n    B[i] = A[i]\n"],
+    ),
+    (
+        "unbalanced parentheses in an expression",
+        "check that every '(' has its ')'",
+        ["kernel k(A: f32[i]) -> B: f32[i]:\n    B[i] = exp(A[i]\n", "kernel k(A: f32[i]) -> B: f32[i]:\n    B[i] = (A[i]\n"],
+    ),
+    (
+        "an operator is missing an operand",
+        "write both sides of + - * /",
+        ["kernel k(A: f32[i]) -> B: f32[i]:\n    B[i] = A[i] *\n", "kernel k(A: f32[i]) -> B: f32[i]:\n    B[i] = * A[i]\n"],
+    ),
+    (
+        "a relabel clause needs a level name, then 'group' or 'stream' with AXIS SIZE pairs",
+        "write for example:  smem: group q 128; stream x 64",
+        [
+            "relabel k on H100:\n    group q 128\n",
+            "relabel k on H100:\n    smem: q 128\n",
+            "relabel k on H100:\n    smem: group q\n",
+        ],
+    ),
+    (
+        "a relabel block needs 'on HARDWARE'",
+        "write: relabel KERNEL on H100:",
+        ["relabel k H100:\n    smem: group q 128\n", "relabel k:\n    smem: group q 128\n"],
+    ),
+    (
+        "a reserved word is used as a name",
+        "kernel, relabel, box, on, group and stream are reserved",
+        ["kernel k(group: f32[i]) -> B: f32[i]:\n    B[i] = A[i]\n", "kernel k(A: f32[on]) -> B: f32[i]:\n    B[i] = A[i]\n"],
+    ),
+]
+
+
+def _syntax_error(exc: UnexpectedInput, text: str, start: str, file: str, lines, line_offset, first_column_offset) -> NapkinSyntaxError:
+    line = getattr(exc, "line", None) or max(len(lines), 1)
+    column = getattr(exc, "column", None) or 1
+    if line < 0:
+        line, column = max(len(lines), 1), max(len(lines[-1]) + 1 if lines else 1, 1)
+    span = make_span(file, lines, line, column, None, line_offset, first_column_offset)
+    curated = None
+    if start == "file":
+        try:
+            curated = exc.match_examples(_parser(start).parse, {i: ex for i, (_, _, ex) in enumerate(_CURATED)}, use_accepts=True)
+        except Exception:  # match_examples re-parses examples; never let that hide the real error
+            curated = None
+    if isinstance(exc, UnexpectedCharacters):
+        char = text[exc.pos_in_stream] if 0 <= exc.pos_in_stream < len(text) else "?"
+        found = f"unexpected character {char!r}"
+    elif isinstance(exc, UnexpectedEOF):
+        found = "unexpected end of input"
+    elif isinstance(exc, UnexpectedToken):
+        token = exc.token
+        found = "unexpected end of line" if token.type == "_NL" else (
+            "unexpected end of input" if token.type == "$END" else f"unexpected {str(token)!r}"
+        )
+    else:
+        found = "unexpected input"
+    if curated is not None:
+        message, hint, _ = _CURATED[curated]
+        return NapkinSyntaxError(f"{message} ({found})", span, hint)
+    expected = sorted(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or [])
+    readable = [_TOKEN_NAMES.get(name, name) for name in expected if not name.startswith("__ANON")]
+    hint = f"expected {', '.join(dict.fromkeys(readable))}" if readable else None
+    return NapkinSyntaxError(found, span, hint)
+
+
+_TOKEN_NAMES = {
+    "NAME": "a name",
+    "DTYPE": "a dtype",
+    "NUMBER": "a number",
+    "INT": "an integer",
+    "_NL": "end of line",
+    "$END": "end of input",
+    "LSQB": "'['",
+    "RSQB": "']'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "COLON": "':'",
+    "COMMA": "','",
+    "EQUAL": "'='",
+    "SEMICOLON": "';'",
+    "PLUS": "'+'",
+    "MINUS": "'-'",
+    "STAR": "'*'",
+    "SLASH": "'/'",
+    "CIRCUMFLEX": "'^'",
+    "RARROW": "'->'",
+    "LEVEL": "'@level'",
+    "PARTITION_KIND": "'group' or 'stream'",
+    "KERNEL": "'kernel'",
+    "RELABEL": "'relabel'",
+    "BOX": "'box'",
+    "ON": "'on'",
+}
+
+
+def parse(text: str, file: str = "<string>", *, start: str = "file", line_offset: int = 0, first_column_offset: int = 0) -> Module:
+    """Parse napkin text into a :class:`Module`.
+
+    ``start="body"`` parses the docstring of a ``@napkin.kernel`` function (statements, then
+    relabel blocks). ``line_offset`` and ``first_column_offset`` shift spans so that errors in
+    a docstring point into the enclosing Python file.
+    """
+    if not isinstance(text, str):
+        raise NapkinSyntaxError(f"expected napkin source text, got {type(text).__name__}")
+    if len(text) > MAX_SOURCE_CHARS:
+        raise NapkinSyntaxError(
+            f"{file}: source is {len(text):,} characters; napkin reads at most {MAX_SOURCE_CHARS:,}",
+            hint="a diagram is a few hundred lines: is this the right file?",
+        )
+    if "\x00" in text:
+        raise NapkinSyntaxError(f"{file}: not a text file (it contains NUL bytes)", hint="napkin reads UTF-8 text")
+    lines = text.splitlines()
+    source = text if text.endswith("\n") else text + "\n"
+    # Count parentheses before handing to lark: a pathological nest would recurse deeply.
+    depth = max_depth = 0
+    for char in source:
+        if char in "([":
+            depth += 1
+            max_depth = max(max_depth, depth)
+        elif char in ")]":
+            depth -= 1
+    if max_depth > MAX_NESTING:
+        raise NapkinSyntaxError(
+            f"{file}: expressions nested {max_depth} levels deep; napkin accepts at most {MAX_NESTING}",
+            hint="split the expression into several statements",
+        )
+    try:
+        tree = _parser(start).parse(source)
+    except UnexpectedInput as exc:
+        raise _syntax_error(exc, source, start, file, lines, line_offset, first_column_offset) from None
+    except lark.exceptions.VisitError as exc:  # pragma: no cover - we use no transformer callbacks
+        raise exc.orig_exc from None
+    return _Builder(file, lines, line_offset, first_column_offset).module(tree, text)

@@ -1,0 +1,90 @@
+"""Annotation objects: ``napkin.bf16["b h q d"]`` and friends.
+
+They serve twice. In a ``@napkin.kernel`` signature they declare a parameter's dtype and axes.
+At run time they are classes whose ``isinstance`` checks a NumPy array's dtype and rank, so
+typeguard (or a plain ``isinstance``) can check user code that passes arrays around.
+
+>>> import numpy as np
+>>> isinstance(np.zeros((2, 3), np.float32), f32["q d"])
+True
+>>> isinstance(np.zeros((2, 3), np.float64), f32["q d"])
+False
+>>> f32["q d"].axes
+('q', 'd')
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .diagram import DTYPE_BYTES, canonical_dtype
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype napkin uses for a napkin dtype name (bf16 and fp8 via ml_dtypes)."""
+    dtype = canonical_dtype(dtype)
+    if dtype in ("bf16", "fp8e4m3", "fp8e5m2"):
+        import ml_dtypes
+
+        return np.dtype({"bf16": ml_dtypes.bfloat16, "fp8e4m3": ml_dtypes.float8_e4m3fn, "fp8e5m2": ml_dtypes.float8_e5m2}[dtype])
+    return np.dtype({"f64": np.float64, "f32": np.float32, "f16": np.float16, "i32": np.int32, "i64": np.int64}[dtype])
+
+
+class _ArrayTypeMeta(type):
+    """Metaclass of array annotations: isinstance checks dtype and rank."""
+
+    dtype: str
+    axes: tuple[str, ...]
+
+    def __instancecheck__(cls, value) -> bool:
+        return (
+            isinstance(value, np.ndarray)
+            and value.ndim == len(cls.axes)
+            and value.dtype == numpy_dtype(cls.dtype)
+        )
+
+    def __repr__(cls) -> str:
+        return f"napkin.{cls.dtype}[{' '.join(cls.axes)!r}]"
+
+
+@functools.lru_cache(maxsize=None)
+def array_type(dtype: str, axes: tuple[str, ...]) -> type:
+    return _ArrayTypeMeta(f"{dtype}[{' '.join(axes)}]", (), {"dtype": dtype, "axes": axes, "__module__": "napkin_dsl"})
+
+
+class _DTypeMeta(type):
+    """Metaclass of ``napkin.f32`` etc.: subscript for arrays; bare, a scalar type."""
+
+    dtype: str
+
+    def __getitem__(cls, axes) -> type:
+        if isinstance(axes, str):
+            names = tuple(axes.split())
+        elif isinstance(axes, tuple) and all(isinstance(a, str) for a in axes):
+            names = axes
+        else:
+            raise TypeError(f"napkin.{cls.dtype}[...] takes axis names as a string, e.g. napkin.{cls.dtype}[\"q d\"]")
+        for name in names:
+            if not name.isidentifier():
+                raise TypeError(f"{name!r} is not an axis name")
+        return array_type(cls.dtype, names)
+
+    def __instancecheck__(cls, value) -> bool:
+        return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+
+    def __repr__(cls) -> str:
+        return f"napkin.{cls.dtype}"
+
+
+def _dtype(name: str) -> type:
+    return _DTypeMeta(name, (), {"dtype": name, "__module__": "napkin_dsl"})
+
+
+f64, f32, f16, bf16 = _dtype("f64"), _dtype("f32"), _dtype("f16"), _dtype("bf16")
+fp8e4m3, fp8e5m2 = _dtype("fp8e4m3"), _dtype("fp8e5m2")
+fp8 = fp8e4m3
+i32, i64 = _dtype("i32"), _dtype("i64")
+
+assert set(DTYPE_BYTES) == {"f64", "f32", "f16", "bf16", "fp8e4m3", "fp8e5m2", "i32", "i64"}
