@@ -443,6 +443,8 @@ class _KernelChecker:
             return self.reference(expr)
         if isinstance(expr, syn.Neg):
             inner = self.expression(expr.operand)
+            if isinstance(inner, Const):
+                return Const(-inner.value)
             return None if inner is None else Apply("neg", (inner,))
         if isinstance(expr, syn.BinOp):
             left, right = self.expression(expr.left), self.expression(expr.right)

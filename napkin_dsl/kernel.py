@@ -74,9 +74,53 @@ class Kernel:
             clauses.append(f"{level.level}: " + "; ".join(f"{k} {', '.join(v)}" for k, v in kinds.items()))
         return f"on {self.relabel.hardware}" + (": " + " | ".join(clauses) if clauses else "")
 
+    # -- later stages
+    def _target(self, hardware: str | None) -> str:
+        return hardware or self.hardware or "two_level"
+
+    def program(self, hardware: str | None = None, **sizes: int):
+        """The elaborated pseudocode (:class:`~napkin_dsl.pseudocode.Program`) on a hardware profile."""
+        from .plan import plan
+
+        key = ("program", self._target(hardware), tuple(sorted(sizes.items())))
+        if key not in self._cache:
+            self._cache[key] = plan(self.diagram, self._target(hardware), self.relabel, _check_sizes(sizes))
+        return self._cache[key]
+
+    def pseudocode(self, format: str = "text", hardware: str | None = None, **sizes: int) -> str:
+        """The paper's looped pseudocode as text (``format="text"``) or a Markdown table of columns."""
+        from .pseudocode import render_markdown, render_text
+
+        program = self.program(hardware, **sizes)
+        if format == "markdown":
+            return render_markdown(program)
+        if format == "text":
+            return render_text(program)
+        raise NapkinError(f"unknown pseudocode format {format!r}", hint="use 'text' or 'markdown'")
+
+    def cost(self, hardware: str | None = None, **sizes: int):
+        """The :class:`~napkin_dsl.cost.CostReport` read off the pseudocode; raises if a level overflows."""
+        from .cost import cost_of
+
+        return cost_of(self.program(hardware, **sizes))
+
+    def tune(self, hardware: str | None = None, top: int = 5, **sizes: int):
+        """Group/stream sizes minimising predicted time on ``hardware`` (a :class:`~napkin_dsl.tune.TuneResult`)."""
+        from .tune import tune
+
+        return tune(self.diagram, self._target(hardware), self.relabel if (self.relabel is None or hardware in (None, self.hardware)) else None,
+                    _check_sizes(sizes), top=top)
+
     def __repr__(self) -> str:
         n = len(self.diagram.statements)
         return f"<napkin kernel {self.signature()}, {n} statement{'s' if n != 1 else ''}, {self.relabel_text()}>"
+
+
+def _check_sizes(sizes: dict) -> dict:
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise NapkinError(f"size {name}={value!r} must be a positive integer", hint=f"e.g. {name}=1024")
+    return dict(sizes)
 
 
 # ---- loading files ---------------------------------------------------------------------------

@@ -1,0 +1,452 @@
+"""The performance model, read off a :class:`~napkin_dsl.pseudocode.Program` and nothing else.
+
+Per level below the top (METHOD.md section 5):
+
+* **H** — values moved into and out of the level (loads down into it, saves up from it),
+  and the same in bytes by each array's dtype. A step's total is exact, masked tails
+  included: the product of the sizes of the axes it moves, times the trip counts of the
+  enclosing loops over axes it does not carry (unwoven inputs are charged once per group);
+* **M** — memory per unit of the level (per block, per thread, per device): the largest
+  total resident in any column of the pseudocode;
+* **N** — the number of groups (units of work) at the level;
+* FLOPs by unit (tensor cores, FMA pipe, special functions), arithmetic intensity per
+  level, and a predicted time: the overlapped roofline (max of compute time and each
+  level's transfer time) and the serial sum, with waves of thread blocks over the SMs; and
+  the paper's multi-level form, the bandwidth-weighted sum of transfers.
+
+Everything is a sympy expression; after sizes are bound they are numbers. This module does
+not choose sizes (``tune.py``), and it never looks at the diagram except through the Program.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import sympy
+
+from .errors import RelabelError
+from .pseudocode import Loop, Program, Step, walk
+from .relabel import bind
+
+# ---- small sympy helpers -------------------------------------------------------------------
+
+
+def dominated(small: sympy.Expr, large: sympy.Expr) -> bool:
+    """True when ``large - small`` is a polynomial with non-negative coefficients (all symbols positive)."""
+    difference = sympy.expand(large - small)
+    if difference.is_number:
+        return difference >= 0
+    try:
+        poly = sympy.Poly(difference, *sorted(difference.free_symbols, key=str))
+    except sympy.PolynomialError:
+        return False
+    return all(c >= 0 for c in poly.coeffs())
+
+
+def max_of(terms) -> sympy.Expr:
+    """Max of expressions, dropping terms another term dominates (so Max(qx, qx + xd) = qx + xd)."""
+    distinct = []
+    for term in terms:
+        term = sympy.expand(sympy.sympify(term))
+        if term not in distinct:
+            distinct.append(term)
+    if all(t.is_number for t in distinct):
+        return max(distinct, default=sympy.Integer(0))
+    kept = [t for i, t in enumerate(distinct)
+            if not any(j != i and dominated(t, other) and not (dominated(other, t) and j > i) for j, other in enumerate(distinct))]
+    return sympy.Max(*kept) if len(kept) > 1 else (kept[0] if kept else sympy.Integer(0))
+
+
+def as_number(expr):
+    expr = sympy.sympify(expr)
+    if expr.is_number:
+        return int(expr) if expr.is_integer else float(expr)
+    return None
+
+
+# ---- totals and columns --------------------------------------------------------------------
+
+
+def step_total(program: Program, step: Step, loops: tuple[Loop, ...]) -> sympy.Expr:
+    """Elements a step covers over the whole launch: exact, tails included."""
+    schedule = program.schedule
+    total = sympy.Mul(*(schedule.axis_size(a) for a in step.axes))
+    for loop in loops:
+        if loop.axis not in step.axes:
+            total *= loop.trips
+    return total
+
+
+def tile_values(program: Program, level: str, axes) -> sympy.Expr:
+    return sympy.Mul(*(program.schedule.extent(a, level) for a in axes))
+
+
+def _liveness(body) -> tuple[list, dict]:
+    """Program-order steps and, per buffer, (first write, last use) with loop-carried extension."""
+    sequence = list(walk(body))
+    spans: dict = {}
+    for index, (step, _) in enumerate(sequence):
+        for ref in step.writes:
+            first, last = spans.get(ref, (index, index))
+            spans[ref] = (min(first, index), max(last, index))
+        for ref in step.reads:
+            first, last = spans.get(ref, (index, index))
+            spans[ref] = (first, max(last, index))
+    # A buffer defined before a loop and used inside it stays resident until the loop ends.
+    loop_ranges: dict[int, tuple[int, int]] = {}
+    for index, (_, loops) in enumerate(sequence):
+        for loop in loops:
+            start, end = loop_ranges.get(id(loop), (index, index))
+            loop_ranges[id(loop)] = (min(start, index), max(end, index))
+    for index, (step, loops) in enumerate(sequence):
+        for ref in step.reads + step.writes:
+            first, last = spans[ref]
+            for loop in loops:
+                start, end = loop_ranges[id(loop)]
+                if first < start:
+                    last = max(last, end)
+            spans[ref] = (first, last)
+    return sequence, spans
+
+
+def columns(program: Program) -> list[dict]:
+    """The paper's columns: per step, the buffers resident at each level below the top.
+
+    At a step that computes, inputs whose last use is this step are released as the output is
+    produced (the paper's convention), so they do not count in its column.
+    """
+    schedule = program.schedule
+    rows = []
+    for launch in program.launches:
+        sequence, spans = _liveness(launch.body)
+        for index, (step, loops) in enumerate(sequence):
+            resident: dict[str, list] = {}
+            for ref, (first, last) in spans.items():
+                level, name = ref
+                if level == schedule.levels[0] or not (first <= index <= last):
+                    continue
+                computing = step.op not in ("load", "save", "alloc")
+                if computing and ref in step.reads and ref not in step.writes and last == index:
+                    continue
+                resident.setdefault(level, []).append(launch.buffers[ref])
+            values = {level: sympy.Add(*(tile_values(program, level, b.axes) for b in bufs)) for level, bufs in resident.items()}
+            nbytes = {level: sympy.Add(*(tile_values(program, level, b.axes) * _bytes(b.dtype) for b in bufs))
+                      for level, bufs in resident.items()}
+            rows.append({
+                "launch": launch.index,
+                "step": step,
+                "text": step.text,
+                "loops": " ".join(f"{lp.axis}/{lp.tile}" for lp in loops) or "-",
+                "buffers": resident,
+                "resident": {level: " + ".join(f"{b.name}[{' '.join(_short(schedule.extent(a, level)) for a in b.axes)}]" for b in bufs)
+                             for level, bufs in resident.items()},
+                "M": values,
+                "M_bytes": nbytes,
+            })
+    return rows
+
+
+def _short(value) -> str:
+    return str(int(value)) if value.is_Integer else str(value)
+
+
+def _bytes(dtype: str) -> int:
+    from .diagram import DTYPE_BYTES
+
+    return DTYPE_BYTES[dtype]
+
+
+# ---- the report ----------------------------------------------------------------------------
+
+
+@dataclass
+class LevelCost:
+    name: str
+    H: sympy.Expr
+    H_bytes: sympy.Expr
+    M: sympy.Expr
+    M_bytes: sympy.Expr
+    N: sympy.Expr
+    capacity: object = None
+    bandwidth: object = None
+    per: str = ""
+
+    @property
+    def transfer_time(self):
+        if self.bandwidth is None:
+            return None
+        return self.H_bytes / self.bandwidth
+
+
+@dataclass
+class CostReport:
+    """Costs of one kernel on one hardware profile, symbolic or numeric.
+
+    ``levels`` maps each level below the top to its :class:`LevelCost`; ``flops`` maps compute
+    units to FLOPs; ``time`` holds the predicted times in seconds (None when any size, rate or
+    bandwidth is unknown).
+    """
+
+    kernel: str
+    hardware: str
+    sizes: dict
+    levels: dict
+    flops: dict
+    time: dict
+    counts: str = "bytes"
+    notes: list = field(default_factory=list)
+    launches: list = field(default_factory=list)
+
+    @property
+    def total_flops(self) -> sympy.Expr:
+        return sympy.Add(*self.flops.values())
+
+    def intensity(self, level: str):
+        """FLOPs per byte moved at a level (per value for the abstract models)."""
+        moved = self.levels[level].H if self.counts == "values" else self.levels[level].H_bytes
+        return sympy.simplify(self.total_flops / moved) if moved != 0 else None
+
+    def to_dict(self) -> dict:
+        from .cli import json_value
+
+        return {
+            "hardware": self.hardware,
+            "sizes": dict(self.sizes),
+            "levels": {
+                name: {"H": json_value(c.H), "M": json_value(c.M), "N": json_value(c.N),
+                       "H_bytes": json_value(c.H_bytes), "M_bytes": json_value(c.M_bytes)}
+                for name, c in self.levels.items()
+            },
+            "flops": json_value(self.total_flops),
+            "flops_by_unit": {unit: json_value(v) for unit, v in self.flops.items()},
+            "time_s": self.time.get("overlapped_s"),
+            "time": {k: v for k, v in self.time.items()},
+            "notes": list(self.notes),
+        }
+
+    def table(self) -> str:
+        """A plain-text table: one row per level, then FLOPs and time."""
+        unit = "values" if self.counts == "values" else "bytes"
+        rows = [("level", "per", "H (values)", f"H ({unit})" if unit == "bytes" else "", "M (values)",
+                 "M (bytes)" if unit == "bytes" else "", "capacity", "N", "transfer time")]
+        for name, c in self.levels.items():
+            t = c.transfer_time
+            rows.append((
+                name, c.per, _fmt(c.H), _fmt(c.H_bytes) if unit == "bytes" else "", _fmt(c.M),
+                _fmt(c.M_bytes) if unit == "bytes" else "", _fmt(c.capacity), _fmt(c.N),
+                _fmt_time(t) if t is not None and sympy.sympify(t).is_number else (str(t) if t is not None else "-"),
+            ))
+        keep = [i for i in range(len(rows[0])) if any(r[i] for r in rows)]
+        rows = [tuple(r[i] for i in keep) for r in rows]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = [f"cost of {self.kernel} on {self.hardware}" + (f" with {_fmt_sizes(self.sizes)}" if self.sizes else "")]
+        for row in rows:
+            lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        lines.append("  FLOPs: " + ", ".join(f"{unit} {_fmt(v)}" for unit, v in self.flops.items()) + f"  (total {_fmt(self.total_flops)})")
+        if self.time.get("overlapped_s") is not None:
+            t = self.time
+            lines.append(
+                f"  predicted time: {_fmt_time(t['overlapped_s'])} overlapped ({t['bound']}-bound), "
+                f"{_fmt_time(t['serial_s'])} serial; compute {_fmt_time(t['compute_s'])}"
+                + (f", {t['waves']} wave{'s' if t['waves'] != 1 else ''} of {t['blocks_per_wave']} blocks" if t.get("waves") else "")
+            )
+            if self.total_flops != 0:
+                lines.append(f"  predicted throughput: {float(self.total_flops) / t['overlapped_s'] / 1e12:.1f} TFLOP/s")
+        elif self.time.get("weighted_H") is not None:
+            lines.append(f"  bandwidth-weighted transfers: {self.time['weighted_H']}")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    value = sympy.sympify(value)
+    if value.is_number:
+        number = float(value)
+        if number == int(number) and abs(number) < 1e15:
+            return f"{int(number):,}"
+        return f"{number:.4g}"
+    return str(value)
+
+
+def _fmt_time(seconds) -> str:
+    seconds = float(seconds)
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def _fmt_sizes(sizes: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in sizes.items())
+
+
+# ---- computing the report ------------------------------------------------------------------
+
+
+def level_costs(program: Program, rows: list[dict] | None = None) -> dict:
+    schedule = program.schedule
+    rows = rows if rows is not None else columns(program)
+    costs = {}
+    for level in schedule.levels[1:]:
+        H = sympy.Integer(0)
+        H_bytes = sympy.Integer(0)
+        N = []
+        for launch in program.launches:
+            groups = sympy.Integer(1)
+            for step, loops in walk(launch.body):
+                if step.op in ("load", "save") and step.level == level:  # transfers between level and its parent
+                    moved = step_total(program, step, loops)
+                    H += moved
+                    H_bytes += moved * _bytes(step.dtype)
+            group_loops = {}
+            for _, loops in walk(launch.body):
+                for lp in loops:
+                    if lp.kind == "group" and schedule.levels.index(lp.level) <= schedule.levels.index(level):
+                        group_loops[id(lp)] = lp
+            N.append(sympy.Mul(*(lp.trips for lp in group_loops.values())) if group_loops else groups)
+        M = max_of(r["M"].get(level, 0) for r in rows)
+        M_bytes = max_of(r["M_bytes"].get(level, 0) for r in rows)
+        hw_level = schedule.hardware.level(level)
+        costs[level] = LevelCost(
+            level, sympy.expand(H), sympy.expand(H_bytes), M, M_bytes, max_of(N),
+            bind(hw_level.capacity, schedule.sizes) if hw_level.capacity is not None else None,
+            bind(hw_level.bandwidth, schedule.sizes) if hw_level.bandwidth is not None else None,
+            hw_level.per,
+        )
+    return costs
+
+
+def flops_by_unit(program: Program) -> tuple[dict, list]:
+    """FLOPs per unit, and (unit, dtype, flops) entries for pricing."""
+    totals: dict = {}
+    priced = []
+    for launch in program.launches:
+        for step, loops in walk(launch.body):
+            if not step.flops:
+                continue
+            elements = step_total(program, step, loops)
+            for unit, per_element in step.flops:
+                amount = per_element * elements
+                totals[unit] = totals.get(unit, 0) + amount
+                dtype = step.dtype or "f32"
+                if unit == "tensor" and step.statement is not None:
+                    # tensor cores run at the narrowest operand type (P is converted to bf16, as in FA2)
+                    from .diagram import DTYPE_BYTES
+
+                    operand_dtypes = [program.diagram.arrays[n].dtype for n in step.statement.inputs]
+                    narrow = [d for d in operand_dtypes if DTYPE_BYTES[d] < 4]
+                    dtype = min(narrow, key=lambda d: DTYPE_BYTES[d]) if narrow else min(operand_dtypes, key=lambda d: DTYPE_BYTES[d])
+                priced.append((launch.index, unit, dtype, amount))
+    return {unit: sympy.expand(v) for unit, v in totals.items()}, priced
+
+
+def predict_time(program: Program, levels: dict, priced: list) -> dict:
+    """Roofline prediction; None entries where a rate, bandwidth or size is unknown."""
+    hardware = program.hardware
+    schedule = program.schedule
+    time: dict = {"overlapped_s": None, "serial_s": None, "compute_s": None}
+    weighted = sympy.Integer(0)
+    for name, c in levels.items():
+        if c.bandwidth is not None:
+            weighted += (c.H if hardware.counts == "values" else c.H_bytes) / c.bandwidth
+    time["weighted_H"] = weighted if not sympy.sympify(weighted).is_number else None
+    if hardware.symbolic:
+        return time
+    compute_s = 0.0
+    for _, unit, dtype, amount in priced:
+        amount = sympy.sympify(amount)
+        rate = hardware.peak(unit, dtype)
+        if not amount.is_number or rate is None:
+            return time
+        compute_s += float(amount) / rate
+    transfer = {}
+    for name, c in levels.items():
+        t = c.transfer_time
+        if t is None:
+            continue
+        t = sympy.sympify(t)
+        if not t.is_number:
+            return time
+        transfer[name] = float(t)
+    compute_level = levels[schedule.compute_level]
+    blocks = as_number(compute_level.N)
+    from .pseudocode import co_resident_blocks
+
+    slots = co_resident_blocks(schedule, compute_level.M_bytes) if as_number(compute_level.M_bytes) is not None else None
+    if blocks and slots:
+        waves = math.ceil(blocks / slots)
+        efficiency = blocks / (waves * slots)
+        compute_s /= efficiency
+        time["waves"] = waves
+        time["blocks_per_wave"] = slots
+    time["compute_s"] = compute_s
+    time["transfer_s"] = transfer
+    overlapped = max([compute_s] + list(transfer.values()))
+    time["overlapped_s"] = overlapped
+    time["serial_s"] = compute_s + sum(transfer.values())
+    bound_level = max(transfer, key=transfer.get) if transfer else None
+    time["bound"] = "compute" if not transfer or compute_s >= transfer[bound_level] else f"{bound_level} transfer"
+    return time
+
+
+def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
+    """Raise a RelabelError listing the buffers when a level's memory exceeds its capacity."""
+    schedule = program.schedule
+    counts_values = schedule.hardware.counts == "values"
+    for name, c in levels.items():
+        if c.capacity is None:
+            continue
+        used = c.M if counts_values else c.M_bytes
+        used_n, capacity_n = as_number(used), as_number(c.capacity)
+        if used_n is None or capacity_n is None or used_n <= capacity_n:
+            continue
+        key = "M" if counts_values else "M_bytes"
+        worst = max(rows, key=lambda r: as_number(r[key].get(name, 0)) or 0)
+        parts = []
+        for b in worst["buffers"].get(name, []):
+            values = tile_values(program, name, b.axes)
+            parts.append(f"{b.name}[{' '.join(str(schedule.extent(a, name)) for a in b.axes)}] {b.dtype} = {_fmt(values * _bytes(b.dtype))} B")
+        unit = "values" if counts_values else "bytes"
+        partitions = [p for p in schedule.partitions_at(name) if not p.derived and as_number(bind(p.size, schedule.sizes))]
+        hint = None
+        if partitions:
+            largest = max(partitions, key=lambda p: as_number(bind(p.size, schedule.sizes)))
+            size = as_number(bind(largest.size, schedule.sizes))
+            ratio = capacity_n / used_n
+            suggestion = max(1, 2 ** int(math.floor(math.log2(max(size * ratio, 1)))))
+            hint = f"try '{largest.kind} {largest.axis} {suggestion}' (or let `napkin tune` choose)"
+        raise RelabelError(
+            f"{schedule.diagram.name} needs {used_n:,} {unit} at {name} per {c.per}, over its capacity of {capacity_n:,} "
+            f"({schedule.hardware.name}); resident at step '{worst['text']}': " + "; ".join(parts),
+            next((p.span for p in schedule.partitions_at(name) if p.span), None),
+            hint,
+        )
+
+
+def cost_of(program: Program, *, check: bool = True) -> CostReport:
+    """Read the performance model off a Program."""
+    rows = columns(program)
+    levels = level_costs(program, rows)
+    if check:
+        check_capacity(program, levels, rows)
+    flops, priced = flops_by_unit(program)
+    time = predict_time(program, levels, priced)
+    schedule = program.schedule
+    notes = list(schedule.notes)
+    if any(lp.derived for launch in program.launches for _, loops in walk(launch.body) for lp in loops):
+        notes.append("the l2 groups are derived: co-resident thread blocks in a swizzled launch order share L2 (docs: method, the L2 level)")
+    return CostReport(
+        kernel=schedule.diagram.name,
+        hardware=schedule.hardware.name,
+        sizes=dict(schedule.sizes),
+        levels=levels,
+        flops=flops,
+        time=time,
+        counts=schedule.hardware.counts,
+        notes=notes,
+    )

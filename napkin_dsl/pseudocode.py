@@ -1,0 +1,502 @@
+"""Elaboration: a :class:`~napkin_dsl.relabel.Schedule` -> the paper's looped pseudocode.
+
+The :class:`Program` is the single source of truth for costs and execution. Per launch it is
+a tree of loops and steps:
+
+* a parallel ``group`` loop per grouped axis at each level (one core per group),
+* a sequential ``stream`` loop at the compute level (head/init before it, accumulators in
+  it, finalise after it),
+* steps: ``load``/``save`` transfers between adjacent levels, ``alloc`` of output tiles at
+  intermediate levels, ``init`` of accumulators, ``compute`` (one box on a tile),
+  ``online`` (softmax chunk with running max and sum), ``rescale`` (of the running state),
+  ``accumulate`` (a running sum/max/min or contraction), ``finalise``.
+
+Every step names the buffers it reads and writes at each level and the axes it spans, so
+the paper's **columns** (arrays resident per level at each step) follow by a liveness walk:
+an operation's inputs that nothing later uses are released as it produces its output, and
+state loaded or initialised before a loop stays resident through it.
+
+Loads are placed just before their first use and hoisted out of a stream loop when the
+array does not carry the streamed axis.
+
+This module does not price anything (``cost.py`` reads prices off the Program) and does not
+execute anything (``backends/``). Renderers for text and Markdown are at the end.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import sympy
+
+from .diagram import Contract, Map, Opaque, Reduce, Softmax, Statement, accumulation_dtype, count_operations
+from .relabel import Launch, Partition, Schedule, trips
+
+# ---- the Program ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """An array (or a piece of streaming state) resident at one level, with its tile axes."""
+
+    name: str
+    level: str
+    axes: tuple[str, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Step:
+    op: str  # load save alloc init compute online rescale accumulate finalise
+    level: str
+    axes: tuple[str, ...]  # axes the step spans: the array moved, or the iteration space
+    reads: tuple[tuple[str, str], ...] = ()  # (level, buffer name)
+    writes: tuple[tuple[str, str], ...] = ()
+    array: str | None = None  # the array moved or computed
+    source: str | None = None  # transfers: from this level ...
+    dest: str | None = None  # ... to this one
+    dtype: str | None = None  # transfers: dtype of the values moved; compute: dtype computed in
+    flops: tuple[tuple[str, int], ...] = ()  # (unit, operations per element of `axes`)
+    statement: Statement | None = field(default=None, compare=False)
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Loop:
+    kind: str  # "group" (parallel) or "stream" (sequential)
+    level: str
+    axis: str
+    tile: sympy.Expr
+    trips: sympy.Expr
+    body: tuple
+    derived: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchProgram:
+    index: int
+    launch: Launch
+    body: tuple
+    buffers: dict  # (level, name) -> Buffer
+
+
+@dataclass(frozen=True)
+class Program:
+    schedule: Schedule
+    launches: tuple[LaunchProgram, ...]
+
+    @property
+    def diagram(self):
+        return self.schedule.diagram
+
+    @property
+    def hardware(self):
+        return self.schedule.hardware
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        return self.schedule.levels
+
+
+def walk(nodes, loops=()):
+    """Yield (step, enclosing loops outermost first) in program order."""
+    for node in nodes:
+        if isinstance(node, Loop):
+            yield from walk(node.body, loops + (node,))
+        else:
+            yield node, loops
+
+
+# ---- elaboration ---------------------------------------------------------------------------
+
+
+class _LaunchElaborator:
+    def __init__(self, schedule: Schedule, launch: Launch):
+        self.schedule = schedule
+        self.launch = launch
+        self.diagram = schedule.diagram
+        self.levels = schedule.levels
+        self.buffers: dict = {}
+        self.launch_axes = set(launch.axes)
+
+    def buffer(self, name: str, level: str, axes, dtype: str) -> tuple[str, str]:
+        self.buffers[(level, name)] = Buffer(name, level, tuple(axes), dtype)
+        return (level, name)
+
+    def run(self) -> tuple:
+        return tuple(self.level_body(1))
+
+    # -- levels
+    def wrap_groups(self, level_index: int, body: list) -> list:
+        level = self.levels[level_index]
+        parent = self.levels[level_index - 1]
+        groups = [p for p in self.schedule.partitions_at(level, "group") if p.axis in self.launch_axes]
+        for p in reversed(groups):
+            tile = self.schedule.extent(p.axis, level)
+            outer = self.schedule.extent(p.axis, parent)
+            body = [Loop("group", level, p.axis, tile, trips(outer, tile), tuple(body), p.derived)]
+        return body
+
+    def level_body(self, level_index: int) -> list:
+        level = self.levels[level_index]
+        parent = self.levels[level_index - 1]
+        if level_index == len(self.levels) - 1:
+            return self.wrap_groups(level_index, self.compute_body(level, parent))
+        body = []
+        for name in self.launch.inputs:
+            body.append(self.transfer("load", name, parent, level))
+        for name in self.launch.outputs:
+            array = self.diagram.arrays[name]
+            ref = self.buffer(name, level, array.axes, array.dtype)
+            body.append(Step("alloc", level, array.axes, writes=(ref,), array=name, dtype=array.dtype,
+                             text=f"allocate {name} tile"))
+        body += self.level_body(level_index + 1)
+        for name in self.launch.outputs:
+            body.append(self.transfer("save", name, parent, level))
+        return self.wrap_groups(level_index, body)
+
+    def transfer(self, kind: str, name: str, upper: str, lower: str) -> Step:
+        array = self.diagram.arrays[name]
+        if kind == "load":
+            source, dest = upper, lower
+            read = (upper, name)
+            write = self.buffer(name, lower, array.axes, array.dtype)
+            if upper == self.levels[0]:
+                self.buffer(name, upper, array.axes, array.dtype)
+        else:
+            source, dest = lower, upper
+            read = (lower, name)
+            write = (upper, name)
+            if upper == self.levels[0]:
+                self.buffer(name, upper, array.axes, array.dtype)
+        return Step(kind, lower, array.axes, (read,), (write,), name, source, dest, array.dtype,
+                    text=f"{kind} {name}[{' '.join(array.axes)}] {source} -> {dest}")
+
+    # -- the compute level
+    def compute_body(self, level: str, parent: str) -> list:
+        launch = self.launch
+        resident: set[str] = set()
+        saved: set[str] = set()
+        steps: list = []
+
+        def load_inputs(statement: Statement, into: list, carrying: str | None = None, hoist_only=False):
+            for name in statement.inputs:
+                if name in resident or name not in launch.inputs:
+                    continue
+                has_axis = carrying is not None and carrying in self.diagram.arrays[name].axes
+                if hoist_only and has_axis:
+                    continue
+                into.append(self.transfer("load", name, parent, level))
+                if not has_axis:
+                    resident.add(name)
+
+        def save_if_output(name: str, into: list):
+            if name in launch.outputs and name not in saved:
+                into.append(self.transfer("save", name, parent, level))
+                saved.add(name)
+
+        stream = launch.streams[0] if launch.streams else None
+        if stream is None:
+            for s in launch.statements:
+                load_inputs(s, steps)
+                steps.append(self.compute(s, level))
+                save_if_output(s.target, steps)
+            return steps
+
+        axis = stream.axis
+        roles = stream.roles
+        by_role = lambda *wanted: [s for s in launch.statements if roles[s.index] in wanted]  # noqa: E731
+        for s in by_role("pre"):
+            load_inputs(s, steps)
+            steps.append(self.compute(s, level))
+            save_if_output(s.target, steps)
+        streamed = by_role("body", "online", "accumulate", "rescaled")
+        for s in streamed:  # hoist loads of arrays that do not carry the streamed axis
+            load_inputs(s, steps, carrying=axis, hoist_only=True)
+        for s in streamed:
+            steps += self.init(s, roles[s.index], level, axis)
+        loop_body: list = []
+        for s in streamed:
+            load_inputs(s, loop_body, carrying=axis)
+            loop_body += self.streamed(s, roles[s.index], level, axis)
+            if roles[s.index] == "body":
+                save_if_output(s.target, loop_body)
+        tile = self.schedule.extent(axis, level)
+        outer = self.schedule.extent(axis, parent)
+        partition = next(p for p in self.schedule.partitions_at(level, "stream") if p.axis == axis)
+        steps.append(Loop("stream", level, axis, tile, trips(outer, tile), tuple(loop_body), partition.derived))
+        for s in streamed:
+            steps += self.finalise(s, roles[s.index], level, axis)
+            if roles[s.index] != "body":
+                save_if_output(s.target, steps)
+        for s in by_role("post"):
+            load_inputs(s, steps)
+            steps.append(self.compute(s, level))
+            save_if_output(s.target, steps)
+        return steps
+
+    def operand_refs(self, statement: Statement, level: str):
+        return tuple((level, name) for name in statement.inputs)
+
+    def compute(self, s: Statement, level: str, op: str = "compute") -> Step:
+        dtype = accumulation_dtype(self.diagram.arrays[n].dtype for n in s.inputs) if s.inputs else "f32"
+        write = self.buffer(s.target, level, s.axes, dtype)
+        return Step(op, level, s.iteration_axes, self.operand_refs(s, level), (write,), s.target, dtype=dtype,
+                    flops=statement_flops(s), statement=s, text=f"{s.target}[{' '.join(s.axes)}] = {_box_text(s)}")
+
+    def state(self, s: Statement, suffix: str, level: str, axes) -> tuple[str, str]:
+        return self.buffer(f"{s.target}.{suffix}", level, axes, "f32")
+
+    def init(self, s: Statement, role: str, level: str, axis: str) -> list:
+        box = s.box
+        if role == "accumulate":
+            acc = self.state(s, "acc", level, s.axes)
+            start = {"sum": "0", "mean": "0", "max": "-inf", "min": "+inf"}.get(getattr(box, "op", "sum"), "0")
+            return [Step("init", level, s.axes, (), (acc,), s.target, dtype="f32", statement=s,
+                         text=f"{s.target}.acc[{' '.join(s.axes)}] = {start}")]
+        if role == "online":
+            woven = s.woven
+            m = self.state(s, "max", level, woven)
+            l_ = self.state(s, "sum", level, woven)
+            return [Step("init", level, woven, (), (m, l_), s.target, dtype="f32", statement=s,
+                         text=f"{s.target}.max[{' '.join(woven)}] = -inf; {s.target}.sum[{' '.join(woven)}] = 0")]
+        if role == "rescaled":
+            acc = self.state(s, "acc", level, s.axes)
+            return [Step("init", level, s.axes, (), (acc,), s.target, dtype="f32", statement=s,
+                         text=f"{s.target}.acc[{' '.join(s.axes)}] = 0")]
+        return []
+
+    def streamed(self, s: Statement, role: str, level: str, axis: str) -> list:
+        if role == "body":
+            return [self.compute(s, level)]
+        box = s.box
+        operands = self.operand_refs(s, level)
+        if role == "accumulate":
+            acc = (level, f"{s.target}.acc")
+            if isinstance(box, Contract):
+                flops = statement_flops(s)
+                text = f"{s.target}.acc += {_box_text(s)}"
+            else:
+                counts = count_operations(box.operand)
+                flops = _flops(fma=counts["fma"] + 1, special=counts["special"])
+                text = f"{s.target}.acc = {'sum' if box.op in ('sum', 'mean') else box.op}({s.target}.acc, {box.op if box.op != 'mean' else 'sum'}[{' '.join(box.axes)}]({_operand_text(s)}))"
+            return [Step("accumulate", level, s.iteration_axes, operands + (acc,), (acc,), s.target, dtype="f32",
+                         flops=flops, statement=s, text=text)]
+        if role == "online":
+            m, l_ = (level, f"{s.target}.max"), (level, f"{s.target}.sum")
+            scale = self.state(s, "scale", level, s.woven)
+            chunk = self.buffer(s.target, level, s.axes, "f32")
+            counts = count_operations(box.operand)
+            woven = " ".join(s.woven)
+            return [
+                Step("rescale", level, s.woven, operands + (m,), (m, scale), s.target, dtype="f32",
+                     flops=_flops(fma=counts["fma"] + 2, special=counts["special"] + 1), statement=s,
+                     text=f"m' = max({s.target}.max, max[{axis}]({_operand_text(s)})); "
+                          f"{s.target}.scale[{woven}] = exp({s.target}.max - m'); {s.target}.max = m'"),
+                Step("online", level, s.axes, operands + (m, l_, scale), (chunk, l_), s.target, dtype="f32",
+                     flops=_flops(fma=2, special=1), statement=s,
+                     text=f"{s.target}[{' '.join(s.axes)}] = exp({_operand_text(s)} - {s.target}.max); "
+                          f"{s.target}.sum = {s.target}.sum * {s.target}.scale + sum[{axis}]({s.target})"),
+            ]
+        if role == "rescaled":
+            acc = (level, f"{s.target}.acc")
+            online = [self.diagram.producer(n) for n in s.inputs]
+            online = [p for p in online if p is not None and p.index in self.launch.streams[0].roles
+                      and self.launch.streams[0].roles[p.index] == "online"][0]
+            scale = (level, f"{online.target}.scale")
+            return [
+                Step("rescale", level, s.axes, (acc, scale), (acc,), s.target, dtype="f32", flops=_flops(fma=1), statement=s,
+                     text=f"{s.target}.acc *= {online.target}.scale"),
+                Step("accumulate", level, s.iteration_axes, operands + (acc,), (acc,), s.target, dtype="f32",
+                     flops=statement_flops(s), statement=s, text=f"{s.target}.acc += {_box_text(s)}"),
+            ]
+        raise AssertionError(f"napkin bug: role {role}")
+
+    def finalise(self, s: Statement, role: str, level: str, axis: str) -> list:
+        box = s.box
+        if role == "accumulate":
+            acc = (level, f"{s.target}.acc")
+            out = self.buffer(s.target, level, s.axes, "f32")
+            if isinstance(box, Reduce) and box.op == "mean":
+                return [Step("finalise", level, s.axes, (acc,), (out,), s.target, dtype="f32", flops=_flops(fma=1), statement=s,
+                             text=f"{s.target} = {s.target}.acc / {' * '.join(box.axes)}")]
+            return [Step("finalise", level, s.axes, (acc,), (out,), s.target, dtype="f32", statement=s,
+                         text=f"{s.target} = {s.target}.acc")]
+        if role == "rescaled":
+            acc = (level, f"{s.target}.acc")
+            online = [p for p in (self.diagram.producer(n) for n in s.inputs)
+                      if p is not None and self.launch.streams[0].roles.get(p.index) == "online"][0]
+            denominator = (level, f"{online.target}.sum")
+            out = self.buffer(s.target, level, s.axes, "f32")
+            return [Step("finalise", level, s.axes, (acc, denominator), (out,), s.target, dtype="f32", flops=_flops(fma=1),
+                         statement=s, text=f"{s.target} = {s.target}.acc / {online.target}.sum")]
+        return []
+
+
+def _box_text(s: Statement) -> str:
+    """A statement's box without a contraction's scalar factor (that is a step of its own)."""
+    if isinstance(s.box, Contract):
+        from .diagram import format_expression
+
+        return " * ".join(format_expression(r) for r in s.box.operands)
+    return s.describe()
+
+
+def _operand_text(s: Statement) -> str:
+    from .diagram import format_expression
+
+    return format_expression(s.box.operand)
+
+
+def _flops(**units) -> tuple:
+    return tuple((unit, n) for unit, n in units.items() if n)
+
+
+def statement_flops(s: Statement) -> tuple:
+    """Operations per element of the statement's iteration space, by unit."""
+    box = s.box
+    if isinstance(box, Contract):
+        # A k-contraction costs 2k per output element: 2 per element of the iteration space.
+        # A scalar factor is a separate step on the output (see _expand_contract_scales).
+        return _flops(tensor=2)
+    if isinstance(box, Map):
+        counts = count_operations(box.expr)
+        return _flops(fma=counts["fma"], special=counts["special"])
+    if isinstance(box, Reduce):
+        counts = count_operations(box.operand)
+        return _flops(fma=counts["fma"] + 1, special=counts["special"])
+    if isinstance(box, Softmax):
+        counts = count_operations(box.operand)
+        return _flops(fma=counts["fma"] + 4, special=counts["special"] + 1)
+    if isinstance(box, Opaque):
+        return (("opaque", sympy.Symbol(f"flops_{box.box.name}", positive=True)),)
+    raise AssertionError(f"napkin bug: unknown box {box!r}")
+
+
+def _expand_contract_scales(body: tuple, elaborator: _LaunchElaborator) -> tuple:
+    """Contractions with a scalar factor get an explicit ``scale`` step on their output."""
+    out = []
+    for node in body:
+        if isinstance(node, Loop):
+            out.append(Loop(node.kind, node.level, node.axis, node.tile, node.trips,
+                            _expand_contract_scales(node.body, elaborator), node.derived))
+            continue
+        out.append(node)
+        s = node.statement
+        if node.op == "compute" and s is not None and isinstance(s.box, Contract) and s.box.scale is not None:
+            ref = (node.level, s.target)
+            out.append(Step("compute", node.level, s.axes, (ref,), (ref,), s.target, dtype=node.dtype,
+                            flops=_flops(fma=1), statement=s, text=f"{s.target} *= {_scale_text(s)}"))
+    return tuple(out)
+
+
+def _scale_text(s: Statement) -> str:
+    from .diagram import format_expression
+
+    return format_expression(s.box.scale)
+
+
+def elaborate(schedule: Schedule) -> Program:
+    """Expand a schedule into looped pseudocode, one :class:`LaunchProgram` per launch."""
+    launches = []
+    for launch in schedule.launches:
+        elaborator = _LaunchElaborator(schedule, launch)
+        body = _expand_contract_scales(elaborator.run(), elaborator)
+        launches.append(LaunchProgram(launch.index, launch, body, dict(elaborator.buffers)))
+    return Program(schedule, tuple(launches))
+
+
+# ---- the L2 level --------------------------------------------------------------------------
+
+
+def co_resident_blocks(schedule: Schedule, smem_bytes) -> int | None:
+    """Thread blocks running at once: SMs x blocks per SM (shared-memory bound, at most 32)."""
+    compute = schedule.hardware.level(schedule.compute_level)
+    capacity = compute.capacity
+    if not (isinstance(capacity, int) and sympy.sympify(smem_bytes).is_number):
+        return None
+    per_sm = max(1, min(32, int(capacity // max(int(smem_bytes), 1))))
+    return compute.units * per_sm
+
+
+def l2_candidates(schedule: Schedule, level: str, blocks: int) -> list[tuple[Partition, ...]]:
+    """Groupings of co-resident blocks at the L2 level: near-box tiles of the block grid.
+
+    Launch order is assumed to be swizzled (as CUTLASS, cuBLAS and Triton's grouped ordering
+    do), so the blocks in flight together form a box of the group grid; we try boxes whose
+    sides are powers of two or whole axes, with at most ``blocks`` blocks.
+    """
+    compute = schedule.compute_level
+    grouped = [p for p in schedule.partitions_at(compute, "group")]
+    options = []
+    for p in grouped:
+        count = trips(schedule.axis_size(p.axis), schedule.extent(p.axis, compute))
+        if not count.is_number:
+            return []
+        count = int(count)
+        sides = sorted({count} | {2**k for k in range(0, count.bit_length()) if 2**k < count})
+        options.append([(p, side) for side in sides])
+    candidates = []
+    for combo in itertools.product(*options):
+        total = 1
+        for _, side in combo:
+            total *= side
+        if total > blocks:
+            continue
+        partitions = tuple(
+            Partition(level, "group", p.axis, sympy.Integer(side) * schedule.extent(p.axis, compute), None, derived=True)
+            for p, side in combo
+        )
+        candidates.append(partitions)
+    return candidates
+
+
+# ---- rendering -----------------------------------------------------------------------------
+
+
+def _tile(schedule: Schedule, axes, level: str) -> str:
+    return " ".join(f"{a}:{schedule.extent(a, level)}" for a in axes)
+
+
+def render_text(program: Program) -> str:
+    """The pseudocode as indented text, with the tile shape of every transfer and operation."""
+    schedule = program.schedule
+    lines = [f"kernel {program.diagram.name} on {schedule.hardware.name}: levels {' > '.join(schedule.levels)}"]
+    for note in schedule.notes:
+        lines.append(f"# note: {note}")
+    for launch in program.launches:
+        lines.append(f"launch {launch.index + 1} of {len(program.launches)}: {', '.join(s.target for s in launch.launch.statements)}")
+        _render_nodes(launch.body, schedule, lines, 1)
+    return "\n".join(lines) + "\n"
+
+
+def _render_nodes(nodes, schedule, lines, depth):
+    pad = "    " * depth
+    for node in nodes:
+        if isinstance(node, Loop):
+            kind = "parallel for" if node.kind == "group" else "for"
+            derived = "  # derived: co-resident blocks share L2" if node.derived else ""
+            lines.append(f"{pad}{kind} {node.axis} in {node.trips} {node.kind}s of {node.tile} @{node.level}:{derived}")
+            _render_nodes(node.body, schedule, lines, depth + 1)
+        else:
+            lines.append(f"{pad}{node.text}    [{_tile(schedule, node.axes, node.level)}]")
+
+
+def render_markdown(program: Program, columns=None) -> str:
+    """The pseudocode as a Markdown table: one row (the paper's column) per step."""
+    from .cost import columns as compute_columns
+
+    schedule = program.schedule
+    rows = columns if columns is not None else compute_columns(program)
+    levels = [level for level in schedule.levels[1:]]
+    out = [f"### {program.diagram.name} on {schedule.hardware.name}", ""]
+    for note in schedule.notes:
+        out.append(f"> note: {note}")
+    header = ["#", "loops", "step"] + [f"resident @{level}" for level in levels]
+    out.append("| " + " | ".join(header) + " |")
+    out.append("|" + "---|" * len(header))
+    for i, row in enumerate(rows, 1):
+        cells = [str(i), row["loops"], f"`{row['text']}`"] + [row["resident"].get(level, "") for level in levels]
+        out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(out) + "\n"

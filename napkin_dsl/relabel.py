@@ -1,0 +1,373 @@
+"""Relabelling: group and stream partitions per memory level, and their legality.
+
+A relabel block says, for levels below the top, which axes are split into **groups**
+(independent tiles, each on its own core: a parallel loop) and which are fed in **streams**
+(chunks through a sequential loop, with an accumulator carrying state). This pass turns a
+checked :class:`~napkin_dsl.diagram.Diagram` plus a relabel block into a :class:`Schedule`:
+the partitions, the levels involved, the launches (materialised intermediates split the
+kernel), and for each stream the role every statement plays in it.
+
+Legality (METHOD.md sections 3-4):
+
+* a group partition needs an axis no statement consumes (every box is woven over it);
+* a stream partition needs an axis that arrives by a transfer and is consumed by a
+  streamable chain: running sums (contractions, ``sum``, ``mean``), running ``max``/``min``,
+  stateless maps, or ``softmax`` followed by a contraction over the same axis (the online
+  softmax). By the fusion theorem the chain may contain further maps, as long as nothing
+  that still carries the axis needs a value that is only complete after the stream ends;
+* sizes that do not divide the axis are allowed: trip counts round up and tails are masked.
+
+What this pass deliberately does not do: decide loop bodies, residency or costs
+(``pseudocode.py``), or check capacities (that needs the elaborated memory per level;
+``cost.py`` raises capacity errors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from . import syntax as syn
+from .diagram import Contract, Diagram, Opaque, Reduce, Softmax, Statement
+from .errors import RelabelError, Span, raise_collected
+from .hardware import Hardware, load_hardware
+
+
+@dataclass(frozen=True)
+class Partition:
+    level: str
+    kind: str  # "group" or "stream"
+    axis: str
+    size: sympy.Expr
+    span: Span | None = None
+    derived: bool = False  # chosen by napkin (the L2 grouping), not written by the user
+
+
+@dataclass(frozen=True)
+class StreamRoles:
+    """How each statement of a launch takes part in a stream over ``axis``.
+
+    Roles: ``pre`` (before the loop), ``body`` (per chunk, stateless along the axis),
+    ``accumulate`` (consumes the axis with a running sum/max/min), ``online`` (softmax along
+    the axis feeding contractions: running max and sum with rescaling), ``rescaled`` (a
+    contraction consuming an online softmax), ``post`` (after the loop).
+    """
+
+    axis: str
+    roles: dict  # statement index -> role
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Statements that run in one kernel launch (split by materialisation at the top level)."""
+
+    index: int
+    statements: tuple[Statement, ...]
+    inputs: tuple[str, ...]  # arrays loaded from the top level
+    outputs: tuple[str, ...]  # arrays saved to the top level
+    streams: tuple[StreamRoles, ...] = ()
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for s in self.statements:
+            for a in s.iteration_axes:
+                seen.setdefault(a)
+        return tuple(seen)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A diagram, the hardware, the partitions per level and the launches."""
+
+    diagram: Diagram
+    hardware: Hardware
+    partitions: tuple[Partition, ...]
+    levels: tuple[str, ...]  # levels involved, top first, compute level last
+    launches: tuple[Launch, ...]
+    sizes: dict = field(default_factory=dict)  # bound symbol name -> int
+    notes: tuple[str, ...] = ()
+    # extent() is called for every buffer of every column: memoise it (sympy is slow).
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def compute_level(self) -> str:
+        return self.levels[-1]
+
+    def partitions_at(self, level: str, kind: str | None = None) -> list[Partition]:
+        return [p for p in self.partitions if p.level == level and (kind is None or p.kind == kind)]
+
+    def axis_size(self, axis: str) -> sympy.Expr:
+        key = ("size", axis)
+        if key not in self._memo:
+            self._memo[key] = bind(self.diagram.size(axis), self.sizes)
+        return self._memo[key]
+
+    def extent(self, axis: str, level: str) -> sympy.Expr:
+        """The tile extent of an axis at a level: its innermost partition at or above it."""
+        key = ("extent", axis, level)
+        if key in self._memo:
+            return self._memo[key]
+        extent = self.axis_size(axis)
+        for name in self.levels[1 : self.levels.index(level) + 1]:
+            for p in self.partitions_at(name):
+                if p.axis == axis:
+                    extent = smaller(bind(p.size, self.sizes), extent)
+        self._memo[key] = extent
+        return extent
+
+
+def bind(expr, sizes: dict):
+    """Substitute bound sizes (by symbol name) into an expression."""
+    expr = sympy.sympify(expr)
+    if not sizes or not expr.free_symbols:
+        return expr
+    return expr.subs({s: sizes[s.name] for s in expr.free_symbols if s.name in sizes})
+
+
+def smaller(size, extent):
+    """The extent of a partition of size ``size`` of an axis of extent ``extent``."""
+    if size.is_number and extent.is_number:
+        return size if size <= extent else extent
+    return size
+
+
+def trips(extent, tile):
+    """Trip count of a loop over ``extent`` in tiles of ``tile``: ceil when both are numbers.
+
+    Symbolic trip counts assume the tile divides the extent (the paper's a / g_a).
+    """
+    if extent.is_number and tile.is_number:
+        return sympy.Integer(-(-int(extent) // int(tile)))
+    return extent / tile
+
+
+def size_expr(value) -> sympy.Expr:
+    if isinstance(value, int):
+        return sympy.Integer(value)
+    return sympy.Symbol(value, positive=True, integer=True)
+
+
+# ---- launches ------------------------------------------------------------------------------
+
+
+def split_launches(diagram: Diagram, top: str) -> list[tuple[list[Statement], list[str], list[str]]]:
+    """Split statements into launches at each materialisation to the top level."""
+    groups: list[list[Statement]] = [[]]
+    for statement in diagram.statements:
+        groups[-1].append(statement)
+        if statement.level == top and statement is not diagram.statements[-1]:
+            groups.append([])
+    launches = []
+    for statements in groups:
+        produced = {s.target for s in statements}
+        inputs = []
+        for s in statements:
+            for name in s.inputs:
+                if name not in produced and name not in inputs:
+                    inputs.append(name)
+        outputs = [
+            s.target for s in statements
+            if s.target in diagram.outputs or s.level == top
+        ]
+        launches.append((statements, inputs, outputs))
+    return launches
+
+
+# ---- streams -------------------------------------------------------------------------------
+
+
+def _line(statement: Statement) -> str:
+    return f"line {statement.span.line}" if statement.span else f"statement {statement.index + 1}"
+
+
+def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[str], diagram: Diagram, axis: str, span) -> StreamRoles:
+    """Classify each statement's part in a stream over ``axis``, or raise why it cannot stream."""
+    roles: dict[int, str] = {}
+    carries: dict[str, bool] = {}  # array -> carries the streamed axis (per chunk)
+    complete_after: set[str] = set()  # arrays complete only after the stream ends
+    for name in inputs:
+        carries[name] = axis in diagram.arrays[name].axes
+    if not any(carries.values()):
+        raise RelabelError(
+            f"cannot stream {axis}: no array loaded by this launch has axis {axis!r}",
+            span, f"stream an axis of a kernel input ({', '.join(sorted({a for n in inputs for a in diagram.arrays[n].axes}))})",
+        )
+    consumers = {s.target: [c for c in statements if s.target in c.inputs] for s in statements}
+    for s in statements:
+        reads_chunk = any(carries.get(name, False) for name in s.inputs)
+        needs_complete = [name for name in s.inputs if name in complete_after]
+        consumes = axis in s.consumed
+        if not reads_chunk and axis not in s.axes:
+            roles[s.index] = "post" if needs_complete else "pre"
+            carries[s.target] = False
+            if needs_complete:
+                complete_after.add(s.target)
+            continue
+        if needs_complete:
+            first = diagram.producer(needs_complete[0])
+            raise RelabelError(
+                f"cannot stream {axis}: {s.target}[{' '.join(s.axes)}] ({_line(s)}) still carries {axis!r} but needs "
+                f"{needs_complete[0]}, which is complete only after the whole of {axis!r} has streamed past ({_line(first)})",
+                s.span or span, f"that would take a second pass over {axis}; leave {axis} unpartitioned or group another axis",
+            )
+        if not consumes:
+            roles[s.index] = "body"
+            carries[s.target] = True
+            if s.target in outputs and axis in s.axes:
+                pass  # a stateless map along the axis: saved chunk by chunk
+            continue
+        box = s.box
+        if isinstance(box, Softmax):
+            users = consumers[s.target]
+            ok_users = users and all(isinstance(u.box, Contract) and axis in u.consumed for u in users)
+            if s.target in outputs or not ok_users:
+                where = f"it is saved to the top level as {s.target}[{' '.join(s.axes)}]" if s.target in outputs else (
+                    f"{', '.join(u.target for u in users) or 'nothing'} uses it" + (" without contracting over it" if users else ""))
+                raise RelabelError(
+                    f"cannot stream {axis}: softmax[{axis}] ({_line(s)}) keeps axis {axis!r} in its output and {where}; "
+                    f"softmax streams only when a contraction over {axis!r} consumes it (the online softmax)",
+                    s.span or span, f"fuse the contraction over {axis} into this launch (drop the @level), or leave {axis} unpartitioned",
+                )
+            roles[s.index] = "online"
+            carries[s.target] = True
+            continue
+        if isinstance(box, Contract):
+            producers = [diagram.producer(n) for n in s.inputs]
+            online = any(p is not None and roles.get(p.index) == "online" for p in producers)
+            roles[s.index] = "rescaled" if online else "accumulate"
+        elif isinstance(box, Reduce):
+            roles[s.index] = "accumulate"
+        elif isinstance(box, Opaque):
+            raise RelabelError(
+                f"cannot stream {axis}: box {box.box.name} ({_line(s)}) consumes {axis!r} and napkin knows no accumulator for it",
+                s.span or span, "only sums, contractions, max/min and softmax followed by a contraction stream",
+            )
+        else:  # pragma: no cover - maps consume nothing
+            raise AssertionError("napkin bug: a map consumed an axis")
+        carries[s.target] = False
+        complete_after.add(s.target)
+    return StreamRoles(axis, roles)
+
+
+# ---- building a schedule ------------------------------------------------------------------
+
+
+def _consumers_of(diagram: Diagram, axis: str) -> list[Statement]:
+    return [s for s in diagram.statements if axis in s.consumed]
+
+
+def make_schedule(
+    diagram: Diagram,
+    hardware: str | Hardware,
+    block: syn.RelabelBlock | None = None,
+    sizes: dict | None = None,
+    extra_partitions: tuple[Partition, ...] = (),
+) -> Schedule:
+    """Check a relabelling of ``diagram`` on ``hardware`` and build its :class:`Schedule`.
+
+    ``sizes`` binds symbols (axes and partition sizes) to integers. All problems are
+    reported together as :class:`RelabelError`.
+    """
+    profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
+    sizes = dict(sizes or {})
+    errors: list[RelabelError] = []
+    top = profile.top.name
+    partitions: list[Partition] = []
+    seen: dict[tuple[str, str], Span | None] = {}
+    clauses = [(c.level, p) for c in (block.levels if block else ()) for p in c.partitions]
+    for level, p in clauses:
+        if p.axis not in diagram.axes:
+            import difflib
+
+            close = difflib.get_close_matches(p.axis, list(diagram.axes), n=2)
+            errors.append(RelabelError(
+                f"cannot {p.kind}-partition {p.axis!r}: kernel {diagram.name} has no such axis (axes: {' '.join(diagram.axes)})",
+                p.span, f"did you mean {' or '.join(close)}?" if close else None,
+            ))
+            continue
+        if level == top:
+            errors.append(RelabelError(f"cannot partition at the top level {top!r}: it holds whole arrays", p.span,
+                                       f"partition at a level below, e.g. {profile.levels[1].name}"))
+            continue
+        if (level, p.axis) in seen:
+            errors.append(RelabelError(f"axis {p.axis!r} is partitioned twice at level {level}", p.span,
+                                       f"first partitioned at {seen[(level, p.axis)]}"))
+            continue
+        seen[(level, p.axis)] = p.span
+        size = size_expr(p.size)
+        if isinstance(p.size, int) and p.size <= 0:
+            errors.append(RelabelError(f"{p.kind} size of {p.axis!r} must be positive, got {p.size}", p.span))
+            continue
+        partitions.append(Partition(level, p.kind, p.axis, size, p.span))
+    partitions += list(extra_partitions)
+
+    # Levels involved: the top, every level down to the compute level or the lowest
+    # partitioned level, whichever is lower.
+    names = profile.level_names()
+    lowest = max([names.index(profile.compute_level.name)] + [names.index(p.level) for p in partitions])
+    levels = tuple(names[: lowest + 1])
+    compute_level = levels[-1]
+
+    for p in partitions:
+        if p.kind == "group":
+            consumers = _consumers_of(diagram, p.axis)
+            if consumers:
+                described = ", ".join(
+                    f"{s.box.kind if not isinstance(s.box, Softmax) else f'softmax[{s.box.axis}]'} {s.target} ({_line(s)})"
+                    for s in consumers
+                )
+                errors.append(RelabelError(
+                    f"cannot group-partition {p.axis}: it is consumed by {described}; "
+                    f"group partitions need an axis the algorithm is woven over",
+                    p.span, f"did you mean 'stream {p.axis} {p.size}'?",
+                ))
+        elif p.level != compute_level:
+            errors.append(RelabelError(
+                f"stream partitions run at the compute level ({compute_level}); {p.axis!r} is streamed at {p.level}",
+                p.span, f"write it on the {compute_level}: line",
+            ))
+    streams_by_level: dict[str, list[Partition]] = {}
+    for p in partitions:
+        if p.kind == "stream":
+            streams_by_level.setdefault(p.level, []).append(p)
+    for level, streams in streams_by_level.items():
+        if len(streams) > 1:
+            errors.append(RelabelError(
+                f"level {level} streams {len(streams)} axes ({', '.join(p.axis for p in streams)}); napkin streams one axis per level",
+                streams[1].span, "group the others, or stream them at another level",
+            ))
+
+    launches = []
+    for index, (statements, inputs, outputs) in enumerate(split_launches(diagram, top)):
+        axes_here = {a for s in statements for a in s.iteration_axes}
+        roles = []
+        for p in partitions:
+            if p.kind != "stream" or p.axis not in axes_here:
+                continue
+            try:
+                roles.append(stream_roles(statements, inputs, outputs, diagram, p.axis, p.span))
+            except RelabelError as error:
+                errors.append(error)
+        launches.append(Launch(index, tuple(statements), tuple(inputs), tuple(outputs), tuple(roles)))
+    for statement in diagram.statements:
+        if statement.level is not None and statement.level != top:
+            errors.append(RelabelError(
+                f"{statement.target} is materialised at @{statement.level}; napkin materialises only at the top level {top!r}",
+                statement.span, f"write @{top}, or drop the @level to keep {statement.target} on chip",
+            ))
+    raise_collected(errors)
+
+    notes = []
+    schedule = Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, ())
+    for p in partitions:
+        axis_size = schedule.axis_size(p.axis)
+        size = bind(p.size, sizes)
+        if axis_size.is_number and size.is_number and axis_size % size != 0:
+            notes.append(
+                f"{p.kind} {p.axis} {size} does not divide {p.axis} = {axis_size}: "
+                f"{sympy.ceiling(axis_size / size)} {'groups' if p.kind == 'group' else 'chunks'}, the last one masked "
+                f"({axis_size - (sympy.ceiling(axis_size / size) - 1) * size} of {size})"
+            )
+    return Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, tuple(notes))

@@ -1,0 +1,291 @@
+"""The tuner: group and stream sizes that minimise predicted time under the constraints.
+
+For a named GPU the tuner elaborates the kernel once with symbolic partition sizes, turns
+memory, transfers and FLOPs into plain Python functions (sympy ``lambdify``), and scores
+every candidate: sizes that are multiples of the hardware's divisibility constraints
+(tensor-core fragments m16n8k16 on the axes a contraction maps to M, N and K; 128-byte
+coalescing, 128 / bytes-per-value values, on an array's contiguous last axis; combined by
+least common multiple), whose memory fits each level. The best few are re-planned and
+costed exactly (masked tails, derived L2 grouping) and returned best first.
+
+For the abstract models (values, symbolic capacity ``M``) it fits the paper's optimum
+``H* = sum_t alpha_t M^-beta_t``: the leading exponent ``beta`` (1/2 for matmul, 1 for
+attention) and the terms that do not depend on ``M``.
+
+It does not change the kernel; apply a configuration with ``Kernel.cost(**config)`` or by
+writing it into the relabel block.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time as _time
+from dataclasses import dataclass, field
+
+import sympy
+
+from . import syntax as syn
+from .cost import CostReport, as_number, columns, cost_of, flops_by_unit, level_costs
+from .diagram import Contract, Diagram
+from .errors import NapkinError, RelabelError
+from .hardware import Hardware, load_hardware
+from .plan import plan, shared_cache_level
+from .pseudocode import elaborate
+from .relabel import make_schedule
+
+FRAGMENT = {"m": 16, "n": 8, "k": 16}  # mma.sync m16n8k16
+COALESCE_BYTES = 128
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A partition the tuner sizes: its level, kind and axis."""
+
+    level: str
+    kind: str
+    axis: str
+
+    @property
+    def symbol(self) -> sympy.Symbol:
+        return sympy.Symbol(f"tune_{self.kind}_{self.axis}", positive=True, integer=True)
+
+
+@dataclass
+class Configuration:
+    sizes: dict  # axis -> size
+    time_s: float | None
+    report: CostReport | None = None
+
+    def relabel_line(self, knobs) -> str:
+        groups = [f"{k.axis} {self.sizes[k.axis]}" for k in knobs if k.kind == "group"]
+        streams = [f"{k.axis} {self.sizes[k.axis]}" for k in knobs if k.kind == "stream"]
+        parts = ([f"group {', '.join(groups)}"] if groups else []) + ([f"stream {', '.join(streams)}"] if streams else [])
+        return f"{knobs[0].level}: " + "; ".join(parts) if knobs else ""
+
+
+@dataclass
+class TuneResult:
+    kernel: str
+    hardware: str
+    knobs: list
+    configurations: list  # best first
+    evaluated: int
+    seconds: float
+    constraints: dict = field(default_factory=dict)  # axis -> multiple required
+    beta: object = None
+    optimum: object = None
+
+    @property
+    def best(self) -> Configuration:
+        return self.configurations[0]
+
+    def relabel_block(self) -> str:
+        return f"relabel {self.kernel} on {self.hardware}:\n    {self.best.relabel_line(self.knobs)}\n"
+
+    def table(self) -> str:
+        lines = [f"tuning {self.kernel} on {self.hardware}: {self.evaluated} configurations in {self.seconds * 1e3:.0f} ms"]
+        if self.constraints:
+            lines.append("  multiples: " + ", ".join(f"{a} of {m}" for a, m in self.constraints.items()))
+        if self.beta is not None:
+            lines.append(f"  optimum: H* = {self.optimum}   (beta = {self.beta})")
+        for rank, config in enumerate(self.configurations, 1):
+            t = f"{config.time_s * 1e3:.4g} ms" if config.time_s is not None else "-"
+            tflops = ""
+            if config.report is not None and config.time_s:
+                total = as_number(config.report.total_flops)
+                if total:
+                    tflops = f"  {total / config.time_s / 1e12:.0f} TFLOP/s"
+            lines.append(f"  {rank}. {config.relabel_line(self.knobs)}   predicted {t}{tflops}")
+        return "\n".join(lines)
+
+
+def knobs_for(diagram: Diagram, hardware: Hardware, block: syn.RelabelBlock | None, sizes: dict) -> list[Knob]:
+    """The partitions to size: those of the relabel block, else every legal one napkin can find."""
+    if block is not None and block.levels:
+        return [Knob(c.level, p.kind, p.axis) for c in block.levels for p in c.partitions]
+    level = hardware.compute_level.name
+    consumed = {a for s in diagram.statements for a in s.consumed}
+    knobs = [Knob(level, "group", a) for a in diagram.axes if a not in consumed]
+    for axis in diagram.axes:
+        if axis not in consumed:
+            continue
+        try:
+            make_schedule(diagram, hardware, _block(diagram, hardware, knobs + [Knob(level, "stream", axis)], {}), sizes)
+        except RelabelError:
+            continue
+        knobs.append(Knob(level, "stream", axis))
+        break
+    return knobs
+
+
+def _block(diagram: Diagram, hardware: Hardware, knobs: list[Knob], values: dict) -> syn.RelabelBlock:
+    by_level: dict[str, list] = {}
+    for k in knobs:
+        size = values.get(k.axis, k.symbol.name)
+        by_level.setdefault(k.level, []).append(syn.Partition(k.kind, k.axis, int(size) if not isinstance(size, str) else size, None))
+    return syn.RelabelBlock(diagram.name, hardware.name, tuple(syn.LevelClauses(lv, tuple(ps), None) for lv, ps in by_level.items()), None)
+
+
+def divisibility(diagram: Diagram, knobs: list[Knob]) -> dict[str, int]:
+    """Required multiple per tuned axis: fragment shape and coalescing, by least common multiple."""
+    required: dict[str, int] = {}
+
+    def need(axis, multiple):
+        required[axis] = math.lcm(required.get(axis, 1), multiple)
+
+    tuned = {k.axis for k in knobs}
+    for s in diagram.statements:
+        if isinstance(s.box, Contract) and len(s.box.operands) >= 2:
+            first, second = s.box.operands[0], s.box.operands[1]
+            for axis in s.axes:
+                if axis in first.axes and axis not in second.axes:
+                    need(axis, FRAGMENT["m"])
+                elif axis in second.axes and axis not in first.axes:
+                    need(axis, FRAGMENT["n"])
+            for axis in s.box.contracted:
+                need(axis, FRAGMENT["k"])
+    for name in diagram.params:
+        array = diagram.arrays.get(name)
+        if array is not None and array.axes:
+            need(array.axes[-1], max(1, COALESCE_BYTES // array.bytes_per_value))
+    return {a: m for a, m in required.items() if a in tuned}
+
+
+def _candidates(size: int, multiple: int) -> list[int]:
+    values = set()
+    value = multiple
+    while value < size:
+        values.add(value)
+        value *= 2
+    values.add(size if size % multiple == 0 or size < multiple else size)
+    if multiple > 1 and size >= multiple:
+        values.add(min(size, (size // multiple) * multiple) or multiple)
+    small = {1, 2, 4} if multiple == 1 else set()
+    return sorted(v for v in values | small if 0 < v <= size)
+
+
+def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | None = None, sizes: dict | None = None,
+         top: int = 5, max_candidates: int = 20000) -> TuneResult:
+    """Search group/stream sizes on ``hardware`` for ``diagram`` with every axis bound in ``sizes``."""
+    profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
+    sizes = dict(sizes or {})
+    started = _time.perf_counter()
+    if profile.symbolic:
+        return _tune_abstract(diagram, profile, block, sizes, started)
+    unbound = [a for a in diagram.axes if a not in sizes]
+    if unbound:
+        raise NapkinError(f"tuning needs every axis size; unbound: {' '.join(unbound)}",
+                          hint=f"pass them, e.g. --set {' '.join(f'{a}=1024' for a in unbound)}")
+    knobs = knobs_for(diagram, profile, block, sizes)
+    if not knobs:
+        raise NapkinError(f"kernel {diagram.name} has no axis to partition", hint="every axis is consumed and none can stream")
+    required = divisibility(diagram, knobs)
+    symbolic_block = _block(diagram, profile, knobs, {})
+    schedule = make_schedule(diagram, profile, symbolic_block, sizes)
+    program = elaborate(schedule)
+    rows = columns(program)
+    levels = level_costs(program, rows)
+    flops, priced = flops_by_unit(program)
+    symbols = [k.symbol for k in knobs]
+    # Symbolic partition sizes named like the relabel symbols
+    rename = {sympy.Symbol(k.symbol.name, positive=True, integer=True): k.symbol for k in knobs}
+    compute_level = schedule.compute_level
+    # The shared L2 is grouped after the fact (plan.py), so its capacity is not a constraint here.
+    shared = shared_cache_level(schedule)
+    memory = {name: sympy.lambdify(symbols, (c.M_bytes).subs(rename), "math") for name, c in levels.items()
+              if c.capacity is not None and name != shared}
+    traffic = {name: sympy.lambdify(symbols, (c.H_bytes / c.bandwidth).subs(rename), "math") for name, c in levels.items()
+               if c.bandwidth is not None and name == compute_level}
+    compute_terms = []
+    for _, unit, dtype, amount in priced:
+        rate = profile.peak(unit, dtype)
+        if rate is None:
+            raise NapkinError(f"{profile.name} has no {unit} rate for {dtype}")
+        compute_terms.append(sympy.sympify(amount).subs(rename) / rate)
+    compute = sympy.lambdify(symbols, sympy.Add(*compute_terms), "math")
+    blocks = sympy.lambdify(symbols, levels[compute_level].N.subs(rename), "math")
+    capacity = {name: as_number(levels[name].capacity) for name in memory}
+    units = profile.level(compute_level).units
+    options = [_candidates(int(sizes[k.axis]), required.get(k.axis, 1)) for k in knobs]
+    scored = []
+    evaluated = 0
+    for combo in itertools.product(*options):
+        evaluated += 1
+        if evaluated > max_candidates:
+            break
+        fits = True
+        smem = None
+        for name, fn in memory.items():
+            used = fn(*combo)
+            if used > capacity[name]:
+                fits = False
+                break
+            if name == compute_level:
+                smem = used
+        if not fits:
+            continue
+        n_blocks = math.prod(math.ceil(int(sizes[k.axis]) / v) for k, v in zip(knobs, combo) if k.kind == "group")
+        per_sm = max(1, min(32, int(capacity.get(compute_level, smem or 1) // max(smem or 1, 1))))
+        slots = units * per_sm
+        waves = math.ceil(n_blocks / slots)
+        efficiency = n_blocks / (waves * slots)
+        estimate = max([compute(*combo) / efficiency] + [fn(*combo) for fn in traffic.values()])
+        scored.append((estimate, combo))
+    scored.sort(key=lambda item: item[0])
+    configurations = []
+    for _, combo in scored[: max(top, 1)]:
+        values = {k.axis: v for k, v in zip(knobs, combo)}
+        try:
+            report = cost_of(plan(diagram, profile, _block(diagram, profile, knobs, values), sizes))
+        except RelabelError:
+            continue
+        configurations.append(Configuration(values, report.time.get("overlapped_s"), report))
+    configurations.sort(key=lambda c: c.time_s if c.time_s is not None else math.inf)
+    if not configurations:
+        raise RelabelError(f"no configuration of {diagram.name} fits {profile.name}", hint="check the sizes")
+    return TuneResult(diagram.name, profile.name, knobs, configurations, evaluated, _time.perf_counter() - started, required)
+
+
+def _tune_abstract(diagram: Diagram, profile: Hardware, block, sizes: dict, started: float) -> TuneResult:
+    """The paper's closed form on the abstract models: fit beta of H* = alpha M^-beta + H0."""
+    knobs = knobs_for(diagram, profile, block, sizes)
+    groups = [k for k in knobs if k.kind == "group"]
+    streams = [k for k in knobs if k.kind == "stream"]
+    level = profile.compute_level.name
+    schedule = make_schedule(diagram, profile, _block(diagram, profile, knobs, {k.axis: 1 for k in streams}), {})
+    program = elaborate(schedule)
+    rows = columns(program)
+    costs = level_costs(program, rows)[level]
+    symbols = {k: sympy.Symbol(k.symbol.name, positive=True, integer=True) for k in groups}
+    H = costs.H
+    M_expr = costs.M
+    big = 2**20
+    axis_values = {sympy.Symbol(a, positive=True, integer=True): big for a in diagram.axes}
+    H_n = sympy.lambdify(list(symbols.values()), H.subs(axis_values), "math")
+    M_n = sympy.lambdify(list(symbols.values()), M_expr.subs(axis_values), "math")
+    H0 = H.subs({s: sympy.oo for s in symbols.values()})
+
+    def best_for(capacity: float) -> tuple[float, tuple]:
+        points = max(12, int(25000 ** (1 / len(symbols))))
+        grid = [2 ** (40 * i / points) for i in range(points)]
+        best = (math.inf, ())
+        for combo in itertools.product(grid, repeat=len(symbols)):
+            if M_n(*combo) > capacity:
+                continue
+            value = H_n(*combo)
+            if value < best[0]:
+                best = (value, combo)
+        return best
+
+    if not symbols:
+        raise NapkinError(f"kernel {diagram.name} has no group partition to tune on {profile.name}")
+    base0 = float(H0.subs(axis_values)) if H0.is_finite else 0.0
+    capacity = 2.0**16
+    h1, g1 = best_for(capacity)
+    h2, g2 = best_for(capacity * 4)
+    beta = sympy.nsimplify(round(-math.log((h2 - base0) / (h1 - base0)) / math.log(4) * 4) / 4)
+    M = sympy.Symbol("M", positive=True)
+    optimum = sympy.Symbol("alpha") * M ** (-beta) + H0
+    configurations = [Configuration({k.axis: sympy.nsimplify(round(v)) for k, v in zip(groups, g1)}, None)]
+    return TuneResult(diagram.name, profile.name, knobs, configurations, 0, _time.perf_counter() - started, {}, beta, optimum)
