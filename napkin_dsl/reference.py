@@ -1,0 +1,338 @@
+"""The reference evaluator: a diagram computed directly, in float64, with NumPy.
+
+:func:`evaluate` runs the statements of an *unrelabelled* diagram one after another on whole
+arrays, indexed by axis name: a contraction is one ``numpy.einsum`` (axis names become
+letters; ``optimize=True``), an elementwise map broadcasts its operands over named axes, a
+reduction is ``sum``/``max``/``min``/``mean`` over its axes, a softmax is the stable one
+(subtract the maximum along the axis first), and an opaque box calls the implementation the
+caller provides. Every value is float64 until the outputs, which are converted to their
+declared dtypes (bf16 and fp8 through ml_dtypes, with NumPy's round-to-nearest-even) and laid
+out in their declared axis order. :func:`reference` is the convenience form: it binds a
+kernel's arguments (``binding.bind``) and evaluates it.
+
+It is the oracle other backends are tested against, so it is deliberately naive: it knows
+nothing of relabelling, levels, tiles or streaming, it does not round intermediates to their
+storage dtypes (``@gmem`` intermediates declared f16 stay float64 here: compare a backend to
+it with a tolerance fit for the declared dtypes), and it materialises every array in full.
+That last point makes it memory-hungry at real sizes, so it refuses (``NapkinCallError``)
+before allocating when the estimate exceeds a limit (default 25% of physical memory; see
+``binding.check_reference_memory``).
+
+Elementwise functions, in float64: ``exp log sqrt tanh abs neg``, ``rsqrt(x) = 1/sqrt(x)``,
+``sigmoid(x) = 1/(1 + exp(-x))`` (computed without overflow), ``silu(x) = x sigmoid(x)``,
+``relu(x) = max(x, 0)``, ``max/min(a, b)`` elementwise, ``+ - * / ^``, and GELU in its exact
+erf form, ``gelu(x) = x/2 (1 + erf(x / sqrt 2))`` (PyTorch's default, ``approximate="none"``;
+not the tanh approximation). NaN and inf propagate as IEEE arithmetic says; NumPy's warnings
+about them are silenced because producing them is not an error of the evaluator.
+
+Opaque boxes: ``impls`` maps a box name to a Python callable, called once per statement,
+vectorised over the woven axes. Each argument arrives as a read-only float64 array of shape
+``(*woven, *box_axes)``: the statement's woven axes first, in the order of
+``Statement.woven``, then the box's own axes for that input in the order of its ``box``
+declaration. An input that is not woven over some woven axis is broadcast along it (a
+stride-0 view, no copy), so every argument has every woven axis. The callable returns an
+array of shape ``(*woven, *output_axes)``; its result is checked. Sizes of axes that only a
+box's output carries are not passed in: bind them with ``sizes=`` and close over them.
+
+>>> import numpy as np
+>>> from napkin_dsl import load
+>>> from napkin_dsl.reference import reference
+>>> rows = load("kernel rows(X: f32[r c]) -> Y: f32[r c]:\\n    Y[r c] = softmax[c](X)\\n")["rows"]
+>>> reference(rows, np.array([[0.0, 0.0], [0.0, np.log(3.0)]], np.float32))
+array([[0.5 , 0.5 ],
+       [0.25, 0.75]], dtype=float32)
+
+An opaque box, woven over ``a``; ``y`` is carried by no input, so ``sizes=`` binds it:
+
+>>> text = "box F(f32[x]) -> f32[y]\\nkernel k(X: f32[a x]) -> Y: f32[a y]:\\n    Y[a y] = F(X[a x])\\n"
+>>> k = load(text)["k"]
+>>> first_two = lambda X: X[..., :2]          # X arrives as (a, x): woven axes first
+>>> reference(k, np.arange(6, dtype=np.float32).reshape(2, 3), sizes={"y": 2}, impls={"F": first_two})
+array([[0., 1.],
+       [3., 4.]], dtype=float32)
+
+Forgetting the implementation names the box and how it would be called:
+
+>>> reference(k, np.ones((2, 3), np.float32), sizes={"y": 2})
+Traceback (most recent call last):
+...
+napkin_dsl.errors.NapkinCallError: <string>:3:5: error: box F has no implementation...
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import sympy
+
+from .binding import _diagram_of, bind, check_reference_memory
+from .diagram import Apply, Const, Contract, Diagram, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from .errors import NapkinCallError
+from .types import numpy_dtype
+
+__all__ = ["ELEMENTWISE", "evaluate", "reference"]
+
+
+class _Failure(Exception):
+    """A problem inside one statement; :func:`evaluate` re-raises it once, with the statement."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class _Named:
+    """Values whose dimensions are the named axes, in order (no axes: a scalar)."""
+
+    values: np.ndarray
+    axes: tuple[str, ...]
+
+    def aligned(self, axes: tuple[str, ...]) -> np.ndarray:
+        """The values with dimensions in ``axes`` order; size 1 where this has no such axis."""
+        order = [self.axes.index(a) for a in axes if a in self.axes]
+        values = np.transpose(self.values, order) if self.axes else np.asarray(self.values)
+        shape = iter(values.shape)
+        return values.reshape([next(shape) if a in self.axes else 1 for a in axes])
+
+
+_SQRT_HALF = math.sqrt(0.5)
+_erf = np.frompyfunc(math.erf, 1, 1)  # NumPy has no erf and SciPy is not a dependency
+
+
+def _sigmoid(x):
+    # exp(-log(1 + exp(-x))): no overflow for large |x|, unlike 1 / (1 + exp(-x)).
+    return np.exp(-np.logaddexp(0.0, -x))
+
+
+def _gelu(x):
+    # asarray, not .astype: frompyfunc returns a bare float, not an array, for a 0-d input.
+    return 0.5 * x * (1.0 + np.asarray(_erf(np.asarray(x) * _SQRT_HALF), dtype=np.float64))
+
+
+ELEMENTWISE: dict[str, Callable] = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "tanh": np.tanh,
+    "sigmoid": _sigmoid, "gelu": _gelu, "silu": lambda x: x * _sigmoid(x),
+    "relu": lambda x: np.maximum(x, 0.0), "abs": np.abs, "neg": np.negative,
+    "max": np.maximum, "min": np.minimum,
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
+}
+"""The float64 definition of every elementwise function of the notation, by ``Apply.fn``."""
+
+_REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}
+
+
+class _Evaluator:
+    """The state of one evaluation: sizes, scalars, implementations and the arrays so far."""
+
+    def __init__(self, diagram: Diagram, sizes: dict, scalars: dict, impls: dict):
+        self.diagram = diagram
+        self.sizes = sizes
+        self.scalars = scalars
+        self.impls = impls
+        self.arrays: dict[str, np.ndarray] = {}  # float64, in each array's own axis order
+        self.letters = dict(zip(diagram.axes, string.ascii_letters))
+
+    def shape(self, axes) -> tuple[int, ...]:
+        return tuple(self.sizes[a] for a in axes)
+
+    # -- elementwise expressions
+    def constant(self, value: sympy.Expr) -> float:
+        free = {s: sympy.Integer(self.sizes[s.name]) for s in value.free_symbols if s.name in self.sizes}
+        number = value.xreplace(free)
+        if number.free_symbols:
+            names = ", ".join(sorted(s.name for s in number.free_symbols))
+            raise _Failure(f"the size expression {value} uses {names}, which is not an axis of {self.diagram.name}")
+        return float(number)
+
+    def expression(self, expr) -> _Named:
+        if isinstance(expr, Read):
+            return _Named(self.arrays[expr.array], expr.axes)
+        if isinstance(expr, Const):
+            return _Named(np.float64(self.constant(expr.value)), ())
+        if isinstance(expr, ScalarParam):
+            return _Named(np.float64(float(self.scalars[expr.name])), ())
+        if isinstance(expr, Apply):
+            function = ELEMENTWISE.get(expr.fn)
+            if function is None:
+                raise _Failure(f"the reference has no definition of the elementwise function {expr.fn!r}")
+            args = [self.expression(a) for a in expr.args]
+            axes = tuple(dict.fromkeys(a for arg in args for a in arg.axes))
+            return _Named(function(*(arg.aligned(axes) for arg in args)), axes)
+        raise AssertionError(f"napkin bug: unknown expression {expr!r}")
+
+    # -- boxes
+    def statement(self, statement: Statement) -> np.ndarray:
+        """The statement's result, float64, with dimensions in ``statement.axes`` order."""
+        box = statement.box
+        if isinstance(box, Opaque):
+            return self.opaque(statement, box)
+        with np.errstate(all="ignore"):
+            if isinstance(box, Contract):
+                return self.contract(statement, box)
+            if isinstance(box, Map):
+                values = self.expression(box.expr).aligned(statement.axes)
+                return np.broadcast_to(values, self.shape(statement.axes))
+            if isinstance(box, Reduce):
+                operand = self.expression(box.operand)
+                along = tuple(operand.axes.index(a) for a in box.axes)
+                kept = tuple(a for a in operand.axes if a not in box.axes)
+                return _Named(_REDUCTIONS[box.op](operand.values, axis=along), kept).aligned(statement.axes)
+            if isinstance(box, Softmax):
+                values = self.expression(box.operand).aligned(statement.axes)
+                along = statement.axes.index(box.axis)
+                # Subtracting the maximum keeps exp from overflowing; it cancels in the ratio.
+                shifted = np.exp(values - np.max(values, axis=along, keepdims=True))
+                return shifted / np.sum(shifted, axis=along, keepdims=True)
+        raise AssertionError(f"napkin bug: unknown box {box!r}")
+
+    def contract(self, statement: Statement, box: Contract) -> np.ndarray:
+        if len(self.letters) < len(self.diagram.axes):
+            raise _Failure(f"einsum has {len(string.ascii_letters)} axis letters; {self.diagram.name} has {len(self.diagram.axes)} axes")
+        spec = ",".join("".join(self.letters[a] for a in r.axes) for r in box.operands)
+        spec += "->" + "".join(self.letters[a] for a in statement.axes)
+        result = np.einsum(spec, *(self.arrays[r.array] for r in box.operands), optimize=True)
+        if box.scale is not None:
+            result = result * self.expression(box.scale).aligned(statement.axes)
+        return result
+
+    def opaque(self, statement: Statement, box: Opaque) -> np.ndarray:
+        signature = box.box
+        woven = statement.woven
+        produced = tuple(a for a in signature.outputs[0][1] if a not in woven)
+        expected = self.shape(woven) + self.shape(produced)
+
+        def described(axes):
+            return f"({', '.join(f'{a}={self.sizes[a]}' for a in axes)})"
+
+        call = ", ".join(f"{r.array}{described(woven + own)}" for r, (_, own) in zip(box.args, signature.inputs))
+        implementation = self.impls.get(signature.name)
+        if implementation is None:
+            raise _Failure(
+                f"box {signature.name} has no implementation; the reference would call {signature.name}({call}) "
+                f"and expect shape {described(woven + produced)}",
+                f"pass impls={{{signature.name!r}: function}}; the function receives NumPy arrays with the woven axes "
+                f"first and the box's own axes last, and returns one array",
+            )
+        views = []
+        for read, (_, own) in zip(box.args, signature.inputs):
+            axes = woven + tuple(own)
+            # broadcast_to returns a read-only view: an implementation cannot write into our arrays.
+            views.append(np.broadcast_to(_Named(self.arrays[read.array], read.axes).aligned(axes), self.shape(axes)))
+        try:
+            result = implementation(*views)
+        except Exception as exc:
+            exc.add_note(f"in the implementation of box {signature.name}, called as {signature.name}({call}) "
+                         f"for {statement.target} (line {statement.span.line if statement.span else '?'})")
+            raise
+        try:
+            result = np.asarray(result, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise _Failure(f"the implementation of box {signature.name} returned {type(result).__name__}, "
+                           f"which is not an array of numbers: {exc}") from None
+        if result.shape != expected:
+            raise _Failure(
+                f"the implementation of box {signature.name} returned shape {result.shape}; "
+                f"expected {described(woven + produced)} = {expected}",
+                "woven axes come first, then the box's output axes",
+            )
+        return _Named(result, woven + produced).aligned(statement.axes)
+
+
+def _check_call(diagram: Diagram, inputs: dict, scalars: dict, sizes: dict):
+    """Arguments that did not come through bind() get the checks evaluate relies on."""
+    missing_sizes = [a for a in diagram.axes if a not in sizes]
+    if missing_sizes:
+        raise NapkinCallError(f"evaluate({diagram.name}) needs a size for every axis; missing {', '.join(missing_sizes)}",
+                              hint="bind the arguments with napkin_dsl.binding.bind, which reads sizes off the arrays")
+    for array in diagram.input_arrays:
+        if array.name not in inputs:
+            raise NapkinCallError(f"evaluate({diagram.name}) is missing input {array.name}")
+        expected = tuple(int(sizes[a]) for a in array.axes)
+        shape = tuple(np.shape(inputs[array.name]))
+        if shape != expected:
+            raise NapkinCallError(f"input {array.name}[{' '.join(array.axes)}] has shape {shape}, but the sizes give {expected}")
+    for name in diagram.scalars:
+        if name not in scalars:
+            raise NapkinCallError(f"evaluate({diagram.name}) is missing scalar {name}")
+
+
+def _to_declared(values: np.ndarray, dtype: str) -> np.ndarray:
+    target = numpy_dtype(dtype)
+    with np.errstate(all="ignore"):
+        if target.kind in "iu":
+            values = np.rint(values)  # float64 rounding error must not truncate 2.9999999 to 2
+        return values.astype(target, order="C")  # not ascontiguousarray: it turns a 0-d result into 1-d
+
+
+def evaluate(
+    diagram,
+    inputs: dict,
+    scalars: dict,
+    sizes: dict,
+    impls: dict | None = None,
+    *,
+    memory_limit: float | None = None,
+    keep_float64: bool = False,
+) -> dict[str, np.ndarray]:
+    """Evaluate an unrelabelled diagram in float64; return its outputs by name.
+
+    ``diagram`` is a Diagram or a kernel; ``inputs``, ``scalars`` and ``sizes`` are normally
+    a :class:`~napkin_dsl.binding.Binding`'s. ``impls`` maps opaque box names to callables
+    (calling convention in the module docstring). The inputs are read, never modified.
+
+    Outputs come back in their declared dtypes and axis order, C-contiguous; with
+    ``keep_float64=True`` they stay float64 (for comparisons at tight tolerance). Before
+    allocating, :func:`~napkin_dsl.binding.check_reference_memory` refuses sizes that would
+    need more than ``memory_limit`` bytes (default 25% of physical memory).
+    """
+    diagram = _diagram_of(diagram)
+    _check_call(diagram, inputs, scalars, sizes)
+    sizes = {axis: int(sizes[axis]) for axis in diagram.axes}
+    check_reference_memory(diagram, sizes, memory_limit)
+    evaluator = _Evaluator(diagram, sizes, scalars, dict(impls or {}))
+    for array in diagram.input_arrays:
+        # astype copies: the caller's arrays are never written, nor kept.
+        evaluator.arrays[array.name] = np.asarray(inputs[array.name]).astype(np.float64)
+    for statement in diagram.statements:
+        try:
+            evaluator.arrays[statement.target] = evaluator.statement(statement)
+        except _Failure as failure:
+            hint = failure.hint or f"while evaluating {statement.target} = {statement.describe()}"
+            raise NapkinCallError(failure.message, statement.span, hint) from None
+    outputs = {}
+    for name in diagram.outputs:
+        values = evaluator.arrays[name]
+        outputs[name] = np.array(values, dtype=np.float64, order="C") if keep_float64 else _to_declared(values, diagram.arrays[name].dtype)
+    return outputs
+
+
+def reference(kernel, *arrays, sizes: dict | None = None, impls: dict | None = None, cast: bool = False,
+              memory_limit: float | None = None, **named):
+    """Call a kernel through the reference evaluator: bind the arguments, evaluate, return the outputs.
+
+    Positional arguments follow the kernel's parameters in signature order (arrays and
+    scalars alike); keyword arguments name them. ``sizes``, ``impls``, ``cast`` and
+    ``memory_limit`` are this function's own (a kernel parameter with one of those names
+    can only be passed positionally). Returns the output array for a kernel with one output,
+    a dict of them by name for several.
+    """
+    diagram = _diagram_of(kernel)
+    if len(arrays) > len(diagram.params):
+        raise NapkinCallError(f"{diagram.name} takes {len(diagram.params)} arguments ({', '.join(diagram.params)}), "
+                              f"got {len(arrays)} positional")
+    arguments = dict(zip(diagram.params, arrays))
+    twice = [name for name in named if name in arguments]
+    if twice:
+        raise NapkinCallError(f"{diagram.name} got {', '.join(twice)} both by position and by name")
+    arguments.update(named)
+    array_args = {k: v for k, v in arguments.items() if k not in diagram.scalars}
+    scalar_args = {k: v for k, v in arguments.items() if k in diagram.scalars}
+    binding = bind(diagram, array_args, scalar_args, cast, sizes=sizes)
+    outputs = evaluate(diagram, binding.inputs, binding.scalars, binding.sizes, impls, memory_limit=memory_limit)
+    return outputs[diagram.outputs[0]] if len(diagram.outputs) == 1 else outputs

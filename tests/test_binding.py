@@ -1,0 +1,307 @@
+"""bind(): sizes from shapes, private converted copies, and one clear error per bad call."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import napkin_dsl as napkin
+from napkin_dsl.binding import (
+    Binding,
+    bind,
+    check_reference_memory,
+    default_memory_limit,
+    estimate_reference_bytes,
+    physical_memory_bytes,
+)
+from napkin_dsl.errors import NapkinCallError, NapkinError
+
+from .conftest import EXAMPLES
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def load(relative: str) -> napkin.Kernel:
+    (kernel,) = napkin.load(EXAMPLES / relative).values()
+    return kernel
+
+
+@pytest.fixture
+def attention():
+    return load("attention.napkin")
+
+
+def qkv(b=1, h=2, q=3, x=5, d=4, dtype=BF16):
+    rng = np.random.default_rng(0)
+    return {
+        "Q": rng.standard_normal((b, h, q, d)).astype(dtype),
+        "K": rng.standard_normal((b, h, x, d)).astype(dtype),
+        "V": rng.standard_normal((b, h, x, d)).astype(dtype),
+    }
+
+
+def error_text(diagram, arrays, scalars=None, **kwargs) -> str:
+    with pytest.raises(NapkinCallError) as info:
+        bind(diagram, arrays, scalars, **kwargs)
+    return str(info.value)
+
+
+# ---- what a good call binds ----------------------------------------------------------------------
+
+
+def test_sizes_are_read_off_the_shapes(attention):
+    binding = bind(attention.diagram, qkv())
+    assert isinstance(binding, Binding)
+    assert binding.sizes == {"b": 1, "h": 2, "q": 3, "d": 4, "x": 5}
+    assert list(binding.sizes) == list(attention.diagram.axes)
+    assert all(type(size) is int for size in binding.sizes.values())
+
+
+def test_bind_accepts_a_kernel_or_its_diagram(attention):
+    assert bind(attention, qkv()).sizes == bind(attention.diagram, qkv()).sizes
+
+
+def test_inputs_are_private_contiguous_copies_of_the_declared_dtype(attention):
+    arrays = qkv()
+    before = {name: array.copy() for name, array in arrays.items()}
+    binding = bind(attention, arrays)
+    for name, array in arrays.items():
+        bound = binding.inputs[name]
+        assert bound.dtype == BF16 and bound.flags.c_contiguous and bound.flags.writeable
+        assert bound is not array and not np.shares_memory(bound, array)
+        np.testing.assert_array_equal(bound, array)
+    binding.inputs["Q"][...] = 7  # writing the binding's copy leaves the user's array alone
+    arrays["K"][...] = 9  # and changing the user's array later does not reach the binding
+    np.testing.assert_array_equal(arrays["Q"], before["Q"])
+    np.testing.assert_array_equal(binding.inputs["K"], before["K"])
+
+
+@pytest.mark.parametrize("layout", ["read-only", "strided", "fortran", "transposed-view", "byte-swapped"])
+def test_any_memory_layout_is_accepted(layout):
+    kernel = load("softmax.napkin")  # X: f32[r c]
+    X = np.arange(12, dtype=np.float32).reshape(3, 4) + 1
+    if layout == "read-only":
+        given = X.copy()
+        given.flags.writeable = False
+    elif layout == "strided":
+        given = np.repeat(X, 2, axis=0)[::2]
+    elif layout == "fortran":
+        given = np.asfortranarray(X)
+    elif layout == "transposed-view":
+        given = np.ascontiguousarray(X.T).T
+    else:
+        given = X.astype(">f4")
+    binding = bind(kernel, {"X": given})
+    bound = binding.inputs["X"]
+    assert bound.dtype == np.float32 and bound.dtype.isnative and bound.flags.c_contiguous and bound.flags.writeable
+    np.testing.assert_array_equal(bound, X)
+
+
+def test_nan_and_inf_are_accepted(attention):
+    arrays = qkv()
+    arrays["Q"][0, 0, 0, 0] = np.nan
+    arrays["K"][0, 0, 0, 0] = np.inf
+    binding = bind(attention, arrays)
+    assert np.isnan(binding.inputs["Q"][0, 0, 0, 0]) and np.isinf(binding.inputs["K"][0, 0, 0, 0])
+
+
+def test_scalars_become_numpy_scalars_of_their_declared_dtype():
+    kernel = load("rmsnorm.napkin")
+    arrays = {"X": np.ones((2, 3), BF16), "G": np.ones(3, BF16)}
+    for eps in (1e-5, np.float64(1e-5), np.array(1e-5), 1):
+        value = bind(kernel, arrays, {"eps": eps}).scalars["eps"]
+        assert type(value) is np.float32 and value == np.float32(eps)
+
+
+def test_sizes_argument_binds_axes_no_input_carries():
+    kernel = load("paper/fig11.napkin")  # Y: f32[a y]; y is only the box's output axis
+    arrays = {"X": np.ones((2, 3), np.float32), "W": np.ones(4, np.float32)}
+    assert bind(kernel, arrays, sizes={"y": 6}).sizes == {"a": 2, "x": 3, "w": 4, "y": 6}
+    assert bind(kernel, arrays, sizes={"y": np.int64(6), "a": 2}).sizes["y"] == 6  # restating a is fine
+
+
+# ---- cast=True ----------------------------------------------------------------------------------------
+
+
+def test_cast_converts_dtypes_and_array_likes(attention):
+    arrays = qkv(dtype=np.float64)
+    binding = bind(attention, arrays, cast=True)
+    for name, array in arrays.items():
+        assert binding.inputs[name].dtype == BF16
+        np.testing.assert_array_equal(binding.inputs[name], array.astype(BF16))
+    matmul = load("matmul.napkin")
+    binding = bind(matmul, {"A": [[1, 2, 3]], "B": ((1.5,), (2,), (3,))}, cast=True)
+    assert binding.sizes == {"m": 1, "k": 3, "n": 1} and binding.inputs["B"].dtype == BF16
+
+
+@pytest.mark.parametrize("value, reason", [
+    (np.ones((2, 3), np.complex128), "cannot convert complex128 values to numbers"),
+    (np.array([["a", "b", "c"]] * 2), "cannot convert <U1 values to numbers"),
+    (np.array([[object()] * 3] * 2), "cannot convert object values to numbers"),
+])
+def test_cast_still_refuses_values_that_are_not_real_numbers(value, reason):
+    kernel = load("softmax.napkin")
+    text = error_text(kernel, {"X": value}, cast=True)
+    assert reason in text and "f32 (NumPy float32)" in text
+
+
+def test_cast_refuses_floats_into_integers():
+    (kernel,) = napkin.load("kernel k(A: i32[n]) -> B: i32[n]:\n    B[n] = A * 2\n").values()
+    assert "will not convert float64 to the integer dtype int32" in error_text(kernel, {"A": np.ones(3)}, cast=True)
+    assert bind(kernel, {"A": np.ones(3, np.int64)}, cast=True).inputs["A"].dtype == np.int32
+
+
+# ---- errors -------------------------------------------------------------------------------------------
+
+
+def test_wrong_rank_names_the_parameter_its_axes_and_the_shape(attention):
+    arrays = qkv()
+    arrays["K"] = arrays["K"][0]
+    text = error_text(attention, arrays)
+    assert "K is declared bf16[b h x d] (4 axes) but got an array of shape (2, 5, 4) (3 axes)" in text
+    assert "not carried by any input" not in text  # no follow-on noise about K's axes
+
+
+def test_axis_mismatch_names_the_axis_both_sizes_and_both_parameters(attention):
+    arrays = qkv(d=64)
+    arrays["K"] = np.ones((1, 2, 5, 128), BF16)
+    assert "axis d is 64 in Q (dim 3) but 128 in K (dim 3)" in error_text(attention, arrays)
+
+
+def test_wrong_dtype_names_the_napkin_and_numpy_dtypes(attention):
+    arrays = qkv()
+    arrays["V"] = arrays["V"].astype(np.float32)
+    text = error_text(attention, arrays)
+    assert "V must be bf16 (NumPy ml_dtypes.bfloat16), got float32" in text
+    assert "cast=True" in text
+
+
+def test_zero_size_axis(attention):
+    text = error_text(attention, qkv(q=0))
+    assert "axis q has size 0 in Q (dim 2)" in text and "at least one element" in text
+
+
+def test_missing_and_unexpected_arguments(attention):
+    arrays = qkv()
+    del arrays["V"]
+    arrays["Kv"] = np.ones(3)
+    text = error_text(attention, arrays)
+    assert "missing array V: bf16[b h x d]" in text
+    assert "unexpected argument 'Kv': attention takes Q, K, V" in text and "did you mean 'K'?" in text
+
+
+def test_missing_scalar_and_scalar_passed_as_array():
+    kernel = load("rmsnorm.napkin")
+    arrays = {"X": np.ones((2, 3), BF16), "G": np.ones(3, BF16)}
+    assert "missing scalar eps: f32" in error_text(kernel, arrays)
+    assert "missing scalar eps: f32 (it was passed as an array)" in error_text(kernel, {**arrays, "eps": 1e-5})
+    assert "unexpected scalar 'Z'" in error_text(kernel, arrays, {"eps": 1.0, "Z": 2})
+
+
+@pytest.mark.parametrize("eps, shown", [(True, "bool True"), ("1e-5", "str"), (1 + 2j, "complex"), (np.ones(2), "float64(2,)")])
+def test_scalars_must_be_real_numbers(eps, shown):
+    kernel = load("rmsnorm.napkin")
+    text = error_text(kernel, {"X": np.ones((2, 3), BF16), "G": np.ones(3, BF16)}, {"eps": eps})
+    assert "scalar eps must be a real number (f32 (NumPy float32))" in text and shown in text
+
+
+def test_integer_scalars():
+    (kernel,) = napkin.load("kernel k(X: f32[n], s: i32) -> Y: f32[n]:\n    Y[n] = X * s\n").values()
+    X = np.ones(2, np.float32)
+    assert bind(kernel, {"X": X}, {"s": 3}).scalars["s"] == 3
+    assert "pass an integer" in error_text(kernel, {"X": X}, {"s": 2.5})
+    assert "pass an integer" in error_text(kernel, {"X": X}, {"s": 3.0})
+    assert bind(kernel, {"X": X}, {"s": 3.0}, cast=True).scalars["s"] == 3
+    assert "pass an integer" in error_text(kernel, {"X": X}, {"s": 2.5}, cast=True)
+    assert "does not fit i32" in error_text(kernel, {"X": X}, {"s": 2**40})
+
+
+def test_non_arrays_need_cast(attention):
+    arrays = qkv()
+    arrays["Q"] = arrays["Q"].tolist()
+    text = error_text(attention, arrays)
+    assert "Q must be a numpy.ndarray of bf16 (NumPy ml_dtypes.bfloat16), got list; pass cast=True" in text
+
+
+def test_masked_arrays_are_refused_even_with_cast():
+    kernel = load("softmax.napkin")
+    X = np.ma.masked_array(np.ones((2, 3), np.float32), mask=[[1, 0, 0], [0, 0, 0]])
+    assert "masked array" in error_text(kernel, {"X": X}, cast=True)
+
+
+def test_axis_only_in_outputs_needs_sizes():
+    kernel = load("paper/fig11.napkin")
+    arrays = {"X": np.ones((2, 3), np.float32), "W": np.ones(4, np.float32)}
+    text = error_text(kernel, arrays)
+    assert "axis y is not carried by any input (it appears only in Y)" in text and "sizes={'y': N}" in text
+
+
+@pytest.mark.parametrize("sizes, message", [
+    ({"y": 6, "a": 3}, "axis a is 2 in X (dim 0) but 3 in sizes="),
+    ({"y": 6, "z": 1}, "sizes= names axis 'z', which fig11 does not have"),
+    ({"y": 0}, "sizes['y'] is 0"),
+    ({"y": -1}, "sizes['y'] is -1"),
+    ({"y": 2.0}, "sizes['y'] must be an integer, got float 2.0"),
+    ({"y": True}, "sizes['y'] must be an integer"),
+])
+def test_bad_sizes(sizes, message):
+    kernel = load("paper/fig11.napkin")
+    arrays = {"X": np.ones((2, 3), np.float32), "W": np.ones(4, np.float32)}
+    assert message in error_text(kernel, arrays, sizes=sizes)
+
+
+def test_every_problem_is_reported_at_once_with_the_call(attention):
+    arrays = qkv()
+    arrays["K"] = np.ones((1, 2, 5, 7), np.float32)
+    del arrays["V"]
+    text = error_text(attention, arrays)
+    assert text.count("\n  - ") == 3
+    assert text.startswith("error: cannot call attention(Q: bf16[b h q d], K: bf16[b h x d], V: bf16[b h x d]) -> O: bf16[b h q d]:")
+    assert "called with Q: bfloat16(1, 2, 3, 4), K: float32(1, 2, 5, 7)" in text
+
+
+def test_call_errors_are_napkin_errors(attention):
+    with pytest.raises(NapkinError):
+        bind(attention, {})
+
+
+# ---- the memory guard -----------------------------------------------------------------------------
+
+
+def test_estimate_counts_every_array_in_float64_plus_workspace():
+    kernel = load("matmul.napkin")
+    sizes = {"m": 10, "k": 20, "n": 30}
+    arrays_in_float64 = 8 * (10 * 20 + 20 * 30 + 10 * 30)
+    output_as_f32 = 4 * 10 * 30
+    workspace = 8 * (10 * 20 + 20 * 30 + 10 * 30)
+    assert estimate_reference_bytes(kernel, sizes) == arrays_in_float64 + output_as_f32 + workspace
+
+
+def test_the_guard_names_the_largest_array_and_its_size():
+    kernel = load("attention.napkin")
+    sizes = {"b": 8, "h": 32, "q": 8192, "x": 8192, "d": 128}
+    with pytest.raises(NapkinCallError) as info:
+        check_reference_memory(kernel, sizes, limit=2**30)
+    text = str(info.value)
+    assert "the NumPy reference of attention would need about" in text
+    assert "limit of 1.00 GiB (memory_limit=)" in text
+    assert "the largest array is S[b h q x] (intermediate, 17,179,869,184 values in float64): 128.00 GiB" in text
+
+
+def test_the_guard_passes_small_calls_and_can_be_switched_off():
+    kernel = load("attention.napkin")
+    small = {"b": 1, "h": 1, "q": 4, "x": 4, "d": 4}
+    huge = {"b": 64, "h": 64, "q": 2**16, "x": 2**16, "d": 256}
+    assert check_reference_memory(kernel, small) == estimate_reference_bytes(kernel, small)
+    assert check_reference_memory(kernel, huge, limit=math.inf) > 2**48
+    with pytest.raises(NapkinCallError, match="25% of"):
+        check_reference_memory(kernel, huge)
+
+
+def test_default_limit_is_a_quarter_of_memory():
+    total = physical_memory_bytes()
+    assert total is None or total > 0
+    assert default_memory_limit() == (total // 4 if total else 4 << 30)
