@@ -14,6 +14,7 @@ from pathlib import Path
 
 import sympy
 
+from .backends.nvrtc import add_cache_command
 from .errors import NapkinError
 from .kernel import Kernel, load
 
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="check, relabel, pseudocode and cost table of every kernel in a file")
     report.add_argument("file", metavar="FILE")
     report.set_defaults(run=cmd_report)
+    add_cache_command(sub)
     return parser
 
 

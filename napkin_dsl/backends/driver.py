@@ -1,0 +1,331 @@
+"""A thin, checked layer over the CUDA driver API (``cuda.bindings.driver``).
+
+:func:`cuda_available` says, without raising, whether a CUDA GPU can be used. :class:`Device`
+holds the primary context of one GPU and does the few things napkin's CUDA backend needs:
+load a cubin (``cuModuleLoadData``), look up a kernel, allocate, copy and free device memory,
+and launch with a grid, a block, dynamic shared memory and an optional stream. Every driver
+call goes through :func:`check`, which turns a failing ``CUresult`` into a
+:class:`CudaDriverError` that names the call.
+
+Without a GPU (no libcuda, or ``cuInit`` fails, or no device) the answer is one clear
+:class:`NoCudaDevice`, a :class:`~napkin_dsl.errors.NapkinError` because it is about the
+user's machine; callers that can fall back to the NumPy backend catch it. The probe runs once
+per process.
+
+Deliberately not here: compiling (``nvrtc.py``), choosing launch shapes, arrays with shapes
+and dtypes (a :class:`DeviceBuffer` is raw bytes), timing, and multi-GPU placement.
+Importing this module does not import cuda-python.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import NapkinError
+
+# Above this much dynamic shared memory a kernel must opt in with
+# CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (48 KiB on every architecture since sm_70).
+DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
+
+
+class NoCudaDevice(NapkinError):
+    """There is no usable CUDA GPU here (no driver, cuInit failed, or no device)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(
+            f"no CUDA GPU: {reason}",
+            hint="napkin can still check, cost and run kernels on the CPU with the NumPy backend",
+        )
+
+
+class CudaDriverError(RuntimeError):
+    """A CUDA driver call failed; ``call`` names it and ``result`` is the CUresult."""
+
+    def __init__(self, call: str, result: Any):
+        self.call = call
+        self.result = result
+        name = getattr(result, "name", str(result))
+        description = _error_string(result)
+        super().__init__(f"{call} failed: {name}" + (f" ({description})" if description else ""))
+
+
+def _driver_module():
+    try:
+        from cuda.bindings import driver
+    except ImportError as error:
+        raise NoCudaDevice(f"cuda-python is not installed ({error})") from None
+    return driver
+
+
+def _error_string(result: Any) -> str:
+    """The driver's description of a CUresult, or "" when the driver itself cannot be asked."""
+    try:
+        driver = _driver_module()
+        status, text = driver.cuGetErrorString(result)
+        if status == driver.CUresult.CUDA_SUCCESS and text:
+            return text.decode() if isinstance(text, bytes) else str(text)
+    except (RuntimeError, OSError, NapkinError):  # no libcuda: the enum's name alone has to do
+        return ""
+    return ""
+
+
+def check(result: Any, call: str) -> Any:
+    """Raise CudaDriverError if a cuda.bindings.driver result failed, else return its values.
+
+    cuda.bindings returns ``(CUresult, *values)``: this returns None for no values, the value
+    for one, and a tuple for several.
+    """
+    status, *values = result if isinstance(result, tuple) else (result,)
+    driver = _driver_module()
+    if status != driver.CUresult.CUDA_SUCCESS:
+        raise CudaDriverError(call, status)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _call(name: str, *args) -> Any:
+    """Call cuda.bindings.driver.<name>(*args) and check it, naming the call in any error."""
+    return check(getattr(_driver_module(), name)(*args), name)
+
+
+@functools.cache
+def _probe() -> tuple[int, str]:
+    """(device count, "") or (0, why not); run once per process, never raises."""
+    try:
+        driver = _driver_module()
+    except NoCudaDevice as error:
+        return 0, error.reason
+    try:
+        (status,) = driver.cuInit(0)
+    except (RuntimeError, OSError) as error:  # cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
+        return 0, f"the NVIDIA driver (libcuda) could not be loaded: {error}"
+    if status != driver.CUresult.CUDA_SUCCESS:
+        return 0, f"cuInit failed with {getattr(status, 'name', status)}"
+    try:
+        count = _call("cuDeviceGetCount")
+    except CudaDriverError as error:
+        return 0, str(error)
+    if count == 0:
+        return 0, "the NVIDIA driver reports no CUDA device"
+    return count, ""
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA GPU can be used here. Never raises."""
+    try:
+        return _probe()[0] > 0
+    except Exception:  # noqa: BLE001 - the promise is "never raises", whatever the bindings do
+        return False
+
+
+@dataclass
+class DeviceBuffer:
+    """``nbytes`` of device memory at address ``ptr``; free it with :meth:`Device.free`."""
+
+    ptr: int
+    nbytes: int
+    handle: Any  # the CUdeviceptr, which the copy calls take
+
+    def __int__(self) -> int:
+        return self.ptr
+
+
+@dataclass(frozen=True)
+class LoadedModule:
+    """A cubin loaded into a device's context."""
+
+    handle: Any
+    device: Device
+
+    def function(self, name: str) -> Any:
+        """The CUfunction of the ``extern "C"`` kernel ``name``."""
+        return _call("cuModuleGetFunction", self.handle, name.encode())
+
+
+def _dims(shape: int | Sequence[int], what: str) -> tuple[int, int, int]:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not 1 <= len(dims) <= 3 or any(int(d) < 1 for d in dims):
+        raise ValueError(f"{what} must be 1 to 3 positive sizes, not {shape!r}")
+    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))  # type: ignore[return-value]
+
+
+def _kernel_parameters(args: Sequence[Any]) -> tuple[ctypes.Array, list]:
+    """The void*[] cuLaunchKernel reads, and the values it points at (keep them alive).
+
+    Each argument's C type must be explicit, because the driver copies as many bytes as the
+    kernel's parameter has and a Python int or float does not say how many that is.
+    """
+    values: list = []
+    for index, arg in enumerate(args):
+        if isinstance(arg, DeviceBuffer):
+            values.append(ctypes.c_uint64(arg.ptr))
+        elif isinstance(arg, ctypes._SimpleCData):
+            values.append(arg)
+        elif isinstance(arg, np.generic):
+            values.append(np.ctypeslib.as_ctypes_type(arg.dtype)(arg.item()))
+        else:
+            raise TypeError(
+                f"kernel argument {index} is a {type(arg).__name__}; pass a DeviceBuffer, a ctypes value "
+                "(ctypes.c_int(n)) or a NumPy scalar (np.float32(x)) so that its C type is explicit"
+            )
+    pointers = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(value) for value in values])
+    return pointers, values
+
+
+class Device:
+    """One CUDA GPU through its primary context. Raises NoCudaDevice when there is none.
+
+    Use as a context manager, or call :meth:`close`, to unload modules, free what is still
+    allocated and release the context.
+    """
+
+    def __init__(self, ordinal: int = 0):
+        count, reason = _probe()
+        if count == 0:
+            raise NoCudaDevice(reason)
+        if not 0 <= ordinal < count:
+            raise NoCudaDevice(f"device {ordinal} requested but only {count} CUDA device(s) are present")
+        driver = _driver_module()
+        self.ordinal = ordinal
+        self.handle = _call("cuDeviceGet", ordinal)
+        self.context = _call("cuDevicePrimaryCtxRetain", self.handle)
+        _call("cuCtxSetCurrent", self.context)
+        raw_name = _call("cuDeviceGetName", 256, self.handle)
+        self.name = raw_name.split(b"\0", 1)[0].decode(errors="replace")
+        attribute = driver.CUdevice_attribute
+        self.compute_capability = (
+            _call("cuDeviceGetAttribute", attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.handle),
+            _call("cuDeviceGetAttribute", attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.handle),
+        )
+        self._modules: list[LoadedModule] = []
+        self._buffers: dict[int, DeviceBuffer] = {}
+        self._dynamic_smem_opt_in: dict[int, int] = {}
+        self._closed = False
+
+    @property
+    def arch(self) -> str:
+        """The NVRTC architecture for this GPU, e.g. "sm_90"."""
+        major, minor = self.compute_capability
+        return f"sm_{major}{minor}"
+
+    # -- modules and kernels --
+
+    def load(self, image: bytes | Any) -> LoadedModule:
+        """Load a cubin (or a CompiledModule's image) into this device's context."""
+        data = getattr(image, "image", image)
+        _call("cuCtxSetCurrent", self.context)
+        module = LoadedModule(_call("cuModuleLoadData", data), self)
+        self._modules.append(module)
+        return module
+
+    def function(self, module: LoadedModule, name: str) -> Any:
+        return module.function(name)
+
+    # -- memory --
+
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        handle = _call("cuMemAlloc", max(int(nbytes), 1))
+        buffer = DeviceBuffer(int(handle), int(nbytes), handle)
+        self._buffers[buffer.ptr] = buffer
+        return buffer
+
+    def free(self, buffer: DeviceBuffer) -> None:
+        if self._buffers.pop(buffer.ptr, None) is not None:
+            _call("cuMemFree", buffer.handle)
+
+    def to_device(self, array: np.ndarray, stream: Any = None) -> DeviceBuffer:
+        """A new buffer holding a copy of ``array``'s bytes."""
+        host = np.ascontiguousarray(array)
+        buffer = self.alloc(host.nbytes)
+        self.copy_to_device(buffer, host, stream)
+        return buffer
+
+    def copy_to_device(self, buffer: DeviceBuffer, array: np.ndarray, stream: Any = None) -> None:
+        host = np.ascontiguousarray(array)
+        if host.nbytes > buffer.nbytes:
+            raise ValueError(f"{host.nbytes} bytes do not fit a {buffer.nbytes}-byte device buffer")
+        if stream is None:
+            _call("cuMemcpyHtoD", buffer.handle, host.ctypes.data, host.nbytes)
+        else:
+            _call("cuMemcpyHtoDAsync", buffer.handle, host.ctypes.data, host.nbytes, stream)
+
+    def copy_to_host(self, buffer: DeviceBuffer, out: np.ndarray, stream: Any = None) -> np.ndarray:
+        """Copy ``out.nbytes`` bytes from the buffer into ``out`` (C-contiguous, writable)."""
+        if not (out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError("copy_to_host needs a C-contiguous, writable array")
+        if out.nbytes > buffer.nbytes:
+            raise ValueError(f"the {buffer.nbytes}-byte device buffer cannot fill {out.nbytes} bytes")
+        if stream is None:
+            _call("cuMemcpyDtoH", out.ctypes.data, buffer.handle, out.nbytes)
+        else:
+            _call("cuMemcpyDtoHAsync", out.ctypes.data, buffer.handle, out.nbytes, stream)
+        return out
+
+    # -- launching --
+
+    def launch(
+        self,
+        function: Any,
+        grid: int | Sequence[int],
+        block: int | Sequence[int],
+        args: Sequence[Any],
+        shared_bytes: int = 0,
+        stream: Any = None,
+    ) -> None:
+        """Launch ``function`` on ``grid`` x ``block`` with ``shared_bytes`` of dynamic shared memory.
+
+        Asynchronous, as in CUDA: call :meth:`synchronize` (or synchronize the stream) before
+        reading results.
+        """
+        driver = _driver_module()
+        gx, gy, gz = _dims(grid, "grid")
+        bx, by, bz = _dims(block, "block")
+        if shared_bytes > DEFAULT_DYNAMIC_SMEM_LIMIT:
+            key = int(function)
+            if self._dynamic_smem_opt_in.get(key, 0) < shared_bytes:
+                attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                _call("cuFuncSetAttribute", function, attribute, int(shared_bytes))
+                self._dynamic_smem_opt_in[key] = shared_bytes
+        pointers, values = _kernel_parameters(args)
+        handle = stream if stream is not None else driver.CUstream(0)
+        _call("cuLaunchKernel", function, gx, gy, gz, bx, by, bz, int(shared_bytes), handle, ctypes.addressof(pointers), 0)
+        del values  # the driver has copied the parameters by the time cuLaunchKernel returns
+
+    def create_stream(self) -> Any:
+        return _call("cuStreamCreate", 0)
+
+    def synchronize(self, stream: Any = None) -> None:
+        if stream is None:
+            _call("cuCtxSynchronize")
+        else:
+            _call("cuStreamSynchronize", stream)
+
+    # -- lifetime --
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for buffer in list(self._buffers.values()):
+            self.free(buffer)
+        for module in self._modules:
+            _call("cuModuleUnload", module.handle)
+        self._modules.clear()
+        _call("cuDevicePrimaryCtxRelease", self.handle)
+
+    def __enter__(self) -> Device:  # noqa: PYI034 - typing.Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Device({self.ordinal}: {self.name}, {self.arch})"
