@@ -24,6 +24,7 @@ one run, each with its line, column, caret and hint.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 
 import sympy
@@ -158,8 +159,10 @@ class _KernelChecker:
         for statement in self.kdef.statements:
             self.statement(statement)
         for name, output in self.declared_outputs.items():
-            if name not in self.arrays and name not in self.later_targets:
-                self.out.error(f"output {name!r} is never assigned", output.span, f"add a statement {name}[...] = ...")
+            # An empty kernel was reported above; one error says it better than one per output.
+            if self.kdef.statements and name not in self.arrays and name not in self.later_targets:
+                axes = _axes_text(output.type.axes) if output.type.axes is not None else "[...]"
+                self.out.error(f"output {name!r} is never assigned", output.span, f"add a statement {name}{axes} = ...")
         if len(self.out.errors) > errors_before:
             return None
         return Diagram(
@@ -218,11 +221,16 @@ class _KernelChecker:
         names = self.level_names if self.level_names is not None else all_level_names()
         if stmt.level in names:
             return True
-        where = f"hardware {self.hardware!r}" if self.hardware else "any known hardware"
-        self.out.error(
-            f"unknown level @{stmt.level} for {stmt.target!r}: {where} has levels {', '.join(sorted(names))}",
-            stmt.span, _did_you_mean(stmt.level, names) or f"materialise at the top level, e.g. @{sorted(names)[0]}",
-        )
+        if self.hardware:
+            # Name the top level in the hint: materialising there is what @level is usually for.
+            profile = load_hardware(self.hardware)
+            top = profile.top.name
+            message = f"unknown level @{stmt.level} for {stmt.target!r}: hardware {self.hardware} has levels {', '.join(profile.level_names())}"
+            fallback = f"materialise at the top level: {stmt.target}[...] @{top} = ..."
+        else:
+            message = f"unknown level @{stmt.level} for {stmt.target!r}: no hardware profile has it (known levels: {', '.join(sorted(names))})"
+            fallback = "use a level of the kernel's hardware, named by its relabel block"
+        self.out.error(message, stmt.level_span or stmt.span, _did_you_mean(stmt.level, names) or fallback)
         return False
 
     # -- boxes
@@ -345,7 +353,9 @@ class _KernelChecker:
 
     def softmax(self, stmt, expr: syn.Call, target_axes):
         if expr.axes is None or len(expr.axes) != 1:
-            self.out.error("softmax needs exactly one axis", expr.span, "write softmax[AXIS](EXPR)")
+            given = f"got {_axes_text(expr.axes)}" if expr.axes else "got none"
+            self.out.error(f"softmax needs exactly one axis, {given}", expr.span,
+                           "write softmax[AXIS](EXPR); for several axes, softmax them in separate statements")
             return None
         axis = expr.axes[0]
         operand = self.single_operand(expr, f"softmax[{axis}]")
@@ -438,7 +448,10 @@ class _KernelChecker:
     # -- elementwise expressions
     def expression(self, expr) -> object | None:
         if isinstance(expr, syn.Number):
-            return Const(sympy.nsimplify(expr.value) if isinstance(expr.value, float) else sympy.Integer(expr.value))
+            if not self.number_in_range(expr):
+                return None
+            # Rational(text) keeps the number as written (nsimplify would turn 0.333333 into 1/3).
+            return Const(sympy.Rational(expr.text) if isinstance(expr.value, float) else sympy.Integer(expr.value))
         if isinstance(expr, syn.Ref):
             return self.reference(expr)
         if isinstance(expr, syn.Neg):
@@ -451,18 +464,40 @@ class _KernelChecker:
             if left is None or right is None:
                 return None
             if isinstance(left, Const) and isinstance(right, Const):
-                value = {"+": sympy.Add, "*": sympy.Mul}.get(expr.op)
-                if expr.op == "^":
-                    return Const(left.value ** right.value)
-                if expr.op == "-":
-                    return Const(left.value - right.value)
-                if expr.op == "/":
-                    return Const(left.value / right.value)
-                return Const(value(left.value, right.value))
+                return self.fold(expr, left.value, right.value)
             return Apply(OPERATORS[expr.op], (left, right))
         if isinstance(expr, syn.Call):
             return self.call(expr)
         raise AssertionError(f"napkin bug: unknown syntax {expr!r}")
+
+    def number_in_range(self, number: syn.Number) -> bool:
+        """Refuse literals no float holds: sympy would compute 1e99999999 exactly, for minutes."""
+        try:
+            value = float(number.value)
+        except OverflowError:  # an integer literal of hundreds of digits
+            value = math.inf
+        if math.isinf(value) or (value == 0 and number.text.strip("0.").lower()[:1] not in ("", "e")):
+            self.out.error(f"number {number.text} is out of floating-point range", number.span,
+                           "napkin computes in floating point: keep numbers between 1e-300 and 1e300")
+            return False
+        return True
+
+    def fold(self, expr: syn.BinOp, a, b) -> Const | None:
+        """Fold an operator on two constants (``d^-0.5``), refusing values no float can hold."""
+        text = f"{a} {expr.op} {b}"
+        if expr.op == "^" and a.is_number and b.is_number and not _power_in_range(a, b):
+            # Checked before computing: sympy evaluates 10^(10^8) exactly, which never ends.
+            self.out.error(f"constant {a}^{b} is out of floating-point range", expr.span,
+                           "napkin computes in floating point: keep constants between 1e-300 and 1e300")
+            return None
+        value = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: a / b, "^": lambda: a**b}[expr.op]()
+        if value.has(sympy.zoo, sympy.oo, sympy.nan):
+            self.out.error(f"constant {text} is undefined (division by zero)", expr.span, "check the divisor and the exponent's sign")
+            return None
+        if value.is_number and value.is_real is False:
+            self.out.error(f"constant {text} is not a real number", expr.span, "a negative number has no real fractional power")
+            return None
+        return Const(value)
 
     def reference(self, ref: syn.Ref):
         name = ref.name
@@ -532,11 +567,29 @@ class _KernelChecker:
         return None
 
 
+def _power_in_range(base, exponent) -> bool:
+    """Whether base^exponent (two sympy numbers) lies within float range, without computing it."""
+    if base == 0 or abs(base) == 1:
+        return True
+    try:
+        return abs(float(exponent) * math.log10(abs(float(base)))) <= 300
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
 def _product_factors(expr):
-    """The factors of a pure product tree, or None if the expression is not one."""
+    """The factors of a pure product tree, or None if the expression is not one.
+
+    Division by a scalar is a scalar factor: Q * K / 8 contracts like Q * K * 0.125.
+    """
     if isinstance(expr, Apply) and expr.fn == "mul":
         left, right = (_product_factors(a) for a in expr.args)
         return None if left is None or right is None else left + right
+    if isinstance(expr, Apply) and expr.fn == "div" and not reads(expr.args[1]):
+        left = _product_factors(expr.args[0])
+        divisor = expr.args[1]
+        inverse = Const(1 / divisor.value) if isinstance(divisor, Const) else Apply("div", (Const(sympy.Integer(1)), divisor))
+        return None if left is None else left + [inverse]
     if isinstance(expr, Read):
         return [expr]
     if not reads(expr):
@@ -622,7 +675,8 @@ def check_module(module: syn.Module, *, hardware: str | None = None, relabels: t
                 if level_names is not None and clauses.level not in level_names:
                     out.error(
                         f"hardware {hardware_name} has no level {clauses.level!r}; its levels are {', '.join(load_hardware(hardware_name).level_names())}",
-                        clauses.span, _did_you_mean(clauses.level, level_names),
+                        clauses.span, _did_you_mean(clauses.level, level_names)
+                        or f"relabel a level below the top: {', '.join(load_hardware(hardware_name).level_names()[1:])}",
                     )
         diagram = _KernelChecker(kdef, boxes, level_names, hardware_name, out).run()
         if diagram is not None:

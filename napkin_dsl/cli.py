@@ -17,6 +17,7 @@ import sympy
 from .backends.nvrtc import add_cache_command
 from .errors import NapkinError
 from .kernel import Kernel, load
+from .render import add_draw_command
 
 EXIT_USER_ERROR = 2
 
@@ -105,15 +106,88 @@ def cmd_check(args) -> int:
     return 0
 
 
-# ---- napkin report ---------------------------------------------------------------------------
+# ---- pseudo, cost, tune, report ----------------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser, hardware: bool = False) -> None:
+    parser.add_argument("file", metavar="FILE")
+    parser.add_argument("--kernel", metavar="K", help="only this kernel of the file")
+    if hardware:
+        parser.add_argument("--hardware", metavar="HW", help="a profile (A100, H100, H200, two_level, three_level) or a .toml file")
+    parser.add_argument("--set", nargs="+", action="append", default=[], metavar="NAME=INT",
+                        help="bind a size symbol (axis or group/stream size); repeatable: --set q=4096 d=128")
+
+
+def parse_sets(groups: list[list[str]]) -> dict[str, int]:
+    """--set q=4096 d=128 --set x=8192 -> {"q": 4096, "d": 128, "x": 8192}."""
+    sizes: dict[str, int] = {}
+    for item in (entry for group in groups for entry in group):
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise NapkinError(f"--set expects NAME=INT, got {item!r}", hint="e.g. --set q=4096 d=128")
+        try:
+            number = int(value)
+        except ValueError:
+            raise NapkinError(f"--set {name}: {value!r} is not an integer", hint=f"e.g. --set {name}=1024") from None
+        if number <= 0:
+            raise NapkinError(f"--set {name}={number}: sizes must be positive")
+        sizes[name] = number
+    return sizes
+
+
+def _selected(args) -> list[Kernel]:
+    return [k for _, k in _load_all([args.file], args.kernel, getattr(args, "hardware", None))]
+
+
+def cost_json(k: Kernel, hardware: str | None, sizes: dict) -> dict:
+    return k.cost(hardware, **sizes).to_dict()
+
+
+def cmd_pseudo(args) -> int:
+    sizes = parse_sets(args.set)
+    for k in _selected(args):
+        print(k.pseudocode(args.format, args.hardware, **sizes), end="")
+    return 0
+
+
+def cmd_cost(args) -> int:
+    sizes = parse_sets(args.set)
+    kernels = _selected(args)
+    if args.json:
+        print(json.dumps({"kernels": {k.name: cost_json(k, args.hardware, sizes) for k in kernels}}, indent=2))
+        return 0
+    for k in kernels:
+        print(k.cost(args.hardware, **sizes).table())
+    return 0
+
+
+def cmd_tune(args) -> int:
+    sizes = parse_sets(args.set)
+    results = {}
+    for k in _selected(args):
+        result = k.tune(args.hardware, top=args.top, **sizes)
+        results[k.name] = result
+        if not args.json:
+            print(result.table())
+            print("as a relabel block:")
+            print(result.relabel_block())
+    if args.json:
+        print(json.dumps({"kernels": {name: r.to_dict() for name, r in results.items()}}, indent=2))
+    return 0
 
 
 def cmd_report(args) -> int:
-    kernels = _load_all([args.file])
+    sizes = parse_sets(args.set)
+    kernels = _selected(args)
     print(f"{args.file}: {len(kernels)} kernel{'s' if len(kernels) != 1 else ''}")
-    for _, k in kernels:
+    for k in kernels:
+        hardware = k._target(args.hardware)
         print()
         print(format_check(k))
+        print()
+        print(k.pseudocode("text", hardware, **sizes), end="")
+        print()
+        print(k.cost(hardware, **sizes).table())
     return 0
 
 
@@ -129,10 +203,27 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print one JSON object")
     check.set_defaults(run=cmd_check)
 
+    pseudo = sub.add_parser("pseudo", help="the paper's looped pseudocode of a relabelled kernel")
+    _common(pseudo, hardware=True)
+    pseudo.add_argument("--format", choices=["text", "markdown"], default="text")
+    pseudo.set_defaults(run=cmd_pseudo)
+
+    cost = sub.add_parser("cost", help="transfers H, memory M, groups N, FLOPs and predicted time per level")
+    _common(cost, hardware=True)
+    cost.add_argument("--json", action="store_true", help="print one JSON object")
+    cost.set_defaults(run=cmd_cost)
+
+    tune = sub.add_parser("tune", help="choose group/stream sizes minimising predicted time")
+    _common(tune, hardware=True)
+    tune.add_argument("--top", type=int, default=5, help="how many configurations to show")
+    tune.add_argument("--json", action="store_true", help="print one JSON object")
+    tune.set_defaults(run=cmd_tune)
+
     report = sub.add_parser("report", help="check, relabel, pseudocode and cost table of every kernel in a file")
-    report.add_argument("file", metavar="FILE")
+    _common(report, hardware=True)
     report.set_defaults(run=cmd_report)
     add_cache_command(sub)
+    add_draw_command(sub)
     return parser
 
 

@@ -221,7 +221,8 @@ class CostReport:
             "flops": json_value(self.total_flops),
             "flops_by_unit": {unit: json_value(v) for unit, v in self.flops.items()},
             "time_s": self.time.get("overlapped_s"),
-            "time": {k: v for k, v in self.time.items()},
+            "time": {k: ({n: json_value(t) for n, t in v.items()} if isinstance(v, dict) else json_value(v) if not isinstance(v, str) else v)
+                     for k, v in self.time.items()},
             "notes": list(self.notes),
         }
 

@@ -76,7 +76,17 @@ class Kernel:
 
     # -- later stages
     def _target(self, hardware: str | None) -> str:
-        return hardware or self.hardware or "two_level"
+        """The hardware to plan for: given, else the relabel block's, else the first profile
+        (the paper's two_level first, then the GPUs) that has every ``@level`` the kernel names."""
+        if hardware or self.hardware:
+            return hardware or self.hardware
+        from .hardware import load_hardware
+
+        named = {s.level for s in self.diagram.statements if s.level}
+        for candidate in ("two_level", "H100", "A100", "H200", "three_level"):
+            if named <= set(load_hardware(candidate).level_names()):
+                return candidate
+        return "two_level"
 
     def program(self, hardware: str | None = None, **sizes: int):
         """The elaborated pseudocode (:class:`~napkin_dsl.pseudocode.Program`) on a hardware profile."""
@@ -110,6 +120,15 @@ class Kernel:
 
         return tune(self.diagram, self._target(hardware), self.relabel if (self.relabel is None or hardware in (None, self.hardware)) else None,
                     _check_sizes(sizes), top=top)
+
+    def render(self, relabelled: bool = False, costs: bool = False) -> str:
+        """The kernel's neural circuit diagram as SVG text (see :func:`napkin_dsl.render.render`)."""
+        from .render import render
+
+        return render(self, relabelled=relabelled, costs=costs)
+
+    def _repr_svg_(self) -> str:
+        return self.render()
 
     def __repr__(self) -> str:
         n = len(self.diagram.statements)

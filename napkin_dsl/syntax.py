@@ -28,12 +28,17 @@ from .errors import NapkinSyntaxError, Span
 
 GRAMMAR_PATH = Path(__file__).parent / "grammar" / "napkin.lark"
 
-# Large inputs are refused before parsing: a diagram is a few hundred lines, and lark on
-# a multi-megabyte file would look like a hang.
-MAX_SOURCE_CHARS = 2_000_000
+# Large inputs are refused before parsing: a diagram is a few hundred lines, and lark's
+# pure-Python LALR parser reads only some 50 KB a second (measured: 100 KB in 1.5-2.5 s),
+# so a megabyte would look like a hang. 100,000 characters is ~3,000 statements.
+MAX_SOURCE_CHARS = 100_000
 # Deep nesting would exhaust Python's recursion in the tree walk; no real diagram nests
 # more than a handful of parentheses.
 MAX_NESTING = 64
+# Every later stage walks expression trees recursively, so a long chain of operators
+# (``A + A + ... + A``: one tree level per operator) is bounded too, well below Python's
+# recursion limit of 1000 frames.
+MAX_EXPRESSION_DEPTH = 200
 
 
 # ---- syntax dataclasses ------------------------------------------------------------------
@@ -105,6 +110,7 @@ class Statement:
     level: str | None
     expr: Expr
     span: Span
+    level_span: Span | None = None  # where the @level is written, for errors about it
 
 
 @dataclass(frozen=True)
@@ -251,6 +257,7 @@ class _Builder:
             str(level)[1:] if level is not None else None,
             self.expr(expr, depth=0),
             self.span(name),
+            self.span(level) if level is not None else None,
         )
 
     def relabel_block(self, tree: lark.Tree) -> RelabelBlock:
@@ -269,15 +276,24 @@ class _Builder:
             kind, *items = partition_list.children
             for item in items:
                 axis, size = item.children
-                value = int(size.children[0]) if size.data == "int_size" else str(size.children[0])
+                value = self.integer(size.children[0]) if size.data == "int_size" else str(size.children[0])
                 partitions.append(Partition(str(kind), str(axis), value, self.span(axis)))
         return LevelClauses(str(level), tuple(partitions), self.span(level))
 
+    def integer(self, token: lark.Token) -> int:
+        """An integer literal; Python refuses to convert more than 4300 digits, so say so."""
+        try:
+            return int(str(token))
+        except ValueError:
+            raise NapkinSyntaxError(f"integer literal with {len(str(token)):,} digits is too long", self.span(token),
+                                    "write a smaller number") from None
+
     # -- expressions
     def expr(self, tree, depth: int):
-        if depth > MAX_NESTING:
+        if depth > MAX_EXPRESSION_DEPTH:
             raise NapkinSyntaxError(
-                f"expression nested more than {MAX_NESTING} levels deep",
+                f"expression is more than {MAX_EXPRESSION_DEPTH} operations deep "
+                f"(each operator of a chain such as A + A + ... adds a level)",
                 self.span(tree),
                 "split it into several statements",
             )
@@ -285,7 +301,7 @@ class _Builder:
         if kind == "number":
             token = tree.children[0]
             text = str(token)
-            value = float(text) if any(c in text for c in ".eE") else int(text)
+            value = float(text) if any(c in text for c in ".eE") else self.integer(token)
             return Number(value, text, self.span(token))
         if kind == "ref":
             name, index = tree.children
@@ -324,24 +340,31 @@ def make_span(file, lines, line, column, end_column=None, line_offset=0, first_c
 
 # ---- curated syntax errors ------------------------------------------------------------------
 
-# (message, hint, examples that trigger it). lark's match_examples compares the parser state
-# at the failure with the state each example fails in, so these need only resemble the
-# user's mistake.
+# (message, hint, examples that trigger it). A syntax error gets the curated message of an
+# example that fails in the same parser state on the same kind of token (see _curated_label),
+# so the examples need only resemble the user's mistake. Examples are written as whole files;
+# _curated_examples derives their docstring-body forms and the forms that follow a kernel.
+_K = "kernel k(A: f32[i]) -> B: f32[i]:\n"
 _CURATED: list[tuple[str, str, list[str]]] = [
     (
         "missing '=' in a statement",
         "a statement reads TARGET[axes] = expression",
-        ["kernel k(A: f32[i]) -> B: f32[i]:\n    B[i] A[i]\n"],
+        [_K + "    B[i] A[i]\n", _K + "    B A[i]\n", _K + "    B[i] 2\n", _K + "    B[i] (A)\n"],
+    ),
+    (
+        "missing operator between two operands",
+        "write the operator: A * B, A + B, ... (a product needs its '*')",
+        [_K + "    B[i] = A[i] A[i]\n", _K + "    B[i] = A[i] 2\n", _K + "    B[i] = 2 A[i]\n"],
     ),
     (
         "unclosed '[' in an axis list",
         "close the axis list with ']'",
-        ["kernel k(A: f32[i) -> B: f32[i]:\n    B[i] = A[i]\n", "kernel k(A: f32[i]) -> B: f32[i]:\n    B[i = A[i]\n"],
+        ["kernel k(A: f32[i) -> B: f32[i]:\n    B[i] = A[i]\n", _K + "    B[i = A[i]\n", _K + "    B[i] = A[i\n"],
     ),
     (
         "axis lists are separated by spaces, not commas",
         "write A[i j], not A[i, j]",
-        ["kernel k(A: f32[i, j]) -> B: f32[i]:\n    B[i] = A[i]\n", "kernel k(A: f32[i]) -> B: f32[i]:\n    B[i, j] = A[i]\n"],
+        ["kernel k(A: f32[i, j]) -> B: f32[i]:\n    B[i] = A[i]\n", _K + "    B[i, j] = A[i]\n", _K + "    B[i] = A[i, j]\n"],
     ),
     (
         "missing ':' at the end of the kernel header",
@@ -349,24 +372,58 @@ _CURATED: list[tuple[str, str, list[str]]] = [
         ["kernel k(A: f32[i]) -> B: f32[i]\n    B[i] = A[i]\n"],
     ),
     (
+        "statements go on their own lines below the kernel header",
+        "end the header with ':' and a line break, then indent the statements",
+        ["kernel k(A: f32[i]) -> B: f32[i]: B[i] = A[i]\n"],
+    ),
+    (
         "missing '->' and outputs in the kernel header",
         "declare outputs after the parameters: kernel NAME(PARAMS) -> OUT: f32[axes]:",
         ["kernel k(A: f32[i]):\n    B[i] = A[i]\n"],
     ),
     (
+        "missing ':' between a name and its type",
+        "parameters and outputs read NAME: DTYPE[axes], e.g. Q: bf16[q d]",
+        ["kernel k(A f32[i]) -> B: f32[i]:\n    B[i] = A[i]\n", "kernel k(A: f32[i]) -> B f32[i]:\n    B[i] = A[i]\n"],
+    ),
+    (
         "missing or unknown dtype in a type",
         "types read DTYPE[axes] with DTYPE one of f64 f32 f16 bf16 fp8 fp8e4m3 fp8e5m2 i32 i64",
-        ["kernel k(A: [i]) -> B: f32[i]:\n    B[i] = A[i]\n", "kernel k(A: float32[i]) -> B: f32[i]:\n    B[i] = A[i]\n"],
+        [
+            "kernel k(A: [i]) -> B: f32[i]:\n    B[i] = A[i]\n",
+            "kernel k(A: float32[i]) -> B: f32[i]:\n    B[i] = A[i]\n",
+            "kernel k(A: f32[i]) -> B: int8[i]:\n    B[i] = A[i]\n",
+            "kernel k(A: f32[i]) -> B: [i]:\n    B[i] = A[i]\n",
+            "box F(float[x]) -> f32[y]\n",
+            "box F(f32[x]) -> float[y]\n",
+        ],
+    ),
+    (
+        "missing '->' in a box declaration",
+        "a box reads: box NAME(INPUT TYPES) -> OUTPUT TYPES, e.g. box F(f32[x], f32[w]) -> f32[y]",
+        ["box F(f32[x]) f32[y]\n"],
     ),
     (
         "unbalanced parentheses in an expression",
         "check that every '(' has its ')'",
-        ["kernel k(A: f32[i]) -> B: f32[i]:\n    B[i] = exp(A[i]\n", "kernel k(A: f32[i]) -> B: f32[i]:\n    B[i] = (A[i]\n"],
+        [_K + "    B[i] = exp(A[i]\n", _K + "    B[i] = (A[i]\n", _K + "    B[i] = A[i] + 1)\n", _K + "    B[i] = A[i])\n"],
+    ),
+    (
+        "napkin writes powers as a^b, not a**b",
+        "write for example d^-0.5",
+        [_K + "    B[i] = A[i] ** 2\n"],
     ),
     (
         "an operator is missing an operand",
-        "write both sides of + - * /",
-        ["kernel k(A: f32[i]) -> B: f32[i]:\n    B[i] = A[i] *\n", "kernel k(A: f32[i]) -> B: f32[i]:\n    B[i] = * A[i]\n"],
+        "write both sides of + - * / ^",
+        [
+            _K + "    B[i] = A[i] *\n",
+            _K + "    B[i] = * A[i]\n",
+            _K + "    B[i] = A[i] + * A[i]\n",
+            _K + "    B[i] = A[i] - / A[i]\n",
+            _K + "    B[i] = (A[i] +)\n",
+            _K + "    B[i] =\n",
+        ],
     ),
     (
         "a relabel clause needs a level name, then 'group' or 'stream' with AXIS SIZE pairs",
@@ -375,7 +432,18 @@ _CURATED: list[tuple[str, str, list[str]]] = [
             "relabel k on H100:\n    group q 128\n",
             "relabel k on H100:\n    smem: q 128\n",
             "relabel k on H100:\n    smem: group q\n",
+            "relabel k on H100:\n    smem: group q 128,\n",
         ],
+    ),
+    (
+        "separate the 'group' and 'stream' lists of a level with ';'",
+        "write for example:  smem: group q 128; stream x 64",
+        ["relabel k on H100:\n    smem: group q 128 stream x 64\n"],
+    ),
+    (
+        "a partition size is a positive integer or a symbol",
+        "write for example:  group q 128  or  group q g_q",
+        ["relabel k on H100:\n    smem: group q -1\n", "relabel k on H100:\n    smem: group q 1.5\n"],
     ),
     (
         "a relabel block needs 'on HARDWARE'",
@@ -383,11 +451,133 @@ _CURATED: list[tuple[str, str, list[str]]] = [
         ["relabel k H100:\n    smem: group q 128\n", "relabel k:\n    smem: group q 128\n"],
     ),
     (
+        "missing ':' at the end of the relabel header",
+        "write: relabel KERNEL on HARDWARE:  and the level clauses on the next lines",
+        ["relabel k on H100\n    smem: group q 128\n"],
+    ),
+    (
         "a reserved word is used as a name",
         "kernel, relabel, box, on, group and stream are reserved",
-        ["kernel k(group: f32[i]) -> B: f32[i]:\n    B[i] = A[i]\n", "kernel k(A: f32[on]) -> B: f32[i]:\n    B[i] = A[i]\n"],
+        [
+            "kernel k(group: f32[i]) -> B: f32[i]:\n    B[i] = A[i]\n",
+            "kernel k(A: f32[on]) -> B: f32[i]:\n    B[i] = A[i]\n",
+            "kernel k(A: f32[stream]) -> B: f32[i]:\n    B[i] = A[i]\n",
+            "kernel k(on: f32[i]) -> B: f32[i]:\n    B[i] = A[i]\n",
+            _K + "    on[i] = A[i]\n",
+            _K + "    group[i] = A[i]\n",
+            _K + "    B[i] = A[i] * stream\n",
+            _K + "    B[i on] = A[i]\n",
+        ],
     ),
 ]
+
+# Docstring bodies hold statements only; the header comes from the Python signature.
+_DOCSTRING_HEADER = (
+    "a kernel's docstring holds only its statements (and relabel blocks)",
+    "the parameters and outputs come from the Python signature and its annotations; drop the 'kernel ...:' line",
+)
+
+
+def _curated_examples(start: str) -> list[tuple[int, str]]:
+    """(label, example) pairs for a start rule.
+
+    A relabel mistake fails in a different parser state when a kernel precedes it, so
+    relabel examples are also tried after one. A docstring body is a file's statements
+    without the kernel header line, so for ``start="body"`` the header is dropped.
+    """
+    pairs = []
+    for label, (_, _, examples) in enumerate(_CURATED):
+        for example in examples:
+            variants = [example]
+            if example.startswith("relabel"):
+                variants.append(_K + "    B[i] = A[i]\n\n" + example)
+            if start == "body":
+                if example.startswith("box"):
+                    continue  # a docstring cannot declare boxes
+                variants = [v.split("\n", 1)[1] if v.startswith("kernel") else v for v in variants]
+                variants += ["B[i] = A[i]\n" + v for v in variants if v.startswith("relabel")]
+            pairs += [(label, v) for v in variants]
+    return pairs
+
+
+def _failure_key(exc: UnexpectedInput) -> tuple:
+    """What identifies a mistake: the LALR state and the kind of token found there.
+
+    lark hands over a ParserState, whose equality also compares stack depths; the state
+    number alone lets one example match a mistake however deep in a file it sits.
+    """
+    state = getattr(exc, "state", None)
+    state = getattr(state, "position", state)
+    if isinstance(exc, UnexpectedToken):
+        return state, exc.token.type
+    if isinstance(exc, UnexpectedEOF):
+        return state, "$END"
+    return state, "<character>"
+
+
+@functools.lru_cache(maxsize=None)
+def _curated_table(start: str) -> dict[tuple, list[int]]:
+    """Failure key -> curated labels, computed once per start rule from the examples."""
+    table: dict[tuple, list[int]] = {}
+    for label, example in _curated_examples(start):
+        try:
+            _parser(start).parse(example)
+        except UnexpectedInput as exc:
+            labels = table.setdefault(_failure_key(exc), [])
+            if label not in labels:
+                labels.append(label)
+    return table
+
+
+def _fits_context(label: int, before: str) -> bool:
+    """Whether the text before the error on its line agrees with a curated message.
+
+    LALR merges the state after a statement's target (``B[i]``) with the state after an
+    operand (``... = A[i]``), so an unexpected name there is a missing '=' only when the
+    line has none yet, and a missing operator only when it has.
+    """
+    message = _CURATED[label][0]
+    if message.startswith("missing '=' "):
+        return "=" not in before
+    if message.startswith("missing operator "):
+        return "=" in before
+    return True
+
+
+def _curated_label(exc: UnexpectedInput, start: str, before: str) -> int | None:
+    """The curated message for a failure, if an example fails the same way.
+
+    Stricter than lark's ``match_examples``, which settles for the same parser state: a
+    comma and a stray ')' after an expression fail in one state, and only the token tells
+    a misplaced comma from an unbalanced parenthesis.
+    """
+    labels = _curated_table(start).get(_failure_key(exc), [])
+    return next((label for label in labels if _fits_context(label, before)), None)
+
+
+def _found_text(exc: UnexpectedInput, text: str) -> str:
+    """What the parser found where it failed, in words."""
+    if isinstance(exc, UnexpectedCharacters):
+        char = text[exc.pos_in_stream] if 0 <= exc.pos_in_stream < len(text) else "?"
+        return f"unexpected character {char!r}"
+    if isinstance(exc, UnexpectedEOF):
+        return "unexpected end of input"
+    if isinstance(exc, UnexpectedToken):
+        token = exc.token
+        if token.type == "_NL":
+            return "unexpected end of line"
+        if token.type == "$END":
+            return "unexpected end of input"
+        return f"unexpected {str(token)!r}"
+    return "unexpected input"
+
+
+def _expected_text(exc: UnexpectedInput, start: str) -> str | None:
+    """'expected a name, ']'' from lark's expected terminals, in readable words."""
+    expected = sorted(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or [])
+    literals = {t.name: repr(t.pattern.value) for t in _parser(start).terminals if t.pattern.type == "str"}
+    readable = [_TOKEN_NAMES.get(name) or literals.get(name, name) for name in expected]
+    return f"expected {', '.join(dict.fromkeys(readable))}" if readable else None
 
 
 def _syntax_error(exc: UnexpectedInput, text: str, start: str, file: str, lines, line_offset, first_column_offset) -> NapkinSyntaxError:
@@ -396,31 +586,19 @@ def _syntax_error(exc: UnexpectedInput, text: str, start: str, file: str, lines,
     if line < 0:
         line, column = max(len(lines), 1), max(len(lines[-1]) + 1 if lines else 1, 1)
     span = make_span(file, lines, line, column, None, line_offset, first_column_offset)
-    curated = None
-    if start == "file":
-        try:
-            curated = exc.match_examples(_parser(start).parse, {i: ex for i, (_, _, ex) in enumerate(_CURATED)}, use_accepts=True)
-        except Exception:  # match_examples re-parses examples; never let that hide the real error
-            curated = None
-    if isinstance(exc, UnexpectedCharacters):
-        char = text[exc.pos_in_stream] if 0 <= exc.pos_in_stream < len(text) else "?"
-        found = f"unexpected character {char!r}"
-    elif isinstance(exc, UnexpectedEOF):
-        found = "unexpected end of input"
-    elif isinstance(exc, UnexpectedToken):
-        token = exc.token
-        found = "unexpected end of line" if token.type == "_NL" else (
-            "unexpected end of input" if token.type == "$END" else f"unexpected {str(token)!r}"
-        )
-    else:
-        found = "unexpected input"
-    if curated is not None:
-        message, hint, _ = _CURATED[curated]
+    found = _found_text(exc, text)
+    source_line = lines[line - 1] if 0 < line <= len(lines) else ""
+    if start == "body" and source_line[column - 1 :].startswith(("kernel", "box")):
+        message, hint = _DOCSTRING_HEADER
         return NapkinSyntaxError(f"{message} ({found})", span, hint)
-    expected = sorted(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or [])
-    readable = [_TOKEN_NAMES.get(name, name) for name in expected if not name.startswith("__ANON")]
-    hint = f"expected {', '.join(dict.fromkeys(readable))}" if readable else None
-    return NapkinSyntaxError(found, span, hint)
+    try:
+        label = _curated_label(exc, start, source_line[: column - 1])
+    except Exception:  # the examples are ours; a broken one must never hide the user's error
+        label = None
+    if label is not None:
+        message, hint, _ = _CURATED[label]
+        return NapkinSyntaxError(f"{message} ({found})", span, hint)
+    return NapkinSyntaxError(found, span, _expected_text(exc, start))
 
 
 _TOKEN_NAMES = {
@@ -453,6 +631,42 @@ _TOKEN_NAMES = {
 }
 
 
+def _normalize(text: str) -> tuple[str, list[str]]:
+    """The text lark parses, and its lines as lark counts them.
+
+    A byte-order mark (Windows editors write one) is dropped, and CRLF and lone CR line
+    ends become LF, so that every editor's files parse alike. The lines are split on LF
+    only: ``str.splitlines`` also splits on form feeds, U+2028 and other separators that
+    lark does not count, and the caret would then sit under the wrong source line.
+    """
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    source = text if text.endswith("\n") else text + "\n"
+    return source, source[:-1].split("\n")
+
+
+def _check_nesting(source: str, file: str, lines, line_offset: int, first_column_offset: int) -> None:
+    """Refuse parentheses nested deeper than MAX_NESTING, pointing at the one too many.
+
+    Counted before lark sees the text: the tree walk is recursive, and a pathological nest
+    would otherwise end in a RecursionError.
+    """
+    depth, line, column = 0, 1, 0
+    for char in source:
+        column += 1
+        if char == "\n":
+            line, column = line + 1, 0
+        elif char in "([":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise NapkinSyntaxError(
+                    f"parentheses and brackets nested more than {MAX_NESTING} levels deep",
+                    make_span(file, lines, line, column, None, line_offset, first_column_offset),
+                    "split the expression into several statements",
+                )
+        elif char in ")]":
+            depth = max(depth - 1, 0)  # a stray ')' is lark's to report, not a license to nest
+
+
 def parse(text: str, file: str = "<string>", *, start: str = "file", line_offset: int = 0, first_column_offset: int = 0) -> Module:
     """Parse napkin text into a :class:`Module`.
 
@@ -469,21 +683,8 @@ def parse(text: str, file: str = "<string>", *, start: str = "file", line_offset
         )
     if "\x00" in text:
         raise NapkinSyntaxError(f"{file}: not a text file (it contains NUL bytes)", hint="napkin reads UTF-8 text")
-    lines = text.splitlines()
-    source = text if text.endswith("\n") else text + "\n"
-    # Count parentheses before handing to lark: a pathological nest would recurse deeply.
-    depth = max_depth = 0
-    for char in source:
-        if char in "([":
-            depth += 1
-            max_depth = max(max_depth, depth)
-        elif char in ")]":
-            depth -= 1
-    if max_depth > MAX_NESTING:
-        raise NapkinSyntaxError(
-            f"{file}: expressions nested {max_depth} levels deep; napkin accepts at most {MAX_NESTING}",
-            hint="split the expression into several statements",
-        )
+    source, lines = _normalize(text)
+    _check_nesting(source, file, lines, line_offset, first_column_offset)
     try:
         tree = _parser(start).parse(source)
     except UnexpectedInput as exc:

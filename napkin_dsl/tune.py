@@ -83,6 +83,22 @@ class TuneResult:
     def relabel_block(self) -> str:
         return f"relabel {self.kernel} on {self.hardware}:\n    {self.best.relabel_line(self.knobs)}\n"
 
+    def to_dict(self) -> dict:
+        from .cli import json_value
+
+        return {
+            "hardware": self.hardware,
+            "evaluated": self.evaluated,
+            "seconds": self.seconds,
+            "multiples": dict(self.constraints),
+            "beta": json_value(self.beta) if self.beta is not None else None,
+            "optimum": str(self.optimum) if self.optimum is not None else None,
+            "configurations": [
+                {"sizes": {a: json_value(v) for a, v in c.sizes.items()}, "relabel": c.relabel_line(self.knobs), "time_s": c.time_s}
+                for c in self.configurations
+            ],
+        }
+
     def table(self) -> str:
         lines = [f"tuning {self.kernel} on {self.hardware}: {self.evaluated} configurations in {self.seconds * 1e3:.0f} ms"]
         if self.constraints:
@@ -247,45 +263,59 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     return TuneResult(diagram.name, profile.name, knobs, configurations, evaluated, _time.perf_counter() - started, required)
 
 
-def _tune_abstract(diagram: Diagram, profile: Hardware, block, sizes: dict, started: float) -> TuneResult:
-    """The paper's closed form on the abstract models: fit beta of H* = alpha M^-beta + H0."""
-    knobs = knobs_for(diagram, profile, block, sizes)
-    groups = [k for k in knobs if k.kind == "group"]
-    streams = [k for k in knobs if k.kind == "stream"]
-    level = profile.compute_level.name
-    schedule = make_schedule(diagram, profile, _block(diagram, profile, knobs, {k.axis: 1 for k in streams}), {})
-    program = elaborate(schedule)
-    rows = columns(program)
-    costs = level_costs(program, rows)[level]
-    symbols = {k: sympy.Symbol(k.symbol.name, positive=True, integer=True) for k in groups}
-    H = costs.H
-    M_expr = costs.M
-    big = 2**20
-    axis_values = {sympy.Symbol(a, positive=True, integer=True): big for a in diagram.axes}
-    H_n = sympy.lambdify(list(symbols.values()), H.subs(axis_values), "math")
-    M_n = sympy.lambdify(list(symbols.values()), M_expr.subs(axis_values), "math")
-    H0 = H.subs({s: sympy.oo for s in symbols.values()})
+class AbstractOptimum:
+    """H and M of a kernel on an abstract model as functions of its group sizes.
 
-    def best_for(capacity: float) -> tuple[float, tuple]:
-        points = max(12, int(25000 ** (1 / len(symbols))))
-        grid = [2 ** (40 * i / points) for i in range(points)]
+    ``at(capacity)`` searches group sizes (a log-spaced grid, streams at size 1) for the least
+    H with M <= capacity; ``beta()`` fits the exponent of H* = alpha M^-beta + H0 from the
+    optima at capacities C and 4C.
+    """
+
+    def __init__(self, diagram: Diagram, profile: Hardware, block, sizes: dict):
+        knobs = knobs_for(diagram, profile, block, sizes)
+        self.groups = [k for k in knobs if k.kind == "group"]
+        if not self.groups:
+            raise NapkinError(f"kernel {diagram.name} has no group partition to tune on {profile.name}")
+        self.knobs = knobs
+        streams = [k for k in knobs if k.kind == "stream"]
+        level = profile.compute_level.name
+        schedule = make_schedule(diagram, profile, _block(diagram, profile, knobs, {k.axis: 1 for k in streams}), {})
+        costs = level_costs(elaborate(schedule))[level]
+        symbols = [sympy.Symbol(k.symbol.name, positive=True, integer=True) for k in self.groups]
+        self.axis_size = 2**20
+        axis_values = {sympy.Symbol(a, positive=True, integer=True): sizes.get(a, self.axis_size) for a in diagram.axes}
+        self.H_symbolic = costs.H
+        self.H = sympy.lambdify(symbols, costs.H.subs(axis_values), "math")
+        self.M = sympy.lambdify(symbols, costs.M.subs(axis_values), "math")
+        self.H0 = costs.H.subs({s: sympy.oo for s in symbols})
+        self.H0_value = float(self.H0.subs(axis_values)) if self.H0.is_finite else 0.0
+        self.unit_memory = float(self.M(*([1] * len(symbols))))
+
+    def at(self, capacity: float) -> tuple[float, tuple]:
+        points = max(12, int(25000 ** (1 / len(self.groups))))
+        top = math.log2(self.axis_size)
+        grid = [2 ** (top * i / (points - 1)) for i in range(points)]
         best = (math.inf, ())
-        for combo in itertools.product(grid, repeat=len(symbols)):
-            if M_n(*combo) > capacity:
+        for combo in itertools.product(grid, repeat=len(self.groups)):
+            if self.M(*combo) > capacity:
                 continue
-            value = H_n(*combo)
+            value = self.H(*combo)
             if value < best[0]:
                 best = (value, combo)
         return best
 
-    if not symbols:
-        raise NapkinError(f"kernel {diagram.name} has no group partition to tune on {profile.name}")
-    base0 = float(H0.subs(axis_values)) if H0.is_finite else 0.0
-    capacity = 2.0**16
-    h1, g1 = best_for(capacity)
-    h2, g2 = best_for(capacity * 4)
-    beta = sympy.nsimplify(round(-math.log((h2 - base0) / (h1 - base0)) / math.log(4) * 4) / 4)
-    M = sympy.Symbol("M", positive=True)
-    optimum = sympy.Symbol("alpha") * M ** (-beta) + H0
-    configurations = [Configuration({k.axis: sympy.nsimplify(round(v)) for k, v in zip(groups, g1)}, None)]
-    return TuneResult(diagram.name, profile.name, knobs, configurations, 0, _time.perf_counter() - started, {}, beta, optimum)
+    def beta(self) -> sympy.Rational:
+        capacity = 2.0**12 * self.unit_memory
+        h1, _ = self.at(capacity)
+        h2, _ = self.at(4 * capacity)
+        return sympy.Rational(round(-math.log((h2 - self.H0_value) / (h1 - self.H0_value)) / math.log(4) * 4), 4)
+
+
+def _tune_abstract(diagram: Diagram, profile: Hardware, block, sizes: dict, started: float) -> TuneResult:
+    """The paper's closed form on the abstract models: fit beta of H* = alpha M^-beta + H0."""
+    model = AbstractOptimum(diagram, profile, block, sizes)
+    beta = model.beta()
+    optimum = sympy.Symbol("alpha") * sympy.Symbol("M", positive=True) ** (-beta) + model.H0
+    _, best = model.at(2.0**12 * model.unit_memory)
+    configurations = [Configuration({k.axis: round(v) for k, v in zip(model.groups, best)}, None)]
+    return TuneResult(diagram.name, profile.name, model.knobs, configurations, 0, _time.perf_counter() - started, {}, beta, optimum)
