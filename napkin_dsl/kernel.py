@@ -17,8 +17,11 @@ Two ways in, one checker:
 from __future__ import annotations
 
 import ast
+import difflib
 import inspect
+import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,6 +30,7 @@ from typeguard import typechecked
 from . import syntax as syn
 from .check import CheckedKernel, check_module
 from .errors import NapkinError, NapkinSyntaxError, Span
+from .hardware import hardware_names
 from .types import _ArrayTypeMeta, _DTypeMeta
 
 
@@ -145,24 +149,58 @@ def _check_sizes(sizes: dict) -> dict:
 # ---- loading files ---------------------------------------------------------------------------
 
 
-def _read_source(path_or_text: str | Path) -> tuple[str, str]:
-    """(text, file name) for a path or for source text itself."""
-    if isinstance(path_or_text, Path) or (
-        isinstance(path_or_text, str) and "\n" not in path_or_text and (path_or_text.endswith(".napkin") or Path(path_or_text).is_file())
-    ):
-        path = Path(path_or_text)
+def _names_a_file(text: str) -> bool:
+    """Whether a string given to ``load`` is a path rather than napkin text.
+
+    Napkin text worth loading spans lines (a kernel is a header and statements), so only a
+    one-line string can be a path: one that ends in .napkin, names something that exists,
+    or holds a path separator and does not begin like napkin text.
+    """
+    stripped = text.strip()
+    if "\n" in text or not stripped or stripped.startswith(("kernel", "box", "relabel", "#")):
+        return False
+    try:
+        return stripped.endswith(".napkin") or Path(text).exists() or "/" in text or "\\" in text
+    except (OSError, ValueError):  # a name too long for the file system, or with a NUL in it
+        return False
+
+
+def _read_file(path: Path) -> str:
+    """The text of a napkin file, or a NapkinError that says why it cannot be read."""
+    try:
         if not path.exists():
             raise NapkinError(f"no such file: {path}", hint="check the path; napkin files end in .napkin")
         if path.is_dir():
-            raise NapkinError(f"{path} is a directory, not a napkin file")
-        data = path.read_bytes()
-        try:
-            return data.decode("utf-8"), str(path)
-        except UnicodeDecodeError as exc:
+            raise NapkinError(f"{path} is a directory, not a napkin file", hint=f"name a file in it, e.g. {path / 'kernel.napkin'}")
+        if not path.is_file():
+            raise NapkinError(f"{path} is not a regular file", hint="napkin reads .napkin text files")
+        # Refuse before reading: a huge file (or a log named by mistake) would only be refused later.
+        size = path.stat().st_size
+        if size > 4 * syn.MAX_SOURCE_CHARS:
             raise NapkinSyntaxError(
-                f"{path}: not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x})",
-                hint="napkin files are UTF-8 text; is this the right file?",
-            ) from None
+                f"{path}: file is {size:,} bytes; napkin reads at most {syn.MAX_SOURCE_CHARS:,} characters",
+                hint="a diagram is a few hundred lines: is this the right file?",
+            )
+        data = path.read_bytes()
+    except OSError as exc:
+        raise NapkinError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise NapkinSyntaxError(
+            f"not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x})",
+            Span(str(path), line, column),
+            "napkin files are UTF-8 text; is this the right file?",
+        ) from None
+
+
+def _read_source(path_or_text: str | Path) -> tuple[str, str]:
+    """(text, file name) for a path or for source text itself."""
+    if isinstance(path_or_text, Path) or _names_a_file(path_or_text):
+        path = Path(path_or_text)
+        return _read_file(path), str(path)
     return path_or_text, "<string>"
 
 
@@ -177,74 +215,157 @@ def load(path_or_text: str | Path, *, hardware: str | None = None) -> dict[str, 
     text, file = _read_source(path_or_text)
     module = syn.parse(text, file)
     checked = check_module(module, hardware=hardware)
+    if not checked:
+        # An empty file is a mistake (a wrong path, an unsaved editor), not an empty library.
+        where = ("this file", Span(file, 1, 1)) if file != "<string>" else ("the napkin text", None)
+        raise NapkinError(f"{where[0]} defines no kernel", where[1],
+                          "declare one: kernel NAME(X: f32[i]) -> Y: f32[i]:  then its statements, indented")
     return {name: Kernel(kernel, hardware) for name, kernel in checked.items()}
 
 
 # ---- the decorator -----------------------------------------------------------------------------
 
 
-def _annotation_type(annotation: Any, name: str, span: Span) -> syn.TypeSyntax:
+@dataclass(frozen=True)
+class _FunctionSource:
+    """Where a decorated function's parts sit in its Python file, for errors that point there.
+
+    ``doc`` is the docstring as written (Python 3.13 strips the indentation of ``__doc__``,
+    which would shift every column); ``line_offset`` and ``column_offset`` map its lines and
+    first-line columns into the file; ``spans`` maps each parameter name, and "return", to
+    where it is written.
+    """
+
+    file: str
+    def_span: Span
+    doc: str | None
+    line_offset: int
+    column_offset: int
+    spans: dict
+
+
+def _function_source(function: Callable) -> _FunctionSource:
+    """Locate a function's def, docstring and parameters in its source file (if it has one)."""
+    unknown = _FunctionSource("<unknown>", Span("<unknown>", 1, 1), function.__doc__, 0, 0, {})
+    try:
+        file = inspect.getsourcefile(function) or "<unknown>"
+        lines, first_line = inspect.getsourcelines(function)
+        # An indented def (a method, a nested function) parses inside an `if 1:` block, which
+        # keeps every line and column as in the file (dedent would change the docstring).
+        shift = 1 if lines[0][:1].isspace() else 0
+        tree = ast.parse("if 1:\n" * shift + "".join(lines))
+    except (OSError, TypeError, SyntaxError):  # defined in a REPL or exec, or a lambda mid-expression
+        return unknown
+    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    node = next((n for n in functions if n.name == function.__name__), functions[0] if functions else None)
+    if node is None:
+        return unknown
+
+    def span_at(lineno: int, col_offset: int) -> Span:
+        # ast counts columns in UTF-8 bytes; spans count characters.
+        original = lines[lineno - 1 - shift].rstrip("\r\n")
+        column = len(original.encode()[:col_offset].decode(errors="ignore"))
+        return Span(file, first_line + lineno - 1 - shift, column + 1, original)
+
+    arguments = node.args
+    spans = {a.arg: span_at(a.lineno, a.col_offset)
+             for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs + [arguments.vararg, arguments.kwarg] if a}
+    def_span = span_at(node.lineno, node.col_offset)
+    spans["return"] = span_at(node.returns.lineno, node.returns.col_offset) if node.returns else def_span
+    first = node.body[0] if node.body else None
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)):
+        return _FunctionSource(file, def_span, function.__doc__, def_span.line - 1, 0, spans)
+    doc = first.value
+    quote = span_at(doc.lineno, doc.col_offset)
+    # The docstring's text starts after its prefix letters and opening quotes.
+    after = quote.source_line[quote.column - 1 :]
+    prefix = len(after) - len(after.lstrip("rRuU"))
+    quotes = 3 if after[prefix:].startswith(('"""', "'''")) else 1
+    return _FunctionSource(file, def_span, doc.value, quote.line - 1, quote.column - 1 + prefix + quotes, spans)
+
+
+def _annotation_type(annotation: Any, name: str, role: str, span: Span) -> syn.TypeSyntax:
+    """The napkin type of a parameter or output annotation, or an error naming it."""
     if isinstance(annotation, _ArrayTypeMeta):
         return syn.TypeSyntax(annotation.dtype, tuple(annotation.axes), span)
     if isinstance(annotation, _DTypeMeta):
         return syn.TypeSyntax(annotation.dtype, None, span)
+    what = "the return value" if role == "return" else f"{role} {name!r}"
+    written = name if role != "return" else "-> "
+    got = "has no annotation" if annotation is inspect.Parameter.empty else f"is annotated {annotation!r}, not a napkin type"
     raise NapkinError(
-        f"parameter {name!r} needs a napkin type annotation, got {annotation!r}",
+        f"{what} {got}",
         span,
-        f'annotate it like {name}: napkin.f32["q d"] (an array) or {name}: napkin.f32 (a scalar)',
+        f'annotate it like {written}{": " if role != "return" else ""}napkin.f32["q d"] (an array)'
+        + (f" or {name}: napkin.f32 (a scalar)" if role == "parameter" else ""),
     )
 
 
-def _docstring_position(function: Callable) -> tuple[str, int, int, int]:
-    """(file, line of the def, line offset of the docstring, column offset of its first line)."""
+def _signature(function: Callable, source: _FunctionSource, namespace: dict | None) -> inspect.Signature:
+    """The function's signature with its annotations evaluated.
+
+    eval_str resolves annotations written under ``from __future__ import annotations``;
+    ``namespace`` (the decorating scope's locals) lets them name local type aliases too.
+    """
     try:
-        file = inspect.getsourcefile(function) or "<unknown>"
-        lines, first_line = inspect.getsourcelines(function)
-    except (OSError, TypeError):
-        return "<unknown>", 1, 0, 0
-    tree = ast.parse(textwrap.dedent("".join(lines)))
-    node = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    indent = len(lines[0]) - len(lines[0].lstrip())
-    def_line = first_line + node.lineno - 1
-    if node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
-        doc = node.body[0].value
-        # The docstring starts after its opening quotes; napkin ignores indentation, so the
-        # raw docstring parses as is and its line numbers map straight into the file.
-        quote_line = lines[doc.lineno - 1]
-        quote_column = doc.col_offset + indent
-        quote_len = 3 if quote_line[quote_column - indent:].lstrip("rRbBuU").startswith(('"""', "'''")) else 1
-        prefix_len = len(quote_line[quote_column - indent:]) - len(quote_line[quote_column - indent:].lstrip("rRbBuU"))
-        return file, def_line, first_line + doc.lineno - 2, quote_column + prefix_len + quote_len
-    return file, def_line, def_line - 1, 0
+        return inspect.signature(function, eval_str=True, locals=namespace)
+    except Exception as exc:  # any error of the user's annotation expressions
+        raise NapkinError(
+            f"cannot evaluate the annotations of {function.__name__!r}: {type(exc).__name__}: {exc}", source.def_span,
+            'annotations must be napkin types such as napkin.f32["q d"]; is every name they use imported?',
+        ) from None
 
 
-def _build(function: Callable, hardware: str | None, relabel: str | None) -> Kernel:
-    doc = function.__doc__
-    file, def_line, line_offset, column_offset = _docstring_position(function)
-    def_span = Span(file, def_line, 1, "")
+def _parameters(function: Callable, signature: inspect.Signature, source: _FunctionSource) -> tuple[syn.Param, ...]:
+    params = []
+    for name, parameter in signature.parameters.items():
+        span = source.spans.get(name, source.def_span)
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            stars = "*" if parameter.kind is inspect.Parameter.VAR_POSITIONAL else "**"
+            raise NapkinError(f"kernel {function.__name__!r} cannot take {stars}{name}", span,
+                              "name each array a kernel takes as a parameter of its own")
+        params.append(syn.Param(name, _annotation_type(parameter.annotation, name, "parameter", span), span))
+    return tuple(params)
+
+
+def _outputs(function: Callable, returned: Any, body: syn.Module, source: _FunctionSource) -> tuple[syn.Param, ...]:
+    """Outputs from the return annotation: one array (the last statement's) or a dict of named ones."""
+    span = source.spans.get("return", source.def_span)
+    if returned is inspect.Signature.empty:
+        raise NapkinError(f"kernel {function.__name__!r} needs a return annotation", span,
+                          'annotate the result, e.g. -> napkin.f32["q d"], or name several: -> {"O": ..., "L": ...}')
+    if isinstance(returned, dict):
+        if not returned:
+            raise NapkinError(f"kernel {function.__name__!r} returns an empty dict of outputs", span, "name at least one output")
+        for name in returned:
+            if not (isinstance(name, str) and name.isidentifier()):
+                raise NapkinError(f"output name {name!r} is not an identifier", span, 'name outputs like {"O": napkin.f32["q d"]}')
+        return tuple(syn.Param(n, _annotation_type(a, n, "output", span), span) for n, a in returned.items())
+    if not body.statements:
+        raise NapkinError(f"kernel {function.__name__!r} has no statements", source.def_span, "write them in the docstring")
+    last = body.statements[-1].target
+    return (syn.Param(last, _annotation_type(returned, last, "return", span), span),)
+
+
+def _check_hardware(hardware: str | None, source: _FunctionSource) -> None:
+    """Refuse an unknown hardware= at the def, where the user wrote it, not deep in the checker."""
+    if hardware is not None and hardware not in hardware_names():
+        close = difflib.get_close_matches(hardware, hardware_names(), n=1)
+        raise NapkinError(f"unknown hardware {hardware!r} in @napkin.kernel(hardware=...)", source.def_span,
+                          f"did you mean {close[0]!r}?" if close else f"known hardware: {', '.join(hardware_names())}")
+
+
+def _build(function: Callable, hardware: str | None, relabel: str | None, namespace: dict | None = None) -> Kernel:
+    source = _function_source(function)
+    file, def_span, doc = source.file, source.def_span, source.doc
     if not doc or not doc.strip():
         raise NapkinError(f"kernel {function.__name__!r} has no docstring", def_span,
                           "write the diagram's statements in the function's docstring")
-    body = syn.parse(doc, file, start="body", line_offset=line_offset, first_column_offset=column_offset)
-    try:
-        # eval_str resolves annotations written under `from __future__ import annotations`.
-        signature = inspect.signature(function, eval_str=True)
-    except Exception as exc:
-        raise NapkinError(f"cannot evaluate the annotations of {function.__name__!r}: {exc}", def_span) from None
-    params = tuple(
-        syn.Param(name, _annotation_type(p.annotation, name, def_span), def_span) for name, p in signature.parameters.items()
-    )
-    returned = signature.return_annotation
-    if returned is inspect.Signature.empty:
-        raise NapkinError(f"kernel {function.__name__!r} needs a return annotation", def_span,
-                          'annotate the result, e.g. -> napkin.f32["q d"], or name several: -> {"O": ..., "L": ...}')
-    if isinstance(returned, dict):
-        outputs = tuple(syn.Param(n, _annotation_type(a, n, def_span), def_span) for n, a in returned.items())
-    else:
-        if not body.statements:
-            raise NapkinError(f"kernel {function.__name__!r} has no statements", def_span, "write them in the docstring")
-        last = body.statements[-1].target
-        outputs = (syn.Param(last, _annotation_type(returned, "return", def_span), def_span),)
+    _check_hardware(hardware, source)
+    body = syn.parse(doc, file, start="body", line_offset=source.line_offset, first_column_offset=source.column_offset)
+    signature = _signature(function, source, namespace)
+    params = _parameters(function, signature, source)
+    outputs = _outputs(function, signature.return_annotation, body, source)
     kdef = syn.KernelDef(function.__name__, params, outputs, body.statements, def_span)
     relabels = tuple(body.relabels)
     if relabel is not None:
@@ -274,6 +395,8 @@ def kernel(function: Callable | None = None, *, hardware: str | None = None, rel
     >>> scale.diagram.statements[0].target
     'Y'
     """
+    # The decorating scope's locals, so that string annotations may name local aliases.
+    namespace = sys._getframe(1).f_locals
     if function is None:
-        return lambda f: _build(f, hardware, relabel)
-    return _build(function, hardware, relabel)
+        return lambda f: _build(f, hardware, relabel, namespace)
+    return _build(function, hardware, relabel, namespace)

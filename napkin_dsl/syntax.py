@@ -406,7 +406,19 @@ _CURATED: list[tuple[str, str, list[str]]] = [
     (
         "unbalanced parentheses in an expression",
         "check that every '(' has its ')'",
-        [_K + "    B[i] = exp(A[i]\n", _K + "    B[i] = (A[i]\n", _K + "    B[i] = A[i] + 1)\n", _K + "    B[i] = A[i])\n"],
+        [
+            _K + "    B[i] = exp(A[i]\n",
+            _K + "    B[i] = (A[i]\n",
+            _K + "    B[i] = exp(A\n",
+            _K + "    B[i] = (A\n",
+            _K + "    B[i] = (2\n",
+            _K + "    B[i] = max(A, A\n",
+            _K + "    B[i] = sum[i](A\n",
+            _K + "    B[i] = sum[i](A[i]\n",
+            _K + "    B[i] = A[i] + 1)\n",
+            _K + "    B[i] = A[i])\n",
+            _K + "    B[i] = A)\n",
+        ],
     ),
     (
         "napkin writes powers as a^b, not a**b",

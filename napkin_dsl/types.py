@@ -72,7 +72,18 @@ class _DTypeMeta(type):
         return array_type(cls.dtype, names)
 
     def __instancecheck__(cls, value) -> bool:
-        return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+        """A scalar of this dtype: a Python number it holds, or a NumPy scalar of exactly it.
+
+        Python ints fit every dtype and floats every float dtype; NumPy scalars must match,
+        as arrays must (an np.float64 is not an f32). bool is not a number here.
+        """
+        if isinstance(value, (bool, np.bool_)):
+            return False
+        if isinstance(value, (np.generic, np.ndarray)):
+            return np.ndim(value) == 0 and value.dtype == numpy_dtype(cls.dtype)
+        if isinstance(value, int):
+            return True
+        return isinstance(value, float) and not canonical_dtype(cls.dtype).startswith("i")
 
     def __repr__(cls) -> str:
         return f"napkin.{cls.dtype}"
