@@ -135,6 +135,15 @@ def bend(x0: float, y0: float, x1: float, y1: float) -> str:
     return f"M{fmt(x0)} {fmt(y0)}C{fmt(middle)} {fmt(y0)} {fmt(middle)} {fmt(y1)} {fmt(x1)} {fmt(y1)}"
 
 
+def _straight_key(d: str):
+    """(x0, y, x1) as written, for a path drawn by :func:`straight`; else None."""
+    if not d.startswith("M") or "H" not in d or any(c in d for c in "CVLZ"):
+        return None
+    start, x1 = d[1:].split("H")
+    x0, y = start.split(" ")
+    return x0, y, x1
+
+
 def wire_y(top: float, k: int) -> float:
     """The height of wire k of a bundle whose name sits at ``top``."""
     return top + HEADER + PITCH * k + PITCH / 2
@@ -160,6 +169,9 @@ class Drawing:
     layers: dict = field(default_factory=lambda: {name: [] for name in ("boxes", "wires", "marks", "labels")})
     label_rects: list = field(default_factory=list)  # (x0, y0, x1, y1, text)
     box_rects: list = field(default_factory=list)  # (x0, y0, x1, y1, statement target)
+    pieces: list = field(default_factory=list)  # (layer, d, style) of every path
+    piece_slots: list = field(default_factory=list)  # where each path sits in its layer
+    open_ends: dict = field(default_factory=dict)  # (layer, y, x end, style...) -> piece
 
     def add(self, layer: str, element: str):
         self.layers[layer].append(element)
@@ -177,8 +189,25 @@ class Drawing:
         self.add("labels", _element("text", content, x=fmt(x), y=fmt(y), font_size=size, text_anchor=anchor if anchor != "start" else None,
                                     font_weight="bold" if bold else None, fill=fill if fill != "#000000" else None))
 
-    def path(self, layer, d, *, stroke, width=WIRE_WIDTH, dash=None, fill="none"):
-        self.add(layer, _element("path", d=d, fill=fill, stroke=stroke, stroke_width=fmt(width), stroke_dasharray=dash))
+    def path(self, layer, d, *, stroke, width=WIRE_WIDTH, dash=None, fill="none", cap=None, merge=True):
+        style = {"fill": fill, "stroke": stroke, "stroke_width": fmt(width), "stroke_dasharray": dash, "stroke_linecap": cap}
+        key = _straight_key(d) if merge else None
+        if key is not None:
+            # A wire runs straight through several zones: extend its last piece rather than
+            # abut a new one, so that no seam shows where two pieces meet.
+            x0, y, x1 = key
+            index = self.open_ends.pop((layer, y, x0, *style.values()), None)
+            if index is not None:
+                start = _straight_key(self.pieces[index][1])[0]
+                d = f"M{start} {y}H{x1}"
+                self.pieces[index] = (layer, d, style)
+                self.layers[layer][self.piece_slots[index]] = _element("path", d=d, **style)
+                self.open_ends[(layer, y, x1, *style.values())] = index
+                return
+            self.open_ends[(layer, y, x1, *style.values())] = len(self.pieces)
+        self.pieces.append((layer, d, style))
+        self.piece_slots.append(len(self.layers[layer]))
+        self.add(layer, _element("path", d=d, **style))
 
     def dot(self, x, y, colour, radius=3.0):
         self.add("marks", _element("circle", cx=fmt(x), cy=fmt(y), r=fmt(radius), fill=colour))
@@ -463,6 +492,7 @@ class Renderer:
         self.top = 0.0
         self.pass_top = 0.0
         self.bottom = 0.0
+        self.marks: set = set()  # the kinds of mark drawn, which the legend explains
 
     # -- facts about arrays
     def wire_count(self, array: str) -> int:
@@ -683,14 +713,16 @@ class Renderer:
         return self.levels.colour(level)
 
     def wire(self, d: str, axis: str, level: str, *, over: bool = False):
-        """One wire. Streamed axes are dashed on chip; an axis-less array is dotted."""
+        """One wire. Streamed axes are dashed on chip; an axis-less array is dotted.
+
+        A wire ``over`` a box never joins other pieces: one drawn before the box's halo would
+        vanish under it.
+        """
         dash = "5 3" if level != self.levels.top and axis and self.partitions.streamed(axis) else None
         if axis == "":
             dash = "2 2"
-        if over:
-            # A white halo under a woven wire makes it pass over the box's outline.
-            self.drawing.path("wires", d, stroke="#ffffff", width=5)
-        self.drawing.path("wires", d, stroke=self.colour(level), dash=dash)
+        # Round caps let the pieces of one wire overlap, so no hairline shows where they meet.
+        self.drawing.path("wires", d, stroke=self.colour(level), dash=dash, cap="round" if dash is None else None, merge=not over)
 
     def bundle_straight(self, array: str, top: float, x0: float, x1: float, level: str):
         for k, axis in enumerate(wires_of(self.diagram, array)):
@@ -713,14 +745,20 @@ class Renderer:
                 d.add("labels", _element("rect", x=fmt(x - 2), y=fmt(y - 9), width=fmt(text_width(text, LABEL_SIZE) + 4),
                                          height=12, rx=2, fill="none", stroke=colour, stroke_width="0.8"))
 
+    def dot(self, x: float, y: float, colour: str):
+        self.marks.add("dot")
+        self.drawing.dot(x, y, colour)
+
     def transfer_mark(self, x: float, top: float, array: str, kind: str, level: str):
         """A bar across a bundle where it changes level, tagged load or save, in the new level's colour."""
+        self.marks.add("bar")
         y0, y1 = wire_y(top, 0) - 6, wire_y(top, self.wire_count(array) - 1) + 6
         self.drawing.add("marks", _element("rect", x=fmt(x - 2), y=fmt(y0), width=4, height=fmt(y1 - y0), fill=self.colour(level)))
         self.drawing.text(x, top + 12, kind, anchor="middle", fill=self.colour(level))
 
     def separator(self, x0: float, x1: float, top: float):
         """The dashed line between two segments of a tuple, just above the lower bundle."""
+        self.marks.add("dash")
         self.drawing.path("marks", straight(x0, x1, top - BUNDLE_GAP / 2), stroke=MUTED, width=0.8, dash="3 3")
 
     def end_caps(self, array: str, top: float, x: float, level: str):
@@ -769,7 +807,7 @@ class Renderer:
                 for end in ends:
                     self.wire(bend(x0, wire_y(top, k), x1, wire_y(end, k)), axis, level)
                 if len(ends) > 1:  # the array is copied: one copy for the box, one for later
-                    self.drawing.dot(x0, wire_y(top, k), self.colour(level))
+                    self.dot(x0, wire_y(top, k), self.colour(level))
             self.bottom = max([self.bottom] + [t + self.height(array) for t in ends])
 
     # -- a column
@@ -812,11 +850,11 @@ class Renderer:
                 for end in ends:
                     self.wire(bend(x0, y, x1, end), axis, compute)
                 if len(ends) > 1:
-                    self.drawing.dot(x0, y, self.colour(compute))
+                    self.dot(x0, y, self.colour(compute))
         # Wires of one axis from several operands meet at a dot: a shared or broadcast axis.
         for lane_y, count in arrivals.items():
             if count > 1:
-                self.drawing.dot(x1, lane_y, self.colour(compute))
+                self.dot(x1, lane_y, self.colour(compute))
 
     def draw_routes_out(self, column: Column):
         """Lanes and the box's outputs bend into the result's wire order."""
@@ -854,14 +892,18 @@ class Renderer:
         rect = _element("rect", x=fmt(x0), y=fmt(column.box_top), width=fmt(x1 - x0), height=fmt(column.box_bottom - column.box_top),
                         rx=4, fill=BOX_FILL, stroke=BOX_STROKE, stroke_width="1.2")
         d.add("boxes", f"<g><title>{escape(statement_text(s))}</title>{rect}</g>")
-        for axis, y in zip(column.lanes, column.lane_ys):  # woven axes pass over the box
+        for axis, y in zip(column.lanes, column.lane_ys):
+            # Woven axes pass over the box: a white halo breaks its outline under them.
+            d.path("wires", straight(x0 - 3, x1 + 3, y), stroke="#ffffff", width=5, merge=False)
             self.wire(straight(column.zone, column.outer, y), axis, self.levels.compute, over=True)
         label = truncate(column.label, MAX_BOX_CHARS)
         opaque = isinstance(s.box, Opaque)
         d.text(centre, column.label_y + (0.5 if opaque else 0), label, size=HEADER_SIZE if opaque else LABEL_SIZE, bold=opaque,
                anchor="middle", title=column.label if label != column.label else None, background=False)
-        pictogram = {Contract: self.draw_caps, Softmax: self.draw_triangle, Reduce: self.draw_reduction, Opaque: self.draw_ports}
-        pictogram.get(type(s.box), self.draw_ports)(column, x0, x1)
+        # A map's only wires into the box are axis-less operands; its label is its pictogram.
+        pictogram = {Contract: self.draw_caps, Softmax: self.draw_triangle, Reduce: self.draw_reduction,
+                     Opaque: self.draw_ports, Map: self.draw_ports}
+        pictogram[type(s.box)](column, x0, x1)
 
     def cap_groups(self, column: Column) -> dict:
         """Port heights of each contracted axis."""
@@ -888,7 +930,7 @@ class Renderer:
             for y in ys[1:-1]:  # a third operand of the same axis joins the cap at a dot
                 reach = start + 0.75 * bulge
                 self.wire(straight(start, reach, y), axis, compute)
-                self.drawing.dot(reach, y, colour)
+                self.dot(reach, y, colour)
         self.draw_ports(column, x0, x1, labelled=False, only_scalars=True)
 
     def draw_triangle(self, column: Column, x0: float, x1: float):
@@ -942,8 +984,8 @@ class Renderer:
     def legend_items(self) -> list:
         items = [("level", level, level if level == self.levels.role(level) else f"{level}: {self.levels.role(level)}")
                  for level in self.levels.drawn]
-        items += [("dot", None, "shared or copied axis"), ("dash", None, "tuple of operands"),
-                  ("bar", None, "load / save: array changes level")]
+        explained = {"dot": "shared or copied axis", "dash": "tuple of operands", "bar": "load / save: array changes level"}
+        items += [(kind, None, text) for kind, text in explained.items() if kind in self.marks]
         kinds = {kind for parts in self.partitions.by_axis.values() for kind, _ in parts}
         if "group" in kinds:
             items.append(("group", None, "group partition (g=)"))
@@ -993,7 +1035,8 @@ class Renderer:
             d.path("marks", straight(x, x + 24, y), stroke=colour)
             d.add("marks", _element("rect", x=fmt(x + 10), y=fmt(y - 6), width=4, height=12, fill=colour))
         elif kind == "group":
-            d.add("marks", _element("rect", x=fmt(x), y=fmt(y - 6), width=24, height=12, rx=2, fill="none", stroke=colour, stroke_width="0.8"))
+            d.add("marks", _element("rect", x=fmt(x), y=fmt(y - 6), width=24, height=12, rx=2, fill="none", stroke=colour,
+                                    stroke_width="0.8"))
         elif kind == "stream":
             d.path("marks", straight(x, x + 24, y), stroke=colour, dash="5 3")
 
@@ -1010,13 +1053,8 @@ class Renderer:
         return y + 18 + 16 * len(COST_HEADS)
 
     # -- all of it
-    def draw(self) -> Drawing:
-        # Widths need the relative heights (how far bundles move), the header needs the width,
-        # and the final heights need the header: lay out heights twice.
-        self.layout_y(0)
-        self.layout_x()
-        self.drawing.width = self.width
-        self.layout_y(self.draw_header())
+    def draw_body(self) -> float:
+        """Wires, boxes and marks; returns the lowest point drawn."""
         self.draw_left()
         for column in self.columns:
             self.draw_gap(column)
@@ -1024,7 +1062,18 @@ class Renderer:
         self.bottom = max([self.bottom] + [c.box_bottom for c in self.columns]
                           + [self.top + self.height(c.statement.target) for c in self.columns])
         self.draw_right()
-        bottom = self.bottom + BUNDLE_GAP
+        return self.bottom
+
+    def draw(self) -> Drawing:
+        # Widths need the relative heights (how far bundles move), the header needs the width
+        # and the marks the body uses, and the final heights need the header: so the body is
+        # drawn once at the top to learn its marks, then again below the header.
+        self.layout_y(0)
+        self.layout_x()
+        self.draw_body()
+        self.drawing, self.bottom = Drawing(width=self.width), 0.0
+        self.layout_y(self.draw_header())
+        bottom = self.draw_body() + BUNDLE_GAP
         if self.costs is not None:
             bottom = self.draw_costs(bottom + 4)
         self.drawing.height = bottom + MARGIN
@@ -1059,7 +1108,7 @@ def _check_columns(kernel, columns) -> list | None:
         raise ValueError(f"columns has {len(columns)} entries; kernel {kernel.name} has {count} statements (one column each)")
     for index, cell in enumerate(columns):
         if not isinstance(cell, dict):
-            raise ValueError(f"columns[{index}] must be a dict with keys label, M, H; got {type(cell).__name__}")
+            raise TypeError(f"columns[{index}] must be a dict with keys label, M, H; got {type(cell).__name__}")
     return columns
 
 
