@@ -152,12 +152,26 @@ def size_expr(value) -> sympy.Expr:
 # ---- launches ------------------------------------------------------------------------------
 
 
-def split_launches(diagram: Diagram, top: str) -> list[tuple[list[Statement], list[str], list[str]]]:
+def is_top(level: str | None, profile: Hardware) -> bool:
+    """Is ``@level`` the top of ``profile``? The top level of another profile counts too
+    (``@l0`` of the abstract model is device memory on a GPU), unless ``profile`` has that level."""
+    if level is None:
+        return False
+    if level == profile.top.name:
+        return True
+    if level in profile.level_names():
+        return False
+    from .hardware import hardware_names
+
+    return any(load_hardware(name).top.name == level for name in hardware_names())
+
+
+def split_launches(diagram: Diagram, profile: Hardware) -> list[tuple[list[Statement], list[str], list[str]]]:
     """Split statements into launches at each materialisation to the top level."""
     groups: list[list[Statement]] = [[]]
     for statement in diagram.statements:
         groups[-1].append(statement)
-        if statement.level == top and statement is not diagram.statements[-1]:
+        if is_top(statement.level, profile) and statement is not diagram.statements[-1]:
             groups.append([])
     launches = []
     for statements in groups:
@@ -169,7 +183,7 @@ def split_launches(diagram: Diagram, top: str) -> list[tuple[list[Statement], li
                     inputs.append(name)
         outputs = [
             s.target for s in statements
-            if s.target in diagram.outputs or s.level == top
+            if s.target in diagram.outputs or is_top(s.level, profile)
         ]
         launches.append((statements, inputs, outputs))
     return launches
@@ -340,7 +354,7 @@ def make_schedule(
             ))
 
     launches = []
-    for index, (statements, inputs, outputs) in enumerate(split_launches(diagram, top)):
+    for index, (statements, inputs, outputs) in enumerate(split_launches(diagram, profile)):
         axes_here = {a for s in statements for a in s.iteration_axes}
         roles = []
         for p in partitions:
@@ -352,7 +366,7 @@ def make_schedule(
                 errors.append(error)
         launches.append(Launch(index, tuple(statements), tuple(inputs), tuple(outputs), tuple(roles)))
     for statement in diagram.statements:
-        if statement.level is not None and statement.level != top:
+        if statement.level is not None and not is_top(statement.level, profile):
             errors.append(RelabelError(
                 f"{statement.target} is materialised at @{statement.level}; napkin materialises only at the top level {top!r}",
                 statement.span, f"write @{top}, or drop the @level to keep {statement.target} on chip",

@@ -1,0 +1,894 @@
+"""Lowering: a :class:`~napkin_dsl.pseudocode.Program` -> one GPU kernel per launch, as text.
+
+The same lowering prints CUDA C++ and OpenCL C; a :class:`Dialect` supplies the spelling
+(qualifiers, thread ids, barriers, conversions, math functions, row reductions).
+
+How a Program maps onto a GPU:
+
+* one thread block (work-group) per group at the compute level (SMEM); the block index is
+  decomposed row-major over the grouped axes into tile origins;
+* every buffer the Program keeps at the compute level lives in one shared-memory arena at an
+  offset chosen from the Program's own liveness (the paper's columns), so the arena's size is
+  the cost report's M for that level; an output that reuses the space of an input released by
+  the same step is computed into registers first (contractions) or in place (maps, softmax);
+* loads and saves are cooperative loops in which consecutive threads touch consecutive
+  elements of the array's last axis (coalesced), 16 bytes at a time when the tile allows it;
+  tiles that run past the end of an axis are masked: loads pad with zero and every loop runs
+  over the valid extent only;
+* a stream partition is a sequential loop with the Program's init / rescale / online /
+  accumulate / finalise steps; row reductions (reductions, softmax, the online softmax's
+  running max and sum) give a warp per row and reduce with warp shuffles in CUDA, and a
+  work-item per row in OpenCL;
+* transfers between device memory and the L2 level are the hardware's business (a cache):
+  they print nothing.
+
+Deliberately not here: compiling (``nvrtc.py``), launching (``cuda.py``, ``opencl.py``),
+tensor-core instructions (contractions are per-thread loops in f32), opaque boxes (they
+have no body to print), fp8 arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import sympy
+
+from ..cost import _liveness, as_number, columns, level_costs
+from ..diagram import (
+    DTYPE_BYTES,
+    Apply,
+    Const,
+    Contract,
+    Map,
+    Opaque,
+    Read,
+    Reduce,
+    ScalarParam,
+    Softmax,
+)
+from ..errors import NapkinError
+from ..pseudocode import Loop, Program, Step
+
+THREADS = 256
+WARP = 32
+ALIGN = 16
+
+
+class LoweringError(NapkinError):
+    """The Program cannot be printed as a GPU kernel (unbound sizes, opaque boxes, fp8)."""
+
+
+# ---- dialects -------------------------------------------------------------------------------
+
+
+class Dialect:
+    name = "abstract"
+    storage = {}  # napkin dtype -> element type in memory
+
+    def math(self, fn: str, args: list[str]) -> str:
+        raise NotImplementedError
+
+
+class CudaDialect(Dialect):
+    name = "cuda"
+    storage = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
+    prelude = """#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+// NVRTC defines no INFINITY.
+#define NK_INF __int_as_float(0x7f800000)
+__device__ __forceinline__ float nk_f(float v) { return v; }
+__device__ __forceinline__ float nk_f(double v) { return (float)v; }
+__device__ __forceinline__ float nk_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float nk_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float nk_warp_min(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float nk_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+"""
+    # One block per SM is what the arenas allow anyway; it also leaves ptxas all the registers.
+    kernel_qualifier = 'extern "C" __global__ void __launch_bounds__({threads}, 1)'
+    global_const = "const {t}* __restrict__"
+    global_mut = "{t}* __restrict__"
+    local_ptr = "{t}*"
+    thread_id = "threadIdx.x"
+    block_id = "blockIdx.x"
+    barrier = "__syncthreads();"
+    arena_decl = "extern __shared__ __align__(16) unsigned char nk_smem[];"
+    rows_per_pass = "(NK_THREADS / 32)"
+    row_start = "(nk_tid / 32)"
+    lane_start = "(nk_tid % 32)"
+    lane_step = "32"
+    lanes = 32  # threads sharing one row
+    # Lanes read the running max before lane 0 overwrites it (independent thread scheduling).
+    warp_sync = "__syncwarp();"
+
+    def load(self, ptr: str, index: str, dtype: str) -> str:
+        return f"nk_f({ptr}[{index}])"
+
+    def store(self, ptr: str, index: str, value: str, dtype: str) -> str:
+        convert = {"f32": "{v}", "f64": "(double)({v})", "f16": "__float2half({v})", "bf16": "__float2bfloat16({v})"}[dtype]
+        return f"{ptr}[{index}] = {convert.format(v=value)};"
+
+    def row_reduce(self, op: str, value: str) -> str:
+        return f"nk_warp_{op}({value})"
+
+    def math(self, fn, args):
+        a = args
+        table = {
+            "exp": f"expf({a[0]})", "log": f"logf({a[0]})", "sqrt": f"sqrtf({a[0]})",
+            "rsqrt": f"rsqrtf({a[0]})", "tanh": f"tanhf({a[0]})", "abs": f"fabsf({a[0]})",
+            "sigmoid": f"(1.0f / (1.0f + expf(-({a[0]}))))", "relu": f"fmaxf({a[0]}, 0.0f)",
+            "gelu": f"(0.5f * ({a[0]}) * (1.0f + erff(({a[0]}) * 0.70710678118654752f)))",
+            "silu": f"(({a[0]}) / (1.0f + expf(-({a[0]}))))", "neg": f"(-({a[0]}))",
+            "max": f"fmaxf({a[0]}, {a[-1]})", "min": f"fminf({a[0]}, {a[-1]})", "pow": f"powf({a[0]}, {a[-1]})",
+            "add": f"({a[0]} + {a[-1]})", "sub": f"({a[0]} - {a[-1]})", "mul": f"({a[0]} * {a[-1]})", "div": f"({a[0]} / {a[-1]})",
+        }
+        return table[fn]
+
+    def vector_copy(self, dst: str, src: str) -> str | None:
+        return f"*reinterpret_cast<uint4*>(&{dst}) = *reinterpret_cast<const uint4*>(&{src});"
+
+    def vector_zero(self, dst: str) -> str | None:
+        return f"*reinterpret_cast<uint4*>(&{dst}) = make_uint4(0u, 0u, 0u, 0u);"
+
+    def arena_pointer(self, t: str, offset: int) -> str:
+        return f"reinterpret_cast<{t}*>(nk_smem + {offset})"
+
+    fmin = "min"
+
+
+class OpenCLDialect(Dialect):
+    name = "opencl"
+    # bf16 lives in memory as its 16 raw bits; f16 as `half`, read with vload_half.
+    storage = {"f32": "float", "f64": "double", "f16": "half", "bf16": "ushort"}
+    prelude = """#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#define NK_INF INFINITY
+inline float nk_bf16(ushort v) { return as_float(((uint)v) << 16); }
+inline ushort nk_to_bf16(float v) {
+    uint bits = as_uint(v);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (ushort)0x7fc0u; /* NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u); /* round to nearest even */
+    return (ushort)(bits >> 16);
+}
+"""
+    kernel_qualifier = "__kernel __attribute__((reqd_work_group_size({threads}, 1, 1))) void"
+    global_const = "__global const {t}* restrict"
+    global_mut = "__global {t}* restrict"
+    local_ptr = "__local {t}*"
+    thread_id = "(int)get_local_id(0)"
+    block_id = "(int)get_group_id(0)"
+    barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
+    arena_decl = "__local uchar nk_smem[NK_ARENA_BYTES] __attribute__((aligned(16)));"
+    # OpenCL has no portable warp shuffles: one work-item per row, reducing serially.
+    rows_per_pass = "NK_THREADS"
+    row_start = "nk_tid"
+    lane_start = "0"
+    lane_step = "1"
+    lanes = 1
+    warp_sync = ""
+
+    def load(self, ptr, index, dtype):
+        if dtype == "f16":
+            return f"vload_half({index}, {ptr})"
+        if dtype == "bf16":
+            return f"nk_bf16({ptr}[{index}])"
+        if dtype == "f64":
+            return f"(float)({ptr}[{index}])"
+        return f"{ptr}[{index}]"
+
+    def store(self, ptr, index, value, dtype):
+        if dtype == "f16":
+            return f"vstore_half({value}, {index}, {ptr});"
+        if dtype == "bf16":
+            return f"{ptr}[{index}] = nk_to_bf16({value});"
+        if dtype == "f64":
+            return f"{ptr}[{index}] = (double)({value});"
+        return f"{ptr}[{index}] = {value};"
+
+    def row_reduce(self, op, value):
+        return value
+
+    def math(self, fn, args):
+        a = args
+        table = {
+            "exp": f"exp({a[0]})", "log": f"log({a[0]})", "sqrt": f"sqrt({a[0]})", "rsqrt": f"rsqrt({a[0]})",
+            "tanh": f"tanh({a[0]})", "abs": f"fabs({a[0]})", "sigmoid": f"(1.0f / (1.0f + exp(-({a[0]}))))",
+            "relu": f"fmax({a[0]}, 0.0f)", "gelu": f"(0.5f * ({a[0]}) * (1.0f + erf(({a[0]}) * 0.70710678118654752f)))",
+            "silu": f"(({a[0]}) / (1.0f + exp(-({a[0]}))))", "neg": f"(-({a[0]}))",
+            "max": f"fmax({a[0]}, {a[-1]})", "min": f"fmin({a[0]}, {a[-1]})", "pow": f"pow({a[0]}, {a[-1]})",
+            "add": f"({a[0]} + {a[-1]})", "sub": f"({a[0]} - {a[-1]})", "mul": f"({a[0]} * {a[-1]})", "div": f"({a[0]} / {a[-1]})",
+        }
+        return table[fn]
+
+    def vector_copy(self, dst, src):
+        return None
+
+    def vector_zero(self, dst):
+        return None
+
+    def arena_pointer(self, t, offset):
+        return f"(__local {t}*)(nk_smem + {offset})"
+
+    fmin = "min"
+
+
+# ---- shared-memory arena --------------------------------------------------------------------
+
+
+@dataclass
+class Slot:
+    name: str
+    offset: int
+    size: int
+    first: float
+    last: float
+    dtype: str
+    axes: tuple
+
+
+COMPUTING = ("compute", "online", "rescale", "accumulate", "finalise", "init")
+
+
+def plan_arena(program: Program, launch) -> tuple[dict[str, Slot], int]:
+    """Offsets in the shared-memory arena from the Program's liveness at the compute level.
+
+    Buffers whose lifetimes overlap never share bytes. A buffer read for the last time by a
+    computing step is free from that step on (the paper's column convention); the step then
+    either works in place or stages its result in registers.
+    """
+    schedule = program.schedule
+    level = schedule.compute_level
+    sequence, spans = _liveness(launch.body)
+    slots: dict[str, Slot] = {}
+    order = []
+    for ref, (first, last) in spans.items():
+        if ref[0] != level:
+            continue
+        step = sequence[last][0]
+        end = float(last)
+        if step.op in COMPUTING and ref in step.reads and ref not in step.writes:
+            end = last - 0.5
+        buffer = launch.buffers[ref]
+        values = 1
+        for axis in buffer.axes:
+            values *= int(schedule.extent(axis, level))
+        order.append((first, ref[1], values * DTYPE_BYTES[buffer.dtype], end, buffer))
+    order.sort(key=lambda item: (item[0], item[1]))
+    placed: list[Slot] = []
+    for first, name, size, end, buffer in order:
+        alive = [s for s in placed if not (s.last < first or end < s.first)]
+        # An elementwise successor takes its dead input's place (same size: in place).
+        step = sequence[int(first)][0] if first == int(first) else None
+        preferred = None
+        if step is not None and step.op in ("compute", "online", "finalise") and step.statement is not None and not isinstance(step.statement.box, Contract):
+            for ref in step.reads:
+                dead = slots.get(ref[1])
+                if dead is not None and dead.size == size and dead.last < first and dead.axes == buffer.axes:
+                    preferred = dead.offset
+        candidates = ([preferred] if preferred is not None else []) + [0] + sorted(_align(s.offset + s.size) for s in alive)
+        for offset in candidates:
+            if all(offset + size <= s.offset or s.offset + s.size <= offset for s in alive):
+                break
+        slot = Slot(name, offset, size, first, end, buffer.dtype, buffer.axes)
+        slots[name] = slot
+        placed.append(slot)
+    arena = max((s.offset + s.size for s in placed), default=0)
+    return slots, arena
+
+
+def _align(value: int) -> int:
+    return (value + ALIGN - 1) // ALIGN * ALIGN
+
+
+# ---- the printer ----------------------------------------------------------------------------
+
+
+@dataclass
+class KernelSource:
+    """One launch printed as a kernel: its entry name, grid, block and arena bytes."""
+
+    entry: str
+    text: str
+    grid: int
+    block: int
+    shared_bytes: int
+    arrays: list  # (name, dtype, role "in"/"out") in parameter order
+    scalars: list
+
+
+@dataclass
+class LoweredProgram:
+    dialect: str
+    source: str
+    kernels: list = field(default_factory=list)
+
+
+class _Printer:
+    def __init__(self, program: Program, launch, dialect: Dialect, threads: int = THREADS):
+        self.program = program
+        self.schedule = program.schedule
+        self.diagram = program.diagram
+        self.launch = launch
+        self.dialect = dialect
+        self.threads = threads
+        self.level = self.schedule.compute_level
+        self.lines: list[str] = []
+        self.depth = 1
+        self.slots, self.arena = plan_arena(program, launch)
+        sizes = {}
+        for axis in self.diagram.axes:
+            value = as_number(self.schedule.axis_size(axis))
+            if value is None:
+                raise LoweringError(f"code generation needs every size bound; {axis!r} is not",
+                                    hint=f"pass sizes, e.g. --set {axis}=1024 (or call the kernel with arrays)")
+            sizes[axis] = int(value)
+        self.sizes = sizes
+        self.tile = {axis: int(self.schedule.extent(axis, self.level)) for axis in self.diagram.axes}
+        self.grouped = self._grouped_axes()
+        self.streamed = [p.axis for p in self.schedule.partitions_at(self.level, "stream")]
+        self.origin: dict[str, str] = {}
+        self.valid: dict[str, str] = {}
+        self.counter = 0
+
+    # -- helpers
+    def emit(self, line: str = ""):
+        self.lines.append(("    " * self.depth + line) if line else "")
+
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def _grouped_axes(self) -> list[str]:
+        axes = []
+        for name in self.schedule.levels[1:]:
+            for p in self.schedule.partitions_at(name, "group"):
+                if p.axis not in axes and p.axis in self.launch.launch.axes:
+                    axes.append(p.axis)
+        return axes
+
+    def groups(self, axis: str) -> int:
+        return -(-self.sizes[axis] // self.tile[axis])
+
+    def extent_expr(self, axis: str) -> str:
+        """The valid extent of an axis in the current tile (a constant when the tile divides it)."""
+        return self.valid.get(axis, str(self.tile[axis]))
+
+    def buffer_index(self, name: str, axes) -> str:
+        slot = self.slots[name]
+        index = ""
+        for axis in slot.axes:
+            term = f"i_{axis}" if axis in axes else "0"
+            index = term if not index else f"({index}) * {self.tile[axis]} + {term}"
+        return index or "0"
+
+    def global_index(self, array: str) -> str:
+        axes = self.diagram.arrays[array].axes
+        index = ""
+        for axis in axes:
+            term = f"{self.origin[axis]} + i_{axis}" if axis in self.origin else f"i_{axis}"
+            index = f"({term})" if not index else f"({index}) * {self.sizes[axis]} + ({term})"
+        return index or "0"
+
+    def ptr(self, name: str) -> str:
+        return f"s_{name.replace('.', '_')}"
+
+    def read(self, name: str, axes) -> str:
+        slot = self.slots[name]
+        return self.dialect.load(self.ptr(name), self.buffer_index(name, axes), slot.dtype)
+
+    def write(self, name: str, axes, value: str) -> str:
+        slot = self.slots[name]
+        return self.dialect.store(self.ptr(name), self.buffer_index(name, axes), value, slot.dtype)
+
+    def expression(self, expr, axes) -> str:
+        if isinstance(expr, Read):
+            return self.read(expr.array, axes)
+        if isinstance(expr, Const):
+            value = expr.value.subs({sympy.Symbol(a, positive=True, integer=True): v for a, v in self.sizes.items()})
+            return f"{float(value)!r}f"
+        if isinstance(expr, ScalarParam):
+            return f"p_{expr.name}"
+        if isinstance(expr, Apply):
+            return self.dialect.math(expr.fn, [self.expression(a, axes) for a in expr.args])
+        raise AssertionError(f"napkin bug: expression {expr!r}")
+
+    def flat_loop(self, axes, body, stride: str | None = None, start: str | None = None):
+        """for each valid element of the tile over `axes`: body(); index variables i_<axis>."""
+        count = " * ".join(f"({self.extent_expr(a)})" for a in axes) or "1"
+        t = self.fresh("t")
+        self.emit(f"for (int {t} = {start or 'nk_tid'}; {t} < {count}; {t} += {stride or 'NK_THREADS'}) {{")
+        self.depth += 1
+        self.decompose(t, axes)
+        body()
+        self.depth -= 1
+        self.emit("}")
+
+    def decompose(self, variable: str, axes):
+        rest = self.fresh("r")
+        self.emit(f"int {rest} = {variable};")
+        for axis in reversed(axes):
+            self.emit(f"const int i_{axis} = {rest} % ({self.extent_expr(axis)}); {rest} /= ({self.extent_expr(axis)});")
+        self.emit(f"(void){rest};")
+
+    # -- the kernel
+    def print(self, entry: str) -> KernelSource:
+        d = self.dialect
+        arrays = [(n, self.diagram.arrays[n].dtype, "in") for n in self.launch.launch.inputs]
+        arrays += [(n, self.diagram.arrays[n].dtype, "out") for n in self.launch.launch.outputs]
+        for name, dtype, _ in arrays:
+            if dtype not in d.storage:
+                raise LoweringError(f"array {name} is {dtype}; the GPU backends do not support {dtype} yet",
+                                    hint="use f32, f16 or bf16")
+        for s in self.launch.launch.statements:
+            if isinstance(s.box, Opaque):
+                raise LoweringError(f"box {s.box.box.name} is opaque: it has no body to compile", s.span,
+                                    "opaque boxes are for the cost model; run them with the NumPy backend and impls=")
+        params = [f"{(d.global_const if role == 'in' else d.global_mut).format(t=d.storage[dtype])} g_{name}"
+                  for name, dtype, role in arrays]
+        scalars = [n for n in self.diagram.params if n in self.diagram.scalars]
+        params += [f"float p_{n}" for n in scalars]
+        grid = math.prod(self.groups(a) for a in self.grouped) if self.grouped else 1
+        self.lines.append(f"{d.kernel_qualifier.format(threads=self.threads)} {entry}({', '.join(params)}) {{")
+        self.emit(d.arena_decl)
+        self.emit(f"const int nk_tid = {d.thread_id};")
+        self.emit(f"int nk_block = {d.block_id};")
+        for axis in reversed(self.grouped):
+            self.emit(f"const int o_{axis} = (nk_block % {self.groups(axis)}) * {self.tile[axis]}; nk_block /= {self.groups(axis)};")
+            self.set_origin(axis, f"o_{axis}")
+        self.emit("(void)nk_block;")
+        for slot in sorted(self.slots.values(), key=lambda s: s.offset):
+            t = d.storage[slot.dtype]
+            self.emit(f"{d.local_ptr.format(t=t)} {self.ptr(slot.name)} = {d.arena_pointer(t, slot.offset)};")
+        self.nodes(self.launch.body)
+        self.depth = 0
+        self.emit("}")
+        return KernelSource(entry, "\n".join(self.lines) + "\n", grid, self.threads, self.arena, arrays, scalars)
+
+    def set_origin(self, axis: str, origin: str):
+        self.origin[axis] = origin
+        if self.sizes[axis] % self.tile[axis] == 0:
+            self.valid[axis] = str(self.tile[axis])
+        else:
+            self.emit(f"const int n_{axis} = {self.dialect.fmin}({self.tile[axis]}, {self.sizes[axis]} - {origin});")
+            self.valid[axis] = f"n_{axis}"
+
+    def nodes(self, nodes):
+        for node in nodes:
+            if isinstance(node, Loop):
+                if node.kind == "group":
+                    self.nodes(node.body)  # the block index already selected this group
+                    continue
+                if node.level != self.level:
+                    raise LoweringError(f"stream partitions at {node.level} cannot be printed; stream at {self.level}")
+                chunks = -(-self.sizes[node.axis] // self.tile[node.axis])
+                self.emit(f"for (int c_{node.axis} = 0; c_{node.axis} < {chunks}; ++c_{node.axis}) {{")
+                self.depth += 1
+                self.emit(f"const int o_{node.axis} = c_{node.axis} * {self.tile[node.axis]};")
+                saved_valid = dict(self.valid)
+                self.set_origin(node.axis, f"o_{node.axis}")
+                self.nodes(node.body)
+                self.valid = saved_valid
+                del self.origin[node.axis]
+                self.depth -= 1
+                self.emit("}")
+                continue
+            self.step(node)
+
+    # -- steps
+    def step(self, step: Step):
+        if step.level != self.level:
+            return  # transfers into or out of L2, allocations there: the cache's business
+        self.emit(f"// {step.text}")
+        self.emit("{")
+        self.depth += 1
+        getattr(self, f"step_{step.op}")(step)
+        self.depth -= 1
+        self.emit("}")
+        self.emit(self.dialect.barrier)
+
+    def step_load(self, step: Step):
+        name = step.array
+        array = self.diagram.arrays[name]
+        axes = array.axes
+        d = self.dialect
+        vector = 16 // DTYPE_BYTES[array.dtype]
+        last = axes[-1] if axes else None
+        can_vector = (
+            last is not None and d.vector_copy("a", "b") is not None
+            and self.tile[last] % vector == 0 and self.sizes[last] % vector == 0 and self.sizes[last] % self.tile[last] == 0
+            and all(self.slots[name].size % 16 == 0 for _ in [0]) and self.slots[name].offset % 16 == 0
+        )
+        if can_vector:
+            # 16-byte copies along the last axis; rows past the end of another axis are zeroed.
+            outer = axes[:-1]
+            count = " * ".join([f"{self.tile[a]}" for a in outer] + [f"{self.tile[last] // vector}"])
+            t = self.fresh("t")
+            self.emit(f"for (int {t} = nk_tid; {t} < {count}; {t} += NK_THREADS) {{")
+            self.depth += 1
+            rest = self.fresh("r")
+            self.emit(f"int {rest} = {t};")
+            self.emit(f"const int i_{last} = ({rest} % {self.tile[last] // vector}) * {vector}; {rest} /= {self.tile[last] // vector};")
+            for axis in reversed(outer):
+                self.emit(f"const int i_{axis} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
+            valid = " && ".join(f"i_{a} < {self.extent_expr(a)}" for a in outer if self.extent_expr(a) != str(self.tile[a])) or "true"
+            dst = f"{self.ptr(name)}[{self.buffer_index(name, axes)}]"
+            src = f"g_{name}[{self.global_index(name)}]"
+            self.emit(f"if ({valid}) {{ {d.vector_copy(dst, src)} }} else {{ {d.vector_zero(dst)} }}")
+            self.depth -= 1
+            self.emit("}")
+            return
+        # Scalar path: every element of the tile, zero past the end of the axis.
+        t = self.fresh("t")
+        count = " * ".join(str(self.tile[a]) for a in axes) or "1"
+        self.emit(f"for (int {t} = nk_tid; {t} < {count}; {t} += NK_THREADS) {{")
+        self.depth += 1
+        rest = self.fresh("r")
+        self.emit(f"int {rest} = {t};")
+        for axis in reversed(axes):
+            self.emit(f"const int i_{axis} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
+        valid = " && ".join(f"i_{a} < {self.extent_expr(a)}" for a in axes if self.extent_expr(a) != str(self.tile[a])) or "true"
+        value = d.load(f"g_{name}", self.global_index(name), array.dtype)
+        self.emit(f"const float v = ({valid}) ? {value} : 0.0f;")
+        self.emit(self.write(name, axes, "v"))
+        self.depth -= 1
+        self.emit("}")
+
+    def step_save(self, step: Step):
+        name = step.array
+        array = self.diagram.arrays[name]
+        d = self.dialect
+        self.flat_loop(array.axes, lambda: self.emit(
+            d.store(f"g_{name}", self.global_index(name), self.read(name, array.axes), array.dtype)))
+
+    def step_init(self, step: Step):
+        s = step.statement
+        for level, name in step.writes:
+            suffix = name.split(".")[-1]
+            start = "0.0f"
+            if suffix == "max" or (suffix == "acc" and isinstance(s.box, Reduce) and s.box.op == "max"):
+                start = "-NK_INF"
+            elif suffix == "acc" and isinstance(s.box, Reduce) and s.box.op == "min":
+                start = "NK_INF"
+            axes = self.slots[name].axes
+            self.flat_loop(axes, lambda name=name, axes=axes, start=start: self.emit(self.write(name, axes, start)))
+
+    def step_compute(self, step: Step):
+        s = step.statement
+        box = s.box
+        target = s.target
+        if isinstance(box, Contract):
+            if (step.level, target) in step.reads:  # the scalar factor, in place
+                scale = self.expression(box.scale, s.axes)
+                self.flat_loop(s.axes, lambda: self.emit(self.write(target, s.axes, f"{self.read(target, s.axes)} * {scale}")))
+                return
+            self.contraction(step, target, accumulate=False)
+            return
+        if isinstance(box, Map):
+            self.elementwise(step, target, s.axes, lambda: self.expression(box.expr, s.axes))
+            return
+        if isinstance(box, Reduce):
+            if not self.hazard(step, target):
+                self.row_reduction(s.axes, box.axes, box.op, box.operand,
+                                   lambda total: self.emit(self.write(target, s.axes, self.mean(total, box))))
+                return
+            # Rows are read by every warp while others write: results wait in registers.
+            self.emit(f"float stage[{self.per_thread_rows(s.axes, ())}];")
+            self.emit("int k = 0;")
+            self.row_reduction(s.axes, box.axes, box.op, box.operand,
+                               lambda total: self.emit(f"stage[k++] = {self.mean(total, box)};"))
+            self.emit(self.dialect.barrier)
+            self.emit("k = 0;")
+            self.row_loop(s.axes, lambda: self.emit(self.write(target, s.axes, "stage[k++]")))
+            return
+        if isinstance(box, Softmax):
+            self.softmax(s, box, staged=self.hazard(step, target))
+            return
+        raise LoweringError(f"cannot print box {box!r}")
+
+    def hazard(self, step: Step, out: str) -> bool:
+        """Does `out` share bytes with an input of the step other than in place, element for element?"""
+        out_slot = self.slots[out]
+        return any(
+            ref[1] != out and ref[1] in self.slots and _overlaps(self.slots[ref[1]], out_slot)
+            and not (self.slots[ref[1]].offset == out_slot.offset and self.slots[ref[1]].axes == out_slot.axes
+                     and self.slots[ref[1]].dtype == out_slot.dtype)
+            for ref in step.reads
+        )
+
+    def per_thread(self, axes) -> int:
+        return -(-math.prod(self.tile[a] for a in axes) // self.threads)
+
+    def per_thread_rows(self, rows, reduced) -> int:
+        """Stage slots a thread needs when rows go to groups of `lanes` threads and lanes stride a row."""
+        lanes = self.dialect.lanes
+        row_groups = self.threads // lanes
+        per_row = -(-math.prod(self.tile[a] for a in reduced) // lanes)
+        return -(-math.prod(self.tile[a] for a in rows) // row_groups) * per_row
+
+    def elementwise(self, step: Step, out: str, axes, value):
+        """out[i] = value() over the tile, through registers when out overlaps an input elsewhere."""
+        if not self.hazard(step, out):
+            self.flat_loop(axes, lambda: self.emit(self.write(out, axes, value())))
+            return
+        self.staged(axes, lambda: self.emit(f"stage[k++] = {value()};"), out)
+
+    def staged(self, axes, compute, out):
+        per_thread = -(-math.prod(self.tile[a] for a in axes) // self.threads)
+        self.emit(f"float stage[{per_thread}];")
+        self.emit("{")
+        self.depth += 1
+        self.emit("int k = 0;")
+        self.flat_loop(axes, compute)
+        self.depth -= 1
+        self.emit("}")
+        self.emit(self.dialect.barrier)
+        self.emit("{")
+        self.depth += 1
+        self.emit("int k = 0;")
+        self.flat_loop(axes, lambda: self.emit(self.write(out, axes, "stage[k++]")))
+        self.depth -= 1
+        self.emit("}")
+
+    def mean(self, total: str, box: Reduce) -> str:
+        if box.op != "mean":
+            return total
+        count = math.prod(self.sizes[a] for a in box.axes)
+        return f"({total}) / {float(count)!r}f"
+
+    def contraction(self, step: Step, target: str, accumulate: bool):
+        s = step.statement
+        box = s.box
+        name = f"{target}.acc" if accumulate else target
+        out_slot = self.slots[name]
+        overlap = not accumulate and any(
+            ref[1] in self.slots and _overlaps(self.slots[ref[1]], out_slot) for ref in step.reads if ref[1] != name)
+
+        def product():
+            terms = " * ".join(self.read(r.array, s.iteration_axes) for r in box.operands)
+            return terms
+
+        def body(store):
+            self.emit("float acc = 0.0f;")
+            for axis in box.contracted:
+                self.emit(f"for (int i_{axis} = 0; i_{axis} < {self.extent_expr(axis)}; ++i_{axis}) {{")
+                self.depth += 1
+            self.emit(f"acc += {product()};")
+            for _ in box.contracted:
+                self.depth -= 1
+                self.emit("}")
+            store()
+
+        if not overlap:
+            if accumulate:
+                self.flat_loop(s.axes, lambda: body(lambda: self.emit(self.write(name, s.axes, f"{self.read(name, s.axes)} + acc"))))
+            else:
+                self.flat_loop(s.axes, lambda: body(lambda: self.emit(self.write(name, s.axes, "acc"))))
+            return
+        # The result reuses the bytes of an input released by this step: registers first.
+        self.staged(s.axes, lambda: body(lambda: self.emit("stage[k++] = acc;")), name)
+
+    def row_loop(self, rows, body):
+        d = self.dialect
+        count = " * ".join(f"({self.extent_expr(a)})" for a in rows) or "1"
+        row = self.fresh("row")
+        self.emit(f"for (int {row} = {d.row_start}; {row} < {count}; {row} += {d.rows_per_pass}) {{")
+        self.depth += 1
+        self.decompose(row, rows)
+        body()
+        self.depth -= 1
+        self.emit("}")
+
+    def lane_loop(self, axes, body):
+        d = self.dialect
+        count = " * ".join(f"({self.extent_expr(a)})" for a in axes) or "1"
+        lane = self.fresh("e")
+        self.emit(f"for (int {lane} = {d.lane_start}; {lane} < {count}; {lane} += {d.lane_step}) {{")
+        self.depth += 1
+        self.decompose(lane, axes)
+        body()
+        self.depth -= 1
+        self.emit("}")
+
+    def row_reduction(self, rows, reduced, op, operand, finish):
+        """Reduce `operand` over `reduced` for every row; finish(total) stores the result."""
+        start = {"sum": "0.0f", "mean": "0.0f", "max": "-NK_INF", "min": "NK_INF"}[op]
+        combine = {"sum": "+", "mean": "+"}.get(op)
+        kind = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}[op]
+        all_axes = tuple(rows) + tuple(reduced)
+
+        def body():
+            self.emit(f"float total = {start};")
+
+            def element():
+                value = self.expression(operand, all_axes)
+                if combine:
+                    self.emit(f"total += {value};")
+                else:
+                    self.emit(f"total = {self.dialect.math(kind, ['total', value])};")
+
+            self.lane_loop(reduced, element)
+            self.emit(f"total = {self.dialect.row_reduce(kind, 'total')};")
+            finish("total")
+
+        self.row_loop(rows, body)
+
+    def lane_zero(self) -> str:
+        return "(nk_tid % 32) == 0" if self.dialect.name == "cuda" else "true"
+
+    def softmax(self, s, box: Softmax, staged: bool = False):
+        rows = s.woven
+        axis = box.axis
+        all_axes = tuple(rows) + (axis,)
+        d = self.dialect
+
+        def store(value):
+            if staged:
+                self.emit(f"stage[k++] = {value};")
+            else:
+                self.emit(self.write(s.target, all_axes, value))
+
+        if staged:
+            self.emit(f"float stage[{self.per_thread_rows(rows, (axis,))}];")
+            self.emit("int k = 0;")
+
+        def body():
+            self.emit("float m = -NK_INF;")
+            self.lane_loop((axis,), lambda: self.emit(f"m = {d.math('max', ['m', self.expression(box.operand, all_axes)])};"))
+            self.emit(f"m = {d.row_reduce('max', 'm')};")
+            self.emit("float l = 0.0f;")
+            self.lane_loop((axis,), lambda: self.emit(f"l += {d.math('exp', [self.expression(box.operand, all_axes) + ' - m'])};"))
+            self.emit(f"l = {d.row_reduce('sum', 'l')};")
+            self.lane_loop((axis,), lambda: store(f"{d.math('exp', [self.expression(box.operand, all_axes) + ' - m'])} / l"))
+
+        self.row_loop(rows, body)
+        if staged:
+            # The output reuses the input's bytes at another offset: write once every row is read.
+            self.emit(d.barrier)
+            self.emit("k = 0;")
+            self.row_loop(rows, lambda: self.lane_loop((axis,), lambda: self.emit(self.write(s.target, all_axes, "stage[k++]"))))
+
+    def step_rescale(self, step: Step):
+        s = step.statement
+        d = self.dialect
+        if isinstance(s.box, Softmax):
+            axis = s.box.axis
+            all_axes = tuple(s.woven) + (axis,)
+            m, scale = f"{s.target}.max", f"{s.target}.scale"
+
+            def body():
+                self.emit("float chunk = -NK_INF;")
+                self.lane_loop((axis,), lambda: self.emit(f"chunk = {d.math('max', ['chunk', self.expression(s.box.operand, all_axes)])};"))
+                self.emit(f"chunk = {d.row_reduce('max', 'chunk')};")
+                self.emit(f"const float old = {self.read(m, s.woven)};")
+                self.emit(f"const float fresh = {d.math('max', ['old', 'chunk'])};")
+                if d.warp_sync:
+                    self.emit(d.warp_sync)
+                self.emit(f"if ({self.lane_zero()}) {{")
+                self.depth += 1
+                self.emit(self.write(scale, s.woven, f"(old == -NK_INF) ? 0.0f : {d.math('exp', ['old - fresh'])}"))
+                self.emit(self.write(m, s.woven, "fresh"))
+                self.depth -= 1
+                self.emit("}")
+
+            self.row_loop(s.woven, body)
+            return
+        # A contraction's running sum, rescaled by the online softmax's factor.
+        acc = f"{s.target}.acc"
+        scale_ref = [ref for ref in step.reads if ref[1].endswith(".scale")][0][1]
+        self.flat_loop(s.axes, lambda: self.emit(self.write(acc, s.axes, f"{self.read(acc, s.axes)} * {self.read(scale_ref, s.axes)}")))
+
+    def step_online(self, step: Step):
+        s = step.statement
+        d = self.dialect
+        axis = s.box.axis
+        all_axes = tuple(s.woven) + (axis,)
+        m, total, scale = f"{s.target}.max", f"{s.target}.sum", f"{s.target}.scale"
+
+        def body():
+            self.emit(f"const float m = {self.read(m, s.woven)};")
+            self.emit("float l = 0.0f;")
+
+            def element():
+                self.emit(f"const float p = {d.math('exp', [self.expression(s.box.operand, all_axes) + ' - m'])};")
+                self.emit(self.write(s.target, all_axes, "p"))
+                self.emit("l += p;")
+
+            self.lane_loop((axis,), element)
+            self.emit(f"l = {d.row_reduce('sum', 'l')};")
+            self.emit(f"if ({self.lane_zero()}) {{ {self.write(total, s.woven, f'{self.read(total, s.woven)} * {self.read(scale, s.woven)} + l')} }}")
+
+        self.row_loop(s.woven, body)
+
+    def step_accumulate(self, step: Step):
+        s = step.statement
+        box = s.box
+        if isinstance(box, Contract):
+            self.contraction(step, s.target, accumulate=True)
+            return
+        acc = f"{s.target}.acc"
+        op = {"mean": "sum"}.get(box.op, box.op)
+
+        def finish(total):
+            current = self.read(acc, s.axes)
+            value = f"{current} + {total}" if op == "sum" else self.dialect.math(op, [current, total])
+            self.emit(f"if ({self.lane_zero()}) {{ {self.write(acc, s.axes, value)} }}")
+
+        self.row_reduction(s.axes, box.axes, box.op, box.operand, finish)
+
+    def step_finalise(self, step: Step):
+        s = step.statement
+        box = s.box
+        acc = f"{s.target}.acc"
+        denominators = [ref[1] for ref in step.reads if ref[1].endswith(".sum")]
+        if isinstance(box, Contract) and denominators:  # the online softmax's normalisation
+            self.elementwise(step, s.target, s.axes, lambda: f"{self.read(acc, s.axes)} / {self.read(denominators[0], s.axes)}")
+            return
+        if isinstance(box, Contract):
+            self.elementwise(step, s.target, s.axes, lambda: self.read(acc, s.axes))
+            return
+        self.elementwise(step, s.target, s.axes, lambda: self.mean(self.read(acc, s.axes), box))
+
+    def step_alloc(self, step: Step):  # pragma: no cover - allocations happen at intermediate levels only
+        pass
+
+
+def _overlaps(a: Slot, b: Slot) -> bool:
+    return a.offset < b.offset + b.size and b.offset < a.offset + a.size
+
+
+# ---- entry point ---------------------------------------------------------------------------
+
+
+def header_comment(program: Program, report) -> str:
+    """The diagram, the relabelling and the cost table, as a comment block."""
+    from ..relabel import Partition  # noqa: F401  (documentation of what partitions are)
+
+    diagram = program.diagram
+    lines = [f"napkin kernel {diagram.name} on {program.hardware.name}", "", "diagram:"]
+    for s in diagram.statements:
+        lines.append(f"  {s.target}[{' '.join(s.axes)}]{' @' + s.level if s.level else ''} = {s.describe()}")
+    lines.append("")
+    lines.append("relabelling:")
+    for p in program.schedule.partitions:
+        lines.append(f"  {p.level}: {p.kind} {p.axis} {p.size}{'  (derived)' if p.derived else ''}")
+    lines.append("")
+    lines.extend(report.table().splitlines())
+    body = "\n".join(" * " + line if line else " *" for line in lines)
+    return "/*\n" + body.replace("*/", "* /") + "\n */\n"
+
+
+def lower(program: Program, dialect: Dialect, report=None, threads: int = THREADS) -> LoweredProgram:
+    """Print every launch of ``program`` as a kernel in ``dialect``; one translation unit."""
+    from ..cost import cost_of
+
+    report = report if report is not None else cost_of(program)
+    kernels = []
+    for launch in program.launches:
+        entry = f"napkin_{program.diagram.name}_{launch.index}"
+        kernels.append(_Printer(program, launch, dialect, threads).print(entry))
+    parts = [header_comment(program, report), dialect.prelude, f"#define NK_THREADS {threads}"]
+    for k in kernels:
+        if dialect.name == "opencl":
+            parts.append(f"#undef NK_ARENA_BYTES\n#define NK_ARENA_BYTES {max(k.shared_bytes, 16)}")
+        parts.append(k.text)
+    return LoweredProgram(dialect.name, "\n".join(parts), kernels)
+
+
+def smem_bytes_by_launch(program: Program) -> list[int]:
+    """The report's M in bytes at the compute level, per launch (what the arena must equal)."""
+    out = []
+    for launch in program.launches:
+        single = Program(program.schedule, (launch,))
+        rows = columns(single)
+        out.append(int(as_number(level_costs(single, rows)[program.schedule.compute_level].M_bytes)))
+    return out

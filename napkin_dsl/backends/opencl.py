@@ -1,0 +1,120 @@
+"""The OpenCL printing of the same kernel, run through pyopencl (PoCL on a CPU in CI).
+
+The lowering is the CUDA backend's (``lowering.py``) with the OpenCL dialect: ``__local``
+memory for the arena, ``barrier(CLK_LOCAL_MEM_FENCE)`` for ``__syncthreads()``, and the
+warp-shuffle row reductions replaced by one work-item per row. Running it executes the
+generated parallel code (work-groups, barriers, masked tails, the arena's aliasing) on any
+machine with an OpenCL runtime, so CI tests what the GPU would run.
+
+Deliberately not here: performance (PoCL on a CPU is a correctness oracle), device choice
+beyond the first available one (``NAPKIN_OPENCL_DEVICE=platform:device`` overrides).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from ..errors import NapkinError
+from ..pseudocode import Program
+from ..types import numpy_dtype
+from .lowering import OpenCLDialect, lower
+
+
+class NoOpenCLDevice(NapkinError):
+    """No OpenCL runtime or device (install pyopencl and, on Debian, pocl-opencl-icd)."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"no OpenCL device: {reason}",
+                         hint="pip install pyopencl; on Debian/Ubuntu apt-get install pocl-opencl-icd")
+
+
+@functools.lru_cache(maxsize=1)
+def context():
+    """(context, queue) on the first OpenCL device, or NAPKIN_OPENCL_DEVICE=platform:device."""
+    try:
+        import pyopencl as cl
+    except ImportError as exc:
+        raise NoOpenCLDevice(f"pyopencl is not installed ({exc})") from None
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as exc:
+        raise NoOpenCLDevice(str(exc)) from None
+    choice = os.environ.get("NAPKIN_OPENCL_DEVICE")
+    devices = [(p, d) for p in platforms for d in p.get_devices()]
+    if not devices:
+        raise NoOpenCLDevice("no platform has a device")
+    if choice:
+        platform_index, device_index = (int(x) for x in choice.split(":"))
+        device = platforms[platform_index].get_devices()[device_index]
+    else:
+        device = devices[0][1]
+    ctx = cl.Context([device])
+    return ctx, cl.CommandQueue(ctx)
+
+
+def opencl_available() -> bool:
+    try:
+        context()
+        return True
+    except NoOpenCLDevice:
+        return False
+
+
+def generate(program: Program, report=None) -> tuple[str, list]:
+    lowered = lower(program, OpenCLDialect(), report)
+    return lowered.source, lowered.kernels
+
+
+@functools.lru_cache(maxsize=64)
+def _built(source: str):
+    import pyopencl as cl
+
+    ctx, _ = context()
+    return cl.Program(ctx, source).build(options=["-cl-std=CL1.2"])
+
+
+def run(program: Program, inputs: dict, scalars: dict | None = None) -> dict:
+    """Run every launch of ``program`` on the OpenCL device; returns the outputs (NumPy)."""
+    import pyopencl as cl
+
+    ctx, queue = context()
+    source, kernels = generate(program)
+    built = _built(source)
+    diagram = program.diagram
+    sizes = {a: int(program.schedule.axis_size(a)) for a in diagram.axes}
+    scalars = dict(scalars or {})
+    buffers: dict[str, object] = {}
+    hosts: dict[str, np.ndarray] = {}
+    flags = cl.mem_flags
+
+    def buffer(name: str):
+        if name in buffers:
+            return buffers[name]
+        array = diagram.arrays[name]
+        dtype = numpy_dtype(array.dtype)
+        if name in inputs:
+            host = np.ascontiguousarray(inputs[name], dtype=dtype)
+            if array.dtype == "bf16":
+                host = host.view(np.uint16)
+            buffers[name] = cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=host)
+        else:
+            shape = tuple(sizes[a] for a in array.axes)
+            hosts[name] = np.empty(shape, dtype)
+            buffers[name] = cl.Buffer(ctx, flags.READ_WRITE, size=max(hosts[name].nbytes, 1))
+        return buffers[name]
+
+    for k in kernels:
+        kernel = getattr(built, k.entry)
+        args = [buffer(name) for name, _, _ in k.arrays] + [np.float32(scalars[name]) for name in k.scalars]
+        kernel(queue, (k.grid * k.block,), (k.block,), *args)
+    outputs = {}
+    for name in diagram.outputs:
+        host = hosts[name]
+        target = host.view(np.uint16) if diagram.arrays[name].dtype == "bf16" else host
+        cl.enqueue_copy(queue, target, buffers[name])
+        outputs[name] = host
+    queue.finish()
+    return outputs
