@@ -118,6 +118,38 @@ class Kernel:
 
         return cost_of(self.program(hardware, **sizes))
 
+    def gpu_program(self, hardware: str | None = None, **sizes: int):
+        """The Program code generation uses on a GPU profile: the relabel block's, or, for a kernel
+        without one (or relabelled for an abstract model), the tuner's best configuration."""
+        from .hardware import load_hardware
+        from .plan import plan
+
+        target = hardware or (self.hardware if self.hardware and not load_hardware(self.hardware).symbolic else "H100")
+        key = ("gpu_program", target, tuple(sorted(sizes.items())))
+        if key in self._cache:
+            return self._cache[key]
+        block = self.relabel
+        if block is None or load_hardware(block.hardware).symbolic:
+            from .tune import tune
+
+            best = tune(self.diagram, target, None, _check_sizes(sizes), top=1)
+            from .tune import _block
+
+            block = _block(self.diagram, load_hardware(target), best.knobs, best.best.sizes)
+        self._cache[key] = plan(self.diagram, target, block, _check_sizes(sizes))
+        return self._cache[key]
+
+    def compile(self, arch: str = "sm_90", hardware: str | None = None, ptx: bool = False, **sizes: int):
+        """Generate CUDA C++ and compile it with NVRTC (a :class:`~napkin_dsl.backends.cuda.CompiledKernel`).
+
+        Every size must be bound. The hardware defaults to the relabel block's GPU, else the GPU
+        of ``arch`` (sm_80: A100, sm_90: H100).
+        """
+        from .backends.cuda import compile_program
+
+        default = {"sm_80": "A100"}.get(arch, "H100")
+        return compile_program(self.gpu_program(hardware or (None if self.hardware and self.hardware in ("A100", "H100", "H200") else default), **sizes), arch, ptx)
+
     def tune(self, hardware: str | None = None, top: int = 5, **sizes: int):
         """Group/stream sizes minimising predicted time on ``hardware`` (a :class:`~napkin_dsl.tune.TuneResult`)."""
         from .tune import tune
