@@ -105,6 +105,7 @@ class _KernelChecker:
         self.statements: list[Statement] = []
         self.declared_outputs: dict[str, syn.Param] = {}
         self.later_targets = {s.target: s.span for s in kdef.statements}
+        self.failed: set[str] = set()  # targets of statements already reported as wrong
 
     # -- declarations
     def note_axes(self, axes, span: Span, what: str) -> bool:
@@ -149,15 +150,25 @@ class _KernelChecker:
             if output.name in self.arrays or output.name in self.scalars:
                 self.out.error(f"output {output.name!r} has the name of a parameter", output.span, "give the output its own name")
                 continue
+            if output.name in self.declared_outputs:
+                self.out.error(f"output {output.name!r} is declared twice", output.span,
+                               f"first declared at {self.declared_outputs[output.name].span}")
+                continue
+            if output.type.axes is None:
+                # A kernel's results are arrays; a single value is the array with no axes.
+                self.out.error(f"output {output.name!r} needs axes", output.span,
+                               f"write {output.name}: {output.type.dtype}[axes] (use [] for a single value)")
+                continue
             self.declared_outputs[output.name] = output
             # Register the output's axes now so size expressions and broadcasts can use them.
-            if output.type.axes is not None:
-                self.note_axes(output.type.axes, output.type.span, f"the type of {output.name!r}")
+            self.note_axes(output.type.axes, output.type.span, f"the type of {output.name!r}")
         if not self.kdef.statements:
             self.out.error(f"kernel {self.kdef.name!r} has no statements", self.kdef.span,
                            "write at least one statement assigning each output, e.g. Y[i] = X[i]")
         for statement in self.kdef.statements:
             self.statement(statement)
+            if statement.target not in self.arrays and statement.target not in self.scalars:
+                self.failed.add(statement.target)
         for name, output in self.declared_outputs.items():
             # An empty kernel was reported above; one error says it better than one per output.
             if self.kdef.statements and name not in self.arrays and name not in self.later_targets:
@@ -527,6 +538,8 @@ class _KernelChecker:
                 self.out.error(f"{name!r} is an axis (a size), not an array", ref.span, f"write {name} for its size")
                 return None
             return Const(self.axes[name].size)
+        if name in self.failed:
+            return None  # its statement was reported already: one mistake, one error
         if name in self.later_targets or name in self.declared_outputs:
             where = self.later_targets.get(name)
             self.out.error(f"{name!r} is used before it is defined", ref.span,

@@ -118,8 +118,17 @@ class NapkinErrors(NapkinError):
 
 
 def raise_collected(errors: list[NapkinError]) -> None:
-    """Raise nothing, the one error, or all of them together."""
+    """Raise nothing, the one error, or all of them together in source order.
+
+    Checks run declaration by declaration (boxes, relabel blocks, then kernels), but a
+    reader fixes a file top to bottom; errors without a place come last.
+    """
     if len(errors) == 1:
         raise errors[0]
     if errors:
-        raise NapkinErrors(errors)
+        raise NapkinErrors(sorted(errors, key=_source_order))
+
+
+def _source_order(error: NapkinError) -> tuple:
+    span = error.span
+    return (1, "", 0, 0) if span is None else (0, span.file, span.line, span.column)

@@ -340,12 +340,26 @@ def _signature(function: Callable, source: _FunctionSource, namespace: dict | No
     ``namespace`` (the decorating scope's locals) lets them name local type aliases too.
     """
     try:
-        return inspect.signature(function, eval_str=True, locals=namespace)
+        signature = inspect.signature(function, eval_str=True, locals=namespace)
+        return signature.replace(
+            parameters=[p.replace(annotation=_unquote(p.annotation, function, namespace)) for p in signature.parameters.values()],
+            return_annotation=_unquote(signature.return_annotation, function, namespace),
+        )
     except Exception as exc:  # any error of the user's annotation expressions
         raise NapkinError(
             f"cannot evaluate the annotations of {function.__name__!r}: {type(exc).__name__}: {exc}", source.def_span,
             'annotations must be napkin types such as napkin.f32["q d"]; is every name they use imported?',
         ) from None
+
+
+def _unquote(annotation: Any, function: Callable, namespace: dict | None) -> Any:
+    """Evaluate what eval_str left a string: a quoted annotation under `from __future__
+    import annotations` is a string twice over, and a dict of outputs may quote its values."""
+    if isinstance(annotation, str):
+        return eval(annotation, function.__globals__, namespace)  # noqa: S307 - the user's own annotation
+    if isinstance(annotation, dict):
+        return {name: _unquote(value, function, namespace) for name, value in annotation.items()}
+    return annotation
 
 
 def _parameters(function: Callable, signature: inspect.Signature, source: _FunctionSource) -> tuple[syn.Param, ...]:
