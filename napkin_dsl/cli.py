@@ -14,6 +14,7 @@ from pathlib import Path
 
 import sympy
 
+from .backends.cuda import add_cuda_command, report_resources
 from .backends.nvrtc import add_cache_command
 from .errors import NapkinError
 from .kernel import Kernel, load
@@ -188,6 +189,9 @@ def cmd_report(args) -> int:
         print(k.pseudocode("text", hardware, **sizes), end="")
         print()
         print(k.cost(hardware, **sizes).table())
+        if not any(s.box.kind == "opaque" for s in k.diagram.statements):
+            print()
+            print(report_resources(k, sizes))
     return 0
 
 
@@ -223,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(report, hardware=True)
     report.set_defaults(run=cmd_report)
     add_cache_command(sub)
+    add_cuda_command(sub)
     add_draw_command(sub)
     return parser
 

@@ -128,6 +128,12 @@ class Kernel:
         key = ("gpu_program", target, tuple(sorted(sizes.items())))
         if key in self._cache:
             return self._cache[key]
+        opaque = [s for s in self.diagram.statements if s.box.kind == "opaque"]
+        if opaque:
+            from .backends.lowering import LoweringError
+
+            raise LoweringError(f"box {opaque[0].box.box.name} is opaque: it has no body to compile", opaque[0].span,
+                                "opaque boxes are for the cost model; run them with the NumPy backend and impls=")
         block = self.relabel
         if block is None or load_hardware(block.hardware).symbolic:
             from .tune import tune

@@ -152,3 +152,93 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
     finally:
         for buffer in owned:
             device.free(buffer)
+
+
+# ---- the `napkin cuda` command ------------------------------------------------------------------
+
+# Sizes `napkin report` compiles at when the user binds none: large enough for every example's
+# tiles, small enough to compile in a blink (the code does not depend on them beyond constants).
+REPORT_SIZE = 128
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    import os
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".napkin-", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+
+
+def resources_json(compiled: CompiledKernel) -> dict:
+    return {"launches": compiled.launch_table(), "cost": compiled.cost.to_dict()}
+
+
+def format_resources(compiled: CompiledKernel) -> str:
+    lines = [f"compiled {compiled.name} for {compiled.arch}: {len(compiled.launches)} launch{'es' if len(compiled.launches) != 1 else ''}"]
+    for row in compiled.launch_table():
+        lines.append(
+            f"  {row['entry']}: grid {row['grid'][0]} x block {row['block'][0]}, {row['registers']} registers, "
+            f"{row['shared_bytes']:,} B shared (static + dynamic), {row['spill_bytes']} B spilled"
+        )
+    return "\n".join(lines)
+
+
+def report_resources(kernel, sizes: dict, arch: str = "sm_90") -> str:
+    """What `napkin report` shows: the kernel compiled for ``arch`` and its resources."""
+    from ..errors import NapkinError
+
+    bound = {axis: sizes.get(axis, REPORT_SIZE) for axis in kernel.diagram.axes}
+    defaulted = [a for a in kernel.diagram.axes if a not in sizes]
+    note = f" (at {' '.join(f'{a}={bound[a]}' for a in defaulted)}; bind sizes with --set)" if defaulted else ""
+    try:
+        compiled = kernel.compile(arch, **{**sizes, **bound})
+    except NapkinError as error:
+        return f"CUDA: not compiled: {error.message}"
+    return format_resources(compiled) + note
+
+
+def cmd_cuda(args) -> int:
+    import json
+    import sys
+
+    from ..cli import _selected, parse_sets
+
+    sizes = parse_sets(args.set)
+    results = {}
+    for kernel in _selected(args):
+        compiled = kernel.compile(args.arch, args.hardware, ptx=args.ptx, **sizes)
+        results[kernel.name] = compiled
+        text = compiled.image.rstrip(b"\0").decode() if args.ptx else compiled.source
+        if args.output:
+            _write_atomically(args.output, text.encode())
+        elif not args.resources:
+            sys.stdout.write(text)
+    if args.resources:
+        if args.json:
+            print(json.dumps({"kernels": {name: resources_json(c) for name, c in results.items()}}, indent=2))
+        else:
+            for compiled in results.values():
+                print(format_resources(compiled))
+    return 0
+
+
+def add_cuda_command(subparsers) -> None:
+    from ..cli import _common
+
+    cuda = subparsers.add_parser("cuda", help="generate CUDA C++ and compile it with NVRTC (no GPU needed)")
+    _common(cuda, hardware=True)
+    cuda.add_argument("--arch", default=DEFAULT_ARCH, help="sm_80 or sm_90 (default sm_90)")
+    cuda.add_argument("-o", "--output", metavar="FILE.cu", help="write the source (or PTX) here instead of stdout")
+    cuda.add_argument("--ptx", action="store_true", help="emit PTX instead of the CUDA source")
+    cuda.add_argument("--resources", action="store_true", help="print registers, shared memory and spills per launch")
+    cuda.add_argument("--json", action="store_true", help="with --resources: one JSON object")
+    cuda.set_defaults(run=cmd_cuda)

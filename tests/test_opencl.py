@@ -1,0 +1,79 @@
+"""The OpenCL printing of every example runs on an OpenCL device (PoCL in CI) and matches the reference."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import napkin_dsl as napkin
+from napkin_dsl.backends import opencl
+from napkin_dsl.reference import evaluate
+from napkin_dsl.types import numpy_dtype
+
+from .conftest import EXAMPLES
+from .test_cuda_codegen import CASES, SIZES
+
+# Small bindings for the CPU: the second case of each example has masked tails.
+SMALL = {
+    "attention.napkin": dict(b=1, h=2, q=200, x=150, d=32),
+    "rmsnorm.napkin": dict(t=20, d=250),
+    "softmax.napkin": dict(r=37, c=200),
+    "gqa.napkin": dict(b=1, kv=2, r=2, q=130, x=70, d=32),
+    "attention_unfused.napkin": dict(q=100, x=90, d=32),
+    "paper/fig9.napkin": dict(q=40, x=64, d=16),
+    "matmul.napkin": dict(m=300, n=200, k=100),
+    "mlp.napkin": dict(b=100, k=48, n=130),
+}
+TOLERANCE = {"f32": 1e-4, "f16": 1e-2, "bf16": 2e-2}
+
+
+@pytest.fixture(scope="module")
+def device():
+    if not opencl.opencl_available():
+        if os.environ.get("NAPKIN_REQUIRE_OPENCL"):
+            pytest.fail("no OpenCL device, and NAPKIN_REQUIRE_OPENCL is set (CI installs pocl-opencl-icd)")
+        pytest.skip("no OpenCL device (pip install pyopencl; apt-get install pocl-opencl-icd)")
+    return opencl.context()
+
+
+def random_inputs(diagram, sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for name in diagram.params:
+        if name in diagram.arrays:
+            array = diagram.arrays[name]
+            values = rng.standard_normal([sizes[a] for a in array.axes]) + 0.1
+            arrays[name] = values.astype(numpy_dtype(array.dtype))
+    scalars = {name: 1e-5 for name in diagram.scalars}
+    return arrays, scalars
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_opencl_matches_reference(name, device):
+    (kernel,) = napkin.load(EXAMPLES / name).values()
+    sizes = SMALL[name]
+    inputs, scalars = random_inputs(kernel.diagram, sizes)
+    outputs = opencl.run(kernel.gpu_program(None, **sizes), inputs, scalars)
+    expected = evaluate(kernel.diagram, inputs, scalars, sizes)
+    for out in kernel.diagram.outputs:
+        got = outputs[out].astype(np.float64)
+        want = expected[out].astype(np.float64)
+        scale = max(1.0, float(np.max(np.abs(want))))
+        error = float(np.max(np.abs(got - want))) / scale
+        assert error < TOLERANCE[kernel.diagram.arrays[out].dtype] * 4, f"{name}: {out} off by {error:.3g}"
+
+
+def test_inputs_are_not_modified(device):
+    (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
+    sizes = SMALL["attention.napkin"]
+    inputs, scalars = random_inputs(kernel.diagram, sizes, seed=1)
+    copies = {k: v.copy() for k, v in inputs.items()}
+    opencl.run(kernel.gpu_program(None, **sizes), inputs, scalars)
+    for key, value in inputs.items():
+        assert np.array_equal(value.view(np.uint8), copies[key].view(np.uint8))
+
+
+def test_cases_cover_every_example():
+    assert set(SMALL) == {name for name, _ in CASES} == set(SIZES)
