@@ -195,12 +195,14 @@ def _names_a_file(text: str) -> bool:
     or holds a path separator and does not begin like napkin text.
     """
     stripped = text.strip()
-    if "\n" in text or not stripped or stripped.startswith(("kernel", "box", "relabel", "#")):
+    if "\n" in text or not stripped:
         return False
     try:
-        return stripped.endswith(".napkin") or Path(text).exists() or "/" in text or "\\" in text
+        if stripped.endswith(".napkin") or Path(text).exists():
+            return True
     except (OSError, ValueError):  # a name too long for the file system, or with a NUL in it
         return False
+    return not stripped.startswith(("kernel", "box", "relabel", "#")) and ("/" in text or "\\" in text)
 
 
 def _read_file(path: Path) -> str:
@@ -209,7 +211,9 @@ def _read_file(path: Path) -> str:
         if not path.exists():
             raise NapkinError(f"no such file: {path}", hint="check the path; napkin files end in .napkin")
         if path.is_dir():
-            raise NapkinError(f"{path} is a directory, not a napkin file", hint=f"name a file in it, e.g. {path / 'kernel.napkin'}")
+            inside = next(iter(sorted(path.glob("*.napkin"))), None)
+            raise NapkinError(f"{path} is a directory, not a napkin file",
+                              hint=f"name a file in it, e.g. {inside}" if inside else "name a .napkin file")
         if not path.is_file():
             raise NapkinError(f"{path} is not a regular file", hint="napkin reads .napkin text files")
         # Refuse before reading: a huge file (or a log named by mistake) would only be refused later.

@@ -281,11 +281,15 @@ class _Builder:
         return LevelClauses(str(level), tuple(partitions), self.span(level))
 
     def integer(self, token: lark.Token) -> int:
-        """An integer literal; Python refuses to convert more than 4300 digits, so say so."""
+        """An integer literal, refused beyond 4300 digits as Python 3.11+ refuses to convert them
+        (checked here too so that every Python, and a lowered sys limit, gives the same error)."""
+        text = str(token)
         try:
-            return int(str(token))
+            if len(text) > 4300:
+                raise ValueError(text)
+            return int(text)
         except ValueError:
-            raise NapkinSyntaxError(f"integer literal with {len(str(token)):,} digits is too long", self.span(token),
+            raise NapkinSyntaxError(f"integer literal with {len(text):,} digits is too long", self.span(token),
                                     "write a smaller number") from None
 
     # -- expressions

@@ -369,3 +369,34 @@ def test_mutated_examples_fail_cleanly(seed):
             rendered = error.render()
             assert rendered and "Traceback" not in rendered
             assert error.span is not None or "defines no kernel" in error.message, rendered
+
+
+def test_file_named_like_a_keyword(tmp_path, monkeypatch):
+    """A one-line string is a path when it names a .napkin file, even `kernel.napkin`."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "kernel.napkin", VALID)
+    assert "k" in napkin.load("kernel.napkin")
+    assert "no such file" in load_fails("relabel.napkin").message
+
+
+def test_one_line_text_is_text():
+    error = load_fails("kernel k(A: f32[i]) -> B: f32[i]: B[i] = A / 2")
+    assert "statements go on their own lines" in error.message
+
+
+def test_lark_visit_error_never_leaks(monkeypatch):
+    """Should a transformer ever be added, its wrapped NapkinError surfaces, not lark's VisitError."""
+    import lark
+
+    from napkin_dsl import syntax
+
+    inner = NapkinSyntaxError("from a transformer")
+
+    class Failing:
+        def parse(self, text):
+            raise lark.exceptions.VisitError("rule", lark.Tree("rule", []), inner)
+
+    monkeypatch.setattr(syntax, "_parser", lambda start: Failing())
+    with pytest.raises(NapkinSyntaxError) as info:
+        syntax.parse(VALID)
+    assert info.value is inner
