@@ -51,6 +51,7 @@ from ..errors import NapkinError
 from ..pseudocode import Loop, Program, Step
 
 THREADS = 256
+REGISTER_TILE = 4  # outputs per thread along each of a contraction's two free axes
 WARP = 32
 ALIGN = 16
 
@@ -646,16 +647,106 @@ class _Printer:
         return f"({total}) / {float(count)!r}f"
 
     def contraction(self, step: Step, target: str, accumulate: bool):
+        """A contraction on per-thread register tiles: each thread owns a REGISTER_TILE x
+        REGISTER_TILE block of outputs (along an axis only the first operand has and one only the
+        second has), so every operand value read from shared memory feeds several products."""
         s = step.statement
         box = s.box
         name = f"{target}.acc" if accumulate else target
-        out_slot = self.slots[name]
-        overlap = not accumulate and any(
-            ref[1] in self.slots and _overlaps(self.slots[ref[1]], out_slot) for ref in step.reads if ref[1] != name)
+        staged = not accumulate and self.hazard(step, name)
+        tile_axes = self.register_tile_axes(box, s.axes)
+        if tile_axes is None:
+            self.scalar_contraction(s, box, name, accumulate, staged)
+            return
+        am, an = tile_axes
+        rm, rn = (min(REGISTER_TILE, self.tile[am]), min(REGISTER_TILE, self.tile[an]))
+        first, second = box.operands[0], box.operands[1]
 
+        def blocked(body):
+            # The tile's extents along am and an counted in register blocks.
+            saved = dict(self.valid)
+            blocks = {am: f"(({self.extent_expr(am)}) + {rm - 1}) / {rm}", an: f"(({self.extent_expr(an)}) + {rn - 1}) / {rn}"}
+            count = " * ".join(f"({blocks.get(a, self.extent_expr(a))})" for a in s.axes)
+            t = self.fresh("t")
+            self.emit(f"for (int {t} = nk_tid; {t} < {count}; {t} += NK_THREADS) {{")
+            self.depth += 1
+            rest = self.fresh("r")
+            self.emit(f"int {rest} = {t};")
+            for axis in reversed(s.axes):
+                extent = blocks.get(axis, self.extent_expr(axis))
+                variable = f"b_{axis}" if axis in blocks else f"i_{axis}"
+                self.emit(f"const int {variable} = {rest} % ({extent}); {rest} /= ({extent});")
+            self.emit(f"(void){rest};")
+            body()
+            self.depth -= 1
+            self.emit("}")
+            self.valid = saved
+
+        def compute(store):
+            self.emit(f"float acc[{rm}][{rn}];")
+            self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) acc[u][v] = 0.0f;")
+            for axis in box.contracted:
+                self.emit(f"for (int i_{axis} = 0; i_{axis} < {self.extent_expr(axis)}; ++i_{axis}) {{")
+                self.depth += 1
+            self.emit(f"float a[{rm}], b[{rn}];")
+            self.emit(f"for (int u = 0; u < {rm}; ++u) {{")
+            self.emit(f"    const int i_{am} = b_{am} * {rm} + u;")
+            self.emit(f"    a[u] = (i_{am} < {self.extent_expr(am)}) ? {self.read(first.array, s.iteration_axes)} : 0.0f;")
+            self.emit("}")
+            self.emit(f"for (int v = 0; v < {rn}; ++v) {{")
+            self.emit(f"    const int i_{an} = b_{an} * {rn} + v;")
+            self.emit(f"    b[v] = (i_{an} < {self.extent_expr(an)}) ? {self.read(second.array, s.iteration_axes)} : 0.0f;")
+            self.emit("}")
+            self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) acc[u][v] += a[u] * b[v];")
+            for _ in box.contracted:
+                self.depth -= 1
+                self.emit("}")
+            self.each_output(am, an, rm, rn, store)
+
+        if not staged:
+            if accumulate:
+                blocked(lambda: compute(lambda: self.emit(self.write(name, s.axes, f"{self.read(name, s.axes)} + acc[u][v]"))))
+            else:
+                blocked(lambda: compute(lambda: self.emit(self.write(name, s.axes, "acc[u][v]"))))
+            return
+        # The result reuses the bytes of an input released by this step: keep it in registers
+        # until every thread has finished reading, then write it in the same order.
+        per_thread = -(-math.prod(self.tile[a] for a in s.axes if a not in (am, an)) * -(-self.tile[am] // rm)
+                       * -(-self.tile[an] // rn) // self.threads) * rm * rn
+        self.emit(f"float stage[{per_thread}];")
+        self.emit("int k = 0;")
+        blocked(lambda: compute(lambda: self.emit("stage[k++] = acc[u][v];")))
+        self.emit(self.dialect.barrier)
+        self.emit("k = 0;")
+        blocked(lambda: self.each_output(am, an, rm, rn, lambda: self.emit(self.write(name, s.axes, "stage[k++]"))))
+
+    def each_output(self, am, an, rm, rn, store):
+        """for each (u, v) of a register block whose output lies inside the valid tile: store()."""
+        self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) {{")
+        self.depth += 1
+        self.emit(f"const int i_{am} = b_{am} * {rm} + u;")
+        self.emit(f"const int i_{an} = b_{an} * {rn} + v;")
+        self.emit(f"if (i_{am} < {self.extent_expr(am)} && i_{an} < {self.extent_expr(an)}) {{")
+        self.depth += 1
+        store()
+        self.depth -= 1
+        self.emit("}")
+        self.depth -= 1
+        self.emit("}")
+
+    def register_tile_axes(self, box: Contract, target_axes):
+        if len(box.operands) != 2:
+            return None
+        first, second = box.operands
+        only_first = [a for a in target_axes if a in first.axes and a not in second.axes and self.tile[a] > 1]
+        only_second = [a for a in target_axes if a in second.axes and a not in first.axes and self.tile[a] > 1]
+        if not only_first or not only_second:
+            return None
+        return only_first[-1], only_second[-1]
+
+    def scalar_contraction(self, s, box, name, accumulate, staged):
         def product():
-            terms = " * ".join(self.read(r.array, s.iteration_axes) for r in box.operands)
-            return terms
+            return " * ".join(self.read(r.array, s.iteration_axes) for r in box.operands)
 
         def body(store):
             self.emit("float acc = 0.0f;")
@@ -668,13 +759,12 @@ class _Printer:
                 self.emit("}")
             store()
 
-        if not overlap:
+        if not staged:
             if accumulate:
                 self.flat_loop(s.axes, lambda: body(lambda: self.emit(self.write(name, s.axes, f"{self.read(name, s.axes)} + acc"))))
             else:
                 self.flat_loop(s.axes, lambda: body(lambda: self.emit(self.write(name, s.axes, "acc"))))
             return
-        # The result reuses the bytes of an input released by this step: registers first.
         self.staged(s.axes, lambda: body(lambda: self.emit("stage[k++] = acc;")), name)
 
     def row_loop(self, rows, body):

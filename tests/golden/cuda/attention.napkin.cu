@@ -133,33 +133,51 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
         // S[b h q x] = Q[b h q d] * K[b h x d]
         {
             float stage[32];
-            {
-                int k = 0;
-                for (int t11 = nk_tid; t11 < (1) * (1) * (n_q) * (n_x); t11 += NK_THREADS) {
-                    int r12 = t11;
-                    const int i_x = r12 % (n_x); r12 /= (n_x);
-                    const int i_q = r12 % (n_q); r12 /= (n_q);
-                    const int i_h = r12 % (1); r12 /= (1);
-                    const int i_b = r12 % (1); r12 /= (1);
-                    (void)r12;
-                    float acc = 0.0f;
-                    for (int i_d = 0; i_d < 128; ++i_d) {
-                        acc += nk_f(s_Q[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d]) * nk_f(s_K[(((i_b) * 1 + i_h) * 64 + i_x) * 128 + i_d]);
+            int k = 0;
+            for (int t11 = nk_tid; t11 < (1) * (1) * (((n_q) + 3) / 4) * (((n_x) + 3) / 4); t11 += NK_THREADS) {
+                int r12 = t11;
+                const int b_x = r12 % (((n_x) + 3) / 4); r12 /= (((n_x) + 3) / 4);
+                const int b_q = r12 % (((n_q) + 3) / 4); r12 /= (((n_q) + 3) / 4);
+                const int i_h = r12 % (1); r12 /= (1);
+                const int i_b = r12 % (1); r12 /= (1);
+                (void)r12;
+                float acc[4][4];
+                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] = 0.0f;
+                for (int i_d = 0; i_d < 128; ++i_d) {
+                    float a[4], b[4];
+                    for (int u = 0; u < 4; ++u) {
+                        const int i_q = b_q * 4 + u;
+                        a[u] = (i_q < n_q) ? nk_f(s_Q[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d]) : 0.0f;
                     }
-                    stage[k++] = acc;
+                    for (int v = 0; v < 4; ++v) {
+                        const int i_x = b_x * 4 + v;
+                        b[v] = (i_x < n_x) ? nk_f(s_K[(((i_b) * 1 + i_h) * 64 + i_x) * 128 + i_d]) : 0.0f;
+                    }
+                    for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] += a[u] * b[v];
+                }
+                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) {
+                    const int i_q = b_q * 4 + u;
+                    const int i_x = b_x * 4 + v;
+                    if (i_q < n_q && i_x < n_x) {
+                        stage[k++] = acc[u][v];
+                    }
                 }
             }
             __syncthreads();
-            {
-                int k = 0;
-                for (int t13 = nk_tid; t13 < (1) * (1) * (n_q) * (n_x); t13 += NK_THREADS) {
-                    int r14 = t13;
-                    const int i_x = r14 % (n_x); r14 /= (n_x);
-                    const int i_q = r14 % (n_q); r14 /= (n_q);
-                    const int i_h = r14 % (1); r14 /= (1);
-                    const int i_b = r14 % (1); r14 /= (1);
-                    (void)r14;
-                    s_S[(((i_b) * 1 + i_h) * 128 + i_q) * 64 + i_x] = stage[k++];
+            k = 0;
+            for (int t13 = nk_tid; t13 < (1) * (1) * (((n_q) + 3) / 4) * (((n_x) + 3) / 4); t13 += NK_THREADS) {
+                int r14 = t13;
+                const int b_x = r14 % (((n_x) + 3) / 4); r14 /= (((n_x) + 3) / 4);
+                const int b_q = r14 % (((n_q) + 3) / 4); r14 /= (((n_q) + 3) / 4);
+                const int i_h = r14 % (1); r14 /= (1);
+                const int i_b = r14 % (1); r14 /= (1);
+                (void)r14;
+                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) {
+                    const int i_q = b_q * 4 + u;
+                    const int i_x = b_x * 4 + v;
+                    if (i_q < n_q && i_x < n_x) {
+                        s_S[(((i_b) * 1 + i_h) * 128 + i_q) * 64 + i_x] = stage[k++];
+                    }
                 }
             }
         }
@@ -253,18 +271,34 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
         __syncthreads();
         // O.acc += P[b h q x] * V[b h x d]
         {
-            for (int t29 = nk_tid; t29 < (1) * (1) * (n_q) * (128); t29 += NK_THREADS) {
+            for (int t29 = nk_tid; t29 < (1) * (1) * (((n_q) + 3) / 4) * (((128) + 3) / 4); t29 += NK_THREADS) {
                 int r30 = t29;
-                const int i_d = r30 % (128); r30 /= (128);
-                const int i_q = r30 % (n_q); r30 /= (n_q);
+                const int b_d = r30 % (((128) + 3) / 4); r30 /= (((128) + 3) / 4);
+                const int b_q = r30 % (((n_q) + 3) / 4); r30 /= (((n_q) + 3) / 4);
                 const int i_h = r30 % (1); r30 /= (1);
                 const int i_b = r30 % (1); r30 /= (1);
                 (void)r30;
-                float acc = 0.0f;
+                float acc[4][4];
+                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] = 0.0f;
                 for (int i_x = 0; i_x < n_x; ++i_x) {
-                    acc += nk_f(s_P[(((i_b) * 1 + i_h) * 128 + i_q) * 64 + i_x]) * nk_f(s_V[(((i_b) * 1 + i_h) * 64 + i_x) * 128 + i_d]);
+                    float a[4], b[4];
+                    for (int u = 0; u < 4; ++u) {
+                        const int i_q = b_q * 4 + u;
+                        a[u] = (i_q < n_q) ? nk_f(s_P[(((i_b) * 1 + i_h) * 128 + i_q) * 64 + i_x]) : 0.0f;
+                    }
+                    for (int v = 0; v < 4; ++v) {
+                        const int i_d = b_d * 4 + v;
+                        b[v] = (i_d < 128) ? nk_f(s_V[(((i_b) * 1 + i_h) * 64 + i_x) * 128 + i_d]) : 0.0f;
+                    }
+                    for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] += a[u] * b[v];
                 }
-                s_O_acc[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d] = nk_f(s_O_acc[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d]) + acc;
+                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) {
+                    const int i_q = b_q * 4 + u;
+                    const int i_d = b_d * 4 + v;
+                    if (i_q < n_q && i_d < 128) {
+                        s_O_acc[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d] = nk_f(s_O_acc[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d]) + acc[u][v];
+                    }
+                }
             }
         }
         __syncthreads();

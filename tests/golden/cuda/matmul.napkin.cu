@@ -100,16 +100,32 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
         __syncthreads();
         // C.acc += A[m k] * B[k n]
         {
-            for (int t7 = nk_tid; t7 < (n_m) * (n_n); t7 += NK_THREADS) {
+            for (int t7 = nk_tid; t7 < (((n_m) + 3) / 4) * (((n_n) + 3) / 4); t7 += NK_THREADS) {
                 int r8 = t7;
-                const int i_n = r8 % (n_n); r8 /= (n_n);
-                const int i_m = r8 % (n_m); r8 /= (n_m);
+                const int b_n = r8 % (((n_n) + 3) / 4); r8 /= (((n_n) + 3) / 4);
+                const int b_m = r8 % (((n_m) + 3) / 4); r8 /= (((n_m) + 3) / 4);
                 (void)r8;
-                float acc = 0.0f;
+                float acc[4][4];
+                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] = 0.0f;
                 for (int i_k = 0; i_k < n_k; ++i_k) {
-                    acc += nk_f(s_A[(i_m) * 32 + i_k]) * nk_f(s_B[(i_k) * 128 + i_n]);
+                    float a[4], b[4];
+                    for (int u = 0; u < 4; ++u) {
+                        const int i_m = b_m * 4 + u;
+                        a[u] = (i_m < n_m) ? nk_f(s_A[(i_m) * 32 + i_k]) : 0.0f;
+                    }
+                    for (int v = 0; v < 4; ++v) {
+                        const int i_n = b_n * 4 + v;
+                        b[v] = (i_n < n_n) ? nk_f(s_B[(i_k) * 128 + i_n]) : 0.0f;
+                    }
+                    for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] += a[u] * b[v];
                 }
-                s_C_acc[(i_m) * 128 + i_n] = nk_f(s_C_acc[(i_m) * 128 + i_n]) + acc;
+                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) {
+                    const int i_m = b_m * 4 + u;
+                    const int i_n = b_n * 4 + v;
+                    if (i_m < n_m && i_n < n_n) {
+                        s_C_acc[(i_m) * 128 + i_n] = nk_f(s_C_acc[(i_m) * 128 + i_n]) + acc[u][v];
+                    }
+                }
             }
         }
         __syncthreads();
