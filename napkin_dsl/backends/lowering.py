@@ -67,12 +67,27 @@ class Dialect:
     name = "abstract"
     storage = {}  # napkin dtype -> element type in memory
 
+    float_suffix = ""  # libm spelling for float: CUDA's expf, OpenCL's overloaded exp
+
     def math(self, fn: str, args: list[str]) -> str:
-        raise NotImplementedError
+        """An elementwise function or operator on float expressions."""
+        x, y, f = args[0], args[-1], self.float_suffix
+        table = {
+            "exp": f"exp{f}({x})", "log": f"log{f}({x})", "sqrt": f"sqrt{f}({x})", "rsqrt": f"rsqrt{f}({x})",
+            "tanh": f"tanh{f}({x})", "abs": f"fabs{f}({x})", "neg": f"(-({x}))",
+            "sigmoid": f"(1.0f / (1.0f + exp{f}(-({x}))))", "relu": f"fmax{f}({x}, 0.0f)",
+            # gelu is the exact erf form, as the reference evaluator's
+            "gelu": f"(0.5f * ({x}) * (1.0f + erf{f}(({x}) * 0.70710678118654752f)))",
+            "silu": f"(({x}) / (1.0f + exp{f}(-({x}))))",
+            "max": f"fmax{f}({x}, {y})", "min": f"fmin{f}({x}, {y})", "pow": f"pow{f}({x}, {y})",
+            "add": f"({x} + {y})", "sub": f"({x} - {y})", "mul": f"({x} * {y})", "div": f"({x} / {y})",
+        }
+        return table[fn]
 
 
 class CudaDialect(Dialect):
     name = "cuda"
+    float_suffix = "f"
     storage = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
     prelude = """#include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -122,19 +137,6 @@ __device__ __forceinline__ float nk_warp_sum(float v) {
 
     def row_reduce(self, op: str, value: str) -> str:
         return f"nk_warp_{op}({value})"
-
-    def math(self, fn, args):
-        a = args
-        table = {
-            "exp": f"expf({a[0]})", "log": f"logf({a[0]})", "sqrt": f"sqrtf({a[0]})",
-            "rsqrt": f"rsqrtf({a[0]})", "tanh": f"tanhf({a[0]})", "abs": f"fabsf({a[0]})",
-            "sigmoid": f"(1.0f / (1.0f + expf(-({a[0]}))))", "relu": f"fmaxf({a[0]}, 0.0f)",
-            "gelu": f"(0.5f * ({a[0]}) * (1.0f + erff(({a[0]}) * 0.70710678118654752f)))",
-            "silu": f"(({a[0]}) / (1.0f + expf(-({a[0]}))))", "neg": f"(-({a[0]}))",
-            "max": f"fmaxf({a[0]}, {a[-1]})", "min": f"fminf({a[0]}, {a[-1]})", "pow": f"powf({a[0]}, {a[-1]})",
-            "add": f"({a[0]} + {a[-1]})", "sub": f"({a[0]} - {a[-1]})", "mul": f"({a[0]} * {a[-1]})", "div": f"({a[0]} / {a[-1]})",
-        }
-        return table[fn]
 
     def vector_copy(self, dst: str, src: str) -> str | None:
         return f"*reinterpret_cast<uint4*>(&{dst}) = *reinterpret_cast<const uint4*>(&{src});"
@@ -198,18 +200,6 @@ inline ushort nk_to_bf16(float v) {
 
     def row_reduce(self, op, value):
         return value
-
-    def math(self, fn, args):
-        a = args
-        table = {
-            "exp": f"exp({a[0]})", "log": f"log({a[0]})", "sqrt": f"sqrt({a[0]})", "rsqrt": f"rsqrt({a[0]})",
-            "tanh": f"tanh({a[0]})", "abs": f"fabs({a[0]})", "sigmoid": f"(1.0f / (1.0f + exp(-({a[0]}))))",
-            "relu": f"fmax({a[0]}, 0.0f)", "gelu": f"(0.5f * ({a[0]}) * (1.0f + erf(({a[0]}) * 0.70710678118654752f)))",
-            "silu": f"(({a[0]}) / (1.0f + exp(-({a[0]}))))", "neg": f"(-({a[0]}))",
-            "max": f"fmax({a[0]}, {a[-1]})", "min": f"fmin({a[0]}, {a[-1]})", "pow": f"pow({a[0]}, {a[-1]})",
-            "add": f"({a[0]} + {a[-1]})", "sub": f"({a[0]} - {a[-1]})", "mul": f"({a[0]} * {a[-1]})", "div": f"({a[0]} / {a[-1]})",
-        }
-        return table[fn]
 
     def vector_copy(self, dst, src):
         return None
@@ -403,16 +393,9 @@ class _Printer:
             return self.dialect.math(expr.fn, [self.expression(a, axes) for a in expr.args])
         raise AssertionError(f"napkin bug: expression {expr!r}")
 
-    def flat_loop(self, axes, body, stride: str | None = None, start: str | None = None):
-        """for each valid element of the tile over `axes`: body(); index variables i_<axis>."""
-        count = " * ".join(f"({self.extent_expr(a)})" for a in axes) or "1"
-        t = self.fresh("t")
-        self.emit(f"for (int {t} = {start or 'nk_tid'}; {t} < {count}; {t} += {stride or 'NK_THREADS'}) {{")
-        self.depth += 1
-        self.decompose(t, axes)
-        body()
-        self.depth -= 1
-        self.emit("}")
+    def flat_loop(self, axes, body):
+        """for each valid element of the tile over `axes`, spread over the block: body()."""
+        self.strided_loop(axes, "nk_tid", "NK_THREADS", "t", body)
 
     def decompose(self, variable: str, axes):
         rest = self.fresh("r")
@@ -767,27 +750,24 @@ class _Printer:
             return
         self.staged(s.axes, lambda: body(lambda: self.emit("stage[k++] = acc;")), name)
 
-    def row_loop(self, rows, body):
-        d = self.dialect
-        count = " * ".join(f"({self.extent_expr(a)})" for a in rows) or "1"
-        row = self.fresh("row")
-        self.emit(f"for (int {row} = {d.row_start}; {row} < {count}; {row} += {d.rows_per_pass}) {{")
+    def strided_loop(self, axes, start: str, step: str, prefix: str, body):
+        """for each valid element over `axes` from `start` in strides of `step`: body()."""
+        count = " * ".join(f"({self.extent_expr(a)})" for a in axes) or "1"
+        variable = self.fresh(prefix)
+        self.emit(f"for (int {variable} = {start}; {variable} < {count}; {variable} += {step}) {{")
         self.depth += 1
-        self.decompose(row, rows)
+        self.decompose(variable, axes)
         body()
         self.depth -= 1
         self.emit("}")
 
+    def row_loop(self, rows, body):
+        """Rows to groups of `lanes` threads (a warp in CUDA, one work-item in OpenCL)."""
+        self.strided_loop(rows, self.dialect.row_start, self.dialect.rows_per_pass, "row", body)
+
     def lane_loop(self, axes, body):
-        d = self.dialect
-        count = " * ".join(f"({self.extent_expr(a)})" for a in axes) or "1"
-        lane = self.fresh("e")
-        self.emit(f"for (int {lane} = {d.lane_start}; {lane} < {count}; {lane} += {d.lane_step}) {{")
-        self.depth += 1
-        self.decompose(lane, axes)
-        body()
-        self.depth -= 1
-        self.emit("}")
+        """The elements of one row, strided over the lanes sharing it."""
+        self.strided_loop(axes, self.dialect.lane_start, self.dialect.lane_step, "e", body)
 
     def row_reduction(self, rows, reduced, op, operand, finish):
         """Reduce `operand` over `reduced` for every row; finish(total) stores the result."""
