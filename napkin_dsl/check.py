@@ -558,7 +558,7 @@ class _KernelChecker:
             )
             return None
         if call.axes is not None:
-            self.out.error(f"{name} takes no axis list", call.span, f"only sum, max, min, mean and softmax act along an axis")
+            self.out.error(f"{name} takes no axis list", call.span, "only sum, max, min, mean and softmax act along an axis")
             return None
         args = [self.expression(a) for a in call.args]
         if any(a is None for a in args):

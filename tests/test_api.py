@@ -4,6 +4,10 @@ Errors in a decorated function's docstring must point into this file: the tests 
 expected line and column by searching this file's own text for the mistake.
 """
 
+# Linters read the axis strings of napkin.f32["q d"] as forward references ("q d" is not
+# Python); the same holds for every user of subscripted string annotations (cf. jaxtyping).
+# ruff: noqa: F821, F722
+
 from __future__ import annotations
 
 import inspect
