@@ -15,6 +15,7 @@ from pathlib import Path
 import sympy
 
 from .backends.cuda import add_cuda_command, report_resources
+from .backends.numpy import add_run_command, report_check
 from .backends.nvrtc import add_cache_command
 from .errors import NapkinError
 from .kernel import Kernel, load
@@ -181,6 +182,7 @@ def cmd_report(args) -> int:
     sizes = parse_sets(args.set)
     kernels = _selected(args)
     print(f"{args.file}: {len(kernels)} kernel{'s' if len(kernels) != 1 else ''}")
+    failed = False
     for k in kernels:
         hardware = k._target(args.hardware)
         print()
@@ -192,7 +194,12 @@ def cmd_report(args) -> int:
         if not any(s.box.kind == "opaque" for s in k.diagram.statements):
             print()
             print(report_resources(k, sizes))
-    return 0
+        # The same kernel run at small sizes: NumPy against the reference, counts against the report.
+        text, passed = report_check(k, hardware)
+        print()
+        print(text)
+        failed = failed or not passed
+    return 1 if failed else 0
 
 
 # ---- entry point -----------------------------------------------------------------------------
@@ -229,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_command(sub)
     add_cuda_command(sub)
     add_draw_command(sub)
+    add_run_command(sub)
     return parser
 
 

@@ -172,6 +172,19 @@ class Kernel:
     def _repr_svg_(self) -> str:
         return self.render()
 
+    def __call__(self, *arrays, backend: str = "numpy", cast: bool = False, hardware: str | None = None,
+                 impls: dict | None = None, sizes: dict | None = None, **named):
+        """Run the kernel on NumPy arrays; return the output array (a dict of them for several outputs).
+
+        Arguments follow the parameters in signature order, or by name. Sizes are read off the
+        shapes (``sizes=`` gives axes no input carries, and symbolic group/stream sizes); the
+        Program is ``self.program(hardware, **sizes)``, cached per binding. ``backend``:
+        ``"numpy"`` (any machine), ``"cuda"``, ``"opencl"``, or ``"auto"`` (CUDA when a GPU is
+        present, else NumPy). ``cast=True`` converts arrays of other dtypes and array-likes.
+        ``impls`` implements opaque boxes (NumPy backend). Inputs are copied, never kept or written.
+        """
+        return _call(self, arrays, named, backend, cast, hardware, impls, sizes)
+
     def __repr__(self) -> str:
         n = len(self.diagram.statements)
         return f"<napkin kernel {self.signature()}, {n} statement{'s' if n != 1 else ''}, {self.relabel_text()}>"
@@ -456,3 +469,57 @@ def kernel(function: Callable | None = None, *, hardware: str | None = None, rel
     if function is None:
         return lambda f: _build(f, hardware, relabel, namespace)
     return _build(function, hardware, relabel, namespace)
+
+
+# ---- calling a kernel --------------------------------------------------------------------------
+
+
+def _sizes_from_shapes(diagram, arrays: dict, sizes: dict) -> dict | None:
+    """Axis sizes read off the shapes without checking or copying anything; None when they do
+    not bind every axis consistently (``binding.bind`` then says what is wrong)."""
+    found = dict(sizes)
+    for name, value in arrays.items():
+        array = diagram.arrays.get(name)
+        shape = getattr(value, "shape", None)
+        if array is None or shape is None or len(shape) != len(array.axes):
+            return None
+        for axis, size in zip(array.axes, shape):
+            if size <= 0 or found.setdefault(axis, int(size)) != size:
+                return None
+    return found if all(axis in found for axis in diagram.axes) else None
+
+
+def _call(kernel: Kernel, arrays: tuple, named: dict, backend: str, cast: bool, hardware, impls, sizes) -> Any:
+    from .backends.driver import cuda_available
+    from .backends.numpy import check_memory, run_program
+    from .binding import bind
+    from .errors import NapkinCallError
+
+    diagram = kernel.diagram
+    if backend not in ("numpy", "cuda", "opencl", "auto"):
+        raise NapkinError(f"unknown backend {backend!r}", hint="use numpy, cuda, opencl or auto")
+    if len(arrays) > len(diagram.params):
+        raise NapkinCallError(f"{diagram.name} takes {len(diagram.params)} arguments ({', '.join(diagram.params)}), "
+                              f"got {len(arrays)} positional")
+    arguments = dict(zip(diagram.params, arrays))
+    twice = [name for name in named if name in arguments]
+    if twice:
+        raise NapkinCallError(f"{diagram.name} got {', '.join(twice)} both by position and by name")
+    arguments.update(named)
+    array_args = {k: v for k, v in arguments.items() if k not in diagram.scalars}
+    scalar_args = {k: v for k, v in arguments.items() if k in diagram.scalars}
+    # sizes= may bind axes (checked by bind) and the relabel block's symbolic group/stream sizes.
+    symbols = {p.size for level in (kernel.relabel.levels if kernel.relabel else ()) for p in level.partitions if isinstance(p.size, str)}
+    sizes = dict(sizes or {})
+    partition_sizes = {k: v for k, v in sizes.items() if k in symbols and k not in diagram.axes}
+    axis_sizes = {k: v for k, v in sizes.items() if k not in partition_sizes}
+    if backend == "auto":
+        backend = "cuda" if cuda_available() else "numpy"
+    # Refuse sizes that would not fit in memory before bind copies anything.
+    guessed = _sizes_from_shapes(diagram, array_args, {k: v for k, v in axis_sizes.items() if isinstance(v, int) and v > 0})
+    if guessed is not None:
+        check_memory(kernel.program(hardware, **guessed, **partition_sizes), tiles=backend == "numpy")
+    binding = bind(diagram, array_args, scalar_args, cast, sizes=axis_sizes)
+    program = kernel.program(hardware, **binding.sizes, **partition_sizes)
+    outputs, _ = run_program(backend, program, binding.inputs, binding.scalars, impls)
+    return outputs[diagram.outputs[0]] if len(diagram.outputs) == 1 else outputs

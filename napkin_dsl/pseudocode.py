@@ -384,7 +384,9 @@ def _expand_contract_scales(body: tuple, elaborator: _LaunchElaborator) -> tuple
             continue
         out.append(node)
         s = node.statement
-        if node.op == "compute" and s is not None and isinstance(s.box, Contract) and s.box.scale is not None:
+        # A streamed contraction (accumulate or rescaled role) has no compute step: its factor
+        # applies once to the finalised output.
+        if node.op in ("compute", "finalise") and s is not None and isinstance(s.box, Contract) and s.box.scale is not None:
             ref = (node.level, s.target)
             out.append(Step("compute", node.level, s.axes, (ref,), (ref,), s.target, dtype=node.dtype,
                             flops=_flops(fma=1), statement=s, text=f"{s.target} *= {_scale_text(s)}"))

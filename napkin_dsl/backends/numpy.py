@@ -1,0 +1,993 @@
+"""The NumPy backend: a Program executed step by step on any machine, counting what it moves.
+
+:func:`execute` interprets a :class:`~napkin_dsl.pseudocode.Program` (the paper's looped
+pseudocode) exactly as it is written: per launch, its group loops in order (one group after
+another; on a GPU they run in parallel), its stream loops as loops, and every step on whole
+tiles with NumPy, never element by element. It returns the outputs and a :class:`Counts` of
+every value it moved between levels and every FLOP it performed, which must equal the
+:class:`~napkin_dsl.cost.CostReport` read off the same Program (the tests check this for every
+example and for random relabellings).
+
+How the steps run:
+
+* buffers live per ``(level, name)``; the top level holds whole arrays (the inputs, and the
+  outputs and materialised intermediates, allocated at their first save); lower levels hold
+  tiles. A tile remembers where it starts along each of its axes, so a load from a level
+  that holds a larger tile takes the right slice of it;
+* **masked tails hold only the valid part**: a tile that would run past the end of an axis
+  (or past the end of the enclosing tile) is smaller, so nothing is padded and counts are of
+  valid elements only;
+* ``load`` copies a tile down, converting to the array's dtype; ``save`` copies it up,
+  converting to the array's dtype (for outputs that is the declared dtype, so this is where
+  bf16 and fp8 results are rounded; ml_dtypes rounds to nearest even); ``alloc`` makes an
+  empty tile (filled with NaN, so a tile some save forgot would show);
+* ``compute`` evaluates one box on the tiles of the compute level in the step's dtype (f32,
+  or f64 when an input is f64): contractions as batched matrix products (BLAS, accumulating
+  in that dtype), maps by broadcasting over named axes with the reference's elementwise
+  functions (:data:`napkin_dsl.reference.ELEMENTWISE`, GELU excepted: see
+  :func:`gelu`), reductions, a numerically stable softmax, opaque boxes through ``impls``
+  (same calling convention as the reference, on tiles in the compute dtype). A contraction's
+  scalar factor is its own step, ``S *= scale``;
+* streams run the Program's state machine literally: ``init`` (0, -inf or +inf),
+  ``accumulate`` (running sum, max or min; a contraction adds its chunk), the online
+  softmax's ``rescale`` (``m' = max(m, rowmax(S))``, ``scale = exp(m - m')``, ``m = m'``)
+  and ``online`` (``P = exp(S - m)``, ``l = l * scale + rowsum(P)``), the contraction's
+  ``rescale`` (``O.acc *= scale``) and ``accumulate`` (``O.acc += P V``), ``finalise``
+  (``O = O.acc / l``; ``mean`` divides by the reduced size). State is in the Program's
+  dtype for it (f32).
+
+Counting: a transfer adds the values it moved to the H of the step's level (loads into it,
+saves out of it), and bytes by the array's dtype; a step with FLOPs adds its FLOPs per element
+times the elements it covered, per unit (tensor, fma, special; an opaque box's symbolic FLOPs
+stay a sympy expression). A loop runs every trip its Program says. When a tile of an upper
+level is a masked tail, an inner loop over the same axis can have trips that are entirely
+past its end (``Loop.trips`` is computed from the full upper tile): those trips still run,
+as the Program says, and the values they move are also counted apart in
+:attr:`Counts.empty_H` so that the waste is visible.
+
+What it deliberately does not do: run groups in parallel, model timing, check capacities
+(a tile larger than shared memory runs fine here; ``cost.py`` refuses it), or run anything
+but a Program (``reference.py`` evaluates diagrams directly). The ``napkin run`` command
+and :func:`check_run` (backend against reference, counts against report) are at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import string
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy
+
+from ..binding import default_memory_limit, physical_memory_bytes
+from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Opaque, Reduce, ScalarParam, Softmax, Statement
+from ..errors import NapkinCallError, NapkinError
+from ..pseudocode import Loop, Program, Step
+from ..reference import ELEMENTWISE, _Evaluator, _Failure, _Named
+from ..types import numpy_dtype
+
+__all__ = ["Counts", "add_run_command", "check_memory", "check_run", "estimate_bytes", "execute", "gelu", "run_program"]
+
+
+# ---- counts --------------------------------------------------------------------------------
+
+
+@dataclass
+class Counts:
+    """What one execution moved and computed.
+
+    ``H`` and ``H_bytes``: per level below the top, values (and bytes) loaded into it or saved
+    out of it. ``flops``: per compute unit. ``empty_tiles``: loop trips that ran with nothing
+    left along their axis (see the module docstring); ``empty_H``: values those trips moved.
+    """
+
+    H: dict = field(default_factory=dict)
+    H_bytes: dict = field(default_factory=dict)
+    flops: dict = field(default_factory=dict)
+    empty_tiles: int = 0
+    empty_H: dict = field(default_factory=dict)
+    steps: int = 0
+
+    @property
+    def total_flops(self):
+        return sum(self.flops.values())
+
+    def differences(self, report) -> list[str]:
+        """Where these counts differ from a CostReport's H per level and FLOPs per unit (empty: equal)."""
+        problems = []
+        for level, cost in report.levels.items():
+            counted = self.H.get(level, 0)
+            if sympy.sympify(cost.H - counted) != 0:
+                problems.append(f"H at {level}: counted {counted}, predicted {cost.H}")
+            counted = self.H_bytes.get(level, 0)
+            if sympy.sympify(cost.H_bytes - counted) != 0:
+                problems.append(f"H bytes at {level}: counted {counted}, predicted {cost.H_bytes}")
+        for unit in set(report.flops) | set(self.flops):
+            predicted, counted = report.flops.get(unit, 0), self.flops.get(unit, 0)
+            if sympy.expand(sympy.sympify(predicted) - counted) != 0:
+                problems.append(f"{unit} FLOPs: counted {counted}, predicted {predicted}")
+        return problems
+
+
+# ---- elementwise functions -------------------------------------------------------------------
+
+
+def _erfc_nonnegative(z: np.ndarray) -> np.ndarray:
+    """erfc(z) for z >= 0, fractional error below 1.2e-7 (Numerical Recipes' Chebyshev fit)."""
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
+        0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+    return t * np.exp(-z * z + poly)
+
+
+def gelu(x):
+    """GELU in its exact erf form, x/2 (1 + erf(x/sqrt 2)), vectorised.
+
+    The reference computes erf with ``math.erf`` one element at a time; on tiles that is a
+    Python loop per element, so the backend uses a rational fit of erfc (relative error below
+    1.2e-7, far below f32 tolerances), evaluated in float64 and returned in the input's dtype.
+    Written as x/2 erfc(-x/sqrt 2) so that large negative x keeps its relative accuracy.
+    """
+    values = np.asarray(x, dtype=np.float64)
+    z = values * -math.sqrt(0.5)
+    erfc = np.where(z >= 0, _erfc_nonnegative(np.abs(z)), 2.0 - _erfc_nonnegative(np.abs(z)))
+    result = 0.5 * values * erfc
+    return result.astype(x.dtype) if isinstance(x, np.ndarray) else float(result)
+
+
+_FUNCTIONS = {**ELEMENTWISE, "gelu": gelu}
+
+
+class _TileEvaluator(_Evaluator):
+    """The reference's evaluator, over tiles, keeping the tiles' dtype.
+
+    Constants and scalar parameters become Python floats, which NumPy 2 treats as "weak":
+    an f32 tile times ``d^-0.5`` stays f32 (a NumPy float64 scalar, as the reference uses,
+    would promote the tile to float64). Size expressions use the whole axis sizes, never the
+    tile's (``d^-0.5`` is the same in every tile).
+    """
+
+    def __init__(self, diagram, sizes, scalars, impls):
+        super().__init__(diagram, sizes, scalars, impls)
+        self._constants: dict = {}
+
+    def expression(self, expr) -> _Named:
+        if isinstance(expr, Const):
+            if expr not in self._constants:  # sympy substitution is slow: once per constant
+                self._constants[expr] = self.constant(expr.value)
+            return _Named(self._constants[expr], ())
+        if isinstance(expr, ScalarParam):
+            return _Named(float(self.scalars[expr.name]), ())
+        if isinstance(expr, Apply):
+            function = _FUNCTIONS.get(expr.fn)
+            if function is None:
+                raise _Failure(f"the NumPy backend has no definition of the elementwise function {expr.fn!r}")
+            args = [self.expression(a) for a in expr.args]
+            axes = tuple(dict.fromkeys(a for arg in args for a in arg.axes))
+            if not axes:
+                return _Named(float(function(*(arg.values for arg in args))), ())
+            return _Named(function(*(arg.aligned(axes) if arg.axes else arg.values for arg in args)), axes)
+        return super().expression(expr)
+
+
+# ---- contractions ----------------------------------------------------------------------------
+
+
+def _contraction(operand_axes: list[tuple[str, ...]], out_axes: tuple[str, ...]) -> Callable:
+    """A function of the operand tiles computing their contraction into ``out_axes`` order.
+
+    Two operands (every contraction of the examples) become one batched ``numpy.matmul``:
+    axes in both operands and the output are the batch, axes in both but not the output are
+    contracted, the rest are the rows and columns. That is what ``einsum(optimize=True)``
+    does too, without its per-call path search, which dominates on small tiles.
+    """
+    letters = {a: string.ascii_letters[i] for i, a in enumerate(dict.fromkeys(a for axes in operand_axes for a in axes))}
+    spec = ",".join("".join(letters[a] for a in axes) for axes in operand_axes) + "->" + "".join(letters[a] for a in out_axes)
+    if len(operand_axes) != 2 or any(len(set(axes)) != len(axes) for axes in operand_axes):
+        return lambda *arrays: np.einsum(spec, *arrays, optimize=True)
+    a, b = operand_axes
+    if any(x not in b and x not in out_axes for x in a) or any(x not in a and x not in out_axes for x in b):
+        return lambda *arrays: np.einsum(spec, *arrays, optimize=True)  # an axis summed within one operand
+    batch = [x for x in out_axes if x in a and x in b]
+    rows = [x for x in out_axes if x in a and x not in b]
+    cols = [x for x in out_axes if x in b and x not in a]
+    summed = [x for x in a if x in b and x not in out_axes]
+    perm_a = [a.index(x) for x in batch + rows + summed]
+    perm_b = [b.index(x) for x in batch + summed + cols]
+    result_axes = batch + rows + cols
+    perm_out = [result_axes.index(x) for x in out_axes]
+    nb, nr, nc = len(batch), len(rows), len(cols)
+
+    def contract(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+        left = first.transpose(perm_a)
+        right = second.transpose(perm_b)
+        batch_shape = left.shape[:nb]
+        row_shape = left.shape[nb : nb + nr]
+        col_shape = right.shape[right.ndim - nc :]
+        k = math.prod(left.shape[nb + nr :])
+        product = np.matmul(left.reshape(math.prod(batch_shape), math.prod(row_shape), k),
+                            right.reshape(math.prod(batch_shape), k, math.prod(col_shape)))
+        return product.reshape(batch_shape + row_shape + col_shape).transpose(perm_out)
+
+    return contract
+
+
+# ---- the interpreter -------------------------------------------------------------------------
+
+
+def _integer(value, what: str) -> int:
+    value = sympy.sympify(value)
+    if not value.is_number:
+        names = ", ".join(sorted(s.name for s in value.free_symbols))
+        raise NapkinError(f"cannot execute: {what} is {value}, which depends on unbound sizes ({names})",
+                          hint=f"bind them when building the Program, e.g. kernel.program(hardware, {names.split(',')[0]}=64)")
+    return int(value)
+
+
+def _per_element(value):
+    """A FLOP count per element: an int, or a sympy expression for an opaque box's symbol."""
+    value = sympy.sympify(value)
+    return int(value) if value.is_Integer else value
+
+
+class _Interpreter:
+    """The state of one execution: tile ranges, buffers per level, counts."""
+
+    def __init__(self, program: Program, inputs: dict, scalars: dict, impls: dict | None):
+        self.program = program
+        self.diagram = program.diagram
+        schedule = program.schedule
+        self.levels = program.levels
+        self.top = self.levels[0]
+        self.sizes = {axis: _integer(schedule.axis_size(axis), f"axis {axis}") for axis in self.diagram.axes}
+        # The current tile: per axis, the [start, stop) its enclosing loops have narrowed it to.
+        self.ranges = {axis: (0, size) for axis, size in self.sizes.items()}
+        self.values: dict[str, dict[str, np.ndarray]] = {level: {} for level in self.levels}
+        self.starts: dict[str, dict[str, tuple]] = {level: {} for level in self.levels}
+        self.scalars = scalars
+        self.impls = dict(impls or {})
+        self.evaluator = _TileEvaluator(self.diagram, self.sizes, scalars, self.impls)
+        below = self.levels[1:]
+        self.counts = Counts({lv: 0 for lv in below}, {lv: 0 for lv in below}, {}, 0, {lv: 0 for lv in below})
+        self.empty_depth = 0  # how many enclosing loop trips are past the end of their axis
+        for array in self.diagram.input_arrays:
+            self.values[self.top][array.name] = inputs[array.name]
+            self.starts[self.top][array.name] = (0,) * len(array.axes)
+
+    # -- helpers
+    def extents(self, axes) -> tuple[int, ...]:
+        ranges = self.ranges
+        return tuple(ranges[a][1] - ranges[a][0] for a in axes)
+
+    def origin(self, axes) -> tuple[int, ...]:
+        ranges = self.ranges
+        return tuple(ranges[a][0] for a in axes)
+
+    def window(self, axes, starts) -> tuple[slice, ...]:
+        """The current tile of ``axes`` inside a buffer whose tile starts at ``starts``."""
+        ranges = self.ranges
+        return tuple(slice(ranges[a][0] - s, ranges[a][1] - s) for a, s in zip(axes, starts))
+
+    def count_transfer(self, level: str, values: int, nbytes: int) -> None:
+        counts = self.counts
+        counts.H[level] += values
+        counts.H_bytes[level] += values * nbytes
+        if self.empty_depth:
+            counts.empty_H[level] += values
+
+    def flop_counter(self, step: Step) -> Callable[[], None]:
+        per_unit = [(unit, _per_element(n)) for unit, n in step.flops]
+        axes = step.axes
+        flops = self.counts.flops
+        for unit, _ in per_unit:
+            flops.setdefault(unit, 0)
+
+        def count():
+            elements = math.prod(self.extents(axes))
+            for unit, n in per_unit:
+                flops[unit] += n * elements
+
+        return count if per_unit else (lambda: None)
+
+    # -- compiling the Program into closures (their set-up runs once, not once per trip)
+    def run(self) -> tuple[dict, Counts]:
+        with np.errstate(all="ignore"):  # NaN and inf propagate as IEEE says; producing them is not an error here
+            for launch in self.program.launches:
+                self.launch = launch
+                roles = launch.launch.streams[0].roles if launch.launch.streams else {}
+                self.roles = roles
+                for node in self.compile(launch.body):
+                    node()
+        outputs = {name: self.values[self.top][name] for name in self.diagram.outputs}
+        return outputs, self.counts
+
+    def compile(self, nodes) -> list[Callable[[], None]]:
+        return [self.compile_loop(node) if isinstance(node, Loop) else self.compile_step(node) for node in nodes]
+
+    def compile_loop(self, loop: Loop) -> Callable[[], None]:
+        body = self.compile(loop.body)
+        axis = loop.axis
+        tile = _integer(loop.tile, f"the {loop.kind} size of {axis} at {loop.level}")
+        trips = _integer(loop.trips, f"the trip count of {axis} at {loop.level}")
+        ranges = self.ranges
+
+        def run_loop():
+            start, stop = ranges[axis]
+            for trip in range(trips):
+                first = min(start + trip * tile, stop)
+                last = min(first + tile, stop)
+                empty = first == last
+                if empty:
+                    self.counts.empty_tiles += 1
+                    self.empty_depth += 1
+                ranges[axis] = (first, last)
+                for node in body:
+                    node()
+                if empty:
+                    self.empty_depth -= 1
+            ranges[axis] = (start, stop)
+
+        return run_loop
+
+    def compile_step(self, step: Step) -> Callable[[], None]:
+        handler = getattr(self, f"step_{step.op}", None)
+        if handler is None:
+            raise AssertionError(f"napkin bug: the NumPy backend has no step {step.op!r}")
+        run_step = handler(step)
+        count_flops = self.flop_counter(step)
+        counts = self.counts
+
+        def run():
+            run_step()
+            count_flops()
+            counts.steps += 1
+
+        return run
+
+    # -- transfers
+    def step_load(self, step: Step) -> Callable[[], None]:
+        name, axes, source, dest, level = step.array, step.axes, step.source, step.dest, step.level
+        dtype = numpy_dtype(step.dtype)
+        nbytes = DTYPE_BYTES[step.dtype]
+        upper_values, upper_starts = self.values[source], self.starts[source]
+        lower_values, lower_starts = self.values[dest], self.starts[dest]
+
+        def load():
+            tile = upper_values[name][self.window(axes, upper_starts[name])].astype(dtype)  # a copy, converted
+            lower_values[name] = tile
+            lower_starts[name] = self.origin(axes)
+            self.count_transfer(level, tile.size, nbytes)
+
+        return load
+
+    def step_save(self, step: Step) -> Callable[[], None]:
+        name, axes, source, dest, level = step.array, step.axes, step.source, step.dest, step.level
+        array = self.diagram.arrays[name]
+        dtype = numpy_dtype(step.dtype)
+        nbytes = DTYPE_BYTES[step.dtype]
+        lower_values = self.values[source]
+        upper_values, upper_starts = self.values[dest], self.starts[dest]
+        held = self.launch.buffers[(source, name)].axes  # a computed tile is in its statement's axis order
+        order = None if tuple(held) == tuple(axes) else [held.index(a) for a in axes]
+        full_shape = tuple(self.sizes[a] for a in array.axes)
+
+        def save():
+            tile = lower_values[name]
+            if order is not None:
+                tile = tile.transpose(order)
+            if name not in upper_values:  # the top level: the whole array, at its first save
+                upper_values[name] = _empty(full_shape, dtype)
+                upper_starts[name] = (0,) * len(axes)
+            upper_values[name][self.window(axes, upper_starts[name])] = tile.astype(dtype, copy=False)
+            self.count_transfer(level, tile.size, nbytes)
+
+        return save
+
+    def step_alloc(self, step: Step) -> Callable[[], None]:
+        name, axes, level = step.array, step.axes, step.level
+        dtype = numpy_dtype(step.dtype)
+        values, starts = self.values[level], self.starts[level]
+
+        def alloc():
+            values[name] = _empty(self.extents(axes), dtype)
+            starts[name] = self.origin(axes)
+
+        return alloc
+
+    # -- compute-level state and operands
+    def store(self, level: str, name: str, axes, tile: np.ndarray) -> None:
+        self.values[level][name] = tile
+        self.starts[level][name] = self.origin(axes)
+
+    def operands(self, s: Statement, level: str, dtype: np.dtype) -> Callable[[], dict]:
+        """A function returning the statement's input tiles in the compute dtype, by name."""
+        names = s.inputs
+        values = self.values[level]
+
+        def operands():
+            return {n: (v if v.dtype == dtype else v.astype(dtype)) for n in names for v in (values[n],)}
+
+        return operands
+
+    def named_operand(self, s: Statement, operands: Callable[[], dict]) -> Callable[[], np.ndarray]:
+        """The box's operand expression evaluated on the tiles, aligned to the statement's iteration axes."""
+        evaluator = self.evaluator
+        expr = s.box.operand
+        axes = s.iteration_axes
+
+        def operand():
+            evaluator.arrays = operands()
+            values = self.evaluate(s, lambda: evaluator.expression(expr).aligned(axes))
+            return np.broadcast_to(values, self.extents(axes))
+
+        return operand
+
+    def evaluate(self, s: Statement, compute: Callable):
+        try:
+            return compute()
+        except _Failure as failure:
+            raise NapkinCallError(failure.message, s.span, failure.hint or f"while computing {s.target} = {s.describe()}") from None
+
+    def state(self, s: Statement, suffix: str, level: str) -> tuple[str, tuple[str, ...], np.dtype]:
+        buffer = self.launch.buffers[(level, f"{s.target}.{suffix}")]
+        return buffer.name, buffer.axes, numpy_dtype(buffer.dtype)
+
+    # -- compute
+    def step_compute(self, step: Step) -> Callable[[], None]:
+        s, level = step.statement, step.level
+        box = s.box
+        dtype = numpy_dtype(step.dtype)
+        self.values[level]
+        target, axes = s.target, s.axes
+        if isinstance(box, Contract) and step.reads == step.writes:
+            return self.scale_step(step)
+        operands = self.operands(s, level, dtype)
+        if isinstance(box, Contract):
+            contract = _contraction([r.axes for r in box.operands], axes)
+            names = [r.array for r in box.operands]
+
+            def compute():
+                tiles = operands()
+                self.store(level, target, axes, contract(*(tiles[n] for n in names)).astype(dtype, copy=False))
+
+            return compute
+        if isinstance(box, Map):
+            evaluator = self.evaluator
+
+            def compute():
+                evaluator.arrays = operands()
+                result = self.evaluate(s, lambda: evaluator.expression(box.expr).aligned(axes))
+                self.store(level, target, axes, np.broadcast_to(result, self.extents(axes)).astype(dtype))
+
+            return compute
+        if isinstance(box, Reduce):
+            operand = self.named_operand(s, operands)
+            along = tuple(s.iteration_axes.index(a) for a in box.axes)
+            kept = tuple(a for a in s.iteration_axes if a not in box.axes)
+            reduce = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[box.op]
+            initial = {"max": {"initial": -np.inf}, "min": {"initial": np.inf}}.get(box.op, {})
+
+            def compute():
+                result = _Named(reduce(operand(), axis=along, **initial), kept).aligned(axes)
+                self.store(level, target, axes, np.broadcast_to(result, self.extents(axes)).astype(dtype))
+
+            return compute
+        if isinstance(box, Softmax):
+            operand = self.named_operand(s, operands)
+            along = s.iteration_axes.index(box.axis)
+
+            def compute():
+                logits = operand()
+                # Subtract the maximum first: exp cannot overflow, and it cancels in the ratio.
+                shifted = np.exp(logits - np.max(logits, axis=along, keepdims=True, initial=-np.inf))
+                self.store(level, target, axes, (shifted / np.sum(shifted, axis=along, keepdims=True)).astype(dtype, copy=False))
+
+            return compute
+        if isinstance(box, Opaque):
+            def compute():
+                evaluator = _TileEvaluator(self.diagram, dict(zip(self.ranges, self.extents(self.ranges))), self.scalars, self.impls)
+                evaluator.arrays = operands()
+                self.store(level, target, axes, self.evaluate(s, lambda: evaluator.opaque(s, box)).astype(dtype))
+
+            return compute
+        raise AssertionError(f"napkin bug: unknown box {box!r}")
+
+    def scale_step(self, step: Step) -> Callable[[], None]:
+        """``S *= scale``: a contraction's scalar factor, applied to its (finalised) output."""
+        s, level = step.statement, step.level
+        values, evaluator, target = self.values[level], self.evaluator, s.target
+        scale = s.box.scale
+        held = self.launch.buffers[(level, target)].axes
+
+        def apply():
+            factor = self.evaluate(s, lambda: evaluator.expression(scale))
+            tile = values[target]
+            tile *= factor.values if not factor.axes else factor.aligned(held)
+
+        return apply
+
+    # -- streams
+    def step_init(self, step: Step) -> Callable[[], None]:
+        s, level = step.statement, step.level
+        role = self.roles[s.index]
+        if role == "online":
+            states = [self.state(s, "max", level) + (-np.inf,), self.state(s, "sum", level) + (0.0,)]
+        else:  # accumulate (a running sum, max or min) or rescaled (a contraction's running sum)
+            start = {"max": -np.inf, "min": np.inf}.get(getattr(s.box, "op", "sum"), 0.0)
+            states = [self.state(s, "acc", level) + (start,)]
+
+        def init():
+            for name, axes, dtype, start in states:
+                self.store(level, name, axes, np.full(self.extents(axes), start, dtype))
+
+        return init
+
+    def step_rescale(self, step: Step) -> Callable[[], None]:
+        s, level = step.statement, step.level
+        values = self.values[level]
+        if self.roles[s.index] == "online":
+            # m' = max(m, max over the chunk); scale = exp(m - m'); m = m'
+            operand = self.named_operand(s, self.operands(s, level, numpy_dtype(step.dtype)))
+            along = s.iteration_axes.index(s.box.axis)
+            chunk_axes = tuple(a for a in s.iteration_axes if a != s.box.axis)
+            m_name, m_axes, _ = self.state(s, "max", level)
+            scale_name, scale_axes, _ = self.state(s, "scale", level)
+
+            def rescale():
+                chunk_max = _Named(np.max(operand(), axis=along, initial=-np.inf), chunk_axes).aligned(m_axes)
+                m = values[m_name]
+                m_new = np.maximum(m, chunk_max)
+                self.store(level, scale_name, scale_axes, np.exp(m - m_new))
+                self.store(level, m_name, m_axes, m_new)
+
+            return rescale
+        # a contraction consuming the online softmax: O.acc *= scale
+        acc_name, acc_axes, _ = self.state(s, "acc", level)
+        online = self._online_producer(s)
+        scale_name, scale_axes, _ = self.state(online, "scale", level)
+
+        def rescale():
+            values[acc_name] *= _Named(values[scale_name], scale_axes).aligned(acc_axes)
+
+        return rescale
+
+    def step_online(self, step: Step) -> Callable[[], None]:
+        # P = exp(S - m); l = l * scale + sum over the chunk of P
+        s, level = step.statement, step.level
+        values = self.values[level]
+        operand = self.named_operand(s, self.operands(s, level, numpy_dtype(step.dtype)))
+        axes = s.iteration_axes
+        along = axes.index(s.box.axis)
+        chunk_axes = tuple(a for a in axes if a != s.box.axis)
+        m_name, m_axes, _ = self.state(s, "max", level)
+        l_name, l_axes, _ = self.state(s, "sum", level)
+        scale_name, scale_axes, _ = self.state(s, "scale", level)
+        held = self.launch.buffers[(level, s.target)].axes
+        dtype = numpy_dtype(self.launch.buffers[(level, s.target)].dtype)
+
+        def online():
+            p = np.exp(operand() - _Named(values[m_name], m_axes).aligned(axes))
+            row_sum = _Named(np.sum(p, axis=along), chunk_axes).aligned(l_axes)
+            values[l_name] = values[l_name] * _Named(values[scale_name], scale_axes).aligned(l_axes) + row_sum
+            self.store(level, s.target, held, _Named(p, axes).aligned(held).astype(dtype, copy=False))
+
+        return online
+
+    def step_accumulate(self, step: Step) -> Callable[[], None]:
+        s, level = step.statement, step.level
+        box = s.box
+        values = self.values[level]
+        dtype = numpy_dtype(step.dtype)
+        acc_name, acc_axes, _ = self.state(s, "acc", level)
+        operands = self.operands(s, level, dtype)
+        if isinstance(box, Contract):
+            contract = _contraction([r.axes for r in box.operands], acc_axes)
+            names = [r.array for r in box.operands]
+
+            def accumulate():
+                tiles = operands()
+                values[acc_name] += contract(*(tiles[n] for n in names))
+
+            return accumulate
+        operand = self.named_operand(s, operands)
+        along = tuple(s.iteration_axes.index(a) for a in box.axes)
+        kept = tuple(a for a in s.iteration_axes if a not in box.axes)
+        # mean accumulates a sum; finalise divides by the reduced size
+        reduce, combine, initial = {
+            "sum": (np.sum, np.add, {}), "mean": (np.sum, np.add, {}),
+            "max": (np.max, np.maximum, {"initial": -np.inf}), "min": (np.min, np.minimum, {"initial": np.inf}),
+        }[box.op]
+
+        def accumulate():
+            part = _Named(reduce(operand(), axis=along, **initial), kept).aligned(acc_axes)
+            acc = values[acc_name]
+            combine(acc, part, out=acc)
+
+        return accumulate
+
+    def step_finalise(self, step: Step) -> Callable[[], None]:
+        s, level = step.statement, step.level
+        values = self.values[level]
+        acc_name, acc_axes, _ = self.state(s, "acc", level)
+        out = self.launch.buffers[(level, s.target)]
+        dtype = numpy_dtype(out.dtype)
+        if self.roles[s.index] == "rescaled":
+            online = self._online_producer(s)
+            l_name, l_axes, _ = self.state(online, "sum", level)
+
+            def finalise():
+                result = values[acc_name] / _Named(values[l_name], l_axes).aligned(acc_axes)
+                self.store(level, s.target, out.axes, _Named(result, acc_axes).aligned(out.axes).astype(dtype, copy=False))
+
+            return finalise
+        divisor = math.prod(self.sizes[a] for a in s.box.axes) if isinstance(s.box, Reduce) and s.box.op == "mean" else 1
+
+        def finalise():
+            result = values[acc_name] / divisor if divisor != 1 else values[acc_name]
+            self.store(level, s.target, out.axes, _Named(result, acc_axes).aligned(out.axes).astype(dtype))
+
+        return finalise
+
+    def _online_producer(self, s: Statement) -> Statement:
+        for name in s.inputs:
+            producer = self.diagram.producer(name)
+            if producer is not None and self.roles.get(producer.index) == "online":
+                return producer
+        raise AssertionError(f"napkin bug: {s.target} is rescaled but reads no online softmax")
+
+
+def _empty(shape, dtype: np.dtype) -> np.ndarray:
+    """A new tile whose every value shows it was never written: NaN for floats, 0 otherwise."""
+    if dtype.kind in "iub":
+        return np.zeros(shape, dtype)
+    return np.full(shape, np.nan, dtype)
+
+
+def execute(program: Program, inputs: dict[str, np.ndarray], scalars: dict | None = None,
+            impls: dict | None = None) -> tuple[dict[str, np.ndarray], Counts]:
+    """Run a Program with NumPy; return ``(outputs by name, Counts)``.
+
+    ``program`` must have every size bound (``kernel.program(hardware, q=..., ...)``).
+    ``inputs`` maps each input array of the diagram to a NumPy array of the Program's sizes
+    (converted to the declared dtype if it is not already; never written); ``scalars`` maps
+    scalar parameters to numbers; ``impls`` maps opaque box names to callables (the
+    reference's calling convention, on tiles). Outputs are new arrays in their declared dtypes.
+    """
+    diagram = program.diagram
+    scalars = dict(scalars or {})
+    checked = {}
+    for array in diagram.input_arrays:
+        if array.name not in inputs:
+            raise NapkinCallError(f"execute({diagram.name}) is missing input {array.name}")
+        value = np.asarray(inputs[array.name])
+        expected = tuple(_integer(program.schedule.axis_size(a), f"axis {a}") for a in array.axes)
+        if value.shape != expected:
+            raise NapkinCallError(f"input {array.name}[{' '.join(array.axes)}] has shape {value.shape}, "
+                                  f"but the Program was built for {expected}")
+        checked[array.name] = value.astype(numpy_dtype(array.dtype), copy=False)
+    missing = [name for name in diagram.scalars if name not in scalars]
+    if missing:
+        raise NapkinCallError(f"execute({diagram.name}) is missing scalar {', '.join(missing)}")
+    return _Interpreter(program, checked, scalars, impls).run()
+
+
+# ---- memory ------------------------------------------------------------------------------------
+
+
+def _buffer_bytes(program: Program, level: str, axes, dtype: str) -> int:
+    schedule = program.schedule
+    return math.prod(_integer(schedule.extent(a, level), f"axis {a}") for a in axes) * numpy_dtype(dtype).itemsize
+
+
+def estimate_bytes(program: Program, tiles: bool = True) -> int:
+    """Host memory one call needs, about: the copies of the inputs, the arrays kept at the top
+    level (outputs, materialised intermediates), and with ``tiles`` the NumPy backend's buffers
+    at the lower levels, twice over for the temporaries a step makes."""
+    diagram = program.diagram
+    top = program.levels[0]
+    whole = 0
+    for array in diagram.arrays.values():
+        if array.role == "input" or array.role == "output" or any(
+                (top, array.name) in launch.buffers for launch in program.launches):
+            whole += _buffer_bytes(program, top, array.axes, array.dtype)
+    below = 0
+    if tiles:
+        for launch in program.launches:
+            held = sum(_buffer_bytes(program, level, b.axes, b.dtype) for (level, _), b in launch.buffers.items() if level != top)
+            below = max(below, 2 * held)
+    return whole + below
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def check_memory(program: Program, limit: float | None = None, tiles: bool = True) -> int:
+    """Raise NapkinCallError before anything is allocated if a call would need more than
+    ``limit`` bytes (default: 25% of physical memory, as the reference's guard); return the estimate."""
+    need = estimate_bytes(program, tiles)
+    if limit is None:
+        limit = default_memory_limit()
+        total = physical_memory_bytes()
+        source = f"25% of {_gib(total)} of memory" if total else "the default when memory size is unknown"
+    else:
+        source = "the limit given"
+    if need > limit:
+        diagram = program.diagram
+        schedule = program.schedule
+        shown = ", ".join(f"{a}={schedule.axis_size(a)}" for a in diagram.axes)
+        raise NapkinCallError(
+            f"running {diagram.name} on the host would need about {need:,} bytes ({_gib(need)}) at {shown}, "
+            f"more than {int(limit):,} ({source})",
+            hint="call it with smaller arrays, or on a GPU backend",
+        )
+    return need
+
+
+# ---- checking a kernel: backend against reference, counts against report ----------------------
+
+# Relative tolerance (max |error| / max |reference|) by the narrowest dtype the Program rounds to.
+TOLERANCE = {"f64": 1e-6, "f32": 1e-5, "f16": 1e-2, "bf16": 1e-2, "fp8e4m3": 1e-1, "fp8e5m2": 2e-1, "i32": 0.0, "i64": 0.0}
+DEFAULT_AXIS_SIZE = 64
+DEFAULT_PARTITION_SIZE = 16
+
+
+def tolerance(program: Program) -> float:
+    """The loosest tolerance among the dtypes the Program rounds to: outputs and materialised arrays."""
+    diagram = program.diagram
+    top = program.levels[0]
+    rounded = {diagram.arrays[n].dtype for n in diagram.outputs}
+    rounded |= {diagram.arrays[name].dtype for launch in program.launches for (level, name) in launch.buffers
+                if level == top and name in diagram.arrays and diagram.arrays[name].role == "intermediate"}
+    return max(TOLERANCE.get(d, 1e-2) for d in rounded)
+
+
+def default_sizes(kernel, given: dict | None = None) -> dict[str, int]:
+    """Small sizes for a check run: ``given`` first; an axis partitioned by ``s`` gets
+    ``s + s // 2 + 3`` (two tiles, the second a masked tail; 2 where ``s`` is 1); any other axis
+    64; a symbolic partition size 16."""
+    given = dict(given or {})
+    diagram = kernel.diagram
+    partition_sizes: dict[str, list[int]] = {}
+    symbols: set[str] = set()
+    for level in (kernel.relabel.levels if kernel.relabel is not None else ()):
+        for p in level.partitions:
+            if isinstance(p.size, int):
+                partition_sizes.setdefault(p.axis, []).append(p.size)
+            else:
+                symbols.add(p.size)
+    sizes = {}
+    for axis, info in diagram.axes.items():
+        if axis in given:
+            sizes[axis] = given[axis]
+        elif info.size.is_Integer:
+            sizes[axis] = int(info.size)
+        elif axis in partition_sizes:
+            s = max(partition_sizes[axis])
+            sizes[axis] = 2 if s == 1 else s + s // 2 + 3
+        else:
+            sizes[axis] = DEFAULT_AXIS_SIZE
+    for name in sorted(symbols):
+        sizes[name] = given.get(name, DEFAULT_PARTITION_SIZE)
+    for name, value in given.items():
+        sizes.setdefault(name, value)
+    return sizes
+
+
+def random_arguments(diagram, sizes: dict, seed: int) -> tuple[dict, dict]:
+    """Seeded inputs: normal values (never zero: each is kept 0.05 away) in each array's
+    dtype, and scalars uniform in [0.5, 1.5] (positive, so eps-like scalars behave)."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for array in diagram.input_arrays:
+        values = rng.standard_normal([sizes[a] for a in array.axes])
+        values = np.where(np.abs(values) < 0.05, np.copysign(0.05, values), values)
+        dtype = numpy_dtype(array.dtype)
+        if dtype.kind in "iu":
+            values = np.rint(values * 4) + np.sign(values)  # integers, none zero
+        arrays[array.name] = values.astype(dtype)
+    scalars = {}
+    for name, scalar in diagram.scalars.items():
+        value = rng.uniform(0.5, 1.5)
+        scalars[name] = numpy_dtype(scalar.dtype).type(round(value) if numpy_dtype(scalar.dtype).kind in "iu" else value)
+    return arrays, scalars
+
+
+def opaque_boxes(diagram) -> list[str]:
+    return sorted({s.box.box.name for s in diagram.statements if isinstance(s.box, Opaque)})
+
+
+def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, seed: int = 0, backend: str = "numpy",
+              impls: dict | None = None) -> dict:
+    """Run ``kernel`` on seeded random inputs and compare with the reference and the report.
+
+    Returns a dict: ``hardware``, ``sizes``, ``backend``, ``max_abs_error``, ``max_rel_error``
+    (max |error| / max |reference|, over every output), ``tolerance``, ``counted`` and
+    ``predicted`` (per level below the top: ``H``; the compute level also has ``flops``, the
+    total), ``count_differences``, ``wall_s`` (the backend run alone) and ``ok``.
+    """
+    from ..cost import cost_of
+    from ..reference import evaluate
+
+    diagram = kernel.diagram
+    missing = [name for name in opaque_boxes(diagram) if name not in (impls or {})]
+    if missing:
+        raise NapkinError(
+            f"cannot run {kernel.name}: box {', '.join(missing)} is opaque (declared by signature only) and has no implementation",
+            hint=f"call it from Python with impls={{{missing[0]!r}: function}} (see napkin_dsl.reference for the calling convention)",
+        )
+    sizes = default_sizes(kernel, sizes)
+    axis_sizes = {a: sizes[a] for a in diagram.axes}
+    program = kernel.program(hardware, **sizes)
+    from ..binding import check_reference_memory
+
+    check_reference_memory(diagram, axis_sizes)  # before any input is allocated
+    check_memory(program)
+    arrays, scalars = random_arguments(diagram, axis_sizes, seed)
+    expected = evaluate(diagram, arrays, scalars, axis_sizes, impls, keep_float64=True)
+    started = time.perf_counter()
+    outputs, counts = run_program(backend, program, arrays, scalars, impls)
+    wall = time.perf_counter() - started
+    report = cost_of(program, check=False)
+    max_abs, scale = 0.0, 0.0
+    for name in diagram.outputs:
+        got = np.asarray(outputs[name]).astype(np.float64)
+        want = expected[name]
+        with np.errstate(invalid="ignore"):
+            error = np.abs(got - want)
+        max_abs = max(max_abs, float(np.max(error, initial=0.0)) if not np.isnan(error).any() else math.inf)
+        scale = max(scale, float(np.max(np.abs(want), initial=0.0)))
+    max_rel = max_abs / scale if scale > 0 else max_abs
+    compute_level = program.schedule.compute_level
+    predicted = {level: {"H": _json_number(cost.H)} for level, cost in report.levels.items()}
+    predicted[compute_level]["flops"] = _json_number(report.total_flops)
+    counted = None
+    differences: list[str] = []
+    if counts is not None:
+        counted = {level: {"H": int(counts.H.get(level, 0))} for level in report.levels}
+        counted[compute_level]["flops"] = _json_number(counts.total_flops)
+        differences = counts.differences(report)
+    limit = tolerance(program)
+    return {
+        "hardware": program.hardware.name,
+        "sizes": {k: int(v) for k, v in sizes.items()},
+        "backend": backend,
+        "max_abs_error": max_abs,
+        "max_rel_error": max_rel,
+        "tolerance": limit,
+        "counted": counted,
+        "predicted": predicted,
+        "count_differences": differences,
+        "empty_tiles": counts.empty_tiles if counts is not None else None,
+        "wall_s": wall,
+        "ok": max_rel <= limit and not differences,
+    }
+
+
+def _json_number(value):
+    value = sympy.sympify(value)
+    return int(value) if value.is_Integer else (float(value) if value.is_number else str(value))
+
+
+def run_program(backend: str, program: Program, inputs: dict, scalars: dict, impls: dict | None = None) -> tuple[dict, Counts | None]:
+    """Run a Program on a backend: ``(outputs, Counts)`` here with NumPy, ``(outputs, None)`` through
+    ``napkin_dsl.backends.cuda.run`` or ``napkin_dsl.backends.opencl.run``.
+
+    A missing GPU backend raises NotImplementedError naming what is missing; ``cuda`` without a
+    GPU raises :class:`~napkin_dsl.backends.driver.NoCudaDevice`.
+    """
+    if backend == "numpy":
+        return execute(program, inputs, scalars, impls)
+    if backend == "cuda":
+        from . import driver
+
+        if not driver.cuda_available():
+            raise driver.NoCudaDevice(driver._probe()[1])
+    elif backend != "opencl":
+        raise NapkinError(f"unknown backend {backend!r}", hint="use numpy, cuda, opencl or auto")
+    import importlib
+
+    try:
+        module = importlib.import_module(f"napkin_dsl.backends.{backend}")
+    except ImportError as error:
+        raise NotImplementedError(f"the {backend} backend is not available: napkin_dsl.backends.{backend} cannot be imported ({error})") from None
+    run = getattr(module, "run", None)
+    if run is None:
+        raise NotImplementedError(f"the {backend} backend is not available: napkin_dsl.backends.{backend} has no run(program, inputs, scalars)")
+    result = run(program, inputs, scalars)
+    outputs = result[0] if isinstance(result, tuple) else result
+    return {name: np.asarray(value) for name, value in outputs.items()}, None
+
+
+def format_check(name: str, result: dict) -> str:
+    """A few lines: errors against the tolerance, counted beside predicted transfers, FLOPs, time."""
+    status = "ok" if result["ok"] else "FAILED"
+    sizes = " ".join(f"{k}={v}" for k, v in result["sizes"].items())
+    lines = [f"run {name} on {result['backend']} ({result['hardware']} program) with {sizes}: {status}",
+             (f"  max abs error {result['max_abs_error']:.3g}, max rel error {result['max_rel_error']:.3g} "
+             f"(tolerance {result['tolerance']:g})")]
+    rows = [("level", "H counted", "H predicted", "FLOPs counted", "FLOPs predicted")]
+    for level, predicted in result["predicted"].items():
+        counted = (result["counted"] or {}).get(level, {})
+        rows.append((level, _cell(counted.get("H")), _cell(predicted["H"]), _cell(counted.get("flops")), _cell(predicted.get("flops"))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    for difference in result["count_differences"]:
+        lines.append(f"  count mismatch: {difference}")
+    if result.get("empty_tiles"):
+        lines.append(f"  note: {result['empty_tiles']} loop trips ran past the end of their axis (a masked tail of an outer tile)")
+    lines.append(f"  wall time {result['wall_s'] * 1e3:.1f} ms")
+    return "\n".join(lines)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+# ---- napkin run ----------------------------------------------------------------------------------
+
+
+def cmd_run(args) -> int:
+    from ..cli import _selected, parse_sets
+
+    given = parse_sets(args.set)
+    kernels = _selected(args)
+    opaque = {k.name: opaque_boxes(k.diagram) for k in kernels if opaque_boxes(k.diagram)}
+    if opaque:
+        named = "; ".join(f"{name} uses opaque box {', '.join(boxes)}" for name, boxes in opaque.items())
+        runnable = [k.name for k in kernels if k.name not in opaque]
+        raise NapkinError(
+            f"napkin run cannot run kernels with opaque boxes without implementations: {named}",
+            hint=("call them from Python with impls={'BOX': function}"
+                  + (f"; run the others with --kernel ({', '.join(runnable)})" if runnable else "")),
+        )
+    backend = args.backend
+    if backend == "auto":
+        from .driver import cuda_available
+
+        backend = "cuda" if cuda_available() else "numpy"
+    results = {}
+    for k in kernels:
+        results[k.name] = check_run(k, args.hardware, given, args.seed, backend)
+        if not args.json:
+            print(format_check(k.name, results[k.name]))
+    if args.json:
+        keys = ("max_abs_error", "max_rel_error", "counted", "predicted", "wall_s", "tolerance", "ok", "sizes", "hardware", "backend")
+        print(json.dumps({"kernels": {name: {key: r[key] for key in keys} for name, r in results.items()}}, indent=2))
+    return 0 if all(r["ok"] for r in results.values()) else 1
+
+
+def add_run_command(subparsers) -> None:
+    """Register ``napkin run`` on the CLI's subparsers."""
+    run = subparsers.add_parser(
+        "run", help="run kernels on seeded random inputs; compare with the reference and the cost report",
+        description="Run each kernel of FILE on seeded random inputs, compare its outputs with the float64 reference "
+                    "and its counted transfers and FLOPs with the cost report. Exit 1 when an error exceeds the tolerance "
+                    "of the narrowest dtype the kernel rounds to (f32 1e-5, f16/bf16 1e-2, fp8 1e-1 or 2e-1, relative to "
+                    "the largest reference value) or a count differs. Unset axes get small sizes: an axis partitioned by s "
+                    "gets s + s/2 + 3 (two tiles, one masked), others 64. In --json, FLOPs (the total) are under the compute level.",
+    )
+    run.add_argument("file", metavar="FILE")
+    run.add_argument("--kernel", metavar="K", help="only this kernel of the file")
+    run.add_argument("--backend", choices=["numpy", "cuda", "opencl", "auto"], default="numpy")
+    run.add_argument("--hardware", metavar="HW", help="a profile (A100, H100, H200, two_level, three_level) or a .toml file")
+    run.add_argument("--set", nargs="+", action="append", default=[], metavar="NAME=INT",
+                     help="bind a size (axis or group/stream size); repeatable: --set q=300 d=64")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.set_defaults(run=cmd_run)
+
+
+def report_check(kernel, hardware: str | None) -> tuple[str, bool]:
+    """The run check of ``napkin report``: text and whether it passed (skipped counts as passed)."""
+    boxes = opaque_boxes(kernel.diagram)
+    if boxes:
+        return f"run: skipped ({kernel.name} uses opaque box {', '.join(boxes)}, which has no implementation here)", True
+    result = check_run(kernel, hardware)
+    return format_check(kernel.name, result), result["ok"]
