@@ -1,0 +1,804 @@
+"""mkdocs hook: every command output, error text, table and example page of the site, generated
+while it builds, so that no page can drift from the tool.
+
+Pages are Markdown with a few fenced blocks that this hook replaces by real output:
+
+``napkin-cli``  one command per line, shown as ``$ COMMAND`` and what it prints. ``napkin ...``
+    runs the CLI in this process; ``cat FILE`` shows a file; ``python FILE`` runs a script.
+    Attributes: ``expect=ok`` (the default), ``expect=error`` or ``expect=any``.
+``napkin-md``   one napkin command whose output is Markdown (``--format markdown``): inserted as is.
+``napkin-source file=NAME``  napkin text saved as NAME in the page's scratch directory and shown
+    under that name, so that later commands on the page can use it.
+``python-run``  Python executed in one namespace per page; shown with what it prints. A
+    NapkinError is shown the way Python reports it (``expect=error`` says one is wanted).
+
+and HTML comments replaced by generated sections: ``<!-- napkin:grammar -->``,
+``<!-- napkin:functions -->``, ``<!-- napkin:dtypes -->``, ``<!-- napkin:hardware -->``,
+``<!-- napkin:cli -->``, ``<!-- napkin:examples -->``.
+
+Commands run in a scratch directory per page that holds ``examples`` (a link to the
+repository's examples), so paths in their output read as they do from the repository root.
+
+Failures: a NapkinError is part of the output (the page shows it). A block whose outcome is not
+the one it expects, or any other exception (a napkin bug), is logged as a warning, which fails
+``mkdocs build --strict``: a page must never claim an error the checker no longer gives, or
+show a traceback.
+
+One page per file in ``examples/`` is generated (``examples/NAME.md``), with the diagram as
+SVG before and after relabelling when ``Kernel.render`` exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import html
+import io
+import logging
+import os
+import re
+import runpy
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from markdown.extensions import Extension
+from markdown.preprocessors import Preprocessor
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+log = logging.getLogger("mkdocs.hooks.napkin_docs")
+
+
+# ---- which sizes each example is shown at ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How an example page shows costs: on which hardware, at which sizes, and why those."""
+
+    hardware: str
+    sizes: dict = field(default_factory=dict)
+    why: str = ""
+
+    def set_args(self) -> str:
+        return (" --set " + " ".join(f"{k}={v}" for k, v in self.sizes.items())) if self.sizes else ""
+
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.sizes.items())
+
+
+# Keyed by path under examples/. Sizes are ones these kernels run at in practice.
+SETUPS = {
+    "attention.napkin": Setup("H100", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
+                              "4 sequences of 8k tokens, 32 heads of dimension 128 (the FlashAttention-2/3 benchmark shape)."),
+    "attention.py": Setup("H100", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
+                          "the same sizes as `attention.napkin`."),
+    "attention_unfused.napkin": Setup("H100", {"q": 1024, "x": 1024, "d": 128},
+                                      "one head of 1k tokens: materialising S and P at gmem limits how far this form goes "
+                                      "(see the cost section)."),
+    "gqa.napkin": Setup("H100", {"b": 4, "kv": 8, "r": 4, "q": 8192, "x": 8192, "d": 128},
+                        "8 key/value heads each serving 4 query heads (32 query heads), 8k tokens, d = 128."),
+    "matmul.napkin": Setup("H100", {"m": 8192, "n": 8192, "k": 8192}, "the square 8192 GEMM cuBLAS is usually measured at."),
+    "mlp.napkin": Setup("H100", {"b": 8192, "k": 4096, "n": 14336},
+                        "8192 tokens through the up-projection of a 4096-wide model with a 14336-wide hidden layer."),
+    "rmsnorm.napkin": Setup("H100", {"t": 16384, "d": 4096}, "16k tokens of a 4096-wide model."),
+    "softmax.napkin": Setup("H100", {"r": 32768, "c": 1024}, "32k rows of 1024."),
+    "paper/fig9.napkin": Setup("two_level", {}, "the paper's abstract two-level model, symbolically."),
+    "paper/fig11.napkin": Setup("two_level", {}, "an opaque box has no FLOP rate on a GPU: the paper's two-level model, symbolically."),
+    "paper/fig12.napkin": Setup("two_level", {}, "an opaque box has no FLOP rate on a GPU: the paper's two-level model, symbolically."),
+}
+DEFAULT_SIZE = 4096  # for an example added without a Setup entry
+
+
+@dataclass(frozen=True)
+class Example:
+    source: Path  # under examples/
+    page: str  # docs-relative path of its page
+
+    @property
+    def rel(self) -> str:
+        return self.source.relative_to(EXAMPLES).as_posix()
+
+    @property
+    def cli_path(self) -> str:
+        return f"examples/{self.rel}"
+
+    @property
+    def stem(self) -> str:
+        return self.page.rsplit("/", 1)[-1][: -len(".md")]
+
+
+def examples() -> list[Example]:
+    """Every example file, with the page it gets: attention.napkin -> examples/attention.md."""
+    found = []
+    for path in sorted(EXAMPLES.rglob("*.napkin")) + sorted(EXAMPLES.rglob("*.py")):
+        rel = path.relative_to(EXAMPLES).with_suffix("")
+        name = rel.as_posix() + ("_py" if path.suffix == ".py" else "")
+        found.append(Example(path, f"examples/{name}.md"))
+    return found
+
+
+def kernels_of(example: Example) -> dict:
+    """The kernels an example defines, by name."""
+    import napkin_dsl as napkin
+
+    if example.source.suffix == ".napkin":
+        return napkin.load(example.source)
+    namespace = runpy.run_path(str(example.source), run_name="napkin_docs")
+    return {value.name: value for value in namespace.values() if isinstance(value, napkin.Kernel)}
+
+
+def setup_for(example: Example) -> Setup:
+    if example.rel in SETUPS:
+        return SETUPS[example.rel]
+    try:
+        axes = sorted({a for k in kernels_of(example).values() for a in k.diagram.axes})
+    except Exception:  # the page shows the error
+        axes = []
+    return Setup("H100", {a: DEFAULT_SIZE for a in axes}, f"every axis at {DEFAULT_SIZE} (no sizes chosen for this example yet).")
+
+
+# ---- running things ------------------------------------------------------------------------------
+
+
+class Workspace:
+    """A scratch directory per page, holding a link to the examples."""
+
+    def __init__(self):
+        self.root = Path(tempfile.mkdtemp(prefix="napkin-docs-"))
+        self.pages: dict[str, Path] = {}
+
+    def for_page(self, src_uri: str) -> Path:
+        if src_uri not in self.pages:
+            path = self.root / re.sub(r"[^A-Za-z0-9_.-]", "_", src_uri)
+            path.mkdir()
+            try:
+                (path / "examples").symlink_to(EXAMPLES, target_is_directory=True)
+            except OSError:  # no symlinks here: copy
+                shutil.copytree(EXAMPLES, path / "examples")
+            self.pages[src_uri] = path
+        return self.pages[src_uri]
+
+    def remove(self):
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _in_directory(path: Path):
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+@dataclass
+class Outcome:
+    ok: bool  # exit status 0 / no exception
+    text: str
+    bug: bool = False  # an exception that is not a NapkinError
+
+
+def run_napkin(argv: list[str], cwd: Path) -> Outcome:
+    """The ``napkin`` CLI, in this process: what it prints on stdout and stderr, in order."""
+    from napkin_dsl.cli import main
+
+    buffer = io.StringIO()
+    with _in_directory(cwd), contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        try:
+            status = main(argv)
+        except SystemExit as exit_:  # argparse: a usage error
+            status = exit_.code if isinstance(exit_.code, int) else 1
+        except Exception:  # a napkin bug: the CLI lets it through with its traceback
+            return Outcome(False, buffer.getvalue() + traceback.format_exc(), bug=True)
+    return Outcome(status == 0, buffer.getvalue())
+
+
+def run_command(line: str, cwd: Path) -> Outcome:
+    words = shlex.split(line)
+    if not words:
+        return Outcome(True, "")
+    if words[0] == "napkin":
+        return run_napkin(words[1:], cwd)
+    if words[0] == "cat":
+        try:
+            return Outcome(True, "".join((cwd / w).read_text() for w in words[1:]))
+        except OSError as exc:
+            return Outcome(False, f"cat: {exc}", bug=True)
+    if words[0] == "python":
+        result = subprocess.run([sys.executable, *words[1:]], cwd=cwd, capture_output=True, text=True, timeout=600)
+        return Outcome(result.returncode == 0, result.stdout + result.stderr, bug=result.returncode != 0)
+    return Outcome(False, f"napkin docs: cannot run {line!r} (only napkin, cat and python)", bug=True)
+
+
+def run_python(code: str, namespace: dict, cwd: Path) -> Outcome:
+    from napkin_dsl.errors import NapkinError
+
+    buffer = io.StringIO()
+    with _in_directory(cwd), contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        try:
+            exec(compile(code, "<docs>", "exec"), namespace)
+        except NapkinError as error:
+            return Outcome(False, buffer.getvalue() + "".join(traceback.format_exception_only(type(error), error)))
+        except Exception:
+            return Outcome(False, buffer.getvalue() + traceback.format_exc(), bug=True)
+    return Outcome(True, buffer.getvalue())
+
+
+# ---- expanding a page --------------------------------------------------------------------------
+
+_FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)```(?P<kind>napkin-cli|napkin-md|napkin-source|python-run)(?P<attrs>[^\n]*)\n"
+    r"(?P<body>.*?)^(?P=indent)```[ \t]*$",
+    re.M | re.S,
+)
+_COMMENT = re.compile(r"^(?P<indent>[ \t]*)<!-- napkin:(?P<what>[a-z-]+)(?P<args>[^>]*?)\s*-->[ \t]*$", re.M)
+
+
+def _fenced(text: str, lang: str = "text", title: str | None = None) -> str:
+    text = text.rstrip("\n")
+    ticks = "```"
+    while ticks in text:
+        ticks += "`"
+    head = f"{ticks}{lang}" + (f' title="{title}"' if title else "")
+    return f"{head}\n{text}\n{ticks}"
+
+
+def _indent(text: str, indent: str) -> str:
+    return "\n".join(indent + line if line else line for line in text.split("\n"))
+
+
+class Page:
+    """Expands the blocks of one page; complains (warnings) about what went wrong."""
+
+    def __init__(self, src_uri: str, workspace: Workspace):
+        self.src_uri = src_uri
+        self.cwd = workspace.for_page(src_uri)
+        self.namespace: dict = {"__name__": "napkin_docs_page"}
+
+    def complain(self, what: str, outcome: Outcome | None = None):
+        detail = f"\n{outcome.text.rstrip()}" if outcome is not None and outcome.text else ""
+        log.warning(f"{self.src_uri}: {what}{detail}")
+
+    def judge(self, expect: str, outcome: Outcome, what: str):
+        if outcome.bug:
+            self.complain(f"{what} failed inside napkin (a bug, not a user error)", outcome)
+        elif expect == "ok" and not outcome.ok:
+            self.complain(f"{what} was expected to succeed", outcome)
+        elif expect == "error" and outcome.ok:
+            self.complain(f"{what} was expected to report an error, and did not", outcome)
+
+    def fence(self, match: re.Match) -> str:
+        kind, body, indent = match["kind"], textwrap.dedent(match["body"]), match["indent"]
+        attrs = dict(part.split("=", 1) if "=" in part else (part, "") for part in shlex.split(match["attrs"]))
+        expect = attrs.get("expect", "ok")
+        if kind == "napkin-source":
+            name = attrs.get("file")
+            if not name:
+                self.complain("a napkin-source block needs file=NAME")
+                return match[0]
+            (self.cwd / name).write_text(body)
+            return _indent(_fenced(body, "text", title=name), indent)
+        if kind == "python-run":
+            outcome = run_python(body, self.namespace, self.cwd)
+            self.judge(expect, outcome, "a python-run block")
+            shown = _fenced(body, "python")
+            if outcome.text.strip():
+                shown += "\n\n" + _fenced(outcome.text, "text", title="output")
+            return _indent(shown, indent)
+        if kind == "napkin-md":
+            line = body.strip()
+            outcome = run_command(line, self.cwd)
+            self.judge(expect, outcome, f"'{line}'")
+            return _indent(outcome.text.rstrip("\n") if outcome.ok else _fenced(f"$ {line}\n{outcome.text}"), indent)
+        # napkin-cli
+        parts = []
+        for line in (raw.strip() for raw in body.splitlines()):
+            if not line:
+                continue
+            outcome = run_command(line, self.cwd)
+            self.judge(expect, outcome, f"'{line}'")
+            parts.append(f"$ {line}\n{outcome.text.rstrip()}")
+        return _indent(_fenced("\n\n".join(parts), "text", title=attrs.get("title")), indent)
+
+    def comment(self, match: re.Match) -> str:
+        what, args = match["what"], match["args"].split()
+        if what == "diagram":
+            return _indent(self.diagram(*args), match["indent"])
+        makers = {
+            "grammar": grammar_section,
+            "functions": functions_section,
+            "dtypes": dtypes_section,
+            "hardware": hardware_section,
+            "cli": cli_section,
+            "examples": examples_section,
+        }
+        if what not in makers:
+            self.complain(f"unknown generated section <!-- napkin:{what} -->")
+            return match[0]
+        try:
+            return _indent(makers[what](), match["indent"])
+        except Exception:
+            self.complain(f"generating <!-- napkin:{what} --> failed", Outcome(False, traceback.format_exc(), bug=True))
+            return ""
+
+    def diagram(self, source: str = "", variant: str = "relabelled") -> str:
+        """``<!-- napkin:diagram examples/X.napkin [written|relabelled] -->``: the example's drawing,
+        or nothing when napkin cannot draw it."""
+        example = next((e for e in examples() if e.cli_path == source), None)
+        if example is None:
+            self.complain(f"<!-- napkin:diagram {source} --> names no example")
+            return ""
+        if (example.page, variant) not in _state.get("svgs", {}):
+            return ""
+        target = example.page[: -len(".md")] + f".{variant}.svg"
+        return f"![{example.rel}, {variant}]({_relative(self.src_uri, target)})"
+
+    def expand(self, markdown: str) -> str:
+        markdown = _FENCE.sub(self.fence, markdown)
+        return _COMMENT.sub(self.comment, markdown)
+
+
+# ---- generated sections ----------------------------------------------------------------------
+
+
+def grammar_section() -> str:
+    from napkin_dsl.syntax import GRAMMAR_PATH
+
+    return _fenced(GRAMMAR_PATH.read_text(), "text", title="napkin_dsl/grammar/napkin.lark")
+
+
+def functions_section() -> str:
+    from napkin_dsl.diagram import BINARY_FUNCTIONS, OPERATORS, PLAIN_FUNCTIONS, REDUCTIONS, SPECIAL_FUNCTIONS
+
+    def names(items):
+        return ", ".join(f"`{n}`" for n in sorted(items))
+
+    rows = [
+        ("| kind | names | counted on |", "|---|---|---|"),
+        (f"| unary maps | {names(SPECIAL_FUNCTIONS)} | special-function unit (one op per element) |",),
+        (f"| unary maps | {names(PLAIN_FUNCTIONS)} | FMA pipe |",),
+        (f"| binary maps | {names(BINARY_FUNCTIONS)}, written `max(a, b)` | FMA pipe |",),
+        (f"| operators | {', '.join(f'`{o}`' for o in OPERATORS)} | FMA pipe |",),
+        (f"| reductions | {', '.join(f'`{n}[AXES]`' for n in sorted(REDUCTIONS))} | FMA pipe |",),
+        ("| softmax | `softmax[AXIS]` | FMA pipe and special-function unit (`exp`) |",),
+    ]
+    return "\n".join(line for row in rows for line in row)
+
+
+def dtypes_section() -> str:
+    from napkin_dsl.diagram import DTYPE_ALIASES, DTYPE_BYTES
+
+    lines = ["| dtype | bytes per value |", "|---|---|"]
+    lines += [f"| `{name}` | {size} |" for name, size in DTYPE_BYTES.items()]
+    lines += [f"| `{alias}` | an alias of `{target}` |" for alias, target in DTYPE_ALIASES.items()]
+    return "\n".join(lines)
+
+
+def _toml_comments(path: Path) -> tuple[str, dict]:
+    """The header comment of a profile, and the comment beside each value by (section, key)."""
+    header, comments = [], {}
+    section, level_index, started = "", -1, False
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not started and line.startswith("#"):
+            header.append(line.lstrip("#").strip())
+            continue
+        started = started or bool(line)
+        if line.startswith("[[level]]"):
+            level_index += 1
+            section = f"level{level_index}"
+        elif line.startswith("["):
+            section = line.split("]")[0].strip("[ ")
+            if "#" in line:
+                comments[(section, "")] = line.split("#", 1)[1].strip()
+        elif "=" in line and "#" in line:
+            key = line.split("=", 1)[0].strip()
+            comments[(section, key)] = line.split("#", 1)[1].strip()
+    return " ".join(header), comments
+
+
+def _quantity(value, unit: str) -> str:
+    """A rate with a decimal prefix (``3.35 TB/s``), or a symbol of the abstract models."""
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)):
+        for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if abs(value) >= factor:
+                return f"{value / factor:.4g} {prefix}{unit}"
+        return f"{value:,} {unit}"
+    return f"`{value}`"
+
+
+def _capacity(value, counts_values: bool) -> str:
+    """A capacity in bytes with its binary unit (``227 KiB (232,448 B)``), or values, or a symbol."""
+    if value is None:
+        return "-"
+    if not isinstance(value, int):
+        return f"`{value}` values" if counts_values else f"`{value}`"
+    if counts_values:
+        return f"{value:,} values"
+    for power, unit in ((3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if value >= 1024**power and value % 1024**power == 0:
+            return f"{value // 1024**power:,} {unit} ({value:,} B)"
+    return f"{value:,} B"
+
+
+def hardware_section() -> str:
+    from napkin_dsl.hardware import PROFILE_DIR, hardware_names, load_hardware
+
+    out = []
+    gpus = [load_hardware(n) for n in hardware_names() if not load_hardware(n).symbolic]
+    out += ["## At a glance", "",
+            "| profile | arch | SMs | SMEM per block | L2 | HBM -> L2 | L2 -> SMEM | bf16 tensor | f32 FMA | special functions |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for hw in gpus:
+        l2, smem = hw.level("l2"), hw.compute_level
+        special = hw.peak_flops.get("special")
+        out.append(
+            f"| [{hw.name}](#{hw.name.lower()}) | {hw.arch} | {smem.units} | {_capacity(smem.capacity, False)} "
+            f"| {_capacity(l2.capacity, False)} | {_quantity(l2.bandwidth, 'B/s')} | {_quantity(smem.bandwidth, 'B/s')} "
+            f"| {_quantity(hw.peak('tensor', 'bf16'), 'FLOP/s')} | {_quantity(hw.peak('fma', 'f32'), 'FLOP/s')} "
+            f"| {_quantity(special, 'ops/s') if not isinstance(special, dict) else '-'} |"
+        )
+    out += ["", "Rates are dense (no sparsity). The tensor-core rate listed for `f32` is TF32's: napkin prices an "
+            "f32 contraction at it.", ""]
+    for name in hardware_names():
+        hw = load_hardware(name)
+        path = PROFILE_DIR / f"{name}.toml"
+        header, comments = _toml_comments(path)
+        out += [f"## {hw.name}", "", f"**{hw.description}.** File: `napkin_dsl/hardware/{path.name}`; "
+                f"counts {'values (sizes are symbols; no time is predicted)' if hw.symbolic else 'bytes'}"
+                + (f"; `{hw.arch}`; clock {hw.clock_hz / 1e9:.3g} GHz" if hw.arch and hw.clock_hz else "") + ".", ""]
+        if header:
+            out += [f"Sources and notes, from the file: {header}", ""]
+        out += ["| level | per | capacity | bandwidth into it | units | compute | source |", "|---|---|---|---|---|---|---|"]
+        for index, level in enumerate(hw.levels):
+            notes = [comments.get((f"level{index}", key)) for key in ("capacity", "bandwidth", "units", "threads_per_unit")]
+            capacity = "unbounded (top)" if index == 0 and level.capacity is None else _capacity(level.capacity, hw.symbolic)
+            bandwidth = _quantity(level.bandwidth, "values/s" if hw.symbolic else "B/s")
+            if level.threads_per_unit:
+                units = f"{level.threads_per_unit:,} threads per SM"
+            elif level.units > 1:
+                units = f"{level.units} SMs" if level.per == "block" else str(level.units)
+            else:
+                units = "-"
+            out.append(f"| `{level.name}` | {level.per} | {capacity} | {bandwidth} | {units} | {'yes' if level.compute else ''} "
+                       f"| {'; '.join(n for n in notes if n)} |")
+        out.append("")
+        if hw.peak_flops:
+            out += ["| unit | peak rate by dtype | source |", "|---|---|---|"]
+            for unit, rates in hw.peak_flops.items():
+                if isinstance(rates, dict):
+                    shown = ", ".join(f"{d} {_quantity(r, 'FLOP/s')}" for d, r in rates.items())
+                else:
+                    shown = _quantity(rates, "ops/s")
+                source = comments.get(("peak_flops", unit)) or comments.get(("peak_flops", ""), "")
+                out.append(f"| {unit} | {shown} | {source} |")
+            out.append("")
+    return "\n".join(out)
+
+
+def _parser_sections(parser: argparse.ArgumentParser, prog: str, depth: int) -> list[str]:
+    out = []
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if prog != "napkin":
+        out += [f"{'#' * depth} `{prog}`", ""]
+    parser.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=100, max_help_position=32)
+    out += [_fenced(parser.format_help(), "text"), ""]
+    for action in subparsers:
+        descriptions = {c.dest: c.help for c in action._choices_actions}
+        for name, child in action.choices.items():
+            if descriptions.get(name):
+                child.description = child.description or descriptions[name]
+            out += _parser_sections(child, f"{prog} {name}", min(depth + 1, 4) if prog != "napkin" else depth)
+    return out
+
+
+def cli_section() -> str:
+    from napkin_dsl.cli import build_parser
+
+    return "\n".join(_parser_sections(build_parser(), "napkin", 2))
+
+
+def examples_section() -> str:
+    lines = ["| file | kernels | what it shows | costed on |", "|---|---|---|---|"]
+    for example in examples():
+        try:
+            names = ", ".join(f"`{n}`" for n in kernels_of(example))
+        except Exception as exc:  # shown on its page
+            names = f"({type(exc).__name__})"
+        setup = setup_for(example)
+        lines.append(f"| [`{example.rel}`]({example.page.removeprefix('examples/')}) | {names} | {describe(example, first_line=True)} "
+                     f"| {setup.hardware}{(' at ' + setup.label()) if setup.sizes else ''} |")
+    return "\n".join(lines)
+
+
+# ---- example pages ----------------------------------------------------------------------------
+
+
+def describe(example: Example, first_line: bool = False) -> str:
+    """The comment at the top of an example file (or its module docstring), as prose."""
+    text = example.source.read_text()
+    if example.source.suffix == ".py":
+        import ast
+
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        paragraphs = [p for p in doc.split("\n\n") if p.strip()]
+    else:
+        lines = []
+        for line in text.splitlines():
+            if not line.startswith("#"):
+                break
+            lines.append(line.lstrip("#").strip())
+        paragraphs = [" ".join(lines)]
+    if first_line:
+        return paragraphs[0].replace("\n", " ").replace("|", "\\|") if paragraphs else ""
+    return "\n\n".join(paragraphs)
+
+
+def _relative(page: str, target: str) -> str:
+    """A link from one docs page to another, relative to the first."""
+    return os.path.relpath(target, os.path.dirname(page) or ".").replace(os.sep, "/")
+
+
+def _tabs(tabs: list[tuple[str, str]]) -> str:
+    out = []
+    for title, body in tabs:
+        out += [f'=== "{title}"', "", _indent(body, "    "), ""]
+    return "\n".join(out)
+
+
+def _cli(command: str, expect: str = "any") -> str:
+    return f"```napkin-cli expect={expect}\n{command}\n```"
+
+
+def _svg_section(example: Example, svgs: dict) -> str:
+    if not svgs:
+        return ""
+    stem = example.stem
+    tabs = [(title, f"![{example.rel} {title.lower()}]({stem}.{suffix}.svg)") for suffix, title in
+            (("written", "As written"), ("relabelled", "Relabelled")) if (example.page, suffix) in svgs]
+    return "\n".join(["## Diagram", "",
+                      "Drawn by `Kernel.render` (`napkin draw`): wires are axes, colours are memory levels; "
+                      "the relabelled drawing marks group partitions with a boxed label and stream partitions with a dashed wire.",
+                      "", _tabs(tabs)])
+
+
+def napkin_page(example: Example, svgs: dict) -> str:
+    setup = setup_for(example)
+    path = example.cli_path
+    on = f" --hardware {setup.hardware}"
+    sized = f"{on}{setup.set_args()}"
+    at = f"{setup.hardware} at {setup.label()}" if setup.sizes else f"{setup.hardware} (symbolic)"
+    out = [f"# {example.rel}", "", describe(example), "",
+           f"Costs below are on **{at}**: {setup.why} Every block on this page is real output, generated "
+           f"when the site was built; the commands run from the repository root.", "",
+           "## Source", "", _cli(f"cat {path}", "ok"), ""]
+    out += [_svg_section(example, svgs), ""]
+    out += ["## Check", "", _cli(f"napkin check {path}", "any"), ""]
+    pseudo_tabs = [("Text", _cli(f"napkin pseudo {path}{on}"))]
+    if setup.sizes:
+        pseudo_tabs.append((f"Text at {setup.label()}", _cli(f"napkin pseudo {path}{sized}")))
+    pseudo_tabs.append(("Columns (Markdown)", f"```napkin-md expect=any\nnapkin pseudo --format markdown {path}{on}\n```"))
+    out += ["## Pseudocode", "",
+            "The paper's looped pseudocode, elaborated from the diagram and its relabelling: a parallel loop per group "
+            "partition, a sequential loop per stream partition, the transfers between levels and the operations, each with "
+            "its tile shape. The columns table lists, per step, what is resident at each level.", "",
+            _tabs(pseudo_tabs), ""]
+    cost_tabs = [(at, _cli(f"napkin cost {path}{sized}"))]
+    if setup.sizes:
+        cost_tabs.append(("Symbolic", _cli(f"napkin cost {path}{on}")))
+    out += ["## Cost", "",
+            "Read off the pseudocode: transfers H and memory M per level, the number of groups N, FLOPs per unit, "
+            f"and on a GPU the predicted time (see [the performance model]({_relative(example.page, 'method.md')}#the-performance-model)).",
+            "", _tabs(cost_tabs), ""]
+    out += ["## Tuned configuration", "", f"The tuner's best group and stream sizes on {at}:", "",
+            _cli(f"napkin tune {path}{sized}"), ""]
+    tuned = _tuned_block(example, setup)
+    if tuned:
+        name = f"{example.stem}_tuned.napkin"
+        out += [f"As written, the kernel does not fit {setup.hardware} at these sizes (see the cost above). "
+                "With the tuner's relabel block in place of the file's:", "",
+                f"```napkin-source file={name}\n{tuned}```", "", _cli(f"napkin cost {name}{sized}"), ""]
+    return "\n".join(out)
+
+
+def _tuned_block(example: Example, setup: Setup) -> str | None:
+    """The file with the tuner's relabel block, when the file's own relabelling does not fit."""
+    from napkin_dsl.errors import NapkinError
+
+    if not setup.sizes or example.source.suffix != ".napkin":
+        return None
+    try:
+        kernels = kernels_of(example)
+        if len(kernels) != 1:
+            return None
+        (kernel,) = kernels.values()
+        try:
+            kernel.cost(setup.hardware, **setup.sizes)
+            return None
+        except NapkinError:
+            pass
+        block = kernel.tune(setup.hardware, **setup.sizes).relabel_block()
+    except NapkinError:
+        return None
+    text = example.source.read_text()
+    text = re.split(r"^relabel\b", text, flags=re.M)[0].rstrip() + "\n"
+    return f"{text}\n{block}"
+
+
+def python_page(example: Example, svgs: dict) -> str:
+    setup = setup_for(example)
+    path = example.cli_path
+    try:
+        names = list(kernels_of(example))
+    except Exception:
+        names = []
+    sizes = ", ".join(f"{k}={v}" for k, v in setup.sizes.items())
+    out = [f"# {example.rel}", "", describe(example), "",
+           "A kernel written in Python with `@napkin.kernel`: the annotations give the parameters, the docstring the "
+           "statements. Every block on this page is real output, generated when the site was built.", "",
+           "## Source", "", _cli(f"cat {path}", "ok"), "",
+           "## Running it", "", _cli(f"python {path}", "ok"), ""]
+    out += [_svg_section(example, svgs), ""]
+    for name in names:
+        out += [f"## `{name}` through the Python API", "",
+                f"Costs are on {setup.hardware} at {setup.label()}: {setup.why}", "",
+                "```python-run expect=any",
+                "import runpy",
+                f'{name} = runpy.run_path("{path}")["{name}"]',
+                f"print({name})",
+                "```", "",
+                "### Pseudocode", "",
+                "```python-run expect=any", f"print({name}.pseudocode())", "```", "",
+                "### Cost", "",
+                "```python-run expect=any", f'print({name}.cost("{setup.hardware}", {sizes}).table())', "```", "",
+                "### Tuned configuration", "",
+                "```python-run expect=any", f'result = {name}.tune("{setup.hardware}", {sizes})',
+                "print(result.table())", "print(result.relabel_block())", "```", ""]
+    return "\n".join(out)
+
+
+def render_svgs(example: Example) -> dict:
+    """(page, "written" | "relabelled") -> SVG text, when napkin can draw (Kernel.render)."""
+    svgs = {}
+    try:
+        kernels = kernels_of(example)
+    except Exception:
+        return svgs
+    if len(kernels) != 1:
+        return svgs
+    (kernel,) = kernels.values()
+    if not hasattr(kernel, "render"):
+        return svgs
+    for suffix, relabelled in (("written", False), ("relabelled", True)):
+        try:
+            svgs[(example.page, suffix)] = kernel.render(relabelled=relabelled)
+        except Exception as exc:  # drawing is optional on a page; say why it is missing
+            log.info(f"napkin docs: no {suffix} diagram for {example.rel}: {type(exc).__name__}: {exc}")
+    return svgs
+
+
+# ---- docstrings: reST-isms as Markdown ---------------------------------------------------------
+
+_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):`(~?)([^`]+)`")
+
+
+class _DocstringMarkup(Preprocessor):
+    """napkin's docstrings are reST-flavoured: show ``:class:`~a.B``` as ``B`` in code, and
+    doctest examples (``>>>`` lines up to a blank line) as Python console blocks instead of
+    letting Markdown read ``softmax[c](X)`` as a link."""
+
+    def run(self, lines):
+        out, fence, block = [], None, None
+        for line in lines:
+            stripped = line.lstrip()
+            if block is not None:
+                if stripped:
+                    out.append(line)
+                    continue
+                out += [block + "```", ""]
+                block = None
+            if stripped.startswith(("```", "~~~")):
+                marker = stripped[:3]
+                fence = None if fence == marker else (fence or marker)
+            if fence is None and stripped.startswith(">>>"):
+                block = line[: len(line) - len(stripped)]
+                out += ["", block + "```pycon", line]
+                continue
+            out.append(line if fence else _ROLE.sub(lambda m: f"`{m[2].rsplit('.', 1)[-1] if m[1] else m[2]}`", line))
+        if block is not None:
+            out += [block + "```", ""]
+        return out
+
+
+class DocstringMarkupExtension(Extension):
+    def extendMarkdown(self, md):
+        md.preprocessors.register(_DocstringMarkup(md), "napkin_docstring_markup", 40)
+
+
+# ---- mkdocs events ------------------------------------------------------------------------------
+
+_state: dict = {}
+
+
+@event_priority(100)  # before mkdocstrings reads the Markdown extensions in its own on_config
+def on_config(config):
+    """Add the docstring markup extension; expand the nav entry ``examples/index.md`` into a
+    section with one page per example."""
+    config.markdown_extensions.append(DocstringMarkupExtension())
+    def expand(items):
+        result = []
+        for item in items:
+            if isinstance(item, dict):
+                (title, value), = item.items()
+                if value == "examples/index.md":
+                    pages = [{"Overview": "examples/index.md"}]
+                    pages += [{example.rel: example.page} for example in examples()]
+                    result.append({title: pages})
+                elif isinstance(value, list):
+                    result.append({title: expand(value)})
+                else:
+                    result.append(item)
+            else:
+                result.append(item)
+        return result
+
+    if config.get("nav"):
+        config["nav"] = expand(config["nav"])
+    return config
+
+
+def on_pre_build(config):
+    _state["workspace"] = Workspace()
+
+
+def on_files(files, config):
+    index = "\n".join([
+        "# Examples", "",
+        "One page per file in `examples/`, generated when the site is built: the source, the diagram, "
+        "`napkin check`, the pseudocode as text and as the columns table, the cost table and the tuned configuration. "
+        "Kernels with opaque boxes, or written for the paper's abstract models, are shown on `two_level` "
+        "(symbolic costs); the others on H100 at the sizes listed.", "",
+        "<!-- napkin:examples -->", "",
+    ])
+    files.append(File.generated(config, "examples/index.md", content=index))
+    _state["svgs"] = {}
+    for example in examples():
+        svgs = render_svgs(example)
+        _state["svgs"].update(svgs)
+        for (page, suffix), svg in svgs.items():
+            files.append(File.generated(config, page[: -len(".md")] + f".{suffix}.svg", content=svg))
+        content = python_page(example, svgs) if example.source.suffix == ".py" else napkin_page(example, svgs)
+        files.append(File.generated(config, example.page, content=content))
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    return Page(page.file.src_uri, _state["workspace"]).expand(markdown)
+
+
+def on_post_build(config):
+    workspace = _state.pop("workspace", None)
+    if workspace is not None:
+        workspace.remove()
+
+
+def on_build_error(error):
+    on_post_build(None)
