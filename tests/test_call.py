@@ -171,6 +171,13 @@ def test_other_backends_get_the_program_and_private_inputs(attention, qkv, monke
     assert out.shape == qkv[0].shape
 
 
+def test_run_says_when_a_backend_is_missing(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "napkin_dsl.backends.opencl", types.ModuleType("napkin_dsl.backends.opencl"))
+    code, _, err = cli(["run", "examples/softmax.napkin", "--backend", "opencl"], capsys)
+    assert code == 2
+    assert "napkin_dsl.backends.opencl has no run(program, inputs, scalars)" in err
+
+
 def test_unknown_backend(attention, qkv):
     with pytest.raises(NapkinError, match="unknown backend 'tpu'"):
         attention(*qkv, backend="tpu")

@@ -47,12 +47,18 @@ as the Program says, and the values they move are also counted apart in
 
 What it deliberately does not do: run groups in parallel, model timing, check capacities
 (a tile larger than shared memory runs fine here; ``cost.py`` refuses it), or run anything
-but a Program (``reference.py`` evaluates diagrams directly). The ``napkin run`` command
-and :func:`check_run` (backend against reference, counts against report) are at the end.
+but a Program (``reference.py`` evaluates diagrams directly).
+
+Also here, because every caller of a backend needs them: :func:`run_program` (this backend,
+or ``cuda.run`` / ``opencl.run``, which ``Kernel.__call__`` uses), the host-memory guard
+(:func:`estimate_bytes`, :func:`check_memory`), and the ``napkin run`` command with
+:func:`check_run` (a backend against the reference, its counts against the report), which
+``napkin report`` also runs at small sizes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import string
@@ -64,7 +70,7 @@ import numpy as np
 import sympy
 
 from ..binding import default_memory_limit, physical_memory_bytes
-from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Opaque, Reduce, ScalarParam, Softmax, Statement
+from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from ..errors import NapkinCallError, NapkinError
 from ..pseudocode import Loop, Program, Step
 from ..reference import ELEMENTWISE, _Evaluator, _Failure, _Named
@@ -234,6 +240,22 @@ def _per_element(value):
     return int(value) if value.is_Integer else value
 
 
+@functools.cache
+def _aligner(source: tuple[str, ...], target: tuple[str, ...]) -> Callable[[np.ndarray], np.ndarray]:
+    """A function putting values with dimensions ``source`` into ``target`` order, with size-1
+    dimensions where ``source`` lacks an axis (for broadcasting). The same as the reference's
+    ``_Named.aligned``, with the index work done once per pair of axis tuples, not per tile."""
+    assert set(source) <= set(target), (source, target)
+    order = [source.index(a) for a in target if a in source]
+    transpose = order != sorted(order)
+    expand = tuple(slice(None) if a in source else None for a in target)
+    if None not in expand:
+        return (lambda values: values.transpose(order)) if transpose else (lambda values: values)
+    if transpose:
+        return lambda values: values.transpose(order)[expand]
+    return lambda values: values[expand]
+
+
 class _Interpreter:
     """The state of one execution: tile ranges, buffers per level, counts."""
 
@@ -382,6 +404,8 @@ class _Interpreter:
             if name not in upper_values:  # the top level: the whole array, at its first save
                 upper_values[name] = _empty(full_shape, dtype)
                 upper_starts[name] = (0,) * len(axes)
+            if dtype.kind in "iu" and tile.dtype.kind == "f":
+                tile = np.rint(tile)  # as the reference: f32 rounding error must not truncate 2.9999 to 2
             upper_values[name][self.window(axes, upper_starts[name])] = tile.astype(dtype, copy=False)
             self.count_transfer(level, tile.size, nbytes)
 
@@ -409,7 +433,11 @@ class _Interpreter:
         values = self.values[level]
 
         def operands():
-            return {n: (v if v.dtype == dtype else v.astype(dtype)) for n in names for v in (values[n],)}
+            tiles = {}
+            for name in names:
+                tile = values[name]
+                tiles[name] = tile if tile.dtype == dtype else tile.astype(dtype)
+            return tiles
 
         return operands
 
@@ -418,6 +446,10 @@ class _Interpreter:
         evaluator = self.evaluator
         expr = s.box.operand
         axes = s.iteration_axes
+        if isinstance(expr, Read) and set(expr.axes) == set(axes):  # the common case, softmax[x](S): no evaluator
+            align = _aligner(expr.axes, axes)
+            name = expr.array
+            return lambda: align(operands()[name])
 
         def operand():
             evaluator.arrays = operands()
@@ -471,8 +503,10 @@ class _Interpreter:
             reduce = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[box.op]
             initial = {"max": {"initial": -np.inf}, "min": {"initial": np.inf}}.get(box.op, {})
 
+            align = _aligner(kept, axes)
+
             def compute():
-                result = _Named(reduce(operand(), axis=along, **initial), kept).aligned(axes)
+                result = align(reduce(operand(), axis=along, **initial))
                 self.store(level, target, axes, np.broadcast_to(result, self.extents(axes)).astype(dtype))
 
             return compute
@@ -537,8 +571,10 @@ class _Interpreter:
             m_name, m_axes, _ = self.state(s, "max", level)
             scale_name, scale_axes, _ = self.state(s, "scale", level)
 
+            align_max = _aligner(chunk_axes, m_axes)
+
             def rescale():
-                chunk_max = _Named(np.max(operand(), axis=along, initial=-np.inf), chunk_axes).aligned(m_axes)
+                chunk_max = align_max(np.max(operand(), axis=along, initial=-np.inf))
                 m = values[m_name]
                 m_new = np.maximum(m, chunk_max)
                 self.store(level, scale_name, scale_axes, np.exp(m - m_new))
@@ -550,8 +586,10 @@ class _Interpreter:
         online = self._online_producer(s)
         scale_name, scale_axes, _ = self.state(online, "scale", level)
 
+        align_scale = _aligner(scale_axes, acc_axes)
+
         def rescale():
-            values[acc_name] *= _Named(values[scale_name], scale_axes).aligned(acc_axes)
+            values[acc_name] *= align_scale(values[scale_name])
 
         return rescale
 
@@ -569,11 +607,14 @@ class _Interpreter:
         held = self.launch.buffers[(level, s.target)].axes
         dtype = numpy_dtype(self.launch.buffers[(level, s.target)].dtype)
 
+        align_max, align_sum = _aligner(m_axes, axes), _aligner(chunk_axes, l_axes)
+        align_scale, align_p = _aligner(scale_axes, l_axes), _aligner(axes, held)
+
         def online():
-            p = np.exp(operand() - _Named(values[m_name], m_axes).aligned(axes))
-            row_sum = _Named(np.sum(p, axis=along), chunk_axes).aligned(l_axes)
-            values[l_name] = values[l_name] * _Named(values[scale_name], scale_axes).aligned(l_axes) + row_sum
-            self.store(level, s.target, held, _Named(p, axes).aligned(held).astype(dtype, copy=False))
+            p = np.subtract(operand(), align_max(values[m_name]))
+            np.exp(p, out=p)
+            values[l_name] = values[l_name] * align_scale(values[scale_name]) + align_sum(np.sum(p, axis=along))
+            self.store(level, s.target, held, align_p(p).astype(dtype, copy=False))
 
         return online
 
@@ -602,8 +643,10 @@ class _Interpreter:
             "max": (np.max, np.maximum, {"initial": -np.inf}), "min": (np.min, np.minimum, {"initial": np.inf}),
         }[box.op]
 
+        align = _aligner(kept, acc_axes)
+
         def accumulate():
-            part = _Named(reduce(operand(), axis=along, **initial), kept).aligned(acc_axes)
+            part = align(reduce(operand(), axis=along, **initial))
             acc = values[acc_name]
             combine(acc, part, out=acc)
 
@@ -619,16 +662,20 @@ class _Interpreter:
             online = self._online_producer(s)
             l_name, l_axes, _ = self.state(online, "sum", level)
 
+            align_sum, align_out = _aligner(l_axes, acc_axes), _aligner(acc_axes, out.axes)
+
             def finalise():
-                result = values[acc_name] / _Named(values[l_name], l_axes).aligned(acc_axes)
-                self.store(level, s.target, out.axes, _Named(result, acc_axes).aligned(out.axes).astype(dtype, copy=False))
+                result = values[acc_name] / align_sum(values[l_name])
+                self.store(level, s.target, out.axes, align_out(result).astype(dtype, copy=False))
 
             return finalise
         divisor = math.prod(self.sizes[a] for a in s.box.axes) if isinstance(s.box, Reduce) and s.box.op == "mean" else 1
 
+        align_out = _aligner(acc_axes, out.axes)
+
         def finalise():
             result = values[acc_name] / divisor if divisor != 1 else values[acc_name]
-            self.store(level, s.target, out.axes, _Named(result, acc_axes).aligned(out.axes).astype(dtype))
+            self.store(level, s.target, out.axes, align_out(result).astype(dtype))
 
         return finalise
 
@@ -954,7 +1001,10 @@ def cmd_run(args) -> int:
         backend = "cuda" if cuda_available() else "numpy"
     results = {}
     for k in kernels:
-        results[k.name] = check_run(k, args.hardware, given, args.seed, backend)
+        try:
+            results[k.name] = check_run(k, args.hardware, given, args.seed, backend)
+        except NotImplementedError as error:  # a backend that is not written yet: the user's choice, not a napkin bug
+            raise NapkinError(str(error), hint="use --backend numpy") from None
         if not args.json:
             print(format_check(k.name, results[k.name]))
     if args.json:
