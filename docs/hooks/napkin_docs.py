@@ -374,11 +374,13 @@ def functions_section() -> str:
         (f"| unary maps | {names(SPECIAL_FUNCTIONS)} | special-function unit (one op per element) |",),
         (f"| unary maps | {names(PLAIN_FUNCTIONS)} | FMA pipe |",),
         (f"| binary maps | {names(BINARY_FUNCTIONS)}, written `max(a, b)` | FMA pipe |",),
-        (f"| operators | {', '.join(f'`{o}`' for o in OPERATORS)} | FMA pipe |",),
+        (f"| operators | {', '.join(f'`{o}`' for o in OPERATORS)} | FMA pipe; `^` with a non-integer exponent: special-function unit |",),
         (f"| reductions | {', '.join(f'`{n}[AXES]`' for n in sorted(REDUCTIONS))} | FMA pipe |",),
         ("| softmax | `softmax[AXIS]` | FMA pipe and special-function unit (`exp`) |",),
     ]
-    return "\n".join(line for row in rows for line in row)
+    note = ("\n\nEach operation counts one FLOP per element of the result; operations on scalars alone (`d^-0.5`) "
+            "are folded when the kernel is checked and cost nothing.")
+    return "\n".join(line for row in rows for line in row) + note
 
 
 def dtypes_section() -> str:
