@@ -147,6 +147,53 @@ def columns(program: Program) -> list[dict]:
     return rows
 
 
+def statement_columns(program: Program, rows: list[dict] | None = None) -> list[dict]:
+    """The paper's columns per statement of the diagram (Figs. 9, 11, 12), read off the Program.
+
+    One dict per statement, in diagram order: ``{"label": target, "M": {level: expr},
+    "H": {level: expr}}`` for every level below the top. A statement owns its computing steps
+    (init, compute, online, rescale, accumulate, finalise), the loads it reads (a load belongs
+    to the next statement in program order that reads the array: the first reader in its
+    launch, unless the Program loads the array again for a later reader), and the saves (and
+    intermediate-level allocations) of the array it produces. M is the largest residency in
+    the columns of its steps; H counts the values its loads and saves move into and out of
+    each level, exactly (:func:`step_total`), so the H of all statements adds up to
+    :func:`level_costs`' H.
+    """
+    schedule = program.schedule
+    diagram = program.diagram
+    rows = rows if rows is not None else columns(program)
+    levels = schedule.levels[1:]
+    order = [s.target for s in diagram.statements]
+    memory: dict = {target: {level: [] for level in levels} for target in order}
+    moved: dict = {target: {level: sympy.Integer(0) for level in levels} for target in order}
+    by_launch: dict = {}
+    for row in rows:
+        by_launch.setdefault(row["launch"], []).append(row)
+    for launch in program.launches:
+        statements = launch.launch.statements
+        sequence = list(walk(launch.body))
+        for index, ((step, loops), row) in enumerate(zip(sequence, by_launch.get(launch.index, []))):
+            if step.op == "load":
+                reader = next((later.statement for later, _ in sequence[index + 1:] if later.statement is not None
+                               and any(name == step.array for _, name in later.reads)), None)
+                first = next((s for s in statements if step.array in s.inputs), statements[0])
+                owner = (reader or first).target
+            elif step.statement is not None:
+                owner = step.statement.target
+            else:  # save, alloc: the statement that produces the array
+                producer = diagram.producer(step.array)
+                owner = producer.target if producer is not None else statements[0].target
+            for level in levels:
+                memory[owner][level].append(row["M"].get(level, sympy.Integer(0)))
+            if step.op in ("load", "save"):
+                moved[owner][step.level] += step_total(program, step, loops)
+    return [{"label": target,
+             "M": {level: max_of(memory[target][level]) for level in levels},
+             "H": {level: sympy.expand(moved[target][level]) for level in levels}}
+            for target in order]
+
+
 def _short(value) -> str:
     return str(int(value)) if value.is_Integer else str(value)
 

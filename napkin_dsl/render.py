@@ -19,13 +19,17 @@
 * ``relabelled=True`` marks the partitions of the relabel block on on-chip wires: a group
   partition boxes the wire's label (``q g=128``), a stream partition dashes the wire
   (``x s=64``);
-* ``columns`` (one dict per statement: ``{"label", "M", "H"}``) adds rows of memory and
-  transfer costs aligned with the columns, as in the paper's Figures 9, 11 and 12.
+* ``costs=True`` adds rows of memory M and transfers H per column under the boxes, as in
+  the paper's Figures 9, 11 and 12, read off the Program (``cost.statement_columns``) at the
+  compute level of the kernel's hardware (or ``hardware=``, with ``sizes=`` bound): the
+  relabelled Program when ``relabelled=True``, the diagram as written otherwise; the totals
+  over the columns (the CostReport's H and M) close the rows on the right. ``columns`` (one
+  dict per statement: ``{"label", "M", "H"}``) draws rows given by the caller instead.
 
 What it deliberately does not do:
 
-* compute costs. Those are read off the Program that ``pseudocode.elaborate`` builds;
-  ``costs=True`` without ``columns`` raises NotImplementedError until that is wired in;
+* compute costs itself. They are read off the Program that ``pseudocode.elaborate`` builds,
+  through ``cost.statement_columns``: one source of truth;
 * draw the elaborated pseudocode (loops, per-chunk heads and accumulators) or the open
   circle for split/concatenate: one column per statement, as written;
 * measure fonts. Every label is set in a monospace font so that its width can be estimated
@@ -50,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
+import sympy
+
 from .diagram import Apply, Const, Contract, Diagram, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .errors import NapkinError
 from .hardware import hardware_names, load_hardware
@@ -68,6 +74,7 @@ LEVEL_COLOURS = ("#000000", "#e07b00", "#2c9a45", "#1f6fc9", "#8e44ad", "#b03a2e
 BOX_FILL = "#f4f4ee"
 BOX_STROKE = "#333333"
 MUTED = "#555555"
+WARNING = "#c0392b"
 WIRE_WIDTH = 1.6
 
 # ---- geometry --------------------------------------------------------------------------------
@@ -92,6 +99,7 @@ MIN_WIDTH = 480
 
 COST_KEYS = ("label", "M", "H")
 COST_HEADS = ("step", "M", "H")
+COST_PITCH = 16  # between two rows of costs
 
 
 # ---- small helpers ---------------------------------------------------------------------------
@@ -261,15 +269,21 @@ class Levels:
         return "load" if self.order.index(source) < self.order.index(destination) else "save"
 
 
-def plan_levels(kernel) -> Levels:
+def plan_levels(kernel, hardware: str | None = None, compute: str | None = None) -> Levels:
+    """Levels on ``hardware`` (default: the kernel's); ``compute`` is where the Program the
+    cost rows come from runs its boxes, when they are drawn."""
     diagram: Diagram = kernel.diagram
     materialised = _unique(s.level for s in diagram.statements if s.level)
-    if kernel.hardware is not None:
-        order = load_hardware(kernel.hardware).level_names()
-        named = [clauses.level for clauses in kernel.relabel.levels] if kernel.relabel is not None else []
-        # Boxes run at the deepest level the relabel block partitions for; without one the
-        # kernel is one group at the top level's child (DESIGN.md).
-        compute = max(named, key=order.index) if named else order[min(1, len(order) - 1)]
+    hardware = hardware or kernel.hardware
+    if hardware is not None:
+        profile = load_hardware(hardware)
+        order = profile.level_names()
+        if compute is None:
+            # Boxes run where the Program runs them: at the profile's compute level, or deeper
+            # if the relabel block partitions a deeper level (relabel.make_schedule).
+            relabel = kernel.relabel
+            named = [clauses.level for clauses in relabel.levels] if relabel is not None and relabel.hardware == hardware else []
+            compute = max([profile.compute_level.name, *[level for level in named if level in order]], key=order.index)
         top = order[0]
     else:
         # No hardware: a materialised level that tops some profile (gmem, l0) names the top.
@@ -280,7 +294,7 @@ def plan_levels(kernel) -> Levels:
     of_array = {name: top for name in diagram.params if name in diagram.arrays}
     for s in diagram.statements:
         of_array[s.target] = s.level or (top if s.target in diagram.outputs else compute)
-    return Levels(tuple(order), top, compute, of_array, kernel.hardware)
+    return Levels(tuple(order), top, compute, of_array, hardware)
 
 
 # ---- labels ----------------------------------------------------------------------------------
@@ -480,12 +494,12 @@ def _max_width(texts, size) -> float:
 class Renderer:
     """Lays out and draws one kernel: plan, then x positions, then heights, then elements."""
 
-    def __init__(self, kernel, relabelled: bool, costs: list | None):
+    def __init__(self, kernel, relabelled: bool, costs: CostTable | None):
         self.kernel = kernel
         self.diagram: Diagram = kernel.diagram
         self.relabelled = relabelled
         self.costs = costs
-        self.levels = plan_levels(kernel)
+        self.levels = plan_levels(kernel, *((costs.hardware, costs.compute) if costs is not None else ()))
         self.partitions = plan_partitions(kernel, relabelled)
         self.columns, self.unused, self.final = plan_columns(self.diagram)
         self.drawing = Drawing()
@@ -611,14 +625,8 @@ class Renderer:
         return max(width, MIN_BOX_WIDTH)
 
     def cost_cells(self, index: int) -> list[tuple[str, str]]:
-        """(shown, full) text of a column's cost cells: step label, M, H."""
-        if self.costs is None:
-            return []
-        cells = []
-        for key in COST_KEYS:
-            full = str(self.costs[index].get(key, ""))
-            cells.append((truncate(full, MAX_COST_CHARS), full))
-        return cells
+        """(shown, full) text of a column's cost cells: its label, M, H."""
+        return [] if self.costs is None else self.costs.cells[index]
 
     def transfer_tag(self, source: str, destination: str) -> str:
         return self.levels.transfer(source, destination)
@@ -679,13 +687,14 @@ class Renderer:
         placed = [a for a, _ in self.left_edge()]
         heads = _max_width((_header(self.diagram, a) for a in placed), HEADER_SIZE)
         labels = _max_width((t for a in placed for t in self.wire_labels(a, self.levels.top)), LABEL_SIZE)
-        rows = text_width(max(COST_HEADS, key=len), LABEL_SIZE) if self.costs is not None else 0
+        rows = _max_width(self.costs.heads, LABEL_SIZE) if self.costs is not None else 0
         return max(heads, labels, rows, 24) + 14
 
     def right_width(self) -> float:
         heads = _max_width((_header(self.diagram, a) for a in self.final), HEADER_SIZE)
         labels = _max_width((t for a in self.final for t in self.wire_labels(a, self.level_of(a))), LABEL_SIZE)
-        return 16 + max(heads, labels) + 8
+        totals = _max_width((shown for shown, _ in self.costs.totals), LABEL_SIZE) if self.costs is not None else 0
+        return 16 + max(heads, labels, totals) + 8
 
     def layout_x(self):
         x = MARGIN + self.left_width()
@@ -1040,17 +1049,45 @@ class Renderer:
         elif kind == "stream":
             d.path("marks", straight(x, x + 24, y), stroke=colour, dash="5 3")
 
+    def caption_lines(self) -> list[tuple[str, str]]:
+        """(text, colour) of the cost table's caption and warning, wrapped at words to the picture's width."""
+        if self.costs is None:
+            return []
+        room = max(int((self.width - 2 * MARGIN) / text_width("m", SMALL_SIZE)), 20)
+        wrapped = []
+        for text, colour in ((self.costs.caption, MUTED), (self.costs.warning, WARNING)):
+            lines, line = [], ""
+            for word in text.split(" "):
+                if line and len(line) + 1 + len(word) > room:
+                    lines.append(line)
+                    line = word
+                else:
+                    line = f"{line} {word}" if line else word
+            wrapped += [(truncate(part, room), colour) for part in lines + [line] if part]
+        return wrapped
+
     def draw_costs(self, y: float) -> float:
-        """Rows of the step, memory M and transfers H of every column, under the column's box."""
+        """Rows of the label, memory M and transfers H of every column, under the column's box;
+        their totals right of the last column, under the outputs."""
         d = self.drawing
         d.path("marks", straight(MARGIN, self.width - MARGIN, y), stroke="#bbbbbb", width=0.8)
-        for row, head in enumerate(COST_HEADS):
-            baseline = y + 18 + 16 * row
+        y += 4
+        for line, colour in self.caption_lines():
+            y += 13
+            d.text(MARGIN, y, line, size=SMALL_SIZE, fill=colour, background=False)
+        for row, head in enumerate(self.costs.heads):
+            baseline = y + 18 + COST_PITCH * row
             d.text(MARGIN, baseline, head, bold=True, background=False)
             for index, column in enumerate(self.columns):
                 shown, full = self.cost_cells(index)[row]
                 d.text((column.zone + column.outer) / 2, baseline, shown, anchor="middle", title=full if shown != full else None)
-        return y + 18 + 16 * len(COST_HEADS)
+            if self.costs.totals:
+                shown, full = self.costs.totals[row]
+                d.text(self.right + 16, baseline, shown, bold=row == 0, title=full if shown != full else None)
+        bottom = y + 18 + COST_PITCH * (len(self.costs.heads) - 1) + 6
+        if self.costs.totals:  # a rule between the columns and their totals
+            d.path("marks", f"M{fmt(self.right + 6)} {fmt(y + 4)}V{fmt(bottom)}", stroke="#bbbbbb", width=0.8)
+        return bottom
 
     # -- all of it
     def draw_body(self) -> float:
@@ -1096,6 +1133,99 @@ def statement_text(s: Statement) -> str:
 
 
 
+# ---- costs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Rows under the columns: heads, one list of (shown, full) cells per column, a caption
+    saying what they count, and the totals drawn right of the last column (empty for none)."""
+
+    heads: tuple
+    cells: list
+    caption: str = ""
+    totals: tuple = ()
+    hardware: str | None = None  # the Program's hardware and compute level, which the drawing's levels follow
+    compute: str | None = None
+    warning: str = ""  # drawn under the caption, in red: the columns do not fit the level
+
+
+def cost_text(value) -> tuple[str, str]:
+    """(shown, full) text of a cost cell: sympy's str with ``^`` for powers, cut with an
+    ellipsis past MAX_COST_CHARS; numbers of eight digits or more in three significant ones."""
+    if isinstance(value, str):
+        return truncate(value, MAX_COST_CHARS), value
+    expr = sympy.sympify(value)
+    if expr.is_number:
+        if expr.is_integer:
+            number = int(expr)
+            full = f"{number:,}"
+            shown = full if abs(number) < 10**7 else f"{number:.3g}".replace("e+0", "e").replace("e+", "e")
+            return shown, full
+        number = float(expr)
+        return f"{number:.4g}".replace("e+0", "e").replace("e+", "e"), repr(number)
+    full = str(expr).replace("**", "^")
+    return truncate(full, MAX_COST_CHARS), full
+
+
+def _given_table(columns: list) -> CostTable:
+    """A caller's columns, drawn as given (strings or sympy expressions)."""
+    cells = [[cost_text(cell.get(key, "")) for key in COST_KEYS] for cell in columns]
+    return CostTable(COST_HEADS, cells)
+
+
+def cost_program(kernel, relabelled: bool, hardware: str | None = None, sizes: dict | None = None):
+    """The Program whose columns the cost rows show: the kernel's own (relabelled) Program,
+    or, for a drawing as written of a relabelled kernel, the diagram planned without its
+    relabel block (one group, nothing streamed), as the drawing shows it."""
+    from .kernel import _check_sizes
+    from .plan import plan
+
+    sizes = _check_sizes(dict(sizes or {}))
+    block = kernel.relabel
+    if block is not None and relabelled and hardware is not None:
+        asked, written = load_hardware(hardware).name, load_hardware(block.hardware).name
+        if asked != written:
+            raise NapkinError(
+                f"the relabel block of {kernel.name} is for {written}, not {asked}: its partitions name {written}'s levels",
+                hint=f"draw the relabelled costs on {written}, or the costs as written (without relabelled) on {asked}",
+            )
+    target = kernel._target(hardware)
+    if block is None or relabelled:
+        return kernel.program(target, **sizes)
+    return plan(kernel.diagram, target, None, sizes)
+
+
+def cost_table(kernel, relabelled: bool, hardware: str | None = None, sizes: dict | None = None) -> CostTable:
+    """M and H per column at the compute level, from ``cost.statement_columns`` of the Program."""
+    from .cost import as_number, columns as program_columns, level_costs, max_of, statement_columns
+
+    program = cost_program(kernel, relabelled, hardware, sizes)
+    schedule = program.schedule
+    level = schedule.compute_level
+    per = schedule.hardware.level(level).per or "unit"
+    rows = program_columns(program)
+    columns = statement_columns(program, rows)
+    cells = [[(truncate(c["label"], MAX_NAME_CHARS), c["label"]), cost_text(c["M"][level]), cost_text(c["H"][level])]
+             for c in columns]
+    how = "relabelled" if kernel.relabel is not None and relabelled else "as written"
+    at = f" at {' '.join(f'{k}={v}' for k, v in schedule.sizes.items())}" if schedule.sizes else ""
+    caption = (f"columns at {level} on {schedule.hardware.name}{at}, {how}: M = values resident per {per}, "
+               f"H = values moved into and out of {level}")
+    total_h = sympy.expand(sympy.Add(*(c["H"][level] for c in columns)))
+    total_m = max_of(c["M"][level] for c in columns)
+    totals = (("total", "total"), cost_text(total_m), cost_text(total_h))
+    # The drawing does not refuse what cost_of would: it says so.
+    report = level_costs(program, rows)[level]
+    counts_values = schedule.hardware.counts == "values"
+    used, capacity = as_number(report.M if counts_values else report.M_bytes), as_number(report.capacity)
+    warning = ""
+    if used is not None and capacity is not None and used > capacity:
+        unit = "values" if counts_values else "bytes"
+        warning = f"over capacity: the columns need {used:,} {unit} at {level} per {per}; {schedule.hardware.name}'s {level} holds {capacity:,}"
+    return CostTable(("column", f"M @{level}", f"H @{level}"), cells, caption, totals, kernel._target(hardware), level, warning)
+
+
 # ---- the API ---------------------------------------------------------------------------------
 
 
@@ -1112,28 +1242,37 @@ def _check_columns(kernel, columns) -> list | None:
     return columns
 
 
-def layout(kernel, relabelled: bool = False, columns=None) -> Drawing:
+def _costs(kernel, relabelled: bool, costs, columns, hardware, sizes) -> CostTable | None:
+    columns = _check_columns(kernel, columns)
+    if columns is not None:
+        return _given_table(columns)
+    if costs:
+        return cost_table(kernel, relabelled, hardware, sizes)
+    if hardware is not None or sizes:
+        raise ValueError("hardware= and sizes= choose the Program the cost rows are read from: pass costs=True")
+    return None
+
+
+def layout(kernel, relabelled: bool = False, columns=None, *, costs=None, hardware: str | None = None,
+           sizes: dict | None = None) -> Drawing:
     """The laid-out drawing (with the rectangles of its labels and boxes) behind :func:`render`."""
-    return Renderer(kernel, relabelled, _check_columns(kernel, columns)).draw()
+    return Renderer(kernel, relabelled, _costs(kernel, relabelled, costs, columns, hardware, sizes)).draw()
 
 
-def render(kernel, relabelled: bool = False, costs=None, columns=None) -> str:
+def render(kernel, relabelled: bool = False, costs=None, columns=None, *, hardware: str | None = None,
+           sizes: dict | None = None) -> str:
     """The neural circuit diagram of a kernel as SVG text.
 
     ``relabelled`` marks the relabel block's group and stream partitions on the wires.
-    ``columns`` is a list with one dict per statement, ``{"label": str, "M": str, "H": str}``
-    (the per-column memory and transfers of the elaborated Program); when given, the cost rows
-    are drawn under the columns. ``costs=True`` asks for those rows: it raises
-    NotImplementedError only if no ``columns`` are passed, because the Program they come from
-    (``napkin_dsl.pseudocode.elaborate``) is not wired into the renderer yet.
+    ``costs=True`` draws rows of memory M and transfers H per column (statement) under the
+    boxes, with their totals on the right, read off the Program by
+    :func:`napkin_dsl.cost.statement_columns` at its compute level: the kernel's Program
+    (``kernel.program(hardware, **sizes)``) when ``relabelled``, else the diagram planned as
+    written. ``hardware`` defaults to the kernel's; without ``sizes`` the costs are symbolic.
+    ``columns`` (one dict per statement, ``{"label", "M", "H"}``, strings or sympy
+    expressions) draws the caller's rows instead.
     """
-    columns = _check_columns(kernel, columns)
-    if costs and columns is None:
-        raise NotImplementedError(
-            "render(costs=True) needs columns=[{'label': ..., 'M': ..., 'H': ...}, ...], one per statement, "
-            "from the elaborated Program (napkin_dsl.pseudocode.elaborate); the renderer does not elaborate by itself yet"
-        )
-    drawing = Renderer(kernel, relabelled, columns).draw()
+    drawing = Renderer(kernel, relabelled, _costs(kernel, relabelled, costs, columns, hardware, sizes)).draw()
     d = kernel.diagram
     title = f"napkin diagram of {kernel.name}"
     description = f"kernel {kernel.signature()}; " + "; ".join(
@@ -1165,9 +1304,14 @@ def _write_atomically(path: Path, text: str):
 
 
 def cmd_draw(args) -> int:
+    from .cli import parse_sets
     from .kernel import load
 
-    kernels = load(Path(args.file))
+    sizes = parse_sets(args.set)
+    if sizes and not args.costs:
+        raise NapkinError("--set binds the sizes the cost rows are read at; without --costs nothing is drawn at sizes",
+                          hint="add --costs, or drop --set")
+    kernels = load(Path(args.file), hardware=args.hardware)
     if args.kernel is not None:
         if args.kernel not in kernels:
             raise NapkinError(f"no kernel named {args.kernel!r} in {args.file}", hint=f"kernels there: {', '.join(kernels)}")
@@ -1177,11 +1321,7 @@ def cmd_draw(args) -> int:
     else:
         raise NapkinError(f"{args.file} has {len(kernels)} kernels; say which to draw",
                           hint=f"add --kernel NAME, one of: {', '.join(kernels)}")
-    try:
-        svg = render(kernel, relabelled=args.relabelled, costs=args.costs)
-    except NotImplementedError as exc:
-        raise NapkinError(f"napkin draw --costs is not available yet: {exc}",
-                          hint="draw without --costs; cost rows need the pseudocode's columns") from None
+    svg = render(kernel, relabelled=args.relabelled, costs=args.costs, hardware=args.hardware if args.costs else None, sizes=sizes)
     if args.output is None:
         sys.stdout.write(svg)
     else:
@@ -1191,12 +1331,18 @@ def cmd_draw(args) -> int:
 
 
 def add_draw_command(subparsers):
-    """Register ``napkin draw FILE [--kernel K] [--relabelled] [--costs] [-o OUT.svg]``."""
+    """Register ``napkin draw FILE [--kernel K] [--relabelled] [--costs [--hardware HW] [--set NAME=INT ...]] [-o OUT.svg]``."""
     draw = subparsers.add_parser("draw", help="draw a kernel's neural circuit diagram as SVG")
     draw.add_argument("file", metavar="FILE")
     draw.add_argument("--kernel", metavar="K", help="the kernel to draw when the file has several")
     draw.add_argument("--relabelled", action="store_true", help="mark the relabel block's group and stream partitions")
-    draw.add_argument("--costs", action="store_true", help="add rows of memory M and transfers H per column")
+    draw.add_argument("--costs", action="store_true",
+                      help="add rows of memory M and transfers H per column, read off the pseudocode at the compute level")
+    draw.add_argument("--hardware", metavar="HW",
+                      help="a profile (A100, H100, H200, two_level, three_level) or a .toml file: the levels drawn for a "
+                           "kernel without a relabel block, and where --costs are read; default: the relabel block's")
+    draw.add_argument("--set", nargs="+", action="append", default=[], metavar="NAME=INT",
+                      help="with --costs: bind sizes (axes, symbolic group/stream sizes) so that the rows are numbers")
     draw.add_argument("-o", "--output", metavar="OUT.svg", help="write the SVG to a file (atomically) instead of stdout")
     draw.set_defaults(run=cmd_draw)
     return draw

@@ -7,11 +7,12 @@ import os
 import xml.etree.ElementTree as ET
 
 import pytest
+import sympy
 
 import napkin_dsl as napkin
 from napkin_dsl.cli import main
 from napkin_dsl.diagram import Apply, Contract, Opaque, Reduce, Softmax, reads
-from napkin_dsl.render import layout, plan_levels, render
+from napkin_dsl.render import cost_text, layout, plan_levels, render
 
 from .conftest import EXAMPLES, NAPKIN_EXAMPLES, ROOT, example_id
 
@@ -247,11 +248,135 @@ def test_cost_rows_are_drawn_under_their_columns():
         assert head in text.split()
 
 
-def test_costs_without_columns_is_not_implemented_yet():
+def test_given_columns_take_the_place_of_the_programs():
     kernel = napkin.load(EXAMPLES / "paper" / "fig9.napkin")["fig9"]
-    with pytest.raises(NotImplementedError, match="columns"):
-        render(kernel, costs=True)
-    assert "qx + xd" in render(kernel, costs=True, columns=FIG9_COLUMNS)
+    assert "qx + xd" in texts(render(kernel, costs=True, columns=FIG9_COLUMNS))
+    assert "qx + xd" not in texts(render(kernel, costs=True))
+
+
+def cost_rows(svg: str) -> dict:
+    """Row head -> the cells of that row, left to right, as drawn under the diagram."""
+    root = ET.fromstring(svg)
+    items = [(float(t.get("y")), float(t.get("x")), (t.text or "") + "".join(c.tail or "" for c in t))
+             for t in root.iter(f"{SVG}text")]
+    heads = {y: text for y, x, text in items if text in ("column", "step") or text.startswith(("M @", "H @"))}
+    return {head: [text for y2, x, text in sorted(items, key=lambda i: i[1]) if y2 == y and text != head] for y, head in heads.items()}
+
+
+def test_costs_draw_the_programs_columns_fig9():
+    """Fig. 9: per column M and H at l1, the totals (the CostReport's) on the right."""
+    kernel = napkin.load(EXAMPLES / "paper" / "fig9.napkin")["fig9"]
+    rows = cost_rows(render(kernel, relabelled=True, costs=True))
+    assert rows["column"] == ["P", "O", "total"]
+    assert rows["M @l1"] == ["q*x", "Max(d*q, d*x + q*x)", "Max(d*q, d*x + q*x)"]
+    assert rows["H @l1"] == ["2*q*x", "d*q + d*x + q*x", "d*q + d*x + 3*q*x"]
+    assert str(kernel.cost().levels["l1"].H) == rows["H @l1"][-1]
+
+
+def test_cost_cells_sit_under_their_boxes_and_totals_under_the_outputs():
+    kernel = napkin.load(EXAMPLES / "attention.napkin")["attention"]
+    drawing = layout(kernel, True, costs=True)
+    assert layout_problems(drawing) == []
+    boxes = drawing.box_rects
+    for label, box in zip(("S", "P", "O"), boxes):
+        cell = next(t for t in drawing.label_rects if t[4] == label and t[1] > box[3])
+        assert abs((cell[0] + cell[2]) / 2 - (box[0] + box[2]) / 2) < 0.5
+    total = next(t for t in drawing.label_rects if t[4] == "total")
+    assert total[0] > max(b[2] for b in boxes)
+    assert total[2] <= drawing.width - 16
+
+
+def test_costs_of_the_diagram_as_written_are_unrelabelled():
+    """Fig. 10 before Fig. 11: as written, F gets all of X and W at once (one group)."""
+    kernel = napkin.load(EXAMPLES / "paper" / "fig11.napkin")["fig11"]
+    written = cost_rows(render(kernel, costs=True))
+    assert written["M @l1"][0] in ("Max(a*x + w, a*y)", "Max(a*y, a*x + w)")
+    assert written["H @l1"][0] == "a*x + a*y + w"
+    relabelled = cost_rows(render(kernel, relabelled=True, costs=True))
+    assert relabelled["H @l1"][0] == "a*x + a*y + a*w/g_a"
+    assert "as written" in texts(render(kernel, costs=True)) and "relabelled:" in texts(render(kernel, relabelled=True, costs=True))
+
+
+def test_costs_at_bound_sizes_are_numbers_with_the_exact_value_in_a_title():
+    kernel = napkin.load(EXAMPLES / "attention.napkin")["attention"]
+    sizes = {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128}
+    svg = render(kernel, relabelled=True, costs=True, sizes=sizes)
+    rows = cost_rows(svg)
+    assert rows["M @smem"] == ["41,216", "41,344", "49,536", "49,536"]
+    h = int(kernel.cost(**sizes).levels["smem"].H)
+    assert rows["H @smem"][-1] == f"{h:.3g}".replace("e+", "e")
+    assert f"<title>{h:,}</title>" in svg
+    assert "at b=4 h=32 q=8192 x=8192 d=128" in texts(svg)
+
+
+def test_costs_that_do_not_fit_say_so():
+    """The drawing does not refuse what cost_of refuses; it says, in red, that the level overflows."""
+    kernel = napkin.load(EXAMPLES / "paper" / "fig11.napkin")["fig11"]
+    svg = render(kernel, costs=True, hardware="H100", sizes={"a": 1024, "x": 64, "y": 64, "w": 32})
+    shown = " ".join(texts(svg).split())
+    assert "over capacity: the columns need 262,272 bytes at smem per block; H100's smem holds 232,448" in shown
+    with pytest.raises(napkin.NapkinError, match="over its capacity"):
+        from napkin_dsl.cost import cost_of
+        from napkin_dsl.plan import plan
+
+        cost_of(plan(kernel.diagram, "H100", None, {"a": 1024, "x": 64, "y": 64, "w": 32}))
+    fits = render(kernel, relabelled=True, costs=True, sizes={"a": 1024, "x": 64, "y": 64, "w": 32, "g_a": 128})
+    assert "over capacity" not in texts(fits)
+
+
+def test_cost_text_is_compact():
+    assert cost_text(sympy.Integer(8576)) == ("8,576", "8,576")
+    assert cost_text(sympy.Integer(17448304640)) == ("1.74e10", "17,448,304,640")
+    assert cost_text(sympy.Symbol("q") ** 2) == ("q^2", "q^2")
+    long = sympy.Add(*(sympy.Symbol(f"a{i}") * sympy.Symbol("x") for i in range(12)))
+    shown, full = cost_text(long)
+    assert shown.endswith("…") and len(shown) == 40 and full == str(long)
+
+
+def test_long_cost_cells_are_cut_and_kept_in_titles():
+    kernel = napkin.load(many_inputs_source(9))["many"]
+    svg = render(kernel, costs=True)
+    assert "…" in "".join(cost_rows(svg)["H @l1"])
+    assert "<title>a*x0 + a*x1 + a*x2 + a*x3 + a*x4 + a*x5 + a*x6 + a*x7 + a*x8 + a*y</title>" in svg
+    assert layout_problems(layout(kernel, costs=True)) == []
+
+
+@pytest.mark.parametrize("relabelled", [False, True], ids=["written", "relabelled"])
+@pytest.mark.parametrize("kernel", [k for _, k in EXAMPLE_KERNELS], ids=IDS)
+def test_every_example_draws_its_costs(kernel, relabelled):
+    """What the docs draw: every example, opaque boxes included (on two_level), with cost rows."""
+    svg = kernel.render(relabelled=relabelled, costs=True)
+    assert svg == render(kernel, relabelled=relabelled, costs=True)
+    ET.fromstring(svg)
+    rows = cost_rows(svg)
+    assert rows["column"] == [s.target for s in kernel.diagram.statements] + ["total"]
+    assert layout_problems(layout(kernel, relabelled, costs=True)) == []
+    program = kernel.program()
+    level = program.schedule.compute_level
+    assert f"M @{level}" in rows and f"H @{level}" in rows
+    for drawn in plan_levels(kernel, kernel._target(None), level).drawn:
+        assert drawn in texts(svg), f"level {drawn} is missing from the legend"
+
+
+@pytest.mark.parametrize("name", ["chain", "many", "long_names", "oddities"])
+def test_hard_layouts_with_costs_have_no_overlaps(name):
+    kernels = stress_kernels()
+    kernels.update(napkin.load(ODDITIES))
+    for relabelled in (False, True):
+        assert layout_problems(layout(kernels[name], relabelled, costs=True)) == []
+
+
+def test_costs_on_other_hardware():
+    matmul = napkin.load(EXAMPLES / "matmul.napkin")["matmul"]
+    # As written, any profile will do: the drawing's levels follow it.
+    svg = render(matmul, costs=True, hardware="two_level", sizes={"m": 64, "n": 64, "k": 64})
+    assert cost_rows(svg)["H @l1"][-1] == "12,288"
+    assert "l1: on chip" in texts(svg)
+    # Relabelled, the block's partitions name H100's levels: say so instead of failing deep inside.
+    with pytest.raises(napkin.NapkinError, match="relabel block of matmul is for H100, not two_level"):
+        render(matmul, relabelled=True, costs=True, hardware="two_level")
+    with pytest.raises(ValueError, match="costs=True"):
+        render(matmul, sizes={"m": 64})
 
 
 def test_columns_must_match_the_statements():
@@ -267,6 +392,11 @@ def test_columns_must_match_the_statements():
 def test_svg_golden(path, golden):
     (kernel,) = napkin.load(EXAMPLES / path).values()
     golden(f"svg/{path.replace('/', '__').replace('.napkin', '')}.relabelled.svg", render(kernel, relabelled=True))
+
+
+def test_svg_golden_with_costs(golden):
+    kernel = napkin.load(EXAMPLES / "paper" / "fig9.napkin")["fig9"]
+    golden("svg/paper__fig9.relabelled.costs.svg", render(kernel, relabelled=True, costs=True))
 
 
 def test_rasterised_diagram_is_not_blank():
@@ -290,8 +420,7 @@ def test_kernel_render_and_notebook_repr():
     assert kernel.render() == render(kernel)
     assert kernel.render(relabelled=True) == render(kernel, relabelled=True)
     assert kernel._repr_svg_() == kernel.render()
-    with pytest.raises(NotImplementedError):
-        kernel.render(costs=True)
+    assert kernel.render(relabelled=True, costs=True) == render(kernel, relabelled=True, costs=True)
 
 
 def test_decorated_kernel_renders():
@@ -318,7 +447,10 @@ def test_draw_writes_a_file(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--costs"], "--costs is not available yet"),
+    (["--set", "m=64"], "add --costs"),
+    (["--costs", "--set", "m=x"], "is not an integer"),
+    (["--costs", "--hardware", "nope"], "unknown hardware 'nope'"),
+    (["--costs", "--relabelled", "--hardware", "two_level"], "is for H100, not two_level"),
     (["--kernel", "nope"], "no kernel named 'nope'"),
     (["-o", "/nonexistent/dir/out.svg"], "cannot write"),
 ])
@@ -327,6 +459,24 @@ def test_draw_reports_user_errors_cleanly(argv, message, capsys):
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+def test_draw_costs_at_sizes(capsys):
+    os.chdir(ROOT)
+    argv = ["draw", "examples/attention.napkin", "--relabelled", "--costs", "--set", "b=4", "h=32", "--set", "q=8192", "x=8192", "d=128"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    sizes = {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128}
+    assert out == render(napkin.load(EXAMPLES / "attention.napkin")["attention"], relabelled=True, costs=True, sizes=sizes)
+    assert cost_rows(out)["M @smem"][-1] == "49,536"
+
+
+def test_draw_costs_on_a_named_hardware(capsys):
+    os.chdir(ROOT)
+    assert main(["draw", "examples/attention_unfused.napkin", "--costs", "--hardware", "H100", "--set", "q=1024", "x=1024", "d=128"]) == 0
+    out = capsys.readouterr().out
+    assert cost_rows(out)["H @smem"] == ["1,310,720", "2,097,152", "1,310,720", "4,718,592"]
+    assert "smem: on chip" in texts(out)
 
 
 def test_draw_asks_which_kernel(tmp_path, capsys):
