@@ -68,12 +68,13 @@ def as_number(expr):
 # ---- totals and columns --------------------------------------------------------------------
 
 
-def step_total(program: Program, step: Step, loops: tuple[Loop, ...]) -> sympy.Expr:
-    """Elements a step covers over the whole launch: exact, tails included."""
+def step_total(program: Program, step: Step, loops: tuple[Loop, ...], axes: tuple[str, ...] | None = None) -> sympy.Expr:
+    """Elements a step covers (over ``axes``, default its own) in the whole launch: exact, tails included."""
     schedule = program.schedule
-    total = sympy.Mul(*(schedule.axis_size(a) for a in step.axes))
+    axes = step.axes if axes is None else axes
+    total = sympy.Mul(*(schedule.axis_size(a) for a in axes))
     for loop in loops:
-        if loop.axis not in step.axes:
+        if loop.axis not in axes:
             total *= loop.trips
     return total
 
@@ -218,12 +219,13 @@ class LevelCost:
     capacity: object = None
     bandwidth: object = None
     per: str = ""
+    counts: str = "bytes"  # "values" on the paper's abstract models, whose bandwidths count values
 
     @property
     def transfer_time(self):
         if self.bandwidth is None:
             return None
-        return self.H_bytes / self.bandwidth
+        return (self.H if self.counts == "values" else self.H_bytes) / self.bandwidth
 
 
 @dataclass
@@ -365,6 +367,7 @@ def level_costs(program: Program, rows: list[dict] | None = None) -> dict:
             bind(hw_level.capacity, schedule.sizes) if hw_level.capacity is not None else None,
             bind(hw_level.bandwidth, schedule.sizes) if hw_level.bandwidth is not None else None,
             hw_level.per,
+            schedule.hardware.counts,
         )
     return costs
 
@@ -377,7 +380,7 @@ def flops_by_unit(program: Program) -> tuple[dict, list]:
         for step, loops in walk(launch.body):
             if not step.flops:
                 continue
-            elements = step_total(program, step, loops)
+            elements = step_total(program, step, loops, step.flop_space)
             for unit, per_element in step.flops:
                 amount = per_element * elements
                 totals[unit] = totals.get(unit, 0) + amount
@@ -402,7 +405,7 @@ def predict_time(program: Program, levels: dict, priced: list) -> dict:
     for name, c in levels.items():
         if c.bandwidth is not None:
             weighted += (c.H if hardware.counts == "values" else c.H_bytes) / c.bandwidth
-    time["weighted_H"] = weighted if not sympy.sympify(weighted).is_number else None
+    time["weighted_H"] = weighted
     if hardware.symbolic:
         return time
     compute_s = 0.0
@@ -447,7 +450,9 @@ def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
     schedule = program.schedule
     counts_values = schedule.hardware.counts == "values"
     for name, c in levels.items():
-        if c.capacity is None:
+        if c.capacity is None or any(p.derived for p in schedule.partitions_at(name)):
+            # A derived L2 grouping was chosen to fit the chunks co-resident blocks have in
+            # flight (plan.py); M lists whole tiles there, which L2, a cache, never holds at once.
             continue
         used = c.M if counts_values else c.M_bytes
         used_n, capacity_n = as_number(used), as_number(c.capacity)
@@ -461,7 +466,16 @@ def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
             parts.append(f"{b.name}[{' '.join(str(schedule.extent(a, name)) for a in b.axes)}] {b.dtype} = {_fmt(values * _bytes(b.dtype))} B")
         unit = "values" if counts_values else "bytes"
         partitions = [p for p in schedule.partitions_at(name) if not p.derived and as_number(bind(p.size, schedule.sizes))]
+        largest_buffer = max(worst["buffers"].get(name, []), key=lambda b: as_number(tile_values(program, name, b.axes) * _bytes(b.dtype)) or 0,
+                             default=None)
+        if largest_buffer is not None:
+            # Shrinking a partition helps only if the largest buffer has that axis.
+            partitions = [p for p in partitions if p.axis in largest_buffer.axes]
         hint = None
+        if largest_buffer is not None and not partitions:
+            free = [a for a in largest_buffer.axes if schedule.extent(a, name) == schedule.axis_size(a) and schedule.axis_size(a) != 1]
+            hint = (f"the largest buffer, {largest_buffer.name}, is not partitioned along {' or '.join(free) or 'any axis'} at {name}: "
+                    f"partition one of them, or let `napkin tune` choose")
         if partitions:
             largest = max(partitions, key=lambda p: as_number(bind(p.size, schedule.sizes)))
             size = as_number(bind(largest.size, schedule.sizes))

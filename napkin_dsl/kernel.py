@@ -51,6 +51,12 @@ class Kernel:
         self.hardware = checked.relabel.hardware if checked.relabel is not None else hardware
         self.function = function
         self._cache: dict = {}
+        if self.relabel is not None:
+            # The legality of each group and stream partition needs no sizes: check it now, so
+            # that `napkin check`, `napkin.load` and the decorator refuse an illegal relabelling.
+            from .relabel import make_schedule
+
+            make_schedule(self.diagram, self.relabel.hardware, self.relabel)
         if function is not None:
             self.__doc__ = function.__doc__
             self.__wrapped__ = function

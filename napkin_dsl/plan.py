@@ -36,6 +36,8 @@ def shared_cache_level(schedule: Schedule) -> str | None:
 def _l2_traffic(schedule: Schedule, candidate: tuple[Partition, ...]) -> tuple[int, int]:
     """(bytes moved into L2, bytes resident in L2 per group) for a candidate L2 grouping."""
     diagram = schedule.diagram
+    streamed = {p.axis: int(schedule.extent(p.axis, schedule.compute_level))
+                for p in schedule.partitions_at(schedule.compute_level, "stream")}
     moved = resident = 0
     for launch in schedule.launches:
         here = set(launch.axes)
@@ -49,6 +51,10 @@ def _l2_traffic(schedule: Schedule, candidate: tuple[Partition, ...]) -> tuple[i
                 full = int(schedule.axis_size(axis))
                 size *= full
                 extent = next((int(p.size) for p in parts if p.axis == axis), full)
+                # Co-resident blocks walk a stream together: L2 holds the chunks in flight,
+                # not the whole streamed axis.
+                if axis in streamed:
+                    extent = min(extent, streamed[axis])
                 tile *= min(extent, full)
             for p in parts:
                 if p.axis not in array.axes:

@@ -57,9 +57,15 @@ class Step:
     source: str | None = None  # transfers: from this level ...
     dest: str | None = None  # ... to this one
     dtype: str | None = None  # transfers: dtype of the values moved; compute: dtype computed in
-    flops: tuple[tuple[str, int], ...] = ()  # (unit, operations per element of `axes`)
+    flops: tuple[tuple[str, int], ...] = ()  # (unit, operations per element of `flop_space`)
     statement: Statement | None = field(default=None, compare=False)
     text: str = ""
+    flop_axes: tuple[str, ...] | None = None  # where FLOPs are counted, when not over `axes`
+
+    @property
+    def flop_space(self) -> tuple[str, ...]:
+        """The axes FLOPs are counted over: an opaque box's cost is per woven copy, not per element."""
+        return self.flop_axes if self.flop_axes is not None else self.axes
 
 
 @dataclass(frozen=True)
@@ -242,8 +248,10 @@ class _LaunchElaborator:
     def compute(self, s: Statement, level: str, op: str = "compute") -> Step:
         dtype = accumulation_dtype(self.diagram.arrays[n].dtype for n in s.inputs) if s.inputs else "f32"
         write = self.buffer(s.target, level, s.axes, dtype)
+        flop_axes = s.woven if isinstance(s.box, Opaque) else None
         return Step(op, level, s.iteration_axes, self.operand_refs(s, level), (write,), s.target, dtype=dtype,
-                    flops=statement_flops(s), statement=s, text=f"{s.target}[{' '.join(s.axes)}] = {_box_text(s)}")
+                    flops=statement_flops(s), statement=s, text=f"{s.target}[{' '.join(s.axes)}] = {_box_text(s)}",
+                    flop_axes=flop_axes)
 
     def state(self, s: Statement, suffix: str, level: str, axes) -> tuple[str, str]:
         return self.buffer(f"{s.target}.{suffix}", level, axes, "f32")
@@ -319,7 +327,9 @@ class _LaunchElaborator:
             acc = (level, f"{s.target}.acc")
             out = self.buffer(s.target, level, s.axes, "f32")
             if isinstance(box, Reduce) and box.op == "mean":
-                return [Step("finalise", level, s.axes, (acc,), (out,), s.target, dtype="f32", flops=_flops(fma=1), statement=s,
+                # The division by the count is one operation per output, like the non-streamed
+                # mean's; napkin counts neither (see diagram.count_operations).
+                return [Step("finalise", level, s.axes, (acc,), (out,), s.target, dtype="f32", statement=s,
                              text=f"{s.target} = {s.target}.acc / {' * '.join(box.axes)}")]
             return [Step("finalise", level, s.axes, (acc,), (out,), s.target, dtype="f32", statement=s,
                          text=f"{s.target} = {s.target}.acc")]
@@ -427,7 +437,8 @@ def l2_candidates(schedule: Schedule, level: str, blocks: int) -> list[tuple[Par
 
     Launch order is assumed to be swizzled (as CUTLASS, cuBLAS and Triton's grouped ordering
     do), so the blocks in flight together form a box of the group grid; we try boxes whose
-    sides are powers of two or whole axes, with at most ``blocks`` blocks.
+    sides are powers of two dividing the axis's group count, or whole axes, with at most
+    ``blocks`` blocks.
     """
     compute = schedule.compute_level
     grouped = [p for p in schedule.partitions_at(compute, "group")]
@@ -437,7 +448,8 @@ def l2_candidates(schedule: Schedule, level: str, blocks: int) -> list[tuple[Par
         if not count.is_number:
             return []
         count = int(count)
-        sides = sorted({count} | {2**k for k in range(0, count.bit_length()) if 2**k < count})
+        # Sides that divide the group count, so that no L2 group ends in a tail of empty tiles.
+        sides = sorted({count} | {2**k for k in range(0, count.bit_length()) if 2**k < count and count % 2**k == 0})
         options.append([(p, side) for side in sides])
     candidates = []
     for combo in itertools.product(*options):
@@ -479,7 +491,8 @@ def _render_nodes(nodes, schedule, lines, depth):
         if isinstance(node, Loop):
             kind = "parallel for" if node.kind == "group" else "for"
             derived = "  # derived: co-resident blocks share L2" if node.derived else ""
-            lines.append(f"{pad}{kind} {node.axis} in {node.trips} {node.kind}s of {node.tile} @{node.level}:{derived}")
+            plural = "" if node.trips == 1 else "s"
+            lines.append(f"{pad}{kind} {node.axis} in {node.trips} {node.kind}{plural} of {node.tile} @{node.level}:{derived}")
             _render_nodes(node.body, schedule, lines, depth + 1)
         else:
             lines.append(f"{pad}{node.text}    [{_tile(schedule, node.axes, node.level)}]")

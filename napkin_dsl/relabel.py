@@ -291,7 +291,17 @@ def make_schedule(
     partitions: list[Partition] = []
     seen: dict[tuple[str, str], Span | None] = {}
     clauses = [(c.level, p) for c in (block.levels if block else ()) for p in c.partitions]
+    unknown_levels: set[str] = set()
     for level, p in clauses:
+        if level not in profile.level_names():
+            if level in unknown_levels:
+                continue
+            unknown_levels.add(level)
+            errors.append(RelabelError(
+                f"the relabelling names level {level!r}, which {profile.name} does not have (levels: {', '.join(profile.level_names())})",
+                p.span, f"relabel the kernel for {profile.name}, or plan it on {block.hardware}",
+            ))
+            continue
         if p.axis not in diagram.axes:
             import difflib
 
@@ -350,7 +360,7 @@ def make_schedule(
         if len(streams) > 1:
             errors.append(RelabelError(
                 f"level {level} streams {len(streams)} axes ({', '.join(p.axis for p in streams)}); napkin streams one axis per level",
-                streams[1].span, "group the others, or stream them at another level",
+                streams[1].span, f"keep one stream at {level} and group or leave unpartitioned the others",
             ))
 
     launches = []
@@ -376,6 +386,8 @@ def make_schedule(
     notes = []
     schedule = Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, ())
     for p in partitions:
+        if p.derived:
+            continue  # napkin's own L2 grouping: its tails are whole groups, not worth a note
         axis_size = schedule.axis_size(p.axis)
         size = bind(p.size, sizes)
         if axis_size.is_number and size.is_number and axis_size % size != 0:

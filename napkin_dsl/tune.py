@@ -12,8 +12,8 @@ For the abstract models (values, symbolic capacity ``M``) it fits the paper's op
 ``H* = sum_t alpha_t M^-beta_t``: the leading exponent ``beta`` (1/2 for matmul, 1 for
 attention) and the terms that do not depend on ``M``.
 
-It does not change the kernel; apply a configuration with ``Kernel.cost(**config)`` or by
-writing it into the relabel block.
+It does not change the kernel; apply a configuration by writing it into the relabel block
+(:meth:`TuneResult.relabel_block` prints one).
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class Configuration:
     report: CostReport | None = None
 
     def relabel_line(self, knobs) -> str:
-        groups = [f"{k.axis} {self.sizes[k.axis]}" for k in knobs if k.kind == "group"]
-        streams = [f"{k.axis} {self.sizes[k.axis]}" for k in knobs if k.kind == "stream"]
+        groups = [f"{k.axis} {self.sizes[k.axis]}" for k in knobs if k.kind == "group" and k.axis in self.sizes]
+        streams = [f"{k.axis} {self.sizes[k.axis]}" for k in knobs if k.kind == "stream" and k.axis in self.sizes]
         parts = ([f"group {', '.join(groups)}"] if groups else []) + ([f"stream {', '.join(streams)}"] if streams else [])
         return f"{knobs[0].level}: " + "; ".join(parts) if knobs else ""
 
@@ -105,6 +105,7 @@ class TuneResult:
             lines.append("  multiples: " + ", ".join(f"{a} of {m}" for a, m in self.constraints.items()))
         if self.beta is not None:
             lines.append(f"  optimum: H* = {self.optimum}   (beta = {self.beta})")
+            lines.append(f"  {getattr(self, 'fit_note', '')}")
         for rank, config in enumerate(self.configurations, 1):
             t = f"{config.time_s * 1e3:.4g} ms" if config.time_s is not None else "-"
             tflops = ""
@@ -257,7 +258,9 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
         except RelabelError:
             continue
         configurations.append(Configuration(values, report.time.get("overlapped_s"), report))
-    configurations.sort(key=lambda c: c.time_s if c.time_s is not None else math.inf)
+    # Ties in predicted time go to the configuration that moves fewer bytes into the compute level.
+    configurations.sort(key=lambda c: (c.time_s if c.time_s is not None else math.inf,
+                                       as_number(c.report.levels[compute_level].H_bytes) or 0))
     if not configurations:
         raise RelabelError(f"no configuration of {diagram.name} fits {profile.name}", hint="check the sizes")
     return TuneResult(diagram.name, profile.name, knobs, configurations, evaluated, _time.perf_counter() - started, required)
@@ -285,6 +288,8 @@ class AbstractOptimum:
         self.axis_size = 2**20
         axis_values = {sympy.Symbol(a, positive=True, integer=True): sizes.get(a, self.axis_size) for a in diagram.axes}
         self.H_symbolic = costs.H
+        # Group sizes H does not depend on (axes every array carries) stay 1: larger ones only cost memory.
+        self.relevant = [costs.H.has(symbol) for symbol in symbols]
         self.H = sympy.lambdify(symbols, costs.H.subs(axis_values), "math")
         self.M = sympy.lambdify(symbols, costs.M.subs(axis_values), "math")
         self.H0 = costs.H.subs({s: sympy.oo for s in symbols})
@@ -292,11 +297,13 @@ class AbstractOptimum:
         self.unit_memory = float(self.M(*([1] * len(symbols))))
 
     def at(self, capacity: float) -> tuple[float, tuple]:
-        points = max(12, int(25000 ** (1 / len(self.groups))))
+        points = max(12, int(25000 ** (1 / max(1, sum(self.relevant)))))
         top = math.log2(self.axis_size)
         grid = [2 ** (top * i / (points - 1)) for i in range(points)]
         best = (math.inf, ())
-        for combo in itertools.product(grid, repeat=len(self.groups)):
+        self.evaluated = getattr(self, "evaluated", 0)
+        for combo in itertools.product(*[grid if relevant else [1.0] for relevant in self.relevant]):
+            self.evaluated += 1
             if self.M(*combo) > capacity:
                 continue
             value = self.H(*combo)
@@ -304,8 +311,13 @@ class AbstractOptimum:
                 best = (value, combo)
         return best
 
+    @property
+    def fit_capacity(self) -> float:
+        """A capacity whose optimum lies well inside the grid: the memory of groups of 256."""
+        return float(self.M(*[256 if relevant else 1 for relevant in self.relevant]))
+
     def beta(self) -> sympy.Rational:
-        capacity = 2.0**12 * self.unit_memory
+        capacity = self.fit_capacity
         h1, _ = self.at(capacity)
         h2, _ = self.at(4 * capacity)
         return sympy.Rational(round(-math.log((h2 - self.H0_value) / (h1 - self.H0_value)) / math.log(4) * 4), 4)
@@ -316,6 +328,12 @@ def _tune_abstract(diagram: Diagram, profile: Hardware, block, sizes: dict, star
     model = AbstractOptimum(diagram, profile, block, sizes)
     beta = model.beta()
     optimum = sympy.Symbol("alpha") * sympy.Symbol("M", positive=True) ** (-beta) + model.H0
-    _, best = model.at(2.0**12 * model.unit_memory)
-    configurations = [Configuration({k.axis: round(v) for k, v in zip(model.groups, best)}, None)]
-    return TuneResult(diagram.name, profile.name, model.knobs, configurations, 0, _time.perf_counter() - started, {}, beta, optimum)
+    _, best = model.at(model.fit_capacity)
+    sizes_at_fit = {k.axis: round(v) for k, v in zip(model.groups, best)}
+    sizes_at_fit.update({k.axis: 1 for k in model.knobs if k.kind == "stream"})
+    configurations = [Configuration(sizes_at_fit, None)]
+    result = TuneResult(diagram.name, profile.name, model.knobs, configurations, model.evaluated,
+                        _time.perf_counter() - started, {}, beta, optimum)
+    result.fit_note = (f"group sizes at the fit's capacity M = {model.fit_capacity:.4g} values "
+                       f"(every axis {model.axis_size} unless bound, streams of 1)")
+    return result

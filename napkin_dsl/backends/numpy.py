@@ -303,7 +303,7 @@ class _Interpreter:
 
     def flop_counter(self, step: Step) -> Callable[[], None]:
         per_unit = [(unit, _per_element(n)) for unit, n in step.flops]
-        axes = step.axes
+        axes = step.flop_space
         flops = self.counts.flops
         for unit, _ in per_unit:
             flops.setdefault(unit, 0)

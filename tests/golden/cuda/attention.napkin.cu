@@ -24,7 +24,6 @@
  *   predicted throughput: 27.5 TFLOP/s
  *   note: group q 128 does not divide q = 200: 2 groups, the last one masked (72 of 128)
  *   note: stream x 64 does not divide x = 150: 3 chunks, the last one masked (22 of 64)
- *   note: group q 256 does not divide q = 200: 1 groups, the last one masked (200 of 256)
  *   note: the l2 groups are derived: co-resident thread blocks in a swizzled launch order share L2 (docs: method, the L2 level)
  */
 

@@ -21,8 +21,6 @@
  *   note: group m 128 does not divide m = 300: 3 groups, the last one masked (44 of 128)
  *   note: group n 128 does not divide n = 200: 2 groups, the last one masked (72 of 128)
  *   note: stream k 32 does not divide k = 100: 4 chunks, the last one masked (4 of 32)
- *   note: group m 384 does not divide m = 300: 1 groups, the last one masked (300 of 384)
- *   note: group n 256 does not divide n = 200: 1 groups, the last one masked (200 of 256)
  *   note: the l2 groups are derived: co-resident thread blocks in a swizzled launch order share L2 (docs: method, the L2 level)
  */
 

@@ -16,7 +16,6 @@
  *   predicted time: 1.75 us overlapped (compute-bound), 1.78 us serial; compute 1.75 us, 1 wave of 2376 blocks
  *   predicted throughput: 0.0 TFLOP/s
  *   note: group r 16 does not divide r = 37: 3 groups, the last one masked (5 of 16)
- *   note: group r 16 does not divide r = 37: 3 groups, the last one masked (5 of 16)
  *   note: the l2 groups are derived: co-resident thread blocks in a swizzled launch order share L2 (docs: method, the L2 level)
  */
 
