@@ -14,8 +14,10 @@
   separated by dashed lines;
 * colours are memory levels, top level black, then orange, green, ...: kernel parameters
   live at the top level, ``@level`` statements at their level, everything else on chip (the
-  level the relabel block names, else the top level's child); a bar tagged ``load`` or
-  ``save`` marks where an array changes level;
+  compute level of the hardware, or the deeper level the relabel block names); a bar tagged
+  ``load`` or ``save`` marks where an array changes level, as the Program moves it: once per
+  launch (an array read again in its launch is loaded before it is copied, a result read
+  again in its launch is saved after its last reader there);
 * ``relabelled=True`` marks the partitions of the relabel block on on-chip wires: a group
   partition boxes the wire's label (``q g=128``), a stream partition dashes the wire
   (``x s=64``);
@@ -32,6 +34,9 @@ What it deliberately does not do:
   through ``cost.statement_columns``: one source of truth;
 * draw the elaborated pseudocode (loops, per-chunk heads and accumulators) or the open
   circle for split/concatenate: one column per statement, as written;
+* hold two copies of one array at two levels: an array read again in its launch *and* in a
+  later launch passes at its own level and each reader loads it, one load more than the
+  Program's (whose cost rows stay exact);
 * measure fonts. Every label is set in a monospace font so that its width can be estimated
   (0.6 em per character); long names are cut with an ellipsis, their full text kept in a
   ``<title>``.
@@ -86,6 +91,7 @@ BUNDLE_GAP = 12
 ROUTE_WIDTH = 40  # where wires bend from their bundle to the box's lanes and ports
 BOX_MARGIN = 10  # between a box and the edges of its zone
 MIN_BOX_WIDTH = 48
+GAP_MOVE = 24  # room in a gap for a load or save mark before the bundles bend
 LANE_GAP = 6  # between the woven lanes and the box's own ports
 
 # ---- text limits -----------------------------------------------------------------------------
@@ -502,6 +508,7 @@ class Renderer:
         self.levels = plan_levels(kernel, *((costs.hardware, costs.compute) if costs is not None else ()))
         self.partitions = plan_partitions(kernel, relabelled)
         self.columns, self.unused, self.final = plan_columns(self.diagram)
+        self.plan_residency()
         self.drawing = Drawing()
         self.top = 0.0
         self.pass_top = 0.0
@@ -519,7 +526,73 @@ class Renderer:
         return self.levels.of_array[array]
 
     def loaded(self, array: str) -> bool:
+        """Whether an array lives off chip (at the top level or a materialised one)."""
         return self.level_of(array) != self.levels.compute
+
+    def plan_residency(self):
+        """Where the arrays that live off chip are, column by column, moved as the Program moves them.
+
+        Statements run in launches split after each one materialised at the top level
+        (``relabel.split_launches``). In a launch, an array is loaded once, by its first
+        reader, and stays on chip for later readers in the launch; a result that is saved
+        stays on chip for them too. So an array read again in its launch is loaded in the gap
+        before its first reader, before it is copied, and a result read again is saved after
+        its last reader in the launch (in the gap of the next column, or at the right edge).
+        An array read again in a later launch as well is drawn as before: its copy passes at
+        its own level, and each reader loads it.
+        """
+        columns = self.columns
+        launch, launch_of = 0, []
+        for index, column in enumerate(columns):
+            launch_of.append(launch)
+            if column.statement.level == self.levels.top and column.statement.level is not None:
+                launch += 1
+        uses: dict = {}
+        for index, column in enumerate(columns):
+            for array in column.inputs:
+                uses.setdefault(array, []).append(index)
+        chip: dict = {}  # array off chip by level, held on chip now -> the launch it is held in
+        self.chip_in, self.chip_out, self.gap_moves, self.entry_loads, self.exit_saves = [], [], [], [], []
+        for index, column in enumerate(columns):
+            here = launch_of[index]
+            if index == 0:
+                arriving = set(column.inputs) | set(column.passing)
+            else:
+                previous = columns[index - 1]
+                arriving = set(previous.passing) | ({previous.statement.target} & set(self.after(previous)))
+            moves = {}
+            for array, held in list(chip.items()):
+                if not any(j >= index and launch_of[j] == held for j in uses.get(array, [])):
+                    del chip[array]
+                    if array in arriving:
+                        moves[array] = "save"
+            for array in column.inputs:
+                later = [j for j in uses[array] if j > index]
+                if (self.loaded(array) and array not in chip and later and array not in self.final
+                        and all(launch_of[j] == here for j in later)):
+                    moves[array] = "load"
+                    chip[array] = here
+            self.gap_moves.append(moves)
+            self.entry_loads.append({a for a in column.inputs if self.loaded(a) and a not in chip})
+            self.chip_in.append(set(chip))
+            target = column.statement.target
+            saved = self.loaded(target)
+            if saved and any(j > index and launch_of[j] == here for j in uses.get(target, [])):
+                saved = False
+                chip[target] = here
+            self.exit_saves.append(saved)
+            needed = set(self.after(column))
+            chip = {a: held for a, held in chip.items() if a in needed}
+            self.chip_out.append(set(chip))
+        self.right_saves = [a for a in self.final if a in chip]
+
+    def level_in(self, array: str, index: int) -> str:
+        """The level of an array's bundle in column ``index`` (after the gap before it)."""
+        return self.levels.compute if array in self.chip_in[index] else self.level_of(array)
+
+    def level_leaving(self, array: str, index: int) -> str:
+        """The level of an array's bundle as it leaves column ``index`` (-1: the left edge)."""
+        return self.levels.compute if index >= 0 and array in self.chip_out[index] else self.level_of(array)
 
     def wire_labels(self, array: str, level: str) -> list[str]:
         """Labels of an array's wires at a level: on chip, partitioned axes show their parts."""
@@ -635,10 +708,15 @@ class Renderer:
         """Room for the operands' names, their load marks and (relabelled) on-chip labels."""
         named = [a for a in column.inputs if self.moved(a, column)]
         names = _max_width((truncate(a, MAX_NAME_CHARS) for a in named), HEADER_SIZE)
-        loaded = [a for a in column.inputs if self.loaded(a)]
+        index = column.statement.index
+        loaded = [a for a in column.inputs if a in self.entry_loads[index]]
         if not loaded:
             column.load_x = column.entry
-            return max(8 + names + 8, 10)
+            width = max(8 + names + 8, 10)
+            if self.relabelled:  # labels of operands already on chip, loaded for an earlier reader
+                held = [lab for a in column.inputs if self.loaded(a) and self.partitioned(a) for lab in self.wire_labels(a, self.levels.compute)]
+                width = max(width, 6 + _max_width(held, LABEL_SIZE) + 8)
+            return width
         tag = max(text_width(self.transfer_tag(self.level_of(a), self.levels.compute), LABEL_SIZE) for a in loaded)
         offset = 6 + (names + 8 if names else 0) + tag / 2
         column.load_x = column.entry + offset
@@ -647,6 +725,9 @@ class Renderer:
             labels = [lab for a in loaded if self.partitioned(a) for lab in self.wire_labels(a, self.levels.compute)]
             if labels:
                 width = max(width, offset + 6 + _max_width(labels, LABEL_SIZE) + 8)
+            held = [lab for a in column.inputs if self.loaded(a) and a not in loaded and self.partitioned(a)
+                    for lab in self.wire_labels(a, self.levels.compute)]
+            width = max(width, 6 + _max_width(held, LABEL_SIZE) + 8)
         return width
 
     def exit_width(self, column: Column) -> float:
@@ -654,7 +735,7 @@ class Renderer:
         target = column.statement.target
         texts = self.wire_labels(target, self.levels.compute)
         width = max(text_width(_header(self.diagram, target), HEADER_SIZE), _max_width(texts, LABEL_SIZE))
-        if not self.loaded(target):
+        if not self.exit_saves[column.statement.index]:
             return 8 + width + 12
         tag = text_width(self.transfer_tag(self.levels.compute, self.level_of(target)), LABEL_SIZE)
         column.save_x = column.exit + 8 + width + 10 + tag / 2
@@ -668,9 +749,10 @@ class Renderer:
             ends = [t for a, t in after if a == array]
             copies = copies or len(ends) > 1
             shift = max([shift] + [abs(t - top) for t in ends])
+        moves = GAP_MOVE if self.gap_moves[column.statement.index] else 0
         if shift < 0.01 and not copies:
-            return 10
-        return route_width(shift)
+            return 10 + moves
+        return route_width(shift) + moves
 
     def inner_shift(self, column: Column) -> float:
         """How far an operand wire travels to its lane or port."""
@@ -690,11 +772,15 @@ class Renderer:
         rows = _max_width(self.costs.heads, LABEL_SIZE) if self.costs is not None else 0
         return max(heads, labels, rows, 24) + 14
 
+    def right_names(self) -> float:
+        """Where the outputs' names start, right of the last column (after any save mark)."""
+        return 16 + (GAP_MOVE + 8 if self.right_saves else 0)
+
     def right_width(self) -> float:
         heads = _max_width((_header(self.diagram, a) for a in self.final), HEADER_SIZE)
         labels = _max_width((t for a in self.final for t in self.wire_labels(a, self.level_of(a))), LABEL_SIZE)
-        totals = _max_width((shown for shown, _ in self.costs.totals), LABEL_SIZE) if self.costs is not None else 0
-        return 16 + max(heads, labels, totals) + 8
+        totals = 16 + _max_width((shown for shown, _ in self.costs.totals), LABEL_SIZE) if self.costs is not None else 0
+        return max(self.right_names() + max(heads, labels), totals) + 8
 
     def layout_x(self):
         x = MARGIN + self.left_width()
@@ -795,23 +881,47 @@ class Renderer:
     def draw_right(self):
         x0 = self.right
         last = self.departure(self.columns[-1]) if self.columns else []
+        names = x0 + self.right_names()
         for i, (array, top) in enumerate(last):
             level = self.level_of(array)
-            self.bundle_straight(array, top, x0, self.width - MARGIN, level)
-            self.name_label(array, top, x0 + 16)
+            if array in self.right_saves:  # kept on chip for later readers: saved at last
+                mark = x0 + GAP_MOVE - 6
+                self.bundle_straight(array, top, x0, mark, self.levels.compute)
+                self.bundle_straight(array, top, mark, self.width - MARGIN, level)
+                self.transfer_mark(mark, top, array, self.transfer_tag(self.levels.compute, level), level)
+            else:
+                self.bundle_straight(array, top, x0, self.width - MARGIN, level)
+            self.name_label(array, top, names)
             if self.relabelled and self.partitioned(array):
-                self.axis_labels(array, top, x0 + 16, level)  # back at full size after the save
+                self.axis_labels(array, top, names, level)  # back at full size after the save
             if i:
                 self.separator(x0, self.width - MARGIN, top)
             self.bottom = max(self.bottom, top + self.height(array))
 
     def draw_gap(self, column: Column):
-        """Bundles bend from where the last column left them to where this one wants them."""
-        x0, x1 = column.gap, column.entry
+        """Bundles bend from where the last column left them to where this one wants them.
+
+        An array loaded once for several readers is loaded here, before it is copied; a result
+        kept on chip for later readers is saved here, after the last of them.
+        """
+        index = column.statement.index
+        moves = self.gap_moves[index]
+        x1 = column.entry
         after = self.arrival(column)
         for array, top in self.before(column):
             ends = [t for a, t in after if a == array]
-            level = self.level_of(array)
+            level = self.level_leaving(array, index - 1)
+            x0 = column.gap
+            if array in moves:
+                arrives = self.level_in(array, index)
+                mark = x0 + GAP_MOVE - 8
+                self.bundle_straight(array, top, x0, mark, level)
+                self.transfer_mark(mark, top, array, moves[array], arrives)
+                x0, level = x0 + GAP_MOVE, arrives
+                self.bundle_straight(array, top, mark, x0, level)
+            elif moves:
+                self.bundle_straight(array, top, x0, x0 + GAP_MOVE, level)
+                x0 += GAP_MOVE
             for k, axis in enumerate(wires_of(self.diagram, array)):
                 for end in ends:
                     self.wire(bend(x0, wire_y(top, k), x1, wire_y(end, k)), axis, level)
@@ -822,11 +932,12 @@ class Renderer:
     # -- a column
     def draw_column(self, column: Column):
         compute = self.levels.compute
+        index = column.statement.index
         for array, top in self.stack(column.passing, self.pass_top):
-            self.bundle_straight(array, top, column.entry, column.end, self.level_of(array))
+            self.bundle_straight(array, top, column.entry, column.end, self.level_in(array, index))
         for i, (array, top) in enumerate(zip(column.inputs, column.input_tops)):
             level = self.level_of(array)
-            if self.loaded(array):
+            if array in self.entry_loads[index]:
                 self.bundle_straight(array, top, column.entry, column.load_x, level)
                 self.bundle_straight(array, top, column.load_x, column.inner, compute)
                 self.transfer_mark(column.load_x, top, array, self.transfer_tag(level, compute), compute)
@@ -834,6 +945,8 @@ class Renderer:
                     self.axis_labels(array, top, column.load_x + 6, compute)
             else:
                 self.bundle_straight(array, top, column.entry, column.inner, compute)
+                if self.relabelled and self.loaded(array) and self.partitioned(array):
+                    self.axis_labels(array, top, column.entry + 6, compute)  # on chip since an earlier load
             if self.moved(array, column):
                 self.name_label(array, top, column.entry + 6, dtype=False)
             if i:
@@ -878,10 +991,11 @@ class Renderer:
     def draw_exit(self, column: Column):
         compute = self.levels.compute
         target = column.statement.target
-        level = self.level_of(target)
+        saved = self.exit_saves[column.statement.index]
+        level = self.level_of(target) if saved else compute
         live = target in self.after(column)
         end = column.end if live else column.end - 6
-        if level == compute:
+        if not saved:
             self.bundle_straight(target, self.top, column.exit, end, compute)
         else:
             self.bundle_straight(target, self.top, column.exit, column.save_x, compute)
@@ -1198,7 +1312,8 @@ def cost_program(kernel, relabelled: bool, hardware: str | None = None, sizes: d
 
 def cost_table(kernel, relabelled: bool, hardware: str | None = None, sizes: dict | None = None) -> CostTable:
     """M and H per column at the compute level, from ``cost.statement_columns`` of the Program."""
-    from .cost import as_number, columns as program_columns, level_costs, max_of, statement_columns
+    from .cost import as_number, level_costs, max_of, statement_columns
+    from .cost import columns as program_columns
 
     program = cost_program(kernel, relabelled, hardware, sizes)
     schedule = program.schedule

@@ -145,6 +145,60 @@ def test_loads_and_saves_are_marked_where_arrays_change_level():
     assert tags.count("save") == 3
 
 
+def program_transfers(kernel) -> tuple[int, int]:
+    """(loads, saves) into and out of the compute level in the kernel's Program, one per array
+    and launch (a streamed array is loaded chunk by chunk, but it is one load in the diagram)."""
+    from napkin_dsl.pseudocode import walk
+
+    program = kernel.program()
+    compute = program.schedule.compute_level
+    loads, saves = set(), set()
+    for launch in program.launches:
+        for step, _ in walk(launch.body):
+            if step.op == "load" and step.dest == compute:
+                loads.add((launch.index, step.array))
+            if step.op == "save" and step.source == compute:
+                saves.add((launch.index, step.array))
+    return len(loads), len(saves)
+
+
+def hard_kernels() -> dict:
+    kernels = stress_kernels()
+    kernels.update(napkin.load(ODDITIES))
+    kernels["chain"] = napkin.load(chain_source(6))["chain"]
+    return kernels
+
+
+@pytest.mark.parametrize("kernel", [k for _, k in EXAMPLE_KERNELS] + list(hard_kernels().values()),
+                         ids=IDS + list(hard_kernels()))
+def test_the_drawing_moves_arrays_as_the_program_does(kernel):
+    """One load per array and launch, at its first reader; a result saved once, after its last
+    reader in its launch: as many load and save marks as the Program has transfers."""
+    tags = texts(render(kernel)).splitlines()
+    assert (tags.count("load"), tags.count("save")) == program_transfers(kernel)
+
+
+def test_an_array_read_twice_in_a_launch_is_loaded_once_and_copied_on_chip():
+    rmsnorm = napkin.load(EXAMPLES / "rmsnorm.napkin")["rmsnorm"]
+    drawing = layout(rmsnorm, True)
+    loads = [t for t in drawing.label_rects if t[4] == "load"]
+    assert len(loads) == 2  # X (before it is copied for ms and Y) and G
+    x_load = min(loads, key=lambda t: t[0])
+    assert x_load[2] < drawing.box_rects[0][0]
+    svg = render(rmsnorm, relabelled=True)
+    assert texts(svg).splitlines().count("t g=8") == 4  # X at both readers, ms, Y
+
+
+def test_a_result_read_again_in_its_launch_is_saved_after_its_last_reader():
+    kernel = napkin.load(ODDITIES)["oddities"]
+    drawing = layout(kernel)
+    saves = sorted((t for t in drawing.label_rects if t[4] == "save"), key=lambda t: t[0])
+    boxes = {b[4]: b for b in drawing.box_rects}
+    assert len(saves) == 3
+    assert boxes["m"][2] < saves[0][0] < boxes["W"][0]  # Y, after m reads it
+    assert saves[1][0] > boxes["Z"][2] and saves[2][0] > boxes["Z"][2]  # Z at its exit; T, after Z reads it
+
+
 def test_levels_have_the_papers_colours():
     svg = render(napkin.load(EXAMPLES / "paper" / "fig9.napkin")["fig9"])
     assert 'stroke="#000000"' in svg  # top level l0: black
