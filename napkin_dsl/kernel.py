@@ -160,7 +160,11 @@ class Kernel:
         from .backends.cuda import compile_program
 
         default = {"sm_80": "A100"}.get(arch, "H100")
-        return compile_program(self.gpu_program(hardware or (None if self.hardware and self.hardware in ("A100", "H100", "H200") else default), **sizes), arch, ptx)
+        target = hardware or (None if self.hardware and self.hardware in ("A100", "H100", "H200") else default)
+        key = ("compile", arch, target, ptx, tuple(sorted(sizes.items())))
+        if key not in self._cache:
+            self._cache[key] = compile_program(self.gpu_program(target, **sizes), arch, ptx)
+        return self._cache[key]
 
     def tune(self, hardware: str | None = None, top: int = 5, **sizes: int):
         """Group/stream sizes minimising predicted time on ``hardware`` (a :class:`~napkin_dsl.tune.TuneResult`)."""

@@ -186,16 +186,17 @@ class _LaunchElaborator:
         saved: set[str] = set()
         steps: list = []
 
+        chunk_resident: set[str] = set()  # chunks loaded in this iteration of the stream loop
+
         def load_inputs(statement: Statement, into: list, carrying: str | None = None, hoist_only=False):
             for name in statement.inputs:
-                if name in resident or name not in launch.inputs:
+                if name in resident or name in chunk_resident or name not in launch.inputs:
                     continue
                 has_axis = carrying is not None and carrying in self.diagram.arrays[name].axes
                 if hoist_only and has_axis:
                     continue
                 into.append(self.transfer("load", name, parent, level))
-                if not has_axis:
-                    resident.add(name)
+                (chunk_resident if has_axis else resident).add(name)
 
         def save_if_output(name: str, into: list):
             if name in launch.outputs and name not in saved:

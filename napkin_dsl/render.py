@@ -52,9 +52,7 @@ True
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
@@ -62,6 +60,7 @@ from xml.sax.saxutils import escape, quoteattr
 import sympy
 
 from .diagram import Apply, Const, Contract, Diagram, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from .cache import write_atomically
 from .errors import NapkinError
 from .hardware import hardware_names, load_hardware
 
@@ -1400,22 +1399,7 @@ def render(kernel, relabelled: bool = False, costs=None, columns=None, *, hardwa
 
 
 def _write_atomically(path: Path, text: str):
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise NapkinError(f"cannot write {path}: no directory {directory}")
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        # mkstemp makes the file private; give it the permissions a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomically(path, text.encode("utf-8"))
 
 
 def cmd_draw(args) -> int:

@@ -170,13 +170,29 @@ class Module:
 
 @functools.lru_cache(maxsize=None)
 def _parser(start: str) -> lark.Lark:
-    return lark.Lark(
-        GRAMMAR_PATH.read_text(),
-        start=start,
-        parser="lalr",
-        propagate_positions=True,
-        maybe_placeholders=True,
-    )
+    """The LALR parser for a start rule. Building its tables takes ~0.3 s, so they are kept
+    in napkin's disk cache, keyed by the grammar text and the lark version."""
+    import hashlib
+    import io
+
+    from .cache import cache_root, write_atomically
+
+    grammar = GRAMMAR_PATH.read_text()
+    key = hashlib.sha256(f"{lark.__version__}\0{start}\0{grammar}".encode()).hexdigest()[:24]
+    path = cache_root() / "parsers" / f"{start}-{key}.lark"
+    try:
+        with open(path, "rb") as cached:
+            return lark.Lark.load(cached)
+    except Exception:  # missing, unreadable or from another lark: rebuild it
+        pass
+    parser = lark.Lark(grammar, start=start, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+    try:
+        buffer = io.BytesIO()
+        parser.save(buffer)
+        write_atomically(path, buffer.getvalue(), create_parents=True)
+    except OSError:
+        pass  # a read-only cache directory only costs the rebuild next time
+    return parser
 
 
 class _Builder:

@@ -221,7 +221,6 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
             raise NapkinError(f"{profile.name} has no {unit} rate for {dtype}")
         compute_terms.append(sympy.sympify(amount).subs(rename) / rate)
     compute = sympy.lambdify(symbols, sympy.Add(*compute_terms), "math")
-    blocks = sympy.lambdify(symbols, levels[compute_level].N.subs(rename), "math")
     capacity = {name: as_number(levels[name].capacity) for name in memory}
     units = profile.level(compute_level).units
     options = [_candidates(int(sizes[k.axis]), required.get(k.axis, 1)) for k in knobs]

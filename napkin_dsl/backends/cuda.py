@@ -17,11 +17,13 @@ Deliberately not here: choosing sizes (the relabel block or ``tune.py``), the lo
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..cache import write_atomically
 from ..cost import CostReport, cost_of
 from ..pseudocode import Program
 from ..types import numpy_dtype
@@ -101,36 +103,85 @@ def _device():
     return Device(0)
 
 
-def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None) -> dict:
-    """Run ``program`` on the GPU. Returns the outputs as NumPy arrays (or in place on device arrays).
+_TYPESTR = {"f32": ("<f4",), "f64": ("<f8",), "f16": ("<f2",), "bf16": ("<V2", "<u2", "<i2", "|V2")}
 
-    ``inputs`` maps parameter names to NumPy arrays of the declared dtype (or device arrays
-    with ``__cuda_array_interface__``). Raises NoCudaDevice without a GPU.
+
+def _device_pointer(name: str, value, dtype: str, shape: tuple) -> ctypes.c_uint64:
+    """The device pointer of an object with __cuda_array_interface__, after checking it fits."""
+    from ..errors import NapkinCallError
+
+    interface = value.__cuda_array_interface__
+    got_shape = tuple(interface["shape"])
+    if got_shape != shape:
+        raise NapkinCallError(f"device array {name} has shape {got_shape}; the kernel needs {shape}")
+    if interface.get("strides") not in (None, _contiguous_strides(shape, numpy_dtype(dtype).itemsize)):
+        raise NapkinCallError(f"device array {name} is not C-contiguous", hint="pass a contiguous copy")
+    if interface["typestr"] not in _TYPESTR.get(dtype, ()):  # bf16 arrives as 2-byte opaque values
+        raise NapkinCallError(f"device array {name} has type {interface['typestr']}; the kernel needs {dtype}")
+    return ctypes.c_uint64(int(interface["data"][0]))
+
+
+def _contiguous_strides(shape: tuple, itemsize: int) -> tuple:
+    strides, step = [], itemsize
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    return tuple(reversed(strides))
+
+
+def _host_array(name: str, value, dtype: str, shape: tuple) -> np.ndarray:
+    from ..errors import NapkinCallError
+
+    array = np.asarray(value)
+    if array.dtype != numpy_dtype(dtype):
+        raise NapkinCallError(f"{name} is {array.dtype}; the kernel needs {dtype} ({numpy_dtype(dtype)})",
+                              hint="convert it, or call the kernel with cast=True")
+    if array.shape != shape:
+        raise NapkinCallError(f"{name} has shape {array.shape}; the kernel was compiled for {shape}")
+    return np.ascontiguousarray(array)
+
+
+def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None) -> dict:
+    """Run ``program`` on the GPU; returns the outputs as NumPy arrays.
+
+    ``inputs`` maps each array the kernel reads to a NumPy array of the declared dtype and
+    shape, or to a device array (``__cuda_array_interface__``: CuPy, PyTorch CUDA tensors)
+    used in place. Outputs and intermediates materialised in device memory are allocated
+    here. Raises NoCudaDevice without a GPU, NapkinCallError for a missing or mismatched input.
     """
+    from ..errors import NapkinCallError
+
     device = _device()
     compiled = compile_program(program, device.arch)
-    module = device.load(compiled.image)
+    module = _loaded(device, compiled)
     diagram = program.diagram
     scalars = dict(scalars or {})
     sizes = {a: int(program.schedule.axis_size(a)) for a in diagram.axes}
-    held: dict[str, object] = {}  # name -> device pointer (int) or DeviceBuffer
+    produced = {s.target for s in diagram.statements}
+    for name in diagram.params:
+        if name in diagram.arrays and name not in inputs:
+            raise NapkinCallError(f"input {name} of {diagram.name} is missing")
+        if name in diagram.scalars and name not in scalars:
+            raise NapkinCallError(f"scalar {name} of {diagram.name} is missing")
+    held: dict[str, object] = {}
     owned = []
     host_outputs: dict[str, np.ndarray] = {}
 
-    def pointer(name: str):
+    def argument(name: str):
         if name in held:
             return held[name]
         array = diagram.arrays[name]
         shape = tuple(sizes[a] for a in array.axes)
         value = inputs.get(name)
-        if value is not None and hasattr(value, "__cuda_array_interface__"):
-            held[name] = int(value.__cuda_array_interface__["data"][0])
+        if name not in produced and hasattr(value, "__cuda_array_interface__"):
+            held[name] = _device_pointer(name, value, array.dtype, shape)
             return held[name]
-        if value is not None:
-            buffer = device.to_device(np.ascontiguousarray(value, dtype=numpy_dtype(array.dtype)))
-        else:
-            buffer = device.alloc(int(np.prod(shape)) * np.dtype(numpy_dtype(array.dtype)).itemsize)
-            host_outputs[name] = np.empty(shape, numpy_dtype(array.dtype))
+        if name not in produced:
+            buffer = device.to_device(_host_array(name, value, array.dtype, shape))
+        else:  # an output, or an intermediate materialised in device memory
+            buffer = device.alloc(int(np.prod(shape)) * numpy_dtype(array.dtype).itemsize)
+            if name in diagram.outputs:
+                host_outputs[name] = np.empty(shape, numpy_dtype(array.dtype))
         owned.append(buffer)
         held[name] = buffer
         return buffer
@@ -138,20 +189,25 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
     try:
         for k in compiled.launches:
             function = device.function(module, k.entry)
-            args = [pointer(name) for name, _, _ in k.arrays]
+            args = [argument(name) for name, _, _ in k.arrays]
             args += [np.float32(scalars[name]) for name in k.scalars]
             device.launch(function, k.grid, k.block, args, shared_bytes=k.shared_bytes, stream=stream)
-        device.synchronize()
-        outputs = {}
-        for name in diagram.outputs:
-            if name in host_outputs:
-                outputs[name] = device.copy_to_host(held[name], host_outputs[name])
-            else:
-                outputs[name] = inputs.get(name)
-        return outputs
+        device.synchronize(stream)
+        return {name: device.copy_to_host(held[name], host) for name, host in host_outputs.items()}
     finally:
         for buffer in owned:
             device.free(buffer)
+
+
+_modules: dict = {}
+
+
+def _loaded(device, compiled: CompiledKernel):
+    """The module of a compiled kernel, loaded once per device (modules are never unloaded)."""
+    key = (id(device), hash(compiled.image))
+    if key not in _modules:
+        _modules[key] = device.load(compiled.image)
+    return _modules[key]
 
 
 # ---- the `napkin cuda` command ------------------------------------------------------------------
@@ -159,23 +215,6 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
 # Sizes `napkin report` compiles at when the user binds none: large enough for every example's
 # tiles, small enough to compile in a blink (the code does not depend on them beyond constants).
 REPORT_SIZE = 128
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    import os
-    import tempfile
-
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".napkin-", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
 
 
 def resources_json(compiled: CompiledKernel) -> dict:
@@ -219,7 +258,7 @@ def cmd_cuda(args) -> int:
         results[kernel.name] = compiled
         text = compiled.image.rstrip(b"\0").decode() if args.ptx else compiled.source
         if args.output:
-            _write_atomically(args.output, text.encode())
+            write_atomically(args.output, text.encode())
         elif not args.resources:
             sys.stdout.write(text)
     if args.resources:

@@ -44,6 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cache import cache_root
 from ..errors import NapkinError
 
 PIP_NVRTC = "nvidia-cuda-nvrtc>=13.3"
@@ -320,17 +321,6 @@ def _writable_dir(directory: Path) -> Path:
 
 
 # ---- the cache --------------------------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    """napkin's cache directory: $NAPKIN_CACHE_DIR, else the platform's user cache directory."""
-    if override := os.environ.get("NAPKIN_CACHE_DIR"):
-        return Path(override).expanduser()
-    try:
-        import platformdirs
-    except ImportError:
-        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "napkin"
-    return Path(platformdirs.user_cache_dir("napkin", appauthor=False))
 
 
 def clear_cache(headers: bool = False) -> int:
