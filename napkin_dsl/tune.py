@@ -56,8 +56,10 @@ class Configuration:
     sizes: dict  # axis -> size
     time_s: float | None
     report: CostReport | None = None
+    knobs: list = field(default_factory=list)
 
-    def relabel_line(self, knobs) -> str:
+    def relabel_line(self, knobs=None) -> str:
+        knobs = self.knobs if knobs is None else knobs
         groups = [f"{k.axis} {self.sizes[k.axis]}" for k in knobs if k.kind == "group" and k.axis in self.sizes]
         streams = [f"{k.axis} {self.sizes[k.axis]}" for k in knobs if k.kind == "stream" and k.axis in self.sizes]
         parts = ([f"group {', '.join(groups)}"] if groups else []) + ([f"stream {', '.join(streams)}"] if streams else [])
@@ -81,7 +83,7 @@ class TuneResult:
         return self.configurations[0]
 
     def relabel_block(self) -> str:
-        return f"relabel {self.kernel} on {self.hardware}:\n    {self.best.relabel_line(self.knobs)}\n"
+        return f"relabel {self.kernel} on {self.hardware}:\n    {self.best.relabel_line()}\n"
 
     def to_dict(self) -> dict:
         from .cli import json_value
@@ -94,7 +96,7 @@ class TuneResult:
             "beta": json_value(self.beta) if self.beta is not None else None,
             "optimum": str(self.optimum) if self.optimum is not None else None,
             "configurations": [
-                {"sizes": {a: json_value(v) for a, v in c.sizes.items()}, "relabel": c.relabel_line(self.knobs), "time_s": c.time_s}
+                {"sizes": {a: json_value(v) for a, v in c.sizes.items()}, "relabel": c.relabel_line(), "time_s": c.time_s}
                 for c in self.configurations
             ],
         }
@@ -113,27 +115,37 @@ class TuneResult:
                 total = as_number(config.report.total_flops)
                 if total:
                     tflops = f"  {total / config.time_s / 1e12:.0f} TFLOP/s"
-            lines.append(f"  {rank}. {config.relabel_line(self.knobs)}   predicted {t}{tflops}")
+            lines.append(f"  {rank}. {config.relabel_line()}   predicted {t}{tflops}")
         return "\n".join(lines)
 
 
-def knobs_for(diagram: Diagram, hardware: Hardware, block: syn.RelabelBlock | None, sizes: dict) -> list[Knob]:
-    """The partitions to size: those of the relabel block, else every legal one napkin can find."""
+def knob_sets(diagram: Diagram, hardware: Hardware, block: syn.RelabelBlock | None, sizes: dict) -> list[list[Knob]]:
+    """The partitions to size: those of the relabel block; else, without one, every axis no
+    statement consumes as a group, with each legal stream in turn (and with none)."""
     if block is not None and block.levels:
-        return [Knob(c.level, p.kind, p.axis) for c in block.levels for p in c.partitions]
+        return [[Knob(c.level, p.kind, p.axis) for c in block.levels for p in c.partitions]]
     level = hardware.compute_level.name
     consumed = {a for s in diagram.statements for a in s.consumed}
-    knobs = [Knob(level, "group", a) for a in diagram.axes if a not in consumed]
+    groups = [Knob(level, "group", a) for a in diagram.axes if a not in consumed]
+    sets = []
     for axis in diagram.axes:
         if axis not in consumed:
             continue
+        with_stream = groups + [Knob(level, "stream", axis)]
         try:
-            make_schedule(diagram, hardware, _block(diagram, hardware, knobs + [Knob(level, "stream", axis)], {}), sizes)
+            make_schedule(diagram, hardware, _block(diagram, hardware, with_stream, {}), sizes)
         except RelabelError:
             continue
-        knobs.append(Knob(level, "stream", axis))
-        break
-    return knobs
+        sets.append(with_stream)
+    if groups:
+        sets.append(groups)
+    return sets
+
+
+def knobs_for(diagram: Diagram, hardware: Hardware, block: syn.RelabelBlock | None, sizes: dict) -> list[Knob]:
+    """The first knob set: the relabel block's, or the groups with the first legal stream."""
+    sets = knob_sets(diagram, hardware, block, sizes)
+    return sets[0] if sets else []
 
 
 def _block(diagram: Diagram, hardware: Hardware, knobs: list[Knob], values: dict) -> syn.RelabelBlock:
@@ -194,18 +206,43 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     if unbound:
         raise NapkinError(f"tuning needs every axis size; unbound: {' '.join(unbound)}",
                           hint=f"pass them, e.g. --set {' '.join(f'{a}=1024' for a in unbound)}")
-    knobs = knobs_for(diagram, profile, block, sizes)
-    if not knobs:
+    sets = knob_sets(diagram, profile, block, sizes)
+    if not sets:
         raise NapkinError(f"kernel {diagram.name} has no axis to partition", hint="every axis is consumed and none can stream")
+    scored, evaluated, required = [], 0, {}
+    for knobs in sets:
+        found, count, multiples = _score(diagram, profile, knobs, sizes, max_candidates)
+        scored += [(estimate, index, knobs, combo) for index, (estimate, combo) in enumerate(found)]
+        evaluated += count
+        required.update(multiples)
+    scored.sort(key=lambda item: item[:2])
+    compute_level = profile.compute_level.name
+    configurations = []
+    for _, _, knobs, combo in scored[: max(top, 1)]:
+        values = {k.axis: v for k, v in zip(knobs, combo)}
+        try:
+            report = cost_of(plan(diagram, profile, _block(diagram, profile, knobs, values), sizes))
+        except RelabelError:
+            continue
+        configurations.append(Configuration(values, report.time.get("overlapped_s"), report, knobs))
+    # Ties in predicted time go to the configuration that moves fewer bytes into the compute level.
+    configurations.sort(key=lambda c: (c.time_s if c.time_s is not None else math.inf,
+                                       as_number(c.report.levels[compute_level].H_bytes) or 0))
+    if not configurations:
+        raise RelabelError(f"no configuration of {diagram.name} fits {profile.name}", hint="check the sizes")
+    return TuneResult(diagram.name, profile.name, configurations[0].knobs, configurations, evaluated,
+                      _time.perf_counter() - started, required)
+
+
+def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, max_candidates: int):
+    """Predicted time of every candidate of one knob set, fast: the Program is elaborated once
+    with symbolic partition sizes and its costs become Python functions of them."""
     required = divisibility(diagram, knobs)
-    symbolic_block = _block(diagram, profile, knobs, {})
-    schedule = make_schedule(diagram, profile, symbolic_block, sizes)
+    schedule = make_schedule(diagram, profile, _block(diagram, profile, knobs, {}), sizes)
     program = elaborate(schedule)
-    rows = columns(program)
-    levels = level_costs(program, rows)
-    flops, priced = flops_by_unit(program)
+    levels = level_costs(program, columns(program))
+    _, priced = flops_by_unit(program)
     symbols = [k.symbol for k in knobs]
-    # Symbolic partition sizes named like the relabel symbols
     rename = {sympy.Symbol(k.symbol.name, positive=True, integer=True): k.symbol for k in knobs}
     compute_level = schedule.compute_level
     # The shared L2 is grouped after the fact (plan.py), so its capacity is not a constraint here.
@@ -230,39 +267,19 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
         evaluated += 1
         if evaluated > max_candidates:
             break
-        fits = True
-        smem = None
-        for name, fn in memory.items():
-            used = fn(*combo)
-            if used > capacity[name]:
-                fits = False
-                break
-            if name == compute_level:
-                smem = used
-        if not fits:
+        used = {name: fn(*combo) for name, fn in memory.items()}
+        if any(used[name] > capacity[name] for name in used):
             continue
+        smem = used.get(compute_level, 1) or 1
         n_blocks = math.prod(math.ceil(int(sizes[k.axis]) / v) for k, v in zip(knobs, combo) if k.kind == "group")
-        per_sm = max(1, min(32, int(capacity.get(compute_level, smem or 1) // max(smem or 1, 1))))
+        per_sm = max(1, min(32, int(capacity.get(compute_level, smem) // max(smem, 1))))
         slots = units * per_sm
         waves = math.ceil(n_blocks / slots)
         efficiency = n_blocks / (waves * slots)
         estimate = max([compute(*combo) / efficiency] + [fn(*combo) for fn in traffic.values()])
         scored.append((estimate, combo))
     scored.sort(key=lambda item: item[0])
-    configurations = []
-    for _, combo in scored[: max(top, 1)]:
-        values = {k.axis: v for k, v in zip(knobs, combo)}
-        try:
-            report = cost_of(plan(diagram, profile, _block(diagram, profile, knobs, values), sizes))
-        except RelabelError:
-            continue
-        configurations.append(Configuration(values, report.time.get("overlapped_s"), report))
-    # Ties in predicted time go to the configuration that moves fewer bytes into the compute level.
-    configurations.sort(key=lambda c: (c.time_s if c.time_s is not None else math.inf,
-                                       as_number(c.report.levels[compute_level].H_bytes) or 0))
-    if not configurations:
-        raise RelabelError(f"no configuration of {diagram.name} fits {profile.name}", hint="check the sizes")
-    return TuneResult(diagram.name, profile.name, knobs, configurations, evaluated, _time.perf_counter() - started, required)
+    return scored, evaluated, required
 
 
 class AbstractOptimum:
