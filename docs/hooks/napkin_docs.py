@@ -575,10 +575,12 @@ def _svg_section(example: Example, svgs: dict) -> str:
         return ""
     stem = example.stem
     tabs = [(title, f"![{example.rel} {title.lower()}]({stem}.{suffix}.svg)") for suffix, title in
-            (("written", "As written"), ("relabelled", "Relabelled")) if (example.page, suffix) in svgs]
+            (("written", "As written"), ("relabelled", "Relabelled"), ("costs", "With M and H per column"))
+            if (example.page, suffix) in svgs]
     return "\n".join(["## Diagram", "",
                       "Drawn by `Kernel.render` (`napkin draw`): wires are axes, colours are memory levels; "
-                      "the relabelled drawing marks group partitions with a boxed label and stream partitions with a dashed wire.",
+                      "the relabelled drawing marks group partitions with a boxed label and stream partitions with a dashed wire; "
+                      "the last tab adds the paper's cost rows, memory M and transfers H per column at the compute level.",
                       "", _tabs(tabs)])
 
 
@@ -689,9 +691,9 @@ def render_svgs(example: Example) -> dict:
     (kernel,) = kernels.values()
     if not hasattr(kernel, "render"):
         return svgs
-    for suffix, relabelled in (("written", False), ("relabelled", True)):
+    for suffix, relabelled, costs in (("written", False, False), ("relabelled", True, False), ("costs", True, True)):
         try:
-            svgs[(example.page, suffix)] = kernel.render(relabelled=relabelled)
+            svgs[(example.page, suffix)] = kernel.render(relabelled=relabelled, costs=costs)
         except Exception as exc:  # drawing is optional on a page; say why it is missing
             log.info(f"napkin docs: no {suffix} diagram for {example.rel}: {type(exc).__name__}: {exc}")
     return svgs
