@@ -96,16 +96,29 @@ def format_check(k: Kernel) -> str:
 
 
 def cmd_check(args) -> int:
-    kernels = _load_all(args.files)
-    if args.json:
-        print(json.dumps({"kernels": {k.name: check_summary(k) for _, k in kernels}}, indent=2))
-        return 0
+    """Check every file, reporting each file's errors; exit 2 if any file has one."""
+    kernels, failures = [], []
     for file in args.files:
-        in_file = [k for f, k in kernels if f == file]
-        print(f"{file}: ok ({len(in_file)} kernel{'s' if len(in_file) != 1 else ''})")
-        for k in in_file:
-            print(format_check(k))
-    return 0
+        try:
+            kernels += [(file, k) for _, k in _load_all([file])]
+        except NapkinError as error:
+            failures.append((file, error))
+    if args.json:
+        out: dict = {"kernels": {k.name: check_summary(k) for _, k in kernels}}
+        if failures:
+            out["errors"] = {file: error.to_dict() for file, error in failures}
+        print(json.dumps(out, indent=2))
+    else:
+        for file in args.files:
+            in_file = [k for f, k in kernels if f == file]
+            if any(f == file for f, _ in failures):
+                continue
+            print(f"{file}: ok ({len(in_file)} kernel{'s' if len(in_file) != 1 else ''})")
+            for k in in_file:
+                print(format_check(k))
+    for _, error in failures:
+        print(error.render(), file=sys.stderr)
+    return EXIT_USER_ERROR if failures else 0
 
 
 # ---- pseudo, cost, tune, report ----------------------------------------------------------------

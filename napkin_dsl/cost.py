@@ -252,9 +252,12 @@ class CostReport:
         return sympy.Add(*self.flops.values())
 
     def intensity(self, level: str):
-        """FLOPs per byte moved at a level (per value for the abstract models)."""
+        """Arithmetic intensity at a level: FLOPs per byte moved (per value on the abstract models)."""
         moved = self.levels[level].H if self.counts == "values" else self.levels[level].H_bytes
-        return sympy.simplify(self.total_flops / moved) if moved != 0 else None
+        if moved == 0:
+            return None
+        ratio = self.total_flops / moved
+        return ratio if not ratio.free_symbols else sympy.cancel(ratio)
 
     def to_dict(self) -> dict:
         from .cli import json_value
@@ -264,7 +267,8 @@ class CostReport:
             "sizes": dict(self.sizes),
             "levels": {
                 name: {"H": json_value(c.H), "M": json_value(c.M), "N": json_value(c.N),
-                       "H_bytes": json_value(c.H_bytes), "M_bytes": json_value(c.M_bytes)}
+                       "H_bytes": json_value(c.H_bytes), "M_bytes": json_value(c.M_bytes),
+                       "intensity": json_value(self.intensity(name))}
                 for name, c in self.levels.items()
             },
             "flops": json_value(self.total_flops),
@@ -279,12 +283,15 @@ class CostReport:
         """A plain-text table: one row per level, then FLOPs and time."""
         unit = "values" if self.counts == "values" else "bytes"
         rows = [("level", "per", "H (values)", f"H ({unit})" if unit == "bytes" else "", "M (values)",
-                 "M (bytes)" if unit == "bytes" else "", "capacity", "N", "transfer time")]
+                 "M (bytes)" if unit == "bytes" else "", "capacity", "N", f"FLOP/{'B' if unit == 'bytes' else 'value'}",
+                 "transfer time")]
         for name, c in self.levels.items():
             t = c.transfer_time
+            intensity = self.intensity(name)
             rows.append((
                 name, c.per, _fmt(c.H), _fmt(c.H_bytes) if unit == "bytes" else "", _fmt(c.M),
                 _fmt(c.M_bytes) if unit == "bytes" else "", _fmt(c.capacity), _fmt(c.N),
+                f"{float(intensity):.1f}" if intensity is not None and intensity.is_number else "-",
                 _fmt_time(t) if t is not None and sympy.sympify(t).is_number else (str(t) if t is not None else "-"),
             ))
         keep = [i for i in range(len(rows[0])) if any(r[i] for r in rows)]

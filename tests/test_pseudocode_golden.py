@@ -61,7 +61,9 @@ def test_cost_json_numeric_golden(name, golden, capsys):
     data = json.loads(out)
     (kernel,) = data["kernels"].values()
     assert kernel["time_s"] > 0
-    assert all(isinstance(v, int) for level in kernel["levels"].values() for v in level.values())
+    for level in kernel["levels"].values():
+        assert all(isinstance(level[key], int) for key in ("H", "M", "N", "H_bytes", "M_bytes"))
+        assert level["intensity"] > 0
     golden(f"pseudo/{name}.numeric.cost.json", out)
 
 

@@ -16,9 +16,9 @@
  *   l2: group q 256  (derived)
  *
  * cost of attention on H100 with b=1 h=3 q=200 x=150 d=128
- *   level  per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N  transfer time
- *   l2     device  268,800     537,600    89,600      179,200    52,428,800  3  0.16 us
- *   smem   block   384,000     768,000    49,536      148,992    232,448     6  0.0768 us
+ *   level  per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N  FLOP/B  transfer time
+ *   l2     device  268,800     537,600    89,600      179,200    52,428,800  3  87.0    0.16 us
+ *   smem   block   384,000     768,000    49,536      148,992    232,448     6  60.9    0.0768 us
  *   FLOPs: tensor 46,080,000, fma 580,800, special 91,800  (total 46,752,600)
  *   predicted time: 1.7 us overlapped (compute-bound), 1.94 us serial; compute 1.7 us, 1 wave of 132 blocks
  *   predicted throughput: 27.5 TFLOP/s

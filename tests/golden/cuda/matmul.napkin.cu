@@ -12,9 +12,9 @@
  *   l2: group n 256  (derived)
  *
  * cost of matmul on H100 with m=300 n=200 k=100
- *   level  per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N  transfer time
- *   l2     device  110,000     340,000    110,000     340,000    52,428,800  1  0.101 us
- *   smem   block   180,000     480,000    24,576      81,920     232,448     6  0.048 us
+ *   level  per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N  FLOP/B  transfer time
+ *   l2     device  110,000     340,000    110,000     340,000    52,428,800  1  35.3    0.101 us
+ *   smem   block   180,000     480,000    24,576      81,920     232,448     6  25.0    0.048 us
  *   FLOPs: tensor 12,000,000  (total 12,000,000)
  *   predicted time: 0.534 us overlapped (compute-bound), 0.683 us serial; compute 0.534 us, 1 wave of 264 blocks
  *   predicted throughput: 22.5 TFLOP/s

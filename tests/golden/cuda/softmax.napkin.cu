@@ -9,9 +9,9 @@
  *   l2: group r 16  (derived)
  *
  * cost of softmax_rows on H100 with r=37 c=200
- *   level  per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N  transfer time
- *   l2     device  14,800      59,200     6,400       25,600     52,428,800  3  0.0177 us
- *   smem   block   14,800      59,200     3,200       12,800     232,448     3  0.00592 us
+ *   level  per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N  FLOP/B  transfer time
+ *   l2     device  14,800      59,200     6,400       25,600     52,428,800  3  0.6     0.0177 us
+ *   smem   block   14,800      59,200     3,200       12,800     232,448     3  0.6     0.00592 us
  *   FLOPs: fma 29,600, special 7,400  (total 37,000)
  *   predicted time: 1.75 us overlapped (compute-bound), 1.78 us serial; compute 1.75 us, 1 wave of 2376 blocks
  *   predicted throughput: 0.0 TFLOP/s
