@@ -83,15 +83,26 @@ def _diagram_of(kernel_or_diagram) -> Diagram:
 
 
 def _signature(diagram: Diagram) -> str:
-    params = []
-    for name in diagram.params:
-        if name in diagram.arrays:
-            array = diagram.arrays[name]
-            params.append(f"{name}: {array.dtype}[{' '.join(array.axes)}]")
-        else:
-            params.append(f"{name}: {diagram.scalars[name].dtype}")
-    outputs = [f"{n}: {diagram.arrays[n].dtype}[{' '.join(diagram.arrays[n].axes)}]" for n in diagram.outputs]
-    return f"{diagram.name}({', '.join(params)}) -> {', '.join(outputs)}"
+    return diagram.signature()
+
+
+def arguments(diagram: Diagram, positional: tuple, named: dict) -> tuple[dict, dict]:
+    """A call's arguments by parameter name, split into arrays and scalars.
+
+    Positional arguments follow the kernel's parameters in signature order; naming one twice,
+    or passing too many, is a NapkinCallError.
+    """
+    if len(positional) > len(diagram.params):
+        raise NapkinCallError(f"{diagram.name} takes {len(diagram.params)} arguments ({', '.join(diagram.params)}), "
+                              f"got {len(positional)} positional")
+    by_name = dict(zip(diagram.params, positional))
+    twice = [name for name in named if name in by_name]
+    if twice:
+        raise NapkinCallError(f"{diagram.name} got {', '.join(twice)} both by position and by name")
+    by_name.update(named)
+    arrays = {k: v for k, v in by_name.items() if k not in diagram.scalars}
+    scalars = {k: v for k, v in by_name.items() if k in diagram.scalars}
+    return arrays, scalars
 
 
 def _describe_value(value) -> str:

@@ -304,6 +304,17 @@ class Diagram:
     def consumers(self, array: str) -> list[Statement]:
         return [s for s in self.statements if array in s.inputs]
 
+    def signature(self) -> str:
+        """``attention(Q: bf16[b h q d], ...) -> O: bf16[b h q d]``"""
+        params = []
+        for name in self.params:
+            if name in self.arrays:
+                params.append(f"{name}: {self.arrays[name].dtype}[{' '.join(self.arrays[name].axes)}]")
+            else:
+                params.append(f"{name}: {self.scalars[name].dtype}")
+        outputs = [f"{n}: {self.arrays[n].dtype}[{' '.join(self.arrays[n].axes)}]" for n in self.outputs]
+        return f"{self.name}({', '.join(params)}) -> {', '.join(outputs)}"
+
     @property
     def input_arrays(self) -> list[Array]:
         return [self.arrays[p] for p in self.params if p in self.arrays]

@@ -62,16 +62,7 @@ class Kernel:
             self.__wrapped__ = function
 
     def signature(self) -> str:
-        d = self.diagram
-        params = []
-        for name in d.params:
-            if name in d.arrays:
-                array = d.arrays[name]
-                params.append(f"{name}: {array.dtype}[{' '.join(array.axes)}]")
-            else:
-                params.append(f"{name}: {d.scalars[name].dtype}")
-        outputs = [f"{name}: {d.arrays[name].dtype}[{' '.join(d.arrays[name].axes)}]" for name in d.outputs]
-        return f"{self.name}({', '.join(params)}) -> {', '.join(outputs)}"
+        return self.diagram.signature()
 
     def relabel_text(self) -> str:
         if self.relabel is None:
@@ -502,22 +493,12 @@ def _sizes_from_shapes(diagram, arrays: dict, sizes: dict) -> dict | None:
 def _call(kernel: Kernel, arrays: tuple, named: dict, backend: str, cast: bool, hardware, impls, sizes) -> Any:
     from .backends.driver import cuda_available
     from .backends.numpy import check_memory, run_program
-    from .binding import bind
-    from .errors import NapkinCallError
+    from .binding import arguments, bind
 
     diagram = kernel.diagram
     if backend not in ("numpy", "cuda", "opencl", "auto"):
         raise NapkinError(f"unknown backend {backend!r}", hint="use numpy, cuda, opencl or auto")
-    if len(arrays) > len(diagram.params):
-        raise NapkinCallError(f"{diagram.name} takes {len(diagram.params)} arguments ({', '.join(diagram.params)}), "
-                              f"got {len(arrays)} positional")
-    arguments = dict(zip(diagram.params, arrays))
-    twice = [name for name in named if name in arguments]
-    if twice:
-        raise NapkinCallError(f"{diagram.name} got {', '.join(twice)} both by position and by name")
-    arguments.update(named)
-    array_args = {k: v for k, v in arguments.items() if k not in diagram.scalars}
-    scalar_args = {k: v for k, v in arguments.items() if k in diagram.scalars}
+    array_args, scalar_args = arguments(diagram, arrays, named)
     # sizes= may bind axes (checked by bind) and the relabel block's symbolic group/stream sizes.
     symbols = {p.size for level in (kernel.relabel.levels if kernel.relabel else ()) for p in level.partitions if isinstance(p.size, str)}
     sizes = dict(sizes or {})

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 
-from .binding import _diagram_of, bind, check_reference_memory
+from .binding import _diagram_of, arguments, bind, check_reference_memory
 from .diagram import Apply, Const, Contract, Diagram, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .errors import NapkinCallError
 from .types import numpy_dtype
@@ -323,16 +323,7 @@ def reference(kernel, *arrays, sizes: dict | None = None, impls: dict | None = N
     a dict of them by name for several.
     """
     diagram = _diagram_of(kernel)
-    if len(arrays) > len(diagram.params):
-        raise NapkinCallError(f"{diagram.name} takes {len(diagram.params)} arguments ({', '.join(diagram.params)}), "
-                              f"got {len(arrays)} positional")
-    arguments = dict(zip(diagram.params, arrays))
-    twice = [name for name in named if name in arguments]
-    if twice:
-        raise NapkinCallError(f"{diagram.name} got {', '.join(twice)} both by position and by name")
-    arguments.update(named)
-    array_args = {k: v for k, v in arguments.items() if k not in diagram.scalars}
-    scalar_args = {k: v for k, v in arguments.items() if k in diagram.scalars}
+    array_args, scalar_args = arguments(diagram, arrays, named)
     binding = bind(diagram, array_args, scalar_args, cast, sizes=sizes)
     outputs = evaluate(diagram, binding.inputs, binding.scalars, binding.sizes, impls, memory_limit=memory_limit)
     return outputs[diagram.outputs[0]] if len(diagram.outputs) == 1 else outputs
