@@ -70,10 +70,12 @@ def generate(program: Program, report=None) -> tuple[str, list]:
 
 @functools.lru_cache(maxsize=64)
 def _built(source: str):
+    """The built program and its kernels by entry name (a kernel object is made once)."""
     import pyopencl as cl
 
     ctx, _ = context()
-    return cl.Program(ctx, source).build(options=["-cl-std=CL1.2"])
+    program = cl.Program(ctx, source).build(options=["-cl-std=CL1.2"])
+    return {kernel.function_name: kernel for kernel in program.all_kernels()}
 
 
 def run(program: Program, inputs: dict, scalars: dict | None = None) -> dict:
@@ -107,7 +109,7 @@ def run(program: Program, inputs: dict, scalars: dict | None = None) -> dict:
         return buffers[name]
 
     for k in kernels:
-        kernel = getattr(built, k.entry)
+        kernel = built[k.entry]
         args = [buffer(name) for name, _, _ in k.arrays] + [np.float32(scalars[name]) for name in k.scalars]
         kernel(queue, (k.grid * k.block,), (k.block,), *args)
     outputs = {}
