@@ -79,8 +79,9 @@ def step_total(program: Program, step: Step, loops: tuple[Loop, ...], axes: tupl
     return total
 
 
-def tile_values(program: Program, level: str, axes) -> sympy.Expr:
-    return sympy.Mul(*(program.schedule.extent(a, level) for a in axes))
+def tile_values(schedule, level: str, axes) -> sympy.Expr:
+    """Values in one tile of a buffer at a level (``schedule``: the launch's view)."""
+    return sympy.Mul(*(schedule.extent(a, level) for a in axes))
 
 
 def _liveness(body) -> tuple[list, dict]:
@@ -117,9 +118,9 @@ def columns(program: Program) -> list[dict]:
     At a step that computes, inputs whose last use is this step are released as the output is
     produced (the paper's convention), so they do not count in its column.
     """
-    schedule = program.schedule
     rows = []
     for launch in program.launches:
+        schedule = launch.schedule
         sequence, spans = _liveness(launch.body)
         for index, (step, loops) in enumerate(sequence):
             resident: dict[str, list] = {}
@@ -131,8 +132,8 @@ def columns(program: Program) -> list[dict]:
                 if computing and ref in step.reads and ref not in step.writes and last == index:
                     continue
                 resident.setdefault(level, []).append(launch.buffers[ref])
-            values = {level: sympy.Add(*(tile_values(program, level, b.axes) for b in bufs)) for level, bufs in resident.items()}
-            nbytes = {level: sympy.Add(*(tile_values(program, level, b.axes) * _bytes(b.dtype) for b in bufs))
+            values = {level: sympy.Add(*(tile_values(schedule, level, b.axes) for b in bufs)) for level, bufs in resident.items()}
+            nbytes = {level: sympy.Add(*(tile_values(schedule, level, b.axes) * _bytes(b.dtype) for b in bufs))
                       for level, bufs in resident.items()}
             rows.append({
                 "launch": launch.index,
@@ -457,9 +458,12 @@ def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
     schedule = program.schedule
     counts_values = schedule.hardware.counts == "values"
     for name, c in levels.items():
-        if c.capacity is None or any(p.derived for p in schedule.partitions_at(name)):
-            # A derived L2 grouping was chosen to fit the chunks co-resident blocks have in
-            # flight (plan.py); M lists whole tiles there, which L2, a cache, never holds at once.
+        shared_cache = (schedule.hardware.level(name).per == "device" and name != schedule.compute_level
+                        and not any(not p.derived for p in schedule.partitions_at(name)))
+        if c.capacity is None or shared_cache:
+            # L2 is a cache the user did not partition: napkin's derived grouping (plan.py) was
+            # chosen to fit the chunks co-resident blocks have in flight; M lists whole tiles
+            # there, which the cache never holds at once.
             continue
         used = c.M if counts_values else c.M_bytes
         used_n, capacity_n = as_number(used), as_number(c.capacity)
@@ -467,13 +471,14 @@ def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
             continue
         key = "M" if counts_values else "M_bytes"
         worst = max(rows, key=lambda r: as_number(r[key].get(name, 0)) or 0)
+        schedule = program.launches[worst["launch"]].schedule  # the overflowing launch's view
         parts = []
         for b in worst["buffers"].get(name, []):
-            values = tile_values(program, name, b.axes)
+            values = tile_values(schedule, name, b.axes)
             parts.append(f"{b.name}[{' '.join(str(schedule.extent(a, name)) for a in b.axes)}] {b.dtype} = {_fmt(values * _bytes(b.dtype))} B")
         unit = "values" if counts_values else "bytes"
         partitions = [p for p in schedule.partitions_at(name) if not p.derived and as_number(bind(p.size, schedule.sizes))]
-        largest_buffer = max(worst["buffers"].get(name, []), key=lambda b: as_number(tile_values(program, name, b.axes) * _bytes(b.dtype)) or 0,
+        largest_buffer = max(worst["buffers"].get(name, []), key=lambda b: as_number(tile_values(schedule, name, b.axes) * _bytes(b.dtype)) or 0,
                              default=None)
         if largest_buffer is not None:
             # Shrinking a partition helps only if the largest buffer has that axis.

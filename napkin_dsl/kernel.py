@@ -72,7 +72,8 @@ class Kernel:
             kinds: dict[str, list[str]] = {}
             for p in level.partitions:
                 kinds.setdefault(p.kind, []).append(f"{p.axis} {p.size}")
-            clauses.append(f"{level.level}: " + "; ".join(f"{k} {', '.join(v)}" for k, v in kinds.items()))
+            scope = next((f" for {', '.join(p.targets)}" for p in level.partitions if p.targets), "")
+            clauses.append(f"{level.level}{scope}: " + "; ".join(f"{k} {', '.join(v)}" for k, v in kinds.items()))
         return f"on {self.relabel.hardware}" + (": " + " | ".join(clauses) if clauses else "")
 
     # -- later stages

@@ -36,10 +36,10 @@ def shared_cache_level(schedule: Schedule) -> str | None:
 def _l2_traffic(schedule: Schedule, candidate: tuple[Partition, ...]) -> tuple[int, int]:
     """(bytes moved into L2, bytes resident in L2 per group) for a candidate L2 grouping."""
     diagram = schedule.diagram
-    streamed = {p.axis: int(schedule.extent(p.axis, schedule.compute_level))
-                for p in schedule.partitions_at(schedule.compute_level, "stream")}
     moved = resident = 0
     for launch in schedule.launches:
+        view = schedule.for_launch(launch.index)
+        streamed = {p.axis: int(view.extent(p.axis, view.compute_level)) for p in view.partitions_at(view.compute_level, "stream")}
         here = set(launch.axes)
         parts = [p for p in candidate if p.axis in here]
         for name in tuple(launch.inputs) + tuple(launch.outputs):

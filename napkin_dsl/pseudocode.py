@@ -85,6 +85,7 @@ class LaunchProgram:
     launch: Launch
     body: tuple
     buffers: dict  # (level, name) -> Buffer
+    schedule: Schedule | None = None  # the schedule as this launch sees it (scoped partitions)
 
 
 @dataclass(frozen=True)
@@ -414,9 +415,10 @@ def elaborate(schedule: Schedule) -> Program:
     """Expand a schedule into looped pseudocode, one :class:`LaunchProgram` per launch."""
     launches = []
     for launch in schedule.launches:
-        elaborator = _LaunchElaborator(schedule, launch)
+        view = schedule.for_launch(launch.index)
+        elaborator = _LaunchElaborator(view, launch)
         body = _expand_contract_scales(elaborator.run(), elaborator)
-        launches.append(LaunchProgram(launch.index, launch, body, dict(elaborator.buffers)))
+        launches.append(LaunchProgram(launch.index, launch, body, dict(elaborator.buffers), view))
     return Program(schedule, tuple(launches))
 
 
@@ -442,7 +444,8 @@ def l2_candidates(schedule: Schedule, level: str, blocks: int) -> list[tuple[Par
     ``blocks`` blocks.
     """
     compute = schedule.compute_level
-    grouped = [p for p in schedule.partitions_at(compute, "group")]
+    # Only partitions of every launch: a scoped one would give each launch its own block grid.
+    grouped = [p for p in schedule.partitions_at(compute, "group") if p.launches is None]
     options = []
     for p in grouped:
         count = trips(schedule.axis_size(p.axis), schedule.extent(p.axis, compute))
@@ -482,7 +485,7 @@ def render_text(program: Program) -> str:
         lines.append(f"# note: {note}")
     for launch in program.launches:
         lines.append(f"launch {launch.index + 1} of {len(program.launches)}: {', '.join(s.target for s in launch.launch.statements)}")
-        _render_nodes(launch.body, schedule, lines, 1)
+        _render_nodes(launch.body, launch.schedule, lines, 1)
     return "\n".join(lines) + "\n"
 
 

@@ -24,6 +24,7 @@ What this pass deliberately does not do: decide loop bodies, residency or costs
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import sympy
@@ -42,6 +43,11 @@ class Partition:
     size: sympy.Expr
     span: Span | None = None
     derived: bool = False  # chosen by napkin (the L2 grouping), not written by the user
+    launches: frozenset | None = None  # indices of the launches it applies to; None: all
+    targets: tuple[str, ...] | None = None  # as written: `smem for O:`
+
+    def applies_to(self, launch_index: int) -> bool:
+        return self.launches is None or launch_index in self.launches
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,10 @@ class Schedule:
     @property
     def compute_level(self) -> str:
         return self.levels[-1]
+
+    def for_launch(self, index: int) -> "Schedule":
+        """The schedule as one launch sees it: only the partitions that apply to it."""
+        return dataclasses.replace(self, partitions=tuple(p for p in self.partitions if p.applies_to(index)), _memo={})
 
     def partitions_at(self, level: str, kind: str | None = None) -> list[Partition]:
         return [p for p in self.partitions if p.level == level and (kind is None or p.kind == kind)]
@@ -242,7 +252,8 @@ def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[s
                 raise RelabelError(
                     f"cannot stream {axis}: softmax[{axis}] ({_line(s)}) keeps axis {axis!r} in its output and {where}; "
                     f"softmax streams only when a contraction over {axis!r} consumes it (the online softmax)",
-                    s.span or span, f"fuse the contraction over {axis} into this launch (drop the @level), or leave {axis} unpartitioned",
+                    s.span or span, f"fuse the contraction over {axis} into this launch (drop the @level), leave {axis} unpartitioned, "
+                                    f"or stream it only where it can: '... for TARGET: stream {axis} SIZE'",
                 )
             roles[s.index] = "online"
             carries[s.target] = True
@@ -289,7 +300,9 @@ def make_schedule(
     errors: list[RelabelError] = []
     top = profile.top.name
     partitions: list[Partition] = []
-    seen: dict[tuple[str, str], Span | None] = {}
+    seen: dict[tuple[str, str], list[Partition]] = {}
+    split = split_launches(diagram, profile)
+    launch_of = {s.target: index for index, (statements, _, _) in enumerate(split) for s in statements}
     clauses = [(c.level, p) for c in (block.levels if block else ()) for p in c.partitions]
     unknown_levels: set[str] = set()
     for level, p in clauses:
@@ -315,16 +328,38 @@ def make_schedule(
             errors.append(RelabelError(f"cannot partition at the top level {top!r}: it holds whole arrays", p.span,
                                        f"partition at a level below, e.g. {profile.levels[1].name}"))
             continue
-        if (level, p.axis) in seen:
-            errors.append(RelabelError(f"axis {p.axis!r} is partitioned twice at level {level}", p.span,
-                                       f"first partitioned at {seen[(level, p.axis)]}"))
+        launches_of = None
+        if p.targets is not None:
+            unknown = [t for t in p.targets if t not in launch_of]
+            if unknown:
+                import difflib
+
+                close = difflib.get_close_matches(unknown[0], list(launch_of), n=2)
+                errors.append(RelabelError(
+                    f"'{level} for {', '.join(p.targets)}' names {unknown[0]!r}, which no statement of {diagram.name} computes",
+                    p.span, f"did you mean {' or '.join(close)}?" if close else f"name arrays the kernel computes: {', '.join(launch_of)}",
+                ))
+                continue
+            launches_of = frozenset(launch_of[t] for t in p.targets)
+            if not any(p.axis in {a for s in split[i][0] for a in s.iteration_axes} for i in launches_of):
+                errors.append(RelabelError(
+                    f"cannot {p.kind}-partition {p.axis!r} for {', '.join(p.targets)}: the launch computing it has no axis {p.axis!r}",
+                    p.span, "scope the clause to a launch that has the axis",
+                ))
+                continue
+        clash = [q for q in seen.get((level, p.axis), [])
+                 if q.launches is None or launches_of is None or q.launches & launches_of]
+        if clash:
+            errors.append(RelabelError(f"axis {p.axis!r} is partitioned twice at level {level} for the same launch", p.span,
+                                       f"first partitioned at {clash[0].span}"))
             continue
-        seen[(level, p.axis)] = p.span
         size = size_expr(p.size)
         if isinstance(p.size, int) and p.size <= 0:
             errors.append(RelabelError(f"{p.kind} size of {p.axis!r} must be positive, got {p.size}", p.span))
             continue
-        partitions.append(Partition(level, p.kind, p.axis, size, p.span))
+        partition = Partition(level, p.kind, p.axis, size, p.span, launches=launches_of, targets=p.targets)
+        seen.setdefault((level, p.axis), []).append(partition)
+        partitions.append(partition)
     partitions += list(extra_partitions)
 
     # Levels involved: the top, every level down to the compute level or the lowest
@@ -336,7 +371,8 @@ def make_schedule(
 
     for p in partitions:
         if p.kind == "group":
-            consumers = _consumers_of(diagram, p.axis)
+            consumers = [s for i, (statements, _, _) in enumerate(split) if p.applies_to(i)
+                         for s in statements if p.axis in s.consumed]
             if consumers:
                 described = ", ".join(
                     f"{s.box.kind if not isinstance(s.box, Softmax) else f'softmax[{s.box.axis}]'} {s.target} ({_line(s)})"
@@ -352,23 +388,25 @@ def make_schedule(
                 f"stream partitions run at the compute level ({compute_level}); {p.axis!r} is streamed at {p.level}",
                 p.span, f"write it on the {compute_level}: line",
             ))
-    streams_by_level: dict[str, list[Partition]] = {}
-    for p in partitions:
-        if p.kind == "stream":
-            streams_by_level.setdefault(p.level, []).append(p)
-    for level, streams in streams_by_level.items():
-        if len(streams) > 1:
+    reported: set[Span | None] = set()
+    for index, (statements, _, _) in enumerate(split):
+        axes_here = {a for s in statements for a in s.iteration_axes}
+        streams = [p for p in partitions if p.kind == "stream" and p.applies_to(index) and p.axis in axes_here]
+        if len(streams) > 1 and streams[1].span not in reported:
+            reported.add(streams[1].span)
             errors.append(RelabelError(
-                f"level {level} streams {len(streams)} axes ({', '.join(p.axis for p in streams)}); napkin streams one axis per level",
-                streams[1].span, f"keep one stream at {level} and group or leave unpartitioned the others",
+                f"{streams[0].level} streams {len(streams)} axes ({', '.join(p.axis for p in streams)}) in the launch computing "
+                f"{', '.join(s.target for s in statements)}; napkin streams one axis per level",
+                streams[1].span, "keep one stream and group or leave unpartitioned the others, or scope them to different launches "
+                                 f"(e.g. '{streams[0].level} for {statements[-1].target}: ...')",
             ))
 
     launches = []
-    for index, (statements, inputs, outputs) in enumerate(split_launches(diagram, profile)):
+    for index, (statements, inputs, outputs) in enumerate(split):
         axes_here = {a for s in statements for a in s.iteration_axes}
         roles = []
         for p in partitions:
-            if p.kind != "stream" or p.axis not in axes_here:
+            if p.kind != "stream" or p.axis not in axes_here or not p.applies_to(index):
                 continue
             try:
                 roles.append(stream_roles(statements, inputs, outputs, diagram, p.axis, p.span))

@@ -136,6 +136,7 @@ class Partition:
     axis: str
     size: int | str
     span: Span
+    targets: tuple[str, ...] | None = None  # `smem for O:` applies to the launch computing O only
 
 
 @dataclass(frozen=True)
@@ -286,14 +287,15 @@ class _Builder:
         )
 
     def level_clauses(self, tree: lark.Tree) -> LevelClauses:
-        level, *lists = tree.children
+        level, scope, *lists = tree.children
+        targets = tuple(str(name) for name in scope.children) if scope is not None else None
         partitions = []
         for partition_list in lists:
             kind, *items = partition_list.children
             for item in items:
                 axis, size = item.children
                 value = self.integer(size.children[0]) if size.data == "int_size" else str(size.children[0])
-                partitions.append(Partition(str(kind), str(axis), value, self.span(axis)))
+                partitions.append(Partition(str(kind), str(axis), value, self.span(axis), targets))
         return LevelClauses(str(level), tuple(partitions), self.span(level))
 
     def integer(self, token: lark.Token) -> int:
@@ -489,7 +491,7 @@ _CURATED: list[tuple[str, str, list[str]]] = [
     ),
     (
         "a reserved word is used as a name",
-        "kernel, relabel, box, on, group and stream are reserved",
+        "kernel, relabel, box, on, group, stream and for are reserved",
         [
             "kernel k(group: f32[i]) -> B: f32[i]:\n    B[i] = A[i]\n",
             "kernel k(A: f32[on]) -> B: f32[i]:\n    B[i] = A[i]\n",

@@ -237,7 +237,7 @@ def plan_arena(program: Program, launch) -> tuple[dict[str, Slot], int]:
     computing step is free from that step on (the paper's column convention); the step then
     either works in place or stages its result in registers.
     """
-    schedule = program.schedule
+    schedule = launch.schedule
     level = schedule.compute_level
     sequence, spans = _liveness(launch.body)
     slots: dict[str, Slot] = {}
@@ -307,7 +307,7 @@ class LoweredProgram:
 class _Printer:
     def __init__(self, program: Program, launch, dialect: Dialect, threads: int = THREADS):
         self.program = program
-        self.schedule = program.schedule
+        self.schedule = launch.schedule  # the launch's view: only the partitions that apply to it
         self.diagram = program.diagram
         self.launch = launch
         self.dialect = dialect
@@ -930,7 +930,8 @@ def header_comment(program: Program, report) -> str:
     lines.append("")
     lines.append("relabelling:")
     for p in program.schedule.partitions:
-        lines.append(f"  {p.level}: {p.kind} {p.axis} {p.size}{'  (derived)' if p.derived else ''}")
+        scope = f" for {', '.join(p.targets)}" if p.targets else ""
+        lines.append(f"  {p.level}{scope}: {p.kind} {p.axis} {p.size}{'  (derived)' if p.derived else ''}")
     lines.append("")
     lines.extend(report.table().splitlines())
     body = "\n".join(" * " + line if line else " *" for line in lines)

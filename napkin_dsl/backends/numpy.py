@@ -726,8 +726,9 @@ def execute(program: Program, inputs: dict[str, np.ndarray], scalars: dict | Non
 
 
 def _buffer_bytes(program: Program, level: str, axes, dtype: str) -> int:
-    schedule = program.schedule
-    return math.prod(_integer(schedule.extent(a, level), f"axis {a}") for a in axes) * numpy_dtype(dtype).itemsize
+    """The largest tile of a buffer at a level over the launches (partitions may be scoped)."""
+    return max(math.prod(_integer(launch.schedule.extent(a, level), f"axis {a}") for a in axes)
+               for launch in program.launches) * numpy_dtype(dtype).itemsize
 
 
 def estimate_bytes(program: Program, tiles: bool = True) -> int:
