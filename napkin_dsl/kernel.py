@@ -137,9 +137,7 @@ class Kernel:
             from .tune import tune
 
             best = tune(self.diagram, target, None, _check_sizes(sizes), top=1)
-            from .tune import _block
-
-            block = _block(self.diagram, load_hardware(target), best.knobs, best.best.sizes)
+            block = best.block(self.diagram, load_hardware(target))
         self._cache[key] = plan(self.diagram, target, block, _check_sizes(sizes))
         return self._cache[key]
 

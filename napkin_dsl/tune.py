@@ -31,8 +31,8 @@ from .diagram import Contract, Diagram
 from .errors import NapkinError, RelabelError
 from .hardware import Hardware, load_hardware
 from .plan import plan, shared_cache_level
-from .pseudocode import elaborate
-from .relabel import make_schedule
+from .pseudocode import Program, elaborate
+from .relabel import make_schedule, split_launches
 
 FRAGMENT = {"m": 16, "n": 8, "k": 16}  # mma.sync m16n8k16
 COALESCE_BYTES = 128
@@ -45,10 +45,12 @@ class Knob:
     level: str
     kind: str
     axis: str
+    targets: tuple[str, ...] | None = None  # scoped to the launch computing these arrays
 
     @property
     def symbol(self) -> sympy.Symbol:
-        return sympy.Symbol(f"tune_{self.kind}_{self.axis}", positive=True, integer=True)
+        scope = "_for_" + "_".join(self.targets) if self.targets else ""
+        return sympy.Symbol(f"tune_{self.kind}_{self.axis}{scope}", positive=True, integer=True)
 
 
 @dataclass
@@ -57,13 +59,26 @@ class Configuration:
     time_s: float | None
     report: CostReport | None = None
     knobs: list = field(default_factory=list)
+    values: dict = field(default_factory=dict)  # Knob -> size; `sizes` is the same by axis
+
+    def size_of(self, knob: Knob):
+        return self.values.get(knob, self.sizes.get(knob.axis))
+
+    def relabel_lines(self, knobs=None) -> list[str]:
+        """The configuration as relabel clauses, one line per level and launch scope."""
+        knobs = self.knobs if knobs is None else knobs
+        lines = []
+        for level, targets in dict.fromkeys((k.level, k.targets) for k in knobs):
+            mine = [k for k in knobs if (k.level, k.targets) == (level, targets) and self.size_of(k) is not None]
+            groups = [f"{k.axis} {self.size_of(k)}" for k in mine if k.kind == "group"]
+            streams = [f"{k.axis} {self.size_of(k)}" for k in mine if k.kind == "stream"]
+            parts = ([f"group {', '.join(groups)}"] if groups else []) + ([f"stream {', '.join(streams)}"] if streams else [])
+            scope = f" for {', '.join(targets)}" if targets else ""
+            lines.append(f"{level}{scope}: " + "; ".join(parts))
+        return lines
 
     def relabel_line(self, knobs=None) -> str:
-        knobs = self.knobs if knobs is None else knobs
-        groups = [f"{k.axis} {self.sizes[k.axis]}" for k in knobs if k.kind == "group" and k.axis in self.sizes]
-        streams = [f"{k.axis} {self.sizes[k.axis]}" for k in knobs if k.kind == "stream" and k.axis in self.sizes]
-        parts = ([f"group {', '.join(groups)}"] if groups else []) + ([f"stream {', '.join(streams)}"] if streams else [])
-        return f"{knobs[0].level}: " + "; ".join(parts) if knobs else ""
+        return " | ".join(self.relabel_lines(knobs))
 
 
 @dataclass
@@ -83,7 +98,12 @@ class TuneResult:
         return self.configurations[0]
 
     def relabel_block(self) -> str:
-        return f"relabel {self.kernel} on {self.hardware}:\n    {self.best.relabel_line()}\n"
+        lines = "".join(f"    {line}\n" for line in self.best.relabel_lines())
+        return f"relabel {self.kernel} on {self.hardware}:\n{lines}"
+
+    def block(self, diagram: Diagram, hardware: Hardware) -> syn.RelabelBlock:
+        """The best configuration as a relabel block (syntax), for planning."""
+        return _block(diagram, hardware, self.best.knobs, self.best.values or self.best.sizes)
 
     def to_dict(self) -> dict:
         from .cli import json_value
@@ -119,19 +139,26 @@ class TuneResult:
         return "\n".join(lines)
 
 
-def knob_sets(diagram: Diagram, hardware: Hardware, block: syn.RelabelBlock | None, sizes: dict) -> list[list[Knob]]:
+def knob_sets(diagram: Diagram, hardware: Hardware, block: syn.RelabelBlock | None, sizes: dict,
+              statements=None) -> list[list[Knob]]:
     """The partitions to size: those of the relabel block; else, without one, every axis no
-    statement consumes as a group, with each legal stream in turn (and with none)."""
+    statement consumes as a group, with each legal stream in turn (and with none).
+
+    With ``statements`` (one launch's), the knobs are scoped to that launch.
+    """
     if block is not None and block.levels:
-        return [[Knob(c.level, p.kind, p.axis) for c in block.levels for p in c.partitions]]
+        return [[Knob(c.level, p.kind, p.axis, p.targets) for c in block.levels for p in c.partitions]]
     level = hardware.compute_level.name
-    consumed = {a for s in diagram.statements for a in s.consumed}
-    groups = [Knob(level, "group", a) for a in diagram.axes if a not in consumed]
+    scope = tuple(s.target for s in statements) if statements is not None else None
+    statements = diagram.statements if statements is None else statements
+    present = {a for s in statements for a in s.iteration_axes}
+    consumed = {a for s in statements for a in s.consumed}
+    groups = [Knob(level, "group", a, scope) for a in diagram.axes if a in present and a not in consumed]
     sets = []
     for axis in diagram.axes:
         if axis not in consumed:
             continue
-        with_stream = groups + [Knob(level, "stream", axis)]
+        with_stream = groups + [Knob(level, "stream", axis, scope)]
         try:
             make_schedule(diagram, hardware, _block(diagram, hardware, with_stream, {}), sizes)
         except RelabelError:
@@ -149,22 +176,30 @@ def knobs_for(diagram: Diagram, hardware: Hardware, block: syn.RelabelBlock | No
 
 
 def _block(diagram: Diagram, hardware: Hardware, knobs: list[Knob], values: dict) -> syn.RelabelBlock:
-    by_level: dict[str, list] = {}
+    """A relabel block for knobs; ``values`` by Knob or by axis, missing ones stay symbols."""
+    by_level: dict[tuple, list] = {}
     for k in knobs:
-        size = values.get(k.axis, k.symbol.name)
-        by_level.setdefault(k.level, []).append(syn.Partition(k.kind, k.axis, int(size) if not isinstance(size, str) else size, None))
-    return syn.RelabelBlock(diagram.name, hardware.name, tuple(syn.LevelClauses(lv, tuple(ps), None) for lv, ps in by_level.items()), None)
+        size = values.get(k, values.get(k.axis, k.symbol.name))
+        partition = syn.Partition(k.kind, k.axis, int(size) if not isinstance(size, str) else size, None, k.targets)
+        by_level.setdefault((k.level, k.targets), []).append(partition)
+    clauses = tuple(syn.LevelClauses(level, tuple(ps), None) for (level, _), ps in by_level.items())
+    return syn.RelabelBlock(diagram.name, hardware.name, clauses, None)
 
 
-def divisibility(diagram: Diagram, knobs: list[Knob]) -> dict[str, int]:
-    """Required multiple per tuned axis: fragment shape and coalescing, by least common multiple."""
+def divisibility(diagram: Diagram, knobs: list[Knob], statements=None) -> dict[str, int]:
+    """Required multiple per tuned axis: fragment shape and coalescing, by least common multiple.
+
+    ``statements`` (default: all) are those the knobs partition: one launch's, for scoped knobs.
+    """
     required: dict[str, int] = {}
+    statements = diagram.statements if statements is None else statements
+    arrays = [n for s in statements for n in s.inputs] if statements is not diagram.statements else list(diagram.params)
 
     def need(axis, multiple):
         required[axis] = math.lcm(required.get(axis, 1), multiple)
 
     tuned = {k.axis for k in knobs}
-    for s in diagram.statements:
+    for s in statements:
         if isinstance(s.box, Contract) and len(s.box.operands) >= 2:
             first, second = s.box.operands[0], s.box.operands[1]
             for axis in s.axes:
@@ -174,7 +209,7 @@ def divisibility(diagram: Diagram, knobs: list[Knob]) -> dict[str, int]:
                     need(axis, FRAGMENT["n"])
             for axis in s.box.contracted:
                 need(axis, FRAGMENT["k"])
-    for name in diagram.params:
+    for name in dict.fromkeys(arrays):  # loaded arrays: coalesce along their contiguous last axis
         array = diagram.arrays.get(name)
         if array is not None and array.axes:
             need(array.axes[-1], max(1, COALESCE_BYTES // array.bytes_per_value))
@@ -206,25 +241,40 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     if unbound:
         raise NapkinError(f"tuning needs every axis size; unbound: {' '.join(unbound)}",
                           hint=f"pass them, e.g. --set {' '.join(f'{a}=1024' for a in unbound)}")
-    sets = knob_sets(diagram, profile, block, sizes)
-    if not sets:
-        raise NapkinError(f"kernel {diagram.name} has no axis to partition", hint="every axis is consumed and none can stream")
-    scored, evaluated, required = [], 0, {}
-    for knobs in sets:
-        found, count, multiples = _score(diagram, profile, knobs, sizes, max_candidates)
-        scored += [(estimate, index, knobs, combo) for index, (estimate, combo) in enumerate(found)]
-        evaluated += count
-        required.update(multiples)
-    scored.sort(key=lambda item: item[:2])
+    launches = split_launches(diagram, profile)
+    if block is None and len(launches) > 1:
+        # Launches share nothing but device memory: size each one's partitions on its own.
+        scopes = [(index, statements) for index, (statements, _, _) in enumerate(launches)]
+    else:
+        scopes = [(None, None)]
+    ranked, evaluated, required = [], 0, {}
+    for index, statements in scopes:
+        sets = knob_sets(diagram, profile, block, sizes, statements)
+        scored = []
+        for knobs in sets:
+            found, count, multiples = _score(diagram, profile, knobs, sizes, max_candidates, index)
+            scored += [(estimate, rank, knobs, combo) for rank, (estimate, combo) in enumerate(found)]
+            evaluated += count
+            required.update(multiples)
+        if not scored and statements is not None:
+            raise RelabelError(f"no configuration of the launch computing {', '.join(s.target for s in statements)} "
+                               f"fits {profile.name}", hint="its whole rows may not fit: check the sizes")
+        scored.sort(key=lambda item: item[:2])
+        ranked.append(scored)
     compute_level = profile.compute_level.name
     configurations = []
-    for _, _, knobs, combo in scored[: max(top, 1)]:
-        values = {k.axis: v for k, v in zip(knobs, combo)}
+    for rank in range(max(top, 1)):
+        picks = [scored[min(rank, len(scored) - 1)] for scored in ranked if scored]
+        if not picks or (rank and all(rank >= len(scored) for scored in ranked)):
+            break
+        knobs = [k for _, _, pick_knobs, _ in picks for k in pick_knobs]
+        values = {k: v for _, _, pick_knobs, combo in picks for k, v in zip(pick_knobs, combo)}
         try:
             report = cost_of(plan(diagram, profile, _block(diagram, profile, knobs, values), sizes))
         except RelabelError:
             continue
-        configurations.append(Configuration(values, report.time.get("overlapped_s"), report, knobs))
+        by_axis = {k.axis: v for k, v in values.items()}
+        configurations.append(Configuration(by_axis, report.time.get("overlapped_s"), report, knobs, values))
     # Ties in predicted time go to the configuration that moves fewer bytes into the compute level.
     configurations.sort(key=lambda c: (c.time_s if c.time_s is not None else math.inf,
                                        as_number(c.report.levels[compute_level].H_bytes) or 0))
@@ -234,12 +284,16 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
                       _time.perf_counter() - started, required)
 
 
-def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, max_candidates: int):
+def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, max_candidates: int,
+           launch_index: int | None = None):
     """Predicted time of every candidate of one knob set, fast: the Program is elaborated once
-    with symbolic partition sizes and its costs become Python functions of them."""
-    required = divisibility(diagram, knobs)
+    with symbolic partition sizes and its costs become Python functions of them. With
+    ``launch_index``, only that launch is priced."""
     schedule = make_schedule(diagram, profile, _block(diagram, profile, knobs, {}), sizes)
     program = elaborate(schedule)
+    if launch_index is not None:
+        program = Program(schedule, (program.launches[launch_index],))
+    required = divisibility(diagram, knobs, program.launches[0].launch.statements if launch_index is not None else None)
     levels = level_costs(program, columns(program))
     _, priced = flops_by_unit(program)
     symbols = [k.symbol for k in knobs]

@@ -92,3 +92,15 @@ def test_numpy_counts_equal_report_and_the_generated_kernel_matches():
     if opencl.opencl_available():
         got = opencl.run(program, arrays, {})["O"].astype(np.float64)
         assert np.max(np.abs(got - expected)) < 0.05
+
+
+def test_tuner_sizes_each_launch_of_an_unrelabelled_kernel_on_its_own():
+    from .conftest import EXAMPLES
+
+    kernel = napkin.load(EXAMPLES / "attention_unfused.napkin")["attention_unfused"]
+    result = kernel.tune("H100", q=8192, x=8192, d=128)
+    lines = result.best.relabel_lines()
+    assert [line.split(":")[0] for line in lines] == ["smem for S", "smem for P", "smem for O"]
+    assert "stream x" in lines[2]  # the contraction streams x; the softmax launch cannot
+    compiled = kernel.compile("sm_90", q=8192, x=8192, d=128)  # tuned, since there is no relabel block
+    assert len(compiled.launches) == 3 and all(row["spill_bytes"] == 0 for row in compiled.launch_table())
