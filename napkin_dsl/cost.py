@@ -81,7 +81,18 @@ def step_total(program: Program, step: Step, loops: tuple[Loop, ...], axes: tupl
 
 def tile_values(schedule, level: str, axes) -> sympy.Expr:
     """Values in one tile of a buffer at a level (``schedule``: the launch's view)."""
-    return sympy.Mul(*(schedule.extent(a, level) for a in axes))
+    extents = [schedule.extent(a, level) for a in axes]
+    if all(e.is_Integer for e in extents):  # bound sizes: plain integers, no sympy arithmetic
+        return sympy.Integer(math.prod(int(e) for e in extents))
+    return sympy.Mul(*extents)
+
+
+def _total(terms) -> sympy.Expr:
+    """Sum of sympy terms, in plain integers when they all are (most of a numeric report)."""
+    terms = list(terms)
+    if all(t.is_Integer for t in terms):
+        return sympy.Integer(sum(int(t) for t in terms))
+    return sympy.Add(*terms)
 
 
 def _liveness(body) -> tuple[list, dict]:
@@ -132,8 +143,8 @@ def columns(program: Program) -> list[dict]:
                 if computing and ref in step.reads and ref not in step.writes and last == index:
                     continue
                 resident.setdefault(level, []).append(launch.buffers[ref])
-            values = {level: sympy.Add(*(tile_values(schedule, level, b.axes) for b in bufs)) for level, bufs in resident.items()}
-            nbytes = {level: sympy.Add(*(tile_values(schedule, level, b.axes) * _bytes(b.dtype) for b in bufs))
+            values = {level: _total(tile_values(schedule, level, b.axes) for b in bufs) for level, bufs in resident.items()}
+            nbytes = {level: _total(tile_values(schedule, level, b.axes) * _bytes(b.dtype) for b in bufs)
                       for level, bufs in resident.items()}
             rows.append({
                 "launch": launch.index,
