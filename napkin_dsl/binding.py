@@ -397,6 +397,14 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def memory_limit(limit: float | None, given: str) -> tuple[float, str]:
+    """The limit a memory guard applies and where it comes from, for its message."""
+    if limit is not None:
+        return limit, given
+    total = physical_memory_bytes()
+    return default_memory_limit(), (f"25% of {_gib(total)} of memory" if total else "the default when memory size is unknown")
+
+
 def check_reference_memory(diagram, sizes: dict, limit: float | None = None) -> int:
     """Raise NapkinCallError if the reference would need more than ``limit`` bytes; return the estimate.
 
@@ -405,12 +413,7 @@ def check_reference_memory(diagram, sizes: dict, limit: float | None = None) -> 
     """
     diagram = _diagram_of(diagram)
     need = estimate_reference_bytes(diagram, sizes)
-    if limit is None:
-        limit = default_memory_limit()
-        total = physical_memory_bytes()
-        source = f"25% of {_gib(total)} of memory" if total else "the default when memory size is unknown"
-    else:
-        source = "memory_limit="
+    limit, source = memory_limit(limit, given="memory_limit=")
     if need > limit:
         _, held = _arrays_bytes(diagram, sizes)
         largest_bytes, largest = max(held)

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import sympy
 
-from ..binding import default_memory_limit, physical_memory_bytes
+from ..binding import _gib, memory_limit
 from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from ..errors import NapkinCallError, NapkinError
 from ..pseudocode import Loop, Program, Step
@@ -750,20 +750,11 @@ def estimate_bytes(program: Program, tiles: bool = True) -> int:
     return whole + below
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
 def check_memory(program: Program, limit: float | None = None, tiles: bool = True) -> int:
     """Raise NapkinCallError before anything is allocated if a call would need more than
     ``limit`` bytes (default: 25% of physical memory, as the reference's guard); return the estimate."""
     need = estimate_bytes(program, tiles)
-    if limit is None:
-        limit = default_memory_limit()
-        total = physical_memory_bytes()
-        source = f"25% of {_gib(total)} of memory" if total else "the default when memory size is unknown"
-    else:
-        source = "the limit given"
+    limit, source = memory_limit(limit, given="the limit given")
     if need > limit:
         diagram = program.diagram
         schedule = program.schedule
