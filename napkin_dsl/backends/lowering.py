@@ -326,7 +326,6 @@ class _Printer:
         self.sizes = sizes
         self.tile = {axis: int(self.schedule.extent(axis, self.level)) for axis in self.diagram.axes}
         self.grouped = self._grouped_axes()
-        self.streamed = [p.axis for p in self.schedule.partitions_at(self.level, "stream")]
         self.origin: dict[str, str] = {}
         self.valid: dict[str, str] = {}
         self.counter = 0
@@ -908,8 +907,6 @@ class _Printer:
             return
         self.elementwise(step, s.target, s.axes, lambda: self.mean(self.read(acc, s.axes), box))
 
-    def step_alloc(self, step: Step):  # pragma: no cover - allocations happen at intermediate levels only
-        pass
 
 
 def _overlaps(a: Slot, b: Slot) -> bool:
@@ -921,8 +918,6 @@ def _overlaps(a: Slot, b: Slot) -> bool:
 
 def header_comment(program: Program, report) -> str:
     """The diagram, the relabelling and the cost table, as a comment block."""
-    from ..relabel import Partition  # noqa: F401  (documentation of what partitions are)
-
     diagram = program.diagram
     lines = [f"napkin kernel {diagram.name} on {program.hardware.name}", "", "diagram:"]
     for s in diagram.statements:
