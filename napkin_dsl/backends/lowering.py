@@ -349,6 +349,36 @@ class _Printer:
     def groups(self, axis: str) -> int:
         return -(-self.sizes[axis] // self.tile[axis])
 
+    def l2_sides(self) -> dict[str, int]:
+        """Blocks per derived L2 group along each grouped axis (1 where there is none)."""
+        sides = {}
+        for p in self.schedule.partitions:
+            if p.derived and p.kind == "group" and p.axis in self.grouped:
+                l2_extent = int(self.schedule.extent(p.axis, p.level))  # clipped to the axis: round up
+                side = max(1, min(-(-l2_extent // self.tile[p.axis]), self.groups(p.axis)))
+                if self.groups(p.axis) % side == 0:  # plan.py picks such sides; anything else stays row-major
+                    sides[p.axis] = side
+        return sides
+
+    def block_order(self):
+        """Block index -> tile origins. Consecutive blocks fill one derived L2 group (a box of
+        the block grid) before the next, the swizzled order the L2 model assumes; the sides
+        divide the group counts (plan.py), so the grid has no holes."""
+        sides = self.l2_sides()
+        inner = math.prod(sides.values()) if sides else 1
+        if inner > 1:
+            self.emit(f"int nk_inner = nk_block % {inner}; nk_block /= {inner};  // the block within its L2 group")
+        for axis in reversed(self.grouped):
+            side = sides.get(axis, 1)
+            outer = self.groups(axis) // side if side > 1 else self.groups(axis)
+            if side > 1:
+                self.emit(f"const int g_{axis} = (nk_block % {outer}) * {side} + nk_inner % {side}; "
+                          f"nk_block /= {outer}; nk_inner /= {side};")
+            else:
+                self.emit(f"const int g_{axis} = nk_block % {outer}; nk_block /= {outer};")
+            self.emit(f"const int o_{axis} = g_{axis} * {self.tile[axis]};")
+            self.set_origin(axis, f"o_{axis}")
+
     def extent_expr(self, axis: str) -> str:
         """The valid extent of an axis in the current tile (a constant when the tile divides it)."""
         return self.valid.get(axis, str(self.tile[axis]))
@@ -425,9 +455,7 @@ class _Printer:
         self.emit(d.arena_decl)
         self.emit(f"const int nk_tid = {d.thread_id};")
         self.emit(f"int nk_block = {d.block_id};")
-        for axis in reversed(self.grouped):
-            self.emit(f"const int o_{axis} = (nk_block % {self.groups(axis)}) * {self.tile[axis]}; nk_block /= {self.groups(axis)};")
-            self.set_origin(axis, f"o_{axis}")
+        self.block_order()
         self.emit("(void)nk_block;")
         for slot in sorted(self.slots.values(), key=lambda s: s.offset):
             t = d.storage[slot.dtype]

@@ -54,10 +54,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     extern __shared__ __align__(16) unsigned char nk_smem[];
     const int nk_tid = threadIdx.x;
     int nk_block = blockIdx.x;
-    const int o_q = (nk_block % 2) * 128; nk_block /= 2;
+    int nk_inner = nk_block % 2; nk_block /= 2;  // the block within its L2 group
+    const int g_q = (nk_block % 1) * 2 + nk_inner % 2; nk_block /= 1; nk_inner /= 2;
+    const int o_q = g_q * 128;
     const int n_q = min(128, 200 - o_q);
-    const int o_h = (nk_block % 3) * 1; nk_block /= 3;
-    const int o_b = (nk_block % 1) * 1; nk_block /= 1;
+    const int g_h = nk_block % 3; nk_block /= 3;
+    const int o_h = g_h * 1;
+    const int g_b = nk_block % 1; nk_block /= 1;
+    const int o_b = g_b * 1;
     (void)nk_block;
     __nv_bfloat16* s_Q = reinterpret_cast<__nv_bfloat16*>(nk_smem + 0);
     float* s_O = reinterpret_cast<float*>(nk_smem + 0);

@@ -51,9 +51,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
     extern __shared__ __align__(16) unsigned char nk_smem[];
     const int nk_tid = threadIdx.x;
     int nk_block = blockIdx.x;
-    const int o_n = (nk_block % 2) * 128; nk_block /= 2;
+    int nk_inner = nk_block % 6; nk_block /= 6;  // the block within its L2 group
+    const int g_n = (nk_block % 1) * 2 + nk_inner % 2; nk_block /= 1; nk_inner /= 2;
+    const int o_n = g_n * 128;
     const int n_n = min(128, 200 - o_n);
-    const int o_m = (nk_block % 3) * 128; nk_block /= 3;
+    const int g_m = (nk_block % 1) * 3 + nk_inner % 3; nk_block /= 1; nk_inner /= 3;
+    const int o_m = g_m * 128;
     const int n_m = min(128, 300 - o_m);
     (void)nk_block;
     float* s_C_acc = reinterpret_cast<float*>(nk_smem + 0);
