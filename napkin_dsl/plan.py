@@ -13,6 +13,7 @@ It does not price the result (``cost.py``) or search user-visible sizes (``tune.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from . import syntax as syn
@@ -33,60 +34,64 @@ def shared_cache_level(schedule: Schedule) -> str | None:
     return None
 
 
-def _l2_traffic(schedule: Schedule, candidate: tuple[Partition, ...]) -> tuple[int, int]:
-    """(bytes moved into L2, bytes resident in L2 per group) for a candidate L2 grouping."""
-    diagram = schedule.diagram
+def _l2_traffic(view: Schedule, launch, candidate: tuple[Partition, ...]) -> tuple[int, int]:
+    """(bytes moved into L2, bytes resident in L2 per group) of one launch under a candidate
+    L2 grouping; ``view`` is the schedule as that launch sees it."""
+    diagram = view.diagram
+    streamed = {p.axis: int(view.extent(p.axis, view.compute_level)) for p in view.partitions_at(view.compute_level, "stream")}
+    here = set(launch.axes)
+    parts = [p for p in candidate if p.axis in here]
     moved = resident = 0
-    for launch in schedule.launches:
-        view = schedule.for_launch(launch.index)
-        streamed = {p.axis: int(view.extent(p.axis, view.compute_level)) for p in view.partitions_at(view.compute_level, "stream")}
-        here = set(launch.axes)
-        parts = [p for p in candidate if p.axis in here]
-        for name in tuple(launch.inputs) + tuple(launch.outputs):
-            array = diagram.arrays[name]
-            nbytes = array.bytes_per_value
-            size = nbytes
-            tile = nbytes
-            for axis in array.axes:
-                full = int(schedule.axis_size(axis))
-                size *= full
-                extent = next((int(p.size) for p in parts if p.axis == axis), full)
-                # Co-resident blocks walk a stream together: L2 holds the chunks in flight,
-                # not the whole streamed axis.
-                if axis in streamed:
-                    extent = min(extent, streamed[axis])
-                tile *= min(extent, full)
-            for p in parts:
-                if p.axis not in array.axes:
-                    size *= math.ceil(int(schedule.axis_size(p.axis)) / int(p.size))
-            moved += size
-            resident += tile
+    for name in tuple(launch.inputs) + tuple(launch.outputs):
+        array = diagram.arrays[name]
+        size = tile = array.bytes_per_value
+        for axis in array.axes:
+            full = int(view.axis_size(axis))
+            size *= full
+            extent = next((int(p.size) for p in parts if p.axis == axis), full)
+            # Co-resident blocks walk a stream together: L2 holds the chunks in flight,
+            # not the whole streamed axis.
+            if axis in streamed:
+                extent = min(extent, streamed[axis])
+            tile *= min(extent, full)
+        for p in parts:
+            if p.axis not in array.axes:
+                size *= math.ceil(int(view.axis_size(p.axis)) / int(p.size))
+        moved += size
+        resident += tile
     return moved, resident
 
 
 def plan(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | None = None, sizes: dict | None = None) -> Program:
-    """Schedule and elaborate ``diagram``; on GPUs with bound sizes, add the derived L2 grouping."""
+    """Schedule and elaborate ``diagram``; on GPUs with bound sizes, add the derived L2 grouping.
+
+    Each launch has its own block grid, so each gets its own L2 grouping (partitions scoped to
+    that launch).
+    """
     profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     schedule = make_schedule(diagram, profile, block, sizes)
     program = elaborate(schedule)
     level = shared_cache_level(schedule)
     if level is None or not all(as_number(schedule.axis_size(a)) is not None for a in diagram.axes):
         return program
-    smem_bytes = max_of(row["M_bytes"].get(schedule.compute_level, 0) for row in columns(program))
-    if as_number(smem_bytes) is None:
-        return program
-    blocks = co_resident_blocks(schedule, smem_bytes)
-    candidates = l2_candidates(schedule, level, blocks) if blocks else []
+    rows = columns(program)
     capacity = profile.level(level).capacity
-    best = None
-    for candidate in candidates:
-        moved, resident = _l2_traffic(schedule, candidate)
-        if isinstance(capacity, int) and resident > capacity:
+    derived: list[Partition] = []
+    for launch in program.launches:
+        smem_bytes = max_of(row["M_bytes"].get(schedule.compute_level, 0) for row in rows if row["launch"] == launch.index)
+        if as_number(smem_bytes) is None:
             continue
-        key = (moved, resident)
-        if best is None or key < best[0]:
-            best = (key, candidate)
-    if best is None:
+        blocks = co_resident_blocks(launch.schedule, smem_bytes)
+        best = None
+        for candidate in (l2_candidates(launch.schedule, level, blocks) if blocks else []):
+            moved, resident = _l2_traffic(launch.schedule, launch.launch, candidate)
+            if isinstance(capacity, int) and resident > capacity:
+                continue
+            if best is None or (moved, resident) < best[0]:
+                best = ((moved, resident), candidate)
+        if best is not None:
+            scope = frozenset({launch.index}) if len(program.launches) > 1 else None
+            derived += [dataclasses.replace(p, launches=scope) for p in best[1]]
+    if not derived:
         return program
-    derived = make_schedule(diagram, profile, block, sizes, extra_partitions=best[1])
-    return elaborate(derived)
+    return elaborate(make_schedule(diagram, profile, block, sizes, extra_partitions=tuple(derived)))

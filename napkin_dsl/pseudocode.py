@@ -444,8 +444,7 @@ def l2_candidates(schedule: Schedule, level: str, blocks: int) -> list[tuple[Par
     ``blocks`` blocks.
     """
     compute = schedule.compute_level
-    # Only partitions of every launch: a scoped one would give each launch its own block grid.
-    grouped = [p for p in schedule.partitions_at(compute, "group") if p.launches is None]
+    grouped = [p for p in schedule.partitions_at(compute, "group")]  # `schedule`: one launch's view
     options = []
     for p in grouped:
         count = trips(schedule.axis_size(p.axis), schedule.extent(p.axis, compute))
