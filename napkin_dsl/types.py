@@ -13,9 +13,12 @@ False
 ('q', 'd')
 
 typeguard: ``typeguard.check_type(x, f32["q d"])`` works as is. Its ``@typechecked``
-decorator rewrites every string inside an annotation as a forward reference and fails on
-``"q d"``, so annotate such functions through module-level aliases
-(``QD = napkin.f32["q d"]``; ``def f(x: QD)``), which it checks with the same isinstance.
+decorator rewrites every string inside a subscripted annotation as a forward reference and
+fails on ``"q d"``, so functions it instruments write the call form ``napkin.f32("q d")``
+(the same type) or a module-level alias (``QD = napkin.f32["q d"]``; ``def f(x: QD)``).
+
+>>> f32("q d") is f32["q d"]
+True
 """
 
 from __future__ import annotations
@@ -75,6 +78,14 @@ class _DTypeMeta(type):
             if not name.isidentifier():
                 raise TypeError(f"{name!r} is not an axis name")
         return array_type(cls.dtype, names)
+
+    def __call__(cls, axes) -> type:
+        """``napkin.f32("q d")``: the same array type as ``napkin.f32["q d"]``.
+
+        typeguard's ``@typechecked`` reads a string inside a subscripted annotation as a
+        forward reference ("q d" is not Python), so code it instruments writes the call form.
+        """
+        return cls[axes]
 
     def __instancecheck__(cls, value) -> bool:
         """A scalar of this dtype: a Python number it holds, or a NumPy scalar of exactly it.

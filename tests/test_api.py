@@ -548,3 +548,18 @@ def test_public_api():
         assert hasattr(napkin, name), name
     assert issubclass(napkin.NapkinSyntaxError, napkin.NapkinError)
     assert issubclass(napkin.NapkinErrors, napkin.NapkinError)
+
+
+def test_call_form_annotations_work_under_typechecked():
+    """typeguard's @typechecked reads "q d" in napkin.f32["q d"] as a forward reference; the call
+    form napkin.f32("q d") is the same type and passes through its instrumentation."""
+    from typeguard import TypeCheckError, typechecked
+
+    @typechecked
+    def identity(x: napkin.f32("q d")) -> napkin.f32("q d"):
+        return x
+
+    assert identity(np.zeros((2, 3), np.float32)).shape == (2, 3)
+    with pytest.raises(TypeCheckError):
+        identity(np.zeros((2, 3), np.float64))
+    assert napkin.bf16("b h") is napkin.bf16["b h"]
