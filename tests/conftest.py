@@ -39,3 +39,35 @@ def golden(request):
 
 def example_id(path: Path) -> str:
     return str(path.relative_to(EXAMPLES))
+
+
+# Tolerance of the generated GPU kernels (OpenCL on PoCL) against the float64 reference,
+# relative to the largest value (at least 1), by output dtype.
+OPENCL_TOLERANCE = {"f32": 4e-4, "f16": 4e-2, "bf16": 8e-2}
+
+
+def assert_matches_reference(diagram, outputs: dict, expected: dict, context="") -> None:
+    """Every output of a generated kernel within its dtype's tolerance of the reference."""
+    import numpy as np
+
+    for name in diagram.outputs:
+        got = outputs[name].astype(np.float64)
+        want = expected[name].astype(np.float64)
+        if not want.size:
+            continue
+        error = float(np.max(np.abs(got - want))) / max(1.0, float(np.max(np.abs(want))))
+        assert error < OPENCL_TOLERANCE[diagram.arrays[name].dtype], f"{context}: {name} off by {error:.3g}"
+
+
+@pytest.fixture(scope="session")
+def opencl_device():
+    """The OpenCL context, or a skip; in CI (NAPKIN_REQUIRE_OPENCL set) a missing device fails."""
+    import os
+
+    from napkin_dsl.backends import opencl
+
+    if not opencl.opencl_available():
+        if os.environ.get("NAPKIN_REQUIRE_OPENCL"):
+            pytest.fail("no OpenCL device, and NAPKIN_REQUIRE_OPENCL is set (CI installs pocl-opencl-icd)")
+        pytest.skip("no OpenCL device (pip install pyopencl; apt-get install pocl-opencl-icd)")
+    return opencl.context()

@@ -427,6 +427,18 @@ class _Interpreter:
         self.values[level][name] = tile
         self.starts[level][name] = self.origin(axes)
 
+    @staticmethod
+    def product(box: Contract, operands, out_axes):
+        """A closure computing a contraction's product of the current operand tiles."""
+        contract = _contraction([r.axes for r in box.operands], out_axes)
+        names = [r.array for r in box.operands]
+
+        def product():
+            tiles = operands()
+            return contract(*(tiles[n] for n in names))
+
+        return product
+
     def operands(self, s: Statement, level: str, dtype: np.dtype) -> Callable[[], dict]:
         """A function returning the statement's input tiles in the compute dtype, by name."""
         names = s.inputs
@@ -473,18 +485,15 @@ class _Interpreter:
         s, level = step.statement, step.level
         box = s.box
         dtype = numpy_dtype(step.dtype)
-        self.values[level]
         target, axes = s.target, s.axes
         if isinstance(box, Contract) and step.reads == step.writes:
             return self.scale_step(step)
         operands = self.operands(s, level, dtype)
         if isinstance(box, Contract):
-            contract = _contraction([r.axes for r in box.operands], axes)
-            names = [r.array for r in box.operands]
+            product = self.product(box, operands, axes)
 
             def compute():
-                tiles = operands()
-                self.store(level, target, axes, contract(*(tiles[n] for n in names)).astype(dtype, copy=False))
+                self.store(level, target, axes, product().astype(dtype, copy=False))
 
             return compute
         if isinstance(box, Map):
@@ -626,12 +635,10 @@ class _Interpreter:
         acc_name, acc_axes, _ = self.state(s, "acc", level)
         operands = self.operands(s, level, dtype)
         if isinstance(box, Contract):
-            contract = _contraction([r.axes for r in box.operands], acc_axes)
-            names = [r.array for r in box.operands]
+            product = self.product(box, operands, acc_axes)
 
             def accumulate():
-                tiles = operands()
-                values[acc_name] += contract(*(tiles[n] for n in names))
+                values[acc_name] += product()
 
             return accumulate
         operand = self.named_operand(s, operands)
