@@ -259,8 +259,23 @@ def cmd_cuda(args) -> int:
         text = compiled.image.rstrip(b"\0").decode() if args.ptx else compiled.source
         if args.output:
             write_atomically(args.output, text.encode())
-        elif not args.resources:
+        elif not args.resources and not args.sass:
             sys.stdout.write(text)
+    if args.sass:
+        # Imported here: nvdisasm is an optional extra, and only --sass needs it.
+        from .sass import format_sass_report, sass_report
+
+        reports = {name: sass_report(c) for name, c in results.items()}
+        if args.json:
+            kernels = {name: ({**resources_json(results[name]), "sass": report} if args.resources else report)
+                       for name, report in reports.items()}
+            print(json.dumps({"kernels": kernels}, indent=2))
+            return 0
+        for name, report in reports.items():
+            if args.resources:
+                print(format_resources(results[name]))
+            print(format_sass_report(report))
+        return 0
     if args.resources:
         if args.json:
             print(json.dumps({"kernels": {name: resources_json(c) for name, c in results.items()}}, indent=2))
@@ -279,5 +294,7 @@ def add_cuda_command(subparsers) -> None:
     cuda.add_argument("-o", "--output", metavar="FILE.cu", help="write the source (or PTX) here instead of stdout")
     cuda.add_argument("--ptx", action="store_true", help="emit PTX instead of the CUDA source")
     cuda.add_argument("--resources", action="store_true", help="print registers, shared memory and spills per launch")
-    cuda.add_argument("--json", action="store_true", help="with --resources: one JSON object")
+    cuda.add_argument("--sass", action="store_true",
+                      help="disassemble the cubin (nvdisasm) and print instruction classes per launch and innermost loop")
+    cuda.add_argument("--json", action="store_true", help="with --resources or --sass: one JSON object")
     cuda.set_defaults(run=cmd_cuda)

@@ -1,0 +1,83 @@
+"""What the generated kernels' main loops execute: SASS instruction counts at realistic sizes.
+
+    python benchmarks/bench_sass.py [--arch sm_90 --arch sm_80]
+
+Compiles, with NVRTC and no GPU, examples/attention.napkin at b=4 h=32 q=x=8192 d=128 (its
+relabel block: group q 128, stream x 64) and examples/matmul.napkin at m=n=k=8192 (group m 128,
+n 128, stream k 32), for sm_90 and sm_80, disassembles each cubin with nvdisasm
+(``napkin_dsl.backends.sass``) and prints one row per launch: the hot loop's instructions, its
+tensor-core instructions and instructions per tensor instruction ('-' without any), its FFMAs,
+LDSMs and LDGSTSs, and, for the whole kernel, local-memory instructions and ptxas's spill bytes.
+
+The hot loop is :func:`~napkin_dsl.backends.sass.hot_loop`: the innermost loop with the most
+tensor, then FFMA, instructions. Counts are static (each instruction once, however often it
+runs). Not a test: it prints and asserts nothing; needs nvdisasm (``pip install
+'napkin-dsl[sass]'``), no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # napkin is the working tree: run without installing
+
+EXAMPLES = ROOT / "examples"
+# (label, file, kernel, sizes); the tiles are the files' relabel blocks.
+CASES = [
+    ("attention", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128}),
+    ("matmul", "matmul.napkin", "matmul", {"m": 8192, "n": 8192, "k": 8192}),
+]
+ARCHES = ("sm_90", "sm_80")
+
+
+def rows(arches) -> list[list[str]]:
+    import napkin_dsl as napkin
+    from napkin_dsl.backends.sass import hot_loop, sass_report
+
+    out = []
+    for label, file, name, sizes in CASES:
+        kernel = napkin.load(EXAMPLES / file)[name]
+        for arch in arches:
+            report = sass_report(kernel.compile(arch, **sizes))
+            for entry in report["launches"]:
+                loop = hot_loop(entry) or {"instructions": 0, "classes": {}, "per_tensor": None}
+                classes = loop["classes"]
+                out.append([
+                    label if len(report["launches"]) == 1 else f"{label} ({entry['entry']})",
+                    arch,
+                    str(loop["instructions"]),
+                    str(classes.get("tensor", 0)),
+                    "-" if loop["per_tensor"] is None else f"{loop['per_tensor']:.2f}",
+                    str(classes.get("ffma", 0)),
+                    str(classes.get("ldsm", 0)),
+                    str(classes.get("ldgsts", 0)),
+                    str(entry["whole"].get("local", 0)),
+                    "?" if entry["spill_bytes"] is None else str(entry["spill_bytes"]),
+                ])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", action="append", help="sm_90, sm_80 (repeatable; default both)")
+    args = parser.parse_args(argv)
+
+    header = ["kernel", "arch", "hot-loop instrs", "tensor", "instrs/tensor", "FFMA", "LDSM", "LDGSTS",
+              "local ops (kernel)", "spill B"]
+    table = [header, *rows(args.arch or ARCHES)]
+    widths = [max(len(row[c]) for row in table) for c in range(len(header))]
+    for row in table:
+        print("  ".join([row[0].ljust(widths[0]), row[1].ljust(widths[1])] + [cell.rjust(w) for cell, w in zip(row[2:], widths[2:])]))
+    print()
+    print("hot-loop columns count the innermost loop with the most tensor, then FFMA, instructions; static counts")
+    for label, _, _, sizes in CASES:
+        print(f"  {label}: " + " ".join(f"{axis}={size}" for axis, size in sizes.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
