@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from .diagram import DTYPE_BYTES
 from .errors import RelabelError
 from .pseudocode import Loop, Program, Step, walk
 from .relabel import bind
@@ -357,9 +358,79 @@ def _fmt_sizes(sizes: dict) -> str:
 # ---- computing the report ------------------------------------------------------------------
 
 
-def level_costs(program: Program, rows: list[dict] | None = None) -> dict:
+def tensor_launches(program: Program, arch: str | None = None) -> dict:
+    """Launch index -> (TensorPlan, tile) for the launches instruction selection puts on tensor cores."""
+    from .isel import launch_tiles, selection
+
+    out = {}
+    for launch in program.launches:
+        chosen = selection(program, launch, arch)
+        if chosen.plan is not None:
+            out[launch.index] = (chosen.plan, launch_tiles(launch)[0])
+    return out
+
+
+def _compute_level_memory(program: Program, rows: list[dict], tensor: dict) -> tuple:
+    """M at the compute level per launch, in values and bytes: the Program's columns, except that a
+    tensor-core launch holds only its shared-memory tiles there (its computed arrays are registers)."""
+    from .isel import smem_layout
+
+    level = program.schedule.compute_level
+    values, nbytes = [], []
+    for launch in program.launches:
+        if launch.index in tensor:
+            plan, tile = tensor[launch.index]
+            slots, arena = smem_layout(plan, tile, program.diagram)
+            values.append(sum(slot.bytes // DTYPE_BYTES[program.diagram.arrays[name].dtype] for name, slot in slots.items()))
+            nbytes.append(arena)
+            continue
+        mine = [r for r in rows if r["launch"] == launch.index]
+        values.append(max_of(r["M"].get(level, 0) for r in mine))
+        nbytes.append(max_of(r["M_bytes"].get(level, 0) for r in mine))
+    return max_of(values), max_of(nbytes)
+
+
+def registers_cost(program: Program, tensor: dict, rows: list[dict]) -> LevelCost:
+    """The register level of tensor-core launches: ldmatrix traffic from shared memory (H) and the
+    fragments one thread holds at once (M, per thread), read off the Program's steps and columns."""
+    from .isel import fragment_values
+
+    hardware = program.hardware
+    level = program.schedule.compute_level
+    H = sympy.Integer(0)
+    H_bytes = sympy.Integer(0)
+    threads = []
+    M = 0
+    for launch in program.launches:
+        if launch.index not in tensor:
+            continue
+        plan, tile = tensor[launch.index]
+        threads.append(plan.threads)
+        for step, loops in walk(launch.body):
+            s = step.statement
+            if s is None or step.op not in ("compute", "accumulate") or s.target not in plan.mmas or (level, s.target) in step.reads:
+                continue
+            mma = plan.mmas[s.target]
+            b_values = step_total(program, step, loops, (mma.k, mma.n)) * plan.warps  # every warp reads all of B
+            H += b_values
+            H_bytes += b_values * DTYPE_BYTES[mma.dtype]
+            if not mma.a_in_registers:
+                a_values = step_total(program, step, loops, (plan.row, mma.k))
+                H += a_values
+                H_bytes += a_values * DTYPE_BYTES[mma.dtype]
+        for r in rows:
+            if r["launch"] == launch.index:
+                held = sum(fragment_values(plan, b.name, tile) for b in r["buffers"].get(level, []) if b.name in plan.fragments)
+                M = max(M, held)
+    registers = hardware.level("registers")
+    return LevelCost("registers", sympy.expand(H), sympy.expand(H_bytes), sympy.Integer(M), sympy.Integer(4 * M),
+                     sympy.Integer(max(threads)), registers.capacity, registers.bandwidth, registers.per, hardware.counts)
+
+
+def level_costs(program: Program, rows: list[dict] | None = None, arch: str | None = None) -> dict:
     schedule = program.schedule
     rows = rows if rows is not None else columns(program)
+    tensor = tensor_launches(program, arch) if not program.hardware.symbolic else {}
     costs = {}
     for level in schedule.levels[1:]:
         H = sympy.Integer(0)
@@ -378,8 +449,11 @@ def level_costs(program: Program, rows: list[dict] | None = None) -> dict:
                     if lp.kind == "group" and schedule.levels.index(lp.level) <= schedule.levels.index(level):
                         group_loops[id(lp)] = lp
             N.append(sympy.Mul(*(lp.trips for lp in group_loops.values())) if group_loops else groups)
-        M = max_of(r["M"].get(level, 0) for r in rows)
-        M_bytes = max_of(r["M_bytes"].get(level, 0) for r in rows)
+        if level == schedule.compute_level and tensor:
+            M, M_bytes = _compute_level_memory(program, rows, tensor)
+        else:
+            M = max_of(r["M"].get(level, 0) for r in rows)
+            M_bytes = max_of(r["M_bytes"].get(level, 0) for r in rows)
         hw_level = schedule.hardware.level(level)
         costs[level] = LevelCost(
             level, sympy.expand(H), sympy.expand(H_bytes), M, M_bytes, max_of(N),
@@ -388,6 +462,8 @@ def level_costs(program: Program, rows: list[dict] | None = None) -> dict:
             hw_level.per,
             schedule.hardware.counts,
         )
+    if tensor and "registers" in [lv.name for lv in schedule.hardware.levels]:
+        costs["registers"] = registers_cost(program, tensor, rows)
     return costs
 
 
@@ -513,10 +589,11 @@ def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
         )
 
 
-def cost_of(program: Program, *, check: bool = True) -> CostReport:
-    """Read the performance model off a Program."""
+def cost_of(program: Program, *, check: bool = True, arch: str | None = None) -> CostReport:
+    """Read the performance model off a Program, for the instruction paths ``arch`` selects
+    (default: the hardware profile's architecture)."""
     rows = columns(program)
-    levels = level_costs(program, rows)
+    levels = level_costs(program, rows, arch)
     if check:
         check_capacity(program, levels, rows)
     flops, priced = flops_by_unit(program)

@@ -961,16 +961,29 @@ def header_comment(program: Program, report) -> str:
     return "/*\n" + body.replace("*/", "* /") + "\n */\n"
 
 
-def lower(program: Program, dialect: Dialect, report=None, threads: int = THREADS) -> LoweredProgram:
-    """Print every launch of ``program`` as a kernel in ``dialect``; one translation unit."""
-    from ..cost import cost_of
+def lower(program: Program, dialect: Dialect, report=None, threads: int = THREADS, arch: str | None = None) -> LoweredProgram:
+    """Print every launch of ``program`` as a kernel in ``dialect``; one translation unit.
 
-    report = report if report is not None else cost_of(program)
+    Each launch takes the path instruction selection (``isel.py``) chose for ``arch`` (default:
+    the hardware profile's): the tensor-core printer (``tensorcore.py``) or the FMA printer here.
+    """
+    from ..cost import cost_of
+    from ..isel import selection
+    from .tensorcore import PRELUDES, TensorPrinter
+
+    report = report if report is not None else cost_of(program, arch=arch)
     kernels = []
+    tensor = False
     for launch in program.launches:
         entry = f"napkin_{program.diagram.name}_{launch.index}"
-        kernels.append(_Printer(program, launch, dialect, threads).print(entry))
-    parts = [header_comment(program, report), dialect.prelude, f"#define NK_THREADS {threads}"]
+        chosen = selection(program, launch, arch)
+        if chosen.plan is not None:
+            tensor = True
+            kernels.append(TensorPrinter(program, launch, dialect, chosen.plan).print(entry))
+        else:
+            kernels.append(_Printer(program, launch, dialect, threads).print(entry))
+    parts = [header_comment(program, report), dialect.prelude + (PRELUDES[dialect.name] if tensor else ""),
+             f"#define NK_THREADS {threads}"]
     for k in kernels:
         if dialect.name == "opencl":
             parts.append(f"#undef NK_ARENA_BYTES\n#define NK_ARENA_BYTES {max(k.shared_bytes, 16)}")

@@ -1,0 +1,707 @@
+"""The tensor-core lowering: a launch with a :class:`~napkin_dsl.isel.TensorPlan` -> a kernel.
+
+This is the register level of the napkin method, FlashAttention-2's structure:
+
+* the block's tile of the plan's row axis is split into warp tiles; a warp owns
+  ``warp_rows`` rows and keeps every array the launch computes (S, P, the online max and
+  sum, accumulators, outputs) in registers as ``mma.sync.m16n8k16`` accumulator fragments
+  (``layouts.mma_c``), or as one value per fragment row for arrays of the row axis alone;
+* contraction operands are shared-memory tiles (``isel.smem_layout``) laid out by
+  ``layouts.SwizzledTile``, written by 16-byte ``cp.async`` and read by ``ldmatrix``
+  (``.trans`` where the contracted axis is not the fastest); operands carrying the
+  streamed axis are double-buffered: the next chunk is in flight while this one is used;
+* a register-resident A operand (P) is packed to the B operand's 16-bit type and fed
+  straight into the next mma: an accumulator pair is exactly an A fragment;
+* row reductions (max, sum, softmax) reduce in the thread, then across the four lanes of a
+  quad with ``xor`` shuffles.
+
+Both dialects print the same code: CUDA spells the primitives with inline PTX; OpenCL
+emulates each one with the same per-lane layouts through local memory and barriers (a warp
+is 32 consecutive work-items), so a CPU run through PoCL executes every fragment index the
+CUDA kernel uses. The primitives are the ``NK_*`` macros of each dialect's prelude.
+
+Deliberately not here: deciding whether a launch qualifies (``isel.py``), the FMA lowering
+(``lowering.py``), staging the epilogue through shared memory (outputs are stored from
+fragments, two adjacent columns per thread), wgmma.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Read, Reduce, ScalarParam, Softmax
+from ..isel import TensorPlan, fragment_values, smem_layout
+from ..layouts import LDMATRIX_SOURCE_EXPR, offset_expr
+from ..pseudocode import Loop, Step
+from .lowering import KernelSource, LoweringError, _Printer
+
+CUDA_PRELUDE = r"""
+// ---- tensor-core primitives (PTX ISA: ldmatrix, mma.m16n8k16, cp.async) ----
+__device__ __forceinline__ void nk_ldsm_x4(unsigned r[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void nk_ldsm_x4_t(unsigned r[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void nk_mma_bf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void nk_mma_f16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned nk_pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+__device__ __forceinline__ unsigned nk_pack_f16(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+// 16 bytes global -> shared; src-size 0 writes zeros (the masked tail) and reads nothing.
+__device__ __forceinline__ void nk_cp16(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+#define NK_LDSM(r, off) nk_ldsm_x4((r), nk_sbase + (off))
+#define NK_LDSM_T(r, off) nk_ldsm_x4_t((r), nk_sbase + (off))
+#define NK_MMA_BF16(c, a, b0, b1) nk_mma_bf16((c), (a), (b0), (b1))
+#define NK_MMA_F16(c, a, b0, b1) nk_mma_f16((c), (a), (b0), (b1))
+#define NK_PACK_BF16(lo, hi) nk_pack_bf16((lo), (hi))
+#define NK_PACK_F16(lo, hi) nk_pack_f16((lo), (hi))
+#define NK_CP16(off, src, valid) nk_cp16(nk_sbase + (off), (src), (valid))
+#define NK_CP_COMMIT() asm volatile("cp.async.commit_group;\n" ::)
+#define NK_CP_WAIT(n) asm volatile("cp.async.wait_group %0;\n" :: "n"(n))
+#define NK_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
+#define NK_SYNC() __syncthreads()
+#define NK_UNROLL _Pragma("unroll")
+"""
+
+OPENCL_PRELUDE = r"""
+/* ---- tensor-core primitives, emulated per warp (32 consecutive work-items) through local
+   memory with the PTX ISA's per-lane layouts; every call is reached by the whole group. */
+inline float nk_b16f(uint bits, int f16) {
+    ushort h = (ushort)(bits & 0xffffu);
+    return f16 ? vload_half(0, (const __private half*)&h) : as_float(((uint)h) << 16);
+}
+inline ushort nk_to_f16(float v) { ushort h; vstore_half_rte(v, 0, (__private half*)&h); return h; }
+inline uint nk_pack_bf16(float lo, float hi) { return (uint)nk_to_bf16(lo) | ((uint)nk_to_bf16(hi) << 16); }
+inline uint nk_pack_f16(float lo, float hi) { return (uint)nk_to_f16(lo) | ((uint)nk_to_f16(hi) << 16); }
+inline ushort nk_lds16(__local const uchar* smem, int off) { return *(__local const ushort*)(smem + off); }
+/* ldmatrix.x4: lanes 8j..8j+7 give the rows of matrix j; register j of lane l gets row l/4,
+   columns 2(l%4), 2(l%4)+1 (or, with trans, column l/4 of rows 2(l%4), 2(l%4)+1). */
+inline void nk_ldsm_x4(uint r[4], __local const uchar* smem, int off, int trans, __local uint* ws, int lane) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ws[lane] = (uint)off;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int j = 0; j < 4; ++j) {
+        uint lo, hi;
+        if (!trans) {
+            const int row = (int)ws[8 * j + (lane >> 2)] + 4 * (lane & 3);
+            lo = nk_lds16(smem, row); hi = nk_lds16(smem, row + 2);
+        } else {
+            lo = nk_lds16(smem, (int)ws[8 * j + 2 * (lane & 3)] + 2 * (lane >> 2));
+            hi = nk_lds16(smem, (int)ws[8 * j + 2 * (lane & 3) + 1] + 2 * (lane >> 2));
+        }
+        r[j] = lo | (hi << 16);
+    }
+}
+/* mma.m16n8k16, f32 accumulators: A a0..a7 (row g, g+8; k 2t.., +8), B b0..b3 (k 2t.., +8; n g). */
+inline void nk_mma(float c[4], const uint a[4], uint b0, uint b1, int f16, __local uint* ws, int lane) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int j = 0; j < 4; ++j) ws[4 * lane + j] = a[j];
+    ws[128 + 2 * lane] = b0;
+    ws[128 + 2 * lane + 1] = b1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i >> 1), n = 2 * t + (i & 1);
+        float acc = c[i];
+        for (int k = 0; k < 16; ++k) {
+            const uint areg = ws[4 * ((row & 7) * 4 + ((k & 7) >> 1)) + (row >> 3) + 2 * (k >> 3)];
+            const uint breg = ws[128 + 2 * (n * 4 + ((k & 7) >> 1)) + (k >> 3)];
+            acc += nk_b16f((k & 1) ? areg >> 16 : areg, f16) * nk_b16f((k & 1) ? breg >> 16 : breg, f16);
+        }
+        c[i] = acc;
+    }
+}
+inline float nk_shfl_xor(float v, int m, __local uint* ws, int lane) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ws[lane] = as_uint(v);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return as_float(ws[lane ^ m]);
+}
+/* cp.async emulated as a synchronous 16-byte copy (zeros when masked). */
+inline void nk_cp16(__local uchar* smem, int off, __global const uchar* src, int valid) {
+    *(__local uint4*)(smem + off) = valid ? vload4(0, (__global const uint*)src) : (uint4)(0u);
+}
+#define NK_WS 192
+#define NK_LDSM(r, off) nk_ldsm_x4((r), nk_smem, (off), 0, nk_ws, nk_lane)
+#define NK_LDSM_T(r, off) nk_ldsm_x4((r), nk_smem, (off), 1, nk_ws, nk_lane)
+#define NK_MMA_BF16(c, a, b0, b1) nk_mma((c), (a), (b0), (b1), 0, nk_ws, nk_lane)
+#define NK_MMA_F16(c, a, b0, b1) nk_mma((c), (a), (b0), (b1), 1, nk_ws, nk_lane)
+#define NK_PACK_BF16(lo, hi) nk_pack_bf16((lo), (hi))
+#define NK_PACK_F16(lo, hi) nk_pack_f16((lo), (hi))
+#define NK_CP16(off, src, valid) nk_cp16(nk_smem, (off), (__global const uchar*)(src), (valid))
+#define NK_CP_COMMIT()
+#define NK_CP_WAIT(n)
+#define NK_SHFL_XOR(v, m) nk_shfl_xor((v), (m), nk_ws, nk_lane)
+#define NK_SYNC() barrier(CLK_LOCAL_MEM_FENCE)
+#define NK_UNROLL
+"""
+
+PRELUDES = {"cuda": CUDA_PRELUDE, "opencl": OPENCL_PRELUDE}
+UNIT = 16
+
+
+def _var(name: str) -> str:
+    return "f_" + name.replace(".", "_")
+
+
+class TensorPrinter(_Printer):
+    """Prints one launch on the tensor-core path of ``plan``."""
+
+    def __init__(self, program, launch, dialect, plan: TensorPlan):
+        super().__init__(program, launch, dialect, plan.threads)
+        self.plan = plan
+        self.smem, self.arena = smem_layout(plan, self.tile, self.diagram)
+        self.stage: dict[str, str] = {}  # streamed operand -> current stage expression
+        self.pending = False  # cp.async groups issued and not yet waited for
+
+    # -- the kernel
+    def print(self, entry: str) -> KernelSource:
+        d, plan = self.dialect, self.plan
+        arrays = [(n, self.diagram.arrays[n].dtype, "in") for n in self.launch.launch.inputs]
+        arrays += [(n, self.diagram.arrays[n].dtype, "out") for n in self.launch.launch.outputs]
+        params = [f"{(d.global_const if role == 'in' else d.global_mut).format(t=d.storage[dtype])} g_{name}"
+                  for name, dtype, role in arrays]
+        scalars = [n for n in self.diagram.params if n in self.diagram.scalars]
+        params += [f"float p_{n}" for n in scalars]
+        grid = 1
+        for axis in self.grouped:
+            grid *= self.groups(axis)
+        cuda = d.name == "cuda"
+        self.lines.append(f"{d.kernel_qualifier.format(threads=plan.threads)} {entry}({', '.join(params)}) {{")
+        self.emit(d.arena_decl.replace("__align__(16)", "__align__(128)") if cuda else d.arena_decl.replace("aligned(16)", "aligned(128)"))
+        self.emit(f"const int nk_tid = {d.thread_id};")
+        self.emit("const int nk_warp = nk_tid >> 5, nk_lane = nk_tid & 31;")
+        self.emit("const int nk_g = nk_lane >> 2, nk_t = nk_lane & 3;")
+        self.emit(f"const int nk_wrow = nk_warp * {plan.warp_rows};  // the warp's first row of the {plan.row} tile")
+        if cuda:
+            self.emit("const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);")
+        else:
+            self.emit(f"__local uint nk_scratch[{plan.warps} * NK_WS];")
+            self.emit("__local uint* nk_ws = nk_scratch + nk_warp * NK_WS;")
+        self.emit(f"int nk_block = {d.block_id};")
+        self.block_order()
+        self.emit("(void)nk_block; (void)nk_g; (void)nk_t; (void)nk_wrow;")
+        for name in plan.fragments:
+            self.emit(f"float {_var(name)}{self.dims(name)};")
+        self.nodes(self.launch.body)
+        self.depth = 0
+        self.emit("}")
+        return KernelSource(entry, "\n".join(self.lines) + "\n", grid, plan.threads, self.arena, arrays, scalars)
+
+    def dims(self, name: str) -> str:
+        fragment = self.plan.fragments[name]
+        if fragment.col is None:
+            return f"[{self.plan.m_tiles}][2]"
+        return f"[{self.plan.m_tiles}][{self.tile[fragment.col] // 8}][4]"
+
+    # -- loops over fragments
+    def loop(self, var: str, count: int, body):
+        self.emit("NK_UNROLL")
+        self.emit(f"for (int {var} = 0; {var} < {count}; ++{var}) {{")
+        self.depth += 1
+        body()
+        self.depth -= 1
+        self.emit("}")
+
+    def each_element(self, col: str | None, body):
+        """body() for every fragment element this thread holds: (mt, nt, i) or (mt, h)."""
+        if col is None:
+            self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, body))
+            return
+        nt = self.tile[col] // 8
+        self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("i", 4, body)))
+
+    def row_expr(self, in_rows: bool) -> str:
+        return f"(nk_wrow + mt * 16 + nk_g + {'h' if in_rows else '(i >> 1)'} * 8)"
+
+    @staticmethod
+    def col_expr() -> str:
+        return "(nt * 8 + 2 * nk_t + (i & 1))"
+
+    def element(self, name: str, in_rows: bool) -> str:
+        """The fragment element of ``name`` at the current loop position."""
+        fragment = self.plan.fragments[name]
+        if fragment.col is None:
+            return f"{_var(name)}[mt][{'h' if in_rows else 'i >> 1'}]"
+        return f"{_var(name)}[mt][nt][i]"
+
+    def col_valid(self, col: str) -> str | None:
+        """A test that the current column is inside the axis (None when the tile divides it)."""
+        extent = self.extent_expr(col)
+        return None if extent == str(self.tile[col]) else f"({self.col_expr()} < {extent})"
+
+    def value(self, expr, col: str | None) -> str:
+        """An elementwise expression at the current element (row, col)."""
+        in_rows = col is None
+        if isinstance(expr, Read):
+            if expr.array in self.plan.fragments:
+                return self.element(expr.array, in_rows)
+            return self.smem_element(expr.array, in_rows)
+        if isinstance(expr, Const):
+            value = expr.value.subs({sympy.Symbol(a, positive=True, integer=True): v for a, v in self.sizes.items()})
+            return f"{float(value)!r}f"
+        if isinstance(expr, ScalarParam):
+            return f"p_{expr.name}"
+        if isinstance(expr, Apply):
+            return self.dialect.math(expr.fn, [self.value(a, col) for a in expr.args])
+        raise LoweringError(f"napkin bug: expression {expr!r}")
+
+    def smem_element(self, name: str, in_rows: bool) -> str:
+        slot = self.smem[name]
+        dtype = self.diagram.arrays[name].dtype
+        coords = {self.plan.row: self.row_expr(in_rows)}
+        if not in_rows:
+            for axis in self.diagram.arrays[name].axes:
+                if axis != self.plan.row and self.tile[axis] > 1:
+                    coords[axis] = self.col_expr()
+        t = self.dialect.storage[dtype]
+        pointer = self.typed(t, slot.offset, name)
+        if slot.tile is None:
+            index = ""
+            for axis in slot.axes:
+                term = coords.get(axis, "0")
+                index = term if not index else f"({index}) * {self.tile[axis]} + {term}"
+            return self.dialect.load(pointer, index or "0", dtype)
+        op = self.plan.operands[name]
+        offset = offset_expr(slot.tile, coords[op.rows], coords[op.cols])
+        return self.dialect.load(pointer, f"({offset}) / {DTYPE_BYTES[dtype]}", dtype)
+
+    def typed(self, t: str, offset, name: str) -> str:
+        stage = self.stage.get(name)
+        if stage is not None:
+            offset = f"{offset} + ({stage}) * {self.smem[name].stage_bytes}"
+        if self.dialect.name == "cuda":
+            return f"reinterpret_cast<const {t}*>(nk_smem + {offset})"
+        return f"((__local const {t}*)(nk_smem + {offset}))"
+
+    # -- reductions over a row of fragments
+    def row_reduce(self, op: str, operand, col: str, into: str):
+        """``into = op over the columns of (operand)`` for every row value (mt, h) of the thread."""
+        d = self.dialect
+        start = {"max": "-NK_INF", "min": "NK_INF"}.get(op, "0.0f")
+        combine = (lambda a, b: f"({a} + {b})") if op == "sum" else (lambda a, b: d.math(op, [a, b]))
+
+        def per_row():
+            self.emit(f"float {into} = {start};")
+
+            def per_element():
+                self.emit("const int i = 2 * h + e;")
+                value = self.value(operand, col)
+                valid = self.col_valid(col)
+                if valid:
+                    value = f"({valid} ? {value} : {start})"
+                self.emit(f"{into} = {combine(into, value)};")
+
+            self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, per_element))
+            for mask in (1, 2):  # the four lanes of a quad hold one row's columns
+                self.emit(f"{into} = {combine(into, f'NK_SHFL_XOR({into}, {mask})')};")
+
+        return per_row
+
+    # -- nodes and steps
+    def nodes(self, nodes):
+        for node in nodes:
+            if isinstance(node, Loop):
+                if node.kind == "group":
+                    self.nodes(node.body)
+                    continue
+                self.stream_loop(node)
+                continue
+            self.step(node)
+
+    def wait(self):
+        if self.pending:
+            self.emit("NK_CP_WAIT(0);")
+            self.emit("NK_SYNC();")
+            self.pending = False
+
+    def step(self, step: Step):
+        if step.level != self.level:
+            return
+        if step.op == "load":
+            if step.array in self.stage:
+                return  # a streamed operand: the pipeline issued it
+            self.emit(f"// {step.text}")
+            self.load(step.array)
+            return
+        if any(ref[1] in self.smem for ref in step.reads):
+            self.wait()
+        self.emit(f"// {step.text}")
+        self.emit("{")
+        self.depth += 1
+        getattr(self, f"tc_{step.op}")(step)
+        self.depth -= 1
+        self.emit("}")
+
+    # -- transfers
+    def load(self, name: str, origin: str | None = None, stage: str | None = None):
+        """Issue the copy of ``name``'s tile; swizzled operands by cp.async, plain ones directly."""
+        slot = self.smem[name]
+        array = self.diagram.arrays[name]
+        if slot.tile is None:
+            self.plain_load(name)
+            return
+        op = self.plan.operands[name]
+        tile = slot.tile
+        units = tile.units_per_row
+        count = tile.rows * units
+        base = f"{slot.offset}" if stage is None else f"{slot.offset} + ({stage}) * {slot.stage_bytes}"
+        per = 16 // DTYPE_BYTES[array.dtype]
+        origins = dict(self.origin)
+        if origin is not None:
+            origins[self.plan.stream] = origin
+
+        def body():
+            self.emit(f"const int r = u / {units}, c = (u % {units}) * {per};")
+            coords = {op.rows: "r", op.cols: "c"}
+            valid = []
+            for axis, var in coords.items():
+                if self.sizes[axis] % self.tile[axis]:
+                    start = origins.get(axis)
+                    valid.append(f"({start} + {var} < {self.sizes[axis]})" if start else f"({var} < {self.sizes[axis]})")
+            index = self.global_offset(name, coords, origins)
+            self.emit(f"NK_CP16({base} + {offset_expr(tile, 'r', 'c')}, g_{name} + ({index}), {' && '.join(valid) or 1});")
+
+        if count % self.threads == 0:
+            self.loop("v", count // self.threads, lambda: (self.emit(f"const int u = nk_tid + v * {self.threads};"), body()))
+        else:
+            self.emit(f"for (int u = nk_tid; u < {count}; u += {self.threads}) {{")
+            self.depth += 1
+            body()
+            self.depth -= 1
+            self.emit("}")
+        self.emit("NK_CP_COMMIT();")
+        self.pending = True
+
+    def plain_load(self, name: str):
+        array = self.diagram.arrays[name]
+        slot = self.smem[name]
+        d = self.dialect
+        count = 1
+        for axis in array.axes:
+            count *= self.tile[axis]
+        self.emit(f"for (int u = nk_tid; u < {count}; u += {self.threads}) {{")
+        self.depth += 1
+        self.emit("int rest = u;")
+        coords = {}
+        for axis in reversed(array.axes):
+            self.emit(f"const int i_{axis} = rest % {self.tile[axis]}; rest /= {self.tile[axis]};")
+            coords[axis] = f"i_{axis}"
+        valid = " && ".join(f"(i_{a} < {self.extent_expr(a)})" for a in array.axes if self.extent_expr(a) != str(self.tile[a])) or "1"
+        value = d.load(f"g_{name}", self.global_offset(name, coords, self.origin), array.dtype)
+        t = d.storage[array.dtype]
+        pointer = f"reinterpret_cast<{t}*>(nk_smem + {slot.offset})" if d.name == "cuda" else f"((__local {t}*)(nk_smem + {slot.offset}))"
+        self.emit(d.store(pointer, "u", f"(({valid}) ? {value} : 0.0f)", array.dtype))
+        self.depth -= 1
+        self.emit("}")
+        self.emit("NK_SYNC();")
+
+    def global_offset(self, name: str, coords: dict, origins: dict) -> str:
+        index = ""
+        for axis in self.diagram.arrays[name].axes:
+            parts = [p for p in (origins.get(axis), coords.get(axis)) if p]
+            term = " + ".join(parts) or "0"
+            index = f"({term})" if not index else f"({index}) * {self.sizes[axis]} + ({term})"
+        return index or "0"
+
+    def stream_loop(self, node: Loop):
+        axis = node.axis
+        streamed = [s.array for s, _ in _top_steps(node.body) if s.op == "load" and s.level == self.level
+                    and s.array in self.plan.operands]
+        chunks = -(-self.sizes[axis] // self.tile[axis])
+        stages = self.plan.stages
+        self.emit(f"// for {axis} in {chunks} chunks of {self.tile[axis]}, {stages} stages: chunk c + 1 loads while chunk c computes")
+        for name in streamed:
+            self.load(name, origin="0", stage="0")
+        self.emit(f"for (int c_{axis} = 0; c_{axis} < {chunks}; ++c_{axis}) {{")
+        self.depth += 1
+        self.emit(f"const int o_{axis} = c_{axis} * {self.tile[axis]};")
+        if streamed:
+            self.emit(f"if (c_{axis} + 1 < {chunks}) {{")
+            self.depth += 1
+            for name in streamed:
+                self.load(name, origin=f"(o_{axis} + {self.tile[axis]})", stage=f"(c_{axis} + 1) % {stages}")
+            self.depth -= 1
+            self.emit("}")
+            self.emit("NK_CP_COMMIT();  // an empty group on the last chunk keeps the count")
+            self.emit(f"NK_CP_WAIT({stages - 1});")
+            self.emit("NK_SYNC();")
+            self.pending = False
+        saved_valid = dict(self.valid)
+        self.set_origin(axis, f"o_{axis}")
+        for name in streamed:
+            self.stage[name] = f"c_{axis} % {stages}"
+        self.nodes(node.body)
+        for name in streamed:
+            del self.stage[name]
+        self.valid = saved_valid
+        del self.origin[axis]
+        self.emit("NK_SYNC();  // every warp is done with this stage before it is refilled")
+        self.depth -= 1
+        self.emit("}")
+
+    def tc_save(self, step: Step):
+        name = step.array
+        array = self.diagram.arrays[name]
+        fragment = self.plan.fragments[name]
+        col = fragment.col
+        in_rows = col is None
+        coords = {self.plan.row: self.row_expr(in_rows)}
+        if col is not None:
+            coords[col] = self.col_expr()
+        valid = [f"({self.origin.get(a, '0')} + {coords[a]} < {self.sizes[a]})" for a in coords
+                 if self.sizes[a] % self.tile[a] or (a in self.origin and a == self.plan.stream)]
+        store = self.dialect.store(f"g_{name}", self.global_offset(name, coords, self.origin), self.element(name, in_rows), array.dtype)
+        self.each_element(col, lambda: self.emit(f"if ({' && '.join(valid)}) {store}" if valid else store))
+
+    # -- computing steps
+    def tc_init(self, step: Step):
+        s = step.statement
+        for _, name in step.writes:
+            suffix = name.split(".")[-1]
+            start = "0.0f"
+            if suffix == "max" or (suffix == "acc" and isinstance(s.box, Reduce) and s.box.op == "max"):
+                start = "-NK_INF"
+            elif suffix == "acc" and isinstance(s.box, Reduce) and s.box.op == "min":
+                start = "NK_INF"
+            col = self.plan.fragments[name].col
+            self.each_element(col, lambda name=name, col=col, start=start: self.emit(f"{self.element(name, col is None)} = {start};"))
+
+    def tc_compute(self, step: Step):
+        s = step.statement
+        box = s.box
+        target = s.target
+        col = self.plan.fragments[target].col
+        if isinstance(box, Contract):
+            if (step.level, target) in step.reads:  # the scalar factor, in place
+                scale = self.value(box.scale, col)
+                self.each_element(col, lambda: self.emit(f"{self.element(target, col is None)} *= {scale};"))
+                return
+            self.each_element(col, lambda: self.emit(f"{self.element(target, False)} = 0.0f;"))
+            self.mma(target, target)
+            return
+        if isinstance(box, Map):
+            self.each_element(col, lambda: self.emit(f"{self.element(target, col is None)} = {self.value(box.expr, col)};"))
+            return
+        if isinstance(box, Reduce):
+            reduced = self.reduced_col(box.operand)
+            op = {"mean": "sum"}.get(box.op, box.op)
+            count = 1
+            for axis in box.axes:
+                count *= self.sizes[axis]
+            finish = f"total / {float(count)!r}f" if box.op == "mean" else "total"
+
+            def per_row():
+                self.row_reduce(op, box.operand, reduced, "total")()
+                self.emit(f"{self.element(target, True)} = {finish};")
+
+            self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
+            return
+        if isinstance(box, Softmax):
+            d = self.dialect
+
+            def per_row():
+                self.row_reduce("max", box.operand, col, "top")()
+                self.emit("float total = 0.0f;")
+
+                def exps():
+                    self.emit("const int i = 2 * h + e;")
+                    value = d.math("exp", [f"{self.value(box.operand, col)} - top"])
+                    valid = self.col_valid(col)
+                    self.emit(f"{self.element(target, False)} = {f'{valid} ? {value} : 0.0f' if valid else value};")
+                    self.emit(f"total += {self.element(target, False)};")
+
+                self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, exps))
+                for mask in (1, 2):
+                    self.emit(f"total += NK_SHFL_XOR(total, {mask});")
+
+                def scale():
+                    self.emit("const int i = 2 * h + e;")
+                    self.emit(f"{self.element(target, False)} /= total;")
+
+                self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, scale))
+
+            self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
+            return
+        raise LoweringError(f"the tensor-core path cannot print box {box!r}")
+
+    def reduced_col(self, operand) -> str:
+        cols = {self.plan.fragments[r.array].col for r in _expr_reads(operand) if r.array in self.plan.fragments}
+        cols.discard(None)
+        if len(cols) != 1:
+            raise LoweringError("napkin bug: a row reduction over a fragment needs one column axis")
+        return cols.pop()
+
+    def tc_rescale(self, step: Step):
+        s = step.statement
+        d = self.dialect
+        if isinstance(s.box, Softmax):
+            col = s.box.axis
+            m, scale = f"{s.target}.max", f"{s.target}.scale"
+
+            def per_row():
+                self.row_reduce("max", s.box.operand, col, "chunk")()
+                self.emit(f"const float old = {self.element(m, True)};")
+                self.emit(f"const float fresh = {d.math('max', ['old', 'chunk'])};")
+                self.emit(f"{self.element(scale, True)} = (old == -NK_INF) ? 0.0f : {d.math('exp', ['old - fresh'])};")
+                self.emit(f"{self.element(m, True)} = fresh;")
+
+            self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
+            return
+        acc = f"{s.target}.acc"
+        scale_ref = [ref for ref in step.reads if ref[1].endswith(".scale")][0][1]
+        col = self.plan.fragments[acc].col
+        self.each_element(col, lambda: self.emit(f"{self.element(acc, False)} *= {self.element(scale_ref, False)};"))
+
+    def tc_online(self, step: Step):
+        s = step.statement
+        d = self.dialect
+        col = s.box.axis
+        m, total, scale = f"{s.target}.max", f"{s.target}.sum", f"{s.target}.scale"
+
+        def per_row():
+            self.emit(f"const float top = {self.element(m, True)};")
+            self.emit("float part = 0.0f;")
+
+            def per_element():
+                self.emit("const int i = 2 * h + e;")
+                value = d.math("exp", [f"{self.value(s.box.operand, col)} - top"])
+                valid = self.col_valid(col)
+                self.emit(f"const float p = {f'{valid} ? {value} : 0.0f' if valid else value};")
+                self.emit(f"{self.element(s.target, False)} = p;")
+                self.emit("part += p;")
+
+            self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, per_element))
+            for mask in (1, 2):
+                self.emit(f"part += NK_SHFL_XOR(part, {mask});")
+            self.emit(f"{self.element(total, True)} = {self.element(total, True)} * {self.element(scale, True)} + part;")
+
+        self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
+
+    def tc_accumulate(self, step: Step):
+        s = step.statement
+        box = s.box
+        acc = f"{s.target}.acc"
+        if isinstance(box, Contract):
+            self.mma(s.target, acc)
+            return
+        op = {"mean": "sum"}.get(box.op, box.op)
+        reduced = self.reduced_col(box.operand)
+
+        def per_row():
+            self.row_reduce(op, box.operand, reduced, "total")()
+            current = self.element(acc, True)
+            value = f"{current} + total" if op == "sum" else self.dialect.math(op, [current, "total"])
+            self.emit(f"{current} = {value};")
+
+        self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
+
+    def tc_finalise(self, step: Step):
+        s = step.statement
+        box = s.box
+        acc = f"{s.target}.acc"
+        col = self.plan.fragments[s.target].col
+        in_rows = col is None
+        denominators = [ref[1] for ref in step.reads if ref[1].endswith(".sum")]
+        if isinstance(box, Contract) and denominators:
+            value = lambda: f"{self.element(acc, False)} / {self.element(denominators[0], False)}"  # noqa: E731
+        elif isinstance(box, Reduce) and box.op == "mean":
+            count = 1
+            for axis in box.axes:
+                count *= self.sizes[axis]
+            value = lambda: f"{self.element(acc, in_rows)} / {float(count)!r}f"  # noqa: E731
+        else:
+            value = lambda: self.element(acc, in_rows)  # noqa: E731
+        self.each_element(col, lambda: self.emit(f"{self.element(s.target, in_rows)} = {value()};"))
+
+    # -- mma
+    def mma(self, target: str, out: str):
+        """``out[row, n] += A[row, k] * B[k, n]`` over the block's k tile, on mma.sync."""
+        m = self.plan.mmas[target]
+        mt_count, k_steps, n_pairs = self.plan.m_tiles, self.tile[m.k] // 16, self.tile[m.n] // 16
+        kind = "BF16" if m.dtype == "bf16" else "F16"
+        out_var = _var(out)
+
+        def per_k():
+            self.emit(f"unsigned a[{mt_count}][4];")
+            if m.a_in_registers:
+                src = _var(m.a)
+
+                def pack():
+                    self.emit(f"a[mt][0] = NK_PACK_{kind}({src}[mt][2 * kk][0], {src}[mt][2 * kk][1]);")
+                    self.emit(f"a[mt][1] = NK_PACK_{kind}({src}[mt][2 * kk][2], {src}[mt][2 * kk][3]);")
+                    self.emit(f"a[mt][2] = NK_PACK_{kind}({src}[mt][2 * kk + 1][0], {src}[mt][2 * kk + 1][1]);")
+                    self.emit(f"a[mt][3] = NK_PACK_{kind}({src}[mt][2 * kk + 1][2], {src}[mt][2 * kk + 1][3]);")
+
+                self.loop("mt", mt_count, pack)
+            else:
+                offset = self.ldsm_offset(m.a, "a", m.a_trans, "(nk_wrow + mt * 16)", "(kk * 16)")
+                self.loop("mt", mt_count, lambda: self.emit(f"{'NK_LDSM_T' if m.a_trans else 'NK_LDSM'}(a[mt], {offset});"))
+
+            def per_pair():
+                self.emit("unsigned b[4];")
+                offset = self.ldsm_offset(m.b, "b", m.b_trans, "(np * 16)", "(kk * 16)")
+                self.emit(f"{'NK_LDSM_T' if m.b_trans else 'NK_LDSM'}(b, {offset});")
+
+                def per_m():
+                    self.emit(f"NK_MMA_{kind}({out_var}[mt][2 * np], a[mt], b[0], b[1]);")
+                    self.emit(f"NK_MMA_{kind}({out_var}[mt][2 * np + 1], a[mt], b[2], b[3]);")
+
+                self.loop("mt", mt_count, per_m)
+
+            self.loop("np", n_pairs, per_pair)
+
+        self.loop("kk", k_steps, per_k)
+
+    def ldsm_offset(self, name: str, operand: str, trans: bool, outer: str, k: str) -> str:
+        """Byte offset of this lane's ldmatrix row: fragment origin (outer, k) + the lane's row.
+
+        ``outer`` is the m (A) or n (B) origin; stored rows are k when ``trans``."""
+        slot = self.smem[name]
+        lane_row, lane_col = (e.replace("lane", "nk_lane") for e in LDMATRIX_SOURCE_EXPR[(operand, trans)])
+        row0, col0 = (k, outer) if trans else (outer, k)
+        offset = offset_expr(slot.tile, f"{row0} + {lane_row}", f"{col0} + {lane_col}")
+        base = f"{slot.offset}"
+        stage = self.stage.get(name)
+        if stage is not None:
+            base = f"{slot.offset} + ({stage}) * {slot.stage_bytes}"
+        return f"{base} + {offset}"
+
+
+def _top_steps(body):
+    for node in body:
+        if isinstance(node, Loop):
+            yield from _top_steps(node.body)
+        else:
+            yield node, ()
+
+
+def _expr_reads(expr) -> list[Read]:
+    if isinstance(expr, Read):
+        return [expr]
+    if isinstance(expr, Apply):
+        return [r for a in expr.args for r in _expr_reads(a)]
+    return []
+
+
+def register_values(plan: TensorPlan, tile: dict) -> dict:
+    """Registers per thread each register-resident array takes (4-byte values)."""
+    return {name: fragment_values(plan, name, tile) for name in plan.fragments}

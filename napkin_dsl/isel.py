@@ -1,0 +1,361 @@
+"""Instruction selection: which launches of a Program run on tensor cores, and how.
+
+For one launch of a :class:`~napkin_dsl.pseudocode.Program` and a target architecture,
+:func:`select` decides once, for every consumer (the CUDA and OpenCL printers, the cost
+model, the kernel header, ``napkin cuda --resources``), whether the launch takes the
+**tensor-core path** or the **FMA path**, and returns a :class:`TensorPlan` or the reason it
+cannot:
+
+* the tensor-core path is FlashAttention's register level: the block's tile of the **row
+  axis** (q, m, ...) is split into warp tiles of ``warp_rows`` rows (``registers: group q 16``
+  in a relabel block, or chosen here); every array the launch computes (S, P, the online max
+  and sum, the O accumulator) lives in registers as ``mma.sync.m16n8k16`` accumulator
+  fragments of the warp that owns its rows; only the tiles that contractions read from
+  shared memory (Q, K, V) are there, swizzled (``backends/layouts.py``), and those carrying
+  the streamed axis are double-buffered (``stages``) behind ``cp.async``;
+* everything else (f32 operands, extents that are not multiples of the fragment, arrays that
+  are not two-dimensional after the block's unit axes, sm < 80) stays on the FMA path, whose
+  arena and costs are the Program's own columns.
+
+It does not print anything and does not price anything; it reads the Program and sizes only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .diagram import DTYPE_BYTES, Apply, Contract, Map, Read, Reduce, Softmax
+from .layouts import SwizzledTile
+from .pseudocode import LaunchProgram, Program, walk
+from .relabel import bind
+
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+TENSOR_DTYPES = ("bf16", "f16")
+MAX_WARPS = 8
+STAGES = 2  # cp.async buffers per streamed operand: the next chunk is in flight while this one is used
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A shared-memory tile a contraction reads with ldmatrix: ``rows`` x ``cols`` (fastest)."""
+
+    array: str
+    rows: str
+    cols: str
+    streamed: bool
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """A register-resident array: accumulator fragments over (row, col), or a value per row."""
+
+    name: str
+    col: str | None
+
+
+@dataclass(frozen=True)
+class Mma:
+    """One contraction ``out[row, n] (+)= A[row, k] * B[k, n]`` on mma.sync."""
+
+    a: str  # array name (smem operand) or fragment name (registers)
+    a_in_registers: bool
+    a_trans: bool  # A stored k-major: ldmatrix .trans
+    b: str
+    b_trans: bool  # B stored k-major (k rows, n fastest): ldmatrix .trans
+    k: str
+    n: str
+    dtype: str  # operand dtype the mma runs in
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    row: str
+    row_tile: int
+    warp_rows: int
+    dtype: str
+    operands: dict = field(default_factory=dict)  # array -> Operand (swizzled smem)
+    plain: tuple = ()  # loaded arrays read elementwise (row-major smem tiles)
+    fragments: dict = field(default_factory=dict)  # buffer name -> Fragment
+    mmas: dict = field(default_factory=dict)  # statement target -> Mma
+    stream: str | None = None
+    stages: int = STAGES
+
+    @property
+    def warps(self) -> int:
+        return self.row_tile // self.warp_rows
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def m_tiles(self) -> int:
+        return self.warp_rows // MMA_M
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The path of one launch: a plan for tensor cores, or why the FMA path was kept."""
+
+    plan: TensorPlan | None
+    reason: str = ""
+
+    @property
+    def path(self) -> str:
+        return "mma.sync" if self.plan is not None else "fma"
+
+
+class _Refuse(Exception):
+    pass
+
+
+def _arch_number(arch: str) -> int:
+    try:
+        return int(arch.removeprefix("sm_").rstrip("a"))
+    except ValueError:
+        return 0
+
+
+def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_rows: int | None = None) -> Selection:
+    """The instruction path of ``launch`` on ``arch`` given its compute-level tile extents."""
+    try:
+        return Selection(_plan(launch, arch, tile, sizes, warp_rows))
+    except _Refuse as refusal:
+        return Selection(None, str(refusal))
+
+
+def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_rows: int | None) -> TensorPlan:
+    if _arch_number(arch) < 80:
+        raise _Refuse(f"mma.sync m16n8k16 needs sm_80 or newer, not {arch}")
+    statements = launch.launch.statements
+    contractions = [s for s in statements if isinstance(s.box, Contract)]
+    if not contractions:
+        raise _Refuse("no contraction")
+    for s in statements:
+        if not isinstance(s.box, (Contract, Map, Reduce, Softmax)):
+            raise _Refuse(f"{s.target} is a {s.box.kind} box")
+    diagram = launch.schedule.diagram
+    level = launch.schedule.compute_level
+
+    def wide(axes) -> list[str]:
+        return [a for a in axes if tile[a] > 1]
+
+    common = set(wide(statements[0].axes))
+    for s in statements[1:]:
+        common &= set(wide(s.axes))
+    first = contractions[0].box.operands[0]
+    rows = [a for a in wide(statements[0].axes) if a in common and a in first.axes]
+    if not rows:
+        raise _Refuse("no axis is woven through every statement and read by the first contraction's first operand")
+    row = rows[0]
+    if tile[row] % MMA_M:
+        raise _Refuse(f"the {row} tile ({tile[row]}) is not a multiple of {MMA_M}")
+    warp_rows = warp_rows or _default_warp_rows(tile[row])
+    if warp_rows % MMA_M or tile[row] % warp_rows or tile[row] // warp_rows > MAX_WARPS:
+        raise _Refuse(f"warp tiles of {warp_rows} rows do not split the {row} tile of {tile[row]} into at most {MAX_WARPS} warps of whole fragments")
+
+    stream = None
+    for node in launch.body:
+        for step, loops in walk([node]):
+            for lp in loops:
+                if lp.kind == "stream" and lp.level == level:
+                    stream = lp.axis
+    loaded = {step.array for step, _ in walk(launch.body) if step.op == "load" and step.level == level}
+
+    # Register fragments: everything computed at the compute level.
+    fragments: dict[str, Fragment] = {}
+    for (lvl, name), buffer in launch.buffers.items():
+        if lvl != level or name in loaded:
+            continue
+        axes = wide(buffer.axes)
+        if row not in axes or len(axes) > 2:
+            raise _Refuse(f"{name}[{' '.join(buffer.axes)}] is not a tile of {row} rows by at most one other axis")
+        col = next((a for a in axes if a != row), None)
+        if col is not None and tile[col] % (2 * MMA_N):
+            raise _Refuse(f"the {col} tile of {name} ({tile[col]}) is not a multiple of {2 * MMA_N}")
+        fragments[name] = Fragment(name, col)
+
+    operands: dict[str, Operand] = {}
+    mmas: dict[str, Mma] = {}
+    dtypes = set()
+
+    def operand(name: str, role: str) -> Operand:
+        array = diagram.arrays[name]
+        if name not in loaded:
+            raise _Refuse(f"{role} operand {name} is not loaded into shared memory")
+        if array.dtype not in TENSOR_DTYPES:
+            raise _Refuse(f"{name} is {array.dtype}; tensor cores here take {' or '.join(TENSOR_DTYPES)}")
+        axes = wide(array.axes)
+        if len(axes) != 2 or array.axes[-1] != axes[-1]:
+            raise _Refuse(f"{name} is not a two-dimensional tile whose fastest axis is its last")
+        if not SwizzledTile.supports(tile[axes[1]], DTYPE_BYTES[array.dtype]) or sizes[axes[1]] % 8:
+            raise _Refuse(f"{name}'s rows ({tile[axes[1]]} values of {axes[1]}) do not fit the 16-byte swizzle")
+        found = Operand(name, axes[0], axes[1], stream is not None and stream in array.axes)
+        operands[name] = found
+        return found
+
+    for s in contractions:
+        reads = s.box.operands
+        if len(reads) != 2:
+            raise _Refuse(f"{s.target} contracts {len(reads)} operands; mma takes two")
+        contracted = wide(s.box.contracted)
+        if len(contracted) != 1:
+            raise _Refuse(f"{s.target} contracts {len(contracted)} tiled axes; mma contracts one")
+        k = contracted[0]
+        if tile[k] % MMA_K:
+            raise _Refuse(f"the contracted {k} tile ({tile[k]}) is not a multiple of {MMA_K}")
+        with_row = [r for r in reads if row in r.axes]
+        if len(with_row) != 1:
+            raise _Refuse(f"{s.target}: exactly one operand must carry {row}")
+        a, b = with_row[0], next(r for r in reads if r is not with_row[0])
+        out = wide(s.axes)
+        n = next((x for x in out if x != row), None)
+        if n is None or set(wide(b.axes)) != {k, n} or set(wide(a.axes)) != {row, k}:
+            raise _Refuse(f"{s.target} is not (rows x {k}) times ({k} x columns)")
+        b_tile = operand(b.array, "B")
+        if a.array in fragments:
+            if fragments[a.array].col != k:
+                raise _Refuse(f"{a.array} in registers is not laid out along {k}")
+            a_trans, a_regs = False, True
+        else:
+            a_tile = operand(a.array, "A")
+            a_trans, a_regs = a_tile.cols == row, False
+            dtypes.add(diagram.arrays[a.array].dtype)
+        dtype = diagram.arrays[b.array].dtype
+        dtypes.add(dtype)
+        mmas[s.target] = Mma(a.array, a_regs, a_trans, b.array, b_tile.rows == k, k, n, dtype)
+    if len(dtypes) != 1:
+        raise _Refuse(f"contractions mix {' and '.join(sorted(dtypes))} operands")
+
+    plain = []
+    for name in sorted(loaded):
+        if name in operands:
+            continue
+        if stream is not None and stream in diagram.arrays[name].axes:
+            raise _Refuse(f"{name} is streamed but is not a contraction operand")
+        plain.append(name)
+    for s in statements:
+        if isinstance(s.box, (Reduce, Softmax)):
+            reduced = wide(s.box.axes if isinstance(s.box, Reduce) else (s.box.axis,))
+            if len(reduced) > 1 or any(a == row for a in reduced):
+                raise _Refuse(f"{s.target} reduces along {' '.join(reduced)}, not along the columns of a row")
+        for r in _reads(s):
+            if r.array in plain and not set(wide(diagram.arrays[r.array].axes)) <= set(wide(s.iteration_axes)):
+                raise _Refuse(f"{s.target} reads {r.array} across axes it does not iterate")
+    return TensorPlan(row, tile[row], warp_rows, dtypes.pop(), operands, tuple(plain), fragments, mmas, stream)
+
+
+def _reads(s) -> list[Read]:
+    box = s.box
+    if isinstance(box, Contract):
+        return list(box.operands)
+    expr = box.expr if isinstance(box, Map) else box.operand
+    out: list[Read] = []
+
+    def visit(e):
+        if isinstance(e, Read):
+            out.append(e)
+        elif isinstance(e, Apply):
+            for arg in e.args:
+                visit(arg)
+
+    visit(expr)
+    return out
+
+
+def _default_warp_rows(row_tile: int) -> int:
+    """16 rows a warp (FA2's 8 warps x 16 rows at d = 128) unless that needs over 8 warps."""
+    rows = MMA_M
+    while row_tile // rows > MAX_WARPS:
+        rows *= 2
+    return rows
+
+
+def launch_tiles(launch: LaunchProgram) -> tuple[dict, dict] | None:
+    """Bound tile extents at the compute level and axis sizes, or None when a size is symbolic."""
+    schedule = launch.schedule
+    level = schedule.compute_level
+    tile, sizes = {}, {}
+    for axis in schedule.diagram.axes:
+        extent, size = schedule.extent(axis, level), schedule.axis_size(axis)
+        if not (extent.is_number and size.is_number):
+            return None
+        tile[axis], sizes[axis] = int(extent), int(size)
+    return tile, sizes
+
+
+def warp_rows_of(launch: LaunchProgram) -> int | None:
+    """The warp tile a relabel block asks for (``registers: group ROW N``), if any."""
+    for p in launch.schedule.partitions:
+        if p.level == "registers" and p.kind == "group":
+            size = bind(p.size, launch.schedule.sizes)
+            if size.is_number:
+                return int(size)
+    return None
+
+
+def selection(program: Program, launch: LaunchProgram, arch: str | None = None) -> Selection:
+    """The path of ``launch`` for ``arch`` (default: the Program's hardware profile's)."""
+    arch = arch or program.hardware.arch
+    if arch is None:
+        return Selection(None, "the hardware profile names no architecture")
+    bound = launch_tiles(launch)
+    if bound is None:
+        return Selection(None, "sizes are symbolic")
+    return select(launch, arch, *bound, warp_rows=warp_rows_of(launch))
+
+
+__all__ = ["Fragment", "Mma", "Operand", "Selection", "TensorPlan", "select", "selection"]
+
+
+# ---- what the plan occupies -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SmemSlot:
+    """A shared-memory tile of the tensor-core path: swizzled (operands) or row-major (plain)."""
+
+    name: str
+    offset: int
+    stage_bytes: int
+    stages: int
+    tile: SwizzledTile | None  # None: a row-major tile over `axes`
+    axes: tuple[str, ...] = ()
+
+    @property
+    def bytes(self) -> int:
+        return self.stage_bytes * self.stages
+
+
+def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSlot], int]:
+    """Offsets of the plan's shared-memory tiles and the arena's size in bytes.
+
+    Swizzled tiles start on 128-byte boundaries: the swizzle permutes 16-byte units within
+    128-byte lines, which are the banks' period only when the tile's base is one.
+    """
+    slots: dict[str, SmemSlot] = {}
+    offset = 0
+    for name, op in plan.operands.items():
+        array = diagram.arrays[name]
+        swizzled = SwizzledTile(tile[op.rows], tile[op.cols], DTYPE_BYTES[array.dtype])
+        stages = plan.stages if op.streamed else 1
+        offset = -(-offset // 128) * 128
+        slots[name] = SmemSlot(name, offset, swizzled.bytes, stages, swizzled)
+        offset += swizzled.bytes * stages
+    for name in plan.plain:
+        array = diagram.arrays[name]
+        size = DTYPE_BYTES[array.dtype]
+        for axis in array.axes:
+            size *= tile[axis]
+        offset = -(-offset // 16) * 16
+        slots[name] = SmemSlot(name, offset, size, 1, None, array.axes)
+        offset += size
+    return slots, offset
+
+
+def fragment_values(plan: TensorPlan, name: str, tile: dict) -> int:
+    """Registers (4-byte values) one thread holds for a register-resident array."""
+    fragment = plan.fragments[name]
+    if fragment.col is None:
+        return plan.m_tiles * 2  # rows g and g + 8 of each 16-row fragment
+    return plan.m_tiles * (tile[fragment.col] // MMA_N) * 4
