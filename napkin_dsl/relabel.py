@@ -364,8 +364,13 @@ def make_schedule(
 
     # Levels involved: the top, every level down to the compute level or the lowest
     # partitioned level, whichever is lower.
+    # A group partition at a per-thread level below the compute level (`registers: group q 16`)
+    # is the warp tile of the tensor-core path (isel.py): it splits a block's rows among warps
+    # and does not move the compute level.
     names = profile.level_names()
-    lowest = max([names.index(profile.compute_level.name)] + [names.index(p.level) for p in partitions])
+    below_compute = set(names[names.index(profile.compute_level.name) + 1:])
+    warp_tiles = [p for p in partitions if p.level in below_compute and profile.level(p.level).per == "thread"]
+    lowest = max([names.index(profile.compute_level.name)] + [names.index(p.level) for p in partitions if p not in warp_tiles])
     levels = tuple(names[: lowest + 1])
     compute_level = levels[-1]
 
@@ -384,6 +389,12 @@ def make_schedule(
                     p.span, f"did you mean 'stream {p.axis} {p.size}'?",
                 ))
         elif p.level != compute_level:
+            if p in warp_tiles:
+                errors.append(RelabelError(
+                    f"{p.level} takes warp tiles (group partitions) only; streams run at the compute level ({compute_level})",
+                    p.span, f"stream {p.axis} on the {compute_level}: line",
+                ))
+                continue
             errors.append(RelabelError(
                 f"stream partitions run at the compute level ({compute_level}); {p.axis!r} is streamed at {p.level}",
                 p.span, f"write it on the {compute_level}: line",

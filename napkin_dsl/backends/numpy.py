@@ -70,6 +70,7 @@ import numpy as np
 import sympy
 
 from ..binding import _gib, memory_limit
+from ..cost import tensor_launches
 from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from ..errors import NapkinCallError, NapkinError
 from ..pseudocode import Loop, Program, Step
@@ -274,6 +275,11 @@ class _Interpreter:
         self.impls = dict(impls or {})
         self.evaluator = _TileEvaluator(self.diagram, self.sizes, scalars, self.impls)
         below = self.levels[1:]
+        # Tensor-core launches (isel.py) read contraction operands from shared memory into
+        # registers with ldmatrix: counted as transfers at the registers level, as the model does.
+        self.tensor = {} if program.hardware.symbolic else tensor_launches(program)
+        if self.tensor:
+            below = below + ("registers",)
         self.counts = Counts({lv: 0 for lv in below}, {lv: 0 for lv in below}, {}, 0, {lv: 0 for lv in below})
         self.empty_depth = 0  # how many enclosing loop trips are past the end of their axis
         for array in self.diagram.input_arrays:
@@ -361,14 +367,35 @@ class _Interpreter:
             raise AssertionError(f"napkin bug: the NumPy backend has no step {step.op!r}")
         run_step = handler(step)
         count_flops = self.flop_counter(step)
+        count_fragments = self.fragment_counter(step)
         counts = self.counts
 
         def run():
             run_step()
             count_flops()
+            count_fragments()
             counts.steps += 1
 
         return run
+
+    def fragment_counter(self, step: Step) -> Callable[[], None]:
+        """ldmatrix traffic of a tensor-core contraction: the A tile once, the B tile once per warp."""
+        s = step.statement
+        entry = self.tensor.get(self.launch.index)
+        if (entry is None or s is None or step.op not in ("compute", "accumulate") or s.target not in entry[0].mmas
+                or (step.level, s.target) in step.reads):
+            return lambda: None
+        plan = entry[0]
+        mma = plan.mmas[s.target]
+        nbytes = DTYPE_BYTES[mma.dtype]
+
+        def count():
+            values = math.prod(self.extents((mma.k, mma.n))) * plan.warps
+            if not mma.a_in_registers:
+                values += math.prod(self.extents((plan.row, mma.k)))
+            self.count_transfer("registers", values, nbytes)
+
+        return count
 
     # -- transfers
     def step_load(self, step: Step) -> Callable[[], None]:

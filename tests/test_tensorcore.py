@@ -1,0 +1,332 @@
+"""The tensor-core path without a GPU: layouts, bank conflicts, the emulated primitives, PoCL runs, SASS.
+
+The PTX ISA's fragment formulas are written out again here, independently of
+``napkin_dsl/layouts.py``, so that a wrong table there cannot agree with itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import napkin_dsl as napkin
+from napkin_dsl import isel
+from napkin_dsl.layouts import (
+    LDMATRIX_SOURCE_EXPR,
+    SwizzledTile,
+    ldmatrix_delivers,
+    ldmatrix_source,
+    mma_a,
+    mma_b,
+    mma_c,
+    offset_expr,
+    wavefronts,
+)
+from napkin_dsl.reference import evaluate
+
+from .conftest import EXAMPLES, assert_matches_reference
+from .test_opencl import random_inputs
+
+# ---- the PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" ----------------
+
+
+def ptx_a(lane, i):  # a0..a7: row groupID (+8 for a2,a3,a6,a7); col 2*tid + (i&1) (+8 for a4..a7)
+    group, tid = lane // 4, lane % 4
+    row = group + 8 if i in (2, 3, 6, 7) else group
+    col = tid * 2 + (i & 1) + (8 if i >= 4 else 0)
+    return row, col
+
+
+def ptx_b(lane, i):  # b0..b3: row (k) 2*tid + (i&1) (+8 for b2, b3); col (n) groupID
+    group, tid = lane // 4, lane % 4
+    return tid * 2 + (i & 1) + (8 if i >= 2 else 0), group
+
+
+def ptx_c(lane, i):  # c0..c3: row groupID (+8 for c2, c3); col 2*tid + (i&1)
+    group, tid = lane // 4, lane % 4
+    return group + (8 if i >= 2 else 0), tid * 2 + (i & 1)
+
+
+def test_fragment_layouts_are_the_ptx_isas():
+    for lane in range(32):
+        assert [mma_a(lane, i) for i in range(8)] == [ptx_a(lane, i) for i in range(8)]
+        assert [mma_b(lane, i) for i in range(4)] == [ptx_b(lane, i) for i in range(4)]
+        assert [mma_c(lane, i) for i in range(4)] == [ptx_c(lane, i) for i in range(4)]
+
+
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("operand", ["a", "b"])
+def test_ldmatrix_fills_the_mma_operand_fragments(operand, trans):
+    """What ldmatrix.x4 delivers from the addresses napkin gives it is the mma operand fragment."""
+    for lane in range(32):
+        for register in range(4):
+            for half in range(2):
+                stored = ldmatrix_delivers(lane, register, half, operand, trans)
+                if operand == "a":
+                    want = ptx_a(lane, 2 * register + half)  # (m, k)
+                else:  # registers 0, 1: the first n-tile's b0..b3; 2, 3: the second's (n + 8)
+                    k, n = ptx_b(lane, 2 * (register % 2) + half)
+                    want = (n + 8 * (register // 2), k)  # (n, k)
+                assert (stored[::-1] if trans else stored) == want, (lane, register, half)
+
+
+def test_printed_ldmatrix_and_swizzle_expressions_evaluate_to_the_layouts():
+    for (operand, trans), (row, col) in LDMATRIX_SOURCE_EXPR.items():
+        for lane in range(32):
+            assert (eval(row, {"lane": lane}), eval(col, {"lane": lane})) == ldmatrix_source(lane, operand, trans)
+    for cols, element_bytes in [(8, 2), (16, 2), (32, 2), (64, 2), (128, 2), (256, 2), (64, 4)]:
+        tile = SwizzledTile(32, cols, element_bytes)
+        expr = offset_expr(tile, "r", "c")
+        offsets = []
+        for r in range(tile.rows):
+            for c in range(cols):
+                assert eval(expr, {"r": r, "c": c}) == tile.offset(r, c)
+                offsets.append(tile.offset(r, c))
+        assert sorted(offsets) == list(range(0, tile.bytes, element_bytes))  # a permutation of the tile
+
+
+# ---- bank conflicts ---------------------------------------------------------------------------
+
+TILES = [SwizzledTile(rows, cols, 2) for rows, cols in [(64, 16), (128, 32), (64, 64), (64, 128), (32, 256)]]
+
+
+def ldmatrix_phases(tile, operand, trans, outer, k):
+    """Byte addresses of each 8-lane phase of one ldmatrix.x4 at fragment origin (outer, k)."""
+    phases = []
+    for j in range(4):
+        addresses = []
+        for lane in range(8 * j, 8 * j + 8):
+            row, col = ldmatrix_source(lane, operand, trans)
+            row, col = (row + k, col + outer) if trans else (row + outer, col + k)
+            addresses.append(tile.offset(row, col))
+        phases.append(addresses)
+    return phases
+
+
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t.rows}x{t.cols}")
+def test_ldmatrix_reads_are_free_of_bank_conflicts(tile):
+    for operand in "ab":
+        for trans in (False, True):
+            outer_extent, k_extent = (tile.cols, tile.rows) if trans else (tile.rows, tile.cols)
+            if outer_extent < 16 or k_extent < 16:
+                continue
+            for outer in range(0, outer_extent, 16):
+                for k in range(0, k_extent, 16):
+                    for phase in ldmatrix_phases(tile, operand, trans, outer, k):
+                        assert wavefronts(phase) == 1, (operand, trans, outer, k)
+
+
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t.rows}x{t.cols}")
+def test_cp_async_writes_are_free_of_bank_conflicts(tile):
+    """Each warp writes 32 consecutive 16-byte units, as the printed copy loop hands them out."""
+    units = tile.units_per_row
+    total = tile.rows * units
+    for first in range(0, total, 32):
+        addresses = [tile.unit_offset(u // units, u % units) for u in range(first, min(first + 32, total))]
+        assert wavefronts(addresses) == -(-len(addresses) // 8)
+
+
+def test_the_bank_conflict_test_finds_conflicts_without_the_swizzle():
+    class Unswizzled(SwizzledTile):
+        def key(self, row):
+            return 0
+
+    tile = Unswizzled(64, 128, 2)
+    phase = ldmatrix_phases(tile, "a", False, 0, 0)[0]
+    assert wavefronts(phase) == 8  # eight 256-byte rows at one column: one bank group
+
+
+# ---- the emulated primitives on PoCL against NumPy ---------------------------------------------
+
+EMULATION_KERNEL = """
+__kernel __attribute__((reqd_work_group_size(32, 1, 1)))
+void mma_test(__global const uint* a, __global const uint* b, __global float* c, __global const int* rows,
+              __global const ushort* tile, __global uint* loaded) {
+    __local uchar nk_smem[4096] __attribute__((aligned(16)));
+    __local uint scratch[NK_WS];
+    __local uint* nk_ws = scratch;
+    const int nk_lane = get_local_id(0);
+    uint af[4], bf[2], lf[4], tf[4];
+    float cf[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int j = 0; j < 4; ++j) af[j] = a[4 * nk_lane + j];
+    for (int j = 0; j < 2; ++j) bf[j] = b[2 * nk_lane + j];
+    NK_MMA_BF16(cf, af, bf[0], bf[1]);
+    for (int i = 0; i < 4; ++i) c[4 * nk_lane + i] = cf[i];
+    for (int u = nk_lane; u < 2048; u += 32) ((__local ushort*)nk_smem)[u] = tile[u];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    NK_LDSM(lf, rows[nk_lane] * 64);
+    NK_LDSM_T(tf, rows[nk_lane] * 64);
+    for (int j = 0; j < 4; ++j) { loaded[8 * nk_lane + j] = lf[j]; loaded[8 * nk_lane + 4 + j] = tf[j]; }
+}
+"""
+
+
+def bf16_bits(values):
+    import ml_dtypes
+
+    return np.asarray(values, dtype=ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
+
+
+def test_emulated_mma_and_ldmatrix_match_numpy(opencl_device):
+    import ml_dtypes
+    import pyopencl as cl
+
+    from napkin_dsl.backends.lowering import OpenCLDialect
+    from napkin_dsl.backends.tensorcore import OPENCL_PRELUDE
+
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((16, 16)).astype(ml_dtypes.bfloat16)
+    B = rng.standard_normal((16, 8)).astype(ml_dtypes.bfloat16)
+    a = np.zeros((32, 4), np.uint32)
+    b = np.zeros((32, 2), np.uint32)
+    for lane in range(32):
+        for i in range(8):
+            a[lane, i // 2] |= bf16_bits(A[ptx_a(lane, i)]) << (16 * (i % 2))
+        for i in range(4):
+            b[lane, i // 2] |= bf16_bits(B[ptx_b(lane, i)]) << (16 * (i % 2))
+    tile = rng.integers(0, 65535, size=(64, 32), dtype=np.uint16)  # 64 rows of 64 bytes, unswizzled
+    rows = rng.permutation(64)[:32].astype(np.int32)  # each lane names the row it supplies
+    ctx, queue = opencl_device
+    program = cl.Program(ctx, OpenCLDialect.prelude + OPENCL_PRELUDE + EMULATION_KERNEL).build()
+    flags = cl.mem_flags
+    buffers = [cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=x) for x in (a, b)]
+    c = np.zeros((32, 4), np.float32)
+    loaded = np.zeros((32, 8), np.uint32)
+    out_c = cl.Buffer(ctx, flags.WRITE_ONLY, c.nbytes)
+    extra = [cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=x) for x in (rows, tile)]
+    out_l = cl.Buffer(ctx, flags.WRITE_ONLY, loaded.nbytes)
+    program.mma_test(queue, (32,), (32,), *buffers, out_c, *extra, out_l)
+    cl.enqueue_copy(queue, c, out_c)
+    cl.enqueue_copy(queue, loaded, out_l)
+    product = A.astype(np.float32) @ B.astype(np.float32)
+    for lane in range(32):
+        for i in range(4):
+            assert c[lane, i] == pytest.approx(product[ptx_c(lane, i)], rel=1e-5, abs=1e-5)
+    for lane in range(32):
+        for j in range(4):
+            source = [rows[8 * j + r] for r in range(8)]  # matrix j: row r from lane 8j + r
+            lo, hi = (tile[source[lane // 4], 2 * (lane % 4) + h] for h in range(2))
+            assert loaded[lane, j] == lo | (hi.astype(np.uint32) << 16)
+            lo, hi = (tile[source[2 * (lane % 4) + h], lane // 4] for h in range(2))  # .trans
+            assert loaded[lane, 4 + j] == lo | (hi.astype(np.uint32) << 16)
+
+
+# ---- whole kernels through the tensor-core path on PoCL -----------------------------------------
+
+TENSOR_CASES = {
+    "attention.napkin": [dict(b=1, h=2, q=200, x=150, d=32), dict(b=1, h=1, q=128, x=128, d=64)],
+    "gqa.napkin": [dict(b=1, kv=2, r=2, q=130, x=70, d=32)],
+    "matmul.napkin": [dict(m=300, n=200, k=104), dict(m=256, n=256, k=128)],
+    "mlp.napkin": [dict(b=256, k=48, n=136)],
+}
+
+
+def tensor_kernel(name):
+    (kernel,) = napkin.load(EXAMPLES / name).values()
+    return kernel
+
+
+@pytest.mark.parametrize("name, sizes", [(n, s) for n, ss in TENSOR_CASES.items() for s in ss],
+                         ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}{x}" for k, x in v.items()))
+def test_tensor_core_kernels_match_the_reference_on_pocl(name, sizes, opencl_device):
+    from napkin_dsl.backends import opencl
+
+    kernel = tensor_kernel(name)
+    program = kernel.gpu_program(None, **sizes)
+    assert [isel.selection(program, launch).path for launch in program.launches] == ["mma.sync"]
+    source, _ = opencl.generate(program)
+    assert "NK_MMA_" in source and "NK_LDSM" in source and "NK_CP16" in source
+    inputs, scalars = random_inputs(kernel.diagram, sizes)
+    outputs = opencl.run(program, inputs, scalars)
+    assert_matches_reference(kernel.diagram, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), name)
+
+
+ATTENTION = """
+kernel attn(Q: {dt}[h q d], K: {dt}[h x d], V: {dt}[h x d]) -> O: {dt}[h q d]:
+    S[h q x] = Q * K * d^-0.5
+    P[h q x] = softmax[x](S)
+    O[h q d] = P * V
+
+relabel attn on H100:
+    smem: group h 1, q {gq}; stream x {sx}
+    registers: group q {wq}
+"""
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    q=st.integers(1, 150), x=st.integers(1, 150), d=st.sampled_from([16, 32, 64]),
+    gq=st.sampled_from([16, 32, 64]), sx=st.sampled_from([16, 32, 64]), warps=st.sampled_from([1, 2]),
+    dt=st.sampled_from(["bf16", "f16"]),
+)
+def test_random_attention_relabellings_on_tensor_cores(q, x, d, gq, sx, warps, dt, opencl_device):
+    from napkin_dsl.backends import opencl
+
+    wq = max(16, gq // warps)
+    (kernel,) = napkin.load(ATTENTION.format(dt=dt, gq=gq, sx=sx, wq=wq)).values()
+    sizes = dict(h=2, q=q, x=x, d=d)
+    program = kernel.gpu_program(None, **sizes)
+    chosen = isel.selection(program, program.launches[0])
+    if min(q, gq) % 16 or min(x, sx) % 16:  # a tile clipped to a size that is not a fragment multiple
+        assert chosen.path == "fma"
+    else:
+        assert chosen.path == "mma.sync", chosen.reason
+        assert chosen.plan.warp_rows == min(wq, chosen.plan.row_tile)
+    inputs, scalars = random_inputs(kernel.diagram, sizes)
+    outputs = opencl.run(program, inputs, scalars)
+    assert_matches_reference(kernel.diagram, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "attn")
+
+
+def test_fma_path_is_kept_with_a_reason():
+    (kernel,) = napkin.load(EXAMPLES / "softmax.napkin").values()
+    program = kernel.gpu_program(None, r=64, c=64)
+    assert isel.selection(program, program.launches[0]).reason == "no contraction"
+    (kernel,) = napkin.load(EXAMPLES / "matmul.napkin").values()
+    program = kernel.gpu_program(None, m=256, n=256, k=100)  # A's rows are 200 bytes
+    assert "16-byte swizzle" in isel.selection(program, program.launches[0]).reason
+    assert "sm_80 or newer" in isel.selection(program, program.launches[0], "sm_75").reason
+
+
+# ---- the model reads the same plan ------------------------------------------------------------
+
+
+def test_smem_of_a_tensor_core_launch_is_its_operand_tiles_and_stages():
+    kernel = tensor_kernel("attention.napkin")
+    report = kernel.cost(None, b=1, h=1, q=1024, x=1024, d=128)
+    # Q 128x128 once, K and V 64x128 twice each (two stages), bf16: S, P and O live in registers.
+    assert report.levels["smem"].M_bytes == (128 * 128 + 2 * 2 * 64 * 128) * 2
+    registers = report.levels["registers"]
+    # A thread of a 16-row warp: O.acc 16x128 (64 values), S 16x64 (32), max/sum/scale (2 each).
+    assert 64 + 32 <= registers.M <= 64 + 32 + 32 + 6
+    assert registers.M_bytes <= registers.capacity
+
+
+# ---- SASS: the instructions are really there ----------------------------------------------------
+
+SASS_SIZES = {
+    "attention.napkin": dict(b=1, h=2, q=1024, x=1024, d=128),
+    "gqa.napkin": dict(b=1, kv=2, r=2, q=512, x=512, d=128),
+    "matmul.napkin": dict(m=1024, n=1024, k=1024),
+    "mlp.napkin": dict(b=512, k=768, n=1024),
+}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name", sorted(SASS_SIZES))
+def test_hot_loops_run_hmma_ldsm_and_ldgsts_without_local_memory(name, arch):
+    from napkin_dsl.backends import sass
+
+    try:
+        sass.find_nvdisasm()
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm (pip install 'napkin-dsl[sass]')")
+    compiled = tensor_kernel(name).compile(arch, **SASS_SIZES[name])
+    (entry,) = sass.sass_report(compiled)["launches"]
+    assert entry["spill_bytes"] == 0
+    assert entry["whole"].get("local", 0) == 0, entry["whole"]
+    loop = sass.hot_loop(entry)
+    assert loop is not None
+    for kind in ("tensor", "ldsm", "ldgsts"):
+        assert loop["classes"].get(kind, 0) > 0, (kind, loop["classes"])
