@@ -27,7 +27,7 @@ import sympy
 
 from .diagram import DTYPE_BYTES
 from .errors import RelabelError
-from .pseudocode import Loop, Program, Step, walk
+from .pseudocode import Loop, Program, Step, liveness, walk
 from .relabel import bind
 
 # ---- small sympy helpers -------------------------------------------------------------------
@@ -96,69 +96,91 @@ def _total(terms) -> sympy.Expr:
     return sympy.Add(*terms)
 
 
-def _liveness(body) -> tuple[list, dict]:
-    """Program-order steps and, per buffer, (first write, last use) with loop-carried extension."""
-    sequence = list(walk(body))
-    spans: dict = {}
-    for index, (step, _) in enumerate(sequence):
-        for ref in step.writes:
-            first, last = spans.get(ref, (index, index))
-            spans[ref] = (min(first, index), max(last, index))
-        for ref in step.reads:
-            first, last = spans.get(ref, (index, index))
-            spans[ref] = (first, max(last, index))
-    # A buffer defined before a loop and used inside it stays resident until the loop ends.
-    loop_ranges: dict[int, tuple[int, int]] = {}
-    for index, (_, loops) in enumerate(sequence):
-        for loop in loops:
-            start, end = loop_ranges.get(id(loop), (index, index))
-            loop_ranges[id(loop)] = (min(start, index), max(end, index))
-    for index, (step, loops) in enumerate(sequence):
-        for ref in step.reads + step.writes:
-            first, last = spans[ref]
-            for loop in loops:
-                start, end = loop_ranges[id(loop)]
-                if first < start:
-                    last = max(last, end)
-            spans[ref] = (first, last)
-    return sequence, spans
-
-
-def columns(program: Program) -> list[dict]:
+def columns(program: Program, arch: str | None = None) -> list[dict]:
     """The paper's columns: per step, the buffers resident at each level below the top.
 
     At a step that computes, inputs whose last use is this step are released as the output is
     produced (the paper's convention), so they do not count in its column.
+
+    A launch on tensor cores (``isel.py``) keeps what it computes at the ``registers`` level,
+    counted per thread as the fragments its warp tile needs, and holds its shared-memory tiles
+    (double-buffered where streamed) for the whole launch, as the kernel does.
     """
+    from .isel import fragment_values, smem_layout
+
+    tensor = tensor_launches(program, arch)
     rows = []
     for launch in program.launches:
         schedule = launch.schedule
-        sequence, spans = _liveness(launch.body)
+        compute = schedule.compute_level
+        sequence, spans = liveness(launch.body)
+        plan, tile = tensor.get(launch.index, (None, None))
+        slots = smem_layout(plan, tile, program.diagram)[0] if plan is not None else {}
         for index, (step, loops) in enumerate(sequence):
             resident: dict[str, list] = {}
+            values: dict = {}
+            nbytes: dict = {}
+
+            def hold(level, buffer, count, size):
+                resident.setdefault(level, []).append(buffer)
+                values[level] = values.get(level, 0) + count
+                nbytes[level] = nbytes.get(level, 0) + count * size
+
             for ref, (first, last) in spans.items():
                 level, name = ref
                 if level == schedule.levels[0] or not (first <= index <= last):
                     continue
+                if plan is not None and level == compute and name in slots:
+                    continue  # held for the whole launch: below
                 computing = step.op not in ("load", "save", "alloc")
                 if computing and ref in step.reads and ref not in step.writes and last == index:
                     continue
-                resident.setdefault(level, []).append(launch.buffers[ref])
-            values = {level: _total(tile_values(schedule, level, b.axes) for b in bufs) for level, bufs in resident.items()}
-            nbytes = {level: _total(tile_values(schedule, level, b.axes) * _bytes(b.dtype) for b in bufs)
-                      for level, bufs in resident.items()}
+                buffer = launch.buffers[ref]
+                if plan is not None and level == compute and name in plan.fragments:
+                    hold("registers", buffer, sympy.Integer(fragment_values(plan, name, tile)), 4)
+                    continue
+                hold(level, buffer, tile_values(schedule, level, buffer.axes), _bytes(buffer.dtype))
+            for name, slot in slots.items():
+                buffer = launch.buffers[(compute, name)]
+                hold(compute, buffer, sympy.Integer(slot.bytes // _bytes(buffer.dtype)), _bytes(buffer.dtype))
+            values = {level: sympy.sympify(v) for level, v in values.items()}
+            nbytes = {level: sympy.sympify(v) for level, v in nbytes.items()}
             rows.append({
                 "launch": launch.index,
                 "step": step,
                 "text": step.text,
                 "loops": " ".join(f"{lp.axis}/{lp.tile}" for lp in loops) or "-",
                 "buffers": resident,
-                "resident": {level: " + ".join(f"{b.name}[{' '.join(_short(schedule.extent(a, level)) for a in b.axes)}]" for b in bufs)
+                "resident": {level: " + ".join(_resident_text(schedule, level, b, plan, slots) for b in bufs)
                              for level, bufs in resident.items()},
                 "M": values,
                 "M_bytes": nbytes,
             })
     return rows
+
+
+def _resident_text(schedule, level: str, buffer, plan, slots) -> str:
+    if level == "registers":
+        return f"{buffer.name}[{buffer.axes and ' '.join(buffer.axes)}/thread]"
+    text = f"{buffer.name}[{' '.join(_short(schedule.extent(a, level)) for a in buffer.axes)}]"
+    if buffer.name in slots and slots[buffer.name].stages > 1:
+        text += f" x{slots[buffer.name].stages}"
+    return text
+
+
+def register_transfers(program: Program, step: Step, loops, plan) -> sympy.Expr:
+    """Values ldmatrix moves from shared memory into registers for one step of a tensor-core
+    launch: a contraction reads its A tile once (unless A is already a fragment) and its B tile
+    once per warp (each warp multiplies its rows by all of B)."""
+    s = step.statement
+    level = program.schedule.compute_level
+    if s is None or step.op not in ("compute", "accumulate") or s.target not in plan.mmas or (level, s.target) in step.reads:
+        return sympy.Integer(0)
+    mma = plan.mmas[s.target]
+    moved = step_total(program, step, loops, (mma.k, mma.n)) * plan.warps
+    if not mma.a_in_registers:
+        moved += step_total(program, step, loops, (plan.row, mma.k))
+    return moved
 
 
 def statement_columns(program: Program, rows: list[dict] | None = None) -> list[dict]:
@@ -177,7 +199,8 @@ def statement_columns(program: Program, rows: list[dict] | None = None) -> list[
     schedule = program.schedule
     diagram = program.diagram
     rows = rows if rows is not None else columns(program)
-    levels = schedule.levels[1:]
+    tensor = tensor_launches(program)
+    levels = schedule.levels[1:] + (("registers",) if tensor else ())
     order = [s.target for s in diagram.statements]
     memory: dict = {target: {level: [] for level in levels} for target in order}
     moved: dict = {target: {level: sympy.Integer(0) for level in levels} for target in order}
@@ -202,6 +225,8 @@ def statement_columns(program: Program, rows: list[dict] | None = None) -> list[
                 memory[owner][level].append(row["M"].get(level, sympy.Integer(0)))
             if step.op in ("load", "save"):
                 moved[owner][step.level] += step_total(program, step, loops)
+            if launch.index in tensor:
+                moved[owner]["registers"] += register_transfers(program, step, loops, tensor[launch.index][0])
     return [{"label": target,
              "M": {level: max_of(memory[target][level]) for level in levels},
              "H": {level: sympy.expand(moved[target][level]) for level in levels}}
@@ -363,6 +388,8 @@ def tensor_launches(program: Program, arch: str | None = None) -> dict:
     from .isel import launch_tiles, selection
 
     out = {}
+    if program.hardware.symbolic or "registers" not in program.hardware.level_names():
+        return out
     for launch in program.launches:
         chosen = selection(program, launch, arch)
         if chosen.plan is not None:
@@ -370,67 +397,32 @@ def tensor_launches(program: Program, arch: str | None = None) -> dict:
     return out
 
 
-def _compute_level_memory(program: Program, rows: list[dict], tensor: dict) -> tuple:
-    """M at the compute level per launch, in values and bytes: the Program's columns, except that a
-    tensor-core launch holds only its shared-memory tiles there (its computed arrays are registers)."""
-    from .isel import smem_layout
-
-    level = program.schedule.compute_level
-    values, nbytes = [], []
-    for launch in program.launches:
-        if launch.index in tensor:
-            plan, tile = tensor[launch.index]
-            slots, arena = smem_layout(plan, tile, program.diagram)
-            values.append(sum(slot.bytes // DTYPE_BYTES[program.diagram.arrays[name].dtype] for name, slot in slots.items()))
-            nbytes.append(arena)
-            continue
-        mine = [r for r in rows if r["launch"] == launch.index]
-        values.append(max_of(r["M"].get(level, 0) for r in mine))
-        nbytes.append(max_of(r["M_bytes"].get(level, 0) for r in mine))
-    return max_of(values), max_of(nbytes)
-
-
 def registers_cost(program: Program, tensor: dict, rows: list[dict]) -> LevelCost:
     """The register level of tensor-core launches: ldmatrix traffic from shared memory (H) and the
     fragments one thread holds at once (M, per thread), read off the Program's steps and columns."""
-    from .isel import fragment_values
-
     hardware = program.hardware
-    level = program.schedule.compute_level
     H = sympy.Integer(0)
     H_bytes = sympy.Integer(0)
-    threads = []
-    M = 0
     for launch in program.launches:
         if launch.index not in tensor:
             continue
-        plan, tile = tensor[launch.index]
-        threads.append(plan.threads)
+        plan = tensor[launch.index][0]
         for step, loops in walk(launch.body):
-            s = step.statement
-            if s is None or step.op not in ("compute", "accumulate") or s.target not in plan.mmas or (level, s.target) in step.reads:
-                continue
-            mma = plan.mmas[s.target]
-            b_values = step_total(program, step, loops, (mma.k, mma.n)) * plan.warps  # every warp reads all of B
-            H += b_values
-            H_bytes += b_values * DTYPE_BYTES[mma.dtype]
-            if not mma.a_in_registers:
-                a_values = step_total(program, step, loops, (plan.row, mma.k))
-                H += a_values
-                H_bytes += a_values * DTYPE_BYTES[mma.dtype]
-        for r in rows:
-            if r["launch"] == launch.index:
-                held = sum(fragment_values(plan, b.name, tile) for b in r["buffers"].get(level, []) if b.name in plan.fragments)
-                M = max(M, held)
+            moved = register_transfers(program, step, loops, plan)
+            H += moved
+            H_bytes += moved * DTYPE_BYTES[plan.dtype]
+    M = max_of(r["M"].get("registers", 0) for r in rows)
+    M_bytes = max_of(r["M_bytes"].get("registers", 0) for r in rows)
+    threads = max(plan.threads for plan, _ in tensor.values())
     registers = hardware.level("registers")
-    return LevelCost("registers", sympy.expand(H), sympy.expand(H_bytes), sympy.Integer(M), sympy.Integer(4 * M),
-                     sympy.Integer(max(threads)), registers.capacity, registers.bandwidth, registers.per, hardware.counts)
+    return LevelCost("registers", sympy.expand(H), sympy.expand(H_bytes), M, M_bytes, sympy.Integer(threads),
+                     registers.capacity, registers.bandwidth, registers.per, hardware.counts)
 
 
 def level_costs(program: Program, rows: list[dict] | None = None, arch: str | None = None) -> dict:
     schedule = program.schedule
-    rows = rows if rows is not None else columns(program)
-    tensor = tensor_launches(program, arch) if not program.hardware.symbolic else {}
+    rows = rows if rows is not None else columns(program, arch)
+    tensor = tensor_launches(program, arch)
     costs = {}
     for level in schedule.levels[1:]:
         H = sympy.Integer(0)
@@ -449,11 +441,8 @@ def level_costs(program: Program, rows: list[dict] | None = None, arch: str | No
                     if lp.kind == "group" and schedule.levels.index(lp.level) <= schedule.levels.index(level):
                         group_loops[id(lp)] = lp
             N.append(sympy.Mul(*(lp.trips for lp in group_loops.values())) if group_loops else groups)
-        if level == schedule.compute_level and tensor:
-            M, M_bytes = _compute_level_memory(program, rows, tensor)
-        else:
-            M = max_of(r["M"].get(level, 0) for r in rows)
-            M_bytes = max_of(r["M_bytes"].get(level, 0) for r in rows)
+        M = max_of(r["M"].get(level, 0) for r in rows)
+        M_bytes = max_of(r["M_bytes"].get(level, 0) for r in rows)
         hw_level = schedule.hardware.level(level)
         costs[level] = LevelCost(
             level, sympy.expand(H), sympy.expand(H_bytes), M, M_bytes, max_of(N),
@@ -592,7 +581,7 @@ def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
 def cost_of(program: Program, *, check: bool = True, arch: str | None = None) -> CostReport:
     """Read the performance model off a Program, for the instruction paths ``arch`` selects
     (default: the hardware profile's architecture)."""
-    rows = columns(program)
+    rows = columns(program, arch)
     levels = level_costs(program, rows, arch)
     if check:
         check_capacity(program, levels, rows)

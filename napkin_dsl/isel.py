@@ -26,12 +26,15 @@ from dataclasses import dataclass, field
 
 from .diagram import DTYPE_BYTES, Apply, Contract, Map, Read, Reduce, Softmax
 from .layouts import SwizzledTile
-from .pseudocode import LaunchProgram, Program, walk
+from .pseudocode import LaunchProgram, Program, liveness, walk
 from .relabel import bind
 
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 TENSOR_DTYPES = ("bf16", "f16")
 MAX_WARPS = 8
+# Fragment registers one thread may hold at once; the rest of the 255 hold addresses, operand
+# fragments and temporaries (an FA2-class attention loop at d = 128 compiles to ~184 with ~100 here).
+FRAGMENT_BUDGET = 160
 STAGES = 2  # cp.async buffers per streamed operand: the next chunk is in flight while this one is used
 
 
@@ -242,7 +245,12 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_rows: 
         for r in _reads(s):
             if r.array in plain and not set(wide(diagram.arrays[r.array].axes)) <= set(wide(s.iteration_axes)):
                 raise _Refuse(f"{s.target} reads {r.array} across axes it does not iterate")
-    return TensorPlan(row, tile[row], warp_rows, dtypes.pop(), operands, tuple(plain), fragments, mmas, stream)
+    plan = TensorPlan(row, tile[row], warp_rows, dtypes.pop(), operands, tuple(plain), fragments, mmas, stream)
+    held = live_fragment_values(plan, launch, tile)
+    if held > FRAGMENT_BUDGET:
+        raise _Refuse(f"a thread would hold {held} fragment registers at once with {warp_rows}-row warp tiles "
+                      f"(budget {FRAGMENT_BUDGET}); use smaller tiles")
+    return plan
 
 
 def _reads(s) -> list[Read]:
@@ -342,12 +350,12 @@ def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSl
         offset = -(-offset // 128) * 128
         slots[name] = SmemSlot(name, offset, swizzled.bytes, stages, swizzled)
         offset += swizzled.bytes * stages
-    for name in plan.plain:
+    # Plain tiles after the swizzled ones, widest values first: no padding between them.
+    for name in sorted(plan.plain, key=lambda n: -DTYPE_BYTES[diagram.arrays[n].dtype]):
         array = diagram.arrays[name]
         size = DTYPE_BYTES[array.dtype]
         for axis in array.axes:
             size *= tile[axis]
-        offset = -(-offset // 16) * 16
         slots[name] = SmemSlot(name, offset, size, 1, None, array.axes)
         offset += size
     return slots, offset
@@ -359,3 +367,23 @@ def fragment_values(plan: TensorPlan, name: str, tile: dict) -> int:
     if fragment.col is None:
         return plan.m_tiles * 2  # rows g and g + 8 of each 16-row fragment
     return plan.m_tiles * (tile[fragment.col] // MMA_N) * 4
+
+
+def live_fragment_values(plan: TensorPlan, launch: LaunchProgram, tile: dict) -> int:
+    """The most fragment registers one thread holds at any step: the Program's columns at the
+    compute level (an input read for the last time is released as the output is produced),
+    restricted to the arrays the plan keeps in registers."""
+    level = launch.schedule.compute_level
+    sequence, spans = liveness(launch.body)
+    most = 0
+    for index, (step, _) in enumerate(sequence):
+        held = 0
+        for (lvl, name), (first, last) in spans.items():
+            if lvl != level or name not in plan.fragments or not first <= index <= last:
+                continue
+            computing = step.op not in ("load", "save", "alloc")
+            if computing and (lvl, name) in step.reads and (lvl, name) not in step.writes and last == index:
+                continue
+            held += fragment_values(plan, name, tile)
+        most = max(most, held)
+    return most

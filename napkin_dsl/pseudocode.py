@@ -115,6 +115,34 @@ def walk(nodes, loops=()):
             yield node, loops
 
 
+def liveness(body) -> tuple[list, dict]:
+    """Program-order steps and, per buffer, (first write, last use) with loop-carried extension."""
+    sequence = list(walk(body))
+    spans: dict = {}
+    for index, (step, _) in enumerate(sequence):
+        for ref in step.writes:
+            first, last = spans.get(ref, (index, index))
+            spans[ref] = (min(first, index), max(last, index))
+        for ref in step.reads:
+            first, last = spans.get(ref, (index, index))
+            spans[ref] = (first, max(last, index))
+    # A buffer defined before a loop and used inside it stays resident until the loop ends.
+    loop_ranges: dict[int, tuple[int, int]] = {}
+    for index, (_, loops) in enumerate(sequence):
+        for loop in loops:
+            start, end = loop_ranges.get(id(loop), (index, index))
+            loop_ranges[id(loop)] = (min(start, index), max(end, index))
+    for index, (step, loops) in enumerate(sequence):
+        for ref in step.reads + step.writes:
+            first, last = spans[ref]
+            for loop in loops:
+                start, end = loop_ranges[id(loop)]
+                if first < start:
+                    last = max(last, end)
+            spans[ref] = (first, last)
+    return sequence, spans
+
+
 # ---- elaboration ---------------------------------------------------------------------------
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from ..cost import _liveness, as_number, columns, level_costs
+from ..cost import as_number, columns, level_costs
 from ..diagram import (
     DTYPE_BYTES,
     Apply,
@@ -48,7 +48,7 @@ from ..diagram import (
     Softmax,
 )
 from ..errors import NapkinError
-from ..pseudocode import Loop, Program, Step
+from ..pseudocode import Loop, Program, Step, liveness
 
 THREADS = 256
 REGISTER_TILE = 4  # outputs per thread along each of a contraction's two free axes
@@ -239,7 +239,7 @@ def plan_arena(program: Program, launch) -> tuple[dict[str, Slot], int]:
     """
     schedule = launch.schedule
     level = schedule.compute_level
-    sequence, spans = _liveness(launch.body)
+    sequence, spans = liveness(launch.body)
     slots: dict[str, Slot] = {}
     order = []
     for ref, (first, last) in spans.items():

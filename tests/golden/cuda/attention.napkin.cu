@@ -16,12 +16,13 @@
  *   l2: group q 256  (derived)
  *
  * cost of attention on H100 with b=1 h=3 q=200 x=150 d=128
- *   level  per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N  FLOP/B  transfer time
- *   l2     device  268,800     537,600    89,600      179,200    52,428,800  3  87.0    0.16 us
- *   smem   block   384,000     768,000    49,536      148,992    232,448     6  60.9    0.0768 us
+ *   level      per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N    FLOP/B  transfer time
+ *   l2         device  268,800     537,600    89,600      179,200    52,428,800  3    87.0    0.16 us
+ *   smem       block   384,000     768,000    49,152      98,304     232,448     6    60.9    0.0768 us
+ *   registers  thread  2,073,600   4,147,200  102         408        1,020       256  11.3    0.124 us
  *   FLOPs: tensor 46,080,000, fma 580,800, special 91,800  (total 46,752,600)
- *   predicted time: 1.7 us overlapped (compute-bound), 1.94 us serial; compute 1.7 us, 1 wave of 132 blocks
- *   predicted throughput: 27.5 TFLOP/s
+ *   predicted time: 3.4 us overlapped (compute-bound), 3.76 us serial; compute 3.4 us, 1 wave of 264 blocks
+ *   predicted throughput: 13.8 TFLOP/s
  *   note: group q 128 does not divide q = 200: 2 groups, the last one masked (72 of 128)
  *   note: stream x 64 does not divide x = 150: 3 chunks, the last one masked (22 of 64)
  *   note: the l2 groups are derived: co-resident thread blocks in a swizzled launch order share L2 (docs: method, the L2 level)
@@ -49,10 +50,58 @@ __device__ __forceinline__ float nk_warp_sum(float v) {
     return v;
 }
 
+// ---- tensor-core primitives (PTX ISA: ldmatrix, mma.m16n8k16, cp.async) ----
+__device__ __forceinline__ void nk_ldsm_x4(unsigned r[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void nk_ldsm_x4_t(unsigned r[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void nk_mma_bf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void nk_mma_f16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned nk_pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+__device__ __forceinline__ unsigned nk_pack_f16(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+// 16 bytes global -> shared; src-size 0 writes zeros (the masked tail) and reads nothing.
+__device__ __forceinline__ void nk_cp16(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+#define NK_LDSM(r, off) nk_ldsm_x4((r), nk_sbase + (off))
+#define NK_LDSM_T(r, off) nk_ldsm_x4_t((r), nk_sbase + (off))
+#define NK_MMA_BF16(c, a, b0, b1) nk_mma_bf16((c), (a), (b0), (b1))
+#define NK_MMA_F16(c, a, b0, b1) nk_mma_f16((c), (a), (b0), (b1))
+#define NK_PACK_BF16(lo, hi) nk_pack_bf16((lo), (hi))
+#define NK_PACK_F16(lo, hi) nk_pack_f16((lo), (hi))
+#define NK_CP16(off, src, valid) nk_cp16(nk_sbase + (off), (src), (valid))
+#define NK_CP_COMMIT() asm volatile("cp.async.commit_group;\n" ::)
+#define NK_CP_WAIT(n) asm volatile("cp.async.wait_group %0;\n" :: "n"(n))
+#define NK_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
+#define NK_SYNC() __syncthreads()
+#define NK_UNROLL _Pragma("unroll")
+
 #define NK_THREADS 256
 extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __nv_bfloat16* __restrict__ g_Q, const __nv_bfloat16* __restrict__ g_K, const __nv_bfloat16* __restrict__ g_V, __nv_bfloat16* __restrict__ g_O) {
-    extern __shared__ __align__(16) unsigned char nk_smem[];
+    extern __shared__ __align__(128) unsigned char nk_smem[];
     const int nk_tid = threadIdx.x;
+    const int nk_warp = nk_tid >> 5, nk_lane = nk_tid & 31;
+    const int nk_g = nk_lane >> 2, nk_t = nk_lane & 3;
+    const int nk_wrow = nk_warp * 16;  // the warp's first row of the q tile
+    const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);
     int nk_block = blockIdx.x;
     int nk_inner = nk_block % 2; nk_block /= 2;  // the block within its L2 group
     const int g_q = (nk_block % 1) * 2 + nk_inner % 2; nk_block /= 1; nk_inner /= 2;
@@ -62,291 +111,244 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     const int o_h = g_h * 1;
     const int g_b = nk_block % 1; nk_block /= 1;
     const int o_b = g_b * 1;
-    (void)nk_block;
-    __nv_bfloat16* s_Q = reinterpret_cast<__nv_bfloat16*>(nk_smem + 0);
-    float* s_O = reinterpret_cast<float*>(nk_smem + 0);
-    float* s_P_max = reinterpret_cast<float*>(nk_smem + 32768);
-    float* s_P_sum = reinterpret_cast<float*>(nk_smem + 33280);
-    float* s_O_acc = reinterpret_cast<float*>(nk_smem + 33792);
-    __nv_bfloat16* s_K = reinterpret_cast<__nv_bfloat16*>(nk_smem + 99328);
-    float* s_S = reinterpret_cast<float*>(nk_smem + 99328);
-    float* s_P = reinterpret_cast<float*>(nk_smem + 99328);
-    float* s_P_scale = reinterpret_cast<float*>(nk_smem + 132096);
-    __nv_bfloat16* s_V = reinterpret_cast<__nv_bfloat16*>(nk_smem + 132608);
+    (void)nk_block; (void)nk_g; (void)nk_t; (void)nk_wrow;
+    float f_P_max[1][2];
+    float f_P_sum[1][2];
+    float f_O_acc[1][16][4];
+    float f_S[1][8][4];
+    float f_P_scale[1][2];
+    float f_P[1][8][4];
+    float f_O[1][16][4];
     // load Q[b h q d] l2 -> smem
-    {
-        for (int t1 = nk_tid; t1 < 1 * 1 * 128 * 16; t1 += NK_THREADS) {
-            int r2 = t1;
-            const int i_d = (r2 % 16) * 8; r2 /= 16;
-            const int i_q = r2 % 128; r2 /= 128;
-            const int i_h = r2 % 1; r2 /= 1;
-            const int i_b = r2 % 1; r2 /= 1;
-            if (i_q < n_q) { *reinterpret_cast<uint4*>(&s_Q[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d]) = *reinterpret_cast<const uint4*>(&g_Q[((((o_b + i_b)) * 3 + (o_h + i_h)) * 200 + (o_q + i_q)) * 128 + (i_d)]); } else { *reinterpret_cast<uint4*>(&s_Q[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d]) = make_uint4(0u, 0u, 0u, 0u); }
-        }
+    NK_UNROLL
+    for (int v = 0; v < 8; ++v) {
+        const int u = nk_tid + v * 256;
+        const int r = u / 16, c = (u % 16) * 8;
+        NK_CP16(32768 + ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)), g_Q + (((((o_b)) * 3 + (o_h)) * 200 + (o_q + r)) * 128 + (c)), (o_q + r < 200));
     }
-    __syncthreads();
+    NK_CP_COMMIT();
     // P.max[b h q] = -inf; P.sum[b h q] = 0
     {
-        for (int t3 = nk_tid; t3 < (1) * (1) * (n_q); t3 += NK_THREADS) {
-            int r4 = t3;
-            const int i_q = r4 % (n_q); r4 /= (n_q);
-            const int i_h = r4 % (1); r4 /= (1);
-            const int i_b = r4 % (1); r4 /= (1);
-            (void)r4;
-            s_P_max[((i_b) * 1 + i_h) * 128 + i_q] = -NK_INF;
+        NK_UNROLL
+        for (int mt = 0; mt < 1; ++mt) {
+            NK_UNROLL
+            for (int h = 0; h < 2; ++h) {
+                f_P_max[mt][h] = -NK_INF;
+            }
         }
-        for (int t5 = nk_tid; t5 < (1) * (1) * (n_q); t5 += NK_THREADS) {
-            int r6 = t5;
-            const int i_q = r6 % (n_q); r6 /= (n_q);
-            const int i_h = r6 % (1); r6 /= (1);
-            const int i_b = r6 % (1); r6 /= (1);
-            (void)r6;
-            s_P_sum[((i_b) * 1 + i_h) * 128 + i_q] = 0.0f;
+        NK_UNROLL
+        for (int mt = 0; mt < 1; ++mt) {
+            NK_UNROLL
+            for (int h = 0; h < 2; ++h) {
+                f_P_sum[mt][h] = 0.0f;
+            }
         }
     }
-    __syncthreads();
     // O.acc[b h q d] = 0
     {
-        for (int t7 = nk_tid; t7 < (1) * (1) * (n_q) * (128); t7 += NK_THREADS) {
-            int r8 = t7;
-            const int i_d = r8 % (128); r8 /= (128);
-            const int i_q = r8 % (n_q); r8 /= (n_q);
-            const int i_h = r8 % (1); r8 /= (1);
-            const int i_b = r8 % (1); r8 /= (1);
-            (void)r8;
-            s_O_acc[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d] = 0.0f;
+        NK_UNROLL
+        for (int mt = 0; mt < 1; ++mt) {
+            NK_UNROLL
+            for (int nt = 0; nt < 16; ++nt) {
+                NK_UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    f_O_acc[mt][nt][i] = 0.0f;
+                }
+            }
         }
     }
-    __syncthreads();
+    // for x in 3 chunks of 64, 2 stages: chunk c + 1 loads while chunk c computes
+    NK_UNROLL
+    for (int v = 0; v < 4; ++v) {
+        const int u = nk_tid + v * 256;
+        const int r = u / 16, c = (u % 16) * 8;
+        NK_CP16(0 + (0) * 16384 + ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)), g_K + (((((o_b)) * 3 + (o_h)) * 150 + (0 + r)) * 128 + (c)), (0 + r < 150));
+    }
+    NK_CP_COMMIT();
+    NK_UNROLL
+    for (int v = 0; v < 4; ++v) {
+        const int u = nk_tid + v * 256;
+        const int r = u / 16, c = (u % 16) * 8;
+        NK_CP16(65536 + (0) * 16384 + ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)), g_V + (((((o_b)) * 3 + (o_h)) * 150 + (0 + r)) * 128 + (c)), (0 + r < 150));
+    }
+    NK_CP_COMMIT();
     for (int c_x = 0; c_x < 3; ++c_x) {
         const int o_x = c_x * 64;
-        const int n_x = min(64, 150 - o_x);
-        // load K[b h x d] l2 -> smem
-        {
-            for (int t9 = nk_tid; t9 < 1 * 1 * 64 * 16; t9 += NK_THREADS) {
-                int r10 = t9;
-                const int i_d = (r10 % 16) * 8; r10 /= 16;
-                const int i_x = r10 % 64; r10 /= 64;
-                const int i_h = r10 % 1; r10 /= 1;
-                const int i_b = r10 % 1; r10 /= 1;
-                if (i_x < n_x) { *reinterpret_cast<uint4*>(&s_K[(((i_b) * 1 + i_h) * 64 + i_x) * 128 + i_d]) = *reinterpret_cast<const uint4*>(&g_K[((((o_b + i_b)) * 3 + (o_h + i_h)) * 150 + (o_x + i_x)) * 128 + (i_d)]); } else { *reinterpret_cast<uint4*>(&s_K[(((i_b) * 1 + i_h) * 64 + i_x) * 128 + i_d]) = make_uint4(0u, 0u, 0u, 0u); }
+        if (c_x + 1 < 3) {
+            NK_UNROLL
+            for (int v = 0; v < 4; ++v) {
+                const int u = nk_tid + v * 256;
+                const int r = u / 16, c = (u % 16) * 8;
+                NK_CP16(0 + ((c_x + 1) % 2) * 16384 + ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)), g_K + (((((o_b)) * 3 + (o_h)) * 150 + ((o_x + 64) + r)) * 128 + (c)), ((o_x + 64) + r < 150));
             }
+            NK_CP_COMMIT();
+            NK_UNROLL
+            for (int v = 0; v < 4; ++v) {
+                const int u = nk_tid + v * 256;
+                const int r = u / 16, c = (u % 16) * 8;
+                NK_CP16(65536 + ((c_x + 1) % 2) * 16384 + ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)), g_V + (((((o_b)) * 3 + (o_h)) * 150 + ((o_x + 64) + r)) * 128 + (c)), ((o_x + 64) + r < 150));
+            }
+            NK_CP_COMMIT();
         }
-        __syncthreads();
+        NK_CP_COMMIT();  // an empty group on the last chunk keeps the count
+        NK_CP_WAIT(1);
+        NK_SYNC();
+        const int n_x = min(64, 150 - o_x);
         // S[b h q x] = Q[b h q d] * K[b h x d]
         {
-            float stage[32];
-            int k = 0;
-            for (int t11 = nk_tid; t11 < (1) * (1) * (((n_q) + 3) / 4) * (((n_x) + 3) / 4); t11 += NK_THREADS) {
-                int r12 = t11;
-                const int b_x = r12 % (((n_x) + 3) / 4); r12 /= (((n_x) + 3) / 4);
-                const int b_q = r12 % (((n_q) + 3) / 4); r12 /= (((n_q) + 3) / 4);
-                const int i_h = r12 % (1); r12 /= (1);
-                const int i_b = r12 % (1); r12 /= (1);
-                (void)r12;
-                float acc[4][4];
-                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] = 0.0f;
-                for (int i_d = 0; i_d < 128; ++i_d) {
-                    float a[4], b[4];
-                    for (int u = 0; u < 4; ++u) {
-                        const int i_q = b_q * 4 + u;
-                        a[u] = (i_q < n_q) ? nk_f(s_Q[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d]) : 0.0f;
-                    }
-                    for (int v = 0; v < 4; ++v) {
-                        const int i_x = b_x * 4 + v;
-                        b[v] = (i_x < n_x) ? nk_f(s_K[(((i_b) * 1 + i_h) * 64 + i_x) * 128 + i_d]) : 0.0f;
-                    }
-                    for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] += a[u] * b[v];
-                }
-                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) {
-                    const int i_q = b_q * 4 + u;
-                    const int i_x = b_x * 4 + v;
-                    if (i_q < n_q && i_x < n_x) {
-                        stage[k++] = acc[u][v];
+            NK_UNROLL
+            for (int mt = 0; mt < 1; ++mt) {
+                NK_UNROLL
+                for (int nt = 0; nt < 8; ++nt) {
+                    NK_UNROLL
+                    for (int i = 0; i < 4; ++i) {
+                        f_S[mt][nt][i] = 0.0f;
                     }
                 }
             }
-            __syncthreads();
-            k = 0;
-            for (int t13 = nk_tid; t13 < (1) * (1) * (((n_q) + 3) / 4) * (((n_x) + 3) / 4); t13 += NK_THREADS) {
-                int r14 = t13;
-                const int b_x = r14 % (((n_x) + 3) / 4); r14 /= (((n_x) + 3) / 4);
-                const int b_q = r14 % (((n_q) + 3) / 4); r14 /= (((n_q) + 3) / 4);
-                const int i_h = r14 % (1); r14 /= (1);
-                const int i_b = r14 % (1); r14 /= (1);
-                (void)r14;
-                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) {
-                    const int i_q = b_q * 4 + u;
-                    const int i_x = b_x * 4 + v;
-                    if (i_q < n_q && i_x < n_x) {
-                        s_S[(((i_b) * 1 + i_h) * 128 + i_q) * 64 + i_x] = stage[k++];
+            NK_UNROLL
+            for (int kk = 0; kk < 8; ++kk) {
+                unsigned a[1][4];
+                NK_UNROLL
+                for (int mt = 0; mt < 1; ++mt) {
+                    NK_LDSM(a[mt], 32768 + (((nk_wrow + mt * 16) + ((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) * 256 + ((((((kk * 16) + ((nk_lane >> 4) << 3)) * 2) >> 4) ^ ((((nk_wrow + mt * 16) + ((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7)) << 4) + ((((kk * 16) + ((nk_lane >> 4) << 3)) * 2) & 15)));
+                }
+                NK_UNROLL
+                for (int np = 0; np < 4; ++np) {
+                    unsigned b[4];
+                    NK_LDSM(b, 0 + (c_x % 2) * 16384 + (((np * 16) + ((nk_lane & 7) + ((nk_lane >> 4) << 3))) * 256 + ((((((kk * 16) + (((nk_lane >> 3) & 1) << 3)) * 2) >> 4) ^ ((((np * 16) + ((nk_lane & 7) + ((nk_lane >> 4) << 3))) >> 0) & 7)) << 4) + ((((kk * 16) + (((nk_lane >> 3) & 1) << 3)) * 2) & 15)));
+                    NK_UNROLL
+                    for (int mt = 0; mt < 1; ++mt) {
+                        NK_MMA_BF16(f_S[mt][2 * np], a[mt], b[0], b[1]);
+                        NK_MMA_BF16(f_S[mt][2 * np + 1], a[mt], b[2], b[3]);
                     }
                 }
             }
         }
-        __syncthreads();
         // S *= 1/sqrt(d)
         {
-            for (int t15 = nk_tid; t15 < (1) * (1) * (n_q) * (n_x); t15 += NK_THREADS) {
-                int r16 = t15;
-                const int i_x = r16 % (n_x); r16 /= (n_x);
-                const int i_q = r16 % (n_q); r16 /= (n_q);
-                const int i_h = r16 % (1); r16 /= (1);
-                const int i_b = r16 % (1); r16 /= (1);
-                (void)r16;
-                s_S[(((i_b) * 1 + i_h) * 128 + i_q) * 64 + i_x] = nk_f(s_S[(((i_b) * 1 + i_h) * 128 + i_q) * 64 + i_x]) * 0.08838834764831845f;
+            NK_UNROLL
+            for (int mt = 0; mt < 1; ++mt) {
+                NK_UNROLL
+                for (int nt = 0; nt < 8; ++nt) {
+                    NK_UNROLL
+                    for (int i = 0; i < 4; ++i) {
+                        f_S[mt][nt][i] *= 0.08838834764831845f;
+                    }
+                }
             }
         }
-        __syncthreads();
         // m' = max(P.max, max[x](S[b h q x])); P.scale[b h q] = exp(P.max - m'); P.max = m'
         {
-            for (int row17 = (nk_tid / 32); row17 < (1) * (1) * (n_q); row17 += (NK_THREADS / 32)) {
-                int r18 = row17;
-                const int i_q = r18 % (n_q); r18 /= (n_q);
-                const int i_h = r18 % (1); r18 /= (1);
-                const int i_b = r18 % (1); r18 /= (1);
-                (void)r18;
-                float chunk = -NK_INF;
-                for (int e19 = (nk_tid % 32); e19 < (n_x); e19 += 32) {
-                    int r20 = e19;
-                    const int i_x = r20 % (n_x); r20 /= (n_x);
-                    (void)r20;
-                    chunk = fmaxf(chunk, nk_f(s_S[(((i_b) * 1 + i_h) * 128 + i_q) * 64 + i_x]));
-                }
-                chunk = nk_warp_max(chunk);
-                const float old = nk_f(s_P_max[((i_b) * 1 + i_h) * 128 + i_q]);
-                const float fresh = fmaxf(old, chunk);
-                __syncwarp();
-                if ((nk_tid % 32) == 0) {
-                    s_P_scale[((i_b) * 1 + i_h) * 128 + i_q] = (old == -NK_INF) ? 0.0f : expf(old - fresh);
-                    s_P_max[((i_b) * 1 + i_h) * 128 + i_q] = fresh;
+            NK_UNROLL
+            for (int mt = 0; mt < 1; ++mt) {
+                NK_UNROLL
+                for (int h = 0; h < 2; ++h) {
+                    float chunk = -NK_INF;
+                    NK_UNROLL
+                    for (int nt = 0; nt < 8; ++nt) {
+                        NK_UNROLL
+                        for (int e = 0; e < 2; ++e) {
+                            const int i = 2 * h + e;
+                            chunk = fmaxf(chunk, (((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? f_S[mt][nt][i] : -NK_INF));
+                        }
+                    }
+                    chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 1));
+                    chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 2));
+                    const float old = f_P_max[mt][h];
+                    const float fresh = fmaxf(old, chunk);
+                    f_P_scale[mt][h] = (old == -NK_INF) ? 0.0f : expf(old - fresh);
+                    f_P_max[mt][h] = fresh;
                 }
             }
         }
-        __syncthreads();
         // P[b h q x] = exp(S[b h q x] - P.max); P.sum = P.sum * P.scale + sum[x](P)
         {
-            for (int row21 = (nk_tid / 32); row21 < (1) * (1) * (n_q); row21 += (NK_THREADS / 32)) {
-                int r22 = row21;
-                const int i_q = r22 % (n_q); r22 /= (n_q);
-                const int i_h = r22 % (1); r22 /= (1);
-                const int i_b = r22 % (1); r22 /= (1);
-                (void)r22;
-                const float m = nk_f(s_P_max[((i_b) * 1 + i_h) * 128 + i_q]);
-                float l = 0.0f;
-                for (int e23 = (nk_tid % 32); e23 < (n_x); e23 += 32) {
-                    int r24 = e23;
-                    const int i_x = r24 % (n_x); r24 /= (n_x);
-                    (void)r24;
-                    const float p = expf(nk_f(s_S[(((i_b) * 1 + i_h) * 128 + i_q) * 64 + i_x]) - m);
-                    s_P[(((i_b) * 1 + i_h) * 128 + i_q) * 64 + i_x] = p;
-                    l += p;
+            NK_UNROLL
+            for (int mt = 0; mt < 1; ++mt) {
+                NK_UNROLL
+                for (int h = 0; h < 2; ++h) {
+                    const float top = f_P_max[mt][h];
+                    float part = 0.0f;
+                    NK_UNROLL
+                    for (int nt = 0; nt < 8; ++nt) {
+                        NK_UNROLL
+                        for (int e = 0; e < 2; ++e) {
+                            const int i = 2 * h + e;
+                            const float p = ((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? expf(f_S[mt][nt][i] - top) : 0.0f;
+                            f_P[mt][nt][i] = p;
+                            part += p;
+                        }
+                    }
+                    part += NK_SHFL_XOR(part, 1);
+                    part += NK_SHFL_XOR(part, 2);
+                    f_P_sum[mt][h] = f_P_sum[mt][h] * f_P_scale[mt][h] + part;
                 }
-                l = nk_warp_sum(l);
-                if ((nk_tid % 32) == 0) { s_P_sum[((i_b) * 1 + i_h) * 128 + i_q] = nk_f(s_P_sum[((i_b) * 1 + i_h) * 128 + i_q]) * nk_f(s_P_scale[((i_b) * 1 + i_h) * 128 + i_q]) + l; }
             }
         }
-        __syncthreads();
-        // load V[b h x d] l2 -> smem
-        {
-            for (int t25 = nk_tid; t25 < 1 * 1 * 64 * 16; t25 += NK_THREADS) {
-                int r26 = t25;
-                const int i_d = (r26 % 16) * 8; r26 /= 16;
-                const int i_x = r26 % 64; r26 /= 64;
-                const int i_h = r26 % 1; r26 /= 1;
-                const int i_b = r26 % 1; r26 /= 1;
-                if (i_x < n_x) { *reinterpret_cast<uint4*>(&s_V[(((i_b) * 1 + i_h) * 64 + i_x) * 128 + i_d]) = *reinterpret_cast<const uint4*>(&g_V[((((o_b + i_b)) * 3 + (o_h + i_h)) * 150 + (o_x + i_x)) * 128 + (i_d)]); } else { *reinterpret_cast<uint4*>(&s_V[(((i_b) * 1 + i_h) * 64 + i_x) * 128 + i_d]) = make_uint4(0u, 0u, 0u, 0u); }
-            }
-        }
-        __syncthreads();
         // O.acc *= P.scale
         {
-            for (int t27 = nk_tid; t27 < (1) * (1) * (n_q) * (128); t27 += NK_THREADS) {
-                int r28 = t27;
-                const int i_d = r28 % (128); r28 /= (128);
-                const int i_q = r28 % (n_q); r28 /= (n_q);
-                const int i_h = r28 % (1); r28 /= (1);
-                const int i_b = r28 % (1); r28 /= (1);
-                (void)r28;
-                s_O_acc[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d] = nk_f(s_O_acc[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d]) * nk_f(s_P_scale[((i_b) * 1 + i_h) * 128 + i_q]);
+            NK_UNROLL
+            for (int mt = 0; mt < 1; ++mt) {
+                NK_UNROLL
+                for (int nt = 0; nt < 16; ++nt) {
+                    NK_UNROLL
+                    for (int i = 0; i < 4; ++i) {
+                        f_O_acc[mt][nt][i] *= f_P_scale[mt][i >> 1];
+                    }
+                }
             }
         }
-        __syncthreads();
         // O.acc += P[b h q x] * V[b h x d]
         {
-            for (int t29 = nk_tid; t29 < (1) * (1) * (((n_q) + 3) / 4) * (((128) + 3) / 4); t29 += NK_THREADS) {
-                int r30 = t29;
-                const int b_d = r30 % (((128) + 3) / 4); r30 /= (((128) + 3) / 4);
-                const int b_q = r30 % (((n_q) + 3) / 4); r30 /= (((n_q) + 3) / 4);
-                const int i_h = r30 % (1); r30 /= (1);
-                const int i_b = r30 % (1); r30 /= (1);
-                (void)r30;
-                float acc[4][4];
-                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] = 0.0f;
-                for (int i_x = 0; i_x < n_x; ++i_x) {
-                    float a[4], b[4];
-                    for (int u = 0; u < 4; ++u) {
-                        const int i_q = b_q * 4 + u;
-                        a[u] = (i_q < n_q) ? nk_f(s_P[(((i_b) * 1 + i_h) * 128 + i_q) * 64 + i_x]) : 0.0f;
-                    }
-                    for (int v = 0; v < 4; ++v) {
-                        const int i_d = b_d * 4 + v;
-                        b[v] = (i_d < 128) ? nk_f(s_V[(((i_b) * 1 + i_h) * 64 + i_x) * 128 + i_d]) : 0.0f;
-                    }
-                    for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] += a[u] * b[v];
+            NK_UNROLL
+            for (int kk = 0; kk < 4; ++kk) {
+                unsigned a[1][4];
+                NK_UNROLL
+                for (int mt = 0; mt < 1; ++mt) {
+                    a[mt][0] = NK_PACK_BF16(f_P[mt][2 * kk][0], f_P[mt][2 * kk][1]);
+                    a[mt][1] = NK_PACK_BF16(f_P[mt][2 * kk][2], f_P[mt][2 * kk][3]);
+                    a[mt][2] = NK_PACK_BF16(f_P[mt][2 * kk + 1][0], f_P[mt][2 * kk + 1][1]);
+                    a[mt][3] = NK_PACK_BF16(f_P[mt][2 * kk + 1][2], f_P[mt][2 * kk + 1][3]);
                 }
-                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) {
-                    const int i_q = b_q * 4 + u;
-                    const int i_d = b_d * 4 + v;
-                    if (i_q < n_q && i_d < 128) {
-                        s_O_acc[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d] = nk_f(s_O_acc[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d]) + acc[u][v];
+                NK_UNROLL
+                for (int np = 0; np < 8; ++np) {
+                    unsigned b[4];
+                    NK_LDSM_T(b, 65536 + (c_x % 2) * 16384 + (((kk * 16) + ((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) * 256 + ((((((np * 16) + ((nk_lane >> 4) << 3)) * 2) >> 4) ^ ((((kk * 16) + ((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7)) << 4) + ((((np * 16) + ((nk_lane >> 4) << 3)) * 2) & 15)));
+                    NK_UNROLL
+                    for (int mt = 0; mt < 1; ++mt) {
+                        NK_MMA_BF16(f_O_acc[mt][2 * np], a[mt], b[0], b[1]);
+                        NK_MMA_BF16(f_O_acc[mt][2 * np + 1], a[mt], b[2], b[3]);
                     }
                 }
             }
         }
-        __syncthreads();
+        NK_SYNC();  // every warp is done with this stage before it is refilled
     }
     // O = O.acc / P.sum
     {
-        float stage[64];
-        {
-            int k = 0;
-            for (int t31 = nk_tid; t31 < (1) * (1) * (n_q) * (128); t31 += NK_THREADS) {
-                int r32 = t31;
-                const int i_d = r32 % (128); r32 /= (128);
-                const int i_q = r32 % (n_q); r32 /= (n_q);
-                const int i_h = r32 % (1); r32 /= (1);
-                const int i_b = r32 % (1); r32 /= (1);
-                (void)r32;
-                stage[k++] = nk_f(s_O_acc[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d]) / nk_f(s_P_sum[((i_b) * 1 + i_h) * 128 + i_q]);
-            }
-        }
-        __syncthreads();
-        {
-            int k = 0;
-            for (int t33 = nk_tid; t33 < (1) * (1) * (n_q) * (128); t33 += NK_THREADS) {
-                int r34 = t33;
-                const int i_d = r34 % (128); r34 /= (128);
-                const int i_q = r34 % (n_q); r34 /= (n_q);
-                const int i_h = r34 % (1); r34 /= (1);
-                const int i_b = r34 % (1); r34 /= (1);
-                (void)r34;
-                s_O[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d] = stage[k++];
+        NK_UNROLL
+        for (int mt = 0; mt < 1; ++mt) {
+            NK_UNROLL
+            for (int nt = 0; nt < 16; ++nt) {
+                NK_UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    f_O[mt][nt][i] = f_O_acc[mt][nt][i] / f_P_sum[mt][i >> 1];
+                }
             }
         }
     }
-    __syncthreads();
     // save O[b h q d] smem -> l2
     {
-        for (int t35 = nk_tid; t35 < (1) * (1) * (n_q) * (128); t35 += NK_THREADS) {
-            int r36 = t35;
-            const int i_d = r36 % (128); r36 /= (128);
-            const int i_q = r36 % (n_q); r36 /= (n_q);
-            const int i_h = r36 % (1); r36 /= (1);
-            const int i_b = r36 % (1); r36 /= (1);
-            (void)r36;
-            g_O[((((o_b + i_b)) * 3 + (o_h + i_h)) * 200 + (o_q + i_q)) * 128 + (i_d)] = __float2bfloat16(nk_f(s_O[(((i_b) * 1 + i_h) * 128 + i_q) * 128 + i_d]));
+        NK_UNROLL
+        for (int mt = 0; mt < 1; ++mt) {
+            NK_UNROLL
+            for (int nt = 0; nt < 16; ++nt) {
+                NK_UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    if ((o_q + (nk_wrow + mt * 16 + nk_g + (i >> 1) * 8) < 200)) g_O[((((o_b)) * 3 + (o_h)) * 200 + (o_q + (nk_wrow + mt * 16 + nk_g + (i >> 1) * 8))) * 128 + ((nt * 8 + 2 * nk_t + (i & 1)))] = __float2bfloat16(f_O[mt][nt][i]);
+                }
+            }
         }
     }
-    __syncthreads();
 }
