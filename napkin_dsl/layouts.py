@@ -177,3 +177,30 @@ def offset_expr(tile: SwizzledTile, row: str, col: str) -> str:
     byte = f"(({col}) * {eb})"
     key = f"((({row}) >> {shift}) & {mask})" if mask else "0"
     return f"(({row}) * {tile.pitch} + ((({byte} >> 4) ^ {key}) << 4) + ({byte} & 15))"
+
+
+def ldmatrix_lane_terms(tile: SwizzledTile, operand: str, trans: bool) -> tuple[str, str]:
+    """The per-lane constants of an ldmatrix address, as C expressions in ``lane``.
+
+    For a fragment origin (row0, col0) with row0 a multiple of 8 and col0 a multiple of 16
+    values (every origin the printer uses), the lane's byte offset splits into
+
+        tile.offset(row0 + lr, col0 + lc) == row0 * pitch + base
+                                             + ((u0 & ~mask) << 4) + (((u0 & mask) ^ x) << 4)
+
+    with u0 = col0 * element_bytes / 16, mask = 2**bits - 1 and (base, x) returned here: the
+    swizzle key depends on the lane's row only, so a kernel computes both once and every
+    ldmatrix in its loops costs one XOR with a constant and additions.
+    """
+    lr, lc = LDMATRIX_SOURCE_EXPR[(operand, trans)]
+    shift = tile.rows_per_line.bit_length() - 1
+    mask = (1 << tile.bits) - 1
+    base = f"(({lr}) * {tile.pitch})"
+    x = f"(((({lc}) * {tile.element_bytes}) >> 4) ^ ((({lr}) >> {shift}) & {mask}))"
+    return base, x
+
+
+def ldmatrix_offset_expr(tile: SwizzledTile, row0: str, u0: str, base: str, x: str) -> str:
+    """The offset of :func:`ldmatrix_lane_terms` for origin row ``row0`` and unit ``u0``."""
+    mask = (1 << tile.bits) - 1
+    return f"(({row0}) * {tile.pitch} + {base} + ((({u0}) & {~mask & 0xFFFF}) << 4) + (((({u0}) & {mask}) ^ {x}) << 4))"

@@ -279,6 +279,20 @@ def test_random_attention_relabellings_on_tensor_cores(q, x, d, gq, sx, warps, d
     assert_matches_reference(kernel.diagram, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "attn")
 
 
+def test_a_copy_with_more_threads_than_tile_units_writes_nothing_past_the_tile(opencl_device):
+    """Found by the property test above: two warps copying a 16 x 16 K chunk (32 units) once
+    zero-filled rows 16..31, which are the next stage's bytes."""
+    from napkin_dsl.backends import opencl
+
+    (kernel,) = napkin.load(ATTENTION.format(dt="bf16", gq=32, sx=16, wq=16)).values()
+    sizes = dict(h=2, q=32, x=32, d=16)
+    program = kernel.gpu_program(None, **sizes)
+    assert isel.selection(program, program.launches[0]).plan.warps == 2
+    inputs, scalars = random_inputs(kernel.diagram, sizes)
+    outputs = opencl.run(program, inputs, scalars)
+    assert_matches_reference(kernel.diagram, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "attn")
+
+
 def test_fma_path_is_kept_with_a_reason():
     (kernel,) = napkin.load(EXAMPLES / "softmax.napkin").values()
     program = kernel.gpu_program(None, r=64, c=64)

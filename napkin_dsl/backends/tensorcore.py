@@ -31,7 +31,7 @@ import sympy
 
 from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Read, Reduce, ScalarParam, Softmax
 from ..isel import TensorPlan, fragment_values, smem_layout
-from ..layouts import LDMATRIX_SOURCE_EXPR, offset_expr
+from ..layouts import ldmatrix_lane_terms, ldmatrix_offset_expr, offset_expr
 from ..pseudocode import Loop, Step
 from .lowering import KernelSource, LoweringError, _Printer
 
@@ -66,6 +66,12 @@ __device__ __forceinline__ unsigned nk_pack_f16(float lo, float hi) {
 // 16 bytes global -> shared; src-size 0 writes zeros (the masked tail) and reads nothing.
 __device__ __forceinline__ void nk_cp16(unsigned dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+// 2^x on the special-function unit; softmax arguments are <= 0, where its error is ~2 ulp.
+__device__ __forceinline__ float nk_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 #define NK_LDSM(r, off) nk_ldsm_x4((r), nk_sbase + (off))
 #define NK_LDSM_T(r, off) nk_ldsm_x4_t((r), nk_sbase + (off))
@@ -139,6 +145,7 @@ inline float nk_shfl_xor(float v, int m, __local uint* ws, int lane) {
 inline void nk_cp16(__local uchar* smem, int off, __global const uchar* src, int valid) {
     *(__local uint4*)(smem + off) = valid ? vload4(0, (__global const uint*)src) : (uint4)(0u);
 }
+#define nk_exp2(x) exp2(x)
 #define NK_WS 192
 #define NK_LDSM(r, off) nk_ldsm_x4((r), nk_smem, (off), 0, nk_ws, nk_lane)
 #define NK_LDSM_T(r, off) nk_ldsm_x4((r), nk_smem, (off), 1, nk_ws, nk_lane)
@@ -156,6 +163,7 @@ inline void nk_cp16(__local uchar* smem, int off, __global const uchar* src, int
 
 PRELUDES = {"cuda": CUDA_PRELUDE, "opencl": OPENCL_PRELUDE}
 UNIT = 16
+LOG2E = 1.4426950408889634
 
 
 def _var(name: str) -> str:
@@ -199,6 +207,8 @@ class TensorPrinter(_Printer):
         self.emit(f"int nk_block = {d.block_id};")
         self.block_order()
         self.emit("(void)nk_block; (void)nk_g; (void)nk_t; (void)nk_wrow;")
+        self.lane_constants()
+        self.copy_constants()
         for name in plan.fragments:
             self.emit(f"float {_var(name)}{self.dims(name)};")
         self.nodes(self.launch.body)
@@ -352,18 +362,77 @@ class TensorPrinter(_Printer):
         self.emit("}")
 
     # -- transfers
+    def copy_constants(self):
+        """Each operand copy's per-thread part: the row and 16-byte unit this thread moves on the
+        first pass, their swizzled shared offset and their global offset, computed once. Later
+        passes move whole 8-row groups further down, so the swizzle key stays the thread's."""
+        self.copies: dict[str, int] = {}
+        for name, op in self.plan.operands.items():
+            tile = self.smem[name].tile
+            units = tile.units_per_row
+            if self.threads % units or (self.threads // units) % 8:
+                continue
+            per = 16 // tile.element_bytes
+            self.emit(f"const int nk_cr_{name} = nk_tid / {units}, nk_cc_{name} = (nk_tid % {units}) * {per};  // {name}: this thread's copy")
+            self.emit(f"const int nk_cs_{name} = {offset_expr(tile, f'nk_cr_{name}', f'nk_cc_{name}')};")
+            origins = {a: o for a, o in self.origin.items() if a != self.plan.stream}
+            coords = {op.rows: f"nk_cr_{name}", op.cols: f"nk_cc_{name}"}
+            self.emit(f"const int nk_cg_{name} = {self.global_offset(name, coords, origins)};")
+            self.copies[name] = self.threads // units
+
+    def stride(self, name: str, axis: str) -> int:
+        axes = self.diagram.arrays[name].axes
+        stride = 1
+        for later in axes[axes.index(axis) + 1:]:
+            stride *= self.sizes[later]
+        return stride
+
     def load(self, name: str, origin: str | None = None, stage: str | None = None):
         """Issue the copy of ``name``'s tile; swizzled operands by cp.async, plain ones directly."""
         slot = self.smem[name]
-        array = self.diagram.arrays[name]
         if slot.tile is None:
             self.plain_load(name)
             return
+        base = f"{slot.offset}" if stage is None else f"{slot.offset} + ({stage}) * {slot.stage_bytes}"
+        if name in self.copies:
+            self.hoisted_copy(name, base, origin)
+        else:
+            self.general_copy(name, base, origin)
+        self.emit("NK_CP_COMMIT();")
+        self.pending = True
+
+    def hoisted_copy(self, name: str, base: str, origin: str | None):
         op = self.plan.operands[name]
-        tile = slot.tile
+        tile = self.smem[name].tile
+        step_rows = self.copies[name]
+        passes = -(-tile.rows // step_rows)
+        stream = self.plan.stream
+        offset = f"nk_cg_{name}"
+        if origin is not None and stream in self.diagram.arrays[name].axes:
+            offset += f" + ({origin}) * {self.stride(name, stream)}"
+        row_origin = origin if op.rows == stream else self.origin.get(op.rows)
+        col_origin = origin if op.cols == stream else self.origin.get(op.cols)
+
+        def body():
+            row = f"nk_cr_{name} + v * {step_rows}"
+            valid = []
+            if self.sizes[op.rows] % self.tile[op.rows]:
+                valid.append(f"({row_origin + ' + ' if row_origin else ''}{row} < {self.sizes[op.rows]})")
+            if self.sizes[op.cols] % self.tile[op.cols]:
+                valid.append(f"({col_origin + ' + ' if col_origin else ''}nk_cc_{name} < {self.sizes[op.cols]})")
+            copy = (f"NK_CP16({base} + nk_cs_{name} + v * {step_rows * tile.pitch}, "
+                    f"g_{name} + {offset} + v * {step_rows * self.stride(name, op.rows)}, {' && '.join(valid) or 1});")
+            # Threads past the tile's last row copy nothing (a masked copy would still write zeros).
+            self.emit(f"if ({row} < {tile.rows}) {copy}" if tile.rows % step_rows else copy)
+
+        self.loop("v", passes, body)
+
+    def general_copy(self, name: str, base: str, origin: str | None):
+        op = self.plan.operands[name]
+        tile = self.smem[name].tile
+        array = self.diagram.arrays[name]
         units = tile.units_per_row
         count = tile.rows * units
-        base = f"{slot.offset}" if stage is None else f"{slot.offset} + ({stage}) * {slot.stage_bytes}"
         per = 16 // DTYPE_BYTES[array.dtype]
         origins = dict(self.origin)
         if origin is not None:
@@ -380,16 +449,11 @@ class TensorPrinter(_Printer):
             index = self.global_offset(name, coords, origins)
             self.emit(f"NK_CP16({base} + {offset_expr(tile, 'r', 'c')}, g_{name} + ({index}), {' && '.join(valid) or 1});")
 
-        if count % self.threads == 0:
-            self.loop("v", count // self.threads, lambda: (self.emit(f"const int u = nk_tid + v * {self.threads};"), body()))
-        else:
-            self.emit(f"for (int u = nk_tid; u < {count}; u += {self.threads}) {{")
-            self.depth += 1
-            body()
-            self.depth -= 1
-            self.emit("}")
-        self.emit("NK_CP_COMMIT();")
-        self.pending = True
+        self.emit(f"for (int u = nk_tid; u < {count}; u += {self.threads}) {{")
+        self.depth += 1
+        body()
+        self.depth -= 1
+        self.emit("}")
 
     def plain_load(self, name: str):
         array = self.diagram.arrays[name]
@@ -516,15 +580,15 @@ class TensorPrinter(_Printer):
             self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
             return
         if isinstance(box, Softmax):
-            d = self.dialect
 
             def per_row():
                 self.row_reduce("max", box.operand, col, "top")()
+                self.emit(f"top *= {LOG2E!r}f;  // exp(v - max) = 2^(v log2 e - max log2 e)")
                 self.emit("float total = 0.0f;")
 
                 def exps():
                     self.emit("const int i = 2 * h + e;")
-                    value = d.math("exp", [f"{self.value(box.operand, col)} - top"])
+                    value = f"nk_exp2({self.value(box.operand, col)} * {LOG2E!r}f - top)"
                     valid = self.col_valid(col)
                     self.emit(f"{self.element(target, False)} = {f'{valid} ? {value} : 0.0f' if valid else value};")
                     self.emit(f"total += {self.element(target, False)};")
@@ -567,23 +631,22 @@ class TensorPrinter(_Printer):
             self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
             return
         acc = f"{s.target}.acc"
-        scale_ref = [ref for ref in step.reads if ref[1].endswith(".scale")][0][1]
+        scale_ref = next(ref for ref in step.reads if ref[1].endswith(".scale"))[1]
         col = self.plan.fragments[acc].col
         self.each_element(col, lambda: self.emit(f"{self.element(acc, False)} *= {self.element(scale_ref, False)};"))
 
     def tc_online(self, step: Step):
         s = step.statement
-        d = self.dialect
         col = s.box.axis
         m, total, scale = f"{s.target}.max", f"{s.target}.sum", f"{s.target}.scale"
 
         def per_row():
-            self.emit(f"const float top = {self.element(m, True)};")
+            self.emit(f"const float top = {self.element(m, True)} * {LOG2E!r}f;  // exp(v - max) = 2^(v log2 e - max log2 e)")
             self.emit("float part = 0.0f;")
 
             def per_element():
                 self.emit("const int i = 2 * h + e;")
-                value = d.math("exp", [f"{self.value(s.box.operand, col)} - top"])
+                value = f"nk_exp2({self.value(s.box.operand, col)} * {LOG2E!r}f - top)"
                 valid = self.col_valid(col)
                 self.emit(f"const float p = {f'{valid} ? {value} : 0.0f' if valid else value};")
                 self.emit(f"{self.element(s.target, False)} = p;")
@@ -622,14 +685,14 @@ class TensorPrinter(_Printer):
         in_rows = col is None
         denominators = [ref[1] for ref in step.reads if ref[1].endswith(".sum")]
         if isinstance(box, Contract) and denominators:
-            value = lambda: f"{self.element(acc, False)} / {self.element(denominators[0], False)}"  # noqa: E731
+            value = lambda: f"{self.element(acc, False)} / {self.element(denominators[0], False)}"
         elif isinstance(box, Reduce) and box.op == "mean":
             count = 1
             for axis in box.axes:
                 count *= self.sizes[axis]
-            value = lambda: f"{self.element(acc, in_rows)} / {float(count)!r}f"  # noqa: E731
+            value = lambda: f"{self.element(acc, in_rows)} / {float(count)!r}f"
         else:
-            value = lambda: self.element(acc, in_rows)  # noqa: E731
+            value = lambda: self.element(acc, in_rows)
         self.each_element(col, lambda: self.emit(f"{self.element(s.target, in_rows)} = {value()};"))
 
     # -- mma
@@ -671,14 +734,30 @@ class TensorPrinter(_Printer):
 
         self.loop("kk", k_steps, per_k)
 
-    def ldsm_offset(self, name: str, operand: str, trans: bool, outer: str, k: str) -> str:
-        """Byte offset of this lane's ldmatrix row: fragment origin (outer, k) + the lane's row.
+    def lane_constants(self):
+        """Each ldmatrix site's per-lane row offset and swizzle key, computed once per thread."""
+        self.lanes: dict = {}
+        for m in self.plan.mmas.values():
+            sites = [(m.b, "b", m.b_trans)] + ([] if m.a_in_registers else [(m.a, "a", m.a_trans)])
+            for site in sites:
+                if site in self.lanes:
+                    continue
+                name, operand, trans = site
+                base, x = ldmatrix_lane_terms(self.smem[name].tile, operand, trans)
+                index = len(self.lanes)
+                self.emit(f"const int nk_lb{index} = {base.replace('lane', 'nk_lane')};  // {name}: this lane's ldmatrix row")
+                self.emit(f"const int nk_lx{index} = {x.replace('lane', 'nk_lane')};  // ... and its swizzle key")
+                self.lanes[site] = index
 
-        ``outer`` is the m (A) or n (B) origin; stored rows are k when ``trans``."""
+    def ldsm_offset(self, name: str, operand: str, trans: bool, outer: str, k: str) -> str:
+        """Byte offset of this lane's ldmatrix row for the fragment at (outer, k): m or n, and k.
+
+        Stored rows are k when ``trans``; the lane's share was computed once (lane_constants)."""
         slot = self.smem[name]
-        lane_row, lane_col = (e.replace("lane", "nk_lane") for e in LDMATRIX_SOURCE_EXPR[(operand, trans)])
+        index = self.lanes[(name, operand, trans)]
         row0, col0 = (k, outer) if trans else (outer, k)
-        offset = offset_expr(slot.tile, f"{row0} + {lane_row}", f"{col0} + {lane_col}")
+        u0 = f"((({col0}) * {slot.tile.element_bytes}) >> 4)"
+        offset = ldmatrix_offset_expr(slot.tile, row0, u0, f"nk_lb{index}", f"nk_lx{index}")
         base = f"{slot.offset}"
         stage = self.stage.get(name)
         if stage is not None:
