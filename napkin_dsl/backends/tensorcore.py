@@ -387,7 +387,7 @@ class TensorPrinter(_Printer):
             stride *= self.sizes[later]
         return stride
 
-    def load(self, name: str, origin: str | None = None, stage: str | None = None):
+    def load(self, name: str, origin: str | None = None, stage: str | None = None, commit: bool = True):
         """Issue the copy of ``name``'s tile; swizzled operands by cp.async, plain ones directly."""
         slot = self.smem[name]
         if slot.tile is None:
@@ -398,7 +398,8 @@ class TensorPrinter(_Printer):
             self.hoisted_copy(name, base, origin)
         else:
             self.general_copy(name, base, origin)
-        self.emit("NK_CP_COMMIT();")
+        if commit:
+            self.emit("NK_CP_COMMIT();")
         self.pending = True
 
     def hoisted_copy(self, name: str, base: str, origin: str | None):
@@ -487,6 +488,10 @@ class TensorPrinter(_Printer):
         return index or "0"
 
     def stream_loop(self, node: Loop):
+        """The streamed loop as a ``stages``-deep cp.async pipeline.
+
+        The loop is unrolled by ``stages`` so that every chunk's stage is a constant: the
+        ldmatrix and cp.async addresses then fold the stage into their immediate offsets."""
         axis = node.axis
         streamed = [s.array for s, _ in _top_steps(node.body) if s.op == "load" and s.level == self.level
                     and s.array in self.plan.operands]
@@ -494,33 +499,45 @@ class TensorPrinter(_Printer):
         stages = self.plan.stages
         self.emit(f"// for {axis} in {chunks} chunks of {self.tile[axis]}, {stages} stages: chunk c + 1 loads while chunk c computes")
         for name in streamed:
-            self.load(name, origin="0", stage="0")
-        self.emit(f"for (int c_{axis} = 0; c_{axis} < {chunks}; ++c_{axis}) {{")
-        self.depth += 1
-        self.emit(f"const int o_{axis} = c_{axis} * {self.tile[axis]};")
+            self.load(name, origin="0", stage="0", commit=False)
         if streamed:
-            self.emit(f"if (c_{axis} + 1 < {chunks}) {{")
+            self.emit("NK_CP_COMMIT();")
+        self.emit(f"for (int c_{axis} = 0; c_{axis} < {chunks}; c_{axis} += {stages}) {{")
+        self.depth += 1
+        for stage in range(stages):
+            guard = f"if (c_{axis} + {stage} < {chunks}) " if stage and chunks % stages else ""
+            self.emit(f"{guard}{{  // stage {stage}")
             self.depth += 1
-            for name in streamed:
-                self.load(name, origin=f"(o_{axis} + {self.tile[axis]})", stage=f"(c_{axis} + 1) % {stages}")
+            self.chunk(node, axis, streamed, chunks, stage, f"(c_{axis} + {stage})" if stage else f"c_{axis}")
             self.depth -= 1
             self.emit("}")
-            self.emit("NK_CP_COMMIT();  // an empty group on the last chunk keeps the count")
+        self.depth -= 1
+        self.emit("}")
+
+    def chunk(self, node: Loop, axis: str, streamed: list, chunks: int, stage: int, index: str):
+        stages = self.plan.stages
+        self.emit(f"const int o_{axis} = {index} * {self.tile[axis]};")
+        if streamed:
+            self.emit(f"if ({index} + 1 < {chunks}) {{")
+            self.depth += 1
+            for name in streamed:
+                self.load(name, origin=f"(o_{axis} + {self.tile[axis]})", stage=str((stage + 1) % stages), commit=False)
+            self.depth -= 1
+            self.emit("}")
+            self.emit("NK_CP_COMMIT();  // one group per chunk, empty on the last: wait_group counts them")
             self.emit(f"NK_CP_WAIT({stages - 1});")
             self.emit("NK_SYNC();")
             self.pending = False
         saved_valid = dict(self.valid)
         self.set_origin(axis, f"o_{axis}")
         for name in streamed:
-            self.stage[name] = f"c_{axis} % {stages}"
+            self.stage[name] = str(stage)
         self.nodes(node.body)
         for name in streamed:
             del self.stage[name]
         self.valid = saved_valid
         del self.origin[axis]
         self.emit("NK_SYNC();  // every warp is done with this stage before it is refilled")
-        self.depth -= 1
-        self.emit("}")
 
     def tc_save(self, step: Step):
         name = step.array
