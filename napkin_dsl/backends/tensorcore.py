@@ -31,8 +31,8 @@ import sympy
 
 from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Read, Reduce, ScalarParam, Softmax
 from ..isel import TensorPlan, fragment_values, smem_layout
-from ..layouts import ldmatrix_lane_terms, ldmatrix_offset_expr, offset_expr
-from ..pseudocode import Loop, Step
+from ..layouts import SwizzledTile, ldmatrix_lane_terms, ldmatrix_offset_expr, offset_expr
+from ..pseudocode import Loop, Step, walk
 from .lowering import KernelSource, LoweringError, _Printer
 
 CUDA_PRELUDE = r"""
@@ -73,6 +73,7 @@ __device__ __forceinline__ float nk_exp2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+#define NK_ST16(dst, off) (*reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(nk_smem + (off)))
 #define NK_LDSM(r, off) nk_ldsm_x4((r), nk_sbase + (off))
 #define NK_LDSM_T(r, off) nk_ldsm_x4_t((r), nk_sbase + (off))
 #define NK_MMA_BF16(c, a, b0, b1) nk_mma_bf16((c), (a), (b0), (b1))
@@ -146,6 +147,7 @@ inline void nk_cp16(__local uchar* smem, int off, __global const uchar* src, int
     *(__local uint4*)(smem + off) = valid ? vload4(0, (__global const uint*)src) : (uint4)(0u);
 }
 #define nk_exp2(x) exp2(x)
+#define NK_ST16(dst, off) vstore4(vload4(0, (__local const uint*)(nk_smem + (off))), 0, (__global uint*)(dst))
 #define NK_WS 192
 #define NK_LDSM(r, off) nk_ldsm_x4((r), nk_smem, (off), 0, nk_ws, nk_lane)
 #define NK_LDSM_T(r, off) nk_ldsm_x4((r), nk_smem, (off), 1, nk_ws, nk_lane)
@@ -209,12 +211,24 @@ class TensorPrinter(_Printer):
         self.emit("(void)nk_block; (void)nk_g; (void)nk_t; (void)nk_wrow;")
         self.lane_constants()
         self.copy_constants()
+        self.free_after = self.saves_after_shared_reads()
         for name in plan.fragments:
             self.emit(f"float {_var(name)}{self.dims(name)};")
         self.nodes(self.launch.body)
         self.depth = 0
         self.emit("}")
         return KernelSource(entry, "\n".join(self.lines) + "\n", grid, plan.threads, self.arena, arrays, scalars)
+
+    def saves_after_shared_reads(self) -> set[int]:
+        """Saves no later step of the launch follows with a read of shared memory."""
+        sequence = [step for step, _ in walk(self.launch.body) if step.level == self.level]
+        free, reading_later = set(), False
+        for step in reversed(sequence):
+            if step.op == "save" and not reading_later:
+                free.add(id(step))
+            if step.op != "save" and any(ref[1] in self.smem for ref in step.reads):
+                reading_later = True
+        return free
 
     def dims(self, name: str) -> str:
         fragment = self.plan.fragments[name]
@@ -544,6 +558,9 @@ class TensorPrinter(_Printer):
         array = self.diagram.arrays[name]
         fragment = self.plan.fragments[name]
         col = fragment.col
+        if self.staging(step) is not None:
+            self.staged_save(step)
+            return
         in_rows = col is None
         coords = {self.plan.row: self.row_expr(in_rows)}
         if col is not None:
@@ -552,6 +569,60 @@ class TensorPrinter(_Printer):
                  if self.sizes[a] % self.tile[a] or (a in self.origin and a == self.plan.stream)]
         store = self.dialect.store(f"g_{name}", self.global_offset(name, coords, self.origin), self.element(name, in_rows), array.dtype)
         self.each_element(col, lambda: self.emit(f"if ({' && '.join(valid)}) {store}" if valid else store))
+
+    def staging(self, step: Step) -> SwizzledTile | None:
+        """The shared tile an output goes through on its way out, when it can: a (row, col) tile
+        whose rows are 16-byte multiples in memory, that fits in the arena, saved after the last
+        step that reads shared memory (the arena is free then)."""
+        name = step.array
+        array = self.diagram.arrays[name]
+        col = self.plan.fragments[name].col
+        eb = DTYPE_BYTES[array.dtype]
+        if col is None or array.axes[-1] != col or self.sizes[col] % (16 // eb) or col == self.plan.stream:
+            return None
+        if not SwizzledTile.supports(self.tile[col], eb):
+            return None
+        tile = SwizzledTile(self.plan.row_tile, self.tile[col], eb)
+        if tile.bytes > self.arena or id(step) not in self.free_after:
+            return None
+        return tile
+
+    def staged_save(self, step: Step):
+        """Fragments -> a swizzled shared tile (4-byte pairs) -> 16-byte coalesced global stores."""
+        name = step.array
+        array = self.diagram.arrays[name]
+        col = self.plan.fragments[name].col
+        tile = self.staging(step)
+        eb = DTYPE_BYTES[array.dtype]
+        cuda = self.dialect.name == "cuda"
+        self.emit("NK_SYNC();  // the arena is free: the last reader of shared memory is done")
+
+        def write():
+            pair = offset_expr(tile, self.row_expr(True), "(nt * 8 + 2 * nk_t)")
+            lo, hi = f"{_var(name)}[mt][nt][2 * h]", f"{_var(name)}[mt][nt][2 * h + 1]"
+            if eb == 2:
+                packed = f"NK_PACK_{'BF16' if array.dtype == 'bf16' else 'F16'}({lo}, {hi})"
+                target = f"*reinterpret_cast<unsigned*>(nk_smem + {pair})" if cuda else f"*(__local uint*)(nk_smem + {pair})"
+                self.emit(f"{target} = {packed};")
+            else:
+                pointer = "reinterpret_cast<float*>(nk_smem + {o})" if cuda else "((__local float*)(nk_smem + {o}))"
+                self.emit(f"{pointer.format(o=pair)}[0] = {lo}; {pointer.format(o=pair)}[1] = {hi};")
+
+        nt = self.tile[col] // 8
+        self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("h", 2, write)))
+        self.emit("NK_SYNC();")
+        units = tile.units_per_row
+        per = 16 // eb
+        self.emit(f"for (int u = nk_tid; u < {tile.rows * units}; u += {self.threads}) {{")
+        self.depth += 1
+        self.emit(f"const int r = u / {units}, c = (u % {units}) * {per};")
+        coords = {self.plan.row: "r", col: "c"}
+        valid = [f"({self.origin.get(a, '0')} + {v} < {self.sizes[a]})" for a, v in coords.items() if self.sizes[a] % self.tile[a]]
+        pointer = f"g_{name} + ({self.global_offset(name, coords, self.origin)})"
+        store = f"NK_ST16({pointer}, {offset_expr(tile, 'r', 'c')});"
+        self.emit(f"if ({' && '.join(valid)}) {store}" if valid else store)
+        self.depth -= 1
+        self.emit("}")
 
     # -- computing steps
     def tc_init(self, step: Step):
