@@ -1,15 +1,22 @@
 #!/usr/bin/env python3
 """The one script to run on a machine with an NVIDIA GPU: every runnable example, checked and timed.
 
-    python scripts/gpu_check.py                  # on the GPU machine; about 2-4 minutes
-    python scripts/gpu_check.py --dry-run        # anywhere: compile everything for sm_90, no GPU needed
+    python scripts/gpu_check.py --sweep --sanitizer   # everything, in one command (at most ~8 minutes)
+    python scripts/gpu_check.py                       # the table alone; a few minutes (at most 285 s)
+    python scripts/gpu_check.py --sweep               # the table, then predicted vs measured over sizes
+    python scripts/gpu_check.py --dry-run --sweep --sanitizer   # anywhere: compile for sm_90, no GPU needed
     python scripts/gpu_check.py --cases attention,matmul
 
 For every example except those with opaque boxes (examples/paper/fig11, fig12), at realistic
-sizes (:data:`CASES`), it
+sizes (:data:`CASES`; the headline ones are attention at b=4 h=32 q=x=8192 d=128 in bf16 and
+matmul at m=n=k=8192, each with its example's relabel block), it
 
 1. compiles the kernel with ``Kernel.compile`` for the GPU's architecture and the napkin
-   profile of the GPU (H200, H100 or A100, from the device name);
+   profile of the GPU (H200, H100 or A100, from the device name), and reads off the compiled
+   kernel what needs no GPU: the instruction path of each launch (``napkin_dsl.isel.selection``:
+   ``mma.sync`` on tensor cores or ``fma``, with the reason for ``fma`` in the JSON), the bound
+   the cost report names, and, when nvdisasm is installed (``backends/sass.py``), the static
+   instructions per tensor-core instruction (HMMA) in each launch's hot loop;
 2. runs it once through ``napkin_dsl.backends.cuda.run`` on seeded normal inputs (never zero);
 3. checks it against the float64 NumPy reference (``napkin_dsl.reference.evaluate``) on a
    random subset of output rows: a few indices of axes that every statement is woven over
@@ -30,26 +37,50 @@ sizes (:data:`CASES`), it
    ``softmax``, ``rms_norm``, and the unfused ``softmax(Q K^T) V`` for attention_unfused and
    fig9; "vs torch" is max |napkin - torch| / max |torch| over the whole output (information,
    not a pass criterion);
-6. prints one table: predicted time (the cost report of the compiled Program on the GPU's
-   profile, ``CompiledKernel.cost``), measured time, TFLOP/s (the report's FLOPs / measured),
-   GB/s (the report's device-memory bytes / measured), torch's time and the ratio
+6. prints one table: launches, their path (``mma.sync+fma``: one per launch, in order),
+   registers, shared memory, instr/HMMA ('-' without nvdisasm or without tensor-core
+   instructions), the bound, predicted time (the cost report of the compiled Program on the
+   GPU's profile, ``CompiledKernel.cost``), measured time, TFLOP/s (the report's FLOPs /
+   measured), GB/s (the report's device-memory bytes / measured), torch's time and the ratio
    napkin / torch, the error and pass/fail. With ``$OUT`` set the table is also written to
-   ``$OUT/gpu_check.json``.
+   ``$OUT/gpu_check.json`` (after every row, so a run cut short leaves what it had).
+
+``--sanitizer`` then runs NVIDIA's compute-sanitizer (``--tool memcheck``, then ``--tool
+racecheck``; found on ``PATH``, under ``/usr/local/cuda*/bin`` or in the
+nvidia-cuda-sanitizer-api wheel) on a child invocation of this script, one per tool, that runs
+attention and matmul at small sizes with masked tail tiles (:data:`SMALL_SIZES`, still on the
+tensor-core path) through ``cuda.run`` and checks every output row against the reference,
+without timing or torch (``--small --cases attention,matmul`` is the same without the tool,
+through the usual children). It prints one
+pass/fail line per tool with the tail of the tool's output; ``$OUT/gpu_sanitizer.json`` and
+``$OUT/sanitizer_<tool>.log`` keep the rest. Without compute-sanitizer it says so and fails
+nothing. Held to ``--sanitizer-deadline`` seconds (default 60).
+
+``--sweep`` then times attention (d=128, b=1, h * sequence = 32 * 8192, so every input is
+64 MiB and the work grows with the sequence) at q = x = 512, 1k, 2k, 4k, 8k and 16k, and
+matmul at 1024, 2048, 4096 and 8192 cubed, each point through the same child process, check
+and timing as the table (a shorter timing budget, ``--sweep-timing-budget``), and prints
+predicted vs measured time, their ratio (meas/pred) and torch's time; a point equal to a
+row of the table reuses that row. Written to ``$OUT/gpu_sweep.json`` when ``$OUT`` is set.
+Held to ``--sweep-deadline`` seconds (default 120).
 
 Each example runs in a child process with a timeout, so one that crashes, hangs or leaves the
-CUDA context broken (an illegal address is sticky) costs only its own row. The whole run is
-held to ``--deadline`` seconds (default 285); examples left when it runs out are reported as
-skipped. The exit status is 1 when any row failed its check, errored, timed out or was
-skipped, 2 when there is no GPU, 0 otherwise.
+CUDA context broken (an illegal address is sticky) costs only its own row. The table is held
+to ``--deadline`` seconds (default 285), the sanitizer and the sweep to their own deadlines
+(so ``--sweep --sanitizer`` takes at most 285 + 60 + 120 s, about 8 minutes); examples left
+when a deadline runs out are reported as skipped. The exit status is 1 when any row of the
+table or the sweep failed its check, errored, timed out or was skipped, or a sanitizer tool
+found errors or timed out; 2 when there is no GPU; 0 otherwise.
 
 ``--dry-run`` does everything that needs no GPU, on any machine: it loads and compiles every
-example for sm_90 (``--arch``) with the H200 profile (``--profile``), validates the row
-sampling, and prints the table with the measured columns empty.
+example (and, with ``--sweep``, every sweep point; with ``--sanitizer``, the small cases) for
+sm_90 (``--arch``) with the H200 profile (``--profile``), fills the path, bound and instr/HMMA
+columns, validates the row sampling, and prints the tables with the measured columns empty.
 
 Deliberately not here: tuning or choosing relabellings (the examples' relabel blocks, or the
 tuner through ``Kernel.gpu_program``, decide), L2 flushing between timed runs (each
 example's data is a few times the L2 or more), profiler counters, kernels with opaque boxes,
-and any assertion about speed: the table reports, people judge.
+and any assertion about speed: the tables report, people judge.
 """
 
 from __future__ import annotations
@@ -59,6 +90,9 @@ import ctypes
 import json
 import math
 import os
+import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -66,7 +100,7 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,6 +120,27 @@ MIN_RUNS = 20
 MAX_RUNS = 200
 FEWEST_RUNS = 5  # when 20 runs of a slow kernel would not fit the budget
 REFERENCE_MEMORY_LIMIT = 16 << 30
+
+# --sweep: attention at d = 128, b = 1 and h = SWEEP_HEAD_TOKENS / sequence (each input 64 MiB,
+# FLOPs growing with the sequence), then matmul cubes.
+SWEEP_SEQUENCES = (512, 1024, 2048, 4096, 8192, 16384)
+SWEEP_HEAD_TOKENS = 32 * 8192
+SWEEP_MATMUL = (1024, 2048, 4096, 8192)
+SWEEP_DEADLINE_S = 120.0
+SWEEP_TIMING_BUDGET_S = 3.0  # per point; the medians need far less than this at these sizes
+
+# --sanitizer (and --small): sizes with a masked tail tile on every partitioned axis that still
+# take the tensor-core path (mma.sync needs 16-byte rows: the fastest axis a multiple of 8).
+SMALL_SIZES = {
+    "attention": {"b": 1, "h": 2, "q": 200, "x": 200, "d": 128},
+    "matmul": {"m": 200, "k": 104, "n": 200},
+}
+SANITIZER_CASES = ("attention", "matmul")
+SANITIZER_TOOLS = ("memcheck", "racecheck")
+SANITIZER_DEADLINE_S = 60.0
+SANITIZER_ERROR_EXIT = 86  # --error-exitcode: the tool found something
+SANITIZER_WHEEL_BINARIES = ("cu13/bin/compute-sanitizer", "cu13/compute-sanitizer/compute-sanitizer",
+                            "cuda_sanitizer_api/compute-sanitizer/compute-sanitizer")
 SPIN_SOURCE = r"""
 extern "C" __global__ void gpu_check_spin(unsigned long long nanoseconds) {
     unsigned long long start, now;
@@ -111,12 +166,14 @@ class Case:
 
 
 CASES: list[Case] = [
-    Case("attention", "attention.napkin", "attention", {"b": 4, "h": 16, "q": 4096, "x": 4096, "d": 128},
+    # The headline cases: attention at b=4 h=32 q=x=8192 d=128 (bf16) and matmul at 8192 cubed,
+    # both with their example's relabel block.
+    Case("attention", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
          {"b": 2, "q": 32}, "sdpa"),
     # h = kv r = 16 query heads sharing 4 key/value heads
     Case("gqa", "gqa.napkin", "gqa", {"b": 4, "kv": 4, "r": 4, "q": 4096, "x": 4096, "d": 128},
          {"b": 2, "q": 32}, "sdpa_gqa"),
-    Case("matmul", "matmul.napkin", "matmul", {"m": 4096, "k": 4096, "n": 4096}, {"m": 64}, "matmul"),
+    Case("matmul", "matmul.napkin", "matmul", {"m": 8192, "k": 8192, "n": 8192}, {"m": 64}, "matmul"),
     Case("mlp", "mlp.napkin", "mlp", {"b": 8192, "k": 4096, "n": 4096}, {"b": 64}, "mlp"),
     # group r 16 keeps 16 whole f32 rows in shared memory: c = 2048 is 128 KiB of the 227
     Case("softmax", "softmax.napkin", "softmax_rows", {"r": 32768, "c": 2048}, {"r": 128}, "softmax"),
@@ -132,8 +189,11 @@ COLUMNS = [
     ("kernel", "kernel", "<"),
     ("sizes", "sizes_text", "<"),
     ("launch", "launch_text", ">"),
+    ("path", "path_text", "<"),
     ("regs", "registers_text", ">"),
     ("smem KiB", "smem_text", ">"),
+    ("instr/HMMA", "sass_text", ">"),
+    ("bound", "bound_text", "<"),
     ("predicted", "predicted_text", ">"),
     ("measured", "measured_text", ">"),
     ("runs", "runs_text", ">"),
@@ -143,6 +203,22 @@ COLUMNS = [
     ("x torch", "ratio_text", ">"),
     ("max err", "error_text", ">"),
     ("vs torch", "torch_error_text", ">"),
+    ("result", "status", "<"),
+]
+
+SWEEP_COLUMNS = [
+    ("kernel", "kernel", "<"),
+    ("sizes", "sizes_text", "<"),
+    ("path", "path_text", "<"),
+    ("bound", "bound_text", "<"),
+    ("predicted", "predicted_text", ">"),
+    ("measured", "measured_text", ">"),
+    ("meas/pred", "over_predicted_text", ">"),
+    ("runs", "runs_text", ">"),
+    ("TFLOP/s", "tflops_text", ">"),
+    ("torch", "torch_text", ">"),
+    ("x torch", "ratio_text", ">"),
+    ("max err", "error_text", ">"),
     ("result", "status", "<"),
 ]
 
@@ -165,6 +241,10 @@ class Row:
     arch: str = ""
     profile: str = ""
     launches: list = field(default_factory=list)  # CompiledKernel.launch_table()
+    paths: list = field(default_factory=list)  # per launch: {"entry", "path" (mma.sync | fma), "reason" (why fma)}
+    bound: str = ""  # the cost report's bound (time["bound"])
+    instr_per_tensor: list = field(default_factory=list)  # per launch: hot-loop instructions per HMMA, or None
+    sass: str = ""  # why instr_per_tensor is empty ("" when nvdisasm ran)
     flops: float | None = None
     dram_bytes: float | None = None
     predicted_s: float | None = None
@@ -190,9 +270,18 @@ class Row:
     def ratio(self) -> float | None:
         return self.measured_s / self.torch_s if self.measured_s and self.torch_s else None
 
+    @property
+    def over_predicted(self) -> float | None:
+        return self.measured_s / self.predicted_s if self.measured_s and self.predicted_s else None
+
+    @property
+    def path_text(self) -> str:
+        return "+".join(p["path"] for p in self.paths)
+
     def to_json(self) -> dict:
         data = asdict(self)
-        data.update(tflops=self.tflops, gbps=self.gbps, ratio_to_torch=self.ratio)
+        data.update(tflops=self.tflops, gbps=self.gbps, ratio_to_torch=self.ratio,
+                    measured_over_predicted=self.over_predicted)
         return data
 
     @classmethod
@@ -208,8 +297,12 @@ class Row:
             "kernel": self.kernel,
             "sizes_text": " ".join(f"{k}={v}" for k, v in self.sizes.items()),
             "launch_text": str(len(self.launches)) if self.launches else "",
+            "path_text": self.path_text,
             "registers_text": "/".join(str(k.get("registers")) for k in self.launches),
             "smem_text": "/".join(f"{(k.get('shared_bytes') or 0) / 1024:.0f}" for k in self.launches),
+            "sass_text": ("/".join("-" if v is None else f"{v:.2f}" for v in self.instr_per_tensor)
+                          if self.instr_per_tensor else ("-" if self.launches else "")),
+            "bound_text": self.bound,
             "predicted_text": format_seconds(self.predicted_s),
             "measured_text": format_seconds(self.measured_s),
             "runs_text": "" if self.runs is None else str(self.runs),
@@ -217,6 +310,7 @@ class Row:
             "gbps_text": "" if self.gbps is None else f"{self.gbps:.0f}",
             "torch_text": format_seconds(self.torch_s),
             "ratio_text": "" if self.ratio is None else f"{self.ratio:.2f}",
+            "over_predicted_text": "" if self.over_predicted is None else f"{self.over_predicted:.2f}",
             "error_text": number(self.max_error, 2),
             "torch_error_text": number(self.torch_error, 2),
             "status": self.status,
@@ -233,15 +327,19 @@ def format_seconds(seconds: float | None) -> str:
     return f"{seconds * 1e6:.3g} us"
 
 
-def format_table(rows: list[Row]) -> str:
-    """The table: a header line, one line per row, then each row's error or notes."""
+def format_table(rows: list[Row], columns: list = COLUMNS) -> str:
+    """The table: a header line, one line per row, then each row's error, notes, and the
+    reasons of its fma launches (those that have a contraction to put on tensor cores)."""
     cells = [row.cells() for row in rows]
-    widths = [max([len(header)] + [len(c[key]) for c in cells]) for header, key, _ in COLUMNS]
-    lines = ["  ".join(f"{header:{align}{w}}" for (header, _, align), w in zip(COLUMNS, widths)).rstrip()]
+    widths = [max([len(header)] + [len(c[key]) for c in cells]) for header, key, _ in columns]
+    lines = ["  ".join(f"{header:{align}{w}}" for (header, _, align), w in zip(columns, widths)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
     for c in cells:
-        lines.append("  ".join(f"{c[key]:{align}{w}}" for (_, key, align), w in zip(COLUMNS, widths)).rstrip())
+        lines.append("  ".join(f"{c[key]:{align}{w}}" for (_, key, align), w in zip(columns, widths)).rstrip())
     for row in rows:
+        for p in row.paths:
+            if p["path"] == "fma" and p.get("reason") and p["reason"] != "no contraction":
+                lines.append(f"{row.kernel}: fma in {p['entry']}: {p['reason']}")
         if row.error:
             first = row.error.strip().splitlines()
             lines.append(f"{row.kernel}: {row.status}: " + (first[0] if first else "") + (" ..." if len(first) > 1 else ""))
@@ -294,6 +392,32 @@ def sample_indices(case: Case, seed: int = SEED) -> dict[str, np.ndarray]:
         between = rng.choice(np.arange(1, size - 1), size=max(count - 2, 0), replace=False)
         chosen[axis] = np.unique(np.concatenate([[0, size - 1], between]).astype(np.int64))
     return chosen
+
+
+def small_case(case: Case) -> Case:
+    """The case at small sizes (:data:`SMALL_SIZES`, else the check-run sizes of
+    ``napkin run``), every row of it checked against the reference."""
+    sizes = SMALL_SIZES.get(case.label)
+    if sizes is None:
+        from napkin_dsl.backends.numpy import default_sizes
+
+        kernel = load_case(case)
+        sizes = {a: v for a, v in default_sizes(kernel).items() if a in kernel.diagram.axes}
+    return replace(case, sizes=dict(sizes), sample={a: sizes[a] for a in case.sample})
+
+
+def sweep_cases() -> list[Case]:
+    """The --sweep points: attention over sequence lengths at constant h * sequence (b = 1),
+    then matmul cubes; sampled like the table's cases (attention on a few heads)."""
+    attention = next(c for c in CASES if c.label == "attention")
+    matmul = next(c for c in CASES if c.label == "matmul")
+    points = []
+    for sequence in SWEEP_SEQUENCES:
+        sizes = {"b": 1, "h": SWEEP_HEAD_TOKENS // sequence, "q": sequence, "x": sequence, "d": 128}
+        points.append(replace(attention, sizes=sizes, sample={"h": 8, "q": 32}))
+    for n in SWEEP_MATMUL:
+        points.append(replace(matmul, sizes={"m": n, "k": n, "n": n}))
+    return points
 
 
 def take(array: np.ndarray, axes: tuple, indices: dict[str, np.ndarray]) -> np.ndarray:
@@ -350,9 +474,20 @@ def compare_with_reference(kernel, program, inputs: dict, scalars: dict, outputs
 
 
 def describe_compiled(row: Row, compiled) -> None:
-    """Fill a row's compile-time fields from a CompiledKernel."""
+    """Fill a row's compile-time fields from a CompiledKernel: launches, their instruction
+    path (tensor cores or FMA, and why FMA), FLOPs, bytes, the predicted time and its bound."""
+    from napkin_dsl.isel import selection
+
     report = compiled.cost
     row.launches = compiled.launch_table()
+    program = compiled.program
+    entries = [k.entry for k in compiled.launches]
+    row.paths = []
+    for index, launch in enumerate(program.launches):
+        chosen = selection(program, launch, compiled.arch)
+        row.paths.append({"entry": entries[index] if index < len(entries) else f"launch {index}",
+                          "path": chosen.path, "reason": chosen.reason})
+    row.bound = str(report.time.get("bound") or "")
     row.flops = float(report.total_flops)
     first_level = next(iter(report.levels.values()), None)  # device memory -> the first level below it
     row.dram_bytes = float(first_level.H_bytes) if first_level is not None else None
@@ -365,6 +500,26 @@ def describe_compiled(row: Row, compiled) -> None:
         row.notes.append("spills: " + ", ".join(f"{entry} {n} B" for entry, n in spills.items()))
 
 
+def describe_sass(row: Row, compiled) -> None:
+    """Hot-loop instructions per tensor-core instruction of each launch (static counts), when
+    nvdisasm is installed; otherwise ``row.sass`` says why not. Never raises."""
+    try:
+        from napkin_dsl.backends import sass
+    except Exception as error:  # noqa: BLE001 - a column, not the check
+        row.sass = f"SASS inspection unavailable: {type(error).__name__}: {error}"
+        return
+    try:
+        report = sass.sass_report(compiled)
+        loops = [sass.hot_loop(entry) for entry in report["launches"]]
+        row.instr_per_tensor = [loop["per_tensor"] if loop else None for loop in loops]
+        row.sass = ""
+    except sass.NoDisassembler as error:
+        row.sass = f"no nvdisasm: {str(error).splitlines()[0]}"
+    except Exception as error:  # noqa: BLE001 - a column, not the check
+        row.sass = f"SASS inspection failed: {type(error).__name__}: {error}"
+        row.notes.append(row.sass)
+
+
 def dry_run_case(case: Case, arch: str, profile: str) -> Row:
     row = Row(case.label, dict(case.sizes), arch=arch, profile=profile, device="(dry run)")
     started = time.perf_counter()
@@ -373,6 +528,7 @@ def dry_run_case(case: Case, arch: str, profile: str) -> Row:
         check_sample_axes(kernel, case)
         compiled = kernel.compile(arch, hardware=profile, **case.sizes)
         describe_compiled(row, compiled)
+        describe_sass(row, compiled)
         row.checked = {a: len(i) for a, i in sample_indices(case).items()}
         row.status = "compiled"
     except Exception as error:  # noqa: BLE001 - one example's failure is its row, not the run's
@@ -616,8 +772,11 @@ def torch_comparison(row: Row, case: Case, timer_factory, inputs, scalars, napki
         row.notes.append(f"torch comparison failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
 
 
-def gpu_case(case: Case, profile_override: str | None, timing_budget_s: float) -> Row:
-    """Compile, run, check and time one case on the GPU; never raises."""
+def gpu_case(case: Case, profile_override: str | None, timing_budget_s: float, check_only: bool = False) -> Row:
+    """Compile, run, check and time one case on the GPU; never raises.
+
+    ``check_only`` (--small, and the sanitizer's child): run and check, no SASS, timing or torch.
+    """
     row = Row(case.label, dict(case.sizes))
     started = time.perf_counter()
     launches = None
@@ -636,6 +795,8 @@ def gpu_case(case: Case, profile_override: str | None, timing_budget_s: float) -
         compiled = kernel.compile(device.arch, hardware=row.profile, **case.sizes)
         program = kernel.gpu_program(row.profile, **case.sizes)
         describe_compiled(row, compiled)
+        if not check_only:
+            describe_sass(row, compiled)
         diagram = kernel.diagram
         inputs = random_inputs(diagram, case.sizes)
         scalars = dict(case.scalars)
@@ -646,6 +807,12 @@ def gpu_case(case: Case, profile_override: str | None, timing_budget_s: float) -
         row.checked = {a: len(i) for a, i in indices.items()}
         row.max_error, row.tolerance = compare_with_reference(kernel, program, inputs, scalars, outputs, indices)
         passed = row.max_error <= row.tolerance
+        if check_only:
+            row.status = "pass" if passed else "FAIL"
+            if not passed:
+                row.error = f"max error {row.max_error:.3g} over tolerance {row.tolerance:g}"
+            row.wall_s = time.perf_counter() - started
+            return row
 
         # timing, on buffers allocated once
         launches = NapkinLaunches(device, compiled, inputs, scalars, stream=None)
@@ -680,32 +847,110 @@ def gpu_case(case: Case, profile_override: str | None, timing_budget_s: float) -
 
 # ---- the parent: one child per case, one table -----------------------------------------------------
 
+_RUNNING: list = []  # the child process now running (its own process group), for the watchdog to end
 
-def run_child(case: Case, args, timeout_s: float) -> Row:
-    """Run one case in a child process; a crash or a hang becomes the row's status."""
+
+def kill_group(process) -> None:
+    """End a child started with ``start_new_session`` and everything it started (its group)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@dataclass
+class ChildResult:
+    """What one child process left: the rows it wrote (one per case it finished), its exit
+    status (None: killed at the timeout), its output (stdout and stderr interleaved)."""
+
+    rows: list
+    returncode: int | None
+    output: str
+    wall_s: float
+
+
+def child_command(cases: list[Case], args, row_file: Path, timing_budget: float, check_only: bool) -> list[str]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps([asdict(c) for c in cases]),
+               "--row-json", str(row_file), "--timing-budget", str(timing_budget)]
+    if check_only:
+        command.append("--check-only")
+    if args.profile:
+        command += ["--profile", args.profile]
+    return command
+
+
+def spawn(cases: list[Case], args, timeout_s: float, *, timing_budget: float, check_only: bool = False,
+          wrapper: tuple = ()) -> ChildResult:
+    """Run ``cases`` in one child process (under ``wrapper``, e.g. compute-sanitizer), killed
+    with all it started after ``timeout_s``."""
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as directory:
-        row_file = Path(directory) / "row.json"
-        command = [sys.executable, str(Path(__file__).resolve()), "--child", case.label, "--row-json", str(row_file),
-                   "--timing-budget", str(args.timing_budget)]
-        if args.profile:
-            command += ["--profile", args.profile]
+        row_file = Path(directory) / "rows.json"
+        command = [*wrapper, *child_command(cases, args, row_file, timing_budget, check_only)]
         started = time.perf_counter()
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   errors="replace", cwd=ROOT, start_new_session=True)
+        _RUNNING.append(process)
         try:
-            finished = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
-        except subprocess.TimeoutExpired as expired:
-            row = Row(case.label, dict(case.sizes), status="TIMEOUT",
-                      error=f"no result within {timeout_s:.0f} s (child killed)")
-            tail = (expired.stderr or b"")[-400:] if isinstance(expired.stderr, bytes) else (expired.stderr or "")[-400:]
-            if tail:
-                row.notes.append("child stderr: " + " | ".join(str(tail).strip().splitlines()[-3:]))
-            row.wall_s = time.perf_counter() - started
-            return row
+            output, _ = process.communicate(timeout=max(timeout_s, 1.0))
+            returncode = process.returncode
+        except subprocess.TimeoutExpired:
+            kill_group(process)
+            output, _ = process.communicate()
+            returncode = None
+        except BaseException:
+            kill_group(process)
+            raise
+        finally:
+            _RUNNING.remove(process)
+        rows = []
         if row_file.exists():
-            return Row.from_json(json.loads(row_file.read_text()))
-        tail = (finished.stderr or finished.stdout or "").strip().splitlines()[-5:]
-        return Row(case.label, dict(case.sizes), status="ERROR",
-                   error=f"child exited with status {finished.returncode} and no result: " + " | ".join(tail),
-                   wall_s=time.perf_counter() - started)
+            try:
+                rows = [Row.from_json(r) for r in json.loads(row_file.read_text())["rows"]]
+            except (ValueError, KeyError, TypeError):
+                pass
+        return ChildResult(rows, returncode, output or "", time.perf_counter() - started)
+
+
+def run_child(case: Case, args, timeout_s: float, timing_budget: float | None = None, check_only: bool = False) -> Row:
+    """Run one case in a child process; a crash or a hang becomes the row's status."""
+    result = spawn([case], args, timeout_s, timing_budget=args.timing_budget if timing_budget is None else timing_budget,
+                   check_only=check_only)
+    if result.rows:
+        return result.rows[0]
+    tail = result.output.strip().splitlines()
+    if result.returncode is None:
+        row = Row(case.label, dict(case.sizes), status="TIMEOUT", error=f"no result within {timeout_s:.0f} s (child killed)")
+        if tail:
+            row.notes.append("child output: " + " | ".join(tail[-3:]))
+    else:
+        row = Row(case.label, dict(case.sizes), status="ERROR",
+                  error=f"child exited with status {result.returncode} and no result: " + " | ".join(tail[-5:]))
+    row.wall_s = result.wall_s
+    return row
+
+
+def run_cases(cases: list[Case], args, rows: list[Row], *, deadline_s: float, timing_budget: float,
+              check_only: bool = False, least_s: float = 20.0, name: str = "", reuse=None, on_row=None) -> None:
+    """One child per case, appending each row to ``rows`` as it comes; cases left when fewer
+    than ``least_s`` of ``deadline_s`` remain are SKIPPED. ``reuse(case)`` may return a row
+    measured before instead."""
+    started = time.perf_counter()
+    for index, case in enumerate(cases, 1):
+        label = f"{name}{case.label} " + " ".join(f"{k}={v}" for k, v in case.sizes.items())
+        reused = reuse(case) if reuse else None
+        if reused is not None:
+            rows.append(reused)
+        elif (remaining := deadline_s - (time.perf_counter() - started)) < least_s:
+            rows.append(Row(case.label, dict(case.sizes), status="SKIPPED", error=f"the {deadline_s:.0f} s deadline is near"))
+        else:
+            print(f"[{index}/{len(cases)}] {label} ...", file=sys.stderr, flush=True)
+            case_started = time.perf_counter()
+            row = run_child(case, args, min(args.case_timeout, remaining - 5), timing_budget, check_only)
+            row.wall_s = time.perf_counter() - case_started
+            rows.append(row)
+            print(f"[{index}/{len(cases)}] {label}: {row.status} in {row.wall_s or 0:.1f} s", file=sys.stderr, flush=True)
+        if on_row:
+            on_row()
 
 
 def header(rows: list[Row], dry_run: bool) -> str:
@@ -720,21 +965,32 @@ def header(rows: list[Row], dry_run: bool) -> str:
     baseline = next((r.torch_baseline.split("(torch ")[-1].rstrip(")") for r in rows if r.torch_baseline), None)
     if baseline:
         versions.append(f"torch {baseline}")
+    no_sass = next((r.sass for r in rows if r.sass and r.launches), None)
+    if no_sass and not any(r.instr_per_tensor for r in rows):
+        versions.append(f"instr/HMMA '-': {no_sass}")
     where = "dry run: compiled only, nothing launched" if dry_run else (first.device if first else "?")
     text = f"napkin gpu_check: {where}; arch {first.arch if first else '?'}; profile {first.profile if first else '?'}"
     return text + (f"; {', '.join(versions)}" if versions else "")
 
 
-def write_json(rows: list[Row], dry_run: bool, path: Path) -> None:
+def write_json(rows: list[Row], dry_run: bool, path: Path, columns: list = COLUMNS, extra: dict | None = None) -> None:
     data = {
         "dry_run": dry_run,
         "ok": not any(r.status in FAILING for r in rows),
         "header": header(rows, dry_run),
-        "columns": {header_: key for header_, key, _ in COLUMNS},
+        "columns": {header_: key for header_, key, _ in columns},
+        **(extra or {}),
         "rows": [r.to_json() for r in rows],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    write_text_atomically(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename, so a reader (or a kill) never sees half."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def selected_cases(names: str | None) -> list[Case]:
@@ -752,6 +1008,9 @@ def start_watchdog(seconds: float, on_expiry) -> None:
 
     def expire():
         try:
+            running = _RUNNING.copy()  # the main thread may be removing one
+            for process in running:
+                kill_group(process)
             on_expiry()
         finally:
             os._exit(3)
@@ -761,67 +1020,288 @@ def start_watchdog(seconds: float, on_expiry) -> None:
     timer.start()
 
 
+# ---- the sweep --------------------------------------------------------------------------------------
+
+
+def sweep_extra() -> dict:
+    return {"sweep": {"attention": {"d": 128, "b": 1, "h_times_sequence": SWEEP_HEAD_TOKENS,
+                                    "sequences": list(SWEEP_SEQUENCES)},
+                      "matmul_cubes": list(SWEEP_MATMUL)}}
+
+
+def sweep_header(rows: list[Row], dry_run: bool) -> str:
+    where = "dry run: compiled only, nothing launched" if dry_run else (next((r.device for r in rows if r.device), "?"))
+    return (f"napkin gpu_check sweep: {where}; attention d=128 b=1 h*sequence={SWEEP_HEAD_TOKENS}, "
+            f"matmul m=n=k; meas/pred = measured / predicted")
+
+
+def reuse_from(table: list[Row]):
+    """A function giving, for a sweep point equal to a case the table measured, that row."""
+    measured = {(r.kernel, tuple(sorted(r.sizes.items()))): r for r in table if r.status in ("pass", "FAIL")}
+
+    def reuse(case: Case) -> Row | None:
+        row = measured.get((case.label, tuple(sorted(case.sizes.items()))))
+        if row is None:
+            return None
+        copy = Row.from_json(row.to_json())
+        copy.notes = [*copy.notes, "measured in the table above"]
+        return copy
+
+    return reuse
+
+
+# ---- compute-sanitizer ------------------------------------------------------------------------------
+
+
+def find_sanitizer() -> str | None:
+    """compute-sanitizer: on PATH, else under /usr/local/cuda*/bin (newest first), else in the
+    nvidia-cuda-sanitizer-api wheel; None when there is none."""
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+
+    def version(path: Path) -> tuple:
+        return tuple(int(n) for n in re.findall(r"\d+", path.parent.parent.name))
+
+    candidates = [Path("/usr/local/cuda/bin/compute-sanitizer")]
+    candidates += sorted(Path("/usr/local").glob("cuda-*/bin/compute-sanitizer"), key=version, reverse=True)
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("nvidia")
+        roots = list(spec.submodule_search_locations or []) if spec else []
+    except (ImportError, ValueError):
+        roots = []
+    candidates += [Path(root) / relative for root in roots for relative in SANITIZER_WHEEL_BINARIES]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def sanitizer_verdict(tool: str, returncode: int | None, output: str, rows: list[Row], expected: int) -> tuple[str, str]:
+    """(pass | FAIL | TIMEOUT, one line saying why) for one compute-sanitizer run."""
+    found, problems = [], []
+    errors = re.findall(r"ERROR SUMMARY: (\d+) errors?", output)
+    if errors:
+        found.append(f"{errors[-1]} errors")
+        if int(errors[-1]):
+            problems.append(f"{errors[-1]} errors")
+    races = re.findall(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)", output)
+    if races:
+        hazards, race_errors, warnings = races[-1]
+        found.append(f"{hazards} hazards ({race_errors} errors, {warnings} warnings)")
+        if int(race_errors):
+            problems.append(f"{race_errors} race errors")
+    if returncode == SANITIZER_ERROR_EXIT and not problems:
+        problems.append(f"{tool} reported errors (exit status {returncode})")
+    elif returncode not in (None, 0, SANITIZER_ERROR_EXIT):
+        problems.append(f"exit status {returncode}")
+    if len(rows) < expected:
+        problems.append(f"{expected - len(rows)} of {expected} cases left no result")
+    bad = [f"{r.kernel} {r.status}" + (f" ({r.error.strip().splitlines()[0][:100]})" if r.error.strip() else "")
+           for r in rows if r.status != "pass"]
+    if bad:
+        problems.append("under the tool: " + ", ".join(bad))
+    cases = ", ".join(f"{r.kernel} {r.path_text or '?'} {r.status}" for r in rows)
+    summary = "; ".join(found or ["no summary line from the tool"]) + (f"; {cases}" if cases else "")
+    if returncode is None:
+        return "TIMEOUT", "killed at its timeout; " + summary
+    return ("FAIL" if problems else "pass"), (("; ".join(problems) + " | ") if problems else "") + summary
+
+
+def sanitizer_cases() -> list[Case]:
+    return [small_case(c) for c in CASES if c.label in SANITIZER_CASES]
+
+
+def describe_cases(cases: list[Case]) -> str:
+    return ", ".join(f"{c.label} " + " ".join(f"{k}={v}" for k, v in c.sizes.items()) for c in cases)
+
+
+def run_sanitizer(args, out: Path | None, deadline_s: float) -> list[dict]:
+    """memcheck, then racecheck, each on one child that runs the small cases (check only).
+    Prints a line per tool and the tail of its output; returns the results."""
+    cases = sanitizer_cases()
+    binary = find_sanitizer()
+    results = []
+    if binary is None:
+        print("napkin gpu_check sanitizer: compute-sanitizer not found (not on PATH, not under /usr/local/cuda*/bin, "
+              "no nvidia-cuda-sanitizer-api wheel): memcheck and racecheck NOT run; this fails nothing", flush=True)
+        if out:
+            write_text_atomically(out / "gpu_sanitizer.json", json.dumps(
+                {"sanitizer": None, "cases": [asdict(c) for c in cases], "results": []}, indent=2) + "\n")
+        return results
+    print(f"napkin gpu_check sanitizer: {binary} on {describe_cases(cases)} (every row checked, no timing)", flush=True)
+    started = time.perf_counter()
+    for index, tool in enumerate(SANITIZER_TOOLS):
+        remaining = deadline_s - (time.perf_counter() - started)
+        last = index == len(SANITIZER_TOOLS) - 1
+        if remaining < 10:
+            result = {"tool": tool, "status": "SKIPPED", "summary": f"the {deadline_s:.0f} s deadline is near",
+                      "returncode": None, "wall_s": 0.0, "rows": [], "tail": []}
+        else:
+            print(f"[sanitizer] {tool} ...", file=sys.stderr, flush=True)
+            wrapper = (binary, "--tool", tool, "--error-exitcode", str(SANITIZER_ERROR_EXIT))
+            child = spawn(cases, args, remaining if last else remaining / 2, timing_budget=0.0, check_only=True,
+                          wrapper=wrapper)
+            status, summary = sanitizer_verdict(tool, child.returncode, child.output, child.rows, len(cases))
+            tail = [line for line in child.output.rstrip().splitlines() if line.strip()][-8:]
+            result = {"tool": tool, "status": status, "summary": summary, "returncode": child.returncode,
+                      "wall_s": round(child.wall_s, 1), "rows": [r.to_json() for r in child.rows], "tail": tail}
+            if out:
+                out.mkdir(parents=True, exist_ok=True)
+                write_text_atomically(out / f"sanitizer_{tool}.log", child.output)
+        results.append(result)
+        print(f"{tool}: {result['status']}: {result['summary']} ({result['wall_s']:.1f} s)", flush=True)
+        for line in result["tail"]:
+            print(f"  | {line[:200]}", flush=True)
+        if out:
+            write_text_atomically(out / "gpu_sanitizer.json", json.dumps(
+                {"sanitizer": binary, "cases": [asdict(c) for c in cases], "results": results}, indent=2, default=str) + "\n")
+    return results
+
+
+def dry_run_sanitizer(args) -> None:
+    """What --sanitizer would run, and the small cases compiled (their paths)."""
+    binary = find_sanitizer()
+    rows = [dry_run_case(c, args.arch, args.profile or DEFAULT_PROFILE) for c in sanitizer_cases()]
+    where = binary or "compute-sanitizer not found (it would say so and fail nothing)"
+    print(f"napkin gpu_check sanitizer: dry run, nothing launched; {where}")
+    for row in rows:
+        print(f"{row.kernel} " + " ".join(f"{k}={v}" for k, v in row.sizes.items())
+              + f": {row.path_text or '?'}: {row.status}" + (f": {row.error}" if row.error else ""))
+    print(f"would run: {', '.join(SANITIZER_TOOLS)} on one child each (check only)")
+
+
+# ---- main ----------------------------------------------------------------------------------------------
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="compile everything, launch nothing (no GPU needed)")
     parser.add_argument("--arch", default=DEFAULT_ARCH, help="architecture for --dry-run (default sm_90)")
     parser.add_argument("--profile", help="napkin hardware profile (default: from the device name; H200 for --dry-run)")
     parser.add_argument("--cases", help=f"comma-separated subset of: {', '.join(c.label for c in CASES)}")
-    parser.add_argument("--deadline", type=float, default=DEADLINE_S, help="seconds for the whole run (default 285)")
+    parser.add_argument("--deadline", type=float, default=DEADLINE_S, help="seconds for the table (default 285)")
     parser.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds for one example (default 110)")
     parser.add_argument("--timing-budget", type=float, default=TIMING_BUDGET_S, help="GPU seconds to time one kernel (default 20)")
     parser.add_argument("--json", type=Path, help="also write the table as JSON here (default: $OUT/gpu_check.json when $OUT is set)")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--sweep", action="store_true",
+                        help="then time attention over sequence lengths and matmul over sizes, predicted vs measured")
+    parser.add_argument("--sweep-deadline", type=float, default=SWEEP_DEADLINE_S, help="seconds for the sweep (default 120)")
+    parser.add_argument("--sweep-timing-budget", type=float, default=SWEEP_TIMING_BUDGET_S,
+                        help="GPU seconds to time one sweep point (default 3)")
+    parser.add_argument("--sanitizer", action="store_true",
+                        help="then run compute-sanitizer memcheck and racecheck on attention and matmul at small sizes")
+    parser.add_argument("--sanitizer-deadline", type=float, default=SANITIZER_DEADLINE_S,
+                        help="seconds for both sanitizer tools (default 60)")
+    parser.add_argument("--small", action="store_true", help=argparse.SUPPRESS)  # small sizes, check only
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # JSON list of cases to run in this process
+    parser.add_argument("--check-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--row-json", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    if args.child:  # one case, in its own process; the parent reads the row file
-        case = selected_cases(args.child)[0]
-        row = gpu_case(case, args.profile, args.timing_budget)
-        args.row_json.write_text(json.dumps(row.to_json(), default=str))
+    if args.child:  # cases in this process; the parent reads the row file, rewritten after every case
+        rows = []
+        for data in json.loads(args.child):
+            rows.append(gpu_case(Case(**data), args.profile, args.timing_budget, check_only=args.check_only))
+            write_text_atomically(args.row_json, json.dumps({"rows": [r.to_json() for r in rows]}, default=str))
         return 0
 
     started = time.perf_counter()
     cases = selected_cases(args.cases)
-    json_path = args.json or (Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT") else None)
+    if args.small:
+        cases = [small_case(c) for c in cases]
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    json_path = args.json or (out / "gpu_check.json" if out else None)
+    sweep_path = out / "gpu_sweep.json" if out else None
     rows: list[Row] = []
+    sweep_rows: list[Row] = []
+    sanitized: list[dict] = []
 
     if args.dry_run:
         for case in cases:
             rows.append(dry_run_case(case, args.arch, args.profile or DEFAULT_PROFILE))
-    else:
-        from napkin_dsl.backends.driver import _probe, cuda_available
+        print(header(rows, True))
+        print(format_table(rows))
+        print(f"total {time.perf_counter() - started:.1f} s")
+        if json_path:
+            write_json(rows, True, json_path)
+        if args.sanitizer:
+            print()
+            dry_run_sanitizer(args)
+        if args.sweep:
+            sweep_started = time.perf_counter()
+            for case in sweep_cases():
+                sweep_rows.append(dry_run_case(case, args.arch, args.profile or DEFAULT_PROFILE))
+            print()
+            print(sweep_header(sweep_rows, True))
+            print(format_table(sweep_rows, SWEEP_COLUMNS))
+            print(f"sweep {time.perf_counter() - sweep_started:.1f} s")
+            if sweep_path:
+                write_json(sweep_rows, True, sweep_path, SWEEP_COLUMNS, sweep_extra())
+        return 1 if any(r.status in FAILING for r in rows + sweep_rows) else 0
 
-        if not cuda_available():
-            print(f"no CUDA GPU: {_probe()[1]}. Use --dry-run to compile without one.", file=sys.stderr)
-            return 2
+    from napkin_dsl.backends.driver import _probe, cuda_available
 
-        def report_partial():
-            print(f"gpu_check: the {args.deadline:.0f} s deadline passed; partial table:", file=sys.stderr)
+    if not cuda_available():
+        print(f"no CUDA GPU: {_probe()[1]}. Use --dry-run to compile without one.", file=sys.stderr)
+        return 2
+
+    phase = {"now": "table"}
+
+    def report_partial():
+        print(f"gpu_check: a deadline passed during the {phase['now']}; partial results:", file=sys.stderr)
+        if phase["now"] == "table":
             print(header(rows, False))
             print(format_table(rows))
             if json_path:
                 write_json(rows, False, json_path)
+        elif phase["now"] == "sweep":
+            print(sweep_header(sweep_rows, False))
+            print(format_table(sweep_rows, SWEEP_COLUMNS))
+            if sweep_path:
+                write_json(sweep_rows, False, sweep_path, SWEEP_COLUMNS, sweep_extra())
+        sys.stdout.flush()
 
-        start_watchdog(args.deadline + 10, report_partial)
-        for index, case in enumerate(cases, 1):
-            remaining = args.deadline - (time.perf_counter() - started)
-            if remaining < 20:
-                rows.append(Row(case.label, dict(case.sizes), status="SKIPPED", error=f"the {args.deadline:.0f} s deadline is near"))
-                continue
-            print(f"[{index}/{len(cases)}] {case.label} ...", file=sys.stderr, flush=True)
-            case_started = time.perf_counter()
-            row = run_child(case, args, min(args.case_timeout, remaining - 5))
-            row.wall_s = time.perf_counter() - case_started
-            rows.append(row)
-            print(f"[{index}/{len(cases)}] {case.label}: {row.status} in {row.wall_s or 0:.1f} s", file=sys.stderr, flush=True)
+    total_s = args.deadline + (args.sanitizer_deadline if args.sanitizer else 0) + (args.sweep_deadline if args.sweep else 0)
+    start_watchdog(total_s + 10, report_partial)
 
-    print(header(rows, args.dry_run))
+    def table_row_done():
+        if json_path:
+            write_json(rows, False, json_path)
+
+    run_cases(cases, args, rows, deadline_s=args.deadline, timing_budget=args.timing_budget, check_only=args.small,
+              on_row=table_row_done)
+    print(header(rows, False))
     print(format_table(rows))
-    print(f"total {time.perf_counter() - started:.1f} s")
+    print(f"total {time.perf_counter() - started:.1f} s", flush=True)
     if json_path:
-        write_json(rows, args.dry_run, json_path)
-    return 1 if any(r.status in FAILING for r in rows) else 0
+        write_json(rows, False, json_path)
+
+    if args.sanitizer:
+        phase["now"] = "sanitizer"
+        print()
+        sanitized = run_sanitizer(args, out, args.sanitizer_deadline)
+
+    if args.sweep:
+        phase["now"] = "sweep"
+        sweep_started = time.perf_counter()
+
+        def sweep_row_done():
+            if sweep_path:
+                write_json(sweep_rows, False, sweep_path, SWEEP_COLUMNS, sweep_extra())
+
+        run_cases(sweep_cases(), args, sweep_rows, deadline_s=args.sweep_deadline, timing_budget=args.sweep_timing_budget,
+                  least_s=15.0, name="sweep: ", reuse=None if args.small else reuse_from(rows), on_row=sweep_row_done)
+        print()
+        print(sweep_header(sweep_rows, False))
+        print(format_table(sweep_rows, SWEEP_COLUMNS))
+        print(f"sweep {time.perf_counter() - sweep_started:.1f} s; all {time.perf_counter() - started:.1f} s", flush=True)
+        sweep_row_done()
+
+    failed = any(r.status in FAILING for r in rows + sweep_rows) or any(s["status"] in ("FAIL", "TIMEOUT") for s in sanitized)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

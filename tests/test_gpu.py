@@ -1,25 +1,32 @@
 """scripts/gpu_check.py and the CUDA backend on a GPU.
 
-Without a GPU (CI): ``gpu_check.py --dry-run`` compiles every runnable example and prints its
-table; the reference check on sampled rows passes on correct outputs and catches a wrong one;
-and the per-example GPU flow (``gpu_case``: compile, ``cuda.run``, reference check, device
-buffers, event timing, the timed runs' output against ``run``'s) runs end to end with a stand-in
-device and stand-in driver events, the kernels' values coming from the NumPy backend. What that
-cannot show (the launches themselves, real events, torch) is what the ``gpu`` tests show.
+Without a GPU (CI): ``gpu_check.py --dry-run --sweep`` compiles every runnable example and
+every sweep point and prints both tables (the path, bound and instr/HMMA columns filled, attention
+and matmul on mma.sync); the sweep points and the sanitizer's small cases are valid cases (the
+small ones on the tensor-core path); the reference check on sampled rows passes on correct
+outputs and catches a wrong one; the per-example GPU flow (``gpu_case``: compile, ``cuda.run``,
+reference check, device buffers, event timing, the timed runs' output against ``run``'s, and
+its check-only form) runs end to end with a stand-in device and stand-in driver events, the
+kernels' values coming from the NumPy backend; the sanitizer's verdicts on the tools' summary
+lines, its plumbing with a stand-in compute-sanitizer, and its absence (said, not failed). What
+that cannot show (the launches themselves, real events, torch, the real sanitizer) is what the
+``gpu`` tests and the script on a GPU show.
 
 With a GPU (marked ``gpu``, skipped without one): examples through
 ``napkin_dsl.backends.cuda.run`` against the float64 reference, and ``gpu_case`` for real at
-small sizes.
+small sizes (timed, and check-only on the sanitizer's sizes).
 
 Not here: the timings' values (the script reports them; nothing asserts a speed).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import itertools
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -61,9 +68,25 @@ def small(case):
 # ---- without a GPU ----------------------------------------------------------------------------------
 
 
+def _has_nvdisasm() -> bool:
+    from napkin_dsl.backends import sass
+
+    try:
+        sass.find_nvdisasm()
+    except sass.NoDisassembler:
+        return False
+    return True
+
+
+def _column(header_line: str, line: str, name: str) -> str:
+    """The first word of a left-aligned column's cell."""
+    words = line[header_line.index(name):].split()
+    return words[0] if words else ""
+
+
 def test_dry_run_compiles_every_example_and_prints_one_table(tmp_path):
     environment = dict(os.environ, OUT=str(tmp_path))
-    finished = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True, text=True,
+    finished = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--sweep"], capture_output=True, text=True,
                               cwd=tmp_path, env=environment, timeout=300, check=False)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     lines = finished.stdout.splitlines()
@@ -72,6 +95,12 @@ def test_dry_run_compiles_every_example_and_prints_one_table(tmp_path):
     body = lines[3:3 + len(gpu_check.CASES)]
     assert [line.split()[0] for line in body] == [c.label for c in gpu_check.CASES]
     assert all(line.rstrip().endswith("compiled") for line in body)
+    by_label = dict(zip([c.label for c in gpu_check.CASES], body))
+    for label in ("attention", "matmul"):
+        assert _column(lines[1], by_label[label], "path") == "mma.sync", by_label[label]
+        assert _column(lines[1], by_label[label], "bound")
+    assert "b=4 h=32 q=8192 x=8192 d=128" in by_label["attention"]  # the headline sizes
+    assert "m=8192 k=8192 n=8192" in by_label["matmul"]
     data = json.loads((tmp_path / "gpu_check.json").read_text())
     assert data["dry_run"] is True and data["ok"] is True
     for row in data["rows"]:
@@ -79,6 +108,151 @@ def test_dry_run_compiles_every_example_and_prints_one_table(tmp_path):
         assert row["predicted_s"] > 0 and row["flops"] > 0 and row["launches"]
         assert row["measured_s"] is None and row["torch_s"] is None and row["max_error"] is None
         assert all(launch["spill_bytes"] == 0 for launch in row["launches"])
+        assert len(row["paths"]) == len(row["launches"]) and row["bound"]
+        assert all(p["path"] in ("mma.sync", "fma") and (p["path"] == "mma.sync") == (p["reason"] == "") for p in row["paths"])
+    rows = {row["kernel"]: row for row in data["rows"]}
+    assert [p["path"] for p in rows["attention"]["paths"]] == ["mma.sync"]
+    assert [p["path"] for p in rows["matmul"]["paths"]] == ["mma.sync"]
+    if _has_nvdisasm():  # static hot-loop instructions per HMMA: a number on the tensor-core path
+        assert rows["attention"]["instr_per_tensor"][0] > 1 and rows["attention"]["sass"] == ""
+    else:
+        assert rows["attention"]["instr_per_tensor"] == [] and "nvdisasm" in rows["attention"]["sass"]
+
+    # the sweep: its own header and table, one row per point, compiled, without timings
+    points = gpu_check.sweep_cases()
+    start = next(i for i, line in enumerate(lines) if line.startswith("napkin gpu_check sweep: dry run"))
+    assert lines[start + 1].split()[:2] == ["kernel", "sizes"] and "meas/pred" in lines[start + 1]
+    sweep_body = lines[start + 3:start + 3 + len(points)]
+    for case, line in zip(points, sweep_body, strict=True):
+        assert line.split()[0] == case.label and " ".join(f"{k}={v}" for k, v in case.sizes.items()) in line
+        assert _column(lines[start + 1], line, "path") == "mma.sync"
+        assert line.rstrip().endswith("compiled")
+        assert line[lines[start + 1].index("measured"):].split()[0] == "compiled"  # measured, meas/pred, torch: empty
+    sweep = json.loads((tmp_path / "gpu_sweep.json").read_text())
+    assert sweep["dry_run"] is True and len(sweep["rows"]) == len(points)
+    assert sweep["sweep"]["attention"]["sequences"] == [512, 1024, 2048, 4096, 8192, 16384]
+    for row in sweep["rows"]:
+        assert row["status"] == "compiled" and row["predicted_s"] > 0
+        assert row["measured_s"] is None and row["measured_over_predicted"] is None and row["torch_s"] is None
+
+
+def test_sweep_points():
+    points = gpu_check.sweep_cases()
+    attention = [c for c in points if c.label == "attention"]
+    assert [c.sizes["q"] for c in attention] == [512, 1024, 2048, 4096, 8192, 16384]
+    assert all(c.sizes["x"] == c.sizes["q"] and c.sizes["d"] == 128 and c.sizes["b"] == 1 for c in attention)
+    assert {c.sizes["h"] * c.sizes["q"] for c in attention} == {32 * 8192}  # constant data, work grows with q
+    assert [c.sizes for c in points if c.label == "matmul"] == [{"m": n, "k": n, "n": n} for n in (1024, 2048, 4096, 8192)]
+
+
+@pytest.mark.parametrize("label", gpu_check.SANITIZER_CASES)
+def test_the_sanitizers_small_cases_take_the_tensor_core_path_with_tails(label):
+    from napkin_dsl.isel import selection
+
+    case = next(c for c in gpu_check.sanitizer_cases() if c.label == label)
+    assert case.sizes == gpu_check.SMALL_SIZES[label]
+    assert all(case.sample[a] == case.sizes[a] for a in case.sample)  # every row checked
+    compiled = gpu_check.load_case(case).compile("sm_90", hardware="H200", **case.sizes)
+    assert [selection(compiled.program, k, "sm_90").path for k in compiled.program.launches] == ["mma.sync"]
+    row = gpu_check.dry_run_case(case, "sm_90", "H200")
+    assert row.status == "compiled" and row.path_text == "mma.sync"
+
+
+def test_a_sweep_point_the_table_measured_reuses_its_row():
+    matmul = next(c for c in gpu_check.sweep_cases() if c.label == "matmul" and c.sizes["m"] == 8192)
+    measured = gpu_check.Row("matmul", dict(matmul.sizes), status="pass", measured_s=0.003, predicted_s=0.002)
+    reuse = gpu_check.reuse_from([measured, gpu_check.Row("attention", {"b": 1}, status="ERROR")])
+    row = reuse(matmul)
+    assert row is not None and row is not measured and row.measured_s == 0.003 and row.over_predicted == pytest.approx(1.5)
+    assert any("table" in note for note in row.notes) and not measured.notes
+    assert reuse(replace(matmul, sizes={"m": 1024, "k": 1024, "n": 1024})) is None
+    assert gpu_check.reuse_from([replace(measured, status="ERROR")])(matmul) is None
+
+
+MEMCHECK_CLEAN = "========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n"
+MEMCHECK_DIRTY = ("========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 16 bytes\n"
+                  "=========     at napkin_attention_0+0x1a0\n========= ERROR SUMMARY: 3 errors\n")
+RACECHECK_WARNINGS = "========= RACECHECK SUMMARY: 2 hazards displayed (0 errors, 2 warnings)\n"
+RACECHECK_ERRORS = "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n"
+
+
+def _passed(label):
+    return gpu_check.Row(label, {}, status="pass", paths=[{"entry": "e", "path": "mma.sync", "reason": ""}])
+
+
+def test_sanitizer_verdicts():
+    verdict = gpu_check.sanitizer_verdict
+    two = [_passed("attention"), _passed("matmul")]
+    status, summary = verdict("memcheck", 0, MEMCHECK_CLEAN, two, 2)
+    assert status == "pass" and "0 errors" in summary and "attention mma.sync pass" in summary
+    status, summary = verdict("memcheck", gpu_check.SANITIZER_ERROR_EXIT, MEMCHECK_DIRTY, two, 2)
+    assert status == "FAIL" and "3 errors" in summary
+    assert verdict("racecheck", 0, RACECHECK_WARNINGS, two, 2)[0] == "pass"  # warnings are shown, not failed
+    assert "2 warnings" in verdict("racecheck", 0, RACECHECK_WARNINGS, two, 2)[1]
+    assert verdict("racecheck", gpu_check.SANITIZER_ERROR_EXIT, RACECHECK_ERRORS, two, 2)[0] == "FAIL"
+    assert verdict("memcheck", gpu_check.SANITIZER_ERROR_EXIT, "no summary", two, 2)[0] == "FAIL"
+    assert verdict("memcheck", None, "", two[:1], 2)[0] == "TIMEOUT"
+    status, summary = verdict("memcheck", 0, MEMCHECK_CLEAN, two[:1], 2)
+    assert status == "FAIL" and "1 of 2 cases left no result" in summary
+    wrong = replace(_passed("matmul"), status="FAIL", error="max error 0.5 over tolerance 0.01")
+    status, summary = verdict("memcheck", 0, MEMCHECK_CLEAN, [two[0], wrong], 2)
+    assert status == "FAIL" and "matmul FAIL (max error 0.5" in summary
+    assert verdict("memcheck", 1, MEMCHECK_CLEAN, two, 2)[0] == "FAIL"
+
+
+def _sanitizer_args():
+    return argparse.Namespace(profile=None, case_timeout=60.0)
+
+
+def test_without_compute_sanitizer_the_check_says_so_and_fails_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "find_sanitizer", lambda: None)
+    assert gpu_check.run_sanitizer(_sanitizer_args(), tmp_path, 60.0) == []
+    printed = capsys.readouterr().out
+    assert "compute-sanitizer not found" in printed and "NOT run" in printed
+    data = json.loads((tmp_path / "gpu_sanitizer.json").read_text())
+    assert data["sanitizer"] is None and data["results"] == []
+
+
+STAND_IN_SANITIZER = """#!/bin/sh
+# compute-sanitizer's stand-in: note the options, run the command after them, print a summary
+echo "$@" > "$0.args"
+tool=memcheck
+while [ "${1#--}" != "$1" ]; do
+    if [ "$1" = --tool ]; then tool=$2; fi
+    shift 2
+done
+echo "========= COMPUTE-SANITIZER"
+"$@"
+status=$?
+if [ "$tool" = racecheck ]; then
+    echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+else
+    echo "========= ERROR SUMMARY: 0 errors"
+fi
+exit $status
+"""
+
+
+def test_the_sanitizer_runs_the_small_cases_in_one_child_per_tool(tmp_path, monkeypatch, capsys):
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(STAND_IN_SANITIZER)
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(gpu_check, "find_sanitizer", lambda: str(tool))
+    results = gpu_check.run_sanitizer(_sanitizer_args(), tmp_path / "out", 60.0)
+    assert [r["tool"] for r in results] == ["memcheck", "racecheck"]
+    arguments = (tmp_path / "compute-sanitizer.args").read_text()  # the last run's: racecheck
+    assert arguments.startswith("--tool racecheck --error-exitcode") and "--child" in arguments and "--check-only" in arguments
+    for result in results:
+        assert [row["kernel"] for row in result["rows"]] == list(gpu_check.SANITIZER_CASES)
+        assert all(row["sizes"] == gpu_check.SMALL_SIZES[row["kernel"]] for row in result["rows"])
+        # Here the children find no GPU (their rows say so) and the verdict fails; on a GPU they pass.
+        assert result["status"] == ("pass" if driver.cuda_available() else "FAIL"), result["summary"]
+        assert (tmp_path / "out" / f"sanitizer_{result['tool']}.log").read_text().startswith("========= COMPUTE-SANITIZER")
+    printed = capsys.readouterr().out
+    assert f"sanitizer: {tool} on attention b=1 h=2 q=200 x=200 d=128, matmul m=200 k=104 n=200" in printed
+    assert "\nmemcheck: " in printed and "\nracecheck: " in printed and "  | ========= ERROR SUMMARY: 0 errors" in printed
+    data = json.loads((tmp_path / "out" / "gpu_sanitizer.json").read_text())
+    assert data["sanitizer"] == str(tool) and len(data["results"]) == 2
 
 
 def test_no_runnable_example_is_left_out():
@@ -99,7 +273,8 @@ def test_without_a_gpu_the_script_says_so_and_exits_2():
     assert "no CUDA GPU" in finished.stderr and "--dry-run" in finished.stderr
 
 
-@pytest.mark.parametrize("case", gpu_check.CASES, ids=lambda c: c.label)
+@pytest.mark.parametrize("case", gpu_check.CASES + gpu_check.sweep_cases() + gpu_check.sanitizer_cases(),
+                         ids=lambda c: c.label + "-" + "-".join(str(v) for v in c.sizes.values()))
 def test_sample_axes_are_woven_everywhere(case):
     gpu_check.check_sample_axes(gpu_check.load_case(case), case)
     indices = gpu_check.sample_indices(case)
@@ -235,11 +410,19 @@ def test_gpu_case_flow_with_a_stand_in_device(label, monkeypatch):
     assert row.profile == "H200" and row.arch == "sm_90"
     assert row.measured_s is not None and row.measured_s >= 0 and row.runs >= gpu_check.FEWEST_RUNS
     assert row.max_error <= row.tolerance and row.predicted_s > 0
-    assert len(row.launches) == len(compiled.launches)
+    assert len(row.launches) == len(compiled.launches) == len(row.paths) and row.bound
+    assert [p["entry"] for p in row.paths] == [k.entry for k in compiled.launches]
+    assert len(row.instr_per_tensor) == len(compiled.launches) or "nvdisasm" in row.sass
     table = gpu_check.format_table([row])
-    assert label in table and "pass" in table
+    assert label in table and "pass" in table and row.path_text in table
     again = gpu_check.Row.from_json(json.loads(json.dumps(row.to_json())))
     assert again.cells() == row.cells()
+
+    # Check only (--small, the sanitizer's child): the same check, nothing timed.
+    checked = gpu_check.gpu_case(case, None, timing_budget_s=0.5, check_only=True)
+    assert checked.status == "pass" and checked.max_error == row.max_error
+    assert checked.measured_s is None and checked.runs is None and checked.torch_s is None
+    assert checked.paths == row.paths
 
     # A timed run that writes nothing leaves the output buffer unwritten: the row fails.
     monkeypatch.setattr(_StandInDevice, "writes", {})
@@ -298,3 +481,12 @@ def test_gpu_case_on_the_gpu_at_small_sizes():
     row = gpu_check.gpu_case(case, None, timing_budget_s=1.0)
     assert row.status == "pass", (row.error, row.notes)
     assert row.measured_s > 0 and row.runs >= gpu_check.MIN_RUNS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not driver.cuda_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("case", gpu_check.sanitizer_cases(), ids=lambda c: c.label)
+def test_the_sanitizers_small_cases_on_the_gpu(case):
+    row = gpu_check.gpu_case(case, None, timing_budget_s=1.0, check_only=True)
+    assert row.status == "pass", (row.error, row.notes)
+    assert row.path_text == "mma.sync" and row.measured_s is None
