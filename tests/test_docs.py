@@ -96,3 +96,50 @@ def test_generated_reference_pages(site):
     api = (site / "api" / "index.html").read_text()
     for module in ("napkin_dsl.kernel", "napkin_dsl.cost", "napkin_dsl.tune", "napkin_dsl.reference"):
         assert f'id="{module}"' in api, f"API reference lacks {module}"
+
+
+def _table_rows(page_html: str) -> list[list[str]]:
+    """Every row of every table of a built page, as the visible text of its cells."""
+    rows = []
+    for row in re.findall(r"<tr>(.*?)</tr>", page_html, re.S):
+        rows.append([_text(cell).strip() for cell in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)])
+    return rows
+
+
+def test_tensor_core_page_follows_method_in_the_nav(site):
+    home = (site / "index.html").read_text()
+    nav = home[home.index("md-nav--primary"):]
+    links = [href for href in re.findall(r'<a href="([^"]+)" class="md-nav__link', nav) if not href.startswith("#")]
+    assert links[links.index("method/") + 1] == "tensor-cores/", links
+    assert (site / "tensor-cores" / "index.html").exists()
+
+
+def test_tensor_core_page_shows_the_swizzle_and_wavefronts_of_napkin_dsl_layouts(site):
+    from napkin_dsl.layouts import SwizzledTile
+
+    hook = _hook()
+    page = (site / "tensor-cores" / "index.html").read_text()
+    text = _text(page)
+    assert "Traceback" not in text
+    rows = _table_rows(page)
+    # The 64 x 128 bf16 tile: logical unit u of row r is stored at unit u XOR (r mod 8).
+    tile = SwizzledTile(*hook.TC_EXAMPLE_TILE, 2)
+    assert (tile.rows, tile.cols) == (64, 128)
+    for r in range(8):
+        physical = [tile.unit_offset(r, u) % tile.pitch // 16 for u in range(8)]
+        assert physical == [u ^ r for u in range(8)]
+        assert [str(r), str(tile.key(r))] + [str(p) for p in physical] in rows, f"swizzle row {r} missing"
+    # Wavefronts: one per ldmatrix phase with the swizzle; without it, the 8 rows of a phase
+    # (same column) fall into 128 / pitch bank groups below a 128-byte pitch and into one from
+    # there on: min(8, pitch / 16) wavefronts. A warp's 32 cp.async units are 512 bytes: 4.
+    for shape in hook.TC_TILES:
+        tile = SwizzledTile(*shape, 2)
+        want = [f"{shape[0]} x {shape[1]}", f"{tile.pitch} B", "1", str(min(8, tile.pitch // 16)), "4", "4"]
+        assert want in rows, f"wavefront row {want} missing"
+    # The generated listing, the cost report and SASS (or the note saying nvdisasm is missing).
+    assert "NK_CP_WAIT(" in text and "ldmatrix.x4.trans from V" in text
+    for example in hook.TC_EPILOGUE_EXAMPLES:
+        assert any(row and row[0].startswith(f"{example} at ") for row in rows), f"no epilogue row for {example}"
+    assert "$ napkin cost examples/attention.napkin --set b=4 h=32 q=8192 x=8192 d=128" in text
+    assert "registers  thread" in text
+    assert "SASS of matmul" in text or "nvdisasm was not installed" in text

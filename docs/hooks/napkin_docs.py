@@ -14,7 +14,9 @@ Pages are Markdown with a few fenced blocks that this hook replaces by real outp
 
 and HTML comments replaced by generated sections: ``<!-- napkin:grammar -->``,
 ``<!-- napkin:functions -->``, ``<!-- napkin:dtypes -->``, ``<!-- napkin:hardware -->``,
-``<!-- napkin:cli -->``, ``<!-- napkin:examples -->``.
+``<!-- napkin:cli -->``, ``<!-- napkin:examples -->``, and for the tensor-core page
+``<!-- napkin:tc-swizzle -->``, ``<!-- napkin:tc-wavefronts -->``, ``<!-- napkin:tc-pipeline -->``,
+``<!-- napkin:tc-epilogue -->``, ``<!-- napkin:tc-sass -->`` (a one-line note instead of SASS when nvdisasm is not installed).
 
 Commands run in a scratch directory per page that holds ``examples`` (a link to the
 repository's examples), so paths in their output read as they do from the repository root.
@@ -327,6 +329,11 @@ class Page:
             "hardware": hardware_section,
             "cli": cli_section,
             "examples": examples_section,
+            "tc-swizzle": tc_swizzle_section,
+            "tc-wavefronts": tc_wavefronts_section,
+            "tc-pipeline": tc_pipeline_section,
+            "tc-epilogue": tc_epilogue_section,
+            "tc-sass": tc_sass_section,
         }
         if what not in makers:
             self.complain(f"unknown generated section <!-- napkin:{what} -->")
@@ -529,6 +536,270 @@ def examples_section() -> str:
         lines.append(f"| [`{example.rel}`]({example.page.removeprefix('examples/')}) | {names} | {describe(example, first_line=True)} "
                      f"| {setup.hardware}{(' at ' + setup.label()) if setup.sizes else ''} |")
     return "\n".join(lines)
+
+
+# ---- the tensor-core page (tensor-cores.md) -----------------------------------------------------
+
+# bf16 operand tiles (rows x cols) with row pitches of 32, 64, 128, 256 and 512 bytes.
+TC_TILES = ((64, 16), (64, 32), (64, 64), (64, 128), (32, 256))
+TC_EXAMPLE_TILE = (64, 128)  # a K or V chunk of 64 keys at d = 128
+# The launch whose printed stream loop the page shows, and the SASS command it runs.
+TC_PIPELINE = ("examples/attention.napkin", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128})
+TC_SASS_COMMAND = "napkin cuda examples/matmul.napkin --set m=1024 n=1024 k=1024 --sass"
+
+
+def _unswizzled(tile):
+    """The same tile without the XOR: every row's key is 0."""
+    from napkin_dsl.layouts import SwizzledTile
+
+    class Unswizzled(SwizzledTile):
+        def key(self, row):
+            return 0
+
+    return Unswizzled(tile.rows, tile.cols, tile.element_bytes)
+
+
+def _key_text(tile) -> str:
+    if tile.bits == 0:
+        return "0"
+    row = "r" if tile.rows_per_line == 1 else f"floor(r / {tile.rows_per_line})"
+    return f"{row} mod {1 << tile.bits}"
+
+
+def _bank_groups(tile, rows=8) -> str:
+    """The bank group (which of the eight groups of four 4-byte banks) of logical unit 0 of rows 0..7."""
+    from napkin_dsl.layouts import LINE, UNIT
+
+    return " ".join(str(tile.unit_offset(r, 0) % LINE // UNIT) for r in range(rows))
+
+
+def tc_swizzle_section() -> str:
+    """How each supported row pitch is swizzled, and the permutation of one 64 x 128 bf16 tile."""
+    from napkin_dsl.layouts import SwizzledTile
+
+    out = ["| row pitch | example tile (bf16) | rows sharing a 128-byte line | key(r) | bank groups of unit 0, rows 0-7 "
+           "| ... without the swizzle |", "|---|---|---|---|---|---|"]
+    for rows, cols in TC_TILES:
+        tile = SwizzledTile(rows, cols, 2)
+        out.append(f"| {tile.pitch} B | {rows} x {cols} | {tile.rows_per_line} | `{_key_text(tile)}` "
+                   f"| {_bank_groups(tile)} | {_bank_groups(_unswizzled(tile))} |")
+    tile = SwizzledTile(*TC_EXAMPLE_TILE, 2)
+    out += ["", f"The {tile.rows} x {tile.cols} bf16 tile ({tile.pitch}-byte rows, {tile.units_per_row} units a row): "
+            "the physical 16-byte unit of logical units 0-7 of rows 0-7 (units 8-15 are permuted the same way "
+            "within the row's second 128 bytes).", "",
+            "| row | key | " + " | ".join(f"unit {u}" for u in range(8)) + " |", "|---" * 10 + "|"]
+    for r in range(8):
+        out.append(f"| {r} | {tile.key(r)} | " + " | ".join(str(tile.unit_offset(r, u) % tile.pitch // 16) for u in range(8)) + " |")
+    return "\n".join(out)
+
+
+def tc_ldmatrix_wavefronts(tile) -> int:
+    """The most wavefronts one 8-lane phase of any ldmatrix.x4 the printer issues on ``tile`` takes:
+    A and B operands, with and without .trans, at every fragment origin."""
+    from napkin_dsl.layouts import ldmatrix_source, wavefronts
+
+    worst = 0
+    for operand in "ab":
+        for trans in (False, True):
+            outer_extent, k_extent = (tile.cols, tile.rows) if trans else (tile.rows, tile.cols)
+            for outer in range(0, outer_extent - 15, 16):
+                for k in range(0, k_extent - 15, 16):
+                    for j in range(4):
+                        addresses = []
+                        for lane in range(8 * j, 8 * j + 8):
+                            row, col = ldmatrix_source(lane, operand, trans)
+                            row, col = (row + k, col + outer) if trans else (row + outer, col + k)
+                            addresses.append(tile.offset(row, col))
+                        worst = max(worst, wavefronts(addresses))
+    return worst
+
+
+def tc_cp_async_wavefronts(tile) -> int:
+    """The most wavefronts one warp's cp.async writes take: 32 consecutive 16-byte units of the
+    tile, in the order the printed copy loop hands them out."""
+    from napkin_dsl.layouts import wavefronts
+
+    units = tile.units_per_row
+    total = tile.rows * units
+    return max(wavefronts([tile.unit_offset(u // units, u % units) for u in range(first, min(first + 32, total))])
+               for first in range(0, total, 32))
+
+
+def tc_wavefronts_section() -> str:
+    from napkin_dsl.layouts import SwizzledTile
+
+    out = ["| tile (bf16) | row pitch | ldmatrix phase (8 rows of 16 B) | ... without the swizzle "
+           "| cp.async, one warp (32 x 16 B) | ... without the swizzle |", "|---|---|---|---|---|---|"]
+    for rows, cols in TC_TILES:
+        tile = SwizzledTile(rows, cols, 2)
+        plain = _unswizzled(tile)
+        out.append(f"| {rows} x {cols} | {tile.pitch} B | {tc_ldmatrix_wavefronts(tile)} | {tc_ldmatrix_wavefronts(plain)} "
+                   f"| {tc_cp_async_wavefronts(tile)} | {tc_cp_async_wavefronts(plain)} |")
+    return "\n".join(out)
+
+
+_TC_KEEP = re.compile(r"^(for \(int c_|if \(c_|NK_CP_COMMIT|NK_CP_WAIT|NK_SYNC|// )")
+_TC_PRIMITIVES = {  # macro -> what it is, for the abbreviated lines of the skeleton
+    "NK_CP16": "cp.async 16 B of {array} into its swizzled tile",
+    "NK_LDSM": "ldmatrix.x4 from {array}",
+    "NK_LDSM_T": "ldmatrix.x4.trans from {array}",
+    "NK_PACK_BF16": "two f32 accumulators -> one bf16x2 A register",
+    "NK_PACK_F16": "two f32 accumulators -> one f16x2 A register",
+    "NK_MMA_BF16": "mma.sync.m16n8k16, bf16 operands, f32 accumulators",
+    "NK_MMA_F16": "mma.sync.m16n8k16, f16 operands, f32 accumulators",
+    "NK_SHFL_XOR": "shuffle across the quad of lanes that holds a row",
+}
+
+
+def tc_stream_skeleton(source: str, smem_names: dict | None = None) -> list[str]:
+    """The printed stream loop with only its pipeline left: the chunk loop, commit, wait and
+    barriers, the step comments, and each primitive once per run (``smem_names``: shared-memory
+    offset -> array, to name what ldmatrix reads). A loop unrolled by its stages shows its first
+    stage in full and the others by their opening comment."""
+    lines = source.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"\s*// for \w+ in \d+ chunks", line))
+    out, stack, last, skipping = [], [], None, None
+    for line in lines[start:]:
+        text = line.strip()
+        opens, closes = text.endswith("{") or text.startswith("{"), text.startswith("}")
+        if skipping is not None:  # inside a later stage: only its end matters
+            skipping += opens - closes
+            if skipping == 0:
+                skipping = None
+            continue
+        if closes:
+            if not stack:
+                break
+            kept = stack.pop()
+            if kept:
+                out.append("    " * sum(stack) + "}")
+                if not stack:  # the chunk loop is closed
+                    break
+            continue
+        stage = re.match(r"\{\s*// stage (\d+)", text)
+        if stage and int(stage[1]) > 0:
+            out.append("    " * sum(stack) + f"{{ /* stage {stage[1]}: the same steps, on its own buffers */ }}")
+            skipping = 1
+            continue
+        keep = bool(_TC_KEEP.match(text)) or stage is not None
+        primitive = re.search(r"\b(NK_[A-Z0-9_]+)\(", text)
+        if primitive and primitive[1] in _TC_PRIMITIVES:
+            array = re.search(r"\bg_(\w+)", text)
+            offset = re.match(r"[\w\[\]]+, (\d+) ", text[primitive.end():])
+            name = array[1] if array else (smem_names or {}).get(int(offset[1]), "?") if offset else "?"
+            text = f"{primitive[1]}(...);  // {_TC_PRIMITIVES[primitive[1]].format(array=name)}"
+            keep = text != last
+            last = text
+        elif keep:
+            last = None
+        if keep:
+            out.append("    " * sum(stack) + text)
+        if opens:
+            stack.append(keep)
+    return out
+
+
+def _depth(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def tc_pipeline_summary(skeleton: list[str]) -> str:
+    """What the skeleton's commit groups and wait leave in flight while a chunk computes."""
+    try:
+        prefetch = next(i for i, s in enumerate(skeleton) if re.match(r"\s*if \(\(?c_", s))
+        wait = next(i for i in range(prefetch, len(skeleton)) if skeleton[i].strip().startswith("NK_CP_WAIT"))
+    except StopIteration:
+        return "This launch streams no operand through cp.async."
+    depth = _depth(skeleton[prefetch])  # the chunk's own level
+    after = sum(1 for s in skeleton[prefetch:wait] if s.strip().startswith("NK_CP_COMMIT"))
+    pending = int(re.search(r"NK_CP_WAIT\((\d+)\)", skeleton[wait])[1])
+    barriers = 0
+    for s in skeleton[prefetch:]:
+        if _depth(s) < depth:
+            break
+        barriers += _depth(s) == depth and s.strip().startswith("NK_SYNC")
+    if after <= pending:
+        verdict = "so the next chunk's copies are still in flight while this chunk computes"
+    else:
+        verdict = ("so `cp.async.wait_group` also waits for the next chunk's copies before this chunk computes: "
+                   "the second stage does not yet overlap copies with compute")
+    return (f"Per chunk, this kernel commits {after} `cp.async` group{'s' if after != 1 else ''} from the issue of the next "
+            f"chunk's copies to the wait, and waits until at most {pending} {'is' if pending == 1 else 'are'} pending, {verdict}. "
+            f"It passes {barriers} barrier{'s' if barriers != 1 else ''} per chunk.")
+
+
+def tc_pipeline_section() -> str:
+    import napkin_dsl as napkin
+    from napkin_dsl.backends import cuda
+    from napkin_dsl.isel import launch_tiles, selection, smem_layout
+
+    path, sizes = TC_PIPELINE
+    (kernel,) = napkin.load(ROOT / path).values()
+    program = kernel.gpu_program(None, **sizes)
+    source, _ = cuda.generate(program)
+    smem_names = {}
+    for launch in program.launches:
+        plan = selection(program, launch).plan
+        if plan is not None:
+            slots, _ = smem_layout(plan, launch_tiles(launch)[0], program.diagram)
+            smem_names.update({slot.offset: name for name, slot in slots.items()})
+    skeleton = tc_stream_skeleton(source, smem_names)
+    label = " ".join(f"{k}={v}" for k, v in sizes.items())
+    return "\n".join([_fenced("\n".join(skeleton), "c", title=f"the stream loop of {path} at {label}, pipeline and primitives only"), "",
+                      tc_pipeline_summary(skeleton)])
+
+
+TC_EPILOGUE_EXAMPLES = ("attention.napkin", "gqa.napkin", "matmul.napkin", "mlp.napkin")
+
+
+def tc_epilogue_section() -> str:
+    """How each tensor-core example's outputs leave the block, read off its printed CUDA."""
+    import napkin_dsl as napkin
+    from napkin_dsl.backends import cuda
+    from napkin_dsl.diagram import DTYPE_BYTES
+    from napkin_dsl.isel import launch_tiles, selection, smem_layout
+
+    out = ["| example | output | output tile | shared memory of the launch | epilogue |", "|---|---|---|---|---|"]
+    for rel in TC_EPILOGUE_EXAMPLES:
+        setup = SETUPS[rel]
+        (kernel,) = napkin.load(EXAMPLES / rel).values()
+        program = kernel.gpu_program(None, **setup.sizes)
+        source, _ = cuda.generate(program)
+        if "#define NK_ST16" not in source:
+            raise RuntimeError("the tensor-core prelude no longer defines NK_ST16: update tc_epilogue_section")
+        for launch in program.launches:
+            plan = selection(program, launch).plan
+            if plan is None:
+                raise RuntimeError(f"{rel} at {setup.label()} is no longer on the tensor-core path")
+            tile = launch_tiles(launch)[0]
+            arena = smem_layout(plan, tile, program.diagram)[1]
+            for name in launch.launch.outputs:
+                array = program.diagram.arrays[name]
+                col = plan.fragments[name].col
+                size = plan.row_tile * (tile[col] if col else 1) * DTYPE_BYTES[array.dtype]
+                staged = re.search(rf"NK_ST16\(g_{name}\b", source) is not None
+                how = ("staged in a swizzled shared tile, stored 16 bytes a thread" if staged
+                       else "stored straight from the fragments, two adjacent columns a thread per fragment row")
+                shape = f"{plan.row_tile} x {tile[col]}" if col else str(plan.row_tile)
+                out.append(f"| `{rel}` at {setup.label()} | {name} ({array.dtype}) | {shape}, {size / 1024:g} KiB "
+                           f"| {arena / 1024:g} KiB | {how} |")
+    return "\n".join(out)
+
+
+def tc_sass_section() -> str:
+    """``napkin cuda --sass`` on matmul, or a one-line note when nvdisasm is not installed."""
+    from napkin_dsl.backends import sass
+
+    try:
+        sass.find_nvdisasm()
+    except sass.NoDisassembler:
+        log.info("napkin docs: no nvdisasm; the tensor-core page shows a note instead of SASS")
+        return (f"*Not shown: `nvdisasm` was not installed when this site was built; run `{TC_SASS_COMMAND}` "
+                "after `pip install 'napkin-dsl[sass]'`.*")
+    outcome = run_napkin(shlex.split(TC_SASS_COMMAND)[1:], ROOT)
+    if not outcome.ok:
+        raise RuntimeError(f"{TC_SASS_COMMAND} failed:\n{outcome.text}")
+    return _fenced(f"$ {TC_SASS_COMMAND}\n{outcome.text.rstrip()}", "text")
 
 
 # ---- example pages ----------------------------------------------------------------------------
