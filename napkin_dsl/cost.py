@@ -117,15 +117,8 @@ def columns(program: Program, arch: str | None = None) -> list[dict]:
         plan, tile = tensor.get(launch.index, (None, None))
         slots = smem_layout(plan, tile, program.diagram)[0] if plan is not None else {}
         for index, (step, loops) in enumerate(sequence):
-            resident: dict[str, list] = {}
-            values: dict = {}
-            nbytes: dict = {}
-
-            def hold(level, buffer, count, size):
-                resident.setdefault(level, []).append(buffer)
-                values[level] = values.get(level, 0) + count
-                nbytes[level] = nbytes.get(level, 0) + count * size
-
+            column = _Column(schedule)
+            hold = column.hold
             for ref, (first, last) in spans.items():
                 level, name = ref
                 if level == schedule.levels[0] or not (first <= index <= last):
@@ -137,35 +130,47 @@ def columns(program: Program, arch: str | None = None) -> list[dict]:
                     continue
                 buffer = launch.buffers[ref]
                 if plan is not None and level == compute and name in plan.fragments:
-                    hold("registers", buffer, sympy.Integer(fragment_values(plan, name, tile)), 4)
+                    held = fragment_values(plan, name, tile)
+                    hold("registers", buffer, sympy.Integer(held), 4, f"{name} {held}/thread")
                     continue
                 hold(level, buffer, tile_values(schedule, level, buffer.axes), _bytes(buffer.dtype))
             for name, slot in slots.items():
                 buffer = launch.buffers[(compute, name)]
-                hold(compute, buffer, sympy.Integer(slot.bytes // _bytes(buffer.dtype)), _bytes(buffer.dtype))
-            values = {level: sympy.sympify(v) for level, v in values.items()}
-            nbytes = {level: sympy.sympify(v) for level, v in nbytes.items()}
+                text = f"{name}[{' '.join(_short(schedule.extent(a, compute)) for a in buffer.axes)}]" + (f" x{slot.stages}" if slot.stages > 1 else "")
+                hold(compute, buffer, sympy.Integer(slot.bytes // _bytes(buffer.dtype)), _bytes(buffer.dtype), text)
+            resident, shown = column.resident, column.shown
+            values = {level: sympy.sympify(v) for level, v in column.values.items()}
+            nbytes = {level: sympy.sympify(v) for level, v in column.nbytes.items()}
             rows.append({
                 "launch": launch.index,
                 "step": step,
                 "text": step.text,
                 "loops": " ".join(f"{lp.axis}/{lp.tile}" for lp in loops) or "-",
                 "buffers": resident,
-                "resident": {level: " + ".join(_resident_text(schedule, level, b, plan, slots) for b in bufs)
-                             for level, bufs in resident.items()},
+                "resident": {level: " + ".join(texts) for level, texts in shown.items()},
                 "M": values,
                 "M_bytes": nbytes,
             })
     return rows
 
 
-def _resident_text(schedule, level: str, buffer, plan, slots) -> str:
-    if level == "registers":
-        return f"{buffer.name}[{buffer.axes and ' '.join(buffer.axes)}/thread]"
-    text = f"{buffer.name}[{' '.join(_short(schedule.extent(a, level)) for a in buffer.axes)}]"
-    if buffer.name in slots and slots[buffer.name].stages > 1:
-        text += f" x{slots[buffer.name].stages}"
-    return text
+class _Column:
+    """What one column holds per level: buffers, their display, values and bytes."""
+
+    def __init__(self, schedule):
+        self.schedule = schedule
+        self.resident: dict[str, list] = {}
+        self.shown: dict[str, list] = {}
+        self.values: dict = {}
+        self.nbytes: dict = {}
+
+    def hold(self, level, buffer, count, size, text=None):
+        if text is None:
+            text = f"{buffer.name}[{' '.join(_short(self.schedule.extent(a, level)) for a in buffer.axes)}]"
+        self.resident.setdefault(level, []).append(buffer)
+        self.shown.setdefault(level, []).append(text)
+        self.values[level] = self.values.get(level, 0) + count
+        self.nbytes[level] = self.nbytes.get(level, 0) + count * size
 
 
 def register_transfers(program: Program, step: Step, loops, plan) -> sympy.Expr:

@@ -158,11 +158,10 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_rows: 
         raise _Refuse(f"warp tiles of {warp_rows} rows do not split the {row} tile of {tile[row]} into at most {MAX_WARPS} warps of whole fragments")
 
     stream = None
-    for node in launch.body:
-        for step, loops in walk([node]):
-            for lp in loops:
-                if lp.kind == "stream" and lp.level == level:
-                    stream = lp.axis
+    for _, loops in walk(launch.body):
+        for lp in loops:
+            if lp.kind == "stream" and lp.level == level:
+                stream = lp.axis
     loaded = {step.array for step, _ in walk(launch.body) if step.op == "load" and step.level == level}
 
     # Register fragments: everything computed at the compute level.
@@ -387,3 +386,33 @@ def live_fragment_values(plan: TensorPlan, launch: LaunchProgram, tile: dict) ->
             held += fragment_values(plan, name, tile)
         most = max(most, held)
     return most
+
+
+def describe(selection_: Selection, launch: LaunchProgram) -> list[str]:
+    """One line per statement of the launch: the instruction path it runs on, and why."""
+    plan = selection_.plan
+    if plan is None:
+        return [f"{s.target}: fma ({selection_.reason})" for s in launch.launch.statements]
+    lines = []
+    for s in launch.launch.statements:
+        mma = plan.mmas.get(s.target)
+        if mma is None:
+            lines.append(f"{s.target}: fma on {plan.row} x {plan.fragments[s.target].col or '1'} fragments in registers")
+            continue
+        a = f"{mma.a} from registers (packed to {mma.dtype})" if mma.a_in_registers else f"{mma.a} by ldmatrix{'.trans' if mma.a_trans else ''}"
+        lines.append(f"{s.target}: mma.sync.m16n8k16 {mma.dtype} -> f32, A = {a}, B = {mma.b} by ldmatrix{'.trans' if mma.b_trans else ''}")
+    return lines
+
+
+def plan_summary(plan: TensorPlan) -> str:
+    """The register level in one line: warp tiles, warps, pipeline stages."""
+    streamed = [name for name, op in plan.operands.items() if op.streamed]
+    pipeline = f"; cp.async {plan.stages} stages for {', '.join(streamed)}" if streamed else "; cp.async, 1 stage"
+    return f"registers: group {plan.row} {plan.warp_rows} ({plan.warps} warps of {plan.warp_rows} {plan.row} rows){pipeline}"
+
+
+def warp_line(plan: TensorPlan) -> str:
+    """The register level as a line of pseudocode: a parallel loop over the block's warps."""
+    held = ", ".join(plan.fragments)
+    return (f"parallel for warp in {plan.warps} warps of {plan.warp_rows} {plan.row} rows @registers:"
+            f"  # mma.sync m16n8k16; {held} in registers")

@@ -101,13 +101,15 @@ class Kernel:
 
     def pseudocode(self, format: str = "text", hardware: str | None = None, **sizes: int) -> str:
         """The paper's looped pseudocode as text (``format="text"``) or a Markdown table of columns."""
+        from .isel import selection, warp_line
         from .pseudocode import render_markdown, render_text
 
         program = self.program(hardware, **sizes)
         if format == "markdown":
             return render_markdown(program)
         if format == "text":
-            return render_text(program)
+            plans = {launch.index: selection(program, launch).plan for launch in program.launches}
+            return render_text(program, {index: warp_line(plan) for index, plan in plans.items() if plan is not None})
         raise NapkinError(f"unknown pseudocode format {format!r}", hint="use 'text' or 'markdown'")
 
     def cost(self, hardware: str | None = None, **sizes: int):

@@ -504,19 +504,22 @@ def _tile(schedule: Schedule, axes, level: str) -> str:
     return " ".join(f"{a}:{schedule.extent(a, level)}" for a in axes)
 
 
-def render_text(program: Program) -> str:
-    """The pseudocode as indented text, with the tile shape of every transfer and operation."""
+def render_text(program: Program, warps: dict | None = None) -> str:
+    """The pseudocode as indented text, with the tile shape of every transfer and operation.
+
+    ``warps`` maps a launch index to the line of its register level (``isel.warp_line``): the
+    compute-level body then runs inside that parallel loop over warps."""
     schedule = program.schedule
     lines = [f"kernel {program.diagram.name} on {schedule.hardware.name}: levels {' > '.join(schedule.levels)}"]
     for note in schedule.notes:
         lines.append(f"# note: {note}")
     for launch in program.launches:
         lines.append(f"launch {launch.index + 1} of {len(program.launches)}: {', '.join(s.target for s in launch.launch.statements)}")
-        _render_nodes(launch.body, launch.schedule, lines, 1)
+        _render_nodes(launch.body, launch.schedule, lines, 1, (warps or {}).get(launch.index))
     return "\n".join(lines) + "\n"
 
 
-def _render_nodes(nodes, schedule, lines, depth):
+def _render_nodes(nodes, schedule, lines, depth, warp_line=None):
     pad = "    " * depth
     for node in nodes:
         if isinstance(node, Loop):
@@ -524,7 +527,13 @@ def _render_nodes(nodes, schedule, lines, depth):
             derived = "  # derived: co-resident blocks share L2" if node.derived else ""
             plural = "" if node.trips == 1 else "s"
             lines.append(f"{pad}{kind} {node.axis} in {node.trips} {node.kind}{plural} of {node.tile} @{node.level}:{derived}")
-            _render_nodes(node.body, schedule, lines, depth + 1)
+            innermost = (warp_line is not None and node.kind == "group" and node.level == schedule.compute_level
+                         and not any(isinstance(n, Loop) and n.kind == "group" for n in node.body))
+            if innermost:
+                lines.append(f"{pad}    {warp_line}")
+                _render_nodes(node.body, schedule, lines, depth + 2)
+            else:
+                _render_nodes(node.body, schedule, lines, depth + 1, warp_line)
         else:
             lines.append(f"{pad}{node.text}    [{_tile(schedule, node.axes, node.level)}]")
 
@@ -535,7 +544,7 @@ def render_markdown(program: Program, columns=None) -> str:
 
     schedule = program.schedule
     rows = columns if columns is not None else compute_columns(program)
-    levels = [level for level in schedule.levels[1:]]
+    levels = list(schedule.levels[1:]) + (["registers"] if any("registers" in r["resident"] for r in rows) else [])
     out = [f"### {program.diagram.name} on {schedule.hardware.name}", ""]
     for note in schedule.notes:
         out.append(f"> note: {note}")

@@ -58,6 +58,8 @@ class CompiledKernel:
                 "registers": used.get("registers"),
                 "shared_bytes": used.get("shared_bytes", 0) + k.shared_bytes,
                 "spill_bytes": used.get("spill_bytes"),
+                "path": k.path,
+                "statements": list(k.paths),
             })
         return rows
 
@@ -226,8 +228,9 @@ def format_resources(compiled: CompiledKernel) -> str:
     for row in compiled.launch_table():
         lines.append(
             f"  {row['entry']}: grid {row['grid'][0]} x block {row['block'][0]}, {row['registers']} registers, "
-            f"{row['shared_bytes']:,} B shared (static + dynamic), {row['spill_bytes']} B spilled"
+            f"{row['shared_bytes']:,} B shared (static + dynamic), {row['spill_bytes']} B spilled, {row['path']}"
         )
+        lines.extend(f"    {line}" for line in row["statements"])
     return "\n".join(lines)
 
 

@@ -295,6 +295,8 @@ class KernelSource:
     shared_bytes: int
     arrays: list  # (name, dtype, role "in"/"out") in parameter order
     scalars: list
+    path: str = "fma"  # the instruction path isel chose: "mma.sync" or "fma"
+    paths: list = field(default_factory=list)  # per statement: what it runs on (isel.describe)
 
 
 @dataclass
@@ -944,8 +946,8 @@ def _overlaps(a: Slot, b: Slot) -> bool:
 # ---- entry point ---------------------------------------------------------------------------
 
 
-def header_comment(program: Program, report) -> str:
-    """The diagram, the relabelling and the cost table, as a comment block."""
+def header_comment(program: Program, report, kernels=()) -> str:
+    """The diagram, the relabelling, the instruction path of every statement and the cost table."""
     diagram = program.diagram
     lines = [f"napkin kernel {diagram.name} on {program.hardware.name}", "", "diagram:"]
     for s in diagram.statements:
@@ -956,6 +958,12 @@ def header_comment(program: Program, report) -> str:
         scope = f" for {', '.join(p.targets)}" if p.targets else ""
         lines.append(f"  {p.level}{scope}: {p.kind} {p.axis} {p.size}{'  (derived)' if p.derived else ''}")
     lines.append("")
+    if kernels:
+        lines.append("instruction paths:")
+        for k in kernels:
+            lines.append(f"  {k.entry}: {k.path}")
+            lines.extend(f"    {line}" for line in k.paths)
+        lines.append("")
     lines.extend(report.table().splitlines())
     body = "\n".join(" * " + line if line else " *" for line in lines)
     return "/*\n" + body.replace("*/", "* /") + "\n */\n"
@@ -968,7 +976,7 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
     the hardware profile's): the tensor-core printer (``tensorcore.py``) or the FMA printer here.
     """
     from ..cost import cost_of
-    from ..isel import selection
+    from ..isel import describe, plan_summary, selection
     from .tensorcore import PRELUDES, TensorPrinter
 
     report = report if report is not None else cost_of(program, arch=arch)
@@ -979,10 +987,14 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
         chosen = selection(program, launch, arch)
         if chosen.plan is not None:
             tensor = True
-            kernels.append(TensorPrinter(program, launch, dialect, chosen.plan).print(entry))
+            kernel = TensorPrinter(program, launch, dialect, chosen.plan).print(entry)
+            kernel.paths = [plan_summary(chosen.plan)] + describe(chosen, launch)
         else:
-            kernels.append(_Printer(program, launch, dialect, threads).print(entry))
-    parts = [header_comment(program, report), dialect.prelude + (PRELUDES[dialect.name] if tensor else ""),
+            kernel = _Printer(program, launch, dialect, threads).print(entry)
+            kernel.paths = describe(chosen, launch)
+        kernel.path = chosen.path
+        kernels.append(kernel)
+    parts = [header_comment(program, report, kernels), dialect.prelude + (PRELUDES[dialect.name] if tensor else ""),
              f"#define NK_THREADS {threads}"]
     for k in kernels:
         if dialect.name == "opencl":

@@ -15,6 +15,13 @@
  *   l2: group h 1  (derived)
  *   l2: group q 256  (derived)
  *
+ * instruction paths:
+ *   napkin_attention_0: mma.sync
+ *     registers: group q 16 (8 warps of 16 q rows); cp.async 2 stages for K, V
+ *     S: mma.sync.m16n8k16 bf16 -> f32, A = Q by ldmatrix, B = K by ldmatrix
+ *     P: fma on q x x fragments in registers
+ *     O: mma.sync.m16n8k16 bf16 -> f32, A = P from registers (packed to bf16), B = V by ldmatrix.trans
+ *
  * cost of attention on H100 with b=1 h=3 q=200 x=150 d=128
  *   level      per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N    FLOP/B  transfer time
  *   l2         device  268,800     537,600    89,600      179,200    52,428,800  3    87.0    0.16 us
@@ -81,6 +88,13 @@ __device__ __forceinline__ unsigned nk_pack_f16(float lo, float hi) {
 __device__ __forceinline__ void nk_cp16(unsigned dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
+// 2^x on the special-function unit; softmax arguments are <= 0, where its error is ~2 ulp.
+__device__ __forceinline__ float nk_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+#define NK_ST16(dst, off) (*reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(nk_smem + (off)))
 #define NK_LDSM(r, off) nk_ldsm_x4((r), nk_sbase + (off))
 #define NK_LDSM_T(r, off) nk_ldsm_x4_t((r), nk_sbase + (off))
 #define NK_MMA_BF16(c, a, b0, b1) nk_mma_bf16((c), (a), (b0), (b1))
@@ -112,6 +126,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     const int g_b = nk_block % 1; nk_block /= 1;
     const int o_b = g_b * 1;
     (void)nk_block; (void)nk_g; (void)nk_t; (void)nk_wrow;
+    const int nk_lb0 = ((((nk_lane & 7) + ((nk_lane >> 4) << 3))) * 256);  // K: this lane's ldmatrix row
+    const int nk_lx0 = (((((((nk_lane >> 3) & 1) << 3)) * 2) >> 4) ^ (((((nk_lane & 7) + ((nk_lane >> 4) << 3))) >> 0) & 7));  // ... and its swizzle key
+    const int nk_lb1 = ((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) * 256);  // Q: this lane's ldmatrix row
+    const int nk_lx1 = ((((((nk_lane >> 4) << 3)) * 2) >> 4) ^ (((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7));  // ... and its swizzle key
+    const int nk_lb2 = ((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) * 256);  // V: this lane's ldmatrix row
+    const int nk_lx2 = ((((((nk_lane >> 4) << 3)) * 2) >> 4) ^ (((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7));  // ... and its swizzle key
+    const int nk_cr_K = nk_tid / 16, nk_cc_K = (nk_tid % 16) * 8;  // K: this thread's copy
+    const int nk_cs_K = ((nk_cr_K) * 256 + (((((nk_cc_K) * 2) >> 4) ^ (((nk_cr_K) >> 0) & 7)) << 4) + (((nk_cc_K) * 2) & 15));
+    const int nk_cg_K = ((((o_b)) * 3 + (o_h)) * 150 + (nk_cr_K)) * 128 + (nk_cc_K);
+    const int nk_cr_Q = nk_tid / 16, nk_cc_Q = (nk_tid % 16) * 8;  // Q: this thread's copy
+    const int nk_cs_Q = ((nk_cr_Q) * 256 + (((((nk_cc_Q) * 2) >> 4) ^ (((nk_cr_Q) >> 0) & 7)) << 4) + (((nk_cc_Q) * 2) & 15));
+    const int nk_cg_Q = ((((o_b)) * 3 + (o_h)) * 200 + (o_q + nk_cr_Q)) * 128 + (nk_cc_Q);
+    const int nk_cr_V = nk_tid / 16, nk_cc_V = (nk_tid % 16) * 8;  // V: this thread's copy
+    const int nk_cs_V = ((nk_cr_V) * 256 + (((((nk_cc_V) * 2) >> 4) ^ (((nk_cr_V) >> 0) & 7)) << 4) + (((nk_cc_V) * 2) & 15));
+    const int nk_cg_V = ((((o_b)) * 3 + (o_h)) * 150 + (nk_cr_V)) * 128 + (nk_cc_V);
     float f_P_max[1][2];
     float f_P_sum[1][2];
     float f_O_acc[1][16][4];
@@ -122,9 +151,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     // load Q[b h q d] l2 -> smem
     NK_UNROLL
     for (int v = 0; v < 8; ++v) {
-        const int u = nk_tid + v * 256;
-        const int r = u / 16, c = (u % 16) * 8;
-        NK_CP16(32768 + ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)), g_Q + (((((o_b)) * 3 + (o_h)) * 200 + (o_q + r)) * 128 + (c)), (o_q + r < 200));
+        NK_CP16(32768 + nk_cs_Q + v * 4096, g_Q + nk_cg_Q + v * 2048, (o_q + nk_cr_Q + v * 16 < 200));
     }
     NK_CP_COMMIT();
     // P.max[b h q] = -inf; P.sum[b h q] = 0
@@ -160,170 +187,308 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     // for x in 3 chunks of 64, 2 stages: chunk c + 1 loads while chunk c computes
     NK_UNROLL
     for (int v = 0; v < 4; ++v) {
-        const int u = nk_tid + v * 256;
-        const int r = u / 16, c = (u % 16) * 8;
-        NK_CP16(0 + (0) * 16384 + ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)), g_K + (((((o_b)) * 3 + (o_h)) * 150 + (0 + r)) * 128 + (c)), (0 + r < 150));
+        NK_CP16(0 + (0) * 16384 + nk_cs_K + v * 4096, g_K + nk_cg_K + (0) * 128 + v * 2048, (0 + nk_cr_K + v * 16 < 150));
     }
-    NK_CP_COMMIT();
     NK_UNROLL
     for (int v = 0; v < 4; ++v) {
-        const int u = nk_tid + v * 256;
-        const int r = u / 16, c = (u % 16) * 8;
-        NK_CP16(65536 + (0) * 16384 + ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)), g_V + (((((o_b)) * 3 + (o_h)) * 150 + (0 + r)) * 128 + (c)), (0 + r < 150));
+        NK_CP16(65536 + (0) * 16384 + nk_cs_V + v * 4096, g_V + nk_cg_V + (0) * 128 + v * 2048, (0 + nk_cr_V + v * 16 < 150));
     }
     NK_CP_COMMIT();
-    for (int c_x = 0; c_x < 3; ++c_x) {
-        const int o_x = c_x * 64;
-        if (c_x + 1 < 3) {
-            NK_UNROLL
-            for (int v = 0; v < 4; ++v) {
-                const int u = nk_tid + v * 256;
-                const int r = u / 16, c = (u % 16) * 8;
-                NK_CP16(0 + ((c_x + 1) % 2) * 16384 + ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)), g_K + (((((o_b)) * 3 + (o_h)) * 150 + ((o_x + 64) + r)) * 128 + (c)), ((o_x + 64) + r < 150));
-            }
-            NK_CP_COMMIT();
-            NK_UNROLL
-            for (int v = 0; v < 4; ++v) {
-                const int u = nk_tid + v * 256;
-                const int r = u / 16, c = (u % 16) * 8;
-                NK_CP16(65536 + ((c_x + 1) % 2) * 16384 + ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)), g_V + (((((o_b)) * 3 + (o_h)) * 150 + ((o_x + 64) + r)) * 128 + (c)), ((o_x + 64) + r < 150));
-            }
-            NK_CP_COMMIT();
-        }
-        NK_CP_COMMIT();  // an empty group on the last chunk keeps the count
-        NK_CP_WAIT(1);
-        NK_SYNC();
-        const int n_x = min(64, 150 - o_x);
-        // S[b h q x] = Q[b h q d] * K[b h x d]
-        {
-            NK_UNROLL
-            for (int mt = 0; mt < 1; ++mt) {
+    for (int c_x = 0; c_x < 3; c_x += 2) {
+        {  // stage 0
+            const int o_x = c_x * 64;
+            if (c_x + 1 < 3) {
                 NK_UNROLL
-                for (int nt = 0; nt < 8; ++nt) {
-                    NK_UNROLL
-                    for (int i = 0; i < 4; ++i) {
-                        f_S[mt][nt][i] = 0.0f;
-                    }
+                for (int v = 0; v < 4; ++v) {
+                    NK_CP16(0 + (1) * 16384 + nk_cs_K + v * 4096, g_K + nk_cg_K + ((o_x + 64)) * 128 + v * 2048, ((o_x + 64) + nk_cr_K + v * 16 < 150));
+                }
+                NK_UNROLL
+                for (int v = 0; v < 4; ++v) {
+                    NK_CP16(65536 + (1) * 16384 + nk_cs_V + v * 4096, g_V + nk_cg_V + ((o_x + 64)) * 128 + v * 2048, ((o_x + 64) + nk_cr_V + v * 16 < 150));
                 }
             }
-            NK_UNROLL
-            for (int kk = 0; kk < 8; ++kk) {
-                unsigned a[1][4];
+            NK_CP_COMMIT();  // one group per chunk, empty on the last: wait_group counts them
+            NK_CP_WAIT(1);
+            NK_SYNC();
+            const int n_x = min(64, 150 - o_x);
+            // S[b h q x] = Q[b h q d] * K[b h x d]
+            {
                 NK_UNROLL
                 for (int mt = 0; mt < 1; ++mt) {
-                    NK_LDSM(a[mt], 32768 + (((nk_wrow + mt * 16) + ((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) * 256 + ((((((kk * 16) + ((nk_lane >> 4) << 3)) * 2) >> 4) ^ ((((nk_wrow + mt * 16) + ((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7)) << 4) + ((((kk * 16) + ((nk_lane >> 4) << 3)) * 2) & 15)));
-                }
-                NK_UNROLL
-                for (int np = 0; np < 4; ++np) {
-                    unsigned b[4];
-                    NK_LDSM(b, 0 + (c_x % 2) * 16384 + (((np * 16) + ((nk_lane & 7) + ((nk_lane >> 4) << 3))) * 256 + ((((((kk * 16) + (((nk_lane >> 3) & 1) << 3)) * 2) >> 4) ^ ((((np * 16) + ((nk_lane & 7) + ((nk_lane >> 4) << 3))) >> 0) & 7)) << 4) + ((((kk * 16) + (((nk_lane >> 3) & 1) << 3)) * 2) & 15)));
-                    NK_UNROLL
-                    for (int mt = 0; mt < 1; ++mt) {
-                        NK_MMA_BF16(f_S[mt][2 * np], a[mt], b[0], b[1]);
-                        NK_MMA_BF16(f_S[mt][2 * np + 1], a[mt], b[2], b[3]);
-                    }
-                }
-            }
-        }
-        // S *= 1/sqrt(d)
-        {
-            NK_UNROLL
-            for (int mt = 0; mt < 1; ++mt) {
-                NK_UNROLL
-                for (int nt = 0; nt < 8; ++nt) {
-                    NK_UNROLL
-                    for (int i = 0; i < 4; ++i) {
-                        f_S[mt][nt][i] *= 0.08838834764831845f;
-                    }
-                }
-            }
-        }
-        // m' = max(P.max, max[x](S[b h q x])); P.scale[b h q] = exp(P.max - m'); P.max = m'
-        {
-            NK_UNROLL
-            for (int mt = 0; mt < 1; ++mt) {
-                NK_UNROLL
-                for (int h = 0; h < 2; ++h) {
-                    float chunk = -NK_INF;
                     NK_UNROLL
                     for (int nt = 0; nt < 8; ++nt) {
                         NK_UNROLL
-                        for (int e = 0; e < 2; ++e) {
-                            const int i = 2 * h + e;
-                            chunk = fmaxf(chunk, (((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? f_S[mt][nt][i] : -NK_INF));
+                        for (int i = 0; i < 4; ++i) {
+                            f_S[mt][nt][i] = 0.0f;
                         }
                     }
-                    chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 1));
-                    chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 2));
-                    const float old = f_P_max[mt][h];
-                    const float fresh = fmaxf(old, chunk);
-                    f_P_scale[mt][h] = (old == -NK_INF) ? 0.0f : expf(old - fresh);
-                    f_P_max[mt][h] = fresh;
+                }
+                NK_UNROLL
+                for (int kk = 0; kk < 8; ++kk) {
+                    unsigned a[1][4];
+                    NK_UNROLL
+                    for (int mt = 0; mt < 1; ++mt) {
+                        NK_LDSM(a[mt], 32768 + (((nk_wrow + mt * 16)) * 256 + nk_lb1 + (((((((kk * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((kk * 16)) * 2) >> 4)) & 7) ^ nk_lx1) << 4)));
+                    }
+                    NK_UNROLL
+                    for (int np = 0; np < 4; ++np) {
+                        unsigned b[4];
+                        NK_LDSM(b, 0 + (0) * 16384 + (((np * 16)) * 256 + nk_lb0 + (((((((kk * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((kk * 16)) * 2) >> 4)) & 7) ^ nk_lx0) << 4)));
+                        NK_UNROLL
+                        for (int mt = 0; mt < 1; ++mt) {
+                            NK_MMA_BF16(f_S[mt][2 * np], a[mt], b[0], b[1]);
+                            NK_MMA_BF16(f_S[mt][2 * np + 1], a[mt], b[2], b[3]);
+                        }
+                    }
                 }
             }
-        }
-        // P[b h q x] = exp(S[b h q x] - P.max); P.sum = P.sum * P.scale + sum[x](P)
-        {
-            NK_UNROLL
-            for (int mt = 0; mt < 1; ++mt) {
+            // S *= 1/sqrt(d)
+            {
                 NK_UNROLL
-                for (int h = 0; h < 2; ++h) {
-                    const float top = f_P_max[mt][h];
-                    float part = 0.0f;
+                for (int mt = 0; mt < 1; ++mt) {
                     NK_UNROLL
                     for (int nt = 0; nt < 8; ++nt) {
                         NK_UNROLL
-                        for (int e = 0; e < 2; ++e) {
-                            const int i = 2 * h + e;
-                            const float p = ((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? expf(f_S[mt][nt][i] - top) : 0.0f;
-                            f_P[mt][nt][i] = p;
-                            part += p;
+                        for (int i = 0; i < 4; ++i) {
+                            f_S[mt][nt][i] *= 0.08838834764831845f;
                         }
                     }
-                    part += NK_SHFL_XOR(part, 1);
-                    part += NK_SHFL_XOR(part, 2);
-                    f_P_sum[mt][h] = f_P_sum[mt][h] * f_P_scale[mt][h] + part;
                 }
             }
-        }
-        // O.acc *= P.scale
-        {
-            NK_UNROLL
-            for (int mt = 0; mt < 1; ++mt) {
-                NK_UNROLL
-                for (int nt = 0; nt < 16; ++nt) {
-                    NK_UNROLL
-                    for (int i = 0; i < 4; ++i) {
-                        f_O_acc[mt][nt][i] *= f_P_scale[mt][i >> 1];
-                    }
-                }
-            }
-        }
-        // O.acc += P[b h q x] * V[b h x d]
-        {
-            NK_UNROLL
-            for (int kk = 0; kk < 4; ++kk) {
-                unsigned a[1][4];
+            // m' = max(P.max, max[x](S[b h q x])); P.scale[b h q] = exp(P.max - m'); P.max = m'
+            {
                 NK_UNROLL
                 for (int mt = 0; mt < 1; ++mt) {
-                    a[mt][0] = NK_PACK_BF16(f_P[mt][2 * kk][0], f_P[mt][2 * kk][1]);
-                    a[mt][1] = NK_PACK_BF16(f_P[mt][2 * kk][2], f_P[mt][2 * kk][3]);
-                    a[mt][2] = NK_PACK_BF16(f_P[mt][2 * kk + 1][0], f_P[mt][2 * kk + 1][1]);
-                    a[mt][3] = NK_PACK_BF16(f_P[mt][2 * kk + 1][2], f_P[mt][2 * kk + 1][3]);
-                }
-                NK_UNROLL
-                for (int np = 0; np < 8; ++np) {
-                    unsigned b[4];
-                    NK_LDSM_T(b, 65536 + (c_x % 2) * 16384 + (((kk * 16) + ((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) * 256 + ((((((np * 16) + ((nk_lane >> 4) << 3)) * 2) >> 4) ^ ((((kk * 16) + ((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7)) << 4) + ((((np * 16) + ((nk_lane >> 4) << 3)) * 2) & 15)));
                     NK_UNROLL
-                    for (int mt = 0; mt < 1; ++mt) {
-                        NK_MMA_BF16(f_O_acc[mt][2 * np], a[mt], b[0], b[1]);
-                        NK_MMA_BF16(f_O_acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    for (int h = 0; h < 2; ++h) {
+                        float chunk = -NK_INF;
+                        NK_UNROLL
+                        for (int nt = 0; nt < 8; ++nt) {
+                            NK_UNROLL
+                            for (int e = 0; e < 2; ++e) {
+                                const int i = 2 * h + e;
+                                chunk = fmaxf(chunk, (((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? f_S[mt][nt][i] : -NK_INF));
+                            }
+                        }
+                        chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 1));
+                        chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 2));
+                        const float old = f_P_max[mt][h];
+                        const float fresh = fmaxf(old, chunk);
+                        f_P_scale[mt][h] = (old == -NK_INF) ? 0.0f : expf(old - fresh);
+                        f_P_max[mt][h] = fresh;
                     }
                 }
             }
+            // P[b h q x] = exp(S[b h q x] - P.max); P.sum = P.sum * P.scale + sum[x](P)
+            {
+                NK_UNROLL
+                for (int mt = 0; mt < 1; ++mt) {
+                    NK_UNROLL
+                    for (int h = 0; h < 2; ++h) {
+                        const float top = f_P_max[mt][h] * 1.4426950408889634f;  // exp(v - max) = 2^(v log2 e - max log2 e)
+                        float part = 0.0f;
+                        NK_UNROLL
+                        for (int nt = 0; nt < 8; ++nt) {
+                            NK_UNROLL
+                            for (int e = 0; e < 2; ++e) {
+                                const int i = 2 * h + e;
+                                const float p = ((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? nk_exp2(f_S[mt][nt][i] * 1.4426950408889634f - top) : 0.0f;
+                                f_P[mt][nt][i] = p;
+                                part += p;
+                            }
+                        }
+                        part += NK_SHFL_XOR(part, 1);
+                        part += NK_SHFL_XOR(part, 2);
+                        f_P_sum[mt][h] = f_P_sum[mt][h] * f_P_scale[mt][h] + part;
+                    }
+                }
+            }
+            // O.acc *= P.scale
+            {
+                NK_UNROLL
+                for (int mt = 0; mt < 1; ++mt) {
+                    NK_UNROLL
+                    for (int nt = 0; nt < 16; ++nt) {
+                        NK_UNROLL
+                        for (int i = 0; i < 4; ++i) {
+                            f_O_acc[mt][nt][i] *= f_P_scale[mt][i >> 1];
+                        }
+                    }
+                }
+            }
+            // O.acc += P[b h q x] * V[b h x d]
+            {
+                NK_UNROLL
+                for (int kk = 0; kk < 4; ++kk) {
+                    unsigned a[1][4];
+                    NK_UNROLL
+                    for (int mt = 0; mt < 1; ++mt) {
+                        a[mt][0] = NK_PACK_BF16(f_P[mt][2 * kk][0], f_P[mt][2 * kk][1]);
+                        a[mt][1] = NK_PACK_BF16(f_P[mt][2 * kk][2], f_P[mt][2 * kk][3]);
+                        a[mt][2] = NK_PACK_BF16(f_P[mt][2 * kk + 1][0], f_P[mt][2 * kk + 1][1]);
+                        a[mt][3] = NK_PACK_BF16(f_P[mt][2 * kk + 1][2], f_P[mt][2 * kk + 1][3]);
+                    }
+                    NK_UNROLL
+                    for (int np = 0; np < 8; ++np) {
+                        unsigned b[4];
+                        NK_LDSM_T(b, 65536 + (0) * 16384 + (((kk * 16)) * 256 + nk_lb2 + (((((((np * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((np * 16)) * 2) >> 4)) & 7) ^ nk_lx2) << 4)));
+                        NK_UNROLL
+                        for (int mt = 0; mt < 1; ++mt) {
+                            NK_MMA_BF16(f_O_acc[mt][2 * np], a[mt], b[0], b[1]);
+                            NK_MMA_BF16(f_O_acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                        }
+                    }
+                }
+            }
+            NK_SYNC();  // every warp is done with this stage before it is refilled
         }
-        NK_SYNC();  // every warp is done with this stage before it is refilled
+        if (c_x + 1 < 3) {  // stage 1
+            const int o_x = (c_x + 1) * 64;
+            if ((c_x + 1) + 1 < 3) {
+                NK_UNROLL
+                for (int v = 0; v < 4; ++v) {
+                    NK_CP16(0 + (0) * 16384 + nk_cs_K + v * 4096, g_K + nk_cg_K + ((o_x + 64)) * 128 + v * 2048, ((o_x + 64) + nk_cr_K + v * 16 < 150));
+                }
+                NK_UNROLL
+                for (int v = 0; v < 4; ++v) {
+                    NK_CP16(65536 + (0) * 16384 + nk_cs_V + v * 4096, g_V + nk_cg_V + ((o_x + 64)) * 128 + v * 2048, ((o_x + 64) + nk_cr_V + v * 16 < 150));
+                }
+            }
+            NK_CP_COMMIT();  // one group per chunk, empty on the last: wait_group counts them
+            NK_CP_WAIT(1);
+            NK_SYNC();
+            const int n_x = min(64, 150 - o_x);
+            // S[b h q x] = Q[b h q d] * K[b h x d]
+            {
+                NK_UNROLL
+                for (int mt = 0; mt < 1; ++mt) {
+                    NK_UNROLL
+                    for (int nt = 0; nt < 8; ++nt) {
+                        NK_UNROLL
+                        for (int i = 0; i < 4; ++i) {
+                            f_S[mt][nt][i] = 0.0f;
+                        }
+                    }
+                }
+                NK_UNROLL
+                for (int kk = 0; kk < 8; ++kk) {
+                    unsigned a[1][4];
+                    NK_UNROLL
+                    for (int mt = 0; mt < 1; ++mt) {
+                        NK_LDSM(a[mt], 32768 + (((nk_wrow + mt * 16)) * 256 + nk_lb1 + (((((((kk * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((kk * 16)) * 2) >> 4)) & 7) ^ nk_lx1) << 4)));
+                    }
+                    NK_UNROLL
+                    for (int np = 0; np < 4; ++np) {
+                        unsigned b[4];
+                        NK_LDSM(b, 0 + (1) * 16384 + (((np * 16)) * 256 + nk_lb0 + (((((((kk * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((kk * 16)) * 2) >> 4)) & 7) ^ nk_lx0) << 4)));
+                        NK_UNROLL
+                        for (int mt = 0; mt < 1; ++mt) {
+                            NK_MMA_BF16(f_S[mt][2 * np], a[mt], b[0], b[1]);
+                            NK_MMA_BF16(f_S[mt][2 * np + 1], a[mt], b[2], b[3]);
+                        }
+                    }
+                }
+            }
+            // S *= 1/sqrt(d)
+            {
+                NK_UNROLL
+                for (int mt = 0; mt < 1; ++mt) {
+                    NK_UNROLL
+                    for (int nt = 0; nt < 8; ++nt) {
+                        NK_UNROLL
+                        for (int i = 0; i < 4; ++i) {
+                            f_S[mt][nt][i] *= 0.08838834764831845f;
+                        }
+                    }
+                }
+            }
+            // m' = max(P.max, max[x](S[b h q x])); P.scale[b h q] = exp(P.max - m'); P.max = m'
+            {
+                NK_UNROLL
+                for (int mt = 0; mt < 1; ++mt) {
+                    NK_UNROLL
+                    for (int h = 0; h < 2; ++h) {
+                        float chunk = -NK_INF;
+                        NK_UNROLL
+                        for (int nt = 0; nt < 8; ++nt) {
+                            NK_UNROLL
+                            for (int e = 0; e < 2; ++e) {
+                                const int i = 2 * h + e;
+                                chunk = fmaxf(chunk, (((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? f_S[mt][nt][i] : -NK_INF));
+                            }
+                        }
+                        chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 1));
+                        chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 2));
+                        const float old = f_P_max[mt][h];
+                        const float fresh = fmaxf(old, chunk);
+                        f_P_scale[mt][h] = (old == -NK_INF) ? 0.0f : expf(old - fresh);
+                        f_P_max[mt][h] = fresh;
+                    }
+                }
+            }
+            // P[b h q x] = exp(S[b h q x] - P.max); P.sum = P.sum * P.scale + sum[x](P)
+            {
+                NK_UNROLL
+                for (int mt = 0; mt < 1; ++mt) {
+                    NK_UNROLL
+                    for (int h = 0; h < 2; ++h) {
+                        const float top = f_P_max[mt][h] * 1.4426950408889634f;  // exp(v - max) = 2^(v log2 e - max log2 e)
+                        float part = 0.0f;
+                        NK_UNROLL
+                        for (int nt = 0; nt < 8; ++nt) {
+                            NK_UNROLL
+                            for (int e = 0; e < 2; ++e) {
+                                const int i = 2 * h + e;
+                                const float p = ((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? nk_exp2(f_S[mt][nt][i] * 1.4426950408889634f - top) : 0.0f;
+                                f_P[mt][nt][i] = p;
+                                part += p;
+                            }
+                        }
+                        part += NK_SHFL_XOR(part, 1);
+                        part += NK_SHFL_XOR(part, 2);
+                        f_P_sum[mt][h] = f_P_sum[mt][h] * f_P_scale[mt][h] + part;
+                    }
+                }
+            }
+            // O.acc *= P.scale
+            {
+                NK_UNROLL
+                for (int mt = 0; mt < 1; ++mt) {
+                    NK_UNROLL
+                    for (int nt = 0; nt < 16; ++nt) {
+                        NK_UNROLL
+                        for (int i = 0; i < 4; ++i) {
+                            f_O_acc[mt][nt][i] *= f_P_scale[mt][i >> 1];
+                        }
+                    }
+                }
+            }
+            // O.acc += P[b h q x] * V[b h x d]
+            {
+                NK_UNROLL
+                for (int kk = 0; kk < 4; ++kk) {
+                    unsigned a[1][4];
+                    NK_UNROLL
+                    for (int mt = 0; mt < 1; ++mt) {
+                        a[mt][0] = NK_PACK_BF16(f_P[mt][2 * kk][0], f_P[mt][2 * kk][1]);
+                        a[mt][1] = NK_PACK_BF16(f_P[mt][2 * kk][2], f_P[mt][2 * kk][3]);
+                        a[mt][2] = NK_PACK_BF16(f_P[mt][2 * kk + 1][0], f_P[mt][2 * kk + 1][1]);
+                        a[mt][3] = NK_PACK_BF16(f_P[mt][2 * kk + 1][2], f_P[mt][2 * kk + 1][3]);
+                    }
+                    NK_UNROLL
+                    for (int np = 0; np < 8; ++np) {
+                        unsigned b[4];
+                        NK_LDSM_T(b, 65536 + (1) * 16384 + (((kk * 16)) * 256 + nk_lb2 + (((((((np * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((np * 16)) * 2) >> 4)) & 7) ^ nk_lx2) << 4)));
+                        NK_UNROLL
+                        for (int mt = 0; mt < 1; ++mt) {
+                            NK_MMA_BF16(f_O_acc[mt][2 * np], a[mt], b[0], b[1]);
+                            NK_MMA_BF16(f_O_acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                        }
+                    }
+                }
+            }
+            NK_SYNC();  // every warp is done with this stage before it is refilled
+        }
     }
     // O = O.acc / P.sum
     {
@@ -340,15 +505,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     }
     // save O[b h q d] smem -> l2
     {
+        NK_SYNC();  // the arena is free: the last reader of shared memory is done
         NK_UNROLL
         for (int mt = 0; mt < 1; ++mt) {
             NK_UNROLL
             for (int nt = 0; nt < 16; ++nt) {
                 NK_UNROLL
-                for (int i = 0; i < 4; ++i) {
-                    if ((o_q + (nk_wrow + mt * 16 + nk_g + (i >> 1) * 8) < 200)) g_O[((((o_b)) * 3 + (o_h)) * 200 + (o_q + (nk_wrow + mt * 16 + nk_g + (i >> 1) * 8))) * 128 + ((nt * 8 + 2 * nk_t + (i & 1)))] = __float2bfloat16(f_O[mt][nt][i]);
+                for (int h = 0; h < 2; ++h) {
+                    *reinterpret_cast<unsigned*>(nk_smem + (((nk_wrow + mt * 16 + nk_g + h * 8)) * 256 + ((((((nt * 8 + 2 * nk_t)) * 2) >> 4) ^ ((((nk_wrow + mt * 16 + nk_g + h * 8)) >> 0) & 7)) << 4) + ((((nt * 8 + 2 * nk_t)) * 2) & 15))) = NK_PACK_BF16(f_O[mt][nt][2 * h], f_O[mt][nt][2 * h + 1]);
                 }
             }
+        }
+        NK_SYNC();
+        for (int u = nk_tid; u < 2048; u += 256) {
+            const int r = u / 16, c = (u % 16) * 8;
+            if ((o_q + r < 200)) NK_ST16(g_O + (((((o_b)) * 3 + (o_h)) * 200 + (o_q + r)) * 128 + (c)), ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)));
         }
     }
 }

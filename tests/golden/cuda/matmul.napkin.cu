@@ -11,6 +11,10 @@
  *   l2: group m 384  (derived)
  *   l2: group n 256  (derived)
  *
+ * instruction paths:
+ *   napkin_matmul_0: fma
+ *     C: fma (A's rows (32 values of k) do not fit the 16-byte swizzle)
+ *
  * cost of matmul on H100 with m=300 n=200 k=100
  *   level  per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N  FLOP/B  transfer time
  *   l2     device  110,000     340,000    110,000     340,000    52,428,800  1  35.3    0.101 us

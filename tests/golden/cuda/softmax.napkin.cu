@@ -8,6 +8,10 @@
  *   smem: group r 16
  *   l2: group r 16  (derived)
  *
+ * instruction paths:
+ *   napkin_softmax_rows_0: fma
+ *     Y: fma (no contraction)
+ *
  * cost of softmax_rows on H100 with r=37 c=200
  *   level  per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N  FLOP/B  transfer time
  *   l2     device  14,800      59,200     6,400       25,600     52,428,800  3  0.6     0.0177 us
