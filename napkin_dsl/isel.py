@@ -190,8 +190,12 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_rows: 
         axes = wide(array.axes)
         if len(axes) != 2 or array.axes[-1] != axes[-1]:
             raise _Refuse(f"{name} is not a two-dimensional tile whose fastest axis is its last")
-        if not SwizzledTile.supports(tile[axes[1]], DTYPE_BYTES[array.dtype]) or sizes[axes[1]] % 8:
-            raise _Refuse(f"{name}'s rows ({tile[axes[1]]} values of {axes[1]}) do not fit the 16-byte swizzle")
+        if not SwizzledTile.supports(tile[axes[1]], DTYPE_BYTES[array.dtype]):
+            raise _Refuse(f"{name}'s tile rows ({tile[axes[1]]} values of {axes[1]}, "
+                          f"{tile[axes[1]] * DTYPE_BYTES[array.dtype]} bytes) are not 32, 64 or a multiple of 128 bytes: no swizzle covers them")
+        if sizes[axes[1]] % (16 // DTYPE_BYTES[array.dtype]):
+            raise _Refuse(f"{name}'s rows in memory ({axes[1]} = {sizes[axes[1]]}) are not a multiple of 16 bytes: "
+                          f"cp.async copies 16-byte units")
         found = Operand(name, axes[0], axes[1], stream is not None and stream in array.axes)
         operands[name] = found
         return found
@@ -271,7 +275,9 @@ def _reads(s) -> list[Read]:
 
 
 def _default_warp_rows(row_tile: int) -> int:
-    """16 rows a warp (FA2's 8 warps x 16 rows at d = 128) unless that needs over 8 warps."""
+    """16 rows a warp unless that needs over 8 warps: at d = 128 an attention warp then holds
+    O.acc and S in ~100 registers (the kernel compiles to ~190 without spills), where 32 rows,
+    FA2's tile on 4 warps, needs ~200 fragment registers and exceeds FRAGMENT_BUDGET."""
     rows = MMA_M
     while row_tile // rows > MAX_WARPS:
         rows *= 2

@@ -2,7 +2,7 @@
 
 Everything the tensor-core printer (``tensorcore.py``) needs to know about where a value
 lives is here, as small functions of (row, column) or (lane, register), so it can be tested
-on its own (``tests/test_layouts.py``) instead of being trusted inside printed index
+on its own (``tests/test_tensorcore.py``) instead of being trusted inside printed index
 arithmetic:
 
 * :class:`SwizzledTile`: a 2-D tile in shared memory, rows of ``pitch`` bytes, whose 16-byte

@@ -311,7 +311,7 @@ def test_fma_path_is_kept_with_a_reason():
     assert isel.selection(program, program.launches[0]).reason == "no contraction"
     (kernel,) = napkin.load(EXAMPLES / "matmul.napkin").values()
     program = kernel.gpu_program(None, m=256, n=256, k=100)  # A's rows are 200 bytes
-    assert "16-byte swizzle" in isel.selection(program, program.launches[0]).reason
+    assert "cp.async copies 16-byte units" in isel.selection(program, program.launches[0]).reason
     assert "sm_80 or newer" in isel.selection(program, program.launches[0], "sm_75").reason
 
 

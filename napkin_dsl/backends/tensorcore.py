@@ -20,9 +20,11 @@ emulates each one with the same per-lane layouts through local memory and barrie
 is 32 consecutive work-items), so a CPU run through PoCL executes every fragment index the
 CUDA kernel uses. The primitives are the ``NK_*`` macros of each dialect's prelude.
 
+Outputs leave through a swizzled shared tile and 16-byte stores when the arena is free and
+large enough (matmul's f32 128 x 128 tile is not: it is stored from fragments).
+
 Deliberately not here: deciding whether a launch qualifies (``isel.py``), the FMA lowering
-(``lowering.py``), staging the epilogue through shared memory (outputs are stored from
-fragments, two adjacent columns per thread), wgmma.
+(``lowering.py``), warp grids over columns (warps split rows only), wgmma.
 """
 
 from __future__ import annotations
