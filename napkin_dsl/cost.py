@@ -461,16 +461,31 @@ def level_costs(program: Program, rows: list[dict] | None = None, arch: str | No
     return costs
 
 
-def flops_by_unit(program: Program) -> tuple[dict, list]:
-    """FLOPs per unit, and (unit, dtype, flops) entries for pricing."""
+def contraction_unit(program: Program, launch, arch: str | None = None) -> str:
+    """The unit a launch's contractions run on: ``tensor`` unless instruction selection, with
+    every size bound, kept the launch on the FMA path (then its products are FFMAs and are
+    priced as such). With symbolic sizes the path is undecided and stays ``tensor``."""
+    from .isel import launch_tiles, selection
+
+    if program.hardware.symbolic or program.hardware.arch is None or launch_tiles(launch) is None:
+        return "tensor"
+    return "tensor" if selection(program, launch, arch).plan is not None else "fma"
+
+
+def flops_by_unit(program: Program, arch: str | None = None) -> tuple[dict, list]:
+    """FLOPs per unit, and (unit, dtype, flops) entries for pricing: contractions on the unit
+    their launch's instruction path uses (:func:`contraction_unit`)."""
     totals: dict = {}
     priced = []
     for launch in program.launches:
+        products = contraction_unit(program, launch, arch)
         for step, loops in walk(launch.body):
             if not step.flops:
                 continue
             elements = step_total(program, step, loops, step.flop_space)
             for unit, per_element in step.flops:
+                if unit == "tensor":
+                    unit = products
                 amount = per_element * elements
                 totals[unit] = totals.get(unit, 0) + amount
                 dtype = step.dtype or "f32"
@@ -590,7 +605,7 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None) ->
     levels = level_costs(program, rows, arch)
     if check:
         check_capacity(program, levels, rows)
-    flops, priced = flops_by_unit(program)
+    flops, priced = flops_by_unit(program, arch)
     time = predict_time(program, levels, priced)
     schedule = program.schedule
     notes = list(schedule.notes)

@@ -70,7 +70,7 @@ import numpy as np
 import sympy
 
 from ..binding import _gib, memory_limit
-from ..cost import tensor_launches
+from ..cost import contraction_unit, tensor_launches
 from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from ..errors import NapkinCallError, NapkinError
 from ..pseudocode import Loop, Program, Step
@@ -280,6 +280,8 @@ class _Interpreter:
         self.tensor = {} if program.hardware.symbolic else tensor_launches(program)
         if self.tensor:
             below = below + ("registers",)
+        # Contractions count on the unit their launch's instruction path uses, as the model prices them.
+        self.products = {launch.index: contraction_unit(program, launch) for launch in program.launches}
         self.counts = Counts({lv: 0 for lv in below}, {lv: 0 for lv in below}, {}, 0, {lv: 0 for lv in below})
         self.empty_depth = 0  # how many enclosing loop trips are past the end of their axis
         for array in self.diagram.input_arrays:
@@ -308,7 +310,8 @@ class _Interpreter:
             counts.empty_H[level] += values
 
     def flop_counter(self, step: Step) -> Callable[[], None]:
-        per_unit = [(unit, _per_element(n)) for unit, n in step.flops]
+        products = self.products[self.launch.index]
+        per_unit = [(products if unit == "tensor" else unit, _per_element(n)) for unit, n in step.flops]
         axes = step.flop_space
         flops = self.counts.flops
         for unit, _ in per_unit:

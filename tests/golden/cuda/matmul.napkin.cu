@@ -13,15 +13,15 @@
  *
  * instruction paths:
  *   napkin_matmul_0: fma
- *     C: fma (A's rows (32 values of k) do not fit the 16-byte swizzle)
+ *     C: fma (A's rows in memory (k = 100) are not a multiple of 16 bytes: cp.async copies 16-byte units)
  *
  * cost of matmul on H100 with m=300 n=200 k=100
  *   level  per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N  FLOP/B  transfer time
  *   l2     device  110,000     340,000    110,000     340,000    52,428,800  1  35.3    0.101 us
  *   smem   block   180,000     480,000    24,576      81,920     232,448     6  25.0    0.048 us
- *   FLOPs: tensor 12,000,000  (total 12,000,000)
- *   predicted time: 0.534 us overlapped (compute-bound), 0.683 us serial; compute 0.534 us, 1 wave of 264 blocks
- *   predicted throughput: 22.5 TFLOP/s
+ *   FLOPs: fma 12,000,000  (total 12,000,000)
+ *   predicted time: 7.88 us overlapped (compute-bound), 8.03 us serial; compute 7.88 us, 1 wave of 264 blocks
+ *   predicted throughput: 1.5 TFLOP/s
  *   note: group m 128 does not divide m = 300: 3 groups, the last one masked (44 of 128)
  *   note: group n 128 does not divide n = 200: 2 groups, the last one masked (72 of 128)
  *   note: stream k 32 does not divide k = 100: 4 chunks, the last one masked (4 of 32)
