@@ -141,6 +141,20 @@ def ldmatrix_delivers(lane: int, register: int, half: int, operand: str, trans: 
     return row, col + (lane >> 2)
 
 
+def ldmatrix_phases(tile: SwizzledTile, operand: str, trans: bool, outer: int, k: int) -> list[list[int]]:
+    """Byte offsets each 8-lane phase of one ldmatrix.x4 reads, at fragment origin (outer, k):
+    outer is m (operand "a") or n ("b"); stored rows are k when ``trans``."""
+    phases = []
+    for j in range(4):
+        addresses = []
+        for lane in range(8 * j, 8 * j + 8):
+            row, col = ldmatrix_source(lane, operand, trans)
+            row, col = (row + k, col + outer) if trans else (row + outer, col + k)
+            addresses.append(tile.offset(row, col))
+        phases.append(addresses)
+    return phases
+
+
 # ---- bank conflicts -------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from napkin_dsl.layouts import (
     LDMATRIX_SOURCE_EXPR,
     SwizzledTile,
     ldmatrix_delivers,
+    ldmatrix_phases,
     ldmatrix_source,
     mma_a,
     mma_b,
@@ -90,19 +91,6 @@ def test_printed_ldmatrix_and_swizzle_expressions_evaluate_to_the_layouts():
 # ---- bank conflicts ---------------------------------------------------------------------------
 
 TILES = [SwizzledTile(rows, cols, 2) for rows, cols in [(64, 16), (128, 32), (64, 64), (64, 128), (32, 256)]]
-
-
-def ldmatrix_phases(tile, operand, trans, outer, k):
-    """Byte addresses of each 8-lane phase of one ldmatrix.x4 at fragment origin (outer, k)."""
-    phases = []
-    for j in range(4):
-        addresses = []
-        for lane in range(8 * j, 8 * j + 8):
-            row, col = ldmatrix_source(lane, operand, trans)
-            row, col = (row + k, col + outer) if trans else (row + outer, col + k)
-            addresses.append(tile.offset(row, col))
-        phases.append(addresses)
-    return phases
 
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t.rows}x{t.cols}")

@@ -596,7 +596,7 @@ def tc_swizzle_section() -> str:
 def tc_ldmatrix_wavefronts(tile) -> int:
     """The most wavefronts one 8-lane phase of any ldmatrix.x4 the printer issues on ``tile`` takes:
     A and B operands, with and without .trans, at every fragment origin."""
-    from napkin_dsl.layouts import ldmatrix_source, wavefronts
+    from napkin_dsl.layouts import ldmatrix_phases, wavefronts
 
     worst = 0
     for operand in "ab":
@@ -604,12 +604,7 @@ def tc_ldmatrix_wavefronts(tile) -> int:
             outer_extent, k_extent = (tile.cols, tile.rows) if trans else (tile.rows, tile.cols)
             for outer in range(0, outer_extent - 15, 16):
                 for k in range(0, k_extent - 15, 16):
-                    for j in range(4):
-                        addresses = []
-                        for lane in range(8 * j, 8 * j + 8):
-                            row, col = ldmatrix_source(lane, operand, trans)
-                            row, col = (row + k, col + outer) if trans else (row + outer, col + k)
-                            addresses.append(tile.offset(row, col))
+                    for addresses in ldmatrix_phases(tile, operand, trans, outer, k):
                         worst = max(worst, wavefronts(addresses))
     return worst
 

@@ -213,6 +213,23 @@ inline ushort nk_to_bf16(float v) {
     fmin = "min"
 
 
+# ---- elementwise expressions ----------------------------------------------------------------
+
+
+def print_expression(expr, sizes: dict, dialect: Dialect, read) -> str:
+    """An elementwise expression as a float expression; ``read(Read)`` spells array reads."""
+    if isinstance(expr, Read):
+        return read(expr)
+    if isinstance(expr, Const):
+        value = expr.value.subs({sympy.Symbol(a, positive=True, integer=True): v for a, v in sizes.items()})
+        return f"{float(value)!r}f"
+    if isinstance(expr, ScalarParam):
+        return f"p_{expr.name}"
+    if isinstance(expr, Apply):
+        return dialect.math(expr.fn, [print_expression(a, sizes, dialect, read) for a in expr.args])
+    raise AssertionError(f"napkin bug: expression {expr!r}")
+
+
 # ---- shared-memory arena --------------------------------------------------------------------
 
 
@@ -413,16 +430,7 @@ class _Printer:
         return self.dialect.store(self.ptr(name), self.buffer_index(name, axes), value, slot.dtype)
 
     def expression(self, expr, axes) -> str:
-        if isinstance(expr, Read):
-            return self.read(expr.array, axes)
-        if isinstance(expr, Const):
-            value = expr.value.subs({sympy.Symbol(a, positive=True, integer=True): v for a, v in self.sizes.items()})
-            return f"{float(value)!r}f"
-        if isinstance(expr, ScalarParam):
-            return f"p_{expr.name}"
-        if isinstance(expr, Apply):
-            return self.dialect.math(expr.fn, [self.expression(a, axes) for a in expr.args])
-        raise AssertionError(f"napkin bug: expression {expr!r}")
+        return print_expression(expr, self.sizes, self.dialect, lambda r: self.read(r.array, axes))
 
     def flat_loop(self, axes, body):
         """for each valid element of the tile over `axes`, spread over the block: body()."""

@@ -29,13 +29,11 @@ Deliberately not here: deciding whether a launch qualifies (``isel.py``), the FM
 
 from __future__ import annotations
 
-import sympy
-
-from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Read, Reduce, ScalarParam, Softmax
+from ..diagram import DTYPE_BYTES, Apply, Contract, Map, Read, Reduce, Softmax
 from ..isel import TensorPlan, fragment_values, smem_layout
 from ..layouts import SwizzledTile, ldmatrix_lane_terms, ldmatrix_offset_expr, offset_expr
 from ..pseudocode import Loop, Step, walk
-from .lowering import KernelSource, LoweringError, _Printer
+from .lowering import KernelSource, LoweringError, _Printer, print_expression
 
 CUDA_PRELUDE = r"""
 // ---- tensor-core primitives (PTX ISA: ldmatrix, mma.m16n8k16, cp.async) ----
@@ -277,18 +275,13 @@ class TensorPrinter(_Printer):
     def value(self, expr, col: str | None) -> str:
         """An elementwise expression at the current element (row, col)."""
         in_rows = col is None
-        if isinstance(expr, Read):
-            if expr.array in self.plan.fragments:
-                return self.element(expr.array, in_rows)
-            return self.smem_element(expr.array, in_rows)
-        if isinstance(expr, Const):
-            value = expr.value.subs({sympy.Symbol(a, positive=True, integer=True): v for a, v in self.sizes.items()})
-            return f"{float(value)!r}f"
-        if isinstance(expr, ScalarParam):
-            return f"p_{expr.name}"
-        if isinstance(expr, Apply):
-            return self.dialect.math(expr.fn, [self.value(a, col) for a in expr.args])
-        raise LoweringError(f"napkin bug: expression {expr!r}")
+
+        def read(r: Read) -> str:
+            if r.array in self.plan.fragments:
+                return self.element(r.array, in_rows)
+            return self.smem_element(r.array, in_rows)
+
+        return print_expression(expr, self.sizes, self.dialect, read)
 
     def smem_element(self, name: str, in_rows: bool) -> str:
         slot = self.smem[name]
@@ -674,18 +667,7 @@ class TensorPrinter(_Printer):
             def per_row():
                 self.row_reduce("max", box.operand, col, "top")()
                 self.emit(f"top *= {LOG2E!r}f;  // exp(v - max) = 2^(v log2 e - max log2 e)")
-                self.emit("float total = 0.0f;")
-
-                def exps():
-                    self.emit("const int i = 2 * h + e;")
-                    value = f"nk_exp2({self.value(box.operand, col)} * {LOG2E!r}f - top)"
-                    valid = self.col_valid(col)
-                    self.emit(f"{self.element(target, False)} = {f'{valid} ? {value} : 0.0f' if valid else value};")
-                    self.emit(f"total += {self.element(target, False)};")
-
-                self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, exps))
-                for mask in (1, 2):
-                    self.emit(f"total += NK_SHFL_XOR(total, {mask});")
+                self.exponentials(target, box.operand, col, "top", "total")
 
                 def scale():
                     self.emit("const int i = 2 * h + e;")
@@ -696,6 +678,23 @@ class TensorPrinter(_Printer):
             self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
             return
         raise LoweringError(f"the tensor-core path cannot print box {box!r}")
+
+    def exponentials(self, target: str, operand, col: str, top: str, total: str):
+        """``target = exp(operand - max)`` along one fragment row (``top`` is max log2 e), summed
+        into ``total`` across the quad; masked columns are 0. One FFMA and one MUFU.EX2 each."""
+        self.emit(f"float {total} = 0.0f;")
+
+        def per_element():
+            self.emit("const int i = 2 * h + e;")
+            value = f"nk_exp2({self.value(operand, col)} * {LOG2E!r}f - {top})"
+            valid = self.col_valid(col)
+            self.emit(f"const float p = {f'{valid} ? {value} : 0.0f' if valid else value};")
+            self.emit(f"{self.element(target, False)} = p;")
+            self.emit(f"{total} += p;")
+
+        self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, per_element))
+        for mask in (1, 2):
+            self.emit(f"{total} += NK_SHFL_XOR({total}, {mask});")
 
     def reduced_col(self, operand) -> str:
         cols = {self.plan.fragments[r.array].col for r in _expr_reads(operand) if r.array in self.plan.fragments}
@@ -732,19 +731,7 @@ class TensorPrinter(_Printer):
 
         def per_row():
             self.emit(f"const float top = {self.element(m, True)} * {LOG2E!r}f;  // exp(v - max) = 2^(v log2 e - max log2 e)")
-            self.emit("float part = 0.0f;")
-
-            def per_element():
-                self.emit("const int i = 2 * h + e;")
-                value = f"nk_exp2({self.value(s.box.operand, col)} * {LOG2E!r}f - top)"
-                valid = self.col_valid(col)
-                self.emit(f"const float p = {f'{valid} ? {value} : 0.0f' if valid else value};")
-                self.emit(f"{self.element(s.target, False)} = p;")
-                self.emit("part += p;")
-
-            self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, per_element))
-            for mask in (1, 2):
-                self.emit(f"part += NK_SHFL_XOR(part, {mask});")
+            self.exponentials(s.target, s.box.operand, col, "top", "part")
             self.emit(f"{self.element(total, True)} = {self.element(total, True)} * {self.element(scale, True)} + part;")
 
         self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
