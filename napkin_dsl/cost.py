@@ -175,16 +175,16 @@ class _Column:
 
 def register_transfers(program: Program, step: Step, loops, plan) -> sympy.Expr:
     """Values ldmatrix moves from shared memory into registers for one step of a tensor-core
-    launch: a contraction reads its A tile once (unless A is already a fragment) and its B tile
-    once per warp (each warp multiplies its rows by all of B)."""
+    launch: a contraction reads its A tile once per warp column (unless A is already a fragment)
+    and its B tile once per warp row (each warp multiplies its rows by its columns of B)."""
     s = step.statement
     level = program.schedule.compute_level
     if s is None or step.op not in ("compute", "accumulate") or s.target not in plan.mmas or (level, s.target) in step.reads:
         return sympy.Integer(0)
     mma = plan.mmas[s.target]
-    moved = step_total(program, step, loops, (mma.k, mma.n)) * plan.warps
+    moved = step_total(program, step, loops, (mma.k, mma.n)) * plan.row_warps
     if not mma.a_in_registers:
-        moved += step_total(program, step, loops, (plan.row, mma.k))
+        moved += step_total(program, step, loops, (plan.row, mma.k)) * plan.col_warps
     return moved
 
 

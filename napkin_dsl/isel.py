@@ -82,10 +82,25 @@ class TensorPlan:
     mmas: dict = field(default_factory=dict)  # statement target -> Mma
     stream: str | None = None
     stages: int = STAGES
+    split: str | None = None  # a column axis also split among warps (a 2-D warp grid), or None
+    col_tile: int = 0  # the block's tile of `split`
+    warp_cols: int = 0  # columns of `split` a warp owns
+
+    @property
+    def row_warps(self) -> int:
+        return self.row_tile // self.warp_rows
+
+    @property
+    def col_warps(self) -> int:
+        return self.col_tile // self.warp_cols if self.split else 1
 
     @property
     def warps(self) -> int:
-        return self.row_tile // self.warp_rows
+        return self.row_warps * self.col_warps
+
+    def cols_per_warp(self, col: str, tile: dict) -> int:
+        """The extent of column axis ``col`` one warp's fragments cover."""
+        return self.warp_cols if col == self.split else tile[col]
 
     @property
     def threads(self) -> int:
@@ -119,15 +134,16 @@ def _arch_number(arch: str) -> int:
         return 0
 
 
-def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_rows: int | None = None) -> Selection:
-    """The instruction path of ``launch`` on ``arch`` given its compute-level tile extents."""
+def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict | None = None) -> Selection:
+    """The instruction path of ``launch`` on ``arch`` given its compute-level tile extents and
+    the warp tiles a relabel block asks for (axis -> extent at ``registers``)."""
     try:
-        return Selection(_plan(launch, arch, tile, sizes, warp_rows))
+        return Selection(_plan(launch, arch, tile, sizes, dict(warp_tiles or {})))
     except _Refuse as refusal:
         return Selection(None, str(refusal))
 
 
-def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_rows: int | None) -> TensorPlan:
+def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict) -> TensorPlan:
     if _arch_number(arch) < 80:
         raise _Refuse(f"mma.sync m16n8k16 needs sm_80 or newer, not {arch}")
     statements = launch.launch.statements
@@ -153,8 +169,10 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_rows: 
     row = rows[0]
     if tile[row] % MMA_M:
         raise _Refuse(f"the {row} tile ({tile[row]}) is not a multiple of {MMA_M}")
-    warp_rows = warp_rows or _default_warp_rows(tile[row])
-    if warp_rows % MMA_M or tile[row] % warp_rows or tile[row] // warp_rows > MAX_WARPS:
+    # A warp tile larger than the block's (a size smaller than its partition) is clipped, as tiles are.
+    warp_tiles = {axis: min(size, tile[axis]) for axis, size in warp_tiles.items()}
+    warp_rows = warp_tiles.pop(row, None)
+    if warp_rows is not None and (warp_rows % MMA_M or tile[row] % warp_rows or tile[row] // warp_rows > MAX_WARPS):
         raise _Refuse(f"warp tiles of {warp_rows} rows do not split the {row} tile of {tile[row]} into at most {MAX_WARPS} warps of whole fragments")
 
     stream = None
@@ -248,12 +266,59 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_rows: 
         for r in _reads(s):
             if r.array in plain and not set(wide(diagram.arrays[r.array].axes)) <= set(wide(s.iteration_axes)):
                 raise _Refuse(f"{s.target} reads {r.array} across axes it does not iterate")
-    plan = TensorPlan(row, tile[row], warp_rows, dtypes.pop(), operands, tuple(plain), fragments, mmas, stream)
+    dtype = dtypes.pop()
+    split = _column_split(statements, fragments, mmas, stream)
+    if warp_tiles and (split is None or set(warp_tiles) != {split}):
+        axis = next(iter(warp_tiles))
+        raise _Refuse(f"warp tiles split {row}{f' and {split}' if split else ''} here, not {axis}"
+                      + ("" if split else ": a row reduction or a fragment fed to mma needs whole rows in one warp"))
+    if split is None:
+        plan = TensorPlan(row, tile[row], warp_rows or _default_warp_rows(tile[row]), dtype, operands, tuple(plain),
+                          fragments, mmas, stream)
+    else:
+        plan = _grid(row, split, tile, warp_rows, warp_tiles.get(split), launch, dtype, operands, tuple(plain),
+                     fragments, mmas, stream)
     held = live_fragment_values(plan, launch, tile)
     if held > FRAGMENT_BUDGET:
-        raise _Refuse(f"a thread would hold {held} fragment registers at once with {warp_rows}-row warp tiles "
+        raise _Refuse(f"a thread would hold {held} fragment registers at once with {plan.warp_rows}-row warp tiles "
                       f"(budget {FRAGMENT_BUDGET}); use smaller tiles")
     return plan
+
+
+def _column_split(statements, fragments: dict, mmas: dict, stream: str | None) -> str | None:
+    """The column axis warps may split too: one shared by every 2-D fragment, along which nothing
+    reduces (softmax, max, sum need a whole row in one warp's quads) and which no fragment
+    carries into an mma as its A operand (P's columns are the next product's k)."""
+    cols = {f.col for f in fragments.values() if f.col is not None}
+    if len(cols) != 1 or any(isinstance(s.box, (Reduce, Softmax)) for s in statements):
+        return None
+    if any(m.a_in_registers for m in mmas.values()):
+        return None
+    col = cols.pop()
+    return None if col == stream else col
+
+
+def _grid(row, col, tile, warp_rows, warp_cols, launch, *rest) -> TensorPlan:
+    """A 2-D warp grid. Each warp reads its rows of A and its columns of B by ldmatrix, so the
+    block reads A once per warp column and B once per warp row: the grid minimising that
+    traffic (row_tile x warp columns + col_tile x warp rows) within the fragment budget, with
+    4 to 8 warps where possible (fewer leave the SM's schedulers idle)."""
+    rows_options = [warp_rows] if warp_rows else [r for r in (16, 32, 64, 128) if tile[row] % r == 0]
+    cols_options = [warp_cols] if warp_cols else [c for c in (16, 32, 64, 128, 256) if tile[col] % c == 0]
+    candidates = []
+    for r in rows_options:
+        for c in cols_options:
+            if r % MMA_M or c % (2 * MMA_N) or tile[row] % r or tile[col] % c:
+                continue
+            plan = TensorPlan(row, tile[row], r, *rest, split=col, col_tile=tile[col], warp_cols=c)
+            if plan.warps > MAX_WARPS or live_fragment_values(plan, launch, tile) > FRAGMENT_BUDGET:
+                continue
+            traffic = tile[row] * plan.col_warps + tile[col] * plan.row_warps
+            candidates.append((plan.warps < 4, traffic, -plan.warps, plan))
+    if not candidates:
+        raise _Refuse(f"no warp grid of whole fragments splits the {tile[row]} x {tile[col]} tile of {row} x {col} "
+                      f"into at most {MAX_WARPS} warps within the fragment budget")
+    return min(candidates, key=lambda c: c[:3])[3]
 
 
 def _reads(s) -> list[Read]:
@@ -297,14 +362,15 @@ def launch_tiles(launch: LaunchProgram) -> tuple[dict, dict] | None:
     return tile, sizes
 
 
-def warp_rows_of(launch: LaunchProgram) -> int | None:
-    """The warp tile a relabel block asks for (``registers: group ROW N``), if any."""
+def warp_tiles_of(launch: LaunchProgram) -> dict:
+    """The warp tiles a relabel block asks for (``registers: group q 16`` or ``group m 64, n 64``)."""
+    tiles = {}
     for p in launch.schedule.partitions:
         if p.level == "registers" and p.kind == "group":
             size = bind(p.size, launch.schedule.sizes)
             if size.is_number:
-                return int(size)
-    return None
+                tiles[p.axis] = int(size)
+    return tiles
 
 
 def selection(program: Program, launch: LaunchProgram, arch: str | None = None) -> Selection:
@@ -315,7 +381,7 @@ def selection(program: Program, launch: LaunchProgram, arch: str | None = None) 
     bound = launch_tiles(launch)
     if bound is None:
         return Selection(None, "sizes are symbolic")
-    return select(launch, arch, *bound, warp_rows=warp_rows_of(launch))
+    return select(launch, arch, *bound, warp_tiles=warp_tiles_of(launch))
 
 
 __all__ = ["Fragment", "Mma", "Operand", "Selection", "TensorPlan", "select", "selection"]
@@ -371,7 +437,7 @@ def fragment_values(plan: TensorPlan, name: str, tile: dict) -> int:
     fragment = plan.fragments[name]
     if fragment.col is None:
         return plan.m_tiles * 2  # rows g and g + 8 of each 16-row fragment
-    return plan.m_tiles * (tile[fragment.col] // MMA_N) * 4
+    return plan.m_tiles * (plan.cols_per_warp(fragment.col, tile) // MMA_N) * 4
 
 
 def live_fragment_values(plan: TensorPlan, launch: LaunchProgram, tile: dict) -> int:
@@ -414,11 +480,14 @@ def plan_summary(plan: TensorPlan) -> str:
     """The register level in one line: warp tiles, warps, pipeline stages."""
     streamed = [name for name, op in plan.operands.items() if op.streamed]
     pipeline = f"; cp.async {plan.stages} stages for {', '.join(streamed)}" if streamed else "; cp.async, 1 stage"
-    return f"registers: group {plan.row} {plan.warp_rows} ({plan.warps} warps of {plan.warp_rows} {plan.row} rows){pipeline}"
+    tiles = f"group {plan.row} {plan.warp_rows}" + (f", {plan.split} {plan.warp_cols}" if plan.split else "")
+    shape = f"{plan.warp_rows} {plan.row}" + (f" x {plan.warp_cols} {plan.split}" if plan.split else " rows")
+    return f"registers: {tiles} ({plan.warps} warps of {shape}){pipeline}"
 
 
 def warp_line(plan: TensorPlan) -> str:
     """The register level as a line of pseudocode: a parallel loop over the block's warps."""
     held = ", ".join(plan.fragments)
-    return (f"parallel for warp in {plan.warps} warps of {plan.warp_rows} {plan.row} rows @registers:"
+    shape = f"{plan.warp_rows} {plan.row}" + (f" x {plan.warp_cols} {plan.split}" if plan.split else " rows")
+    return (f"parallel for warp in {plan.warps} warps of {shape} @registers:"
             f"  # mma.sync m16n8k16; {held} in registers")

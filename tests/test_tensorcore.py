@@ -271,8 +271,9 @@ def test_random_attention_relabellings_on_tensor_cores(q, x, d, gq, sx, warps, d
     chosen = isel.selection(program, program.launches[0])
     if min(q, gq) % 16 or min(x, sx) % 16:  # a tile clipped to a size that is not a fragment multiple
         assert chosen.path == "fma"
+    elif chosen.path == "fma":  # tall warp tiles over wide chunks: more fragment registers than allowed
+        assert "budget" in chosen.reason, chosen.reason
     else:
-        assert chosen.path == "mma.sync", chosen.reason
         assert chosen.plan.warp_rows == min(wq, chosen.plan.row_tile)
     inputs, scalars = random_inputs(kernel.diagram, sizes)
     outputs = opencl.run(program, inputs, scalars)
@@ -291,6 +292,31 @@ def test_a_copy_with_more_threads_than_tile_units_writes_nothing_past_the_tile(o
     inputs, scalars = random_inputs(kernel.diagram, sizes)
     outputs = opencl.run(program, inputs, scalars)
     assert_matches_reference(kernel.diagram, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "attn")
+
+
+@pytest.mark.parametrize("clause, grid", [("", (2, 2)), ("    registers: group m 32, n 64\n", (4, 2)),
+                                          ("    registers: group m 64, n 32\n", (2, 4))])
+def test_matmul_runs_on_a_two_dimensional_warp_grid(clause, grid, opencl_device):
+    """Without a row reduction warps split the columns too; the relabel block may choose the grid."""
+    from napkin_dsl.backends import opencl
+
+    source = (EXAMPLES / "matmul.napkin").read_text() + clause
+    (kernel,) = napkin.load(source).values()
+    sizes = dict(m=200, n=136, k=48)
+    program = kernel.gpu_program(None, **sizes)
+    plan = isel.selection(program, program.launches[0]).plan
+    assert (plan.split, (plan.row_warps, plan.col_warps)) == ("n", grid)
+    inputs, scalars = random_inputs(kernel.diagram, sizes)
+    outputs = opencl.run(program, inputs, scalars)
+    assert_matches_reference(kernel.diagram, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "matmul")
+
+
+def test_a_warp_tile_on_an_axis_warps_cannot_split_is_refused():
+    source = (EXAMPLES / "attention.napkin").read_text() + "    registers: group q 16, h 1\n"
+    (kernel,) = napkin.load(source).values()
+    program = kernel.gpu_program(None, b=1, h=1, q=128, x=128, d=64)
+    chosen = isel.selection(program, program.launches[0])
+    assert chosen.path == "fma" and chosen.reason.startswith("warp tiles split q here, not h")
 
 
 def test_fma_path_is_kept_with_a_reason():

@@ -382,7 +382,7 @@ class _Interpreter:
         return run
 
     def fragment_counter(self, step: Step) -> Callable[[], None]:
-        """ldmatrix traffic of a tensor-core contraction: the A tile once, the B tile once per warp."""
+        """ldmatrix traffic of a tensor-core contraction: A once per warp column, B once per warp row."""
         s = step.statement
         entry = self.tensor.get(self.launch.index)
         if (entry is None or s is None or step.op not in ("compute", "accumulate") or s.target not in entry[0].mmas
@@ -393,9 +393,9 @@ class _Interpreter:
         nbytes = DTYPE_BYTES[mma.dtype]
 
         def count():
-            values = math.prod(self.extents((mma.k, mma.n))) * plan.warps
+            values = math.prod(self.extents((mma.k, mma.n))) * plan.row_warps
             if not mma.a_in_registers:
-                values += math.prod(self.extents((plan.row, mma.k)))
+                values += math.prod(self.extents((plan.row, mma.k))) * plan.col_warps
             self.count_transfer("registers", values, nbytes)
 
         return count

@@ -200,7 +200,11 @@ class TensorPrinter(_Printer):
         self.emit(f"const int nk_tid = {d.thread_id};")
         self.emit("const int nk_warp = nk_tid >> 5, nk_lane = nk_tid & 31;")
         self.emit("const int nk_g = nk_lane >> 2, nk_t = nk_lane & 3;")
-        self.emit(f"const int nk_wrow = nk_warp * {plan.warp_rows};  // the warp's first row of the {plan.row} tile")
+        if plan.split:
+            self.emit(f"const int nk_wrow = (nk_warp / {plan.col_warps}) * {plan.warp_rows};  // the warp's first row of the {plan.row} tile")
+            self.emit(f"const int nk_wcol = (nk_warp % {plan.col_warps}) * {plan.warp_cols};  // ... and its first column of {plan.split}")
+        else:
+            self.emit(f"const int nk_wrow = nk_warp * {plan.warp_rows};  // the warp's first row of the {plan.row} tile")
         if cuda:
             self.emit("const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);")
         else:
@@ -234,7 +238,7 @@ class TensorPrinter(_Printer):
         fragment = self.plan.fragments[name]
         if fragment.col is None:
             return f"[{self.plan.m_tiles}][2]"
-        return f"[{self.plan.m_tiles}][{self.tile[fragment.col] // 8}][4]"
+        return f"[{self.plan.m_tiles}][{self.plan.cols_per_warp(fragment.col, self.tile) // 8}][4]"
 
     # -- loops over fragments
     def loop(self, var: str, count: int, body):
@@ -250,15 +254,16 @@ class TensorPrinter(_Printer):
         if col is None:
             self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, body))
             return
-        nt = self.tile[col] // 8
+        nt = self.plan.cols_per_warp(col, self.tile) // 8
         self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("i", 4, body)))
 
     def row_expr(self, in_rows: bool) -> str:
         return f"(nk_wrow + mt * 16 + nk_g + {'h' if in_rows else '(i >> 1)'} * 8)"
 
-    @staticmethod
-    def col_expr() -> str:
-        return "(nt * 8 + 2 * nk_t + (i & 1))"
+    def col_expr(self, col: str | None = None) -> str:
+        """The current element's column within the block's tile of ``col``."""
+        start = "nk_wcol + " if col is not None and col == self.plan.split else ""
+        return f"({start}nt * 8 + 2 * nk_t + (i & 1))"
 
     def element(self, name: str, in_rows: bool) -> str:
         """The fragment element of ``name`` at the current loop position."""
@@ -270,7 +275,7 @@ class TensorPrinter(_Printer):
     def col_valid(self, col: str) -> str | None:
         """A test that the current column is inside the axis (None when the tile divides it)."""
         extent = self.extent_expr(col)
-        return None if extent == str(self.tile[col]) else f"({self.col_expr()} < {extent})"
+        return None if extent == str(self.tile[col]) else f"({self.col_expr(col)} < {extent})"
 
     def value(self, expr, col: str | None) -> str:
         """An elementwise expression at the current element (row, col)."""
@@ -290,7 +295,7 @@ class TensorPrinter(_Printer):
         if not in_rows:
             for axis in self.diagram.arrays[name].axes:
                 if axis != self.plan.row and self.tile[axis] > 1:
-                    coords[axis] = self.col_expr()
+                    coords[axis] = self.col_expr(axis)
         t = self.dialect.storage[dtype]
         pointer = self.typed(t, slot.offset, name)
         if slot.tile is None:
@@ -559,7 +564,7 @@ class TensorPrinter(_Printer):
         in_rows = col is None
         coords = {self.plan.row: self.row_expr(in_rows)}
         if col is not None:
-            coords[col] = self.col_expr()
+            coords[col] = self.col_expr(col)
         valid = [f"({self.origin.get(a, '0')} + {coords[a]} < {self.sizes[a]})" for a in coords
                  if self.sizes[a] % self.tile[a] or (a in self.origin and a == self.plan.stream)]
         store = self.dialect.store(f"g_{name}", self.global_offset(name, coords, self.origin), self.element(name, in_rows), array.dtype)
@@ -593,7 +598,8 @@ class TensorPrinter(_Printer):
         self.emit("NK_SYNC();  // the arena is free: the last reader of shared memory is done")
 
         def write():
-            pair = offset_expr(tile, self.row_expr(True), "(nt * 8 + 2 * nk_t)")
+            start = "nk_wcol + " if col == self.plan.split else ""
+            pair = offset_expr(tile, self.row_expr(True), f"({start}nt * 8 + 2 * nk_t)")
             lo, hi = f"{_var(name)}[mt][nt][2 * h]", f"{_var(name)}[mt][nt][2 * h + 1]"
             if eb == 2:
                 packed = f"NK_PACK_{'BF16' if array.dtype == 'bf16' else 'F16'}({lo}, {hi})"
@@ -603,7 +609,7 @@ class TensorPrinter(_Printer):
                 pointer = "reinterpret_cast<float*>(nk_smem + {o})" if cuda else "((__local float*)(nk_smem + {o}))"
                 self.emit(f"{pointer.format(o=pair)}[0] = {lo}; {pointer.format(o=pair)}[1] = {hi};")
 
-        nt = self.tile[col] // 8
+        nt = self.plan.cols_per_warp(col, self.tile) // 8
         self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("h", 2, write)))
         self.emit("NK_SYNC();")
         units = tile.units_per_row
@@ -776,7 +782,8 @@ class TensorPrinter(_Printer):
     def mma(self, target: str, out: str):
         """``out[row, n] += A[row, k] * B[k, n]`` over the block's k tile, on mma.sync."""
         m = self.plan.mmas[target]
-        mt_count, k_steps, n_pairs = self.plan.m_tiles, self.tile[m.k] // 16, self.tile[m.n] // 16
+        mt_count, k_steps, n_pairs = self.plan.m_tiles, self.tile[m.k] // 16, self.plan.cols_per_warp(m.n, self.tile) // 16
+        n_start = "nk_wcol + " if m.n == self.plan.split else ""
         kind = "BF16" if m.dtype == "bf16" else "F16"
         out_var = _var(out)
 
@@ -798,7 +805,7 @@ class TensorPrinter(_Printer):
 
             def per_pair():
                 self.emit("unsigned b[4];")
-                offset = self.ldsm_offset(m.b, "b", m.b_trans, "(np * 16)", "(kk * 16)")
+                offset = self.ldsm_offset(m.b, "b", m.b_trans, f"({n_start}np * 16)", "(kk * 16)")
                 self.emit(f"{'NK_LDSM_T' if m.b_trans else 'NK_LDSM'}(b, {offset});")
 
                 def per_m():
