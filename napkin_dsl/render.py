@@ -1320,15 +1320,17 @@ def cost_table(kernel, relabelled: bool, hardware: str | None = None, sizes: dic
     per = schedule.hardware.level(level).per or "unit"
     rows = program_columns(program)
     columns = statement_columns(program, rows)
-    cells = [[(truncate(c["label"], MAX_NAME_CHARS), c["label"]), cost_text(c["M"][level]), cost_text(c["H"][level])]
-             for c in columns]
+    # A tensor-core launch adds the register level: fragments per thread, ldmatrix traffic.
+    shown = [level] + (["registers"] if columns and "registers" in columns[0]["M"] else [])
+    cells = [[(truncate(c["label"], MAX_NAME_CHARS), c["label"])]
+             + [cost_text(c[key][lv]) for lv in shown for key in ("M", "H")] for c in columns]
     how = "relabelled" if kernel.relabel is not None and relabelled else "as written"
     at = f" at {' '.join(f'{k}={v}' for k, v in schedule.sizes.items())}" if schedule.sizes else ""
     caption = (f"columns at {level} on {schedule.hardware.name}{at}, {how}: M = values resident per {per}, "
                f"H = values moved into and out of {level}")
-    total_h = sympy.expand(sympy.Add(*(c["H"][level] for c in columns)))
-    total_m = max_of(c["M"][level] for c in columns)
-    totals = (("total", "total"), cost_text(total_m), cost_text(total_h))
+    totals = (("total", "total"),) + tuple(
+        cost_text(max_of(c["M"][lv] for c in columns)) if key == "M" else cost_text(sympy.expand(sympy.Add(*(c["H"][lv] for c in columns))))
+        for lv in shown for key in ("M", "H"))
     # The drawing does not refuse what cost_of would: it says so.
     report = level_costs(program, rows)[level]
     counts_values = schedule.hardware.counts == "values"
@@ -1337,7 +1339,10 @@ def cost_table(kernel, relabelled: bool, hardware: str | None = None, sizes: dic
     if used is not None and capacity is not None and used > capacity:
         unit = "values" if counts_values else "bytes"
         warning = f"over capacity: the columns need {used:,} {unit} at {level} per {per}; {schedule.hardware.name}'s {level} holds {capacity:,}"
-    return CostTable(("column", f"M @{level}", f"H @{level}"), cells, caption, totals, kernel._target(hardware), level, warning)
+    if len(shown) > 1:
+        caption += "; @registers: values per thread, and values ldmatrix moves from smem into registers"
+    heads = ("column",) + tuple(f"{key} @{lv}" for lv in shown for key in ("M", "H"))
+    return CostTable(heads, cells, caption, totals, kernel._target(hardware), level, warning)
 
 
 # ---- the API ---------------------------------------------------------------------------------
