@@ -329,6 +329,44 @@ def test_fma_path_is_kept_with_a_reason():
     assert "sm_80 or newer" in isel.selection(program, program.launches[0], "sm_75").reason
 
 
+# ---- oclgrind: races and out-of-bounds accesses of the emulated kernels -------------------------
+
+OCLGRIND_CASES = [("examples/attention.napkin", ["b=1", "h=1", "q=32", "x=80", "d=16"]),
+                  ("examples/matmul.napkin", ["m=48", "n=32", "k=48"])]
+
+
+def oclgrind(example: str, sizes: list, *extra: str):
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("oclgrind") is None:
+        if os.environ.get("NAPKIN_REQUIRE_OPENCL"):
+            pytest.fail("no oclgrind, and NAPKIN_REQUIRE_OPENCL is set (CI installs it)")
+        pytest.skip("no oclgrind (apt-get install oclgrind)")
+    root = EXAMPLES.parent
+    env = dict(os.environ, PYTHONPATH=str(root))
+    return subprocess.run(["oclgrind", "--data-races", "python", "-m", "tests.oclgrind_case", example, *sizes, *extra],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("example, sizes", OCLGRIND_CASES, ids=["attention", "matmul"])
+def test_oclgrind_finds_no_race_or_bad_access_on_the_tensor_core_path(example, sizes):
+    result = oclgrind(example, sizes)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = result.stdout + result.stderr
+    assert "data race" not in report and "Invalid" not in report and "error" in report, report[-2000:]
+    errors = [float(line.split()[-1]) for line in result.stdout.splitlines() if " error " in line]
+    assert errors and max(errors) < 0.02, result.stdout
+
+
+def test_oclgrind_reports_the_race_a_missing_barrier_leaves():
+    """The control: without the barrier between the epilogue's shared writes and reads, warps
+    read units other warps have not written yet, and oclgrind says so."""
+    result = oclgrind(*OCLGRIND_CASES[0], "--drop-staging-barrier")
+    assert "Read-write data race at local memory" in result.stdout + result.stderr
+
+
 # ---- the model reads the same plan ------------------------------------------------------------
 
 

@@ -611,7 +611,7 @@ class TensorPrinter(_Printer):
 
         nt = self.plan.cols_per_warp(col, self.tile) // 8
         self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("h", 2, write)))
-        self.emit("NK_SYNC();")
+        self.emit("NK_SYNC();  // the staged tile is whole before any thread reads it")
         units = tile.units_per_row
         per = 16 // eb
         self.emit(f"for (int u = nk_tid; u < {tile.rows * units}; u += {self.threads}) {{")
