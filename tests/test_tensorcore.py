@@ -408,3 +408,24 @@ def test_hot_loops_run_hmma_ldsm_and_ldgsts_without_local_memory(name, arch):
     assert loop is not None
     for kind in ("tensor", "ldsm", "ldgsts"):
         assert loop["classes"].get(kind, 0) > 0, (kind, loop["classes"])
+
+
+FMA_CASES = [("softmax.napkin", dict(r=37, c=200)), ("rmsnorm.napkin", dict(t=20, d=250)),
+             ("attention_unfused.napkin", dict(q=512, x=512, d=64)), ("attention_unfused.napkin", dict(q=100, x=90, d=32)),
+             ("paper/fig9.napkin", dict(q=40, x=64, d=16)), ("matmul.napkin", dict(m=300, n=200, k=100))]
+
+
+@pytest.mark.parametrize("name, sizes", FMA_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(FMA_CASES)])
+def test_fma_path_keeps_staged_results_in_registers_not_local_memory(name, sizes):
+    """Results that wait for every thread to finish reading (a hazard in the arena) are indexed
+    by their loops' trip numbers, so ptxas keeps them in registers (once 46 LDL/STL in
+    attention_unfused's softmax launch)."""
+    from napkin_dsl.backends import sass
+
+    try:
+        sass.find_nvdisasm()
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm (pip install 'napkin-dsl[sass]')")
+    compiled = tensor_kernel(name).compile("sm_90", **sizes)
+    for entry in sass.sass_report(compiled)["launches"]:
+        assert entry["whole"].get("local", 0) == 0, (entry["entry"], entry["whole"])

@@ -148,6 +148,7 @@ __device__ __forceinline__ float nk_warp_sum(float v) {
         return f"reinterpret_cast<{t}*>(nk_smem + {offset})"
 
     fmin = "min"
+    unroll = "#pragma unroll"
 
 
 class OpenCLDialect(Dialect):
@@ -211,6 +212,7 @@ inline ushort nk_to_bf16(float v) {
         return f"(__local {t}*)(nk_smem + {offset})"
 
     fmin = "min"
+    unroll = ""
 
 
 # ---- elementwise expressions ----------------------------------------------------------------
@@ -348,6 +350,10 @@ class _Printer:
         self.origin: dict[str, str] = {}
         self.valid: dict[str, str] = {}
         self.counter = 0
+        # Staged results wait in a per-thread array; indexed by the trip numbers of the loops
+        # that fill it (compile-time after unrolling), it stays in registers, not local memory.
+        self.trip_vars: list = []  # (variable, trips) of enclosing loops; None where not counted
+        self.stage_depth: int | None = None
 
     # -- helpers
     def emit(self, line: str = ""):
@@ -605,11 +611,12 @@ class _Printer:
             # Rows are read by every warp while others write: results wait in registers.
             self.emit(f"float stage[{self.per_thread_rows(s.axes, ())}];")
             self.emit("int k = 0;")
-            self.row_reduction(s.axes, box.axes, box.op, box.operand,
-                               lambda total: self.emit(f"stage[k++] = {self.mean(total, box)};"))
+            self.staging(lambda: self.row_reduction(s.axes, box.axes, box.op, box.operand,
+                                                    lambda total: self.emit(f"stage[{self.stage_index()}] = {self.mean(total, box)};")))
             self.emit(self.dialect.barrier)
             self.emit("k = 0;")
-            self.row_loop(s.axes, lambda: self.emit(self.write(target, s.axes, "stage[k++]")))
+            self.staging(lambda: self.row_loop(s.axes, lambda: self.emit(self.write(target, s.axes, f"stage[{self.stage_index()}]"))))
+            self.emit("(void)k;")
             return
         if isinstance(box, Softmax):
             self.softmax(s, box, staged=self.hazard(step, target))
@@ -641,7 +648,7 @@ class _Printer:
         if not self.hazard(step, out):
             self.flat_loop(axes, lambda: self.emit(self.write(out, axes, value())))
             return
-        self.staged(axes, lambda: self.emit(f"stage[k++] = {value()};"), out)
+        self.staged(axes, lambda: self.emit(f"stage[{self.stage_index()}] = {value()};"), out)
 
     def staged(self, axes, compute, out):
         per_thread = -(-math.prod(self.tile[a] for a in axes) // self.threads)
@@ -649,14 +656,16 @@ class _Printer:
         self.emit("{")
         self.depth += 1
         self.emit("int k = 0;")
-        self.flat_loop(axes, compute)
+        self.staging(lambda: self.flat_loop(axes, compute))
+        self.emit("(void)k;")
         self.depth -= 1
         self.emit("}")
         self.emit(self.dialect.barrier)
         self.emit("{")
         self.depth += 1
         self.emit("int k = 0;")
-        self.flat_loop(axes, lambda: self.emit(self.write(out, axes, "stage[k++]")))
+        self.staging(lambda: self.flat_loop(axes, lambda: self.emit(self.write(out, axes, f"stage[{self.stage_index()}]"))))
+        self.emit("(void)k;")
         self.depth -= 1
         self.emit("}")
 
@@ -785,18 +794,61 @@ class _Printer:
             else:
                 self.flat_loop(s.axes, lambda: body(lambda: self.emit(self.write(name, s.axes, "acc"))))
             return
-        self.staged(s.axes, lambda: body(lambda: self.emit("stage[k++] = acc;")), name)
+        self.staged(s.axes, lambda: body(lambda: self.emit(f"stage[{self.stage_index()}] = acc;")), name)
 
     def strided_loop(self, axes, start: str, step: str, prefix: str, body):
-        """for each valid element over `axes` from `start` in strides of `step`: body()."""
+        """for each valid element over `axes` from `start` in strides of `step`: body().
+
+        Inside a staged region the loop counts its trips (a bound known at print time) so that
+        the stage index is a constant once the loop is unrolled."""
         count = " * ".join(f"({self.extent_expr(a)})" for a in axes) or "1"
         variable = self.fresh(prefix)
-        self.emit(f"for (int {variable} = {start}; {variable} < {count}; {variable} += {step}) {{")
-        self.depth += 1
+        trips = self.trips(axes, step)
+        if self.stage_depth is not None and trips is not None:
+            trip = self.fresh("j")
+            self.emit(self.dialect.unroll)
+            self.emit(f"for (int {trip} = 0; {trip} < {trips}; ++{trip}) {{")
+            self.depth += 1
+            self.emit(f"const int {variable} = {start} + {trip} * {step};")
+            self.emit(f"if ({variable} >= {count}) break;")
+            self.trip_vars.append((trip, trips))
+        else:
+            self.emit(f"for (int {variable} = {start}; {variable} < {count}; {variable} += {step}) {{")
+            self.depth += 1
+            self.trip_vars.append(None)
         self.decompose(variable, axes)
         body()
+        self.trip_vars.pop()
         self.depth -= 1
         self.emit("}")
+
+    MAX_UNROLLED_TRIPS = 64
+
+    def trips(self, axes, step: str) -> int | None:
+        """The most trips a strided loop over the tile of `axes` makes, when small and known."""
+        steps = {"NK_THREADS": self.threads, "(NK_THREADS / 32)": self.threads // 32, "32": 32, "1": 1}
+        if step not in steps:
+            return None
+        trips = -(-math.prod(self.tile[a] for a in axes) // steps[step])
+        return trips if trips <= self.MAX_UNROLLED_TRIPS else None
+
+    def stage_index(self) -> str:
+        """Where the current element waits in `stage`: its loops' trip numbers, row-major, or
+        a running count when a loop's trips are not counted."""
+        loops = self.trip_vars[self.stage_depth:]
+        if any(loop is None for loop in loops):
+            return "k++"
+        index = ""
+        for variable, trips in loops:
+            index = variable if not index else f"({index}) * {trips} + {variable}"
+        return index or "0"
+
+    def staging(self, fill):
+        """Run fill() with trip-indexed loops: the stage index is read off the loop nest."""
+        saved = self.stage_depth
+        self.stage_depth = len(self.trip_vars)
+        fill()
+        self.stage_depth = saved
 
     def row_loop(self, rows, body):
         """Rows to groups of `lanes` threads (a warp in CUDA, one work-item in OpenCL)."""
@@ -840,7 +892,7 @@ class _Printer:
 
         def store(value):
             if staged:
-                self.emit(f"stage[k++] = {value};")
+                self.emit(f"stage[{self.stage_index()}] = {value};")
             else:
                 self.emit(self.write(s.target, all_axes, value))
 
@@ -857,12 +909,16 @@ class _Printer:
             self.emit(f"l = {d.row_reduce('sum', 'l')};")
             self.lane_loop((axis,), lambda: store(f"{d.math('exp', [self.expression(box.operand, all_axes) + ' - m'])} / l"))
 
-        self.row_loop(rows, body)
-        if staged:
-            # The output reuses the input's bytes at another offset: write once every row is read.
-            self.emit(d.barrier)
-            self.emit("k = 0;")
-            self.row_loop(rows, lambda: self.lane_loop((axis,), lambda: self.emit(self.write(s.target, all_axes, "stage[k++]"))))
+        if not staged:
+            self.row_loop(rows, body)
+            return
+        self.staging(lambda: self.row_loop(rows, body))
+        # The output reuses the input's bytes at another offset: write once every row is read.
+        self.emit(d.barrier)
+        self.emit("k = 0;")
+        self.staging(lambda: self.row_loop(rows, lambda: self.lane_loop(
+            (axis,), lambda: self.emit(self.write(s.target, all_axes, f"stage[{self.stage_index()}]")))))
+        self.emit("(void)k;")
 
     def step_rescale(self, step: Step):
         s = step.statement

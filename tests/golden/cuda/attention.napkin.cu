@@ -516,7 +516,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                 }
             }
         }
-        NK_SYNC();
+        NK_SYNC();  // the staged tile is whole before any thread reads it
         for (int u = nk_tid; u < 2048; u += 256) {
             const int r = u / 16, c = (u % 16) * 8;
             if ((o_q + r < 200)) NK_ST16(g_O + (((((o_b)) * 3 + (o_h)) * 200 + (o_q + r)) * 128 + (c)), ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)));
