@@ -719,11 +719,11 @@ class _Printer:
                 self.depth += 1
             self.emit(f"float a[{rm}], b[{rn}];")
             self.emit(f"for (int u = 0; u < {rm}; ++u) {{")
-            self.emit(f"    const int i_{am} = b_{am} * {rm} + u;")
+            self.emit(f"    const int i_{am} = {self.interleaved(am, rm, 'u')};")
             self.emit(f"    a[u] = (i_{am} < {self.extent_expr(am)}) ? {self.read(first.array, s.iteration_axes)} : 0.0f;")
             self.emit("}")
             self.emit(f"for (int v = 0; v < {rn}; ++v) {{")
-            self.emit(f"    const int i_{an} = b_{an} * {rn} + v;")
+            self.emit(f"    const int i_{an} = {self.interleaved(an, rn, 'v')};")
             self.emit(f"    b[v] = (i_{an} < {self.extent_expr(an)}) ? {self.read(second.array, s.iteration_axes)} : 0.0f;")
             self.emit("}")
             self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) acc[u][v] += a[u] * b[v];")
@@ -753,8 +753,8 @@ class _Printer:
         """for each (u, v) of a register block whose output lies inside the valid tile: store()."""
         self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) {{")
         self.depth += 1
-        self.emit(f"const int i_{am} = b_{am} * {rm} + u;")
-        self.emit(f"const int i_{an} = b_{an} * {rn} + v;")
+        self.emit(f"const int i_{am} = {self.interleaved(am, rm, 'u')};")
+        self.emit(f"const int i_{an} = {self.interleaved(an, rn, 'v')};")
         self.emit(f"if (i_{am} < {self.extent_expr(am)} && i_{an} < {self.extent_expr(an)}) {{")
         self.depth += 1
         store()
@@ -762,6 +762,14 @@ class _Printer:
         self.emit("}")
         self.depth -= 1
         self.emit("}")
+
+    def interleaved(self, axis: str, per: int, k: str) -> str:
+        """Element `k` of a thread's register block along `axis`: blocks interleave (block b owns
+        b, b + blocks, ...), so consecutive threads touch consecutive elements: shared-memory
+        reads of the other operand fall in distinct banks and output stores coalesce."""
+        if per == 1:
+            return f"b_{axis}"
+        return f"b_{axis} + {k} * ((({self.extent_expr(axis)}) + {per - 1}) / {per})"
 
     def register_tile_axes(self, box: Contract, target_axes):
         if len(box.operands) != 2:

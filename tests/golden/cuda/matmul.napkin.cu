@@ -115,18 +115,18 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
                 for (int i_k = 0; i_k < n_k; ++i_k) {
                     float a[4], b[4];
                     for (int u = 0; u < 4; ++u) {
-                        const int i_m = b_m * 4 + u;
+                        const int i_m = b_m + u * (((n_m) + 3) / 4);
                         a[u] = (i_m < n_m) ? nk_f(s_A[(i_m) * 32 + i_k]) : 0.0f;
                     }
                     for (int v = 0; v < 4; ++v) {
-                        const int i_n = b_n * 4 + v;
+                        const int i_n = b_n + v * (((n_n) + 3) / 4);
                         b[v] = (i_n < n_n) ? nk_f(s_B[(i_k) * 128 + i_n]) : 0.0f;
                     }
                     for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] += a[u] * b[v];
                 }
                 for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) {
-                    const int i_m = b_m * 4 + u;
-                    const int i_n = b_n * 4 + v;
+                    const int i_m = b_m + u * (((n_m) + 3) / 4);
+                    const int i_n = b_n + v * (((n_n) + 3) / 4);
                     if (i_m < n_m && i_n < n_n) {
                         s_C_acc[(i_m) * 128 + i_n] = nk_f(s_C_acc[(i_m) * 128 + i_n]) + acc[u][v];
                     }
