@@ -349,7 +349,8 @@ class CostReport:
             lines.append(
                 f"  predicted time: {_fmt_time(t['overlapped_s'])} overlapped ({t['bound']}-bound), "
                 f"{_fmt_time(t['serial_s'])} serial; compute {_fmt_time(t['compute_s'])}"
-                + (f", {t['waves']} wave{'s' if t['waves'] != 1 else ''} of {t['blocks_per_wave']} blocks" if t.get("waves") else "")
+                + (f", {t['waves']} wave{'s' if t['waves'] != 1 else ''} of {t['blocks_per_wave']} blocks"
+                   f" ({t['blocks_per_sm']} per SM, bound by {t['occupancy_bound']})" if t.get("waves") else "")
             )
             if self.total_flops != 0:
                 lines.append(f"  predicted throughput: {float(self.total_flops) / t['overlapped_s'] / 1e12:.1f} TFLOP/s")
@@ -500,7 +501,7 @@ def flops_by_unit(program: Program, arch: str | None = None) -> tuple[dict, list
     return {unit: sympy.expand(v) for unit, v in totals.items()}, priced
 
 
-def predict_time(program: Program, levels: dict, priced: list) -> dict:
+def predict_time(program: Program, levels: dict, priced: list, occupancy: dict | None = None) -> dict:
     """Roofline prediction; None entries where a rate, bandwidth or size is unknown."""
     hardware = program.hardware
     schedule = program.schedule
@@ -530,15 +531,22 @@ def predict_time(program: Program, levels: dict, priced: list) -> dict:
         transfer[name] = float(t)
     compute_level = levels[schedule.compute_level]
     blocks = as_number(compute_level.N)
-    from .pseudocode import co_resident_blocks
+    from .pseudocode import blocks_per_unit
 
-    slots = co_resident_blocks(schedule, compute_level.M_bytes) if as_number(compute_level.M_bytes) is not None else None
-    if blocks and slots:
+    resident = [blocks_per_unit(schedule, smem, threads, registers) for smem, threads, registers in (occupancy or {}).values()]
+    resident = [r for r in resident if r is not None]
+    if not occupancy and as_number(compute_level.M_bytes) is not None:
+        resident = [r for r in [blocks_per_unit(schedule, compute_level.M_bytes)] if r is not None]
+    if blocks and resident:
+        per_sm, limit = min(resident)
+        slots = per_sm * schedule.hardware.level(schedule.compute_level).units
         waves = math.ceil(blocks / slots)
         efficiency = blocks / (waves * slots)
         compute_s /= efficiency
         time["waves"] = waves
         time["blocks_per_wave"] = slots
+        time["blocks_per_sm"] = per_sm
+        time["occupancy_bound"] = limit
     time["compute_s"] = compute_s
     time["transfer_s"] = transfer
     overlapped = max([compute_s] + list(transfer.values()))
@@ -547,6 +555,34 @@ def predict_time(program: Program, levels: dict, priced: list) -> dict:
     bound_level = max(transfer, key=transfer.get) if transfer else None
     time["bound"] = "compute" if not transfer or compute_s >= transfer[bound_level] else f"{bound_level} transfer"
     return time
+
+
+def launch_occupancy(program: Program, rows: list[dict], arch: str | None = None, resources: dict | None = None) -> dict:
+    """Per launch: (shared bytes, threads, registers per thread) that decide how many of its
+    blocks an SM holds. Threads and registers come from ``resources`` (the compiled kernel:
+    its block size and ptxas's count) where given; a tensor-core launch otherwise has its
+    plan's threads and an estimate from its fragments (``isel.estimated_registers``); an FMA
+    launch its threads, and registers only once compiled."""
+    from .isel import FMA_THREADS, estimated_registers
+
+    level = program.schedule.compute_level
+    tensor = tensor_launches(program, arch)
+    out = {}
+    for launch in program.launches:
+        mine = [r for r in rows if r["launch"] == launch.index]
+        smem = as_number(max_of(r["M_bytes"].get(level, 0) for r in mine)) if mine else None
+        if smem is None:
+            continue
+        threads = registers = None
+        if resources and launch.index in resources:
+            threads, registers = resources[launch.index]
+        elif launch.index in tensor:
+            plan, tile = tensor[launch.index]
+            threads, registers = plan.threads, estimated_registers(plan, launch, tile)
+        elif program.hardware.arch is not None:
+            threads = FMA_THREADS  # registers unknown until ptxas has counted them
+        out[launch.index] = (smem, threads, registers)
+    return out
 
 
 def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
@@ -598,15 +634,16 @@ def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
         )
 
 
-def cost_of(program: Program, *, check: bool = True, arch: str | None = None) -> CostReport:
+def cost_of(program: Program, *, check: bool = True, arch: str | None = None, resources: dict | None = None) -> CostReport:
     """Read the performance model off a Program, for the instruction paths ``arch`` selects
-    (default: the hardware profile's architecture)."""
+    (default: the hardware profile's architecture). ``resources`` maps a launch index to the
+    compiled kernel's (threads per block, registers per thread), which then decide occupancy."""
     rows = columns(program, arch)
     levels = level_costs(program, rows, arch)
     if check:
         check_capacity(program, levels, rows)
     flops, priced = flops_by_unit(program, arch)
-    time = predict_time(program, levels, priced)
+    time = predict_time(program, levels, priced, launch_occupancy(program, rows, arch, resources) if not program.hardware.symbolic else None)
     schedule = program.schedule
     notes = list(schedule.notes)
     if any(lp.derived for launch in program.launches for _, loops in walk(launch.body) for lp in loops):

@@ -48,6 +48,8 @@ class Level:
     units: int = 1
     compute: bool = False
     threads_per_unit: int | None = None
+    registers_per_unit: int | None = None  # 4-byte registers of one unit (an SM) for its threads
+    blocks_per_unit: int | None = None  # resident thread blocks one unit holds at most
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,8 @@ def load_hardware(name: str) -> Hardware:
             units=int(entry.get("units", 1)),
             compute=bool(entry.get("compute", False)),
             threads_per_unit=entry.get("threads_per_unit"),
+            registers_per_unit=entry.get("registers_per_unit"),
+            blocks_per_unit=entry.get("blocks_per_unit"),
         )
         for entry in data["level"]
     )

@@ -32,6 +32,7 @@ from .relabel import bind
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 TENSOR_DTYPES = ("bf16", "f16")
 MAX_WARPS = 8
+FMA_THREADS = 256  # threads per block of a launch on the FMA path
 # Fragment registers one thread may hold at once; the rest of the 255 hold addresses, operand
 # fragments and temporaries (an FA2-class attention loop at d = 128 compiles to ~184 with ~100 here).
 FRAGMENT_BUDGET = 160
@@ -491,3 +492,16 @@ def warp_line(plan: TensorPlan) -> str:
     shape = f"{plan.warp_rows} {plan.row}" + (f" x {plan.warp_cols} {plan.split}" if plan.split else " rows")
     return (f"parallel for warp in {plan.warps} warps of {shape} @registers:"
             f"  # mma.sync m16n8k16; {held} in registers")
+
+
+# Registers a tensor-core kernel needs beyond its fragments (addresses, operand fragments,
+# loop state), fitted on napkin's own sm_90 kernels as ptxas compiles them: attention d = 128
+# (192 registers for 102 fragment values) and matmul 128 x 128 (210 for 128). The compiled
+# kernel's report uses ptxas's count instead (cost_of(resources=...)).
+REGISTER_OVERHEAD = 86
+MAX_REGISTERS = 255
+
+
+def estimated_registers(plan: TensorPlan, launch: LaunchProgram, tile: dict) -> int:
+    """Registers per thread before ptxas has counted them: live fragments plus the overhead."""
+    return min(MAX_REGISTERS, live_fragment_values(plan, launch, tile) + REGISTER_OVERHEAD)

@@ -453,14 +453,39 @@ def elaborate(schedule: Schedule) -> Program:
 # ---- the L2 level --------------------------------------------------------------------------
 
 
-def co_resident_blocks(schedule: Schedule, smem_bytes) -> int | None:
-    """Thread blocks running at once: SMs x blocks per SM (shared-memory bound, at most 32)."""
-    compute = schedule.hardware.level(schedule.compute_level)
+# Registers are allocated to warps in units of 256 (8 per thread): the CUDA occupancy
+# calculator's "register allocation unit size" for compute capability 8.x and 9.x.
+REGISTER_ALLOCATION_UNIT = 256
+
+
+def blocks_per_unit(schedule: Schedule, smem_bytes, threads: int | None = None, registers: int | None = None) -> tuple[int, str] | None:
+    """Resident thread blocks per SM and what limits them: shared memory, and, when the launch's
+    threads (and registers per thread) are known, threads, registers and the block limit."""
+    hardware = schedule.hardware
+    compute = hardware.level(schedule.compute_level)
     capacity = compute.capacity
     if not (isinstance(capacity, int) and sympy.sympify(smem_bytes).is_number):
         return None
-    per_sm = max(1, min(32, int(capacity // max(int(smem_bytes), 1))))
-    return compute.units * per_sm
+    limits = {"shared memory": int(capacity // max(int(smem_bytes), 1)), "blocks": 32}
+    thread_level = next((lv for lv in hardware.levels if lv.registers_per_unit), None)
+    if threads and thread_level is not None:
+        if thread_level.blocks_per_unit:
+            limits["blocks"] = thread_level.blocks_per_unit
+        if thread_level.threads_per_unit:
+            limits["threads"] = thread_level.threads_per_unit // threads
+        if registers:
+            per_warp = -(-registers * 32 // REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
+            limits["registers"] = thread_level.registers_per_unit // (per_warp * -(-threads // 32))
+    bound = min(limits, key=limits.get)
+    return max(1, limits[bound]), bound
+
+
+def co_resident_blocks(schedule: Schedule, smem_bytes, threads: int | None = None, registers: int | None = None) -> int | None:
+    """Thread blocks running at once: SMs x blocks per SM (:func:`blocks_per_unit`)."""
+    found = blocks_per_unit(schedule, smem_bytes, threads, registers)
+    if found is None:
+        return None
+    return schedule.hardware.level(schedule.compute_level).units * found[0]
 
 
 def l2_candidates(schedule: Schedule, level: str, blocks: int) -> list[tuple[Partition, ...]]:

@@ -271,8 +271,8 @@ def test_random_attention_relabellings_on_tensor_cores(q, x, d, gq, sx, warps, d
     chosen = isel.selection(program, program.launches[0])
     if min(q, gq) % 16 or min(x, sx) % 16:  # a tile clipped to a size that is not a fragment multiple
         assert chosen.path == "fma"
-    elif chosen.path == "fma":  # tall warp tiles over wide chunks: more fragment registers than allowed
-        assert "budget" in chosen.reason, chosen.reason
+    elif chosen.path == "fma":  # tall warp tiles over wide chunks, or a clipped tile they do not divide
+        assert "budget" in chosen.reason or "do not split" in chosen.reason, chosen.reason
     else:
         assert chosen.plan.warp_rows == min(wq, chosen.plan.row_tile)
     inputs, scalars = random_inputs(kernel.diagram, sizes)
@@ -429,3 +429,24 @@ def test_fma_path_keeps_staged_results_in_registers_not_local_memory(name, sizes
     compiled = tensor_kernel(name).compile("sm_90", **sizes)
     for entry in sass.sass_report(compiled)["launches"]:
         assert entry["whole"].get("local", 0) == 0, (entry["entry"], entry["whole"])
+
+
+# ---- occupancy --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["attention.napkin", "matmul.napkin", "mlp.napkin", "softmax.napkin", "gqa.napkin",
+                                  "attention_unfused.napkin", "rmsnorm.napkin"])
+def test_blocks_per_sm_are_the_limit_of_ptxas_registers_threads_and_shared_memory(name):
+    """The compiled kernel's report counts ptxas's registers: per SM 64K registers allocated per
+    warp in units of 256, 2048 threads, 32 blocks, the profile's shared memory per block."""
+    from .test_cuda_codegen import SIZES
+
+    compiled = tensor_kernel(name).compile("sm_90", **SIZES[name][0])
+    smem_capacity = compiled.program.hardware.level("smem").capacity
+    expected = []
+    for row in compiled.launch_table():
+        threads, registers = row["block"][0], row["registers"]
+        per_warp = -(-registers * 32 // 256) * 256
+        expected.append(min(smem_capacity // row["shared_bytes"], 2048 // threads,
+                            65536 // (per_warp * (threads // 32)), 32))
+    assert compiled.cost.time["blocks_per_sm"] == min(expected)

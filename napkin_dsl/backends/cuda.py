@@ -71,17 +71,23 @@ def _compiler(arch: str, ptx: bool):
     return NvrtcCompiler(arch, ptx=ptx)
 
 
-def generate(program: Program, report: CostReport | None = None) -> tuple[str, list[KernelSource]]:
-    """The CUDA C++ source of a Program (no compile)."""
-    lowered = lower(program, CudaDialect(), report)
+def generate(program: Program, report: CostReport | None = None, arch: str | None = None) -> tuple[str, list[KernelSource]]:
+    """The CUDA C++ source of a Program (no compile), with the instruction paths ``arch`` selects."""
+    lowered = lower(program, CudaDialect(), report, arch=arch)
     return lowered.source, lowered.kernels
 
 
 def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = False, report: CostReport | None = None) -> CompiledKernel:
     """Generate and compile ``program`` for ``arch``; cached in memory and on disk by source hash."""
-    report = report if report is not None else cost_of(program)
-    source, kernels = generate(program, report)
+    report = report if report is not None else cost_of(program, arch=arch)
+    source, kernels = generate(program, report, arch)
     module = _compiler(arch, ptx).compile(source, f"napkin_{program.diagram.name}.cu")
+    # The model before compiling estimated registers; the compiled kernel's report counts what
+    # ptxas allocated, and the threads of each launch, for occupancy.
+    counted = {index: (k.block, module.resources[k.entry]["registers"]) for index, k in enumerate(kernels)
+               if module.resources.get(k.entry, {}).get("registers")}
+    if counted and not program.hardware.symbolic:
+        report = cost_of(program, arch=arch, resources=counted, check=False)
     return CompiledKernel(
         name=program.diagram.name,
         arch=arch,

@@ -48,9 +48,10 @@ from ..diagram import (
     Softmax,
 )
 from ..errors import NapkinError
+from ..isel import FMA_THREADS
 from ..pseudocode import Loop, Program, Step, liveness
 
-THREADS = 256
+THREADS = FMA_THREADS
 REGISTER_TILE = 4  # outputs per thread along each of a contraction's two free axes
 WARP = 32
 ALIGN = 16

@@ -17,7 +17,7 @@
  *   l2     device  14,800      59,200     6,400       25,600     52,428,800  3  0.6     0.0177 us
  *   smem   block   14,800      59,200     3,200       12,800     232,448     3  0.6     0.00592 us
  *   FLOPs: fma 29,600, special 7,400  (total 37,000)
- *   predicted time: 1.75 us overlapped (compute-bound), 1.78 us serial; compute 1.75 us, 1 wave of 2376 blocks
+ *   predicted time: 0.779 us overlapped (compute-bound), 0.802 us serial; compute 0.779 us, 1 wave of 1056 blocks (8 per SM, bound by threads)
  *   predicted throughput: 0.0 TFLOP/s
  *   note: group r 16 does not divide r = 37: 3 groups, the last one masked (5 of 16)
  *   note: the l2 groups are derived: co-resident thread blocks in a swizzled launch order share L2 (docs: method, the L2 level)
