@@ -921,9 +921,10 @@ def python_page(example: Example, svgs: dict) -> str:
     except Exception:
         names = []
     sizes = ", ".join(f"{k}={v}" for k, v in setup.sizes.items())
+    kind = ("A kernel written in Python with `@napkin.kernel`: the annotations give the parameters, the docstring the "
+            "statements." if names else "A script using napkin's Python API.")
     out = [f"# {example.rel}", "", describe(example), "",
-           "A kernel written in Python with `@napkin.kernel`: the annotations give the parameters, the docstring the "
-           "statements. Every block on this page is real output, generated when the site was built.", "",
+           f"{kind} Every block on this page is real output, generated when the site was built.", "",
            "## Source", "", _cli(f"cat {path}", "ok"), "",
            "## Running it", "", _cli(f"python {path}", "ok"), ""]
     out += [_svg_section(example, svgs), ""]
