@@ -350,6 +350,7 @@ class AbstractOptimum:
         if not self.groups:
             raise NapkinError(f"kernel {diagram.name} has no group partition to tune on {profile.name}")
         self.knobs = knobs
+        self.name = diagram.name
         streams = [k for k in knobs if k.kind == "stream"]
         level = profile.compute_level.name
         schedule = make_schedule(diagram, profile, _block(diagram, profile, knobs, {k.axis: 1 for k in streams}), {})
@@ -386,22 +387,45 @@ class AbstractOptimum:
         """A capacity whose optimum lies well inside the grid: the memory of groups of 256."""
         return float(self.M(*[256 if relevant else 1 for relevant in self.relevant]))
 
+    @property
+    def memory_bound(self) -> bool:
+        """Whether more memory lowers H at all: some group size appears in H. Elementwise
+        kernels (``Y[i] = X * 2``) move each value once whatever the tiles: H = H0."""
+        return any(self.relevant)
+
     def beta(self) -> sympy.Rational:
+        if not self.memory_bound:
+            return sympy.Integer(0)
         capacity = self.fit_capacity
         h1, _ = self.at(capacity)
         h2, _ = self.at(4 * capacity)
-        return sympy.Rational(round(-math.log((h2 - self.H0_value) / (h1 - self.H0_value)) / math.log(4) * 4), 4)
+        above1, above2 = h1 - self.H0_value, h2 - self.H0_value
+        if not (math.isfinite(above1) and math.isfinite(above2)) or above1 <= 0:
+            # H already sits at its floor H0 at the fit capacity (or the grid found no
+            # fitting tile): memory buys nothing more, which is beta = 0.
+            return sympy.Integer(0)
+        if above2 <= 0:
+            # H reaches its floor H0 between C and 4C: the decline is steeper than any power
+            # of M the fit could name, and the log of 0 is undefined.
+            raise NapkinError(f"cannot fit H* = alpha M^-beta + H0 for {self.name}: H reaches H0 = {self.H0} "
+                              f"between M = {capacity:.4g} and {4 * capacity:.4g} values",
+                              hint="bind the axis sizes (--set) so that the tiles stay well inside them")
+        return sympy.Rational(round(-math.log(above2 / above1) / math.log(4) * 4), 4)
 
 
 def _tune_abstract(diagram: Diagram, profile: Hardware, block, sizes: dict, started: float) -> TuneResult:
     """The paper's closed form on the abstract models: fit beta of H* = alpha M^-beta + H0."""
     model = AbstractOptimum(diagram, profile, block, sizes)
     beta = model.beta()
-    optimum = sympy.Symbol("alpha") * sympy.Symbol("M", positive=True) ** (-beta) + model.H0
+    # With beta = 0 no term falls with M: the optimum is the floor H0 itself (alpha M^0 would
+    # be a constant the fit never measured).
+    optimum = model.H0 if beta == 0 else sympy.Symbol("alpha") * sympy.Symbol("M", positive=True) ** (-beta) + model.H0
     _, best = model.at(model.fit_capacity)
     sizes_at_fit = {k.axis: round(v) for k, v in zip(model.groups, best)}
     sizes_at_fit.update({k.axis: 1 for k in model.knobs if k.kind == "stream"})
-    configurations = [Configuration(sizes_at_fit, None)]
+    # The knobs travel with the configuration: its relabel line and block are written from them.
+    configurations = [Configuration(sizes_at_fit, None, knobs=list(model.knobs),
+                                    values={k: sizes_at_fit[k.axis] for k in model.knobs})]
     result = TuneResult(diagram.name, profile.name, model.knobs, configurations, model.evaluated,
                         _time.perf_counter() - started, {}, beta, optimum)
     result.fit_note = (f"group sizes at the fit's capacity M = {model.fit_capacity:.4g} values "
