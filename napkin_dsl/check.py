@@ -2,8 +2,8 @@
 
 What it checks, per kernel: names (no unknown names, no use before definition, each output
 assigned exactly once, nothing assigned twice, parameters never assigned); axes (each array
-spelled with its own axes, no axis twice in one array, reductions and softmax name an axis of
-their operand, implicit contraction only for a product of array references with every
+spelled with its own axes, no axis twice in one array, reductions and softmax name axes of
+their operand, each once, implicit contraction only for a product of array references with every
 contracted axis in at least two operands, broadcasting only onto axes the target has);
 opaque boxes (argument count, axes and dtypes against the ``box`` signature); dtypes (low
 precision products accumulate in f32, declared output dtypes convert on save); and
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from dataclasses import dataclass
 
 import sympy
@@ -331,6 +332,14 @@ class _KernelChecker:
         if not expr.axes:
             self.out.error(f"{expr.name}[] names no axis to reduce", expr.span, f"write {expr.name}[AXIS](...)")
             return None
+        repeated = next((a for i, a in enumerate(expr.axes) if a in expr.axes[:i]), None)
+        if repeated is not None:
+            # Reducing j twice is not a reduction over j*j elements: the cost would count the
+            # axis twice and the backends refuse the duplicate. Caret under the second one.
+            kept = " ".join(dict.fromkeys(expr.axes))
+            self.out.error(f"{what} names axis {repeated!r} twice", _axis_list_span(expr.span, expr.axes, repeated),
+                           f"reduce each axis once: {expr.name}[{kept}](...)")
+            return None
         operand = self.single_operand(expr, what)
         if operand is None:
             return None
@@ -580,6 +589,26 @@ class _KernelChecker:
         return None
 
 
+def _axis_list_span(span: Span | None, axes, axis: str) -> Span | None:
+    """The span of the second ``axis`` in the axis list written after a call's name (``sum[j j]``),
+    found in the source line; the name's span when the line does not show the list."""
+    if span is None or not span.source_line:
+        return span
+    line = span.source_line
+    open_at = line.find("[", span.column - 1)
+    close_at = line.find("]", open_at + 1)
+    if open_at < 0 or close_at < 0:
+        return span
+    seen = 0
+    for match in re.finditer(r"[^\W\d]\w*", line[open_at + 1 : close_at]):
+        if match.group() == axis:
+            seen += 1
+            if seen == 2:
+                start = open_at + 1 + match.start() + 1
+                return Span(span.file, span.line, start, span.source_line, start + len(axis))
+    return span
+
+
 def _power_in_range(base, exponent) -> bool:
     """Whether base^exponent (two sympy numbers) lies within float range, without computing it."""
     if base == 0 or abs(base) == 1:
@@ -633,6 +662,13 @@ def _check_boxes(module: syn.Module, out: _Collector) -> dict:
         if decl.name in reserved:
             out.error(f"box {decl.name!r} has the name of a built-in function", decl.span, "choose another name")
             continue
+        for position, type_ in enumerate(decl.inputs, start=1):
+            # An input's axes are what the box consumes: one named twice would be counted twice.
+            repeated = next((a for i, a in enumerate(type_.axes or ()) if a in type_.axes[:i]), None)
+            if repeated is not None:
+                out.error(f"axis {repeated!r} appears twice in input {position} of box {decl.name} "
+                          f"{type_.dtype}{_axes_text(type_.axes)}", type_.span,
+                          "an array has each axis once; use two names for two axes of the same size")
         boxes[decl.name] = decl
     return boxes
 

@@ -15,7 +15,7 @@ import sympy
 
 import napkin_dsl as napkin
 from napkin_dsl.cli import main
-from napkin_dsl.errors import NapkinError
+from napkin_dsl.errors import NapkinError, NapkinTypeError
 
 ELEMENTWISE = "kernel k(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X * 2\n"
 
@@ -67,3 +67,33 @@ def test_tune_softmax_rows_example_on_an_abstract_model(capsys):
     code, out, _ = cli(capsys, "tune", str(EXAMPLES / "softmax.napkin"), "--hardware", "two_level", "--json")
     assert code == 0
     assert '"beta": 0' in out
+
+
+# ---- 7: a reduction naming one axis twice --------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["sum", "max", "min", "mean"])
+def test_repeated_reduction_axis_is_a_checker_error(reduction):
+    source = f"kernel k(X: f32[i j]) -> Y: f32[i]:\n    Y[i] = {reduction}[j j](X)\n"
+    with pytest.raises(NapkinTypeError) as info:
+        napkin.load(source)
+    error = info.value
+    assert error.message == f"{reduction}[j j] names axis 'j' twice"
+    column = len(f"    Y[i] = {reduction}[j ") + 1
+    assert (error.span.line, error.span.column) == (2, column)  # the caret sits under the second j
+    assert f"{reduction}[j](...)" in error.hint
+
+
+def test_repeated_reduction_axis_cli(tmp_path, capsys):
+    path = write(tmp_path, "kernel k(X: f32[i j]) -> Y: f32[i]:\n    Y[i] = sum[j j](X)\n")
+    err = cli_fails(capsys, "check", path)
+    assert f"{path}:2:18: error: sum[j j] names axis 'j' twice" in err
+    assert "hint: reduce each axis once: sum[j](...)" in err
+    cli_fails(capsys, "run", path, "--set", "i=4", "j=4")  # it used to reach NumPy's ValueError
+
+
+def test_repeated_box_input_axis_is_a_checker_error():
+    source = "box F(f32[x x]) -> f32[y]\nkernel k(X: f32[i x]) -> Y: f32[i y]:\n    Y[i y] = F(X)\n"
+    with pytest.raises(NapkinTypeError, match=r"axis 'x' appears twice in input 1 of box F f32\[x x\]") as info:
+        napkin.load(source)
+    assert (info.value.span.line, info.value.span.column) == (1, 7)
