@@ -679,9 +679,10 @@ def _relabel_hardware(block: syn.RelabelBlock | None, out: _Collector, hardware:
         return None, None
     try:
         profile = load_hardware(name)
-    except NapkinError:
-        out.error(f"unknown hardware {name!r}", block.span if block else None,
-                  _did_you_mean(name, hardware_names()) or f"known hardware: {', '.join(hardware_names())}")
+    except NapkinError as exc:
+        # load_hardware says what is wrong (no such profile, an unreadable or invalid .toml);
+        # the checker adds where and, for a misspelt profile name, which one was meant.
+        out.error(exc.message, block.span if block else None, _did_you_mean(name, hardware_names()) or exc.hint)
         return None, None
     return name, set(profile.level_names())
 

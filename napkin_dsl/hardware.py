@@ -114,21 +114,66 @@ def _size_value(value):
     return value
 
 
-@functools.lru_cache(maxsize=None)
 def load_hardware(name: str) -> Hardware:
-    """Load a profile by name (``H100``) or from a path to a TOML file."""
+    """Load a profile by name (``H100``) or from a path to a TOML file.
+
+    Anything else is a :class:`NapkinError` naming what was given: a name that is no profile,
+    a path that is not a readable ``.toml`` file (missing, a directory, unreadable, too long
+    for the file system, with a NUL in it), or a profile that is not valid.
+    """
+    if not isinstance(name, str):
+        raise NapkinError(f"hardware must be a profile name or a path to a .toml file, got {type(name).__name__} {name!r:.60}",
+                          hint=f"known hardware: {', '.join(hardware_names())}")
+    return _load_hardware(name)
+
+
+def _shown(name: str) -> str:
+    """A name as messages quote it: a long one is cut, with its length (fuzzers pass thousands)."""
+    return repr(name) if len(name) <= 80 else f"{name[:60]!r}... ({len(name):,} characters)"
+
+
+def _profile_path(name: str) -> Path:
+    """The file a hardware name stands for: a bundled profile, else an existing .toml path.
+
+    Only the bundled names are looked up in PROFILE_DIR, so ``../x`` cannot reach beyond it.
+    """
+    if name in hardware_names():
+        return PROFILE_DIR / f"{name}.toml"
+    hint = f"known hardware: {', '.join(hardware_names())}, or a path to a .toml profile"
+    if not name.endswith(".toml"):
+        raise NapkinError(f"unknown hardware {_shown(name)}", hint=hint)
     path = Path(name)
-    if not (path.suffix == ".toml" and path.exists()):
-        path = PROFILE_DIR / f"{name}.toml"
-    if not path.exists():
-        raise NapkinError(
-            f"unknown hardware {name!r}",
-            hint=f"known hardware: {', '.join(hardware_names())}, or a path to a .toml profile",
-        )
     try:
-        data = tomllib.loads(path.read_text())
+        # stat() raises OSError for a name too long for the file system (ENAMETOOLONG) and
+        # ValueError for one with a NUL byte: neither is a file napkin can read.
+        if path.is_file():
+            return path
+        missing = "is a directory" if path.is_dir() else "does not exist"
+    except (OSError, ValueError) as exc:
+        missing = f"cannot be a file: {getattr(exc, 'strerror', None) or exc}"
+    raise NapkinError(f"hardware profile {_shown(name)} {missing}", hint=hint)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_hardware(name: str) -> Hardware:
+    path = _profile_path(name)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise NapkinError(f"cannot read hardware profile {_shown(str(path))}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise NapkinError(f"hardware profile {_shown(str(path))} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise NapkinError(f"hardware profile {path.name} is not valid TOML: {exc}") from None
+    try:
+        return _profile(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        what = f"missing {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+        raise NapkinError(f"hardware profile {_shown(str(path))} is malformed: {what}",
+                          hint=f"compare it with a bundled profile, e.g. {PROFILE_DIR / 'H100.toml'}") from None
+
+
+def _profile(data: dict) -> Hardware:
     levels = tuple(
         Level(
             name=entry["name"],
@@ -143,6 +188,8 @@ def load_hardware(name: str) -> Hardware:
         )
         for entry in data["level"]
     )
+    if not levels:
+        raise ValueError("it has no [[level]] entries")
     return Hardware(
         name=data["name"],
         description=data.get("description", data["name"]),

@@ -97,3 +97,60 @@ def test_repeated_box_input_axis_is_a_checker_error():
     with pytest.raises(NapkinTypeError, match=r"axis 'x' appears twice in input 1 of box F f32\[x x\]") as info:
         napkin.load(source)
     assert (info.value.span.line, info.value.span.column) == (1, 7)
+
+
+# ---- 8: hardware names that are neither a profile nor a readable .toml file ----------------
+
+
+LONG_NAME = "a" * 300
+
+
+@pytest.mark.parametrize("name, message", [
+    (LONG_NAME, "unknown hardware 'aaaa"),
+    (LONG_NAME + ".toml", "cannot be a file"),  # ENAMETOOLONG from stat()
+    ("bad\x00name.toml", "'bad\\x00name.toml'"),
+    ("/no/such/profile.toml", "hardware profile '/no/such/profile.toml' does not exist"),
+    ("../hardware/H100", "unknown hardware '../hardware/H100'"),  # only bundled names are looked up
+    ("", "unknown hardware ''"),
+])
+def test_load_hardware_refuses_names_it_cannot_read(name, message):
+    from napkin_dsl.hardware import load_hardware
+
+    with pytest.raises(NapkinError) as info:
+        load_hardware(name)
+    assert message in info.value.message
+    assert len(info.value.message) < 200  # a 300-character name is cut, with its length
+    if name:  # an empty hardware= means the default, as None does
+        with pytest.raises(NapkinError):
+            napkin.load(ELEMENTWISE)["k"].cost(name)
+
+
+def test_load_hardware_refuses_unreadable_or_invalid_profiles(tmp_path):
+    from napkin_dsl.hardware import load_hardware
+
+    (tmp_path / "dir.toml").mkdir()
+    (tmp_path / "syntax.toml").write_text("not toml\n")
+    (tmp_path / "levels.toml").write_text('name = "x"\n')
+    (tmp_path / "binary.toml").write_bytes(b"\xff\xfe\x00")
+    cases = {"dir.toml": "is a directory", "syntax.toml": "is not valid TOML", "levels.toml": "missing 'level'",
+             "binary.toml": "is not UTF-8 text"}
+    for file, message in cases.items():
+        with pytest.raises(NapkinError, match=message):
+            load_hardware(str(tmp_path / file))
+    with pytest.raises(NapkinError, match="got int 7"):
+        load_hardware(7)
+
+
+def test_long_hardware_name_cli(tmp_path, capsys):
+    path = write(tmp_path, ELEMENTWISE)
+    for command in ("cost", "pseudo", "tune", "report", "run"):
+        err = cli_fails(capsys, command, path, "--hardware", LONG_NAME, "--set", "i=64")
+        assert "unknown hardware 'aaaa" in err and "(300 characters)" in err, command
+    err = cli_fails(capsys, "cost", path, "--hardware", LONG_NAME + ".toml")
+    assert "cannot be a file" in err
+
+
+def test_long_hardware_name_in_a_relabel_block(tmp_path, capsys):
+    path = write(tmp_path, ELEMENTWISE + f"\nrelabel k on {LONG_NAME}:\n    smem: group i 4\n")
+    err = cli_fails(capsys, "check", path)
+    assert f"{path}:4:14: error: unknown hardware 'aaaa" in err
