@@ -17,6 +17,7 @@ ones (see ``_CURATED``), never a lark exception.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
@@ -625,6 +626,12 @@ def _syntax_error(exc: UnexpectedInput, text: str, start: str, file: str, lines,
     if start == "body" and source_line[column - 1 :].startswith(("kernel", "box")):
         message, hint = _DOCSTRING_HEADER
         return NapkinSyntaxError(f"{message} ({found})", span, hint)
+    glued = _glued_keyword(exc, source_line, column)
+    if glued is not None:
+        word, rest, start = glued  # the caret runs under the whole glued word
+        span = make_span(file, lines, line, start, start + len(word) + len(rest), line_offset, first_column_offset)
+        return NapkinSyntaxError(f"missing space after the keyword '{word}' in '{word}{rest}'", span,
+                                 f"write '{word} {rest}': a keyword is a word of its own")
     try:
         label = _curated_label(exc, start, source_line[: column - 1])
     except Exception:  # the examples are ours; a broken one must never hide the user's error
@@ -658,11 +665,39 @@ _TOKEN_NAMES = {
     "RARROW": "'->'",
     "LEVEL": "'@level'",
     "PARTITION_KIND": "'group' or 'stream'",
-    "KERNEL": "'kernel'",
-    "RELABEL": "'relabel'",
-    "BOX": "'box'",
-    "ON": "'on'",
+    "_KERNEL": "'kernel'",
+    "_RELABEL": "'relabel'",
+    "_BOX": "'box'",
+    "_ON": "'on'",
+    "_FOR": "'for'",
 }
+
+# The keyword terminals of the grammar and the words they match. Keywords need a word
+# boundary, so a keyword glued to a name (`kernelfoo`, `forY`, `groupi`) lexes as a name.
+_KEYWORDS = {"_KERNEL": ("kernel",), "_RELABEL": ("relabel",), "_BOX": ("box",), "_ON": ("on",), "_FOR": ("for",),
+             "PARTITION_KIND": ("group", "stream")}
+# Lines that can only be a declaration with its keyword glued to the name: no statement's
+# target is followed by '(' and none holds the reserved word 'on'.
+_GLUED_DECLARATION = re.compile(r"\s*(?:(kernel|box)(\w+)\s*\(|(relabel)(\w+)(?:\s+\w+)?\s+on(?!\w))")
+
+
+def _glued_keyword(exc: UnexpectedInput, source_line: str, column: int) -> tuple[str, str, int] | None:
+    """(keyword, name, column of the glued word) when the mistake is a keyword written without
+    its space: the parser wanted the keyword and found a name that starts with it (``smem
+    forY:``), or the line is a declaration whose keyword runs into its name (``kernelfoo(...)``
+    after a kernel, where ``kernelfoo`` first reads as a statement's target)."""
+    token = getattr(exc, "token", None)
+    if isinstance(exc, UnexpectedToken) and token is not None and token.type == "NAME":
+        text = str(token)
+        for terminal in exc.expected or ():
+            for word in _KEYWORDS.get(terminal, ()):
+                if text.startswith(word) and len(text) > len(word):
+                    return word, text[len(word):], column
+    match = _GLUED_DECLARATION.match(source_line)
+    if match:
+        group = 1 if match.group(1) else 3
+        return match.group(group), match.group(group + 1), match.start(group) + 1
+    return None
 
 
 def _normalize(text: str) -> tuple[str, list[str]]:

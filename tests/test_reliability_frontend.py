@@ -15,7 +15,7 @@ import sympy
 
 import napkin_dsl as napkin
 from napkin_dsl.cli import main
-from napkin_dsl.errors import NapkinError, NapkinTypeError
+from napkin_dsl.errors import NapkinError, NapkinSyntaxError, NapkinTypeError
 
 ELEMENTWISE = "kernel k(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X * 2\n"
 
@@ -154,3 +154,61 @@ def test_long_hardware_name_in_a_relabel_block(tmp_path, capsys):
     path = write(tmp_path, ELEMENTWISE + f"\nrelabel k on {LONG_NAME}:\n    smem: group i 4\n")
     err = cli_fails(capsys, "check", path)
     assert f"{path}:4:14: error: unknown hardware 'aaaa" in err
+
+
+# ---- 10: keywords glued to names ------------------------------------------------------------
+
+
+RELABELLED = "kernel foo(X: f32[i j]) -> Y: f32[i j]:\n    Y[i j] = X * 2\n\nrelabel foo on H100:\n"
+
+
+@pytest.mark.parametrize("source, line, column, word, name", [
+    ("kernelfoo(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X * 2\n", 1, 1, "kernel", "foo"),
+    ("boxF(f32[x]) -> f32[y]\n", 1, 1, "box", "F"),
+    ("relabelfoo on H100:\n    smem: group i 4\n", 1, 1, "relabel", "foo"),
+    (RELABELLED + "    smem forY: groupi 4; streamj 4\n", 5, 10, "for", "Y"),
+    (RELABELLED + "    smem for Y: groupi 4\n", 5, 17, "group", "i"),
+    (RELABELLED + "    smem: group i 4; streamj 4\n", 5, 22, "stream", "j"),
+    ("kernel foo(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X * 2\n\nrelabel foo onH100:\n    smem: group i 4\n", 4, 13, "on", "H100"),
+    # After a kernel, `kernelbar` first reads as a statement's target; the line still says what it is.
+    ("kernel foo(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X * 2\nkernelbar(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X\n", 3, 1, "kernel", "bar"),
+    ("kernel foo(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X * 2\n\nrelabelfoo on H100:\n    smem: group i 4\n", 4, 1, "relabel", "foo"),
+])
+def test_keyword_glued_to_a_name_is_a_syntax_error(source, line, column, word, name):
+    with pytest.raises(NapkinSyntaxError) as info:
+        napkin.load(source)
+    error = info.value
+    assert error.message == f"missing space after the keyword '{word}' in '{word}{name}'"
+    assert (error.span.line, error.span.column) == (line, column)
+    assert error.span.end_column == column + len(word + name)  # the caret runs under the glued word
+    assert error.hint.startswith(f"write '{word} {name}'")
+
+
+def test_keyword_glued_to_a_name_cli(tmp_path, capsys):
+    path = write(tmp_path, RELABELLED + "    smem forY: groupi 4; streamj 4\n")
+    err = cli_fails(capsys, "check", path)
+    assert f"{path}:5:10: syntax error: missing space after the keyword 'for' in 'forY'" in err
+    path = write(tmp_path, "kernelfoo(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X * 2\n")
+    err = cli_fails(capsys, "check", path)
+    assert f"{path}:1:1: syntax error: missing space after the keyword 'kernel' in 'kernelfoo'" in err
+
+
+def test_glued_keyword_in_a_docstring_body():
+    from napkin_dsl.syntax import parse
+
+    with pytest.raises(NapkinSyntaxError, match="missing space after the keyword 'for' in 'forY'"):
+        parse("Y[i] = X * 2\nrelabel on H100:\n    smem forY: group i 4\n", start="body")
+
+
+def test_names_that_begin_with_a_keyword_are_names():
+    # A keyword needs a word boundary, in both directions: these are all ordinary names.
+    source = ("box boxed(f32[onset]) -> f32[forward]\n"
+              "kernel kernelize(groups: f32[onset streams], fora: f32) -> relabelled: f32[streams forward]:\n"
+              "    boxes[streams forward] = boxed(groups)\n"
+              "    relabelled[streams forward] = boxes * fora\n\n"
+              "relabel kernelize on H100:\n"
+              "    smem for relabelled: group streams 4\n")
+    kernel = napkin.load(source)["kernelize"]
+    assert kernel.diagram.params == ("groups", "fora")
+    assert [s.target for s in kernel.diagram.statements] == ["boxes", "relabelled"]
+    assert kernel.relabel.levels[0].partitions[0].targets == ("relabelled",)
