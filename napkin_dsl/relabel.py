@@ -177,26 +177,45 @@ def is_top(level: str | None, profile: Hardware) -> bool:
 
 
 def split_launches(diagram: Diagram, profile: Hardware) -> list[tuple[list[Statement], list[str], list[str]]]:
-    """Split statements into launches at each materialisation to the top level."""
+    """Split statements into launches at each materialisation to the top level.
+
+    A launch saves its kernel outputs, its ``@top`` arrays, and every other array it computes
+    that a later launch reads (:func:`carried_across`): nothing stays on chip from one launch
+    to the next, so such an array goes through the top level like a materialised one.
+    """
     groups: list[list[Statement]] = [[]]
     for statement in diagram.statements:
         groups[-1].append(statement)
         if is_top(statement.level, profile) and statement is not diagram.statements[-1]:
             groups.append([])
     launches = []
-    for statements in groups:
+    for index, statements in enumerate(groups):
         produced = {s.target for s in statements}
         inputs = []
         for s in statements:
             for name in s.inputs:
                 if name not in produced and name not in inputs:
                     inputs.append(name)
+        read_later = {name for later in groups[index + 1:] for s in later for name in s.inputs}
         outputs = [
             s.target for s in statements
-            if s.target in diagram.outputs or is_top(s.level, profile)
+            if s.target in diagram.outputs or is_top(s.level, profile) or s.target in read_later
         ]
         launches.append((statements, inputs, outputs))
     return launches
+
+
+def carried_across(diagram: Diagram, profile: Hardware) -> list[tuple[Statement, Statement]]:
+    """(producer, first later reader) of each array written without ``@top`` but read by a later
+    launch: napkin saves it to the top level at the end of its launch and loads it in the reader's."""
+    split = split_launches(diagram, profile)
+    found = []
+    for index, (statements, _, outputs) in enumerate(split):
+        for s in statements:
+            if s.target in outputs and s.target not in diagram.outputs and not is_top(s.level, profile):
+                reader = next(r for later, _, _ in split[index + 1:] for r in later if s.target in r.inputs)
+                found.append((s, reader))
+    return found
 
 
 # ---- streams -------------------------------------------------------------------------------
@@ -433,6 +452,11 @@ def make_schedule(
     raise_collected(errors)
 
     notes = []
+    for producer, reader in carried_across(diagram, profile):
+        notes.append(
+            f"{producer.target} ({_line(producer)}) is read by {reader.target} ({_line(reader)}) after a launch boundary: "
+            f"napkin saves it to {top} and loads it there, as if it were written {producer.target}[{' '.join(producer.axes)}] @{top}"
+        )
     schedule = Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, ())
     for p in partitions:
         if p.derived:
