@@ -274,6 +274,20 @@ def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[s
                     s.span or span, f"fuse the contraction over {axis} into this launch (drop the @level), leave {axis} unpartitioned, "
                                     f"or stream it only where it can: '... for TARGET: stream {axis} SIZE'",
                 )
+            # The running max and sum are per row (the softmax's woven axes): a contraction's
+            # accumulator is rescaled and divided row by row, so it must keep every row apart.
+            # One that also sums over a woven axis mixes rows whose maxima differ.
+            for u in users:
+                mixed = [a for a in s.woven if a not in u.axes]
+                if mixed:
+                    raise RelabelError(
+                        f"cannot stream {axis}: {u.target}[{' '.join(u.axes)}] ({_line(u)}) contracts softmax[{axis}] "
+                        f"{s.target} ({_line(s)}) over {' '.join(mixed)} as well as {axis}; the online softmax rescales "
+                        f"and normalises per row of {s.target} ({' '.join(s.woven)}), so the contraction must keep "
+                        f"{'that axis' if len(mixed) == 1 else 'those axes'} in its result",
+                        u.span or span, f"leave {axis} unpartitioned, or compute {u.target} in two steps: "
+                                        f"keep {' '.join(mixed)} in a first contraction, then sum over {' '.join(mixed)}",
+                    )
             roles[s.index] = "online"
             carries[s.target] = True
             continue

@@ -75,3 +75,35 @@ def test_an_array_read_after_a_launch_boundary_runs_right_on_opencl(opencl_devic
     outputs = opencl.run(program, arrays, scalars)
     expected = evaluate(kernel.diagram, arrays, scalars, {"i": 300}, keep_float64=True)
     assert relative_error(outputs["Y"], expected["Y"]) == 0.0
+
+
+# ---- 2. an online softmax whose contraction also sums over the softmax's rows -------------------
+
+ROWS_MIXED = """\
+kernel k(A: f32[x y]) -> H: f32[]:
+    Z[x y] = softmax[x](A)
+    H[] = A * Z
+
+relabel k on H100:
+    smem: stream x 13
+"""
+
+
+def test_an_online_softmax_contracted_over_its_rows_is_refused_by_relabel_legality():
+    with pytest.raises(RelabelError) as caught:
+        only(ROWS_MIXED)
+    error = caught.value
+    assert error.span.line == 3
+    assert error.message == (
+        "cannot stream x: H[] (line 3) contracts softmax[x] Z (line 2) over y as well as x; the online softmax "
+        "rescales and normalises per row of Z (y), so the contraction must keep that axis in its result")
+    assert error.hint == "leave x unpartitioned, or compute H in two steps: keep y in a first contraction, then sum over y"
+
+
+def test_the_refusals_workaround_streams_and_matches_the_reference():
+    kernel = only(ROWS_MIXED.replace("    H[] = A * Z\n", "    G[y] = A * Z\n    H[] = sum[y](G)\n"))
+    *_, outputs, counts, expected = run_numpy(kernel, {"x": 22, "y": 5})
+    assert relative_error(outputs["H"], expected["H"]) < 1e-6
+    unstreamed = only(ROWS_MIXED.replace("\nrelabel k on H100:\n    smem: stream x 13\n", ""))
+    *_, outputs, _, expected = run_numpy(unstreamed, {"x": 22, "y": 5})
+    assert relative_error(outputs["H"], expected["H"]) < 1e-6
