@@ -107,3 +107,24 @@ def test_the_refusals_workaround_streams_and_matches_the_reference():
     unstreamed = only(ROWS_MIXED.replace("\nrelabel k on H100:\n    smem: stream x 13\n", ""))
     *_, outputs, _, expected = run_numpy(unstreamed, {"x": 22, "y": 5})
     assert relative_error(outputs["H"], expected["H"]) < 1e-6
+
+
+# ---- 3. the scalar factor of a contraction with no axes after a streamed softmax ----------------
+
+SCALAR_FACTOR = """\
+kernel k(A: f32[z]) -> D: f32[]:
+    R[z] = softmax[z](A)
+    D[] = R[z] * A[z] * 2
+
+relabel k on H100:
+    smem: stream z 12
+"""
+
+
+def test_the_factor_of_a_contraction_without_axes_is_applied_after_a_streamed_softmax():
+    kernel = only(SCALAR_FACTOR)
+    program, arrays, scalars, outputs, counts, expected = run_numpy(kernel, {"z": 21})
+    assert any(step.text == "D *= 2" for step, _ in walk(program.launches[0].body))
+    assert outputs["D"].shape == () and outputs["D"].dtype == np.float32
+    assert relative_error(outputs["D"], expected["D"]) < 1e-6  # it was 0.5: the factor 2 was dropped
+    assert counts.differences(cost_of(program, check=False)) == []

@@ -454,7 +454,9 @@ class _Interpreter:
 
     # -- compute-level state and operands
     def store(self, level: str, name: str, axes, tile: np.ndarray) -> None:
-        self.values[level][name] = tile
+        # asarray: a reduction to no axes yields a NumPy scalar; buffers are always arrays
+        # (0-d ones included), so every later step may update them in place.
+        self.values[level][name] = np.asarray(tile)
         self.starts[level][name] = self.origin(axes)
 
     @staticmethod
@@ -579,7 +581,10 @@ class _Interpreter:
         def apply():
             factor = self.evaluate(s, lambda: evaluator.expression(scale))
             tile = values[target]
-            tile *= factor.values if not factor.axes else factor.aligned(held)
+            # Written back, not `tile *= factor`: a result with no axes (D[] = R[z] * A[z] * 2
+            # after a streamed softmax) can be a NumPy scalar, which `*=` rebinds instead of
+            # updating, and the factor would be lost.
+            values[target] = np.asarray(tile * (factor.values if not factor.axes else factor.aligned(held)), dtype=tile.dtype)
 
         return apply
 
