@@ -127,6 +127,60 @@ ELEMENTWISE: dict[str, Callable] = {
 _REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}
 
 
+# The float range the checker allows a constant (check.number_in_range, check._power_in_range).
+_FLOAT_RANGE = (1e-300, 1e300)
+
+
+def constant_value(value: sympy.Expr, sizes: dict, kernel: str = "the kernel") -> float:
+    """A size expression (``d^-0.5``, ``i^-4294967296``) as a float, at ``sizes`` (axis name -> int).
+
+    Exact arithmetic, as sympy does it, but a power is checked before it is computed: sympy
+    evaluates ``8^-4294967296`` exactly, a number of four billion digits, which never ends. A
+    value outside the range the checker allows a literal constant (1e-300 to 1e300, or 0), a
+    division by zero or a non-real value raises :class:`_Failure`, as the checker refuses such
+    constants when they are written with numbers.
+    """
+    shown = str(value).replace("**", "^")  # in the notation's spelling
+
+    def at():
+        bound = sorted(s.name for s in value.free_symbols if s.name in sizes)
+        return f" at {', '.join(f'{n}={sizes[n]}' for n in bound)}" if bound else ""
+
+    def evaluate(expr):
+        if expr.is_Symbol:
+            if expr.name not in sizes:
+                raise _Failure(f"the size expression {shown} uses {expr.name}, which is not an axis of {kernel}")
+            return sympy.Integer(int(sizes[expr.name]))
+        if expr.is_Number or not expr.args:
+            return expr
+        args = [evaluate(a) for a in expr.args]
+        if expr.is_Pow:
+            from .check import _power_in_range
+
+            base, exponent = args
+            if not _power_in_range(base, exponent):
+                raise _Failure(f"the size expression {shown} is out of floating-point range{at()}: {base}^{exponent}",
+                               "napkin computes in floating point: keep constants between 1e-300 and 1e300")
+            return base**exponent
+        return expr.func(*args)
+
+    number = evaluate(value)
+    if number.has(sympy.zoo, sympy.oo, sympy.nan):
+        raise _Failure(f"the size expression {shown} is undefined{at()} (division by zero)",
+                       "check the divisor and the exponent's sign")
+    if number.is_real is False:
+        raise _Failure(f"the size expression {shown} is not a real number{at()}",
+                       "a negative number has no real fractional power")
+    try:
+        result = float(number)
+    except OverflowError:
+        result = math.inf
+    if result != 0 and not _FLOAT_RANGE[0] <= abs(result) <= _FLOAT_RANGE[1]:
+        raise _Failure(f"the size expression {shown} is out of floating-point range{at()} ({result:g})",
+                       "napkin computes in floating point: keep constants between 1e-300 and 1e300")
+    return result
+
+
 class _Evaluator:
     """The state of one evaluation: sizes, scalars, implementations and the arrays so far."""
 
@@ -143,12 +197,7 @@ class _Evaluator:
 
     # -- elementwise expressions
     def constant(self, value: sympy.Expr) -> float:
-        free = {s: sympy.Integer(self.sizes[s.name]) for s in value.free_symbols if s.name in self.sizes}
-        number = value.xreplace(free)
-        if number.free_symbols:
-            names = ", ".join(sorted(s.name for s in number.free_symbols))
-            raise _Failure(f"the size expression {value} uses {names}, which is not an axis of {self.diagram.name}")
-        return float(number)
+        return constant_value(value, self.sizes, self.diagram.name)
 
     def expression(self, expr) -> _Named:
         if isinstance(expr, Read):

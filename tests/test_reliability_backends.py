@@ -128,3 +128,68 @@ def test_the_factor_of_a_contraction_without_axes_is_applied_after_a_streamed_so
     assert outputs["D"].shape == () and outputs["D"].dtype == np.float32
     assert relative_error(outputs["D"], expected["D"]) < 1e-6  # it was 0.5: the factor 2 was dropped
     assert counts.differences(cost_of(program, check=False)) == []
+
+
+# ---- 4. a size expression no float holds (it hung: sympy computed 8^-4294967296 exactly) ------
+
+HUGE_POWER = """\
+kernel k(X: f32[i]) -> Y: f32[i]:
+    Y[i] = X * i^-4294967296
+"""
+
+
+def test_a_size_power_out_of_float_range_is_a_clear_error_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "huge.napkin"
+    path.write_text(HUGE_POWER)
+    # A subprocess with a time limit: the hang must not hang the test suite.
+    done = subprocess.run([sys.executable, "-m", "napkin_dsl.cli", "run", str(path), "--set", "i=8"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"{path}:2:5: error: the size expression i^(-4294967296) is out of floating-point range at i=8: 8^-4294967296" in done.stderr
+    assert "hint: napkin computes in floating point: keep constants between 1e-300 and 1e300" in done.stderr
+
+
+def test_a_size_power_out_of_float_range_is_refused_by_every_backend():
+    from napkin_dsl.backends import lowering
+    from napkin_dsl.errors import NapkinCallError
+
+    kernel = only(HUGE_POWER)
+    arrays, scalars = random_arguments(kernel.diagram, {"i": 8}, 0)
+    message = "the size expression i^(-4294967296) is out of floating-point range at i=8: 8^-4294967296"
+    with pytest.raises(NapkinCallError) as reference_error:
+        evaluate(kernel.diagram, arrays, scalars, {"i": 8})
+    assert reference_error.value.message == message and reference_error.value.span.line == 2
+    with pytest.raises(NapkinCallError) as numpy_error:
+        execute(kernel.program(None, i=8), arrays, scalars)
+    assert numpy_error.value.message == message and numpy_error.value.span.line == 2
+    with pytest.raises(lowering.LoweringError) as lowering_error:
+        lowering.lower(kernel.gpu_program(None, i=8), lowering.OpenCLDialect())
+    assert lowering_error.value.message == message
+
+
+@pytest.mark.parametrize("text, sizes, message", [
+    ("Y[i] = X * (i - 8)^-1", {"i": 8}, "the size expression 1/(i - 8) is undefined at i=8 (division by zero)"),
+    ("Y[i] = X * (i - 9)^0.5", {"i": 8}, "the size expression sqrt(i - 9) is not a real number at i=8"),
+])
+def test_a_size_expression_without_a_real_value_is_a_clear_error(text, sizes, message):
+    from napkin_dsl.errors import NapkinCallError
+
+    kernel = only(f"kernel k(X: f32[i]) -> Y: f32[i]:\n    {text}\n")
+    arrays, scalars = random_arguments(kernel.diagram, sizes, 0)
+    with pytest.raises(NapkinCallError) as caught:
+        evaluate(kernel.diagram, arrays, scalars, sizes)
+    assert caught.value.message == message and caught.value.span.line == 2
+
+
+def test_a_small_size_power_in_float_range_runs_right_on_numpy_and_opencl(opencl_device):
+    from napkin_dsl.backends import opencl
+
+    kernel = only("kernel k(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X * i^-40 * 2^100\n")
+    program, arrays, scalars, outputs, _, expected = run_numpy(kernel, {"i": 8})
+    want = arrays["X"].astype(np.float64) * 8.0**-40 * 2.0**100
+    np.testing.assert_allclose(expected["Y"], want, rtol=1e-15)
+    assert relative_error(outputs["Y"], want) < 1e-6
+    assert relative_error(opencl.run(kernel.gpu_program(None, i=8), arrays, scalars)["Y"], want) < 1e-6

@@ -32,8 +32,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import sympy
-
 from ..cost import as_number, columns, level_costs
 from ..diagram import (
     DTYPE_BYTES,
@@ -50,6 +48,7 @@ from ..diagram import (
 from ..errors import NapkinError
 from ..isel import FMA_THREADS
 from ..pseudocode import Loop, Program, Step, liveness
+from ..reference import _Failure, constant_value
 
 THREADS = FMA_THREADS
 REGISTER_TILE = 4  # outputs per thread along each of a contraction's two free axes
@@ -224,8 +223,13 @@ def print_expression(expr, sizes: dict, dialect: Dialect, read) -> str:
     if isinstance(expr, Read):
         return read(expr)
     if isinstance(expr, Const):
-        value = expr.value.subs({sympy.Symbol(a, positive=True, integer=True): v for a, v in sizes.items()})
-        return f"{float(value)!r}f"
+        # The reference's evaluation: the same float, and the same refusal of a power that no
+        # float holds (substituting the sizes into i^-4294967296 would compute it exactly).
+        try:
+            value = constant_value(expr.value, sizes)
+        except _Failure as failure:
+            raise LoweringError(failure.message, hint=failure.hint) from None
+        return f"{value!r}f"
     if isinstance(expr, ScalarParam):
         return f"p_{expr.name}"
     if isinstance(expr, Apply):
