@@ -27,7 +27,7 @@ from ..cache import write_atomically
 from ..cost import CostReport, cost_of
 from ..pseudocode import Program
 from ..types import numpy_dtype
-from .lowering import CudaDialect, KernelSource, lower
+from .lowering import CudaDialect, KernelSource, ident, lower
 
 DEFAULT_ARCH = "sm_90"
 
@@ -81,7 +81,7 @@ def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = Fals
     """Generate and compile ``program`` for ``arch``; cached in memory and on disk by source hash."""
     report = report if report is not None else cost_of(program, arch=arch)
     source, kernels = generate(program, report, arch)
-    module = _compiler(arch, ptx).compile(source, f"napkin_{program.diagram.name}.cu")
+    module = _compiler(arch, ptx).compile(source, f"napkin_{ident(program.diagram.name)}.cu")  # ASCII, as the entries
     # The model before compiling estimated registers; the compiled kernel's report counts what
     # ptxas allocated, and the threads of each launch, for occupancy.
     counted = {index: (k.block, module.resources[k.entry]["registers"]) for index, k in enumerate(kernels)

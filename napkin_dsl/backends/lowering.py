@@ -215,6 +215,39 @@ inline ushort nk_to_bf16(float v) {
     unroll = ""
 
 
+# ---- identifiers ----------------------------------------------------------------------------
+
+
+def ident(name: str) -> str:
+    """A napkin name (array, axis, scalar, kernel, or a state buffer such as ``O.acc``) as the
+    ASCII tail of a C identifier; the printers put a fixed prefix per kind in front (``g_`` global
+    arrays, ``s_`` shared buffers, ``f_`` fragments, ``p_`` scalars, ``i_ o_ n_ c_ b_ grp_`` per
+    axis, ``nk_c?_`` copy offsets, ``napkin_`` entries), and no prefix is a prefix of another.
+
+    The notation allows any Unicode letters in names (``f32[Δ]``); NVRTC does not, in
+    identifiers. The mapping is deterministic and injective, so distinct names never meet:
+
+    * a *plain* name (ASCII letters, digits and single underscores, starting with a letter)
+      is itself, so every ordinary kernel prints as before;
+    * any other name is ``_`` followed by its characters, ASCII letters and digits as they
+      are and every other character as ``_<hex code point>_`` (``Δ`` -> ``__394_``): it starts
+      with ``_``, which no plain name does, and it reads back one way only;
+    * a state buffer ``X.acc`` (``.max .sum .scale``) is ``ident(X)`` + ``__`` + ``acc``:
+      a plain name has no ``__``, and in an escaped one ``__`` is followed by hex digits
+      closed by ``_``, never by the end of the name (``acc``, ``max``, ``sum``, ``scale``),
+      so no array's identifier equals a state's (``S_acc``'s is ``S_acc``, ``S.acc``'s
+      ``S__acc``).
+    """
+    if "." in name:
+        array, state = name.split(".", 1)
+        return f"{ident(array)}__{state}"
+    plain = name[:1].isascii() and name[:1].isalpha() and "__" not in name and all(
+        c.isascii() and (c.isalnum() or c == "_") for c in name)
+    if plain:
+        return name
+    return "_" + "".join(c if c.isascii() and c.isalnum() else f"_{ord(c):x}_" for c in name)
+
+
 # ---- elementwise expressions ----------------------------------------------------------------
 
 
@@ -231,7 +264,7 @@ def print_expression(expr, sizes: dict, dialect: Dialect, read) -> str:
             raise LoweringError(failure.message, hint=failure.hint) from None
         return f"{value!r}f"
     if isinstance(expr, ScalarParam):
-        return f"p_{expr.name}"
+        return f"p_{ident(expr.name)}"
     if isinstance(expr, Apply):
         return dialect.math(expr.fn, [print_expression(a, sizes, dialect, read) for a in expr.args])
     raise AssertionError(f"napkin bug: expression {expr!r}")
@@ -402,12 +435,12 @@ class _Printer:
             side = sides.get(axis, 1)
             outer = self.groups(axis) // side if side > 1 else self.groups(axis)
             if side > 1:
-                self.emit(f"const int g_{axis} = (nk_block % {outer}) * {side} + nk_inner % {side}; "
+                self.emit(f"const int grp_{ident(axis)} = (nk_block % {outer}) * {side} + nk_inner % {side}; "
                           f"nk_block /= {outer}; nk_inner /= {side};")
             else:
-                self.emit(f"const int g_{axis} = nk_block % {outer}; nk_block /= {outer};")
-            self.emit(f"const int o_{axis} = g_{axis} * {self.tile[axis]};")
-            self.set_origin(axis, f"o_{axis}")
+                self.emit(f"const int grp_{ident(axis)} = nk_block % {outer}; nk_block /= {outer};")
+            self.emit(f"const int o_{ident(axis)} = grp_{ident(axis)} * {self.tile[axis]};")
+            self.set_origin(axis, f"o_{ident(axis)}")
 
     def extent_expr(self, axis: str) -> str:
         """The valid extent of an axis in the current tile (a constant when the tile divides it)."""
@@ -417,7 +450,7 @@ class _Printer:
         slot = self.slots[name]
         index = ""
         for axis in slot.axes:
-            term = f"i_{axis}" if axis in axes else "0"
+            term = f"i_{ident(axis)}" if axis in axes else "0"
             index = term if not index else f"({index}) * {self.tile[axis]} + {term}"
         return index or "0"
 
@@ -425,12 +458,12 @@ class _Printer:
         axes = self.diagram.arrays[array].axes
         index = ""
         for axis in axes:
-            term = f"{self.origin[axis]} + i_{axis}" if axis in self.origin else f"i_{axis}"
+            term = f"{self.origin[axis]} + i_{ident(axis)}" if axis in self.origin else f"i_{ident(axis)}"
             index = f"({term})" if not index else f"({index}) * {self.sizes[axis]} + ({term})"
         return index or "0"
 
     def ptr(self, name: str) -> str:
-        return f"s_{name.replace('.', '_')}"
+        return f"s_{ident(name)}"
 
     def read(self, name: str, axes) -> str:
         slot = self.slots[name]
@@ -451,7 +484,7 @@ class _Printer:
         rest = self.fresh("r")
         self.emit(f"int {rest} = {variable};")
         for axis in reversed(axes):
-            self.emit(f"const int i_{axis} = {rest} % ({self.extent_expr(axis)}); {rest} /= ({self.extent_expr(axis)});")
+            self.emit(f"const int i_{ident(axis)} = {rest} % ({self.extent_expr(axis)}); {rest} /= ({self.extent_expr(axis)});")
         self.emit(f"(void){rest};")
 
     # -- the kernel
@@ -467,10 +500,10 @@ class _Printer:
             if isinstance(s.box, Opaque):
                 raise LoweringError(f"box {s.box.box.name} is opaque: it has no body to compile", s.span,
                                     "opaque boxes are for the cost model; run them with the NumPy backend and impls=")
-        params = [f"{(d.global_const if role == 'in' else d.global_mut).format(t=d.storage[dtype])} g_{name}"
+        params = [f"{(d.global_const if role == 'in' else d.global_mut).format(t=d.storage[dtype])} g_{ident(name)}"
                   for name, dtype, role in arrays]
         scalars = [n for n in self.diagram.params if n in self.diagram.scalars]
-        params += [f"float p_{n}" for n in scalars]
+        params += [f"float p_{ident(n)}" for n in scalars]
         grid = math.prod(self.groups(a) for a in self.grouped) if self.grouped else 1
         self.lines.append(f"{d.kernel_qualifier.format(threads=self.threads)} {entry}({', '.join(params)}) {{")
         self.emit(d.arena_decl)
@@ -491,8 +524,8 @@ class _Printer:
         if self.sizes[axis] % self.tile[axis] == 0:
             self.valid[axis] = str(self.tile[axis])
         else:
-            self.emit(f"const int n_{axis} = {self.dialect.fmin}({self.tile[axis]}, {self.sizes[axis]} - {origin});")
-            self.valid[axis] = f"n_{axis}"
+            self.emit(f"const int n_{ident(axis)} = {self.dialect.fmin}({self.tile[axis]}, {self.sizes[axis]} - {origin});")
+            self.valid[axis] = f"n_{ident(axis)}"
 
     def nodes(self, nodes):
         for node in nodes:
@@ -503,11 +536,11 @@ class _Printer:
                 if node.level != self.level:
                     raise LoweringError(f"stream partitions at {node.level} cannot be printed; stream at {self.level}")
                 chunks = -(-self.sizes[node.axis] // self.tile[node.axis])
-                self.emit(f"for (int c_{node.axis} = 0; c_{node.axis} < {chunks}; ++c_{node.axis}) {{")
+                self.emit(f"for (int c_{ident(node.axis)} = 0; c_{ident(node.axis)} < {chunks}; ++c_{ident(node.axis)}) {{")
                 self.depth += 1
-                self.emit(f"const int o_{node.axis} = c_{node.axis} * {self.tile[node.axis]};")
+                self.emit(f"const int o_{ident(node.axis)} = c_{ident(node.axis)} * {self.tile[node.axis]};")
                 saved_valid = dict(self.valid)
-                self.set_origin(node.axis, f"o_{node.axis}")
+                self.set_origin(node.axis, f"o_{ident(node.axis)}")
                 self.nodes(node.body)
                 self.valid = saved_valid
                 del self.origin[node.axis]
@@ -549,12 +582,12 @@ class _Printer:
             self.depth += 1
             rest = self.fresh("r")
             self.emit(f"int {rest} = {t};")
-            self.emit(f"const int i_{last} = ({rest} % {self.tile[last] // vector}) * {vector}; {rest} /= {self.tile[last] // vector};")
+            self.emit(f"const int i_{ident(last)} = ({rest} % {self.tile[last] // vector}) * {vector}; {rest} /= {self.tile[last] // vector};")
             for axis in reversed(outer):
-                self.emit(f"const int i_{axis} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
-            valid = " && ".join(f"i_{a} < {self.extent_expr(a)}" for a in outer if self.extent_expr(a) != str(self.tile[a])) or "true"
+                self.emit(f"const int i_{ident(axis)} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
+            valid = " && ".join(f"i_{ident(a)} < {self.extent_expr(a)}" for a in outer if self.extent_expr(a) != str(self.tile[a])) or "true"
             dst = f"{self.ptr(name)}[{self.buffer_index(name, axes)}]"
-            src = f"g_{name}[{self.global_index(name)}]"
+            src = f"g_{ident(name)}[{self.global_index(name)}]"
             self.emit(f"if ({valid}) {{ {d.vector_copy(dst, src)} }} else {{ {d.vector_zero(dst)} }}")
             self.depth -= 1
             self.emit("}")
@@ -567,9 +600,9 @@ class _Printer:
         rest = self.fresh("r")
         self.emit(f"int {rest} = {t};")
         for axis in reversed(axes):
-            self.emit(f"const int i_{axis} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
-        valid = " && ".join(f"i_{a} < {self.extent_expr(a)}" for a in axes if self.extent_expr(a) != str(self.tile[a])) or "true"
-        value = d.load(f"g_{name}", self.global_index(name), array.dtype)
+            self.emit(f"const int i_{ident(axis)} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
+        valid = " && ".join(f"i_{ident(a)} < {self.extent_expr(a)}" for a in axes if self.extent_expr(a) != str(self.tile[a])) or "true"
+        value = d.load(f"g_{ident(name)}", self.global_index(name), array.dtype)
         self.emit(f"const float v = ({valid}) ? {value} : 0.0f;")
         self.emit(self.write(name, axes, "v"))
         self.depth -= 1
@@ -580,7 +613,7 @@ class _Printer:
         array = self.diagram.arrays[name]
         d = self.dialect
         self.flat_loop(array.axes, lambda: self.emit(
-            d.store(f"g_{name}", self.global_index(name), self.read(name, array.axes), array.dtype)))
+            d.store(f"g_{ident(name)}", self.global_index(name), self.read(name, array.axes), array.dtype)))
 
     def step_init(self, step: Step):
         s = step.statement
@@ -708,7 +741,7 @@ class _Printer:
             self.emit(f"int {rest} = {t};")
             for axis in reversed(s.axes):
                 extent = blocks.get(axis, self.extent_expr(axis))
-                variable = f"b_{axis}" if axis in blocks else f"i_{axis}"
+                variable = f"b_{ident(axis)}" if axis in blocks else f"i_{ident(axis)}"
                 self.emit(f"const int {variable} = {rest} % ({extent}); {rest} /= ({extent});")
             self.emit(f"(void){rest};")
             body()
@@ -720,16 +753,16 @@ class _Printer:
             self.emit(f"float acc[{rm}][{rn}];")
             self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) acc[u][v] = 0.0f;")
             for axis in box.contracted:
-                self.emit(f"for (int i_{axis} = 0; i_{axis} < {self.extent_expr(axis)}; ++i_{axis}) {{")
+                self.emit(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{")
                 self.depth += 1
             self.emit(f"float a[{rm}], b[{rn}];")
             self.emit(f"for (int u = 0; u < {rm}; ++u) {{")
-            self.emit(f"    const int i_{am} = {self.interleaved(am, rm, 'u')};")
-            self.emit(f"    a[u] = (i_{am} < {self.extent_expr(am)}) ? {self.read(first.array, s.iteration_axes)} : 0.0f;")
+            self.emit(f"    const int i_{ident(am)} = {self.interleaved(am, rm, 'u')};")
+            self.emit(f"    a[u] = (i_{ident(am)} < {self.extent_expr(am)}) ? {self.read(first.array, s.iteration_axes)} : 0.0f;")
             self.emit("}")
             self.emit(f"for (int v = 0; v < {rn}; ++v) {{")
-            self.emit(f"    const int i_{an} = {self.interleaved(an, rn, 'v')};")
-            self.emit(f"    b[v] = (i_{an} < {self.extent_expr(an)}) ? {self.read(second.array, s.iteration_axes)} : 0.0f;")
+            self.emit(f"    const int i_{ident(an)} = {self.interleaved(an, rn, 'v')};")
+            self.emit(f"    b[v] = (i_{ident(an)} < {self.extent_expr(an)}) ? {self.read(second.array, s.iteration_axes)} : 0.0f;")
             self.emit("}")
             self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) acc[u][v] += a[u] * b[v];")
             for _ in box.contracted:
@@ -758,9 +791,9 @@ class _Printer:
         """for each (u, v) of a register block whose output lies inside the valid tile: store()."""
         self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) {{")
         self.depth += 1
-        self.emit(f"const int i_{am} = {self.interleaved(am, rm, 'u')};")
-        self.emit(f"const int i_{an} = {self.interleaved(an, rn, 'v')};")
-        self.emit(f"if (i_{am} < {self.extent_expr(am)} && i_{an} < {self.extent_expr(an)}) {{")
+        self.emit(f"const int i_{ident(am)} = {self.interleaved(am, rm, 'u')};")
+        self.emit(f"const int i_{ident(an)} = {self.interleaved(an, rn, 'v')};")
+        self.emit(f"if (i_{ident(am)} < {self.extent_expr(am)} && i_{ident(an)} < {self.extent_expr(an)}) {{")
         self.depth += 1
         store()
         self.depth -= 1
@@ -773,8 +806,8 @@ class _Printer:
         b, b + blocks, ...), so consecutive threads touch consecutive elements: shared-memory
         reads of the other operand fall in distinct banks and output stores coalesce."""
         if per == 1:
-            return f"b_{axis}"
-        return f"b_{axis} + {k} * ((({self.extent_expr(axis)}) + {per - 1}) / {per})"
+            return f"b_{ident(axis)}"
+        return f"b_{ident(axis)} + {k} * ((({self.extent_expr(axis)}) + {per - 1}) / {per})"
 
     def register_tile_axes(self, box: Contract, target_axes):
         if len(box.operands) != 2:
@@ -793,7 +826,7 @@ class _Printer:
         def body(store):
             self.emit("float acc = 0.0f;")
             for axis in box.contracted:
-                self.emit(f"for (int i_{axis} = 0; i_{axis} < {self.extent_expr(axis)}; ++i_{axis}) {{")
+                self.emit(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{")
                 self.depth += 1
             self.emit(f"acc += {product()};")
             for _ in box.contracted:
@@ -1060,7 +1093,7 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
     kernels = []
     tensor = False
     for launch in program.launches:
-        entry = f"napkin_{program.diagram.name}_{launch.index}"
+        entry = f"napkin_{ident(program.diagram.name)}_{launch.index}"
         chosen = selection(program, launch, arch)
         if chosen.plan is not None:
             tensor = True

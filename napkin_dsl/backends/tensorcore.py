@@ -33,7 +33,7 @@ from ..diagram import DTYPE_BYTES, Apply, Contract, Map, Read, Reduce, Softmax
 from ..isel import TensorPlan, fragment_values, smem_layout
 from ..layouts import SwizzledTile, ldmatrix_lane_terms, ldmatrix_offset_expr, offset_expr
 from ..pseudocode import Loop, Step, walk
-from .lowering import KernelSource, LoweringError, _Printer, print_expression
+from .lowering import KernelSource, LoweringError, _Printer, ident, print_expression
 
 CUDA_PRELUDE = r"""
 // ---- tensor-core primitives (PTX ISA: ldmatrix, mma.m16n8k16, cp.async) ----
@@ -169,7 +169,7 @@ LOG2E = 1.4426950408889634
 
 
 def _var(name: str) -> str:
-    return "f_" + name.replace(".", "_")
+    return "f_" + ident(name)
 
 
 class TensorPrinter(_Printer):
@@ -187,10 +187,10 @@ class TensorPrinter(_Printer):
         d, plan = self.dialect, self.plan
         arrays = [(n, self.diagram.arrays[n].dtype, "in") for n in self.launch.launch.inputs]
         arrays += [(n, self.diagram.arrays[n].dtype, "out") for n in self.launch.launch.outputs]
-        params = [f"{(d.global_const if role == 'in' else d.global_mut).format(t=d.storage[dtype])} g_{name}"
+        params = [f"{(d.global_const if role == 'in' else d.global_mut).format(t=d.storage[dtype])} g_{ident(name)}"
                   for name, dtype, role in arrays]
         scalars = [n for n in self.diagram.params if n in self.diagram.scalars]
-        params += [f"float p_{n}" for n in scalars]
+        params += [f"float p_{ident(n)}" for n in scalars]
         grid = 1
         for axis in self.grouped:
             grid *= self.groups(axis)
@@ -387,11 +387,11 @@ class TensorPrinter(_Printer):
             if self.threads % units or (self.threads // units) % 8:
                 continue
             per = 16 // tile.element_bytes
-            self.emit(f"const int nk_cr_{name} = nk_tid / {units}, nk_cc_{name} = (nk_tid % {units}) * {per};  // {name}: this thread's copy")
-            self.emit(f"const int nk_cs_{name} = {offset_expr(tile, f'nk_cr_{name}', f'nk_cc_{name}')};")
+            self.emit(f"const int nk_cr_{ident(name)} = nk_tid / {units}, nk_cc_{ident(name)} = (nk_tid % {units}) * {per};  // {name}: this thread's copy")
+            self.emit(f"const int nk_cs_{ident(name)} = {offset_expr(tile, f'nk_cr_{ident(name)}', f'nk_cc_{ident(name)}')};")
             origins = {a: o for a, o in self.origin.items() if a != self.plan.stream}
-            coords = {op.rows: f"nk_cr_{name}", op.cols: f"nk_cc_{name}"}
-            self.emit(f"const int nk_cg_{name} = {self.global_offset(name, coords, origins)};")
+            coords = {op.rows: f"nk_cr_{ident(name)}", op.cols: f"nk_cc_{ident(name)}"}
+            self.emit(f"const int nk_cg_{ident(name)} = {self.global_offset(name, coords, origins)};")
             self.copies[name] = self.threads // units
 
     def stride(self, name: str, axis: str) -> int:
@@ -422,21 +422,21 @@ class TensorPrinter(_Printer):
         step_rows = self.copies[name]
         passes = -(-tile.rows // step_rows)
         stream = self.plan.stream
-        offset = f"nk_cg_{name}"
+        offset = f"nk_cg_{ident(name)}"
         if origin is not None and stream in self.diagram.arrays[name].axes:
             offset += f" + ({origin}) * {self.stride(name, stream)}"
         row_origin = origin if op.rows == stream else self.origin.get(op.rows)
         col_origin = origin if op.cols == stream else self.origin.get(op.cols)
 
         def body():
-            row = f"nk_cr_{name} + v * {step_rows}"
+            row = f"nk_cr_{ident(name)} + v * {step_rows}"
             valid = []
             if self.sizes[op.rows] % self.tile[op.rows]:
                 valid.append(f"({row_origin + ' + ' if row_origin else ''}{row} < {self.sizes[op.rows]})")
             if self.sizes[op.cols] % self.tile[op.cols]:
-                valid.append(f"({col_origin + ' + ' if col_origin else ''}nk_cc_{name} < {self.sizes[op.cols]})")
-            copy = (f"NK_CP16({base} + nk_cs_{name} + v * {step_rows * tile.pitch}, "
-                    f"g_{name} + {offset} + v * {step_rows * self.stride(name, op.rows)}, {' && '.join(valid) or 1});")
+                valid.append(f"({col_origin + ' + ' if col_origin else ''}nk_cc_{ident(name)} < {self.sizes[op.cols]})")
+            copy = (f"NK_CP16({base} + nk_cs_{ident(name)} + v * {step_rows * tile.pitch}, "
+                    f"g_{ident(name)} + {offset} + v * {step_rows * self.stride(name, op.rows)}, {' && '.join(valid) or 1});")
             # Threads past the tile's last row copy nothing (a masked copy would still write zeros).
             self.emit(f"if ({row} < {tile.rows}) {copy}" if tile.rows % step_rows else copy)
 
@@ -462,7 +462,7 @@ class TensorPrinter(_Printer):
                     start = origins.get(axis)
                     valid.append(f"({start} + {var} < {self.sizes[axis]})" if start else f"({var} < {self.sizes[axis]})")
             index = self.global_offset(name, coords, origins)
-            self.emit(f"NK_CP16({base} + {offset_expr(tile, 'r', 'c')}, g_{name} + ({index}), {' && '.join(valid) or 1});")
+            self.emit(f"NK_CP16({base} + {offset_expr(tile, 'r', 'c')}, g_{ident(name)} + ({index}), {' && '.join(valid) or 1});")
 
         self.emit(f"for (int u = nk_tid; u < {count}; u += {self.threads}) {{")
         self.depth += 1
@@ -482,10 +482,10 @@ class TensorPrinter(_Printer):
         self.emit("int rest = u;")
         coords = {}
         for axis in reversed(array.axes):
-            self.emit(f"const int i_{axis} = rest % {self.tile[axis]}; rest /= {self.tile[axis]};")
-            coords[axis] = f"i_{axis}"
-        valid = " && ".join(f"(i_{a} < {self.extent_expr(a)})" for a in array.axes if self.extent_expr(a) != str(self.tile[a])) or "1"
-        value = d.load(f"g_{name}", self.global_offset(name, coords, self.origin), array.dtype)
+            self.emit(f"const int i_{ident(axis)} = rest % {self.tile[axis]}; rest /= {self.tile[axis]};")
+            coords[axis] = f"i_{ident(axis)}"
+        valid = " && ".join(f"(i_{ident(a)} < {self.extent_expr(a)})" for a in array.axes if self.extent_expr(a) != str(self.tile[a])) or "1"
+        value = d.load(f"g_{ident(name)}", self.global_offset(name, coords, self.origin), array.dtype)
         t = d.storage[array.dtype]
         pointer = f"reinterpret_cast<{t}*>(nk_smem + {slot.offset})" if d.name == "cuda" else f"((__local {t}*)(nk_smem + {slot.offset}))"
         self.emit(d.store(pointer, "u", f"(({valid}) ? {value} : 0.0f)", array.dtype))
@@ -516,13 +516,13 @@ class TensorPrinter(_Printer):
             self.load(name, origin="0", stage="0", commit=False)
         if streamed:
             self.emit("NK_CP_COMMIT();")
-        self.emit(f"for (int c_{axis} = 0; c_{axis} < {chunks}; c_{axis} += {stages}) {{")
+        self.emit(f"for (int c_{ident(axis)} = 0; c_{ident(axis)} < {chunks}; c_{ident(axis)} += {stages}) {{")
         self.depth += 1
         for stage in range(stages):
-            guard = f"if (c_{axis} + {stage} < {chunks}) " if stage and chunks % stages else ""
+            guard = f"if (c_{ident(axis)} + {stage} < {chunks}) " if stage and chunks % stages else ""
             self.emit(f"{guard}{{  // stage {stage}")
             self.depth += 1
-            self.chunk(node, axis, streamed, chunks, stage, f"(c_{axis} + {stage})" if stage else f"c_{axis}")
+            self.chunk(node, axis, streamed, chunks, stage, f"(c_{ident(axis)} + {stage})" if stage else f"c_{ident(axis)}")
             self.depth -= 1
             self.emit("}")
         self.depth -= 1
@@ -530,12 +530,12 @@ class TensorPrinter(_Printer):
 
     def chunk(self, node: Loop, axis: str, streamed: list, chunks: int, stage: int, index: str):
         stages = self.plan.stages
-        self.emit(f"const int o_{axis} = {index} * {self.tile[axis]};")
+        self.emit(f"const int o_{ident(axis)} = {index} * {self.tile[axis]};")
         if streamed:
             self.emit(f"if ({index} + 1 < {chunks}) {{")
             self.depth += 1
             for name in streamed:
-                self.load(name, origin=f"(o_{axis} + {self.tile[axis]})", stage=str((stage + 1) % stages), commit=False)
+                self.load(name, origin=f"(o_{ident(axis)} + {self.tile[axis]})", stage=str((stage + 1) % stages), commit=False)
             self.depth -= 1
             self.emit("}")
             self.emit("NK_CP_COMMIT();  // one group per chunk, empty on the last: wait_group counts them")
@@ -543,7 +543,7 @@ class TensorPrinter(_Printer):
             self.emit("NK_SYNC();")
             self.pending = False
         saved_valid = dict(self.valid)
-        self.set_origin(axis, f"o_{axis}")
+        self.set_origin(axis, f"o_{ident(axis)}")
         for name in streamed:
             self.stage[name] = str(stage)
         self.nodes(node.body)
@@ -567,7 +567,7 @@ class TensorPrinter(_Printer):
             coords[col] = self.col_expr(col)
         valid = [f"({self.origin.get(a, '0')} + {coords[a]} < {self.sizes[a]})" for a in coords
                  if self.sizes[a] % self.tile[a] or (a in self.origin and a == self.plan.stream)]
-        store = self.dialect.store(f"g_{name}", self.global_offset(name, coords, self.origin), self.element(name, in_rows), array.dtype)
+        store = self.dialect.store(f"g_{ident(name)}", self.global_offset(name, coords, self.origin), self.element(name, in_rows), array.dtype)
         self.each_element(col, lambda: self.emit(f"if ({' && '.join(valid)}) {store}" if valid else store))
 
     def staging(self, step: Step) -> SwizzledTile | None:
@@ -619,7 +619,7 @@ class TensorPrinter(_Printer):
         self.emit(f"const int r = u / {units}, c = (u % {units}) * {per};")
         coords = {self.plan.row: "r", col: "c"}
         valid = [f"({self.origin.get(a, '0')} + {v} < {self.sizes[a]})" for a, v in coords.items() if self.sizes[a] % self.tile[a]]
-        pointer = f"g_{name} + ({self.global_offset(name, coords, self.origin)})"
+        pointer = f"g_{ident(name)} + ({self.global_offset(name, coords, self.origin)})"
         store = f"NK_ST16({pointer}, {offset_expr(tile, 'r', 'c')});"
         self.emit(f"if ({' && '.join(valid)}) {store}" if valid else store)
         self.depth -= 1

@@ -118,13 +118,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);
     int nk_block = blockIdx.x;
     int nk_inner = nk_block % 2; nk_block /= 2;  // the block within its L2 group
-    const int g_q = (nk_block % 1) * 2 + nk_inner % 2; nk_block /= 1; nk_inner /= 2;
-    const int o_q = g_q * 128;
+    const int grp_q = (nk_block % 1) * 2 + nk_inner % 2; nk_block /= 1; nk_inner /= 2;
+    const int o_q = grp_q * 128;
     const int n_q = min(128, 200 - o_q);
-    const int g_h = nk_block % 3; nk_block /= 3;
-    const int o_h = g_h * 1;
-    const int g_b = nk_block % 1; nk_block /= 1;
-    const int o_b = g_b * 1;
+    const int grp_h = nk_block % 3; nk_block /= 3;
+    const int o_h = grp_h * 1;
+    const int grp_b = nk_block % 1; nk_block /= 1;
+    const int o_b = grp_b * 1;
     (void)nk_block; (void)nk_g; (void)nk_t; (void)nk_wrow;
     const int nk_lb0 = ((((nk_lane & 7) + ((nk_lane >> 4) << 3))) * 256);  // K: this lane's ldmatrix row
     const int nk_lx0 = (((((((nk_lane >> 3) & 1) << 3)) * 2) >> 4) ^ (((((nk_lane & 7) + ((nk_lane >> 4) << 3))) >> 0) & 7));  // ... and its swizzle key
@@ -141,11 +141,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     const int nk_cr_V = nk_tid / 16, nk_cc_V = (nk_tid % 16) * 8;  // V: this thread's copy
     const int nk_cs_V = ((nk_cr_V) * 256 + (((((nk_cc_V) * 2) >> 4) ^ (((nk_cr_V) >> 0) & 7)) << 4) + (((nk_cc_V) * 2) & 15));
     const int nk_cg_V = ((((o_b)) * 3 + (o_h)) * 150 + (nk_cr_V)) * 128 + (nk_cc_V);
-    float f_P_max[1][2];
-    float f_P_sum[1][2];
-    float f_O_acc[1][16][4];
+    float f_P__max[1][2];
+    float f_P__sum[1][2];
+    float f_O__acc[1][16][4];
     float f_S[1][8][4];
-    float f_P_scale[1][2];
+    float f_P__scale[1][2];
     float f_P[1][8][4];
     float f_O[1][16][4];
     // load Q[b h q d] l2 -> smem
@@ -160,14 +160,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
         for (int mt = 0; mt < 1; ++mt) {
             NK_UNROLL
             for (int h = 0; h < 2; ++h) {
-                f_P_max[mt][h] = -NK_INF;
+                f_P__max[mt][h] = -NK_INF;
             }
         }
         NK_UNROLL
         for (int mt = 0; mt < 1; ++mt) {
             NK_UNROLL
             for (int h = 0; h < 2; ++h) {
-                f_P_sum[mt][h] = 0.0f;
+                f_P__sum[mt][h] = 0.0f;
             }
         }
     }
@@ -179,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
             for (int nt = 0; nt < 16; ++nt) {
                 NK_UNROLL
                 for (int i = 0; i < 4; ++i) {
-                    f_O_acc[mt][nt][i] = 0.0f;
+                    f_O__acc[mt][nt][i] = 0.0f;
                 }
             }
         }
@@ -272,10 +272,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                         }
                         chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 1));
                         chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 2));
-                        const float old = f_P_max[mt][h];
+                        const float old = f_P__max[mt][h];
                         const float fresh = fmaxf(old, chunk);
-                        f_P_scale[mt][h] = (old == -NK_INF) ? 0.0f : expf(old - fresh);
-                        f_P_max[mt][h] = fresh;
+                        f_P__scale[mt][h] = (old == -NK_INF) ? 0.0f : expf(old - fresh);
+                        f_P__max[mt][h] = fresh;
                     }
                 }
             }
@@ -285,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                 for (int mt = 0; mt < 1; ++mt) {
                     NK_UNROLL
                     for (int h = 0; h < 2; ++h) {
-                        const float top = f_P_max[mt][h] * 1.4426950408889634f;  // exp(v - max) = 2^(v log2 e - max log2 e)
+                        const float top = f_P__max[mt][h] * 1.4426950408889634f;  // exp(v - max) = 2^(v log2 e - max log2 e)
                         float part = 0.0f;
                         NK_UNROLL
                         for (int nt = 0; nt < 8; ++nt) {
@@ -299,7 +299,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                         }
                         part += NK_SHFL_XOR(part, 1);
                         part += NK_SHFL_XOR(part, 2);
-                        f_P_sum[mt][h] = f_P_sum[mt][h] * f_P_scale[mt][h] + part;
+                        f_P__sum[mt][h] = f_P__sum[mt][h] * f_P__scale[mt][h] + part;
                     }
                 }
             }
@@ -311,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                     for (int nt = 0; nt < 16; ++nt) {
                         NK_UNROLL
                         for (int i = 0; i < 4; ++i) {
-                            f_O_acc[mt][nt][i] *= f_P_scale[mt][i >> 1];
+                            f_O__acc[mt][nt][i] *= f_P__scale[mt][i >> 1];
                         }
                     }
                 }
@@ -334,8 +334,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                         NK_LDSM_T(b, 65536 + (0) * 16384 + (((kk * 16)) * 256 + nk_lb2 + (((((((np * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((np * 16)) * 2) >> 4)) & 7) ^ nk_lx2) << 4)));
                         NK_UNROLL
                         for (int mt = 0; mt < 1; ++mt) {
-                            NK_MMA_BF16(f_O_acc[mt][2 * np], a[mt], b[0], b[1]);
-                            NK_MMA_BF16(f_O_acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                            NK_MMA_BF16(f_O__acc[mt][2 * np], a[mt], b[0], b[1]);
+                            NK_MMA_BF16(f_O__acc[mt][2 * np + 1], a[mt], b[2], b[3]);
                         }
                     }
                 }
@@ -419,10 +419,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                         }
                         chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 1));
                         chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 2));
-                        const float old = f_P_max[mt][h];
+                        const float old = f_P__max[mt][h];
                         const float fresh = fmaxf(old, chunk);
-                        f_P_scale[mt][h] = (old == -NK_INF) ? 0.0f : expf(old - fresh);
-                        f_P_max[mt][h] = fresh;
+                        f_P__scale[mt][h] = (old == -NK_INF) ? 0.0f : expf(old - fresh);
+                        f_P__max[mt][h] = fresh;
                     }
                 }
             }
@@ -432,7 +432,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                 for (int mt = 0; mt < 1; ++mt) {
                     NK_UNROLL
                     for (int h = 0; h < 2; ++h) {
-                        const float top = f_P_max[mt][h] * 1.4426950408889634f;  // exp(v - max) = 2^(v log2 e - max log2 e)
+                        const float top = f_P__max[mt][h] * 1.4426950408889634f;  // exp(v - max) = 2^(v log2 e - max log2 e)
                         float part = 0.0f;
                         NK_UNROLL
                         for (int nt = 0; nt < 8; ++nt) {
@@ -446,7 +446,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                         }
                         part += NK_SHFL_XOR(part, 1);
                         part += NK_SHFL_XOR(part, 2);
-                        f_P_sum[mt][h] = f_P_sum[mt][h] * f_P_scale[mt][h] + part;
+                        f_P__sum[mt][h] = f_P__sum[mt][h] * f_P__scale[mt][h] + part;
                     }
                 }
             }
@@ -458,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                     for (int nt = 0; nt < 16; ++nt) {
                         NK_UNROLL
                         for (int i = 0; i < 4; ++i) {
-                            f_O_acc[mt][nt][i] *= f_P_scale[mt][i >> 1];
+                            f_O__acc[mt][nt][i] *= f_P__scale[mt][i >> 1];
                         }
                     }
                 }
@@ -481,8 +481,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                         NK_LDSM_T(b, 65536 + (1) * 16384 + (((kk * 16)) * 256 + nk_lb2 + (((((((np * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((np * 16)) * 2) >> 4)) & 7) ^ nk_lx2) << 4)));
                         NK_UNROLL
                         for (int mt = 0; mt < 1; ++mt) {
-                            NK_MMA_BF16(f_O_acc[mt][2 * np], a[mt], b[0], b[1]);
-                            NK_MMA_BF16(f_O_acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                            NK_MMA_BF16(f_O__acc[mt][2 * np], a[mt], b[0], b[1]);
+                            NK_MMA_BF16(f_O__acc[mt][2 * np + 1], a[mt], b[2], b[3]);
                         }
                     }
                 }
@@ -498,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
             for (int nt = 0; nt < 16; ++nt) {
                 NK_UNROLL
                 for (int i = 0; i < 4; ++i) {
-                    f_O[mt][nt][i] = f_O_acc[mt][nt][i] / f_P_sum[mt][i >> 1];
+                    f_O[mt][nt][i] = f_O__acc[mt][nt][i] / f_P__sum[mt][i >> 1];
                 }
             }
         }

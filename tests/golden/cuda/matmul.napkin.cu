@@ -56,14 +56,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
     const int nk_tid = threadIdx.x;
     int nk_block = blockIdx.x;
     int nk_inner = nk_block % 6; nk_block /= 6;  // the block within its L2 group
-    const int g_n = (nk_block % 1) * 2 + nk_inner % 2; nk_block /= 1; nk_inner /= 2;
-    const int o_n = g_n * 128;
+    const int grp_n = (nk_block % 1) * 2 + nk_inner % 2; nk_block /= 1; nk_inner /= 2;
+    const int o_n = grp_n * 128;
     const int n_n = min(128, 200 - o_n);
-    const int g_m = (nk_block % 1) * 3 + nk_inner % 3; nk_block /= 1; nk_inner /= 3;
-    const int o_m = g_m * 128;
+    const int grp_m = (nk_block % 1) * 3 + nk_inner % 3; nk_block /= 1; nk_inner /= 3;
+    const int o_m = grp_m * 128;
     const int n_m = min(128, 300 - o_m);
     (void)nk_block;
-    float* s_C_acc = reinterpret_cast<float*>(nk_smem + 0);
+    float* s_C__acc = reinterpret_cast<float*>(nk_smem + 0);
     float* s_C = reinterpret_cast<float*>(nk_smem + 0);
     __nv_bfloat16* s_A = reinterpret_cast<__nv_bfloat16*>(nk_smem + 65536);
     __nv_bfloat16* s_B = reinterpret_cast<__nv_bfloat16*>(nk_smem + 73728);
@@ -74,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
             const int i_n = r2 % (n_n); r2 /= (n_n);
             const int i_m = r2 % (n_m); r2 /= (n_m);
             (void)r2;
-            s_C_acc[(i_m) * 128 + i_n] = 0.0f;
+            s_C__acc[(i_m) * 128 + i_n] = 0.0f;
         }
     }
     __syncthreads();
@@ -128,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
                     const int i_m = b_m + u * (((n_m) + 3) / 4);
                     const int i_n = b_n + v * (((n_n) + 3) / 4);
                     if (i_m < n_m && i_n < n_n) {
-                        s_C_acc[(i_m) * 128 + i_n] = nk_f(s_C_acc[(i_m) * 128 + i_n]) + acc[u][v];
+                        s_C__acc[(i_m) * 128 + i_n] = nk_f(s_C__acc[(i_m) * 128 + i_n]) + acc[u][v];
                     }
                 }
             }
@@ -142,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
             const int i_n = r10 % (n_n); r10 /= (n_n);
             const int i_m = r10 % (n_m); r10 /= (n_m);
             (void)r10;
-            s_C[(i_m) * 128 + i_n] = nk_f(s_C_acc[(i_m) * 128 + i_n]);
+            s_C[(i_m) * 128 + i_n] = nk_f(s_C__acc[(i_m) * 128 + i_n]);
         }
     }
     __syncthreads();

@@ -50,8 +50,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_softmax_rows_0(const
     extern __shared__ __align__(16) unsigned char nk_smem[];
     const int nk_tid = threadIdx.x;
     int nk_block = blockIdx.x;
-    const int g_r = nk_block % 3; nk_block /= 3;
-    const int o_r = g_r * 16;
+    const int grp_r = nk_block % 3; nk_block /= 3;
+    const int o_r = grp_r * 16;
     const int n_r = min(16, 37 - o_r);
     (void)nk_block;
     float* s_X = reinterpret_cast<float*>(nk_smem + 0);
