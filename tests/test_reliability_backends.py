@@ -19,6 +19,8 @@ from napkin_dsl.errors import RelabelError
 from napkin_dsl.pseudocode import walk
 from napkin_dsl.reference import evaluate
 
+from .conftest import EXAMPLES
+
 
 def only(text: str):
     (kernel,) = napkin.load(text).values()
@@ -273,3 +275,78 @@ def test_names_that_used_to_collide_in_generated_code_compile_and_run(text, size
     expected = evaluate(kernel.diagram, arrays, scalars, sizes, keep_float64=True)
     (output,) = kernel.diagram.outputs
     assert relative_error(opencl.run(program, arrays, scalars)[output], expected[output]) < 1e-5
+
+
+# ---- 12. the run check's tolerance, from the dtypes rounded to and the reduction lengths -------
+
+# Right, and unfused: S and P are saved at bf16. S = Q * K over e (64) has |S| ~ 8, so its bf16
+# rounding errs by ~8 u in P = exp(S - max): relative errors of 0.01 to 0.03 (above the old 1e-2).
+BF16_UNFUSED = """\
+kernel k(Q: bf16[q e], K: bf16[x e], V: bf16[x e]) -> O: bf16[q e]:
+    S[q x] @gmem = Q * K
+    P[q x] @gmem = softmax[x](S)
+    O[q e] = P * V{factor}
+"""
+U_BF16 = 2.0**-8
+
+
+def test_a_right_bf16_kernel_whose_error_exceeds_the_old_fixed_tolerance_passes(tmp_path, capsys):
+    from napkin_dsl.cli import main
+
+    kernel = only(BF16_UNFUSED.format(factor=""))
+    result = check_run(kernel, None, {"q": 64, "x": 64, "e": 64}, seed=0)
+    assert result["max_rel_error"] > 1e-2  # the old tolerance: FAILED, exit 1
+    # S rounded (amplified by |S| ~ sqrt(64) on its way into the softmax), P and O rounded: 2u each;
+    # the f32 arithmetic is below its floor.
+    assert result["tolerance"] == pytest.approx(2 * U_BF16 * (8 + 1 + 1) + 1e-5, rel=1e-12)
+    assert result["ok"] and result["count_differences"] == []
+    path = tmp_path / "unfused.napkin"
+    path.write_text(BF16_UNFUSED.format(factor=""))
+    assert main(["run", str(path), "--set", "q=64", "x=64", "e=64"]) == 0
+    assert ": ok" in capsys.readouterr().out
+
+
+def test_a_dropped_factor_still_fails_the_check(monkeypatch):
+    from napkin_dsl.backends import numpy as backend
+
+    kernel = only(BF16_UNFUSED.format(factor=" * 0.5"))
+    sizes = {"q": 64, "x": 64, "e": 64}
+    assert check_run(kernel, None, sizes)["ok"]
+    # A backend that forgets a contraction's scalar factor: the bug of item 3.
+    monkeypatch.setattr(backend._Interpreter, "scale_step", lambda self, step: (lambda: None))
+    result = check_run(kernel, None, sizes)
+    assert result["max_rel_error"] == pytest.approx(1.0, abs=0.05)
+    assert result["tolerance"] < 0.1 and not result["ok"]
+
+
+@pytest.mark.parametrize("text, sizes, expected", [
+    # one rounding, of the output: twice bf16's unit roundoff, plus the f32 floor
+    ("kernel k(A: bf16[i k], B: bf16[k j]) -> Y: bf16[i j]:\n    Y[i j] = A * B\n", {"i": 4, "k": 64, "j": 4},
+     2 * U_BF16 + 1e-5),
+    # f32 throughout: the floor, until the reduction is long: 2 u_f32 sqrt(k)
+    ("kernel k(A: f32[i k], B: f32[k j]) -> Y: f32[i j]:\n    Y[i j] = A * B\n", {"i": 4, "k": 64, "j": 4}, 1e-5),
+    ("kernel k(A: f32[i k], B: f32[k j]) -> Y: f32[i j]:\n    Y[i j] = A * B\n", {"i": 4, "k": 4_000_000, "j": 4},
+     2 * 2.0**-24 * 2000),
+    # integers are exact
+    ("kernel k(A: i32[i]) -> Y: i32[i]:\n    Y[i] = A * 2\n", {"i": 4}, 0.0),
+    # an f16 intermediate of a contraction over 100, into exp: amplified by |H| ~ 10, and so is the
+    # f32 arithmetic that computed it (2 u_f32 sqrt(100) 10, over the floor); the f32 output is not rounded
+    ("kernel k(A: f16[i k], B: f16[k]) -> Y: f32[i]:\n    H[i] @gmem = A * B\n    Y[i] = exp(H)\n", {"i": 4, "k": 100},
+     2 * 2.0**-11 * 10 + 2 * 2.0**-24 * (10 * 10 + 1)),
+])
+def test_the_tolerance_follows_the_dtypes_and_the_reduction_lengths(text, sizes, expected):
+    from napkin_dsl.backends.numpy import tolerance
+
+    assert tolerance(only(text).program("two_level", **sizes)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_tensor_core_programs_tolerance_counts_p_packed_to_bf16():
+    from napkin_dsl.cost import tensor_launches
+
+    kernel = napkin.load(EXAMPLES / "attention.napkin")["attention"]
+    program = kernel.program(None, b=1, h=1, q=128, x=128, d=64)
+    assert tensor_launches(program)  # on mma.sync, P is packed to bf16 in registers
+    # P and O rounded; the f32 arithmetic: S over d = 64 into the softmax (sqrt(64) |S|), P and O over x = 128
+    arithmetic = 2 * 2.0**-24 * (8 * 8 + 2 * 128**0.5)
+    assert arithmetic > 1e-5
+    assert tolerance(program) == pytest.approx(2 * U_BF16 * 2 + arithmetic, rel=1e-12)

@@ -811,20 +811,114 @@ def check_memory(program: Program, limit: float | None = None, tiles: bool = Tru
 
 # ---- checking a kernel: backend against reference, counts against report ----------------------
 
-# Relative tolerance (max |error| / max |reference|) by the narrowest dtype the Program rounds to.
-TOLERANCE = {"f64": 1e-6, "f32": 1e-5, "f16": 1e-2, "bf16": 1e-2, "fp8e4m3": 1e-1, "fp8e5m2": 2e-1, "i32": 0.0, "i64": 0.0}
+# ---- the tolerance of a check run ------------------------------------------------------------
+#
+# A run is compared with the float64 reference by max |error| / max |reference| over the outputs.
+# The error a right Program makes comes from where it rounds, so the tolerance is read off the
+# Program: as FlashAttention's tests allow an implementation at most twice the error of a plain
+# one in the same precision, every rounding may cost twice its unit roundoff u (half an ulp,
+# relative), times how much the rest of the kernel amplifies it:
+#
+# * a value rounded to a narrow dtype (an output, an array saved to the top level in a narrower
+#   dtype than it was computed in, a tensor-core operand packed to bf16/f16 in registers) errs
+#   by u relative to itself. Sums and contractions downstream average such independent errors
+#   (their relative error stays about u), but an exponential turns the absolute error of its
+#   argument into relative error of its result: exp(S (1 + u)) = exp(S) (1 + u S). So a rounded
+#   value that reaches a softmax or exp counts sqrt(n) times, where sqrt(n) is the magnitude of
+#   that exponential's argument for the run's unit-normal inputs: n the product of the lengths
+#   summed on the way (S = Q * K over d has |S| ~ sqrt(d));
+# * the compute dtype's own arithmetic (f32) accumulates over each statement's reduction length
+#   n_s (about sqrt(n_s) u, probabilistically), amplified the same way; below a floor for
+#   library functions (the backends' exp, erf) that are not correctly rounded.
+#
+# Measured on random kernels with bf16/f16 intermediates, errors stay within half of this;
+# a bug such as a dropped factor 0.5 (relative error 0.5 or 1) stays far outside it.
+
+UNIT_ROUNDOFF = {"f64": 2.0**-53, "f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8,
+                 "fp8e4m3": 2.0**-4, "fp8e5m2": 2.0**-3, "i32": 0.0, "i64": 0.0}
+# What one rounding to a dtype may cost before amplification: twice its unit roundoff. Integer
+# results are rounded to the nearest integer by the reference too: they must be exact.
+TOLERANCE = {dtype: 2 * u for dtype, u in UNIT_ROUNDOFF.items()}
+# The least tolerance of a Program computing in a dtype: its libm and the NumPy backend's GELU
+# fit (relative error 1.2e-7, see gelu) are not correctly rounded.
+ARITHMETIC_FLOOR = {"f32": 1e-5, "f64": 1e-6}
+# Elementwise functions whose result's relative error is their argument's absolute error.
+EXPONENTIAL = {"exp"}
 DEFAULT_AXIS_SIZE = 64
 DEFAULT_PARTITION_SIZE = 16
 
 
 def tolerance(program: Program) -> float:
-    """The loosest tolerance among the dtypes the Program rounds to: outputs and materialised arrays."""
+    """The relative error a right run of ``program`` may show against the float64 reference
+    (max |error| / max |reference|), from the dtypes the Program rounds to and the reduction
+    lengths (see the comment above): ``max(floor, sum over statements of 2 u_c sqrt(n_s) a_s)
+    + sum over rounded arrays R of TOLERANCE[dtype of R] a_R``, where ``a`` is the magnitude
+    of the largest exponential argument a value reaches (1 if it reaches none)."""
+    from ..diagram import accumulation_dtype
+
     diagram = program.diagram
-    top = program.levels[0]
-    rounded = {diagram.arrays[n].dtype for n in diagram.outputs}
-    rounded |= {diagram.arrays[name].dtype for launch in program.launches for (level, name) in launch.buffers
-                if level == top and name in diagram.arrays and diagram.arrays[name].role == "intermediate"}
-    return max(TOLERANCE.get(d, 1e-2) for d in rounded)
+    schedule = program.schedule
+    sizes = {axis: _integer(schedule.axis_size(axis), f"axis {axis}") for axis in diagram.axes}
+
+    def length(axes) -> int:
+        return math.prod(sizes[a] for a in axes)
+
+    # Typical magnitudes for unit-normal inputs: a sum of n terms grows by sqrt(n).
+    magnitude = {array.name: 1.0 for array in diagram.input_arrays}
+
+    def operands(s: Statement) -> float:
+        return math.prod(magnitude.get(name, 1.0) for name in s.inputs)
+
+    for s in diagram.statements:
+        box = s.box
+        if isinstance(box, Softmax):
+            magnitude[s.target] = 1.0
+        elif isinstance(box, Contract) or (isinstance(box, Reduce) and box.op == "sum"):
+            magnitude[s.target] = math.sqrt(length(s.consumed)) * operands(s)
+        else:  # maps, max/min/mean, opaque boxes: as large as their operands
+            magnitude[s.target] = operands(s)
+
+    def exponential(s: Statement) -> bool:
+        if isinstance(s.box, Softmax):
+            return True
+        return isinstance(s.box, Map) and _calls(s.box.expr, EXPONENTIAL)
+
+    # amplification[name]: the largest exponential argument the array's values reach.
+    amplification: dict[str, float] = {}
+    for s in reversed(diagram.statements):
+        here = operands(s) if exponential(s) else 1.0
+        reach = max(here, amplification.get(s.target, 1.0))
+        for name in s.inputs:
+            amplification[name] = max(amplification.get(name, 1.0), reach)
+
+    compute = {s.target: accumulation_dtype(diagram.arrays[n].dtype for n in s.inputs) if s.inputs else "f32"
+               for s in diagram.statements}
+    # Where the Program rounds: a computed array held in a dtype less precise than it was computed in.
+    rounded: set[tuple[str, str]] = set()
+    for launch in program.launches:
+        for (_, name), buffer in launch.buffers.items():
+            if name in compute and UNIT_ROUNDOFF.get(buffer.dtype, 0) > UNIT_ROUNDOFF[compute[name]]:
+                rounded.add((name, buffer.dtype))
+    if not program.hardware.symbolic:
+        for plan, _ in tensor_launches(program).values():
+            for mma in plan.mmas.values():
+                if mma.a_in_registers:  # P, computed in f32, packed to the mma's 16-bit type
+                    rounded.add((mma.a, mma.dtype))
+    if not rounded and all(diagram.arrays[n].dtype.startswith("i") for n in diagram.outputs):
+        return 0.0  # integers, exactly
+
+    arithmetic = sum(2 * UNIT_ROUNDOFF[compute[s.target]] * math.sqrt(length(s.consumed)) * amplification.get(s.target, 1.0)
+                     for s in diagram.statements)
+    floor = max(ARITHMETIC_FLOOR.get(dtype, ARITHMETIC_FLOOR["f32"]) for dtype in compute.values()) if compute else 0.0
+    roundings = sum(TOLERANCE.get(dtype, TOLERANCE["bf16"]) * amplification.get(name, 1.0) for name, dtype in rounded)
+    return max(floor, arithmetic) + roundings
+
+
+def _calls(expr, functions) -> bool:
+    """Whether an elementwise expression applies one of ``functions``."""
+    if isinstance(expr, Apply):
+        return expr.fn in functions or any(_calls(a, functions) for a in expr.args)
+    return False
 
 
 def default_sizes(kernel, given: dict | None = None) -> dict[str, int]:
@@ -1052,9 +1146,11 @@ def add_run_command(subparsers) -> None:
     run = subparsers.add_parser(
         "run", help="run kernels on seeded random inputs; compare with the reference and the cost report",
         description="Run each kernel of FILE on seeded random inputs, compare its outputs with the float64 reference "
-                    "and its counted transfers and FLOPs with the cost report. Exit 1 when an error exceeds the tolerance "
-                    "of the narrowest dtype the kernel rounds to (f32 1e-5, f16/bf16 1e-2, fp8 1e-1 or 2e-1, relative to "
-                    "the largest reference value) or a count differs. Unset axes get small sizes: an axis partitioned by s "
+                    "and its counted transfers and FLOPs with the cost report. Exit 1 when an error (relative to the largest "
+                    "reference value) exceeds the tolerance read off the Program, or a count differs: twice the unit roundoff "
+                    "of every dtype a value is rounded to (bf16 2^-7, f16 2^-10, ...), times the magnitude of any exponential "
+                    "argument that value reaches (sqrt of the lengths summed into it), plus the compute dtype's own error "
+                    "(at least 1e-5 for f32). Unset axes get small sizes: an axis partitioned by s "
                     "gets s + s/2 + 3 (two tiles, one masked), others 64. In --json, FLOPs (the total) are under the compute level.",
     )
     run.add_argument("file", metavar="FILE")
