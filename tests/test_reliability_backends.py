@@ -28,7 +28,7 @@ def only(text: str):
 
 
 def run_numpy(kernel, sizes: dict, seed: int = 0):
-    """The NumPy backend's outputs and counts, the float64 reference, and the cost report."""
+    """The Program, the seeded inputs, the NumPy backend's outputs and counts, and the float64 reference."""
     program = kernel.program(None, **sizes)
     arrays, scalars = random_arguments(kernel.diagram, sizes, seed)
     outputs, counts = execute(program, arrays, scalars)
