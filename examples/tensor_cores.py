@@ -6,7 +6,7 @@ For each kernel it prints the instruction path instruction selection chose for e
 (the warp tiles, what lives in registers, the cp.async pipeline), the pseudocode's register
 level, the compiled kernel's registers and shared memory, the model's bound, and, where the
 nvdisasm wheel is installed (pip install 'napkin-dsl[sass]'), the hot loop's SASS mix.
-Try a relabelling: add `registers: group m 32, n 64` to the matmul below and run it again.
+Try a relabelling: add `registers: group m 32, n 64` to MATMUL below and run it again.
 """
 
 import napkin_dsl as napkin
@@ -31,8 +31,11 @@ relabel matmul on H100:
 """
 
 
-def show(source: str, sizes: dict) -> None:
-    (kernel,) = napkin.load(source).values()
+attention = napkin.load(ATTENTION)["attention"]
+matmul = napkin.load(MATMUL)["matmul"]
+
+
+def show(kernel, sizes: dict) -> None:
     compiled = kernel.compile("sm_90", **sizes)
     print(f"== {kernel.name} at {' '.join(f'{k}={v}' for k, v in sizes.items())}")
     for row in compiled.launch_table():
@@ -61,5 +64,5 @@ def show(source: str, sizes: dict) -> None:
 
 
 if __name__ == "__main__":
-    show(ATTENTION, dict(b=4, h=32, q=8192, x=8192, d=128))
-    show(MATMUL, dict(m=8192, n=8192, k=8192))
+    show(attention, dict(b=4, h=32, q=8192, x=8192, d=128))
+    show(matmul, dict(m=8192, n=8192, k=8192))

@@ -922,7 +922,7 @@ def python_page(example: Example, svgs: dict) -> str:
         names = []
     sizes = ", ".join(f"{k}={v}" for k, v in setup.sizes.items())
     kind = ("A kernel written in Python with `@napkin.kernel`: the annotations give the parameters, the docstring the "
-            "statements." if names else "A script using napkin's Python API.")
+            "statements." if "@napkin.kernel" in example.source.read_text() else "Kernels loaded from text with `napkin.load`.")
     out = [f"# {example.rel}", "", describe(example), "",
            f"{kind} Every block on this page is real output, generated when the site was built.", "",
            "## Source", "", _cli(f"cat {path}", "ok"), "",
