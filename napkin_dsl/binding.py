@@ -394,6 +394,8 @@ def estimate_reference_bytes(diagram, sizes: dict) -> int:
 
 
 def _gib(n: int) -> str:
+    if n >= 2**1000:  # beyond float64: only sizes past check.MAX_SIZE get here, and the guard must still say it
+        return f"{sympy.N(sympy.Integer(n) / 2**30, 3)} GiB"
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 

@@ -728,8 +728,80 @@ def check_module(module: syn.Module, *, hardware: str | None = None, relabels: t
                         clauses.span, _did_you_mean(clauses.level, level_names)
                         or f"relabel a level below the top: {', '.join(load_hardware(hardware_name).level_names()[1:])}",
                     )
+                for p in clauses.partitions:
+                    error = size_error(p.axis, p.size, p.span, f"{p.kind} size of") if isinstance(p.size, int) else None
+                    if error is not None:
+                        out.errors.append(error)
         diagram = _KernelChecker(kdef, boxes, level_names, hardware_name, out).run()
         if diagram is not None:
             results[kdef.name] = CheckedKernel(diagram, block, module.source, module.file, kdef)
     raise_collected(out.errors)
     return results
+
+
+# ---- size bounds -----------------------------------------------------------------------------
+
+# The largest size napkin takes, and the largest iteration space of a statement (the product
+# of its axes' sizes): 2^63 - 1, the int64 index space. NumPy cannot allocate an array of more
+# elements and the generated kernels index with 64-bit integers, so nothing larger can run on
+# any machine; it is also some 10^8 times the memory of the largest device (an H200 holds
+# 141 GB), so no real problem is refused. Bounding every statement's iteration space keeps
+# every count the cost model derives from it (elements, bytes, FLOPs, transfers: sums over a
+# few arrays and statements of such products times a few bytes per value or operations per
+# element) below about 2^100, far inside float64 (2^1024) and far below Python's 4300-digit
+# limit on printing integers. Without the bound, sizes like 10^400 overflowed float64 in the
+# cost table, the time prediction and the L2 grouping, and 10^5000 could not be printed.
+MAX_SIZE = 2**63 - 1
+MAX_SIZE_TEXT = "2^63 - 1 (about 9.2e18, the int64 index space)"
+
+
+def approximate(value: int) -> str:
+    """An integer for a message: exact with separators up to 15 digits, else like 1.00e+400
+    (a 5000-digit number printed in full helps nobody, and Python refuses to print some)."""
+    if value < 10**15:
+        return f"{value:,}"
+    return str(sympy.N(sympy.Integer(value), 3))
+
+
+def size_error(name: str, value: int, span: Span | None = None, what: str = "size") -> NapkinTypeError | None:
+    """The error for a size above MAX_SIZE, naming it; None for a size napkin takes."""
+    if value <= MAX_SIZE:
+        return None
+    return NapkinTypeError(f"{what} {name} = {approximate(value)} is larger than napkin takes: at most {MAX_SIZE_TEXT}",
+                           span, "no machine indexes more elements; use a realistic size")
+
+
+def check_size(name: str, value: int, span: Span | None = None, what: str = "size") -> None:
+    """Refuse a size above MAX_SIZE, naming it."""
+    error = size_error(name, value, span, what)
+    if error is not None:
+        raise error
+
+
+def check_size_bounds(diagram: Diagram, block: syn.RelabelBlock | None, sizes: dict) -> None:
+    """Refuse bound sizes, partition sizes and statement iteration spaces above MAX_SIZE.
+
+    An axis counts with its size where it is bound (a larger partition is clipped to it), else
+    with its largest partition size (a tile of an unbound axis keeps the partition's size).
+    """
+    errors = [size_error(name, value) for name, value in sizes.items() if isinstance(value, int)]
+    magnitude = {axis: sizes[axis] for axis in diagram.axes if isinstance(sizes.get(axis), int)}
+    for clauses in (block.levels if block is not None else ()):
+        for p in clauses.partitions:
+            size = p.size if isinstance(p.size, int) else sizes.get(p.size)
+            if isinstance(size, int):
+                errors.append(size_error(p.axis if isinstance(p.size, int) else p.size, size, p.span, f"{p.kind} size of"))
+                if not isinstance(sizes.get(p.axis), int):
+                    magnitude[p.axis] = max(magnitude.get(p.axis, 1), size)
+    errors = [error for error in errors if error is not None]
+    if errors:
+        raise_collected(errors)  # the products below would only repeat them
+    for s in diagram.statements:
+        axes = tuple(dict.fromkeys(tuple(s.axes) + tuple(s.consumed)))
+        if math.prod(magnitude.get(a, 1) for a in axes) > MAX_SIZE:
+            shown = " * ".join(f"{a}={approximate(magnitude[a])}" for a in axes if a in magnitude)
+            errors.append(NapkinTypeError(
+                f"statement {s.target} iterates over {shown} = {approximate(math.prod(magnitude.get(a, 1) for a in axes))} "
+                f"elements, more than napkin takes: at most {MAX_SIZE_TEXT}",
+                s.span, "no machine indexes more elements; use realistic sizes"))
+    raise_collected(errors)

@@ -17,6 +17,7 @@ import sympy
 from .backends.cuda import add_cuda_command, report_resources
 from .backends.numpy import add_run_command, report_check
 from .backends.nvrtc import add_cache_command
+from .check import MAX_SIZE_TEXT, check_size
 from .errors import NapkinError
 from .kernel import Kernel, load
 from .render import add_draw_command
@@ -28,14 +29,20 @@ def json_value(expr):
     """A number when the expression is numeric, else a string sympy.sympify parses."""
     if expr is None:
         return None
-    if isinstance(expr, (int, float)):
+    if isinstance(expr, (bool, float)):
         return expr
-    expr = sympy.sympify(expr)
-    if expr.is_number:
-        if expr.is_integer:
-            return int(expr)
-        return float(expr)
-    return str(expr)
+    if not isinstance(expr, int):
+        expr = sympy.sympify(expr)
+        if not expr.is_number:
+            return str(expr)
+        if not expr.is_integer:
+            return float(expr)
+    value = int(expr)
+    if value.bit_length() > 13_000:
+        # Python prints at most 4300 digits (~14,000 bits); sizes are bounded so that no
+        # count gets near (check.MAX_SIZE), and this says so if one ever does.
+        raise NapkinError(f"a count of {value.bit_length():,} bits is too large to print as JSON", hint="use realistic sizes")
+    return value
 
 
 def _load_all(files: list[str], kernel: str | None = None, hardware: str | None = None) -> list[tuple[str, Kernel]]:
@@ -139,15 +146,26 @@ def parse_sets(groups: list[list[str]]) -> dict[str, int]:
     for item in (entry for group in groups for entry in group):
         name, sep, value = item.partition("=")
         if not sep or not name.isidentifier():
-            raise NapkinError(f"--set expects NAME=INT, got {item!r}", hint="e.g. --set q=4096 d=128")
+            raise NapkinError(f"--set expects NAME=INT, got {_cut(item)}", hint="e.g. --set q=4096 d=128")
+        digits = value.strip().lstrip("+")
+        if digits.isdigit() and len(digits) > 30:
+            # Refused before int(), which Python limits to 4300 digits: the size bound is 19.
+            raise NapkinError(f"--set {name}: a {len(digits):,}-digit size is larger than napkin takes: at most {MAX_SIZE_TEXT}",
+                              hint=f"e.g. --set {name}=1024")
         try:
             number = int(value)
         except ValueError:
-            raise NapkinError(f"--set {name}: {value!r} is not an integer", hint=f"e.g. --set {name}=1024") from None
+            raise NapkinError(f"--set {name}: {_cut(value)} is not an integer", hint=f"e.g. --set {name}=1024") from None
         if number <= 0:
             raise NapkinError(f"--set {name}={number}: sizes must be positive")
+        check_size(f"--set {name}", number)
         sizes[name] = number
     return sizes
+
+
+def _cut(text: str) -> str:
+    """A command-line value as messages quote it: long ones cut, with their length."""
+    return repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text):,} characters)"
 
 
 def _selected(args) -> list[Kernel]:

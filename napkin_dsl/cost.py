@@ -367,6 +367,10 @@ def _fmt(value) -> str:
     value = sympy.sympify(value)
     if value.is_number:
         number = float(value)
+        if not math.isfinite(number):
+            # Beyond float64: sizes are bounded (check.MAX_SIZE) so that no count gets here,
+            # but a table must still print; sympy's own float has no exponent limit.
+            return str(sympy.N(value, 4))
         if number == int(number) and abs(number) < 1e15:
             return f"{int(number):,}"
         return f"{number:.4g}"
@@ -540,7 +544,8 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
     if blocks and resident:
         per_sm, limit = min(resident)
         slots = per_sm * schedule.hardware.level(schedule.compute_level).units
-        waves = math.ceil(blocks / slots)
+        # Integer ceiling for an integer count of blocks: exact, and no float to overflow.
+        waves = -(-blocks // slots) if isinstance(blocks, int) else math.ceil(blocks / slots)
         efficiency = blocks / (waves * slots)
         compute_s /= efficiency
         time["waves"] = waves

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from typeguard import typechecked
 
 from . import syntax as syn
-from .check import CheckedKernel, check_module
+from .check import CheckedKernel, check_module, check_size
 from .errors import NapkinError, NapkinSyntaxError, Span
 from .hardware import hardware_names
 from .types import _ArrayTypeMeta, _DTypeMeta
@@ -195,7 +195,8 @@ class Kernel:
 def _check_sizes(sizes: dict) -> dict:
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise NapkinError(f"size {name}={value!r} must be a positive integer", hint=f"e.g. {name}=1024")
+            raise NapkinError(f"size {name}={value!r:.60} must be a positive integer", hint=f"e.g. {name}=1024")
+        check_size(name, value)  # at most 2^63 - 1: see check.MAX_SIZE
     return dict(sizes)
 
 

@@ -14,9 +14,9 @@ It does not price the result (``cost.py``) or search user-visible sizes (``tune.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from . import syntax as syn
+from .check import check_size_bounds
 from .cost import as_number, columns, max_of
 from .diagram import Diagram
 from .hardware import Hardware, load_hardware
@@ -56,7 +56,7 @@ def _l2_traffic(view: Schedule, launch, candidate: tuple[Partition, ...]) -> tup
             tile *= min(extent, full)
         for p in parts:
             if p.axis not in array.axes:
-                size *= math.ceil(int(view.axis_size(p.axis)) / int(p.size))
+                size *= -(-int(view.axis_size(p.axis)) // int(p.size))  # ceiling, in integers: exact at any size
         moved += size
         resident += tile
     return moved, resident
@@ -66,9 +66,11 @@ def plan(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     """Schedule and elaborate ``diagram``; on GPUs with bound sizes, add the derived L2 grouping.
 
     Each launch has its own block grid, so each gets its own L2 grouping (partitions scoped to
-    that launch).
+    that launch). Sizes past ``check.MAX_SIZE`` (2^63 - 1, for one size or one statement's
+    iteration space) are refused first, with an error naming them.
     """
     profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
+    check_size_bounds(diagram, block, sizes or {})  # before any count is formed from them
     schedule = make_schedule(diagram, profile, block, sizes)
     program = elaborate(schedule)
     level = shared_cache_level(schedule)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from . import syntax as syn
+from .check import check_size_bounds
 from .cost import CostReport, as_number, columns, cost_of, flops_by_unit, level_costs
 from .diagram import Contract, Diagram
 from .errors import NapkinError, RelabelError
@@ -234,6 +235,7 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     """Search group/stream sizes on ``hardware`` for ``diagram`` with every axis bound in ``sizes``."""
     profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     sizes = dict(sizes or {})
+    check_size_bounds(diagram, block, sizes)  # the scores below are floats formed from them
     started = _time.perf_counter()
     if profile.symbolic:
         return _tune_abstract(diagram, profile, block, sizes, started)
@@ -325,7 +327,7 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
         if any(used[name] > capacity[name] for name in used):
             continue
         smem = used.get(compute_level, 1) or 1
-        n_blocks = math.prod(math.ceil(int(sizes[k.axis]) / v) for k, v in zip(knobs, combo) if k.kind == "group")
+        n_blocks = math.prod(-(-int(sizes[k.axis]) // v) for k, v in zip(knobs, combo) if k.kind == "group")
         per_sm = max(1, min(32, int(capacity.get(compute_level, smem) // max(smem, 1))))
         slots = units * per_sm
         waves = math.ceil(n_blocks / slots)

@@ -212,3 +212,99 @@ def test_names_that_begin_with_a_keyword_are_names():
     assert kernel.diagram.params == ("groups", "fora")
     assert [s.target for s in kernel.diagram.statements] == ["boxes", "relabelled"]
     assert kernel.relabel.levels[0].partitions[0].targets == ("relabelled",)
+
+
+# ---- 9: absurd sizes ------------------------------------------------------------------------
+
+
+HUGE = 10**400  # overflowed float64 in the cost table, the time prediction and the L2 grouping
+
+
+@pytest.mark.parametrize("call", [
+    lambda k: k.cost("H100", i=HUGE),
+    lambda k: k.cost("two_level", i=HUGE),
+    lambda k: k.pseudocode("text", "H100", i=HUGE),
+    lambda k: k.tune("H100", i=HUGE),
+    lambda k: k.gpu_program("H100", i=HUGE),
+], ids=["cost", "cost-abstract", "pseudocode", "tune", "gpu_program"])
+def test_a_size_past_the_bound_is_refused_through_the_api(call):
+    kernel = napkin.load(ELEMENTWISE)["k"]
+    with pytest.raises(NapkinTypeError) as info:
+        call(kernel)
+    assert info.value.message == "size i = 1.00e+400 is larger than napkin takes: at most 2^63 - 1 (about 9.2e18, the int64 index space)"
+
+
+def test_the_bound_itself_is_taken():
+    kernel = napkin.load(ELEMENTWISE)["k"]
+    assert "i=9223372036854775807" in kernel.cost("two_level", i=2**63 - 1).table()
+    assert kernel.tune("H100", i=2**63 - 1).best.time_s > 0
+    with pytest.raises(NapkinTypeError, match="size i = 9.22e[+]18 is larger"):
+        kernel.cost("two_level", i=2**63)
+
+
+def test_an_iteration_space_past_the_bound_names_its_statements():
+    from .conftest import EXAMPLES
+
+    kernel = napkin.load(EXAMPLES / "attention.napkin")["attention"]
+    with pytest.raises(NapkinError) as info:
+        kernel.cost("H100", b=2**13, h=2**13, q=2**13, x=2**13, d=2**13)  # each size fine, their product 2^65 not
+    text = info.value.render()
+    assert "statement S iterates over b=8,192 * h=8,192 * q=8,192 * x=8,192 * d=8,192 = 3.69e+19 elements" in text
+    assert "statement O iterates over" in text and "attention.napkin:4:5" in text
+
+
+def test_a_partition_size_past_the_bound_is_a_checker_error():
+    source = "kernel k(X: f32[i j]) -> Y: f32[i j]:\n    Y[i j] = X * 2\n\nrelabel k on H100:\n    smem: group i 4, j %d\n"
+    with pytest.raises(NapkinTypeError) as info:
+        napkin.load(source % HUGE)
+    assert info.value.message.startswith("group size of j = 1.00e+400 is larger than napkin takes")
+    assert (info.value.span.line, info.value.span.column) == (5, 22)
+    # Each within the bound, but their tiles' product past it (the axes are unbound, so tiles keep them):
+    kernel = napkin.load(source % 2**62)["k"]
+    with pytest.raises(NapkinTypeError, match=r"statement Y iterates over i=4 \* j=4.61e\+18 = 1.84e\+19 elements"):
+        kernel.cost("H100")
+    # Bound axes clip their tiles: one masked group of 64, whatever the partition size.
+    assert "1 group of 64" in kernel.pseudocode("text", "H100", i=64, j=64)
+    assert kernel.cost("H100", i=64, j=64).table()
+
+
+def test_a_symbolic_partition_size_bound_past_the_bound_is_refused():
+    source = "kernel k(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X * 2\n\nrelabel k on H100:\n    smem: group i g\n"
+    with pytest.raises(NapkinTypeError, match=r"size g = 1.00e\+400 is larger"):
+        napkin.load(source)["k"].cost(i=64, g=HUGE)
+
+
+@pytest.mark.parametrize("command", [["cost"], ["cost", "--json"], ["pseudo"], ["tune"], ["tune", "--json"], ["report"],
+                                     ["run"], ["cuda"], ["draw", "--costs"]], ids=" ".join)
+@pytest.mark.parametrize("value, message", [
+    (str(HUGE), "--set i: a 401-digit size is larger than napkin takes"),
+    ("1" + "0" * 5000, "--set i: a 5,001-digit size is larger than napkin takes"),  # past Python's int() digit limit
+    (str(2**64), "size --set i = 1.84e+19 is larger than napkin takes"),
+], ids=["400-digits", "5000-digits", "2^64"])
+def test_a_size_past_the_bound_cli(tmp_path, capsys, command, value, message):
+    path = write(tmp_path, ELEMENTWISE)
+    err = cli_fails(capsys, command[0], path, *command[1:], "--hardware", "H100", "--set", f"i={value}")
+    assert message in err
+    assert len(err) < 1000  # the number is not echoed in full
+
+
+def test_a_huge_iteration_space_cli(tmp_path, capsys):
+    from .conftest import EXAMPLES
+
+    err = cli_fails(capsys, "cost", str(EXAMPLES / "attention.napkin"), "--set", "b=8192", "h=8192", "q=8192", "x=8192", "d=8192")
+    assert "attention.napkin:4:5: error: statement S iterates over" in err
+
+
+def test_formatters_survive_numbers_past_float64():
+    # Sizes are refused long before counts get this large; these guards keep a table or an
+    # error message printable should a count ever get there another way.
+    from napkin_dsl.binding import _gib
+    from napkin_dsl.cli import json_value
+    from napkin_dsl.cost import _fmt
+
+    assert _fmt(HUGE) == "1.000e+400"
+    assert _fmt(sympy.Integer(HUGE) / 3) == "3.333e+399"
+    assert _gib(HUGE).lower() == "9.31e+390 gib"
+    assert json_value(2**1000) == 2**1000
+    with pytest.raises(NapkinError, match="too large to print"):
+        json_value(10**5000)
