@@ -790,7 +790,8 @@ def check_size_bounds(diagram: Diagram, block: syn.RelabelBlock | None, sizes: d
         for p in clauses.partitions:
             size = p.size if isinstance(p.size, int) else sizes.get(p.size)
             if isinstance(size, int):
-                errors.append(size_error(p.axis if isinstance(p.size, int) else p.size, size, p.span, f"{p.kind} size of"))
+                if isinstance(p.size, int):  # a bound symbol was checked with the sizes above
+                    errors.append(size_error(p.axis, size, p.span, f"{p.kind} size of"))
                 if not isinstance(sizes.get(p.axis), int):
                     magnitude[p.axis] = max(magnitude.get(p.axis, 1), size)
     errors = [error for error in errors if error is not None]

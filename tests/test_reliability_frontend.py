@@ -270,8 +270,9 @@ def test_a_partition_size_past_the_bound_is_a_checker_error():
 
 def test_a_symbolic_partition_size_bound_past_the_bound_is_refused():
     source = "kernel k(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X * 2\n\nrelabel k on H100:\n    smem: group i g\n"
-    with pytest.raises(NapkinTypeError, match=r"size g = 1.00e\+400 is larger"):
+    with pytest.raises(NapkinTypeError) as info:
         napkin.load(source)["k"].cost(i=64, g=HUGE)
+    assert info.value.message.startswith("size g = 1.00e+400 is larger")  # one error, not one per mention
 
 
 @pytest.mark.parametrize("command", [["cost"], ["cost", "--json"], ["pseudo"], ["tune"], ["tune", "--json"], ["report"],
