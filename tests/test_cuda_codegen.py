@@ -105,3 +105,11 @@ def test_napkin_cuda_cli(tmp_path, capsys):
     assert launch["shared_bytes"] == data["kernels"]["attention"]["cost"]["levels"]["smem"]["M_bytes"]
     assert main(args + ["--ptx", "--arch", "sm_80"]) == 0
     assert ".target sm_80" in capsys.readouterr().out
+
+
+def test_napkin_cuda_without_sizes_says_which_size_is_missing(capsys):
+    os.chdir(ROOT)
+    assert main(["cuda", "examples/attention.napkin"]) == 2
+    err = capsys.readouterr().err
+    assert "code generation needs every size bound; 'b' is not" in err and "--set b=" in err
+    assert "Traceback" not in err

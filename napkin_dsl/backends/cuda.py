@@ -27,7 +27,7 @@ from ..cache import write_atomically
 from ..cost import CostReport, cost_of
 from ..pseudocode import Program
 from ..types import numpy_dtype
-from .lowering import CudaDialect, KernelSource, ident, lower
+from .lowering import CudaDialect, KernelSource, bound_sizes, ident, lower
 
 DEFAULT_ARCH = "sm_90"
 
@@ -79,6 +79,7 @@ def generate(program: Program, report: CostReport | None = None, arch: str | Non
 
 def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = False, report: CostReport | None = None) -> CompiledKernel:
     """Generate and compile ``program`` for ``arch``; cached in memory and on disk by source hash."""
+    bound_sizes(program)
     report = report if report is not None else cost_of(program, arch=arch)
     source, kernels = generate(program, report, arch)
     module = _compiler(arch, ptx).compile(source, f"napkin_{ident(program.diagram.name)}.cu")  # ASCII, as the entries

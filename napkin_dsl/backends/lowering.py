@@ -338,6 +338,18 @@ def _align(value: int) -> int:
     return (value + ALIGN - 1) // ALIGN * ALIGN
 
 
+def bound_sizes(program: Program) -> dict[str, int]:
+    """Every axis size as an integer, or a LoweringError naming the first that is symbolic."""
+    sizes = {}
+    for axis in program.diagram.axes:
+        value = as_number(program.schedule.axis_size(axis))
+        if value is None:
+            raise LoweringError(f"code generation needs every size bound; {axis!r} is not",
+                                hint=f"pass sizes, e.g. --set {axis}=1024 (or call the kernel with arrays)")
+        sizes[axis] = int(value)
+    return sizes
+
+
 # ---- the printer ----------------------------------------------------------------------------
 
 
@@ -374,15 +386,8 @@ class _Printer:
         self.level = self.schedule.compute_level
         self.lines: list[str] = []
         self.depth = 1
+        self.sizes = bound_sizes(program)
         self.slots, self.arena = plan_arena(program, launch)
-        sizes = {}
-        for axis in self.diagram.axes:
-            value = as_number(self.schedule.axis_size(axis))
-            if value is None:
-                raise LoweringError(f"code generation needs every size bound; {axis!r} is not",
-                                    hint=f"pass sizes, e.g. --set {axis}=1024 (or call the kernel with arrays)")
-            sizes[axis] = int(value)
-        self.sizes = sizes
         self.tile = {axis: int(self.schedule.extent(axis, self.level)) for axis in self.diagram.axes}
         self.grouped = self._grouped_axes()
         self.origin: dict[str, str] = {}
@@ -1089,6 +1094,7 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
     from ..isel import describe, plan_summary, selection
     from .tensorcore import PRELUDES, TensorPrinter
 
+    bound_sizes(program)  # before the model and the arena, which need numbers
     report = report if report is not None else cost_of(program, arch=arch)
     kernels = []
     tensor = False
