@@ -338,6 +338,18 @@ def _align(value: int) -> int:
     return (value + ALIGN - 1) // ALIGN * ALIGN
 
 
+def state_start(name: str, statement) -> str:
+    """The value a piece of streaming state starts from: a running max at -inf, a running min
+    at +inf, sums and accumulators at 0."""
+    suffix = name.split(".")[-1]
+    op = statement.box.op if isinstance(statement.box, Reduce) else None
+    if suffix == "max" or (suffix == "acc" and op == "max"):
+        return "-NK_INF"
+    if suffix == "acc" and op == "min":
+        return "NK_INF"
+    return "0.0f"
+
+
 def bound_sizes(program: Program) -> dict[str, int]:
     """Every axis size as an integer, or a LoweringError naming the first that is symbolic."""
     sizes = {}
@@ -622,13 +634,8 @@ class _Printer:
 
     def step_init(self, step: Step):
         s = step.statement
-        for level, name in step.writes:
-            suffix = name.split(".")[-1]
-            start = "0.0f"
-            if suffix == "max" or (suffix == "acc" and isinstance(s.box, Reduce) and s.box.op == "max"):
-                start = "-NK_INF"
-            elif suffix == "acc" and isinstance(s.box, Reduce) and s.box.op == "min":
-                start = "NK_INF"
+        for _, name in step.writes:
+            start = state_start(name, s)
             axes = self.slots[name].axes
             self.flat_loop(axes, lambda name=name, axes=axes, start=start: self.emit(self.write(name, axes, start)))
 

@@ -33,7 +33,7 @@ from ..diagram import DTYPE_BYTES, Apply, Contract, Map, Read, Reduce, Softmax
 from ..isel import TensorPlan, fragment_values, smem_layout
 from ..layouts import SwizzledTile, ldmatrix_lane_terms, ldmatrix_offset_expr, offset_expr
 from ..pseudocode import Loop, Step, walk
-from .lowering import KernelSource, LoweringError, _Printer, ident, print_expression
+from .lowering import KernelSource, LoweringError, _Printer, ident, print_expression, state_start
 
 CUDA_PRELUDE = r"""
 // ---- tensor-core primitives (PTX ISA: ldmatrix, mma.m16n8k16, cp.async) ----
@@ -629,12 +629,7 @@ class TensorPrinter(_Printer):
     def tc_init(self, step: Step):
         s = step.statement
         for _, name in step.writes:
-            suffix = name.split(".")[-1]
-            start = "0.0f"
-            if suffix == "max" or (suffix == "acc" and isinstance(s.box, Reduce) and s.box.op == "max"):
-                start = "-NK_INF"
-            elif suffix == "acc" and isinstance(s.box, Reduce) and s.box.op == "min":
-                start = "NK_INF"
+            start = state_start(name, s)
             col = self.plan.fragments[name].col
             self.each_element(col, lambda name=name, col=col, start=start: self.emit(f"{self.element(name, col is None)} = {start};"))
 
