@@ -1,0 +1,131 @@
+"""The fast profile of the grammar fuzzer (issue 13): a few hundred programs, well under a minute.
+
+The strategies and the invariants are in ``tests/fuzz_programs.py``: random valid programs from
+the notation with random relabellings (NumPy against the reference and the cost report, some
+through ``kernel(..., backend="numpy")``), a small sample of them on OpenCL, token mutants of
+those programs and of every example, and valid programs bound to absurd sizes. Every case must
+keep the invariants: no exception but a NapkinError, the NumPy and OpenCL results within the
+dtype-derived tolerance of the reference, counted transfers and FLOPs equal to the model. Sizes
+are tiny and each case runs under a time limit (a hang fails the test).
+
+Deterministic: ``derandomize=True`` and no example database. The long profile is
+``python scripts/fuzz.py --examples 10000``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from .conftest import NAPKIN_EXAMPLES
+from .fuzz_programs import Case, absurd_sizes, check_case_within, known_item, mutants, programs, tokens
+
+# Failures of issue 13's list that the fast profile still meets, excluded by item (the pattern
+# each item matches is fuzz_programs.known_item's) until its fix lands; then the entry goes and
+# the test checks that pattern like any other. Against 21aa2f4 (before the fixes) this profile
+# needed {"item 1", "item 9"}: an on-chip intermediate read after an @gmem split (KeyError in
+# backends/numpy.py load) and sizes of 10^5000 (ValueError, the int-to-str digit limit, in
+# pseudocode); the long profile also met items 2 and 3. Their fixes have landed (f19f011,
+# cb01a1c, d50c95c, 1e4f116, be86312): nothing is excluded.
+KNOWN: set[str] = set()
+
+TIME_LIMIT = 20.0  # seconds per case; a case that runs past it is a hang
+PROFILE = {"deadline": None, "database": None, "derandomize": True, "suppress_health_check": list(HealthCheck)}
+
+
+def assert_keeps_invariants(case: Case, opencl: bool | None = None) -> None:
+    outcome = check_case_within(case, TIME_LIMIT, opencl)
+    failures = [f for f in outcome.failures if known_item(case, f) not in KNOWN]
+    assert not failures, "\n".join(
+        [f"{f.kind} ({f.signature}):\n{f.message}" for f in failures] + ["case:", case.describe(), f"Case.from_json({case.to_json()!r})"])
+
+
+@settings(max_examples=400, **PROFILE)
+@given(programs(max_size=5, opencl=False))
+def test_valid_programs_run_right_on_numpy_and_count_what_the_model_says(case):
+    assert_keeps_invariants(case)
+
+
+@settings(max_examples=200, **PROFILE)
+@given(mutants(max_size=5))
+def test_mutants_of_valid_programs_load_or_give_a_napkin_error(case):
+    assert_keeps_invariants(case)
+
+
+EXAMPLE_TEXTS = [path.read_text() for path in NAPKIN_EXAMPLES]
+
+
+@st.composite
+def example_mutants(draw) -> Case:
+    """An example file with one or two tokens deleted, duplicated, swapped or replaced."""
+    toks = tokens(draw(st.sampled_from(EXAMPLE_TEXTS)))
+    for _ in range(draw(st.integers(1, 2))):
+        i = draw(st.integers(0, len(toks) - 1))
+        op = draw(st.sampled_from(["delete", "duplicate", "swap", "replace"]))
+        if op == "delete":
+            del toks[i]
+        elif op == "duplicate":
+            toks.insert(i, toks[i])
+        elif op == "swap" and i + 1 < len(toks):
+            toks[i], toks[i + 1] = toks[i + 1], toks[i]
+        else:
+            toks[i] = draw(st.sampled_from(toks))
+    # Small sizes: any axis gets 3, and the example's partition sizes stay as written.
+    return Case("mutant", "".join(toks), {}, None, draw(st.integers(0, 99)))
+
+
+@settings(max_examples=150, **PROFILE)
+@given(example_mutants())
+def test_mutants_of_the_examples_load_or_give_a_napkin_error(case):
+    assert_keeps_invariants(case)
+
+
+@settings(max_examples=60, **PROFILE)
+@given(absurd_sizes(max_size=5))
+def test_absurd_sizes_give_a_report_or_a_napkin_error(case):
+    assert_keeps_invariants(case)
+
+
+@pytest.mark.usefixtures("opencl_device")
+@settings(max_examples=30, **PROFILE)
+@given(programs(max_size=4, opencl=True))
+def test_a_sample_of_valid_programs_runs_right_on_opencl(case):
+    assert_keeps_invariants(case, opencl=True)
+
+
+# ---- the harness finds what it should ---------------------------------------------------------------
+
+
+def test_the_tolerance_is_tight_enough_to_see_a_dropped_factor():
+    """The issue's item 3 shape, run on the reference itself with the factor dropped: wrong."""
+    import numpy as np
+
+    import napkin_dsl as napkin
+
+    from .fuzz_programs import compare, error_bounds, fuzz_inputs
+
+    (kernel,) = napkin.load("kernel k(A: f32[z]) -> D: f32[]:\n    R[z] = softmax[z](A)\n    D[] = R[z] * A[z] * 2\n").values()
+    sizes = {"z": 30}
+    inputs, scalars = fuzz_inputs(kernel.diagram, sizes, 0)
+    bounds = error_bounds(kernel.diagram, inputs, scalars, sizes)
+    want = {"D": bounds["D"][0]}
+    assert compare(kernel.diagram, {"D": np.float32(want["D"] * (1 + 1e-6))}, want, bounds) == []
+    assert compare(kernel.diagram, {"D": np.float32(want["D"] / 2)}, want, bounds)
+
+
+def test_the_bound_allows_what_low_precision_storage_costs():
+    """bf16 materialised between two launches, then exp: the bound follows, f32 stays tight."""
+    import napkin_dsl as napkin
+
+    from .fuzz_programs import error_bounds, fuzz_inputs
+
+    text = "kernel k(X: {d}[i]) -> Y: f32[i]:\n    T[i] @gmem = X * 3\n    Y[i] = exp(T)\n"
+    widths = {}
+    for dtype in ("bf16", "f32"):
+        (kernel,) = napkin.load(text.format(d=dtype)).values()
+        inputs, scalars = fuzz_inputs(kernel.diagram, {"i": 8}, 0)
+        values, bound = error_bounds(kernel.diagram, inputs, scalars, {"i": 8})["Y"]
+        widths[dtype] = float((bound / abs(values)).max())
+    assert 2.0**-8 < widths["bf16"] < 0.1
+    assert widths["f32"] < 1e-5
