@@ -288,6 +288,17 @@ def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[s
                         u.span or span, f"leave {axis} unpartitioned, or compute {u.target} in two steps: "
                                         f"keep {' '.join(mixed)} in a first contraction, then sum over {' '.join(mixed)}",
                     )
+            # The accumulator is rescaled by exp(m - m') once per chunk: that is right for a
+            # product linear in the softmax, not for one that reads it twice (P * P scales by the
+            # square). Found by the fuzzer (ran wrong on NumPy and OpenCL).
+            for u in users:
+                reads = [r for r in u.box.operands if r.array == s.target]
+                if len(reads) > 1:
+                    raise RelabelError(
+                        f"cannot stream {axis}: {u.target}[{' '.join(u.axes)}] ({_line(u)}) reads softmax[{axis}] {s.target} "
+                        f"({_line(s)}) {len(reads)} times; the online softmax rescales a contraction that is linear in it",
+                        u.span or span, f"leave {axis} unpartitioned, or materialise {s.target} (@gmem) and contract it after",
+                    )
             roles[s.index] = "online"
             carries[s.target] = True
             continue

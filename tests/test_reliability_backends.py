@@ -350,3 +350,18 @@ def test_a_tensor_core_programs_tolerance_counts_p_packed_to_bf16():
     arithmetic = 2 * 2.0**-24 * (8 * 8 + 2 * 128**0.5)
     assert arithmetic > 1e-5
     assert tolerance(program) == pytest.approx(2 * U_BF16 * 2 + arithmetic, rel=1e-12)
+
+
+def test_a_streamed_softmax_contracted_with_itself_is_refused():
+    """Found by the fuzzer: P * P over a streamed softmax ran wrong (0.86 for 0.52) on NumPy and OpenCL."""
+    source = """kernel k(X: f32[k]) -> C: f32[]:
+    P[k] = softmax[k](X)
+    C = P * P
+
+relabel k on H100:
+    smem: stream k 1
+"""
+    with pytest.raises(RelabelError) as info:
+        napkin.load(source)["k"].program(k=2)
+    assert "reads softmax[k] P (line 2) 2 times" in str(info.value)
+    assert info.value.span.line == 3
