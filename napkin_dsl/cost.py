@@ -27,7 +27,7 @@ import sympy
 
 from .diagram import DTYPE_BYTES
 from .errors import RelabelError
-from .pseudocode import Loop, Program, Step, liveness, walk
+from .pseudocode import Loop, Program, Step, liveness, released_by, walk
 from .relabel import bind
 
 # ---- small sympy helpers -------------------------------------------------------------------
@@ -125,8 +125,7 @@ def columns(program: Program, arch: str | None = None) -> list[dict]:
                     continue
                 if plan is not None and level == compute and name in slots:
                     continue  # held for the whole launch: below
-                computing = step.op not in ("load", "save", "alloc")
-                if computing and ref in step.reads and ref not in step.writes and last == index:
+                if released_by(sequence, spans, ref, index):
                     continue
                 buffer = launch.buffers[ref]
                 if plan is not None and level == compute and name in plan.fragments:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from .diagram import DTYPE_BYTES, Apply, Contract, Map, Read, Reduce, Softmax
 from .layouts import SwizzledTile
-from .pseudocode import LaunchProgram, Program, liveness, walk
+from .pseudocode import LaunchProgram, Program, liveness, released_by, walk
 from .relabel import bind
 
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -448,13 +448,12 @@ def live_fragment_values(plan: TensorPlan, launch: LaunchProgram, tile: dict) ->
     level = launch.schedule.compute_level
     sequence, spans = liveness(launch.body)
     most = 0
-    for index, (step, _) in enumerate(sequence):
+    for index in range(len(sequence)):
         held = 0
         for (lvl, name), (first, last) in spans.items():
             if lvl != level or name not in plan.fragments or not first <= index <= last:
                 continue
-            computing = step.op not in ("load", "save", "alloc")
-            if computing and (lvl, name) in step.reads and (lvl, name) not in step.writes and last == index:
+            if released_by(sequence, spans, (lvl, name), index):
                 continue
             held += fragment_values(plan, name, tile)
         most = max(most, held)

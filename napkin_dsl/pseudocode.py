@@ -143,6 +143,20 @@ def liveness(body) -> tuple[list, dict]:
     return sequence, spans
 
 
+def released_by(sequence: list, spans: dict, ref, index: int) -> bool:
+    """Is buffer ``ref`` released as step ``index`` produces its output (the paper's column
+    convention)? Only when that computing step is its last reader, and no later trip of a loop
+    around the step reads it again: a buffer defined outside a loop and read by the loop's last
+    step is needed by the next trip (found by the fuzzer: an intermediate took a hoisted input's
+    bytes and the next chunk read garbage)."""
+    step, loops = sequence[index]
+    last = spans[ref][1]
+    if step.op in ("load", "save", "alloc") or ref not in step.reads or ref in step.writes or last != index:
+        return False
+    defined_in = {id(lp) for lp in sequence[spans[ref][0]][1]}
+    return all(id(lp) in defined_in for lp in loops)
+
+
 # ---- elaboration ---------------------------------------------------------------------------
 
 

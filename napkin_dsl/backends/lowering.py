@@ -47,7 +47,7 @@ from ..diagram import (
 )
 from ..errors import NapkinError
 from ..isel import FMA_THREADS
-from ..pseudocode import Loop, Program, Step, liveness
+from ..pseudocode import Loop, Program, Step, liveness, released_by
 from ..reference import _Failure, constant_value
 
 THREADS = FMA_THREADS
@@ -284,7 +284,6 @@ class Slot:
     axes: tuple
 
 
-COMPUTING = ("compute", "online", "rescale", "accumulate", "finalise", "init")
 
 
 def plan_arena(program: Program, launch) -> tuple[dict[str, Slot], int]:
@@ -302,10 +301,7 @@ def plan_arena(program: Program, launch) -> tuple[dict[str, Slot], int]:
     for ref, (first, last) in spans.items():
         if ref[0] != level:
             continue
-        step = sequence[last][0]
-        end = float(last)
-        if step.op in COMPUTING and ref in step.reads and ref not in step.writes:
-            end = last - 0.5
+        end = last - 0.5 if released_by(sequence, spans, ref, last) else float(last)
         buffer = launch.buffers[ref]
         values = 1
         for axis in buffer.axes:
@@ -1014,6 +1010,9 @@ class _Printer:
         axis = s.box.axis
         all_axes = tuple(s.woven) + (axis,)
         m, total, scale = f"{s.target}.max", f"{s.target}.sum", f"{s.target}.scale"
+        # The chunk may take the bytes of its operand in another axis order (S[x q] -> P[q x]):
+        # then every row is read before any is written (found by the fuzzer: wrong on OpenCL).
+        staged = self.hazard(step, s.target)
 
         def body():
             self.emit(f"const float m = {self.read(m, s.woven)};")
@@ -1021,14 +1020,24 @@ class _Printer:
 
             def element():
                 self.emit(f"const float p = {d.math('exp', [self.expression(s.box.operand, all_axes) + ' - m'])};")
-                self.emit(self.write(s.target, all_axes, "p"))
+                self.emit(f"stage[{self.stage_index()}] = p;" if staged else self.write(s.target, all_axes, "p"))
                 self.emit("l += p;")
 
             self.lane_loop((axis,), element)
             self.emit(f"l = {d.row_reduce('sum', 'l')};")
             self.emit(f"if ({self.lane_zero()}) {{ {self.write(total, s.woven, f'{self.read(total, s.woven)} * {self.read(scale, s.woven)} + l')} }}")
 
-        self.row_loop(s.woven, body)
+        if not staged:
+            self.row_loop(s.woven, body)
+            return
+        self.emit(f"float stage[{self.per_thread_rows(s.woven, (axis,))}];")
+        self.emit("int k = 0;")
+        self.staging(lambda: self.row_loop(s.woven, body))
+        self.emit(d.barrier)
+        self.emit("k = 0;")
+        self.staging(lambda: self.row_loop(s.woven, lambda: self.lane_loop(
+            (axis,), lambda: self.emit(self.write(s.target, all_axes, f"stage[{self.stage_index()}]")))))
+        self.emit("(void)k;")
 
     def step_accumulate(self, step: Step):
         s = step.statement
