@@ -297,7 +297,7 @@ class _Builder:
         if e.lo >= 0.1:
             return e
         form = self.draw(st.sampled_from(["abs", "exp", "square"]))
-        if form == "exp" and e.hi <= 5:
+        if form == "exp" and e.hi <= 5 and e.lo >= -50:  # exp(lo) must stay a normal float: rsqrt(0) is inf
             return _Expr(f"exp({e.text})", e.axes, math.exp(e.lo), math.exp(e.hi))
         if form == "square" and e.bound <= 30:
             inner = f"({e.text})" if e.compound else e.text
