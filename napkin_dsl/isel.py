@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .diagram import DTYPE_BYTES, Apply, Contract, Map, Read, Reduce, Softmax
+from .diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
 from .layouts import SwizzledTile
 from .pseudocode import LaunchProgram, Program, liveness, released_by, walk
 from .relabel import bind
@@ -326,18 +326,7 @@ def _reads(s) -> list[Read]:
     box = s.box
     if isinstance(box, Contract):
         return list(box.operands)
-    expr = box.expr if isinstance(box, Map) else box.operand
-    out: list[Read] = []
-
-    def visit(e):
-        if isinstance(e, Read):
-            out.append(e)
-        elif isinstance(e, Apply):
-            for arg in e.args:
-                visit(arg)
-
-    visit(expr)
-    return out
+    return reads(box.expr if isinstance(box, Map) else box.operand)
 
 
 def _default_warp_rows(row_tile: int) -> int:
@@ -379,10 +368,14 @@ def selection(program: Program, launch: LaunchProgram, arch: str | None = None) 
     arch = arch or program.hardware.arch
     if arch is None:
         return Selection(None, "the hardware profile names no architecture")
-    bound = launch_tiles(launch)
-    if bound is None:
-        return Selection(None, "sizes are symbolic")
-    return select(launch, arch, *bound, warp_tiles=warp_tiles_of(launch))
+    # The printers, the columns, the prices and the occupancy all ask: decide once per launch.
+    memo = launch.schedule._memo
+    key = ("isel", arch, launch.index)
+    if key not in memo:
+        bound = launch_tiles(launch)
+        memo[key] = (Selection(None, "sizes are symbolic") if bound is None
+                     else select(launch, arch, *bound, warp_tiles=warp_tiles_of(launch)))
+    return memo[key]
 
 
 __all__ = ["Fragment", "Mma", "Operand", "Selection", "TensorPlan", "select", "selection"]

@@ -739,22 +739,30 @@ def mutants(draw, max_size: int = 6) -> Case:
     for _ in range(draw(st.integers(1, 3))):
         if not toks:
             break
-        i = draw(st.integers(0, len(toks) - 1))
-        op = draw(st.sampled_from(["delete", "duplicate", "swap", "swap_any", "replace", "insert"]))
-        if op == "delete":
-            del toks[i]
-        elif op == "duplicate":
-            toks.insert(i, toks[i])
-        elif op == "swap" and i + 1 < len(toks):
-            toks[i], toks[i + 1] = toks[i + 1], toks[i]
-        elif op == "swap_any":
-            j = draw(st.integers(0, len(toks) - 1))
-            toks[i], toks[j] = toks[j], toks[i]
-        elif op == "replace":
-            toks[i] = draw(st.sampled_from(toks))
-        else:
-            toks.insert(i, draw(st.sampled_from(_INSERTS)))
+        mutate(draw, toks, ("delete", "duplicate", "swap", "swap_any", "replace", "insert"))
     return case.replace(kind="mutant", text="".join(toks))
+
+
+def mutate(draw, toks: list[str], ops: tuple[str, ...]) -> None:
+    """One token mutation, in place, drawn from ``ops``; a swap of the last token falls back to
+    an insertion when ``ops`` has one, else to a replacement."""
+    i = draw(st.integers(0, len(toks) - 1))
+    op = draw(st.sampled_from(ops))
+    if op == "swap" and i + 1 >= len(toks):
+        op = "insert" if "insert" in ops else "replace"
+    if op == "delete":
+        del toks[i]
+    elif op == "duplicate":
+        toks.insert(i, toks[i])
+    elif op == "swap":
+        toks[i], toks[i + 1] = toks[i + 1], toks[i]
+    elif op == "swap_any":
+        j = draw(st.integers(0, len(toks) - 1))
+        toks[i], toks[j] = toks[j], toks[i]
+    elif op == "replace":
+        toks[i] = draw(st.sampled_from(toks))
+    else:
+        toks.insert(i, draw(st.sampled_from(_INSERTS)))
 
 
 HUGE = (2**31, 2**32 + 1, 10**12, 2**62, 2**63, 2**64 + 1, 10**30, 10**300, 10**5000)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .conftest import NAPKIN_EXAMPLES
-from .fuzz_programs import Case, absurd_sizes, check_case_within, known_item, mutants, programs, tokens
+from .fuzz_programs import Case, absurd_sizes, check_case_within, known_item, mutants, mutate, programs, tokens
 
 # Failures of issue 13's list that the fast profile still meets, excluded by item (the pattern
 # each item matches is fuzz_programs.known_item's) until its fix lands; then the entry goes and
@@ -61,16 +61,7 @@ def example_mutants(draw) -> Case:
     """An example file with one or two tokens deleted, duplicated, swapped or replaced."""
     toks = tokens(draw(st.sampled_from(EXAMPLE_TEXTS)))
     for _ in range(draw(st.integers(1, 2))):
-        i = draw(st.integers(0, len(toks) - 1))
-        op = draw(st.sampled_from(["delete", "duplicate", "swap", "replace"]))
-        if op == "delete":
-            del toks[i]
-        elif op == "duplicate":
-            toks.insert(i, toks[i])
-        elif op == "swap" and i + 1 < len(toks):
-            toks[i], toks[i + 1] = toks[i + 1], toks[i]
-        else:
-            toks[i] = draw(st.sampled_from(toks))
+        mutate(draw, toks, ("delete", "duplicate", "swap", "replace"))
     # Small sizes: any axis gets 3, and the example's partition sizes stay as written.
     return Case("mutant", "".join(toks), {}, None, draw(st.integers(0, 99)))
 

@@ -29,8 +29,8 @@ Deliberately not here: deciding whether a launch qualifies (``isel.py``), the FM
 
 from __future__ import annotations
 
-from ..diagram import DTYPE_BYTES, Apply, Contract, Map, Read, Reduce, Softmax
-from ..isel import TensorPlan, fragment_values, smem_layout
+from ..diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
+from ..isel import TensorPlan, smem_layout
 from ..layouts import SwizzledTile, ldmatrix_lane_terms, ldmatrix_offset_expr, offset_expr
 from ..pseudocode import Loop, Step, walk
 from .lowering import KernelSource, LoweringError, _Printer, ident, print_expression, state_start
@@ -507,7 +507,7 @@ class TensorPrinter(_Printer):
         The loop is unrolled by ``stages`` so that every chunk's stage is a constant: the
         ldmatrix and cp.async addresses then fold the stage into their immediate offsets."""
         axis = node.axis
-        streamed = [s.array for s, _ in _top_steps(node.body) if s.op == "load" and s.level == self.level
+        streamed = [s.array for s, _ in walk(node.body) if s.op == "load" and s.level == self.level
                     and s.array in self.plan.operands]
         chunks = -(-self.sizes[axis] // self.tile[axis])
         stages = self.plan.stages
@@ -661,7 +661,7 @@ class TensorPrinter(_Printer):
                 self.row_reduce(op, box.operand, reduced, "total")()
                 self.emit(f"{self.element(target, True)} = {finish};")
 
-            self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
+            self.each_element(None, per_row)
             return
         if isinstance(box, Softmax):
 
@@ -676,7 +676,7 @@ class TensorPrinter(_Printer):
 
                 self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, scale))
 
-            self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
+            self.each_element(None, per_row)
             return
         raise LoweringError(f"the tensor-core path cannot print box {box!r}")
 
@@ -698,7 +698,7 @@ class TensorPrinter(_Printer):
             self.emit(f"{total} += NK_SHFL_XOR({total}, {mask});")
 
     def reduced_col(self, operand) -> str:
-        cols = {self.plan.fragments[r.array].col for r in _expr_reads(operand) if r.array in self.plan.fragments}
+        cols = {self.plan.fragments[r.array].col for r in reads(operand) if r.array in self.plan.fragments}
         cols.discard(None)
         if len(cols) != 1:
             raise LoweringError("napkin bug: a row reduction over a fragment needs one column axis")
@@ -718,7 +718,7 @@ class TensorPrinter(_Printer):
                 self.emit(f"{self.element(scale, True)} = (old == -NK_INF) ? 0.0f : {d.math('exp', ['old - fresh'])};")
                 self.emit(f"{self.element(m, True)} = fresh;")
 
-            self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
+            self.each_element(None, per_row)
             return
         acc = f"{s.target}.acc"
         scale_ref = next(ref for ref in step.reads if ref[1].endswith(".scale"))[1]
@@ -735,7 +735,7 @@ class TensorPrinter(_Printer):
             self.exponentials(s.target, s.box.operand, col, "top", "part")
             self.emit(f"{self.element(total, True)} = {self.element(total, True)} * {self.element(scale, True)} + part;")
 
-        self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
+        self.each_element(None, per_row)
 
     def tc_accumulate(self, step: Step):
         s = step.statement
@@ -753,7 +753,7 @@ class TensorPrinter(_Printer):
             value = f"{current} + total" if op == "sum" else self.dialect.math(op, [current, "total"])
             self.emit(f"{current} = {value};")
 
-        self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, per_row))
+        self.each_element(None, per_row)
 
     def tc_finalise(self, step: Step):
         s = step.statement
@@ -842,24 +842,3 @@ class TensorPrinter(_Printer):
         if stage is not None:
             base = f"{slot.offset} + ({stage}) * {slot.stage_bytes}"
         return f"{base} + {offset}"
-
-
-def _top_steps(body):
-    for node in body:
-        if isinstance(node, Loop):
-            yield from _top_steps(node.body)
-        else:
-            yield node, ()
-
-
-def _expr_reads(expr) -> list[Read]:
-    if isinstance(expr, Read):
-        return [expr]
-    if isinstance(expr, Apply):
-        return [r for a in expr.args for r in _expr_reads(a)]
-    return []
-
-
-def register_values(plan: TensorPlan, tile: dict) -> dict:
-    """Registers per thread each register-resident array takes (4-byte values)."""
-    return {name: fragment_values(plan, name, tile) for name in plan.fragments}
