@@ -140,7 +140,11 @@ class Kernel:
 
             best = tune(self.diagram, target, None, _check_sizes(sizes), top=1)
             block = best.block(self.diagram, load_hardware(target))
-        self._cache[key] = plan(self.diagram, target, block, _check_sizes(sizes))
+            # The tuner may materialise intermediates the source fuses (or fuse ones it materialises).
+            diagram = best.best.diagram or self.diagram
+        else:
+            diagram = self.diagram
+        self._cache[key] = plan(diagram, target, block, _check_sizes(sizes))
         return self._cache[key]
 
     def compile(self, arch: str = "sm_90", hardware: str | None = None, ptx: bool = False, **sizes: int):

@@ -8,6 +8,10 @@ they load through L2. napkin models them as a group partition at the L2 level (s
 ``pseudocode.l2_candidates``) and picks the grouping that moves the fewest bytes from device
 memory while its tiles fit in L2.
 
+It also builds the variants of a diagram the tuner compares when it decides fusion
+(:func:`materialise`): the same statements with a different set of intermediates
+materialised at the top level, as if ``@gmem`` had been written on them.
+
 It does not price the result (``cost.py``) or search user-visible sizes (``tune.py``).
 """
 
@@ -18,10 +22,59 @@ import dataclasses
 from . import syntax as syn
 from .check import check_size_bounds
 from .cost import as_number, columns, max_of
-from .diagram import Diagram
+from .diagram import DTYPE_BYTES, Diagram, accumulation_dtype
+from .errors import NapkinError
 from .hardware import Hardware, load_hardware
 from .pseudocode import Program, co_resident_blocks, elaborate, l2_candidates
-from .relabel import Partition, Schedule, make_schedule
+from .relabel import Partition, Schedule, is_top, make_schedule
+
+
+def split_points(diagram: Diagram, profile: Hardware) -> tuple[str, ...]:
+    """The statements whose materialisation at the top level is a fusion choice: every one but
+    the last that is not written at a level below the top (``@smem`` stays as written)."""
+    return tuple(s.target for s in diagram.statements[:-1] if s.level is None or is_top(s.level, profile))
+
+
+def materialised(diagram: Diagram, profile: Hardware) -> frozenset:
+    """The statements the diagram materialises at the top level, as written."""
+    return frozenset(s.target for s in diagram.statements if is_top(s.level, profile))
+
+
+def materialise(diagram: Diagram, profile: Hardware, chosen) -> Diagram:
+    """``diagram`` with exactly the split points in ``chosen`` materialised at the top level.
+
+    Dtypes follow the checker's rule (check.py, ``_KernelChecker.statement``): a materialised
+    intermediate is stored at the width of its widest operand, one kept on chip is computed in
+    the accumulation dtype; outputs keep their declared dtype. A change propagates to the
+    statements that read it. The input diagram is not changed.
+    """
+    chosen = frozenset(chosen)
+    points = set(split_points(diagram, profile))
+    unknown = chosen - points
+    if unknown:
+        raise NapkinError(f"cannot materialise {', '.join(sorted(unknown))} of {diagram.name}: the split points are "
+                          f"{', '.join(sorted(points)) or 'none'}", hint="the last statement and @level writes below the top stay as written")
+    if chosen == materialised(diagram, profile) & points:
+        return diagram
+    top = profile.top.name
+    arrays = dict(diagram.arrays)
+    statements = []
+    for s in diagram.statements:
+        level = s.level
+        if s.target in points:
+            level = top if s.target in chosen else None
+        array = arrays[s.target]
+        if array.role != "output":
+            operand_dtypes = [arrays[name].dtype for name in s.inputs]
+            if level is not None:
+                dtype = max(operand_dtypes, key=lambda d: DTYPE_BYTES[d]) if operand_dtypes else "f32"
+            else:
+                dtype = accumulation_dtype(operand_dtypes)
+            arrays[s.target] = dataclasses.replace(array, dtype=dtype, level=level)
+        else:
+            arrays[s.target] = dataclasses.replace(array, level=level)
+        statements.append(dataclasses.replace(s, level=level, dtype=arrays[s.target].dtype))
+    return dataclasses.replace(diagram, arrays=arrays, statements=tuple(statements))
 
 
 def shared_cache_level(schedule: Schedule) -> str | None:

@@ -31,7 +31,7 @@ from .cost import CostReport, as_number, columns, cost_of, flops_by_unit, level_
 from .diagram import Contract, Diagram
 from .errors import NapkinError, RelabelError
 from .hardware import Hardware, load_hardware
-from .plan import plan, shared_cache_level
+from .plan import materialise, materialised, plan, shared_cache_level, split_points
 from .pseudocode import Program, elaborate
 from .relabel import make_schedule, split_launches
 
@@ -61,6 +61,9 @@ class Configuration:
     report: CostReport | None = None
     knobs: list = field(default_factory=list)
     values: dict = field(default_factory=dict)  # Knob -> size; `sizes` is the same by axis
+    origin: str = "tuned"  # "as written", "resized" (the written partitions), "tuned" or "fusion"
+    materialised: frozenset | None = None  # arrays at the top level when not as written
+    diagram: Diagram | None = field(default=None, repr=False)  # the diagram it was costed on
 
     def size_of(self, knob: Knob):
         return self.values.get(knob, self.sizes.get(knob.axis))
@@ -93,6 +96,8 @@ class TuneResult:
     constraints: dict = field(default_factory=dict)  # axis -> multiple required
     beta: object = None
     optimum: object = None
+    fusion_choices: int = 1  # sets of materialised intermediates searched
+    written: frozenset = frozenset()  # arrays the source materialises at the top level
 
     @property
     def best(self) -> Configuration:
@@ -218,12 +223,16 @@ def divisibility(diagram: Diagram, knobs: list[Knob], statements=None) -> dict[s
 
 
 def _candidates(size: int, multiple: int) -> list[int]:
+    """Sizes to try for an axis of ``size`` that must be a multiple of ``multiple``: the multiple
+    times powers of two and times three powers of two (48, 96, 192: tiles between the powers of
+    two often fit where the next power does not), the whole axis and its largest multiple."""
     values = set()
-    value = multiple
-    while value < size:
-        values.add(value)
-        value *= 2
-    values.add(size if size % multiple == 0 or size < multiple else size)
+    for factor in (1, 3):
+        value = multiple * factor
+        while value < size:
+            values.add(value)
+            value *= 2
+    values.add(size)
     if multiple > 1 and size >= multiple:
         values.add(min(size, (size // multiple) * multiple) or multiple)
     small = {1, 2, 4} if multiple == 1 else set()
@@ -231,8 +240,15 @@ def _candidates(size: int, multiple: int) -> list[int]:
 
 
 def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | None = None, sizes: dict | None = None,
-         top: int = 5, max_candidates: int = 20000) -> TuneResult:
-    """Search group/stream sizes on ``hardware`` for ``diagram`` with every axis bound in ``sizes``."""
+         top: int = 5, max_candidates: int = 20000, fusion: bool = True, progress=None) -> TuneResult:
+    """Search group/stream sizes on ``hardware`` for ``diagram`` with every axis bound in ``sizes``.
+
+    On a GPU the search space is: the relabelling as written (``block``, costed exactly: always a
+    candidate, so the result is never worse than it); its partitions resized; and, with
+    ``fusion``, every choice of intermediates materialised at the top level (which splits the
+    kernel into launches), each launch with its own tiles and stream axis. ``progress`` is called
+    with (done, total) fusion choices.
+    """
     profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     sizes = dict(sizes or {})
     check_size_bounds(diagram, block, sizes)  # the scores below are floats formed from them
@@ -243,47 +259,134 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     if unbound:
         raise NapkinError(f"tuning needs every axis size; unbound: {' '.join(unbound)}",
                           hint=f"pass them, e.g. --set {' '.join(f'{a}=1024' for a in unbound)}")
-    launches = split_launches(diagram, profile)
-    if block is None and len(launches) > 1:
-        # Launches share nothing but device memory: size each one's partitions on its own.
-        scopes = [(index, statements) for index, (statements, _, _) in enumerate(launches)]
-    else:
-        scopes = [(None, None)]
-    ranked, evaluated, required = [], 0, {}
-    for index, statements in scopes:
-        sets = knob_sets(diagram, profile, block, sizes, statements)
-        scored = []
-        for knobs in sets:
-            found, count, multiples = _score(diagram, profile, knobs, sizes, max_candidates, index)
-            scored += [(estimate, rank, knobs, combo) for rank, (estimate, combo) in enumerate(found)]
-            evaluated += count
-            required.update(multiples)
-        if not scored and statements is not None:
-            raise RelabelError(f"no configuration of the launch computing {', '.join(s.target for s in statements)} "
-                               f"fits {profile.name}", hint="its whole rows may not fit: check the sizes")
-        scored.sort(key=lambda item: item[:2])
-        ranked.append(scored)
-    compute_level = profile.compute_level.name
-    configurations = []
-    for rank in range(max(top, 1)):
-        picks = [scored[min(rank, len(scored) - 1)] for scored in ranked if scored]
-        if not picks or (rank and all(rank >= len(scored) for scored in ranked)):
-            break
-        knobs = [k for _, _, pick_knobs, _ in picks for k in pick_knobs]
-        values = {k: v for _, _, pick_knobs, combo in picks for k, v in zip(pick_knobs, combo)}
+    search = _Search(profile, sizes, max_candidates)
+    written = materialised(diagram, profile)
+    candidates: list[Configuration] = []
+    if block is not None and block.levels:
         try:
-            report = cost_of(plan(diagram, profile, _block(diagram, profile, knobs, values), sizes))
+            report = cost_of(plan(diagram, profile, block, sizes))
+            partitions = [(c.level, p) for c in block.levels for p in c.partitions]
+            knobs = [Knob(level, p.kind, p.axis, p.targets) for level, p in partitions]
+            values = {k: p.size for k, (_, p) in zip(knobs, partitions)}
+            candidates.append(Configuration({k.axis: v for k, v in values.items()}, report.time.get("overlapped_s"), report,
+                                            knobs, values, origin="as written"))
         except RelabelError:
+            pass  # the written relabelling does not fit these sizes: the search may find one that does
+        candidates += search.configurations(diagram, block, top, origin="resized")
+    choices = [written]
+    if fusion:
+        points = split_points(diagram, profile)
+        fixed = written - set(points)
+        if len(points) <= MAX_SPLIT_POINTS:
+            subsets = itertools.chain.from_iterable(itertools.combinations(points, n) for n in range(len(points) + 1))
+        else:  # too many to enumerate: as written, fully fused, fully split, and each single split
+            subsets = [(), tuple(points)] + [(p,) for p in points]
+        choices += [frozenset(subset) | fixed for subset in subsets]
+    choices = list(dict.fromkeys(choices))
+    # Rank fusion choices by their estimate (the closed forms, summed over launches) and cost
+    # the most promising ones exactly.
+    estimated = []
+    for done, chosen in enumerate(choices, 1):
+        variant = materialise(diagram, profile, chosen & set(split_points(diagram, profile)))
+        ranked = search.ranked(variant, None)
+        if ranked is not None:
+            estimated.append((sum(scored[0][0] for scored in ranked), len(estimated), chosen, variant, ranked))
+        if progress is not None:
+            progress(done, len(choices))
+    estimated.sort(key=lambda item: item[:2])
+    best_estimate = estimated[0][0] if estimated else math.inf
+    for estimate, _, chosen, variant, ranked in estimated[:FUSION_CHOICES_COSTED]:
+        if estimate > FUSION_ESTIMATE_SLACK * best_estimate and chosen != written:
             continue
-        by_axis = {k.axis: v for k, v in values.items()}
-        configurations.append(Configuration(by_axis, report.time.get("overlapped_s"), report, knobs, values))
+        candidates += search.exact(variant, ranked, top, origin="tuned" if chosen == written else "fusion",
+                                   materialised=None if chosen == written else chosen)
+    compute_level = profile.compute_level.name
     # Ties in predicted time go to the configuration that moves fewer bytes into the compute level.
-    configurations.sort(key=lambda c: (c.time_s if c.time_s is not None else math.inf,
-                                       as_number(c.report.levels[compute_level].H_bytes) or 0))
+    candidates.sort(key=lambda c: (c.time_s if c.time_s is not None else math.inf,
+                                   as_number(c.report.levels[compute_level].H_bytes) or 0))
+    configurations = []
+    for c in candidates:  # the same relabelling found twice (as written and by the search) is listed once
+        if all((c.materialised, c.relabel_line()) != (d.materialised, d.relabel_line()) for d in configurations):
+            configurations.append(c)
     if not configurations:
-        raise RelabelError(f"no configuration of {diagram.name} fits {profile.name}", hint="check the sizes")
-    return TuneResult(diagram.name, profile.name, configurations[0].knobs, configurations, evaluated,
-                      _time.perf_counter() - started, required)
+        raise RelabelError(f"no configuration of {diagram.name} fits {profile.name}, fused or split into launches",
+                           hint="check the sizes")
+    best = configurations[0]
+    return TuneResult(diagram.name, profile.name, best.knobs, configurations[:max(top, 1)], search.evaluated,
+                      _time.perf_counter() - started, search.required, fusion_choices=len(choices),
+                      written=written)
+
+
+MAX_SPLIT_POINTS = 8  # 2^8 fusion choices at most are enumerated
+FUSION_CHOICES_COSTED = 4  # fusion choices whose best configurations are costed exactly
+FUSION_ESTIMATE_SLACK = 2.0  # ... among those within this factor of the best estimate
+
+
+class _Search:
+    """Scores of every launch the fusion choices produce, memoised: choices share launches
+    (SwiGLU's last matmul is the same launch whether G, U or H is materialised)."""
+
+    def __init__(self, profile: Hardware, sizes: dict, max_candidates: int):
+        self.profile, self.sizes, self.max_candidates = profile, sizes, max_candidates
+        self.memo: dict = {}
+        self.evaluated = 0
+        self.required: dict = {}
+
+    @staticmethod
+    def _key(diagram: Diagram, statements, block) -> tuple:
+        """What a launch's scores depend on: its statements, the dtypes and levels of the arrays
+        it touches, which of them are kernel outputs (and the relabel block, when one is searched)."""
+        names = sorted({n for s in statements for n in (s.target,) + s.inputs})
+        arrays = tuple((n, diagram.arrays[n].dtype, diagram.arrays[n].level) for n in names)
+        return (id(block) if block is not None else None, tuple((s.index, s.target, s.level) for s in statements),
+                arrays, tuple(n for n in diagram.outputs if n in names))
+
+    def ranked(self, diagram: Diagram, block) -> list | None:
+        """Per launch scope, its candidates ranked by estimate; None when a launch has none that fits."""
+        launches = split_launches(diagram, self.profile)
+        if block is None and len(launches) > 1:
+            # Launches share nothing but device memory: size each one's partitions on its own.
+            scopes = [(index, statements) for index, (statements, _, _) in enumerate(launches)]
+        else:
+            scopes = [(None, None)]
+        ranked = []
+        for index, statements in scopes:
+            key = self._key(diagram, statements if statements is not None else diagram.statements, block) + (index is None,)
+            if key not in self.memo:
+                scored = []
+                for knobs in knob_sets(diagram, self.profile, block, self.sizes, statements):
+                    found, count, multiples = _score(diagram, self.profile, knobs, self.sizes, self.max_candidates, index)
+                    scored += [(estimate, rank, knobs, combo) for rank, (estimate, combo) in enumerate(found)]
+                    self.evaluated += count
+                    self.required.update(multiples)
+                scored.sort(key=lambda item: item[:2])
+                self.memo[key] = scored
+            if not self.memo[key]:
+                return None
+            ranked.append(self.memo[key])
+        return ranked
+
+    def configurations(self, diagram: Diagram, block, top: int, origin: str) -> list:
+        ranked = self.ranked(diagram, block)
+        return [] if ranked is None else self.exact(diagram, ranked, top, origin)
+
+    def exact(self, diagram: Diagram, ranked: list, top: int, origin: str, materialised=None) -> list:
+        """Plan and cost the ``top`` best combinations of per-launch candidates exactly."""
+        configurations = []
+        for rank in range(max(top, 1)):
+            if rank and all(rank >= len(scored) for scored in ranked):
+                break
+            picks = [scored[min(rank, len(scored) - 1)] for scored in ranked]
+            knobs = [k for _, _, pick_knobs, _ in picks for k in pick_knobs]
+            values = {k: v for _, _, pick_knobs, combo in picks for k, v in zip(pick_knobs, combo)}
+            try:
+                report = cost_of(plan(diagram, self.profile, _block(diagram, self.profile, knobs, values), self.sizes))
+            except RelabelError:
+                continue
+            by_axis = {k.axis: v for k, v in values.items()}
+            configurations.append(Configuration(by_axis, report.time.get("overlapped_s"), report, knobs, values,
+                                                origin=origin, materialised=materialised, diagram=diagram))
+        return configurations
 
 
 def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, max_candidates: int,
