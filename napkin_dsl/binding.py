@@ -6,8 +6,9 @@ given by ``sizes=`` for axes that no input carries), and private, C-contiguous c
 inputs in their declared dtypes. Every backend starts from a Binding, so every backend
 reports a bad call the same way.
 
-What it checks, all at once: missing and unexpected arguments; that each array argument is a
-NumPy array (other array-likes need ``cast=True``); its rank against the declared axes; one
+What it checks, all at once: missing and unexpected arguments; that each array argument is an
+array: a NumPy array, or anything that speaks DLPack or ``__cuda_array_interface__`` (torch,
+JAX, CuPy; other array-likes need ``cast=True``); its rank against the declared axes; one
 size per axis across all arguments and ``sizes=``; no zero-size axis; the dtype against the
 declared one (``cast=True`` converts instead, but never from complex, text or objects, and
 never floats into integers); scalar parameters are real numbers. Every problem found is
@@ -15,10 +16,20 @@ reported in one :class:`~napkin_dsl.errors.NapkinCallError` whose message names 
 parameter, its declared axes and the array's shape and dtype, with a summary of the whole call
 (the einops way: the error says what was called with what).
 
+Arrays of other frameworks come in through DLPack: the DLPack dtype code (bf16 is code 4,
+fp8 e4m3fn 10, e5m2 12) maps to the ml_dtypes type napkin's CPU backends store, and the values
+are copied out of the producer's memory, so a torch bf16 tensor needs no ``cast=True``. A tensor
+that requires grad is refused (napkin kernels have no backward). Arrays on a CUDA device are
+kept in place for the CUDA backend (``keep_on_device=True``: the kernel reads them through
+their device pointers, zero-copy) and refused by the host backends, which cannot read them.
+:meth:`Binding.deliver` gives the outputs back in the caller's array type and on its device:
+torch in, torch out, in the declared dtype.
+
 What it deliberately does not do: look at values (NaN and inf are accepted and propagate, as
-they would through the arithmetic), keep or mutate the caller's arrays (inputs are always
+they would through the arithmetic), keep or mutate the caller's host arrays (inputs are
 copied, so a later change to a user array cannot reach a running kernel and a kernel cannot
-write into a user array), or decide how outputs are allocated (each backend does).
+write into a user array; device arrays kept for the CUDA backend are only read), or decide how
+outputs are allocated (each backend does).
 
 It also holds the memory guard of the NumPy reference (:func:`estimate_reference_bytes`,
 :func:`check_reference_memory`): the reference materialises every array of a diagram in
@@ -41,11 +52,13 @@ napkin_dsl.errors.NapkinCallError: error: cannot call mm(A: f32[m k], B: f32[k n
 
 from __future__ import annotations
 
+import ctypes
 import difflib
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import sympy
@@ -56,6 +69,7 @@ from .types import numpy_dtype
 
 __all__ = [
     "Binding",
+    "DeviceArray",
     "bind",
     "check_reference_memory",
     "default_memory_limit",
@@ -69,12 +83,23 @@ class Binding:
     """What one call binds: a size per axis, the input arrays, the scalar parameters.
 
     ``inputs`` are private C-contiguous copies in the declared dtypes (bf16 and fp8 through
-    ml_dtypes); ``scalars`` are NumPy scalars of the declared dtypes.
+    ml_dtypes), or, bound with ``keep_on_device=True``, the caller's CUDA arrays themselves
+    (objects with ``__cuda_array_interface__``, such as a :class:`DeviceArray`); ``scalars``
+    are NumPy scalars of the declared dtypes. ``caller`` says which array type the outputs go
+    back as (:meth:`deliver`).
     """
 
     sizes: dict[str, int]
-    inputs: dict[str, np.ndarray]
+    inputs: dict[str, Any]
     scalars: dict[str, np.generic]
+    caller: _Caller | None = field(default=None, compare=False)
+
+    def deliver(self, outputs: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The outputs as the caller's arrays: NumPy in, NumPy out; torch in, torch tensors out
+        (same dtype, on the input's device); JAX in, JAX arrays out; CuPy in, CuPy arrays out."""
+        if self.caller is None:
+            return dict(outputs)
+        return {name: self.caller.convert(array) for name, array in outputs.items()}
 
 
 def _diagram_of(kernel_or_diagram) -> Diagram:
@@ -108,6 +133,8 @@ def arguments(diagram: Diagram, positional: tuple, named: dict) -> tuple[dict, d
 def _describe_value(value) -> str:
     if isinstance(value, np.ndarray):
         return f"{value.dtype}{tuple(value.shape)}"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # torch, JAX, CuPy arrays
+        return f"{type(value).__name__} {value.dtype}{tuple(value.shape)}"
     if isinstance(value, (bool, int, float, complex, np.generic)):
         return f"{type(value).__name__} {value!r}"
     return type(value).__name__
@@ -162,26 +189,314 @@ class _Problems:
         raise NapkinCallError(message)
 
 
+# ---- arrays of other frameworks: DLPack and __cuda_array_interface__ ---------------------------
+
+# DLPack device types (dlpack.h, DLDeviceType) napkin reads: host memory, and CUDA device memory.
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+_DL_HOST_READABLE = (_DL_CPU, _DL_CUDA_HOST, _DL_CUDA_MANAGED)
+
+# DLPack dtype codes (dlpack.h, DLDataTypeCode) by the NumPy type napkin stores them as; the
+# 8-bit floats and bf16 are ml_dtypes types, as everywhere on napkin's CPU backends.
+_DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX, _DL_BOOL = 0, 1, 2, 4, 5, 6
+_DL_FLOAT8 = {7: "float8_e3m4", 8: "float8_e4m3", 9: "float8_e4m3b11fnuz", 10: "float8_e4m3fn",
+              11: "float8_e4m3fnuz", 12: "float8_e5m2", 13: "float8_e5m2fnuz", 14: "float8_e8m0fnu"}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    # The head of DLManagedTensor (the unversioned capsule "dltensor"): napkin only reads it.
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+def _capsule_pointer(capsule) -> int | None:
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    is_valid = ctypes.pythonapi.PyCapsule_IsValid
+    is_valid.restype, is_valid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+    return get(capsule, b"dltensor") if is_valid(capsule, b"dltensor") else None
+
+
+def _dlpack_dtype(code: int, bits: int, lanes: int) -> np.dtype | None:
+    """The NumPy dtype of a DLPack dtype, or None for one napkin cannot hold (vectors, fp4, ...)."""
+    import ml_dtypes
+
+    if lanes != 1:
+        return None
+    if code == _DL_BFLOAT and bits == 16:
+        return np.dtype(ml_dtypes.bfloat16)
+    if code in _DL_FLOAT8 and bits == 8 and hasattr(ml_dtypes, _DL_FLOAT8[code]):
+        return np.dtype(getattr(ml_dtypes, _DL_FLOAT8[code]))
+    kinds = {_DL_INT: "i", _DL_UINT: "u", _DL_FLOAT: "f", _DL_COMPLEX: "c"}
+    if code == _DL_BOOL and bits == 8:
+        return np.dtype(np.bool_)
+    if code in kinds and bits % 8 == 0:
+        try:
+            return np.dtype(f"{kinds[code]}{bits // 8}")
+        except TypeError:  # f1, i16 and such: no NumPy type
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class _DLPackView:
+    """What a DLPack capsule says about an array. Valid while ``capsule`` is alive."""
+
+    capsule: Any
+    device: tuple[int, int]
+    address: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None  # in elements, as DLPack counts them; None: C-contiguous
+    dtype: np.dtype | None
+    dtype_text: str
+
+    def host_view(self) -> np.ndarray:
+        """A NumPy view of the producer's host memory (read it before the capsule goes)."""
+        itemsize = self.dtype.itemsize
+        if 0 in self.shape:
+            return np.empty(self.shape, self.dtype)
+        strides = tuple(s * itemsize for s in self.strides) if self.strides is not None else None
+        if strides is None:
+            low, high = 0, math.prod(self.shape) * itemsize
+        else:
+            low = sum(min(0, (n - 1) * s) for n, s in zip(self.shape, strides))
+            high = sum(max(0, (n - 1) * s) for n, s in zip(self.shape, strides)) + itemsize
+        memory = (ctypes.c_char * (high - low)).from_address(self.address + low)
+        view = np.ndarray(self.shape, self.dtype, buffer=memory, offset=-low, strides=strides)
+        view.flags.writeable = False
+        return view
+
+    def contiguous(self) -> bool:
+        if self.strides is None:
+            return True
+        expected, step = [], 1
+        for extent in reversed(self.shape):
+            expected.append(step)
+            step *= extent
+        return all(n == 1 or s == e for n, s, e in zip(self.shape, self.strides, reversed(expected)))
+
+
+def _read_dlpack(value) -> _DLPackView:
+    """Ask an array for a DLPack capsule and read its DLTensor. Raises TypeError, BufferError..."""
+    device_type, device_id = (int(v) for v in value.__dlpack_device__())
+    # On CUDA, stream 1 is the legacy default stream the CUDA backend launches on: the producer
+    # makes its pending work visible there before it hands the pointer over.
+    capsule = value.__dlpack__(stream=1) if device_type == _DL_CUDA else value.__dlpack__()
+    pointer = _capsule_pointer(capsule)
+    if pointer is None:
+        raise BufferError("its __dlpack__ did not return a DLPack capsule")
+    tensor = _DLTensor.from_address(pointer)
+    ndim = tensor.ndim
+    shape = tuple(int(tensor.shape[i]) for i in range(ndim))
+    strides = tuple(int(tensor.strides[i]) for i in range(ndim)) if tensor.strides else None
+    code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
+    dtype = _dlpack_dtype(code, bits, lanes)
+    text = dtype.name if dtype is not None else f"DLPack dtype (code {code}, {bits} bits, {lanes} lanes)"
+    address = (tensor.data or 0) + int(tensor.byte_offset)
+    return _DLPackView(capsule, (device_type, device_id), address, shape, strides, dtype, text)
+
+
+@dataclass(frozen=True)
+class DeviceArray:
+    """A CUDA array handed to the CUDA backend in place: its device pointer, shape and dtype.
+
+    It exposes ``__cuda_array_interface__`` (version 3), which the CUDA backend reads to launch
+    on the caller's memory without a copy; ``owner`` is the caller's array, kept alive for as
+    long as the pointer is used. bf16 is typestr ``<V2`` (2-byte values the interface cannot name).
+    """
+
+    address: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    owner: Any = field(repr=False)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.address, True), "strides": None, "version": 3}
+
+
+def _framework(value) -> str:
+    """The library an array comes from: its type's top-level module (torch, jaxlib, cupy, numpy...)."""
+    return type(value).__module__.split(".")[0]
+
+
+_FRAMEWORK_NAMES = {"jaxlib": "jax"}
+
+
+@dataclass(frozen=True)
+class _Caller:
+    """The array type outputs go back as: the library of the first non-NumPy input, and its device."""
+
+    framework: str
+    device: Any
+
+    def convert(self, array: np.ndarray):
+        if self.framework == "torch":
+            import torch
+
+            host = np.ascontiguousarray(array)
+            if host.dtype.type.__module__.startswith("ml_dtypes"):
+                # torch.from_numpy knows no ml_dtypes type: hand over the bits and view them.
+                bits = torch.from_numpy(host.view(f"u{host.dtype.itemsize}"))
+                tensor = bits.view(getattr(torch, host.dtype.name))
+            else:
+                tensor = torch.from_numpy(host)
+            return tensor if self.device is None or self.device.type == "cpu" else tensor.to(self.device)
+        if self.framework == "jax":
+            import jax
+
+            return jax.device_put(array, self.device)
+        if self.framework == "cupy":
+            import cupy
+
+            with cupy.cuda.Device(self.device):
+                return cupy.asarray(array)
+        return array
+
+    @staticmethod
+    def of(value) -> _Caller | None:
+        framework = _FRAMEWORK_NAMES.get(_framework(value), _framework(value))
+        if framework == "torch":
+            return _Caller("torch", value.device)
+        if framework == "jax":
+            devices = value.devices() if callable(getattr(value, "devices", None)) else ()
+            return _Caller("jax", next(iter(devices)) if len(devices) == 1 else None)
+        if framework == "cupy":
+            return _Caller("cupy", int(value.device.id))
+        return None
+
+
+def _cannot_hold(framework: str, dtype: np.dtype) -> bool:
+    """Whether ``framework`` has no array type of this dtype to give an output back as."""
+    if framework == "torch":
+        import torch
+
+        return not isinstance(getattr(torch, dtype.name, None), torch.dtype)
+    if framework == "cupy":
+        return dtype.type.__module__.startswith("ml_dtypes")  # CuPy has no bf16 or fp8
+    return False
+
+
+def _shape_text(value) -> str:
+    shape = getattr(value, "shape", None)
+    return f"{getattr(value, 'dtype', '')}{tuple(shape)}" if shape is not None else ""
+
+
+def _requires_grad(value) -> bool:
+    return getattr(value, "requires_grad", False) is True
+
+
+def _interface_dtype(typestr: str, target: np.dtype) -> np.dtype:
+    """The dtype of a __cuda_array_interface__ typestr; 2-byte opaque values are bf16 when the
+    kernel asks for bf16, the interface having no name for it."""
+    if typestr in ("<V2", "|V2") and target.name == "bfloat16":
+        return target
+    return np.dtype(typestr)
+
+
+def _has_cuda_interface(value) -> bool:
+    try:
+        return hasattr(value, "__cuda_array_interface__")
+    except Exception:  # noqa: BLE001 - torch raises TypeError for dtypes the interface cannot name
+        return False
+
+
+def _c_strides(shape: tuple, itemsize: int) -> tuple:
+    strides, step = [], itemsize
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    return tuple(reversed(strides))
+
+
+def _foreign_array(name: str, value, target: np.dtype, keep_on_device: bool) -> tuple[Any, Any] | str | None:
+    """A non-NumPy array as ``(array, keepalive)``, or a problem, or None for a plain array-like.
+
+    ``array`` is a read-only NumPy view of host memory (valid while ``keepalive`` lives), or a
+    :class:`DeviceArray` for memory on a CUDA device when ``keep_on_device``.
+    """
+    if _requires_grad(value):
+        return (f"{name} requires grad: napkin kernels have no backward, so autograd could not follow this call; "
+                f"pass {name}.detach()")
+    where = f"{name} ({' '.join(filter(None, (type(value).__name__, _shape_text(value))))})"
+    if hasattr(value, "__dlpack__") and hasattr(value, "__dlpack_device__"):
+        try:
+            view = _read_dlpack(value)
+        except (TypeError, ValueError, BufferError, RuntimeError, AttributeError) as exc:
+            return f"cannot read {where} through DLPack: {exc}"
+        device_type = view.device[0]
+        if view.dtype is None:
+            return f"{where} holds {view.dtype_text}, which napkin has no type for"
+        if device_type in _DL_HOST_READABLE:
+            return view.host_view(), view
+        if device_type != _DL_CUDA:
+            return f"{where} is on DLPack device type {device_type}; napkin reads host memory and CUDA devices"
+        contiguous = view.contiguous()
+        device = DeviceArray(view.address, view.shape, view.dtype, value)
+    elif _has_cuda_interface(value):
+        interface = value.__cuda_array_interface__
+        shape = tuple(int(n) for n in interface["shape"])
+        try:
+            dtype = _interface_dtype(interface["typestr"], target)
+        except TypeError:
+            return f"{where} has __cuda_array_interface__ typestr {interface['typestr']!r}, which napkin has no type for"
+        strides = interface.get("strides")
+        contiguous = strides is None or tuple(strides) == _c_strides(shape, dtype.itemsize)
+        device = DeviceArray(int(interface["data"][0]), shape, dtype, value)
+    else:
+        return None
+    if not keep_on_device:
+        return (f"{where} is in CUDA device memory, which the host backends (numpy, opencl) cannot read; "
+                f"call with backend='cuda', or copy it to the host first")
+    if not contiguous:
+        return f"{where} is not C-contiguous on its device; the CUDA backend reads it in place: pass a contiguous copy"
+    return device, value
+
+
 def _fixed_size(diagram: Diagram, axis: str) -> int | None:
     """An axis whose size the kernel itself fixes to an integer, or None for a symbol."""
     size = diagram.axes[axis].size
     return int(size) if isinstance(size, (int, sympy.Integer)) else None
 
 
-def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False, *, sizes: dict | None = None) -> Binding:
+def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False, *, sizes: dict | None = None,
+         keep_on_device: bool = False) -> Binding:
     """Check the arguments of one call of ``diagram`` and bind its axes to sizes.
 
     ``diagram`` is a :class:`~napkin_dsl.diagram.Diagram` or a kernel (anything with a
-    ``diagram``). ``arrays`` maps array parameter names to NumPy arrays; ``scalars`` maps
+    ``diagram``). ``arrays`` maps array parameter names to arrays; ``scalars`` maps
     scalar parameter names to real numbers; ``sizes`` gives axes that no input carries (those
     only in outputs or intermediates, such as an opaque box's output axis) and may restate
     others, which must then agree.
 
-    With ``cast=False`` (the default) each array must already be a ``numpy.ndarray`` of the
-    declared dtype (byte order aside): a silent conversion would hide a float32 array passed
-    to a bf16 kernel. With ``cast=True`` any array-like (lists, arrays of other real dtypes,
-    objects with ``__array__``) is converted with ``numpy.asarray`` then ``astype``; complex,
-    text and object data, and floats into integer dtypes, are still refused.
+    With ``cast=False`` (the default) each array must already be of the declared dtype (byte
+    order aside): a ``numpy.ndarray``, or an array of another library read through DLPack or
+    ``__cuda_array_interface__`` (a torch bf16 tensor is a bf16 array). A silent conversion
+    would hide a float32 array passed to a bf16 kernel. With ``cast=True`` any array-like
+    (lists, arrays of other real dtypes, objects with ``__array__``) is converted with
+    ``numpy.asarray`` then ``astype``; complex, text and object data, and floats into integer
+    dtypes, are still refused. Device memory is never converted: with ``keep_on_device=True``
+    (the CUDA backend) a CUDA array must already have the declared dtype and be C-contiguous,
+    and it is bound as a :class:`DeviceArray` over the caller's memory; without it, a CUDA
+    array is refused.
+
+    The outputs go back as the array type of the first input that is not a NumPy array
+    (:meth:`Binding.deliver`); an output dtype that library cannot hold (bf16 for CuPy)
+    raises NotImplementedError here, before anything runs.
 
     Raises :class:`~napkin_dsl.errors.NapkinCallError` listing every problem at once.
     """
@@ -217,14 +532,23 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
         if fixed is not None:
             bound[axis] = (fixed, "the kernel")
 
-    converted: dict[str, np.ndarray] = {}
+    converted: dict[str, Any] = {}
+    caller: _Caller | None = None
     for name in array_params:
         if name not in arrays:
             continue
         declared = diagram.arrays[name]
         target = numpy_dtype(declared.dtype)
         value = arrays[name]
-        if not isinstance(value, np.ndarray) or isinstance(value, np.ma.MaskedArray):
+        keepalive = None  # what keeps a foreign array's memory valid until it is copied
+        foreign = None if isinstance(value, np.ndarray) else _foreign_array(name, value, target, keep_on_device)
+        if isinstance(foreign, str):
+            problems.add(foreign)
+            continue
+        if foreign is not None:
+            caller = caller or _Caller.of(value)
+            value, keepalive = foreign
+        if not isinstance(value, (np.ndarray, DeviceArray)) or isinstance(value, np.ma.MaskedArray):
             if isinstance(value, np.ma.MaskedArray):
                 problems.add(f"{name} is a masked array; napkin would drop its mask. Pass numpy.ma.filled({name}) instead")
                 continue
@@ -237,15 +561,19 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
             except (TypeError, ValueError) as exc:  # an array-like that cannot become an array (e.g. a GPU array)
                 problems.add(f"cannot convert {name} ({type(value).__name__}) to an array: {exc}")
                 continue
-        if value.ndim != len(declared.axes):
+        if len(value.shape) != len(declared.axes):
             problems.add(f"{name} is declared {declared.dtype}[{' '.join(declared.axes)}] ({len(declared.axes)} axes) "
-                         f"but got an array of shape {tuple(value.shape)} ({value.ndim} axes)")
+                         f"but got an array of shape {tuple(value.shape)} ({len(value.shape)} axes)")
             continue
         convertible = True
         if not _same_dtype(value.dtype, target):
-            if not cast:
-                problems.add(f"{name} must be {_dtype_text(declared.dtype)}, got {value.dtype}; "
-                             f"convert it with .astype(...) or pass cast=True")
+            if isinstance(value, DeviceArray):
+                problems.add(f"{name} is {value.dtype} in CUDA device memory but is declared {_dtype_text(declared.dtype)}; "
+                             f"napkin does not convert on the device: convert it there first")
+                convertible = False
+            elif not cast:
+                how = "with .astype(...)" if foreign is None else "first"
+                problems.add(f"{name} must be {_dtype_text(declared.dtype)}, got {value.dtype}; convert it {how} or pass cast=True")
                 convertible = False
             elif refusal := _conversion_problem(value.dtype, target):
                 problems.add(f"{name}: {refusal} ({name} is declared {_dtype_text(declared.dtype)})")
@@ -258,9 +586,12 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
                 problems.add(f"axis {axis} is {bound[axis][0]} in {bound[axis][1]} but {size} in {name} (dim {dim})")
             else:
                 bound.setdefault(axis, (int(size), f"{name} (dim {dim})"))
-        if convertible:
+        if convertible and isinstance(value, DeviceArray):
+            converted[name] = value  # read in place by the CUDA backend: zero-copy
+        elif convertible:
             # Always a fresh C-contiguous copy: never a view of, nor a reference to, the user's array.
             converted[name] = np.array(value, dtype=target, order="C", copy=True)
+        del keepalive  # a DLPack capsule: the producer may release its memory from here on
 
     for axis, size in sizes.items():
         if axis not in diagram.axes:
@@ -315,8 +646,15 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
         bound_scalars[name] = target.type(value)
 
     problems.raise_if_any(diagram, arrays, scalars)
+    if caller is not None:
+        for output in diagram.outputs:
+            dtype = numpy_dtype(diagram.arrays[output].dtype)
+            if _cannot_hold(caller.framework, dtype):
+                raise NotImplementedError(f"returning {diagram.name}'s output {output} ({_dtype_text(diagram.arrays[output].dtype)}) "
+                                          f"as a {caller.framework} array: {caller.framework} has no {dtype.name} type; "
+                                          f"pass NumPy arrays to get NumPy outputs")
     ordered = {axis: bound[axis][0] for axis in diagram.axes}
-    return Binding(ordered, converted, bound_scalars)
+    return Binding(ordered, converted, bound_scalars, caller)
 
 
 # ---- the memory guard of the NumPy reference ---------------------------------------------------

@@ -516,7 +516,9 @@ def _call(kernel: Kernel, arrays: tuple, named: dict, backend: str, cast: bool, 
     guessed = _sizes_from_shapes(diagram, array_args, {k: v for k, v in axis_sizes.items() if isinstance(v, int) and v > 0})
     if guessed is not None:
         check_memory(kernel.program(hardware, **guessed, **partition_sizes), tiles=backend == "numpy")
-    binding = bind(diagram, array_args, scalar_args, cast, sizes=axis_sizes)
+    # The CUDA backend reads the caller's CUDA arrays in place; the outputs go back as the caller's array type.
+    binding = bind(diagram, array_args, scalar_args, cast, sizes=axis_sizes, keep_on_device=backend == "cuda")
     program = kernel.program(hardware, **binding.sizes, **partition_sizes)
     outputs, _ = run_program(backend, program, binding.inputs, binding.scalars, impls)
+    outputs = binding.deliver(outputs)
     return outputs[diagram.outputs[0]] if len(diagram.outputs) == 1 else outputs

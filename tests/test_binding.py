@@ -305,3 +305,90 @@ def test_default_limit_is_a_quarter_of_memory():
     total = physical_memory_bytes()
     assert total is None or total > 0
     assert default_memory_limit() == (total // 4 if total else 4 << 30)
+
+
+# ---- arrays of other libraries: DLPack and __cuda_array_interface__ -----------------------------
+
+
+class DLPackOnly:
+    """An array that speaks only DLPack, as a library napkin does not know would.
+
+    ``device`` is what it claims in __dlpack_device__: (2, 0) poses as a CUDA array (its
+    memory stays on the host; only its pointer is handed on, never read)."""
+
+    def __init__(self, array: np.ndarray, device=(1, 0)):
+        self.array, self.device = array, device
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+class CudaInterfaceOnly:
+    """An array that speaks only __cuda_array_interface__ (Numba's and older CuPy's way)."""
+
+    def __init__(self, shape, typestr, address=0x7F0000000000, strides=None):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (address, False),
+                                         "strides": strides, "version": 3}
+
+
+def test_dlpack_arrays_need_no_cast_and_are_copied(attention):
+    arrays = qkv(dtype=np.float32)
+    f32 = load("softmax.napkin")
+    X = np.arange(6, dtype=np.float32).reshape(2, 3)
+    binding = bind(f32, {"X": DLPackOnly(X)})
+    np.testing.assert_array_equal(binding.inputs["X"], X)
+    assert not np.shares_memory(binding.inputs["X"], X)
+    # A library napkin does not know gets NumPy outputs back.
+    assert binding.deliver({"Y": X}) == {"Y": X}
+    text = error_text(attention, {**arrays, "Q": DLPackOnly(arrays["Q"])})
+    assert "Q must be bf16 (NumPy ml_dtypes.bfloat16), got float32; convert it first or pass cast=True" in text
+
+
+@pytest.mark.parametrize(("code", "bits", "name"), [(4, 16, "bfloat16"), (10, 8, "float8_e4m3fn"), (12, 8, "float8_e5m2"),
+                                                    (2, 16, "float16"), (2, 32, "float32"), (0, 32, "int32"), (6, 8, "bool")])
+def test_dlpack_dtype_codes_map_to_the_types_napkin_stores(code, bits, name):
+    from napkin_dsl.binding import _dlpack_dtype
+
+    assert _dlpack_dtype(code, bits, 1).name == name
+    assert _dlpack_dtype(code, bits, 4) is None  # vector lanes: no NumPy type
+
+
+def test_dlpack_f16_arrays_keep_their_dtype():
+    # NumPy cannot export bf16 or fp8 through DLPack: torch exercises those codes (test_torch.py).
+    f16 = np.array([[1.5, -2.0]], np.float16)
+    kernel = napkin.load("kernel k(X: f16[a b]) -> Y: f32[a b]:\n    Y[a b] = X * 2\n")["k"]
+    assert bind(kernel, {"X": DLPackOnly(f16)}).inputs["X"].dtype == np.float16
+
+
+def test_cuda_arrays_are_kept_in_place_for_the_cuda_backend_only():
+    from napkin_dsl.binding import DeviceArray
+
+    kernel = load("softmax.napkin")
+    X = np.ones((4, 8), np.float32)
+    binding = bind(kernel, {"X": DLPackOnly(X, device=(2, 0))}, keep_on_device=True)
+    device = binding.inputs["X"]
+    assert isinstance(device, DeviceArray) and device.shape == (4, 8) and device.dtype == np.float32
+    interface = device.__cuda_array_interface__
+    assert interface["data"][0] == X.ctypes.data and interface["typestr"] == "<f4" and interface["strides"] is None
+    assert binding.sizes == {"r": 4, "c": 8}
+    with pytest.raises(NapkinCallError, match=r"X \(DLPackOnly\) is in CUDA device memory, which the host backends"):
+        bind(kernel, {"X": DLPackOnly(X, device=(2, 0))})
+    text = error_text(kernel, {"X": DLPackOnly(np.ones((8, 4), np.float32).T, device=(2, 0))}, keep_on_device=True)
+    assert "is not C-contiguous on its device" in text
+    text = error_text(kernel, {"X": DLPackOnly(np.ones((4, 8), np.float16), device=(2, 0))}, keep_on_device=True, cast=True)
+    assert "X is float16 in CUDA device memory but is declared f32" in text and "does not convert on the device" in text
+
+
+def test_cuda_array_interface_objects():
+    kernel = napkin.load("kernel k(X: bf16[a b]) -> Y: f32[a b]:\n    Y[a b] = X * 2\n")["k"]
+    binding = bind(kernel, {"X": CudaInterfaceOnly((3, 5), "<V2")}, keep_on_device=True)
+    assert binding.inputs["X"].dtype == BF16 and binding.inputs["X"].address == 0x7F0000000000
+    assert binding.inputs["X"].__cuda_array_interface__["typestr"] == "<V2"  # what the CUDA backend takes as bf16
+    text = error_text(kernel, {"X": CudaInterfaceOnly((3, 5), "<f4")}, keep_on_device=True)
+    assert "X is float32 in CUDA device memory but is declared bf16" in text
+    text = error_text(kernel, {"X": CudaInterfaceOnly((3, 5), "<V2", strides=(2, 6))}, keep_on_device=True)
+    assert "not C-contiguous" in text
+    assert "host backends (numpy, opencl) cannot read" in error_text(kernel, {"X": CudaInterfaceOnly((3, 5), "<V2")})

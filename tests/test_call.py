@@ -310,3 +310,39 @@ def test_report_includes_the_run_check(capsys):
     code, out, err = cli(["report", "examples/paper/fig11.napkin"], capsys)
     assert code == 0, err
     assert "run: skipped (fig11 uses opaque box F" in out
+
+
+def test_the_cuda_backend_gets_cuda_arrays_in_place(monkeypatch):
+    """Zero-copy hand-off: a CUDA array reaches the CUDA backend as its own device pointer.
+
+    No GPU here: the array poses as CUDA memory through __dlpack_device__ and the backend is a
+    stand-in that records what it was given; the pointer is never dereferenced."""
+    from napkin_dsl.binding import DeviceArray
+
+    class PosingAsCuda:
+        def __init__(self, array):
+            self.array = array
+
+        def __dlpack__(self, stream=None):
+            return self.array.__dlpack__()
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    calls = []
+
+    def run(program, inputs, scalars):
+        calls.append(inputs)
+        return {"Y": np.zeros((4, 8), np.float32)}
+
+    fake = types.ModuleType("napkin_dsl.backends.cuda")
+    fake.run = run
+    monkeypatch.setitem(sys.modules, "napkin_dsl.backends.cuda", fake)
+    monkeypatch.setattr(driver, "cuda_available", lambda: True)
+    (softmax,) = napkin.load(EXAMPLES / "softmax.napkin").values()
+    X = np.ones((4, 8), np.float32)
+    softmax(PosingAsCuda(X), backend="cuda")
+    (inputs,) = calls
+    assert isinstance(inputs["X"], DeviceArray) and inputs["X"].__cuda_array_interface__["data"][0] == X.ctypes.data
+    with pytest.raises(NapkinCallError, match="host backends"):
+        softmax(PosingAsCuda(X), backend="numpy")
