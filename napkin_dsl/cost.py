@@ -96,7 +96,7 @@ def _total(terms) -> sympy.Expr:
     return sympy.Add(*terms)
 
 
-def columns(program: Program, arch: str | None = None) -> list[dict]:
+def columns(program: Program, arch: str | None = None, path: str | None = None) -> list[dict]:
     """The paper's columns: per step, the buffers resident at each level below the top.
 
     At a step that computes, inputs whose last use is this step are released as the output is
@@ -108,7 +108,7 @@ def columns(program: Program, arch: str | None = None) -> list[dict]:
     """
     from .isel import fragment_values, smem_layout
 
-    tensor = tensor_launches(program, arch)
+    tensor = tensor_launches(program, arch, path)
     rows = []
     for launch in program.launches:
         schedule = launch.schedule
@@ -173,15 +173,16 @@ class _Column:
 
 
 def register_transfers(program: Program, step: Step, loops, plan) -> sympy.Expr:
-    """Values ldmatrix moves from shared memory into registers for one step of a tensor-core
-    launch: a contraction reads its A tile once per warp column (unless A is already a fragment)
-    and its B tile once per warp row (each warp multiplies its rows by its columns of B)."""
+    """Values a tensor-core launch's step reads from shared memory into the tensor cores: a
+    contraction reads its A tile once per warp column (unless A is already a fragment) and its
+    B tile once per warp row on mma.sync (each warp multiplies its rows by its columns of B,
+    loading them by ldmatrix), once per warpgroup on wgmma (``TensorPlan.b_readers``)."""
     s = step.statement
     level = program.schedule.compute_level
     if s is None or step.op not in ("compute", "accumulate") or s.target not in plan.mmas or (level, s.target) in step.reads:
         return sympy.Integer(0)
     mma = plan.mmas[s.target]
-    moved = step_total(program, step, loops, (mma.k, mma.n)) * plan.row_warps
+    moved = step_total(program, step, loops, (mma.k, mma.n)) * plan.b_readers
     if not mma.a_in_registers:
         moved += step_total(program, step, loops, (plan.row, mma.k)) * plan.col_warps
     return moved
@@ -351,6 +352,9 @@ class CostReport:
                 + (f", {t['waves']} wave{'s' if t['waves'] != 1 else ''} of {t['blocks_per_wave']} blocks"
                    f" ({t['blocks_per_sm']} per SM, bound by {t['occupancy_bound']})" if t.get("waves") else "")
             )
+            fixed = {kind: s for kind, s in (t.get("fixed_s") or {}).items() if s}
+            if fixed:
+                lines.append("  fixed costs (in the time above): " + ", ".join(f"{kind} {_fmt_time(s)}" for kind, s in fixed.items()))
             if self.total_flops != 0:
                 lines.append(f"  predicted throughput: {float(self.total_flops) / t['overlapped_s'] / 1e12:.1f} TFLOP/s")
         elif self.time.get("weighted_H") is not None:
@@ -392,15 +396,16 @@ def _fmt_sizes(sizes: dict) -> str:
 # ---- computing the report ------------------------------------------------------------------
 
 
-def tensor_launches(program: Program, arch: str | None = None) -> dict:
-    """Launch index -> (TensorPlan, tile) for the launches instruction selection puts on tensor cores."""
+def tensor_launches(program: Program, arch: str | None = None, path: str | None = None) -> dict:
+    """Launch index -> (TensorPlan, tile) for the launches instruction selection puts on tensor
+    cores (``path``: a what-if instruction path, :func:`napkin_dsl.isel.select`)."""
     from .isel import launch_tiles, selection
 
     out = {}
     if program.hardware.symbolic or "registers" not in program.hardware.level_names():
         return out
     for launch in program.launches:
-        chosen = selection(program, launch, arch)
+        chosen = selection(program, launch, arch, path)
         if chosen.plan is not None:
             out[launch.index] = (chosen.plan, launch_tiles(launch)[0])
     return out
@@ -428,28 +433,22 @@ def registers_cost(program: Program, tensor: dict, rows: list[dict]) -> LevelCos
                      registers.capacity, registers.bandwidth, registers.per, hardware.counts)
 
 
-def level_costs(program: Program, rows: list[dict] | None = None, arch: str | None = None) -> dict:
+def level_costs(program: Program, rows: list[dict] | None = None, arch: str | None = None, path: str | None = None) -> dict:
     schedule = program.schedule
-    rows = rows if rows is not None else columns(program, arch)
-    tensor = tensor_launches(program, arch)
+    rows = rows if rows is not None else columns(program, arch, path)
+    tensor = tensor_launches(program, arch, path)
     costs = {}
     for level in schedule.levels[1:]:
         H = sympy.Integer(0)
         H_bytes = sympy.Integer(0)
         N = []
         for launch in program.launches:
-            groups = sympy.Integer(1)
             for step, loops in walk(launch.body):
                 if step.op in ("load", "save") and step.level == level:  # transfers between level and its parent
                     moved = step_total(program, step, loops)
                     H += moved
                     H_bytes += moved * _bytes(step.dtype)
-            group_loops = {}
-            for _, loops in walk(launch.body):
-                for lp in loops:
-                    if lp.kind == "group" and schedule.levels.index(lp.level) <= schedule.levels.index(level):
-                        group_loops[id(lp)] = lp
-            N.append(sympy.Mul(*(lp.trips for lp in group_loops.values())) if group_loops else groups)
+            N.append(launch_blocks(program, launch, level))
         M = max_of(r["M"].get(level, 0) for r in rows)
         M_bytes = max_of(r["M_bytes"].get(level, 0) for r in rows)
         hw_level = schedule.hardware.level(level)
@@ -465,31 +464,39 @@ def level_costs(program: Program, rows: list[dict] | None = None, arch: str | No
     return costs
 
 
-def contraction_unit(program: Program, launch, arch: str | None = None) -> str:
-    """The unit a launch's contractions run on: ``tensor`` unless instruction selection, with
-    every size bound, kept the launch on the FMA path (then its products are FFMAs and are
-    priced as such). With symbolic sizes the path is undecided and stays ``tensor``."""
+def instruction_path(program: Program, launch, arch: str | None = None, path: str | None = None) -> str:
+    """The instruction path of a launch's contractions: ``mma.sync`` or ``wgmma`` (a tensor-core
+    plan, :mod:`napkin_dsl.isel`), ``fma`` where instruction selection, with every size bound,
+    kept the launch on the FMA path (its products are FFMAs and are priced as such), and
+    ``tensor`` (the datasheet's tensor peak) while sizes are symbolic and the path undecided."""
     from .isel import launch_tiles, selection
 
     if program.hardware.symbolic or program.hardware.arch is None or launch_tiles(launch) is None:
         return "tensor"
-    return "tensor" if selection(program, launch, arch).plan is not None else "fma"
+    return selection(program, launch, arch, path).path
 
 
-def flops_by_unit(program: Program, arch: str | None = None) -> tuple[dict, list]:
-    """FLOPs per unit, and (unit, dtype, flops) entries for pricing: contractions on the unit
-    their launch's instruction path uses (:func:`contraction_unit`)."""
+def contraction_unit(program: Program, launch, arch: str | None = None, path: str | None = None) -> str:
+    """The unit a launch's contractions count against: ``tensor`` or ``fma`` (:func:`instruction_path`)."""
+    return "fma" if instruction_path(program, launch, arch, path) == "fma" else "tensor"
+
+
+def flops_by_unit(program: Program, arch: str | None = None, path: str | None = None) -> tuple[dict, list]:
+    """FLOPs per unit (tensor, fma, special), and (launch, rate, dtype, flops) entries for
+    pricing, where a contraction's rate is its launch's instruction path (:func:`instruction_path`)."""
     totals: dict = {}
     priced = []
     for launch in program.launches:
-        products = contraction_unit(program, launch, arch)
+        products = instruction_path(program, launch, arch, path)
         for step, loops in walk(launch.body):
             if not step.flops:
                 continue
             elements = step_total(program, step, loops, step.flop_space)
             for unit, per_element in step.flops:
+                rate = unit
                 if unit == "tensor":
-                    unit = products
+                    rate = products
+                    unit = "fma" if products == "fma" else "tensor"
                 amount = per_element * elements
                 totals[unit] = totals.get(unit, 0) + amount
                 dtype = step.dtype or "f32"
@@ -500,7 +507,7 @@ def flops_by_unit(program: Program, arch: str | None = None) -> tuple[dict, list
                     operand_dtypes = [program.diagram.arrays[n].dtype for n in step.statement.inputs]
                     narrow = [d for d in operand_dtypes if DTYPE_BYTES[d] < 4]
                     dtype = min(narrow, key=lambda d: DTYPE_BYTES[d]) if narrow else min(operand_dtypes, key=lambda d: DTYPE_BYTES[d])
-                priced.append((launch.index, unit, dtype, amount))
+                priced.append((launch.index, rate, dtype, amount))
     return {unit: sympy.expand(v) for unit, v in totals.items()}, priced
 
 
@@ -553,15 +560,94 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
         time["occupancy_bound"] = limit
     time["compute_s"] = compute_s
     time["transfer_s"] = transfer
-    overlapped = max([compute_s] + list(transfer.values()))
+    fixed = fixed_costs(program, occupancy or {})
+    time["fixed_s"] = fixed
+    roofline = max([compute_s] + list(transfer.values()))
+    overlapped = roofline + sum(fixed.values())
     time["overlapped_s"] = overlapped
-    time["serial_s"] = compute_s + sum(transfer.values())
+    time["serial_s"] = compute_s + sum(transfer.values()) + sum(fixed.values())
     bound_level = max(transfer, key=transfer.get) if transfer else None
     time["bound"] = "compute" if not transfer or compute_s >= transfer[bound_level] else f"{bound_level} transfer"
     return time
 
 
-def launch_occupancy(program: Program, rows: list[dict], arch: str | None = None, resources: dict | None = None) -> dict:
+def launch_blocks(program: Program, launch, level: str | None = None) -> sympy.Expr:
+    """Groups of one launch at a level (default the compute level: its thread blocks): the
+    trips of its group loops at and above that level."""
+    schedule = program.schedule
+    depth = schedule.levels.index(level or schedule.compute_level)
+    groups = {}
+    for _, loops in walk(launch.body):
+        for lp in loops:
+            if lp.kind == "group" and schedule.levels.index(lp.level) <= depth:
+                groups[id(lp)] = lp.trips
+    return sympy.Mul(*groups.values())
+
+
+def block_tiles(program: Program, launch) -> tuple[int, int]:
+    """Bytes one thread block loads into the compute level before it can start (one tile of
+    every array it loads: the first chunk of a streamed one) and bytes it saves last (one tile
+    of every array it saves from the compute level)."""
+    schedule = launch.schedule
+    level = schedule.compute_level
+    first = last = 0
+    seen = set()
+    for step, _ in walk(launch.body):
+        if step.op not in ("load", "save") or step.level != level or (step.op, step.array) in seen:
+            continue
+        seen.add((step.op, step.array))
+        tile = as_number(tile_values(schedule, level, step.axes) * _bytes(step.dtype))
+        if tile is None:
+            return 0, 0
+        if step.op == "load":
+            first += tile
+        else:
+            last += tile
+    return first, last
+
+
+def fixed_costs(program: Program, occupancy: dict) -> dict:
+    """Seconds that do not shrink with more work (docs/method.md, "Fixed costs"), per kind:
+
+    * ``launch``: each launch starts after the previous one (the profile's ``launch_s``);
+    * ``fill``: a launch's first wave of blocks all load their first tiles at once, from
+      device memory at the slowest link down to the compute level, before any of them computes;
+    * ``prologue``: each later wave on an SM that holds one block at a time starts with that
+      block's first tiles at the SM's share of the bandwidth into the compute level (with two
+      or more blocks per SM another block computes meanwhile, and nothing is charged);
+    * ``drain``: the last wave's output tiles leave for device memory after its last product.
+    """
+    hardware = program.hardware
+    schedule = program.schedule
+    out = {"launch": 0.0, "fill": 0.0, "prologue": 0.0, "drain": 0.0}
+    if hardware.symbolic:
+        return out
+    from .pseudocode import blocks_per_unit
+
+    compute = hardware.level(schedule.compute_level)
+    # First tiles come from device memory through every level down to the compute level: at the
+    # slowest of those links (a level of infinite bandwidth in between changes nothing).
+    links = [lv.bandwidth for lv in hardware.levels[1:hardware.index(compute.name) + 1]]
+    below_top = min(links) if links and all(isinstance(b, (int, float)) for b in links) else None
+    for launch in program.launches:
+        out["launch"] += hardware.launch_s
+        blocks = as_number(launch_blocks(program, launch))
+        resident = blocks_per_unit(launch.schedule, *occupancy[launch.index]) if launch.index in occupancy else None
+        if not blocks or resident is None or below_top is None:
+            continue
+        slots = resident[0] * compute.units
+        first, last = block_tiles(program, launch)
+        wave = min(blocks, slots)
+        out["fill"] += wave * first / below_top
+        out["drain"] += wave * last / below_top
+        if resident[0] == 1 and isinstance(compute.bandwidth, (int, float)):
+            later_waves = -(-blocks // slots) - 1
+            out["prologue"] += later_waves * first / (compute.bandwidth / compute.units)
+    return out
+
+
+def launch_occupancy(program: Program, rows: list[dict], arch: str | None = None, resources: dict | None = None,
+                     path: str | None = None) -> dict:
     """Per launch: (shared bytes, threads, registers per thread) that decide how many of its
     blocks an SM holds. Threads and registers come from ``resources`` (the compiled kernel:
     its block size and ptxas's count) where given; a tensor-core launch otherwise has its
@@ -570,7 +656,7 @@ def launch_occupancy(program: Program, rows: list[dict], arch: str | None = None
     from .isel import FMA_THREADS, estimated_registers
 
     level = program.schedule.compute_level
-    tensor = tensor_launches(program, arch)
+    tensor = tensor_launches(program, arch, path)
     out = {}
     for launch in program.launches:
         mine = [r for r in rows if r["launch"] == launch.index]
@@ -587,6 +673,25 @@ def launch_occupancy(program: Program, rows: list[dict], arch: str | None = None
             threads = FMA_THREADS  # registers unknown until ptxas has counted them
         out[launch.index] = (smem, threads, registers)
     return out
+
+
+def cache_warnings(program: Program, levels: dict) -> list[str]:
+    """A warning for each shared cache level (L2, not partitioned by the user) whose M is over its
+    capacity: check_capacity does not refuse those (M lists whole tiles), so the report says so."""
+    schedule = program.schedule
+    warnings = []
+    for name, c in levels.items():
+        if c.capacity is None or schedule.hardware.level(name).per != "device" or name == schedule.compute_level:
+            continue
+        if any(not p.derived for p in schedule.partitions_at(name)):
+            continue  # partitioned by the user: check_capacity refuses an overflow
+        used, capacity = as_number(c.M_bytes), as_number(c.capacity)
+        if used is None or capacity is None or used <= capacity:
+            continue
+        warnings.append(f"warning: {name} M = {_fmt(used)} B exceeds its capacity {_fmt(capacity)} B: {name} is modelled as a "
+                        f"cache; M lists whole tiles of one {name} group, and HBM reuse is charged only for groups whose "
+                        f"chunks in flight fit (docs: method, the L2 level)")
+    return warnings
 
 
 def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
@@ -638,18 +743,36 @@ def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
         )
 
 
-def cost_of(program: Program, *, check: bool = True, arch: str | None = None, resources: dict | None = None) -> CostReport:
+def cost_of(program: Program, *, check: bool = True, arch: str | None = None, resources: dict | None = None,
+            path: str | None = None) -> CostReport:
     """Read the performance model off a Program, for the instruction paths ``arch`` selects
     (default: the hardware profile's architecture). ``resources`` maps a launch index to the
-    compiled kernel's (threads per block, registers per thread), which then decide occupancy."""
-    rows = columns(program, arch)
-    levels = level_costs(program, rows, arch)
+    compiled kernel's (threads per block, registers per thread), which then decide occupancy.
+    ``path`` ("mma.sync", "wgmma") prices the tensor-core launches as if they used that
+    instruction, a what-if: napkin builds mma.sync."""
+    hardware = program.hardware
+    if path is not None and path not in hardware.tensor_paths():
+        from .errors import NapkinError
+
+        known = ", ".join(hardware.tensor_paths()) or "none"
+        raise NapkinError(f"{hardware.name} has no {path!r} tensor-core path to price (its paths: {known})",
+                          hint="wgmma is sm_90's warpgroup instruction; mma.sync runs on sm_80 and sm_90")
+    rows = columns(program, arch, path)
+    levels = level_costs(program, rows, arch, path)
     if check:
         check_capacity(program, levels, rows)
-    flops, priced = flops_by_unit(program, arch)
-    time = predict_time(program, levels, priced, launch_occupancy(program, rows, arch, resources) if not program.hardware.symbolic else None)
+    flops, priced = flops_by_unit(program, arch, path)
+    time = predict_time(program, levels, priced, launch_occupancy(program, rows, arch, resources, path) if not hardware.symbolic else None)
     schedule = program.schedule
-    notes = list(schedule.notes)
+    notes = list(schedule.notes) + cache_warnings(program, levels)
+    if path is not None:
+        from .isel import selection
+
+        notes.append(f"priced as if the contractions ran on {path} (a what-if: napkin builds mma.sync)")
+        for launch in program.launches:
+            chosen = selection(program, launch, arch, path)
+            if chosen.plan is None and chosen.reason not in ("no contraction", "sizes are symbolic"):
+                notes.append(f"launch {launch.index} stays on the FMA path under {path}: {chosen.reason}")
     if any(lp.derived for launch in program.launches for _, loops in walk(launch.body) for lp in loops):
         notes.append("the l2 groups are derived: co-resident thread blocks in a swizzled launch order share L2 (docs: method, the L2 level)")
     return CostReport(

@@ -35,6 +35,8 @@ except ModuleNotFoundError:  # Python 3.10
 from .errors import NapkinError
 
 PROFILE_DIR = Path(__file__).parent / "hardware"
+# Tensor-core instruction paths and the [peak_flops] key of each one's rate.
+TENSOR_PATHS = {"mma.sync": "mma_sync", "wgmma": "wgmma"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,12 @@ class Hardware:
     arch: str | None = None
     peak_flops: dict = field(default_factory=dict)
     clock_hz: float | None = None
+    fixed: dict = field(default_factory=dict)  # fixed costs in seconds: launch_s
+
+    @property
+    def launch_s(self) -> float:
+        """The start of one launch among back-to-back launches (0 where the profile names none)."""
+        return float(self.fixed.get("launch_s", 0.0))
 
     @property
     def top(self) -> Level:
@@ -93,10 +101,20 @@ class Hardware:
         return self.compute_level.units
 
     def peak(self, unit: str, dtype: str) -> float | None:
-        """Peak FLOP/s of a compute unit ("tensor", "fma", "special") for a dtype."""
-        rates = self.peak_flops.get(unit)
+        """Peak FLOP/s of a compute unit for a dtype: "fma", "special", "tensor" (the datasheet's
+        tensor peak), or a tensor-core instruction path, "mma.sync" or "wgmma" (None where the
+        profile's architecture has no such path)."""
+        rates = self.peak_flops.get(TENSOR_PATHS.get(unit, unit))
         if rates is None:
             return None
+        return self._rate(rates, dtype)
+
+    def tensor_paths(self) -> list[str]:
+        """The tensor-core instruction paths the profile prices ("mma.sync", "wgmma")."""
+        return [path for path, key in TENSOR_PATHS.items() if key in self.peak_flops]
+
+    @staticmethod
+    def _rate(rates, dtype: str) -> float | None:
         if isinstance(rates, dict):
             if dtype in rates:
                 return float(rates[dtype])
@@ -198,6 +216,7 @@ def _profile(data: dict) -> Hardware:
         arch=data.get("arch"),
         peak_flops=data.get("peak_flops", {}),
         clock_hz=data.get("clock_hz"),
+        fixed=dict(data.get("fixed", {})),
     )
 
 

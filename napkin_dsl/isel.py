@@ -22,7 +22,7 @@ It does not print anything and does not price anything; it reads the Program and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
 from .layouts import SwizzledTile
@@ -32,10 +32,12 @@ from .relabel import bind
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 TENSOR_DTYPES = ("bf16", "f16")
 MAX_WARPS = 8
+WARPGROUP = 4  # warps of one wgmma
 FMA_THREADS = 256  # threads per block of a launch on the FMA path
 # Fragment registers one thread may hold at once; the rest of the 255 hold addresses, operand
 # fragments and temporaries (an FA2-class attention loop at d = 128 compiles to ~184 with ~100 here).
 FRAGMENT_BUDGET = 160
+MAX_REGISTERS = 255  # registers one thread may have (the register level's capacity, 1020 bytes)
 STAGES = 2  # cp.async buffers per streamed operand: the next chunk is in flight while this one is used
 
 
@@ -86,6 +88,10 @@ class TensorPlan:
     split: str | None = None  # a column axis also split among warps (a 2-D warp grid), or None
     col_tile: int = 0  # the block's tile of `split`
     warp_cols: int = 0  # columns of `split` a warp owns
+    # The tensor-core instruction: "mma.sync" (what napkin builds: one warp's 16 x 8 x 16
+    # products, operands by ldmatrix) or "wgmma" (sm_90's warpgroup products, priced only: four
+    # warps share one read of the B tile from shared memory).
+    instruction: str = "mma.sync"
 
     @property
     def row_warps(self) -> int:
@@ -108,6 +114,13 @@ class TensorPlan:
         return 32 * self.warps
 
     @property
+    def b_readers(self) -> int:
+        """How many times the block reads a B tile from shared memory per product: once per warp
+        row on mma.sync (each warp loads its own fragments), once per warpgroup of four warps on
+        wgmma (the tensor cores read B from shared memory for the whole group)."""
+        return -(-self.row_warps // WARPGROUP) if self.instruction == "wgmma" else self.row_warps
+
+    @property
     def m_tiles(self) -> int:
         return self.warp_rows // MMA_M
 
@@ -121,7 +134,7 @@ class Selection:
 
     @property
     def path(self) -> str:
-        return "mma.sync" if self.plan is not None else "fma"
+        return self.plan.instruction if self.plan is not None else "fma"
 
 
 class _Refuse(Exception):
@@ -135,18 +148,26 @@ def _arch_number(arch: str) -> int:
         return 0
 
 
-def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict | None = None) -> Selection:
+def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict | None = None,
+           path: str | None = None) -> Selection:
     """The instruction path of ``launch`` on ``arch`` given its compute-level tile extents and
-    the warp tiles a relabel block asks for (axis -> extent at ``registers``)."""
+    the warp tiles a relabel block asks for (axis -> extent at ``registers``).
+
+    ``path`` None selects what napkin builds: mma.sync within the fragment budget its printer
+    compiles without spills. A named path ("mma.sync", "wgmma") is a what-if for pricing: the
+    same register level priced as that instruction, whose fragments must fit the register
+    file's 255 registers per thread (``MAX_REGISTERS``), not napkin's budget."""
     try:
-        return Selection(_plan(launch, arch, tile, sizes, dict(warp_tiles or {})))
+        return Selection(_plan(launch, arch, tile, sizes, dict(warp_tiles or {}), path))
     except _Refuse as refusal:
         return Selection(None, str(refusal))
 
 
-def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict) -> TensorPlan:
+def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict, path: str | None = None) -> TensorPlan:
     if _arch_number(arch) < 80:
         raise _Refuse(f"mma.sync m16n8k16 needs sm_80 or newer, not {arch}")
+    if path == "wgmma" and _arch_number(arch) < 90:
+        raise _Refuse(f"wgmma needs sm_90, not {arch}")
     statements = launch.launch.statements
     contractions = [s for s in statements if isinstance(s.box, Contract)]
     if not contractions:
@@ -154,6 +175,9 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
     for s in statements:
         if not isinstance(s.box, (Contract, Map, Reduce, Softmax)):
             raise _Refuse(f"{s.target} is a {s.box.kind} box")
+    doubles = sorted(name for (_, name), buffer in launch.buffers.items() if buffer.dtype == "f64")
+    if doubles:  # the Program computes these in f64 (pseudocode.compute_dtype); fragments are f32
+        raise _Refuse(f"{doubles[0]} is f64; the tensor-core path computes in f32")
     diagram = launch.schedule.diagram
     level = launch.schedule.compute_level
 
@@ -273,16 +297,20 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
         axis = next(iter(warp_tiles))
         raise _Refuse(f"warp tiles split {row}{f' and {split}' if split else ''} here, not {axis}"
                       + ("" if split else ": a row reduction or a fragment fed to mma needs whole rows in one warp"))
+    budget = FRAGMENT_BUDGET if path is None else MAX_REGISTERS
     if split is None:
         plan = TensorPlan(row, tile[row], warp_rows or _default_warp_rows(tile[row]), dtype, operands, tuple(plain),
                           fragments, mmas, stream)
     else:
-        plan = _grid(row, split, tile, warp_rows, warp_tiles.get(split), launch, dtype, operands, tuple(plain),
+        plan = _grid(row, split, tile, warp_rows, warp_tiles.get(split), launch, budget, dtype, operands, tuple(plain),
                      fragments, mmas, stream)
+    plan = replace(plan, instruction=path or "mma.sync")
     held = live_fragment_values(plan, launch, tile)
-    if held > FRAGMENT_BUDGET:
+    if held > budget:
+        what = (f"budget {FRAGMENT_BUDGET}" if path is None
+                else f"the register file's {MAX_REGISTERS} registers per thread")
         raise _Refuse(f"a thread would hold {held} fragment registers at once with {plan.warp_rows}-row warp tiles "
-                      f"(budget {FRAGMENT_BUDGET}); use smaller tiles")
+                      f"({what}); use smaller tiles")
     return plan
 
 
@@ -299,7 +327,7 @@ def _column_split(statements, fragments: dict, mmas: dict, stream: str | None) -
     return None if col == stream else col
 
 
-def _grid(row, col, tile, warp_rows, warp_cols, launch, *rest) -> TensorPlan:
+def _grid(row, col, tile, warp_rows, warp_cols, launch, budget, *rest) -> TensorPlan:
     """A 2-D warp grid. Each warp reads its rows of A and its columns of B by ldmatrix, so the
     block reads A once per warp column and B once per warp row: the grid minimising that
     traffic (row_tile x warp columns + col_tile x warp rows) within the fragment budget, with
@@ -312,7 +340,7 @@ def _grid(row, col, tile, warp_rows, warp_cols, launch, *rest) -> TensorPlan:
             if r % MMA_M or c % (2 * MMA_N) or tile[row] % r or tile[col] % c:
                 continue
             plan = TensorPlan(row, tile[row], r, *rest, split=col, col_tile=tile[col], warp_cols=c)
-            if plan.warps > MAX_WARPS or live_fragment_values(plan, launch, tile) > FRAGMENT_BUDGET:
+            if plan.warps > MAX_WARPS or live_fragment_values(plan, launch, tile) > budget:
                 continue
             traffic = tile[row] * plan.col_warps + tile[col] * plan.row_warps
             candidates.append((plan.warps < 4, traffic, -plan.warps, plan))
@@ -363,18 +391,19 @@ def warp_tiles_of(launch: LaunchProgram) -> dict:
     return tiles
 
 
-def selection(program: Program, launch: LaunchProgram, arch: str | None = None) -> Selection:
-    """The path of ``launch`` for ``arch`` (default: the Program's hardware profile's)."""
+def selection(program: Program, launch: LaunchProgram, arch: str | None = None, path: str | None = None) -> Selection:
+    """The path of ``launch`` for ``arch`` (default: the Program's hardware profile's); ``path``
+    prices a what-if instruction path (:func:`select`)."""
     arch = arch or program.hardware.arch
     if arch is None:
         return Selection(None, "the hardware profile names no architecture")
     # The printers, the columns, the prices and the occupancy all ask: decide once per launch.
     memo = launch.schedule._memo
-    key = ("isel", arch, launch.index)
+    key = ("isel", arch, launch.index, path)
     if key not in memo:
         bound = launch_tiles(launch)
         memo[key] = (Selection(None, "sizes are symbolic") if bound is None
-                     else select(launch, arch, *bound, warp_tiles=warp_tiles_of(launch)))
+                     else select(launch, arch, *bound, warp_tiles=warp_tiles_of(launch), path=path))
     return memo[key]
 
 
@@ -465,6 +494,10 @@ def describe(selection_: Selection, launch: LaunchProgram) -> list[str]:
             lines.append(f"{s.target}: fma on {plan.row} x {plan.fragments[s.target].col or '1'} fragments in registers")
             continue
         a = f"{mma.a} from registers (packed to {mma.dtype})" if mma.a_in_registers else f"{mma.a} by ldmatrix{'.trans' if mma.a_trans else ''}"
+        if plan.instruction == "wgmma":
+            lines.append(f"{s.target}: wgmma (priced, not built) {mma.dtype} -> f32, A = {mma.a} from "
+                         f"{'registers' if mma.a_in_registers else 'shared memory'}, B = {mma.b} from shared memory")
+            continue
         lines.append(f"{s.target}: mma.sync.m16n8k16 {mma.dtype} -> f32, A = {a}, B = {mma.b} by ldmatrix{'.trans' if mma.b_trans else ''}")
     return lines
 
@@ -491,7 +524,6 @@ def warp_line(plan: TensorPlan) -> str:
 # (192 registers for 102 fragment values) and matmul 128 x 128 (210 for 128). The compiled
 # kernel's report uses ptxas's count instead (cost_of(resources=...)).
 REGISTER_OVERHEAD = 86
-MAX_REGISTERS = 255
 
 
 def estimated_registers(plan: TensorPlan, launch: LaunchProgram, tile: dict) -> int:

@@ -1,0 +1,152 @@
+"""napkin's model against published attention measurements (H100, head dim 128).
+
+    python benchmarks/model_vs_published.py [--csv benchmarks/data/published_attention_h100_d128.csv] [--json]
+
+Each row of the CSV is one implementation at one shape, measured by its authors (the
+``source`` column says where: FlashAttention-3's Fig. 5 for FA2 and FA3 on H100 SXM5, FP16).
+The script writes that implementation as a napkin kernel with the row's tiles (a group of
+``q_tile`` queries per thread block, keys and values streamed in chunks of ``kv_tile``), and
+the register level the implementation uses:
+
+* FA2 (``mma.sync``): four warps of 32 query rows each (``registers: group q 32``);
+* FA3 (``wgmma``): warpgroups of 64 rows, warps of 16 (``registers: group q 16``), priced as
+  wgmma (``cost_of(path="wgmma")``: four warps share each read of K and V).
+
+It prices the kernel on the bundled H100 profile, converts the predicted time to TFLOP/s in the
+papers' convention (4 b h s^2 d FLOPs forward, half of it when causal), and prints
+``pred/meas - 1`` per row, then the median of its absolute value and the Spearman rank
+correlation. Nothing here is fitted to the CSV: every rate and fixed cost comes from the profile,
+whose comments give their sources.
+
+Causal rows need an index predicate in the notation (``where(q >= x, S, -inf)``); where the
+notation does not take one, they are left out and the script says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # napkin is the working tree: run without installing
+
+CSV = ROOT / "benchmarks" / "data" / "published_attention_h100_d128.csv"
+DTYPES = {"fp16": "f16", "bf16": "bf16"}
+WARP_ROWS = {"mma.sync": 32, "wgmma": 16}
+
+SOURCE = """\
+kernel attention(Q: {t}[b h q d], K: {t}[b h x d], V: {t}[b h x d]) -> O: {t}[b h q d]:
+    S[b h q x] = Q[b h q d] * K[b h x d] * d^-0.5
+    P[b h q x] = softmax[x]({scores})
+    O[b h q d] = P[b h q x] * V[b h x d]
+
+relabel attention on {gpu}:
+    smem: group b 1, h 1, q {q_tile}; stream x {kv_tile}
+    registers: group q {warp_rows}
+"""
+
+
+def published_flops(row: dict) -> float:
+    b, h, s, d = (int(row[k]) for k in ("batch", "heads", "seqlen", "headdim"))
+    flops = 4.0 * b * h * s * s * d
+    return flops / 2 if row["causal"] == "true" else flops
+
+
+def price(row: dict) -> dict:
+    """napkin's prediction for one published row, or the reason it cannot price it."""
+    import napkin_dsl as napkin
+    from napkin_dsl.cost import cost_of
+
+    causal = row["causal"] == "true"
+    text = SOURCE.format(t=DTYPES[row["dtype"]], gpu=row["gpu"], q_tile=row["q_tile"], kv_tile=row["kv_tile"],
+                         warp_rows=WARP_ROWS[row["instruction_path"]],
+                         scores="where(q >= x, S, -inf)" if causal else "S")
+    sizes = {"b": int(row["batch"]), "h": int(row["heads"]), "q": int(row["seqlen"]), "x": int(row["seqlen"]),
+             "d": int(row["headdim"])}
+    try:
+        kernel = napkin.load(text)["attention"]
+        report = cost_of(kernel.program(row["gpu"], **sizes), path=row["instruction_path"])
+    except napkin.NapkinError as error:
+        return {"skipped": str(error).splitlines()[0]}
+    seconds = report.time["overlapped_s"]
+    predicted = published_flops(row) / seconds / 1e12
+    measured = float(row["measured_tflops"])
+    return {"predicted_tflops": predicted, "measured_tflops": measured, "error": predicted / measured - 1,
+            "bound": report.time["bound"], "blocks_per_sm": report.time.get("blocks_per_sm"),
+            "fixed_us": sum(report.time["fixed_s"].values()) * 1e6, "notes": report.notes}
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (ties share their mean rank)."""
+    def ranks(values):
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2 + 1
+            i = j + 1
+        return out
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+
+
+def _summary(priced: list[dict]) -> dict:
+    errors = [abs(r["error"]) for r in priced]
+    return {"priced": len(priced), "median_abs_error": statistics.median(errors) if errors else None,
+            "spearman": spearman([r["predicted_tflops"] for r in priced], [r["measured_tflops"] for r in priced])
+            if len(priced) > 2 else None}
+
+
+def _number(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", type=Path, default=CSV)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    with args.csv.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    results = [dict(row, **price(row)) for row in rows]
+    summary = {"rows": len(results), "skipped": sorted({r["skipped"] for r in results if "skipped" in r})}
+    for label, keep in (("non-causal", "false"), ("causal", "true"), ("all", None)):
+        summary[label] = _summary([r for r in results if "skipped" not in r and keep in (None, r["causal"])])
+    if args.json:
+        print(json.dumps({"summary": summary, "rows": results}, indent=2))
+        return 0
+    header = f"{'impl':5} {'path':9} {'causal':6} {'b':>3} {'s':>6} {'tiles':>8} {'meas':>6} {'pred':>6} {'pred/meas-1':>11}  bound"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        tiles = f"{r['q_tile']}x{r['kv_tile']}"
+        if "skipped" in r:
+            print(f"{r['implementation']:5} {r['instruction_path']:9} {r['causal']:6} {r['batch']:>3} {r['seqlen']:>6} {tiles:>8} "
+                  f"{float(r['measured_tflops']):6.0f}      -            -  skipped")
+            continue
+        print(f"{r['implementation']:5} {r['instruction_path']:9} {r['causal']:6} {r['batch']:>3} {r['seqlen']:>6} {tiles:>8} "
+              f"{r['measured_tflops']:6.0f} {r['predicted_tflops']:6.0f} {r['error']:+11.3f}  {r['bound']}")
+    print()
+    for label in ("non-causal", "causal", "all"):
+        s = summary[label]
+        print(f"{label:10} {s['priced']:2} rows priced: median |pred/meas - 1| = {_number(s['median_abs_error'])}, "
+              f"Spearman = {_number(s['spearman'])}")
+    for reason in summary["skipped"]:
+        print(f"skipped: {reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
