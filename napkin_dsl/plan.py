@@ -132,21 +132,39 @@ def plan(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     rows = columns(program)
     capacity = profile.level(level).capacity
     derived: list[Partition] = []
+    notes: list[str] = []
     for launch in program.launches:
         smem_bytes = max_of(row["M_bytes"].get(schedule.compute_level, 0) for row in rows if row["launch"] == launch.index)
         if as_number(smem_bytes) is None:
             continue
         blocks = co_resident_blocks(launch.schedule, smem_bytes)
-        best = None
+        best = smallest = None
         for candidate in (l2_candidates(launch.schedule, level, blocks) if blocks else []):
             moved, resident = _l2_traffic(launch.schedule, launch.launch, candidate)
+            if smallest is None or (resident, moved) < smallest[0]:
+                smallest = ((resident, moved), candidate)
             if isinstance(capacity, int) and resident > capacity:
                 continue
             if best is None or (moved, resident) < best[0]:
                 best = ((moved, resident), candidate)
+        if best is None and smallest is not None:
+            # L2 is a cache: when no box of co-resident blocks keeps its chunks in it, nothing
+            # loaded by one block is assumed to survive for the next. The smallest box (one
+            # block per group, on a grid) charges every block's loads from HBM.
+            best = ((smallest[0][1], smallest[0][0]), smallest[1])
+            notes.append(f"warning: {level} ({capacity:,} B) cannot hold what co-resident blocks share in launch "
+                         f"{launch.index}: the smallest working set is {smallest[0][0]:,} B; no reuse through {level} "
+                         f"is assumed, each block's loads are charged from {profile.top.name}")
         if best is not None:
             scope = frozenset({launch.index}) if len(program.launches) > 1 else None
             derived += [dataclasses.replace(p, launches=scope) for p in best[1]]
     if not derived:
+        return _with_notes(program, notes)
+    return _with_notes(elaborate(make_schedule(diagram, profile, block, sizes, extra_partitions=tuple(derived))), notes)
+
+
+def _with_notes(program: Program, notes: list[str]) -> Program:
+    if not notes:
         return program
-    return elaborate(make_schedule(diagram, profile, block, sizes, extra_partitions=tuple(derived)))
+    schedule = dataclasses.replace(program.schedule, notes=tuple(program.schedule.notes) + tuple(notes))
+    return dataclasses.replace(program, schedule=schedule)

@@ -169,3 +169,63 @@ def test_tune_is_never_worse_than_the_relabelling_written_in_the_file(path, hard
         assert result.best.time_s is not None
         if written is not None:
             assert result.best.time_s <= written * (1 + 1e-12), (kernel.name, result.best.time_s, written)
+
+
+# ---- L2 as a cache (issue 14, item 2) ---------------------------------------------------------
+
+
+def _profile_with_l2(tmp_path, capacity: int) -> str:
+    """The bundled A100 profile with another L2 capacity, as a .toml file."""
+    from napkin_dsl.hardware import PROFILE_DIR
+
+    text = (PROFILE_DIR / "A100.toml").read_text(encoding="utf-8")
+    text, count = re.subn(r"(?m)^(capacity = )41_943_040", rf"\g<1>{capacity}", text)
+    assert count == 1
+    text = text.replace('name = "A100"', 'name = "A100_small_l2"', 1)
+    path = tmp_path / "A100_small_l2.toml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def _mlp():
+    (kernel,) = napkin.load(NAPKIN_EXAMPLES[0].parent / "mlp.napkin").values()
+    return kernel
+
+
+MLP_SIZES = dict(b=4096, k=4096, n=4096)
+
+
+def test_l2_m_over_its_capacity_is_reported_with_a_warning_naming_level_and_bytes():
+    report = _mlp().cost("A100", **MLP_SIZES)
+    l2 = report.levels["l2"]
+    assert l2.M_bytes > l2.capacity  # whole tiles of one L2 group, as the issue found
+    warnings = [n for n in report.notes if n.startswith("warning: l2 M")]
+    assert len(warnings) == 1 and f"{int(l2.M_bytes):,} B" in warnings[0] and f"{int(l2.capacity):,} B" in warnings[0]
+    assert "warning: l2" in report.table()
+
+
+def test_no_report_shows_a_level_over_capacity_without_a_warning():
+    for hardware in GPUS:
+        for path in NAPKIN_EXAMPLES:
+            for kernel in napkin.load(path).values():
+                if kernel.relabel is None or load_hardware(kernel.relabel.hardware).symbolic:
+                    continue
+                for size in (256, 8192):
+                    try:
+                        report = kernel.cost(hardware, **{a: size for a in kernel.diagram.axes})
+                    except NapkinError:
+                        continue  # refused: an error is the other accepted answer
+                    for name, level in report.levels.items():
+                        if level.capacity is not None and level.M_bytes is not None and level.M_bytes > level.capacity:
+                            assert any(n.startswith(f"warning: {name}") for n in report.notes), (path, hardware, size, name)
+
+
+def test_an_l2_too_small_for_any_shared_working_set_charges_every_blocks_loads_from_hbm(tmp_path):
+    kernel = _mlp()
+    roomy = kernel.cost("A100", **MLP_SIZES)
+    tiny = cost_of(plan(kernel.diagram, _profile_with_l2(tmp_path, 1024), kernel.relabel, MLP_SIZES))
+    assert any("cannot hold what co-resident blocks share" in n and "1,024 B" in n for n in tiny.notes)
+    # No reuse across blocks: HBM -> L2 moves what every block loads, as SMEM's loads from L2 do.
+    assert tiny.levels["l2"].H_bytes > roomy.levels["l2"].H_bytes
+    assert tiny.levels["l2"].H_bytes == tiny.levels["smem"].H_bytes
+    assert tiny.time["overlapped_s"] >= roomy.time["overlapped_s"]
