@@ -3,13 +3,22 @@
 Each subcommand is a thin layer over the Python API: it loads kernels, calls one stage and
 prints text or JSON. User mistakes (any :class:`NapkinError`) print on stderr and exit 2,
 never as a traceback; anything else is a napkin bug and keeps its traceback.
+
+Every command takes a ``.napkin`` file or a ``.py`` file (:func:`load_file`): a Python file is
+imported as a module and its ``@napkin.kernel`` functions (any :class:`Kernel` it defines at
+module level) are the kernels, ``--kernel NAME`` choosing among several. An import that fails
+is one napkin error naming the file, the line and the exception, not a traceback. What the
+module does under ``if __name__ == "__main__":`` does not run.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.util
 import json
 import sys
+import traceback
 from pathlib import Path
 
 import sympy
@@ -18,7 +27,7 @@ from .backends.cuda import add_cuda_command, report_resources
 from .backends.numpy import add_run_command, report_check
 from .backends.nvrtc import add_cache_command
 from .check import MAX_SIZE_TEXT, check_size
-from .errors import NapkinError
+from .errors import NapkinError, Span
 from .kernel import Kernel, load
 from .render import add_draw_command
 
@@ -45,15 +54,76 @@ def json_value(expr):
     return value
 
 
+def load_file(file: str | Path, hardware: str | None = None) -> dict[str, Kernel]:
+    """The kernels of a file by name: a ``.napkin`` file's, or those a ``.py`` file defines."""
+    path = Path(file)
+    if path.suffix == ".py":
+        return _load_python(path)
+    return load(path, hardware=hardware)
+
+
+def _load_python(path: Path) -> dict[str, Kernel]:
+    """Import a Python file as a module and collect the Kernel objects it defines at module level.
+
+    ``--hardware`` is not applied here: a decorated kernel carries its own, and the commands
+    pass ``--hardware`` to each stage they call.
+    """
+    if not path.is_file():
+        raise NapkinError(f"no such file: {path}" if not path.exists() else f"{path} is not a file",
+                          hint="name a .napkin file or a Python file with @napkin.kernel functions")
+    # A private module name per path: importing never replaces a module the user has (or napkin's own).
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    name = f"_napkin_file_{path.stem if path.stem.isidentifier() else 'module'}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise NapkinError(f"cannot import {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and typing look modules up while their classes are made
+    sys.path.insert(0, str(path.resolve().parent))  # the file's own sibling imports, as `python FILE` finds them
+    try:
+        spec.loader.exec_module(module)
+    except NapkinError:
+        raise  # a kernel that does not check: the error already points into the file
+    except SystemExit as exit_:
+        raise NapkinError(f"{path} called sys.exit({exit_.code!r}) while being imported",
+                          hint='napkin imports the file; put script code under if __name__ == "__main__":') from None
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's code is reported as theirs
+        raise NapkinError(f"cannot import {path}: {type(exc).__name__}: {exc}", _failing_line(path, exc),
+                          f"napkin imports the file to find its @napkin.kernel functions; `python {path}` shows the traceback") from None
+    finally:
+        sys.modules.pop(name, None)
+        sys.path.remove(str(path.resolve().parent))
+    kernels: dict[str, Kernel] = {}
+    for value in vars(module).values():
+        if isinstance(value, Kernel):
+            kernels.setdefault(value.name, value)
+    if not kernels:
+        raise NapkinError(f"{path} defines no napkin kernel",
+                          hint="decorate a function with @napkin.kernel, or assign napkin.load(...)[NAME] to a module-level name")
+    return kernels
+
+
+def _failing_line(path: Path, exc: BaseException) -> Span | None:
+    """Where in the file an import failed: the deepest frame in it, or a syntax error's place."""
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        return Span(str(path), exc.lineno, max(exc.offset or 1, 1), exc.text or "")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+    if not frames:
+        return None
+    frame = frames[-1]
+    return Span(str(path), frame.lineno or 1, 1, frame.line or "")
+
+
 def _load_all(files: list[str], kernel: str | None = None, hardware: str | None = None) -> list[tuple[str, Kernel]]:
-    found = []
+    found, names = [], []
     for file in files:
-        kernels = load(Path(file), hardware=hardware)
+        kernels = load_file(file, hardware=hardware)
+        names += list(kernels)
         for name, k in kernels.items():
             if kernel is None or name == kernel:
                 found.append((file, k))
     if kernel is not None and not found:
-        raise NapkinError(f"no kernel named {kernel!r} in {', '.join(files)}")
+        raise NapkinError(f"no kernel named {kernel!r} in {', '.join(files)}", hint=f"kernels there: {', '.join(names)}")
     return found
 
 

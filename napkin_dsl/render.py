@@ -1408,14 +1408,13 @@ def _write_atomically(path: Path, text: str):
 
 
 def cmd_draw(args) -> int:
-    from .cli import parse_sets
-    from .kernel import load
+    from .cli import load_file, parse_sets
 
     sizes = parse_sets(args.set)
     if sizes and not args.costs:
         raise NapkinError("--set binds the sizes the cost rows are read at; without --costs nothing is drawn at sizes",
                           hint="add --costs, or drop --set")
-    kernels = load(Path(args.file), hardware=args.hardware)
+    kernels = load_file(args.file, hardware=args.hardware)  # a .napkin file, or a .py file's @napkin.kernel functions
     if args.kernel is not None:
         if args.kernel not in kernels:
             raise NapkinError(f"no kernel named {args.kernel!r} in {args.file}", hint=f"kernels there: {', '.join(kernels)}")
