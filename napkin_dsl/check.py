@@ -33,6 +33,7 @@ import sympy
 from . import syntax as syn
 from .diagram import (
     BINARY_FUNCTIONS,
+    COMPARISONS,
     DTYPE_BYTES,
     OPERATORS,
     REDUCTIONS,
@@ -44,6 +45,7 @@ from .diagram import (
     Const,
     Contract,
     Diagram,
+    Index,
     Map,
     Opaque,
     Read,
@@ -56,6 +58,8 @@ from .diagram import (
     canonical_dtype,
     count_operations,
     expression_axes,
+    indices,
+    is_boolean,
     reads,
 )
 from .errors import NapkinError, NapkinTypeError, Span, raise_collected
@@ -107,6 +111,10 @@ class _KernelChecker:
         self.declared_outputs: dict[str, syn.Param] = {}
         self.later_targets = {s.target: s.span for s in kdef.statements}
         self.failed: set[str] = set()  # targets of statements already reported as wrong
+        # Axes whose bare name is the element's index in the statement being checked (see
+        # index_scope); any other axis name is the axis's size, as in d^-0.5.
+        self.index_axes: frozenset[str] = frozenset()
+        self.comparing = 0  # > 0 while converting the operands of a comparison
 
     # -- declarations
     def note_axes(self, axes, span: Span, what: str) -> bool:
@@ -246,7 +254,38 @@ class _KernelChecker:
         return False
 
     # -- boxes
+    def index_scope(self, stmt: syn.Statement, target_axes) -> frozenset[str]:
+        """The axes a bare axis name indexes in this statement: the target's axes (every axis
+        of the iteration space but a contracted one), and the axes a reduction or softmax acts
+        along. Without written target axes, the axes of the arrays the statement reads."""
+        expr = stmt.expr
+        scope = set(target_axes) if target_axes is not None else set(_syntax_array_axes(expr, self.arrays))
+        if isinstance(expr, syn.Call) and expr.axes is not None and (expr.name == "softmax" or expr.name in REDUCTIONS):
+            scope |= set(expr.axes)
+        return frozenset(scope)
+
     def box(self, stmt: syn.Statement, target_axes):
+        self.index_axes = self.index_scope(stmt, target_axes)
+        try:
+            built = self._box(stmt, target_axes)
+        finally:
+            self.index_axes = frozenset()
+        if built is not None:
+            operand = built[0]
+            value = operand.expr if isinstance(operand, Map) else getattr(operand, "operand", None)
+            if value is not None and is_boolean(value):
+                self.out.error(f"{stmt.target} would be a boolean: a comparison is a condition, not a value",
+                               stmt.span, "turn it into a number with where(COND, 1, 0), or use it in where(COND, A, B)")
+                return None
+            if isinstance(operand, Contract) and operand.scale is not None and indices(operand.scale):
+                axis = indices(operand.scale)[0].axis
+                self.out.error(f"the contraction {stmt.target} is scaled by the index of axis {axis!r}; "
+                               f"a contraction's factor is one number", stmt.span,
+                               f"write len({axis}) for the size of {axis}, or scale in a statement of its own")
+                return None
+        return built
+
+    def _box(self, stmt: syn.Statement, target_axes):
         expr = stmt.expr
         if isinstance(expr, syn.Call) and (expr.name == "softmax" or (expr.name in REDUCTIONS and expr.axes is not None) or expr.name in self.boxes):
             if expr.name == "softmax":
@@ -475,13 +514,31 @@ class _KernelChecker:
         if isinstance(expr, syn.Ref):
             return self.reference(expr)
         if isinstance(expr, syn.Neg):
-            inner = self.expression(expr.operand)
+            inner = self.number(expr.operand, "'-'")
             if isinstance(inner, Const):
                 return Const(-inner.value)
             return None if inner is None else Apply("neg", (inner,))
-        if isinstance(expr, syn.BinOp):
-            left, right = self.expression(expr.left), self.expression(expr.right)
+        if isinstance(expr, syn.Compare):
+            self.comparing += 1
+            try:
+                left, right = self.number(expr.left, f"'{expr.op}'"), self.number(expr.right, f"'{expr.op}'")
+            finally:
+                self.comparing -= 1
             if left is None or right is None:
+                return None
+            return Apply(COMPARISONS[expr.op], (left, right))
+        if isinstance(expr, syn.Logic):
+            operands = [self.condition(e, f"'{expr.op}'") for e in (expr.left, expr.right) if e is not None]
+            if any(o is None for o in operands):
+                return None
+            return Apply(expr.op, tuple(operands))
+        if isinstance(expr, syn.BinOp):
+            left, right = self.number(expr.left, f"'{expr.op}'"), self.number(expr.right, f"'{expr.op}'")
+            if left is None or right is None:
+                return None
+            if Const(sympy.oo) in (left, right) or Const(-sympy.oo) in (left, right):
+                self.out.error(f"inf is only a value to select, as in where(COND, S, -inf); it takes no arithmetic",
+                               expr.span, "write -inf or inf as a whole argument of where")
                 return None
             if isinstance(left, Const) and isinstance(right, Const):
                 return self.fold(expr, left.value, right.value)
@@ -489,6 +546,24 @@ class _KernelChecker:
         if isinstance(expr, syn.Call):
             return self.call(expr)
         raise AssertionError(f"napkin bug: unknown syntax {expr!r}")
+
+    def number(self, expr, where: str):
+        """An operand that must be a number (of an operator, a function, a comparison)."""
+        converted = self.expression(expr)
+        if converted is not None and is_boolean(converted):
+            self.out.error(f"the operand of {where} is a condition (a boolean), not a number", _span_of(expr),
+                           "turn a condition into a number with where(COND, A, B)")
+            return None
+        return converted
+
+    def condition(self, expr, where: str):
+        """An operand that must be a condition (of and/or/not, the first argument of where)."""
+        converted = self.expression(expr)
+        if converted is not None and not is_boolean(converted):
+            self.out.error(f"the operand of {where} is a number, not a condition", _span_of(expr),
+                           "compare it first, e.g. q >= x or M > 0")
+            return None
+        return converted
 
     def number_in_range(self, number: syn.Number) -> bool:
         """Refuse literals no float holds: sympy would compute 1e99999999 exactly, for minutes."""
@@ -546,7 +621,18 @@ class _KernelChecker:
             if ref.axes is not None:
                 self.out.error(f"{name!r} is an axis (a size), not an array", ref.span, f"write {name} for its size")
                 return None
+            if name in self.index_axes:
+                return Index(name)
+            if self.comparing:
+                # A comparison of a size is a constant: the user meant the index, of an axis
+                # this statement does not iterate over.
+                self.out.error(f"axis {name!r} is compared but is not an axis of this statement "
+                               f"(it iterates over {_axes_text(sorted(self.index_axes))})", ref.span,
+                               f"add {name!r} to the target's axes, or write len({name}) for its size")
+                return None
             return Const(self.axes[name].size)
+        if name == "inf":
+            return Const(sympy.oo)
         if name in self.failed:
             return None  # its statement was reported already: one mistake, one error
         if name in self.later_targets or name in self.declared_outputs:
@@ -569,8 +655,24 @@ class _KernelChecker:
         if call.axes is not None:
             self.out.error(f"{name} takes no axis list", call.span, "only sum, max, min, mean and softmax act along an axis")
             return None
-        args = [self.expression(a) for a in call.args]
+        if name == "len":
+            return self.length(call)
+        if name == "where":
+            if len(call.args) != 3:
+                self.out.error(f"where takes three arguments, got {len(call.args)}", call.span,
+                               "write where(COND, A, B): A where COND holds, else B")
+                return None
+            cond = self.condition(call.args[0], "where")
+            then, other = (self.number(a, "where") for a in call.args[1:])
+            if cond is None or then is None or other is None:
+                return None
+            return Apply("where", (cond, then, other))
+        args = [self.number(a, name) for a in call.args]
         if any(a is None for a in args):
+            return None
+        if Const(sympy.oo) in args or Const(-sympy.oo) in args:
+            self.out.error(f"inf is only a value to select, as in where(COND, S, -inf); {name} cannot take it",
+                           call.span, "write -inf or inf as a whole argument of where")
             return None
         if name in UNARY_FUNCTIONS:
             if len(args) != 1:
@@ -583,10 +685,40 @@ class _KernelChecker:
                                f"for a reduction write {name}[AXIS](EXPR)")
                 return None
             return Apply(name, tuple(args))
-        functions = sorted(UNARY_FUNCTIONS | BINARY_FUNCTIONS | REDUCTIONS | {"softmax"} | set(self.boxes))
+        functions = sorted(UNARY_FUNCTIONS | BINARY_FUNCTIONS | REDUCTIONS | {"softmax", "where", "len"} | set(self.boxes))
         self.out.error(f"unknown function {name!r}", call.span,
                        _did_you_mean(name, functions) or f"known: {', '.join(functions)}; declare others with 'box'")
         return None
+
+
+    def length(self, call: syn.Call):
+        """``len(x)``: the size of axis x as a number, wherever x is in scope or not."""
+        arg = call.args[0] if len(call.args) == 1 else None
+        if not isinstance(arg, syn.Ref) or arg.axes is not None or arg.name not in self.axes:
+            known = ", ".join(sorted(self.axes)) or "none yet"
+            self.out.error("len takes one axis name", call.span, f"write len(AXIS) for the size of an axis; axes here: {known}")
+            return None
+        return Const(self.axes[arg.name].size)
+
+
+def _span_of(expr) -> Span | None:
+    return getattr(expr, "span", None)
+
+
+def _syntax_array_axes(expr, arrays: dict) -> list[str]:
+    """The axes of the arrays an expression names, read off the syntax (before it is checked)."""
+    if isinstance(expr, syn.Ref):
+        return list(expr.axes or (arrays[expr.name].axes if expr.name in arrays else ()))
+    children = []
+    if isinstance(expr, (syn.BinOp, syn.Compare)):
+        children = [expr.left, expr.right]
+    elif isinstance(expr, syn.Logic):
+        children = [e for e in (expr.left, expr.right) if e is not None]
+    elif isinstance(expr, syn.Neg):
+        children = [expr.operand]
+    elif isinstance(expr, syn.Call) and expr.name != "len":
+        children = list(expr.args)
+    return [a for child in children for a in _syntax_array_axes(child, arrays)]
 
 
 def _axis_list_span(span: Span | None, axes, axis: str) -> Span | None:
@@ -658,7 +790,7 @@ def _check_boxes(module: syn.Module, out: _Collector) -> dict:
         if decl.name in boxes:
             out.error(f"box {decl.name!r} is declared twice", decl.span, f"first declared at {boxes[decl.name].span}")
             continue
-        reserved = UNARY_FUNCTIONS | BINARY_FUNCTIONS | REDUCTIONS | {"softmax"}
+        reserved = UNARY_FUNCTIONS | BINARY_FUNCTIONS | REDUCTIONS | {"softmax", "where", "len"}
         if decl.name in reserved:
             out.error(f"box {decl.name!r} has the name of a built-in function", decl.span, "choose another name")
             continue

@@ -57,6 +57,10 @@ PLAIN_FUNCTIONS = {"relu", "abs", "neg"}
 UNARY_FUNCTIONS = SPECIAL_FUNCTIONS | PLAIN_FUNCTIONS
 BINARY_FUNCTIONS = {"max", "min"}
 OPERATORS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow"}
+# Masks: comparisons yield booleans, and/or/not combine them, where(cond, a, b) picks a number.
+COMPARISONS = {">=": "ge", ">": "gt", "<=": "le", "<": "lt", "==": "eq", "!=": "ne"}
+LOGICAL = {"and", "or", "not"}
+BOOLEAN_FUNCTIONS = set(COMPARISONS.values()) | LOGICAL  # Apply.fn values whose result is a boolean
 REDUCTIONS = {"sum", "max", "min", "mean"}
 
 
@@ -121,14 +125,24 @@ class ScalarParam:
 
 
 @dataclass(frozen=True)
+class Index:
+    """The index of the current element along ``axis`` (0 to size - 1), as a number: ``q`` in
+    ``where(q >= x, S, -inf)`` or ``x - q`` in an ALiBi bias. Always the whole array's index,
+    never a tile's."""
+
+    axis: str
+
+
+@dataclass(frozen=True)
 class Apply:
-    """An elementwise function or operator: ``fn`` in UNARY/BINARY_FUNCTIONS or OPERATORS' values."""
+    """An elementwise function or operator: ``fn`` in UNARY/BINARY_FUNCTIONS, OPERATORS' values,
+    COMPARISONS' values, LOGICAL, or ``where`` (three arguments: condition, then, else)."""
 
     fn: str
     args: tuple["Expression", ...]
 
 
-Expression = Union[Read, Const, ScalarParam, Apply]
+Expression = Union[Read, Const, ScalarParam, Index, Apply]
 
 
 def reads(expr: Expression) -> list[Read]:
@@ -140,13 +154,30 @@ def reads(expr: Expression) -> list[Read]:
     return []
 
 
+def indices(expr: Expression) -> list[Index]:
+    """Every axis index in an expression, left to right."""
+    if isinstance(expr, Index):
+        return [expr]
+    if isinstance(expr, Apply):
+        return [i for arg in expr.args for i in indices(arg)]
+    return []
+
+
 def expression_axes(expr: Expression) -> tuple[str, ...]:
-    """Axes of an elementwise expression: the union of its reads', in order of appearance."""
+    """Axes of an elementwise expression: the union of its reads' and its indices', in order of
+    appearance (``where(q >= x, S[q x], 0)`` varies along q and x)."""
     seen: dict[str, None] = {}
     for read in reads(expr):
         for axis in read.axes:
             seen.setdefault(axis)
+    for index in indices(expr):
+        seen.setdefault(index.axis)
     return tuple(seen)
+
+
+def is_boolean(expr: Expression) -> bool:
+    """Whether an expression is a condition (a comparison or a logical combination of them)."""
+    return isinstance(expr, Apply) and expr.fn in BOOLEAN_FUNCTIONS
 
 
 def count_operations(expr: Expression) -> dict[str, int]:
@@ -156,7 +187,7 @@ def count_operations(expr: Expression) -> dict[str, int]:
     """
     counts = {"fma": 0, "special": 0}
     if isinstance(expr, Apply):
-        if not reads(expr):
+        if not reads(expr) and not indices(expr):
             return counts
         for arg in expr.args:
             for unit, n in count_operations(arg).items():
@@ -171,13 +202,19 @@ def format_expression(expr: Expression) -> str:
     if isinstance(expr, Read):
         return f"{expr.array}[{' '.join(expr.axes)}]"
     if isinstance(expr, Const):
+        if expr.value in (sympy.oo, -sympy.oo):
+            return "inf" if expr.value > 0 else "-inf"
         return str(expr.value)
     if isinstance(expr, ScalarParam):
         return expr.name
-    symbols = {v: k for k, v in OPERATORS.items()}
+    if isinstance(expr, Index):
+        return expr.axis
+    symbols = {v: k for k, v in OPERATORS.items()} | {v: k for k, v in COMPARISONS.items()} | {"and": "and", "or": "or"}
     if expr.fn in symbols and len(expr.args) == 2:
         left, right = (format_expression(a) for a in expr.args)
         return f"({left} {symbols[expr.fn]} {right})"
+    if expr.fn == "not":
+        return f"(not {format_expression(expr.args[0])})"
     return f"{expr.fn}({', '.join(format_expression(a) for a in expr.args)})"
 
 

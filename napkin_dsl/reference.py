@@ -20,10 +20,14 @@ before allocating when the estimate exceeds a limit (default 25% of physical mem
 
 Elementwise functions, in float64: ``exp log sqrt tanh abs neg``, ``rsqrt(x) = 1/sqrt(x)``,
 ``sigmoid(x) = 1/(1 + exp(-x))`` (computed without overflow), ``silu(x) = x sigmoid(x)``,
-``relu(x) = max(x, 0)``, ``max/min(a, b)`` elementwise, ``+ - * / ^``, and GELU in its exact
+``relu(x) = max(x, 0)``, ``max/min(a, b)`` elementwise, ``+ - * / ^``, comparisons
+(``>= > <= < == !=``, booleans) combined by ``and or not``, ``where(cond, a, b)``, axis indices
+(``q`` in ``where(q >= x, S, -inf)``: 0 to size - 1 along the axis), and GELU in its exact
 erf form, ``gelu(x) = x/2 (1 + erf(x / sqrt 2))`` (PyTorch's default, ``approximate="none"``;
 not the tanh approximation). NaN and inf propagate as IEEE arithmetic says; NumPy's warnings
-about them are silenced because producing them is not an error of the evaluator.
+about them are silenced because producing them is not an error of the evaluator. One exception,
+napkin's convention for masks: a softmax row whose every entry is -inf is 0, not NaN
+(:func:`masked_softmax`); every backend does the same.
 
 Opaque boxes: ``impls`` maps a box name to a Python callable, called once per statement,
 vectorised over the woven axes. Each argument arrives as a read-only float64 array of shape
@@ -70,7 +74,7 @@ import numpy as np
 import sympy
 
 from .binding import _diagram_of, arguments, bind, check_reference_memory
-from .diagram import Apply, Const, Contract, Diagram, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .errors import NapkinCallError
 from .types import numpy_dtype
 
@@ -121,6 +125,8 @@ ELEMENTWISE: dict[str, Callable] = {
     "relu": lambda x: np.maximum(x, 0.0), "abs": np.abs, "neg": np.negative,
     "max": np.maximum, "min": np.minimum,
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
+    "ge": np.greater_equal, "gt": np.greater, "le": np.less_equal, "lt": np.less, "eq": np.equal, "ne": np.not_equal,
+    "and": np.logical_and, "or": np.logical_or, "not": np.logical_not, "where": np.where,
 }
 """The float64 definition of every elementwise function of the notation, by ``Apply.fn``."""
 
@@ -129,6 +135,18 @@ _REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}
 
 # The float range the checker allows a constant (check.number_in_range, check._power_in_range).
 _FLOAT_RANGE = (1e-300, 1e300)
+
+
+def masked_softmax(values: np.ndarray, along: int) -> np.ndarray:
+    """The stable softmax along one dimension, with napkin's convention for masks: a row whose
+    every entry is -inf (fully masked, as where(q >= x, S, -inf) makes a causal row of a
+    decode window with no visible key) is all 0, not NaN, and so is whatever it weights."""
+    peak = np.max(values, axis=along, keepdims=True)
+    # Subtracting the maximum keeps exp from overflowing; it cancels in the ratio. A fully
+    # masked row subtracts 0 instead of -inf, so its entries are exp(-inf) = 0.
+    shifted = np.exp(values - np.where(peak == -np.inf, 0.0, peak))
+    total = np.sum(shifted, axis=along, keepdims=True)
+    return np.where(total == 0, 0.0, shifted / np.where(total == 0, 1.0, total))
 
 
 def constant_value(value: sympy.Expr, sizes: dict, kernel: str = "the kernel") -> float:
@@ -140,6 +158,8 @@ def constant_value(value: sympy.Expr, sizes: dict, kernel: str = "the kernel") -
     division by zero or a non-real value raises :class:`_Failure`, as the checker refuses such
     constants when they are written with numbers.
     """
+    if value in (sympy.oo, -sympy.oo):  # -inf in where(q >= x, S, -inf): a masked entry
+        return float(value)
     shown = str(value).replace("**", "^")  # in the notation's spelling
 
     def at():
@@ -206,6 +226,8 @@ class _Evaluator:
             return _Named(np.float64(self.constant(expr.value)), ())
         if isinstance(expr, ScalarParam):
             return _Named(np.float64(float(self.scalars[expr.name])), ())
+        if isinstance(expr, Index):
+            return _Named(np.arange(self.sizes[expr.axis], dtype=np.float64), (expr.axis,))
         if isinstance(expr, Apply):
             function = ELEMENTWISE.get(expr.fn)
             if function is None:
@@ -233,11 +255,9 @@ class _Evaluator:
                 kept = tuple(a for a in operand.axes if a not in box.axes)
                 return _Named(_REDUCTIONS[box.op](operand.values, axis=along), kept).aligned(statement.axes)
             if isinstance(box, Softmax):
-                values = self.expression(box.operand).aligned(statement.axes)
+                values = np.broadcast_to(self.expression(box.operand).aligned(statement.axes), self.shape(statement.axes))
                 along = statement.axes.index(box.axis)
-                # Subtracting the maximum keeps exp from overflowing; it cancels in the ratio.
-                shifted = np.exp(values - np.max(values, axis=along, keepdims=True))
-                return shifted / np.sum(shifted, axis=along, keepdims=True)
+                return masked_softmax(values, along)
         raise AssertionError(f"napkin bug: unknown box {box!r}")
 
     def contract(self, statement: Statement, box: Contract) -> np.ndarray:

@@ -85,7 +85,27 @@ class Neg:
     span: Span
 
 
-Expr = Union[Number, Ref, Call, BinOp, Neg]
+@dataclass(frozen=True)
+class Compare:
+    """``q >= x``: a comparison of two numbers, a boolean (masks; see ``where``)."""
+
+    op: str  # one of >= > <= < == !=
+    left: "Expr"
+    right: "Expr"
+    span: Span
+
+
+@dataclass(frozen=True)
+class Logic:
+    """``a and b``, ``a or b``, ``not a`` on booleans (``right`` is None for ``not``)."""
+
+    op: str  # and, or, not
+    left: "Expr"
+    right: "Expr | None"
+    span: Span
+
+
+Expr = Union[Number, Ref, Call, BinOp, Neg, Compare, Logic]
 
 
 @dataclass(frozen=True)
@@ -336,6 +356,14 @@ class _Builder:
             return Call(str(name), axes, tuple(self.expr(a, depth + 1) for a in args if a is not None), self.span(name))
         if kind == "neg":
             return Neg(self.expr(tree.children[0], depth + 1), self.span(tree))
+        if kind == "compare":
+            left, op, right = tree.children
+            return Compare(str(op), self.expr(left, depth + 1), self.expr(right, depth + 1), self.span(op))
+        if kind in ("and_", "or_"):
+            left, right = tree.children
+            return Logic(kind[:-1], self.expr(left, depth + 1), self.expr(right, depth + 1), self.span(tree))
+        if kind == "not_":
+            return Logic("not", self.expr(tree.children[0], depth + 1), None, self.span(tree))
         operators = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "^"}
         if kind in operators:
             left, right = tree.children
@@ -491,8 +519,13 @@ _CURATED: list[tuple[str, str, list[str]]] = [
         ["relabel k on H100\n    smem: group q 128\n"],
     ),
     (
+        "comparisons do not chain",
+        "write a < b and b < c, not a < b < c",
+        [_K + "    B[i] = where(i >= 1 >= 0, A, 0)\n", _K + "    B[i] = where(0 < i < 2, A, 0)\n"],
+    ),
+    (
         "a reserved word is used as a name",
-        "kernel, relabel, box, on, group, stream and for are reserved",
+        "kernel, relabel, box, on, group, stream, for, and, or and not are reserved",
         [
             "kernel k(group: f32[i]) -> B: f32[i]:\n    B[i] = A[i]\n",
             "kernel k(A: f32[on]) -> B: f32[i]:\n    B[i] = A[i]\n",
@@ -502,6 +535,9 @@ _CURATED: list[tuple[str, str, list[str]]] = [
             _K + "    group[i] = A[i]\n",
             _K + "    B[i] = A[i] * stream\n",
             _K + "    B[i on] = A[i]\n",
+            "kernel k(and: f32[i]) -> B: f32[i]:\n    B[i] = A[i]\n",
+            "kernel k(or: f32[i]) -> B: f32[i]:\n    B[i] = A[i]\n",
+            "kernel k(not: f32[i]) -> B: f32[i]:\n    B[i] = A[i]\n",
         ],
     ),
 ]
@@ -670,11 +706,16 @@ _TOKEN_NAMES = {
     "_BOX": "'box'",
     "_ON": "'on'",
     "_FOR": "'for'",
+    "COMPARISON": "a comparison (>= > <= < == !=)",
+    "_AND": "'and'",
+    "_OR": "'or'",
+    "_NOT": "'not'",
 }
 
 # The keyword terminals of the grammar and the words they match. Keywords need a word
 # boundary, so a keyword glued to a name (`kernelfoo`, `forY`, `groupi`) lexes as a name.
 _KEYWORDS = {"_KERNEL": ("kernel",), "_RELABEL": ("relabel",), "_BOX": ("box",), "_ON": ("on",), "_FOR": ("for",),
+             "_AND": ("and",), "_OR": ("or",), "_NOT": ("not",),
              "PARTITION_KIND": ("group", "stream")}
 # Lines that can only be a declaration with its keyword glued to the name: no statement's
 # target is followed by '(' and none holds the reserved word 'on'.

@@ -260,8 +260,11 @@ class _Builder:
         if not used:
             return _Expr("2", (), 2.0, 2.0)
         axis = draw(st.sampled_from(used))
-        form = draw(st.sampled_from([f"{axis}^-0.5", f"1 / {axis}", f"{axis}", f"({axis} + 1)^-1"]))
-        hi = float(self.max_size) if form == axis else 1.0
+        # len(axis) is the size wherever it stands; a bare axis name of the target would be the
+        # element's index (issue 12), which these bounds do not describe.
+        size = f"len({axis})"
+        form = draw(st.sampled_from([f"{size}^-0.5", f"1 / {size}", size, f"({size} + 1)^-1"]))
+        hi = float(self.max_size) if form == size else 1.0
         return _Expr(form, (), 1.0 / self.max_size, hi, compound=True)
 
     def expression(self, depth: int, positive=False) -> _Expr:

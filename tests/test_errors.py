@@ -76,6 +76,8 @@ SYNTAX = [
          "nested more than 64 levels deep", "several statements"),
     case("chain-too-deep", K + "    B[i] = A" + " + A" * 300 + "\n", NapkinSyntaxError, 2, 12,
          "more than 200 operations deep", "several statements"),
+    case("comparison-chain", K + "    B[i] = where(0 < i < 2, A, 0)\n", NapkinSyntaxError, 2, 24,
+         "comparisons do not chain", "a < b and b < c"),
 ]
 
 NAMES = [

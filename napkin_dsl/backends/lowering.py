@@ -32,12 +32,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import sympy
+
 from ..cost import as_number, columns, level_costs
 from ..diagram import (
     DTYPE_BYTES,
     Apply,
     Const,
     Contract,
+    Index,
     Map,
     Opaque,
     Read,
@@ -81,6 +84,10 @@ class Dialect:
             "silu": f"(({x}) / (1.0f + exp{f}(-({x}))))",
             "max": f"fmax{f}({x}, {y})", "min": f"fmin{f}({x}, {y})", "pow": f"pow{f}({x}, {y})",
             "add": f"({x} + {y})", "sub": f"({x} - {y})", "mul": f"({x} * {y})", "div": f"({x} / {y})",
+            # Masks: comparisons and logic are C ints (0 or 1), where is the conditional operator.
+            "ge": f"({x} >= {y})", "gt": f"({x} > {y})", "le": f"({x} <= {y})", "lt": f"({x} < {y})",
+            "eq": f"({x} == {y})", "ne": f"({x} != {y})", "and": f"({x} && {y})", "or": f"({x} || {y})",
+            "not": f"(!({x}))", "where": f"(({x}) ? ({args[1 % len(args)]}) : ({y}))",
         }
         return table[fn]
 
@@ -251,10 +258,17 @@ def ident(name: str) -> str:
 # ---- elementwise expressions ----------------------------------------------------------------
 
 
-def print_expression(expr, sizes: dict, dialect: Dialect, read) -> str:
-    """An elementwise expression as a float expression; ``read(Read)`` spells array reads."""
+def print_expression(expr, sizes: dict, dialect: Dialect, read, index=None) -> str:
+    """An elementwise expression as a float expression; ``read(Read)`` spells array reads and
+    ``index(axis)`` the whole array's index of the current element along an axis (an int)."""
     if isinstance(expr, Read):
         return read(expr)
+    if isinstance(expr, Index):
+        if index is None:
+            raise LoweringError(f"the index of axis {expr.axis} has no meaning here")
+        return f"((float)({index(expr.axis)}))"
+    if isinstance(expr, Const) and expr.value in (sympy.oo, -sympy.oo):
+        return "NK_INF" if expr.value > 0 else "(-NK_INF)"
     if isinstance(expr, Const):
         # The reference's evaluation: the same float, and the same refusal of a power that no
         # float holds (substituting the sizes into i^-4294967296 would compute it exactly).
@@ -266,7 +280,7 @@ def print_expression(expr, sizes: dict, dialect: Dialect, read) -> str:
     if isinstance(expr, ScalarParam):
         return f"p_{ident(expr.name)}"
     if isinstance(expr, Apply):
-        return dialect.math(expr.fn, [print_expression(a, sizes, dialect, read) for a in expr.args])
+        return dialect.math(expr.fn, [print_expression(a, sizes, dialect, read, index) for a in expr.args])
     raise AssertionError(f"napkin bug: expression {expr!r}")
 
 
@@ -487,7 +501,13 @@ class _Printer:
         return self.dialect.store(self.ptr(name), self.buffer_index(name, axes), value, slot.dtype)
 
     def expression(self, expr, axes) -> str:
-        return print_expression(expr, self.sizes, self.dialect, lambda r: self.read(r.array, axes))
+        return print_expression(expr, self.sizes, self.dialect, lambda r: self.read(r.array, axes), self.index)
+
+    def index(self, axis: str) -> str:
+        """The whole array's index of the current element along ``axis``: the tile's origin
+        plus the element's place in the tile (the same sum global_index uses)."""
+        i = f"i_{ident(axis)}"
+        return f"{self.origin[axis]} + {i}" if axis in self.origin else i
 
     def flat_loop(self, axes, body):
         """for each valid element of the tile over `axes`, spread over the block: body()."""
@@ -961,7 +981,8 @@ class _Printer:
             self.emit("float l = 0.0f;")
             self.lane_loop((axis,), lambda: self.emit(f"l += {d.math('exp', [self.expression(box.operand, all_axes) + ' - m'])};"))
             self.emit(f"l = {d.row_reduce('sum', 'l')};")
-            self.lane_loop((axis,), lambda: store(f"{d.math('exp', [self.expression(box.operand, all_axes) + ' - m'])} / l"))
+            # A fully masked row (every entry -inf) is 0, as in the reference, not exp(NaN).
+            self.lane_loop((axis,), lambda: store(f"(m == -NK_INF) ? 0.0f : {d.math('exp', [self.expression(box.operand, all_axes) + ' - m'])} / l"))
 
         if not staged:
             self.row_loop(rows, body)
@@ -1019,7 +1040,8 @@ class _Printer:
             self.emit("float l = 0.0f;")
 
             def element():
-                self.emit(f"const float p = {d.math('exp', [self.expression(s.box.operand, all_axes) + ' - m'])};")
+                # Masked entries are -inf, exp makes them 0; a row masked so far has m = -inf too.
+                self.emit(f"const float p = (m == -NK_INF) ? 0.0f : {d.math('exp', [self.expression(s.box.operand, all_axes) + ' - m'])};")
                 self.emit(f"stage[{self.stage_index()}] = p;" if staged else self.write(s.target, all_axes, "p"))
                 self.emit("l += p;")
 
@@ -1061,7 +1083,9 @@ class _Printer:
         acc = f"{s.target}.acc"
         denominators = [ref[1] for ref in step.reads if ref[1].endswith(".sum")]
         if isinstance(box, Contract) and denominators:  # the online softmax's normalisation
-            self.elementwise(step, s.target, s.axes, lambda: f"{self.read(acc, s.axes)} / {self.read(denominators[0], s.axes)}")
+            # A fully masked row summed nothing: 0, as in the reference (not 0 / 0).
+            self.elementwise(step, s.target, s.axes, lambda: f"({self.read(denominators[0], s.axes)} == 0.0f) ? 0.0f : "
+                                                             f"{self.read(acc, s.axes)} / {self.read(denominators[0], s.axes)}")
             return
         if isinstance(box, Contract):
             self.elementwise(step, s.target, s.axes, lambda: self.read(acc, s.axes))

@@ -71,10 +71,10 @@ import sympy
 
 from ..binding import _gib, memory_limit
 from ..cost import contraction_unit, tensor_launches
-from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from ..errors import NapkinCallError, NapkinError
 from ..pseudocode import Loop, Program, Step
-from ..reference import ELEMENTWISE, _Evaluator, _Failure, _Named
+from ..reference import ELEMENTWISE, _Evaluator, _Failure, _Named, masked_softmax
 from ..types import numpy_dtype
 
 __all__ = ["Counts", "add_run_command", "check_memory", "check_run", "estimate_bytes", "execute", "gelu", "run_program"]
@@ -158,11 +158,20 @@ class _TileEvaluator(_Evaluator):
     tile's (``d^-0.5`` is the same in every tile).
     """
 
-    def __init__(self, diagram, sizes, scalars, impls):
+    def __init__(self, diagram, sizes, scalars, impls, ranges: dict | None = None):
         super().__init__(diagram, sizes, scalars, impls)
         self._constants: dict = {}
+        # The interpreter's current tile, [start, stop) per axis: an axis index (q in
+        # where(q >= x, S, -inf)) is the whole array's index, offset by the tile's start.
+        self.ranges = ranges if ranges is not None else {axis: (0, size) for axis, size in sizes.items()}
 
     def expression(self, expr) -> _Named:
+        if isinstance(expr, Index):
+            start, stop = self.ranges[expr.axis]
+            # f32 holds every index below 2^24 exactly and keeps an f32 tile f32 (ALiBi's
+            # slope[h] * (x - q)); longer axes count in f64.
+            dtype = np.float32 if self.sizes[expr.axis] <= 2**24 else np.float64
+            return _Named(np.arange(start, stop, dtype=dtype), (expr.axis,))
         if isinstance(expr, Const):
             if expr not in self._constants:  # sympy substitution is slow: once per constant
                 self._constants[expr] = self.constant(expr.value)
@@ -273,7 +282,7 @@ class _Interpreter:
         self.starts: dict[str, dict[str, tuple]] = {level: {} for level in self.levels}
         self.scalars = scalars
         self.impls = dict(impls or {})
-        self.evaluator = _TileEvaluator(self.diagram, self.sizes, scalars, self.impls)
+        self.evaluator = _TileEvaluator(self.diagram, self.sizes, scalars, self.impls, self.ranges)
         below = self.levels[1:]
         # Tensor-core launches (isel.py) read contraction operands from shared memory into
         # registers with ldmatrix: counted as transfers at the registers level, as the model does.
@@ -556,10 +565,8 @@ class _Interpreter:
             along = s.iteration_axes.index(box.axis)
 
             def compute():
-                logits = operand()
-                # Subtract the maximum first: exp cannot overflow, and it cancels in the ratio.
-                shifted = np.exp(logits - np.max(logits, axis=along, keepdims=True, initial=-np.inf))
-                self.store(level, target, axes, (shifted / np.sum(shifted, axis=along, keepdims=True)).astype(dtype, copy=False))
+                # The reference's softmax: the maximum subtracted first, a fully masked row 0.
+                self.store(level, target, axes, masked_softmax(operand(), along).astype(dtype, copy=False))
 
             return compute
         if isinstance(box, Opaque):
@@ -621,7 +628,8 @@ class _Interpreter:
                 chunk_max = align_max(np.max(operand(), axis=along, initial=-np.inf))
                 m = values[m_name]
                 m_new = np.maximum(m, chunk_max)
-                self.store(level, scale_name, scale_axes, np.exp(m - m_new))
+                # A row masked so far (m = -inf) has nothing to rescale: its factor is 0, not NaN.
+                self.store(level, scale_name, scale_axes, np.where(m == -np.inf, 0.0, np.exp(m - m_new)).astype(m.dtype))
                 self.store(level, m_name, m_axes, m_new)
 
             return rescale
@@ -655,7 +663,9 @@ class _Interpreter:
         align_scale, align_p = _aligner(scale_axes, l_axes), _aligner(axes, held)
 
         def online():
-            p = np.subtract(operand(), align_max(values[m_name]))
+            m = align_max(values[m_name])
+            # Masked entries are -inf and become 0; a row masked so far subtracts 0, not -inf.
+            p = np.subtract(operand(), np.where(m == -np.inf, 0.0, m).astype(m.dtype))
             np.exp(p, out=p)
             values[l_name] = values[l_name] * align_scale(values[scale_name]) + align_sum(np.sum(p, axis=along))
             self.store(level, s.target, held, align_p(p).astype(dtype, copy=False))
@@ -707,7 +717,9 @@ class _Interpreter:
             align_sum, align_out = _aligner(l_axes, acc_axes), _aligner(acc_axes, out.axes)
 
             def finalise():
-                result = values[acc_name] / align_sum(values[l_name])
+                total = align_sum(values[l_name])
+                # A fully masked row summed nothing: its output is 0 (the reference's convention).
+                result = np.where(total == 0, 0.0, values[acc_name] / np.where(total == 0, 1.0, total)).astype(total.dtype)
                 self.store(level, s.target, out.axes, align_out(result).astype(dtype, copy=False))
 
             return finalise

@@ -1,0 +1,209 @@
+"""Masks (issue 12): axis indices, comparisons and where() in the notation, and their runs.
+
+The reference is checked against masked attention written directly in NumPy (np.tril and
+friends, not napkin), then the NumPy and OpenCL backends against the reference, with masked
+positions excluded exactly: the check compares whole outputs, and a masked entry that leaked
+into a row would move that row's output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import napkin_dsl as napkin
+from napkin_dsl.backends.cuda import generate
+from napkin_dsl.backends.numpy import check_run, execute
+from napkin_dsl.errors import NapkinError, NapkinErrors, NapkinSyntaxError, NapkinTypeError
+from napkin_dsl.reference import evaluate
+
+from .conftest import assert_matches_reference
+
+# ---- kernels ----------------------------------------------------------------------------------------
+
+HEADER = "kernel {name}(Q: f32[b h q d], K: f32[b h x d], V: f32[b h x d]{extra}) -> O: f32[b h q d]:\n"
+BODY = """    S[b h q x] = Q[b h q d] * K[b h x d] * d^-0.5
+    P[b h q x] = softmax[x](where({mask}, {logits}, -inf))
+    O[b h q d] = P[b h q x] * V[b h x d]
+"""
+MASKS = {
+    "causal": "q >= x",
+    "window": "q >= x and q - x < 5",
+    "decode": "q + (len(x) - len(q)) >= x",
+}
+
+
+def attention(mask: str, logits: str = "S", extra: str = "", relabel: str = "group b 1, h 1, q 8; stream x 4"):
+    text = HEADER.format(name="masked", extra=extra) + BODY.format(mask=MASKS.get(mask, mask), logits=logits)
+    text += f"\nrelabel masked on H100:\n    smem: {relabel}\n"
+    return napkin.load(text)["masked"]
+
+
+def inputs(sizes: dict, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    b, h, q, x, d = (sizes[a] for a in "bhqxd")
+    return {"Q": rng.standard_normal((b, h, q, d)).astype(np.float32),
+            "K": rng.standard_normal((b, h, x, d)).astype(np.float32),
+            "V": rng.standard_normal((b, h, x, d)).astype(np.float32)}
+
+
+def by_hand(arrays: dict, visible: np.ndarray) -> np.ndarray:
+    """Masked attention in float64 without napkin: ``visible[q, x]`` says which keys a query sees;
+    a query that sees none gets 0 (napkin's convention for a fully masked row)."""
+    Q, K, V = (arrays[n].astype(np.float64) for n in "QKV")
+    S = np.einsum("bhqd,bhxd->bhqx", Q, K) / np.sqrt(Q.shape[-1])
+    S = np.where(visible, S, -np.inf)
+    peak = S.max(axis=-1, keepdims=True)
+    E = np.where(visible, np.exp(S - np.where(np.isfinite(peak), peak, 0.0)), 0.0)
+    total = E.sum(axis=-1, keepdims=True)
+    P = np.divide(E, total, out=np.zeros_like(E), where=total > 0)
+    return np.einsum("bhqx,bhxd->bhqd", P, V)
+
+
+def visible(kind: str, q: int, x: int) -> np.ndarray:
+    rows, cols = np.arange(q)[:, None], np.arange(x)[None, :]
+    return {"causal": rows >= cols, "window": (rows >= cols) & (rows - cols < 5),
+            "decode": rows + (x - q) >= cols}[kind]
+
+
+SIZES = dict(b=1, h=2, q=19, x=23, d=8)
+
+
+# ---- the reference against masked attention by hand -------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(MASKS))
+def test_reference_matches_masked_attention_by_hand(kind):
+    arrays = inputs(SIZES)
+    got = evaluate(attention(kind).diagram, arrays, {}, SIZES, keep_float64=True)["O"]
+    np.testing.assert_allclose(got, by_hand(arrays, visible(kind, SIZES["q"], SIZES["x"])), rtol=1e-12, atol=1e-12)
+
+
+def test_a_fully_masked_row_is_zero_not_nan():
+    sizes = dict(b=1, h=1, q=6, x=3, d=4)  # decode offset x - q = -3: the first 3 queries see no key
+    arrays = inputs(sizes, seed=3)
+    got = evaluate(attention("decode").diagram, arrays, {}, sizes, keep_float64=True)["O"]
+    assert not np.isnan(got).any()
+    np.testing.assert_array_equal(got[0, 0, :3], 0.0)
+    assert np.abs(got[0, 0, 3:]).min() > 0
+
+
+def test_alibi_bias_uses_indices_in_arithmetic():
+    kernel = attention("causal", logits="S + slope[h] * (x - q)", extra=", slope: f32[h]")
+    arrays = inputs(SIZES, seed=5)
+    slope = np.array([0.5, 0.25], np.float32)
+    got = evaluate(kernel.diagram, {**arrays, "slope": slope}, {}, SIZES, keep_float64=True)["O"]
+    # ALiBi by hand: the bias is added to the logits before the mask and the softmax
+    Q, K, V = (arrays[n].astype(np.float64) for n in "QKV")
+    q, x = np.arange(SIZES["q"])[:, None], np.arange(SIZES["x"])[None, :]
+    S = np.einsum("bhqd,bhxd->bhqx", Q, K) / np.sqrt(8) + slope.astype(np.float64)[None, :, None, None] * (x - q)
+    S = np.where(q >= x, S, -np.inf)
+    P = np.exp(S - S.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, np.einsum("bhqx,bhxd->bhqd", P / P.sum(-1, keepdims=True), V), rtol=1e-12)
+
+
+def test_an_axis_name_is_the_index_in_the_target_and_len_is_the_size():
+    kernel = napkin.load("kernel k(X: f64[n], W: f64[m n]) -> Y: f64[n]:\n    Y[n] = X * n + len(n) + m\n")["k"]
+    # n is the target's axis: its index; len(n) its size; m is not an axis of Y: its size, as d in d^-0.5
+    got = evaluate(kernel.diagram, {"X": np.ones(4), "W": np.zeros((3, 4))}, {}, {"n": 4, "m": 3})["Y"]
+    np.testing.assert_array_equal(got, [7.0, 8.0, 9.0, 10.0])
+
+
+# ---- backends against the reference -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(MASKS))
+def test_numpy_backend_matches_reference_and_counts_the_model(kind):
+    result = check_run(attention(kind), sizes=SIZES)
+    assert result["ok"], result
+    assert result["count_differences"] == []
+
+
+def test_numpy_backend_leaves_no_nan_in_fully_masked_rows():
+    sizes = dict(b=1, h=1, q=12, x=4, d=4)
+    kernel = attention("decode", relabel="group b 1, h 1, q 4; stream x 2")
+    arrays = inputs(sizes, seed=2)
+    outputs, _ = execute(kernel.program(None, **sizes), arrays)
+    np.testing.assert_allclose(outputs["O"], by_hand(arrays, visible("decode", 12, 4)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(outputs["O"][0, 0, :8], 0.0)
+
+
+@pytest.mark.parametrize("kind", sorted(MASKS))
+def test_opencl_matches_reference(kind, opencl_device):
+    from napkin_dsl.backends import opencl
+
+    kernel = attention(kind)
+    arrays = inputs(SIZES, seed=1)
+    outputs = opencl.run(kernel.gpu_program(None, **SIZES), arrays, {})
+    expected = evaluate(kernel.diagram, arrays, {}, SIZES)
+    assert_matches_reference(kernel.diagram, outputs, expected, kind)
+    np.testing.assert_allclose(outputs["O"], by_hand(arrays, visible(kind, SIZES["q"], SIZES["x"])), rtol=1e-4, atol=1e-5)
+
+
+def test_opencl_fully_masked_rows_are_zero(opencl_device):
+    from napkin_dsl.backends import opencl
+
+    sizes = dict(b=1, h=1, q=12, x=4, d=4)
+    kernel = attention("decode")
+    arrays = inputs(sizes, seed=4)
+    outputs = opencl.run(kernel.gpu_program(None, **sizes), arrays, {})
+    assert not np.isnan(outputs["O"]).any()
+    np.testing.assert_array_equal(outputs["O"][0, 0, :8], 0.0)
+
+
+def test_cuda_source_prints_the_predicate_with_global_indices():
+    source, _ = generate(attention("window").gpu_program("H100", b=1, h=2, q=128, x=128, d=64))
+    assert "?" in source and ">=" in source and "(-NK_INF)" in source
+    assert "o_q + i_q" in source  # the index is the whole array's, not the tile's
+
+
+# ---- errors -----------------------------------------------------------------------------------------
+
+K = "kernel k(S: f32[q x], T: f32[y]) -> P: f32[q x]:\n"
+ERRORS = [
+    # (source, error class, line, column, words of the message, words of the hint)
+    (K + "    P[q x] = where(q >= y, S, 0)\n", NapkinTypeError, 2, 25, ["axis 'y'", "not an axis of this statement"], ["len(y)"]),
+    (K + "    P[q x] = where(S, S, 0)\n", NapkinTypeError, 2, 20, ["operand of where", "not a condition"], ["compare"]),
+    (K + "    P[q x] = S + (q >= x)\n", NapkinTypeError, 2, 21, ["operand of '+'", "condition"], ["where"]),
+    (K + "    P[q x] = where(q >= x, S)\n", NapkinTypeError, 2, 14, ["where takes three arguments"], ["where(COND, A, B)"]),
+    (K + "    P[q x] = S * len(S)\n", NapkinTypeError, 2, 18, ["len takes one axis name"], ["len(AXIS)"]),
+    (K + "    P[q x] = S - inf\n", NapkinTypeError, 2, 14, ["inf is only a value to select"], ["where"]),
+    (K + "    P[q x] = exp(-inf)\n", NapkinTypeError, 2, 14, ["inf is only a value to select", "exp"], ["where"]),
+    (K + "    P[q x] = where(q >= x and S, S, 0)\n", NapkinTypeError, 2, 31, ["operand of 'and'", "not a condition"], []),
+    (K + "    P[q x] = where(not S, S, 0)\n", NapkinTypeError, 2, 24, ["operand of 'not'"], []),
+    (K + "    P[q x] = q >= x\n", NapkinTypeError, 2, 5, ["P would be a boolean"], ["where(COND, 1, 0)"]),
+    ("kernel k(A: f32[q d], B: f32[x d]) -> P: f32[q x]:\n    P[q x] = A * B * q\n", NapkinTypeError, 2, 5,
+     ["scaled by the index of axis 'q'"], ["len(q)"]),
+    (K + "    P[q x] = where(q >= x >= 1, S, 0)\n", NapkinSyntaxError, 2, 27, ["comparisons do not chain"], ["a < b and b < c"]),
+    (K + "    P[q x] = where(q => x, S, 0)\n", NapkinSyntaxError, 2, 22, ["unexpected '='"], ["comparison"]),
+    ("kernel k(and: f32[q]) -> P: f32[q]:\n    P[q] = and\n", NapkinSyntaxError, 1, 10, ["reserved word"], ["and"]),
+    ("box where(f32[x]) -> f32[x]\nkernel k(S: f32[x]) -> P: f32[x]:\n    P[x] = S\n", NapkinTypeError, 1, 5,
+     ["name of a built-in function"], []),
+]
+
+
+@pytest.mark.parametrize("source, cls, line, column, message, hint", ERRORS)
+def test_mask_errors_name_the_place(source, cls, line, column, message, hint):
+    with pytest.raises(NapkinError) as info:
+        napkin.load(source)
+    error = info.value
+    assert not isinstance(error, NapkinErrors), error.render()
+    assert type(error) is cls, error.render()
+    assert (error.span.line, error.span.column) == (line, column), error.render()
+    for word in message:
+        assert word in error.message, error.render()
+    for word in hint:
+        assert error.hint and word in error.hint, error.render()
+    assert "^" in error.render() and "Traceback" not in error.render()
+
+
+def test_sources_are_not_mutated_and_outputs_may_be_parenthesised():
+    text = ("kernel k(S: f32[q x]) -> (P: f32[q x], L: f32[q]):\n"
+            "    P[q x] = softmax[x](where(q >= x, S, -inf))\n    L[q] = sum[x](P)\n")
+    kernel = napkin.load(text)["k"]
+    assert kernel.diagram.outputs == ("P", "L")
+    S = np.zeros((3, 3), np.float32)
+    before = S.copy()
+    result = evaluate(kernel.diagram, {"S": S}, {}, {"q": 3, "x": 3})
+    np.testing.assert_array_equal(S, before)
+    np.testing.assert_allclose(result["P"], np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None])
