@@ -112,11 +112,55 @@ class Kernel:
             return render_text(program, {index: warp_line(plan) for index, plan in plans.items() if plan is not None})
         raise NapkinError(f"unknown pseudocode format {format!r}", hint="use 'text' or 'markdown'")
 
-    def cost(self, hardware: str | None = None, **sizes: int):
-        """The :class:`~napkin_dsl.cost.CostReport` read off the pseudocode; raises if a level overflows."""
+    def cost(self, hardware: str | None = None, relabel=None, **sizes: int):
+        """The :class:`~napkin_dsl.cost.CostReport` read off the pseudocode; raises if a level overflows.
+
+        ``relabel`` (a :class:`~napkin_dsl.tune.TuneResult` or relabel text) costs that relabelling
+        instead of the kernel's own: ``kernel.cost(relabel=kernel.tune(...))``."""
         from .cost import cost_of
 
+        if relabel is not None:
+            return self.relabelled(relabel).cost(hardware, **sizes)
         return cost_of(self.program(hardware, **sizes))
+
+    def relabelled(self, relabel) -> Kernel:
+        """A new Kernel, relabelled: by a :class:`~napkin_dsl.tune.TuneResult` (its best
+        configuration, with the intermediates it materialises) or by relabel text (a whole
+        ``relabel K on HW:`` block, or its clause lines for this kernel's hardware). This kernel
+        is not changed; the new one's ``source`` has the relabelling written in (for .napkin sources)."""
+        import dataclasses
+
+        from .hardware import load_hardware
+        from .tune import TuneResult, parse_relabel, rewrite_source
+
+        top_of = load_hardware(self.hardware).top.name if self.hardware else "gmem"
+        own = (self.relabel,) if self.relabel is not None and self.relabel.span is not None else ()
+        if isinstance(relabel, TuneResult):
+            if relabel.kernel != self.name:
+                raise NapkinError(f"the tuning result is for kernel {relabel.kernel!r}, not {self.name!r}")
+            profile = load_hardware(relabel.hardware)
+            diagram = relabel.best.diagram or self.diagram
+            block = relabel.block(diagram, profile)
+            top = profile.top.name
+            source = relabel.source_text(self.source, self.diagram, own) if self.function is None else self.source
+        elif isinstance(relabel, str):
+            block = parse_relabel(relabel, self.name, self.hardware)
+            diagram, top = self.diagram, top_of
+            source = self.source
+            if self.function is None:
+                written = {s.target for s in self.diagram.statements if s.level is not None}
+                source = rewrite_source(self.source, self.diagram, top, written, written, own,
+                                        relabel.strip() + "\n" if relabel.strip().startswith("relabel") else
+                                        _block_text(block, self.name))
+        else:
+            raise NapkinError(f"relabelled() takes a TuneResult or relabel text, not {type(relabel).__name__}",
+                              hint='kernel.relabelled(kernel.tune("H100", ...)) or kernel.relabelled("smem: group q 128")')
+        levels = {s.target: s.level for s in diagram.statements}
+        definition = self._checked.definition
+        definition = dataclasses.replace(definition, statements=tuple(
+            dataclasses.replace(s, level=levels.get(s.target, s.level)) for s in definition.statements))
+        checked = CheckedKernel(diagram, block, source, self.file, definition)
+        return Kernel(checked, block.hardware, self.function)
 
     def gpu_program(self, hardware: str | None = None, **sizes: int):
         """The Program code generation uses on a GPU profile: the relabel block's, or, for a kernel
@@ -166,8 +210,12 @@ class Kernel:
         """Group/stream sizes minimising predicted time on ``hardware`` (a :class:`~napkin_dsl.tune.TuneResult`)."""
         from .tune import tune
 
-        return tune(self.diagram, self._target(hardware), self.relabel if (self.relabel is None or hardware in (None, self.hardware)) else None,
-                    _check_sizes(sizes), top=top)
+        from .hardware import load_hardware
+        from .tune import retarget
+
+        # The relabelling written in the file is a candidate on any GPU whose levels it names.
+        target = self._target(hardware)
+        return tune(self.diagram, target, retarget(self.relabel, load_hardware(target)), _check_sizes(sizes), top=top)
 
     def render(self, relabelled: bool = False, costs: bool = False) -> str:
         """The kernel's neural circuit diagram as SVG text (see :func:`napkin_dsl.render.render`)."""
@@ -194,6 +242,20 @@ class Kernel:
     def __repr__(self) -> str:
         n = len(self.diagram.statements)
         return f"<napkin kernel {self.signature()}, {n} statement{'s' if n != 1 else ''}, {self.relabel_text()}>"
+
+
+def _block_text(block: syn.RelabelBlock, kernel: str) -> str:
+    """A relabel block (syntax) as source text."""
+    lines = []
+    for clauses in block.levels:
+        scopes = dict.fromkeys(p.targets for p in clauses.partitions)
+        for targets in scopes:
+            mine = [p for p in clauses.partitions if p.targets == targets]
+            parts = [f"{kind} " + ", ".join(f"{p.axis} {p.size}" for p in mine if p.kind == kind)
+                     for kind in ("group", "stream") if any(p.kind == kind for p in mine)]
+            scope = f" for {', '.join(targets)}" if targets else ""
+            lines.append(f"    {clauses.level}{scope}: {'; '.join(parts)}\n")
+    return f"relabel {kernel} on {block.hardware}:\n" + "".join(lines)
 
 
 def _check_sizes(sizes: dict) -> dict:

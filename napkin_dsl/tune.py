@@ -18,6 +18,7 @@ It does not change the kernel; apply a configuration by writing it into the rela
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time as _time
@@ -65,6 +66,15 @@ class Configuration:
     materialised: frozenset | None = None  # arrays at the top level when not as written
     diagram: Diagram | None = field(default=None, repr=False)  # the diagram it was costed on
 
+    def __repr__(self) -> str:
+        where = f", at gmem: {', '.join(sorted(self.materialised)) or 'none'}" if self.materialised is not None else ""
+        return f"<Configuration {_fmt_seconds(self.time_s)} {self.bound or ''} ({self.origin}{where}): {self.relabel_line()}>"
+
+    @property
+    def bound(self) -> str | None:
+        """What bounds the predicted time: compute, or the level whose transfers take longest."""
+        return self.report.time.get("bound") if self.report is not None else None
+
     def size_of(self, knob: Knob):
         return self.values.get(knob, self.sizes.get(knob.axis))
 
@@ -107,9 +117,29 @@ class TuneResult:
         lines = "".join(f"    {line}\n" for line in self.best.relabel_lines())
         return f"relabel {self.kernel} on {self.hardware}:\n{lines}"
 
+    @property
+    def relabel_text(self) -> str:
+        """The best relabelling as a relabel block. When the best configuration also changes
+        which intermediates are materialised, the block alone does not say so:
+        :meth:`source_text` and ``Kernel.relabelled(result)`` apply both."""
+        return self.relabel_block()
+
+    @property
+    def fusion_changed(self) -> bool:
+        """Whether the best configuration materialises other intermediates than the source."""
+        return self.best.materialised is not None and self.best.materialised != self.written
+
     def block(self, diagram: Diagram, hardware: Hardware) -> syn.RelabelBlock:
         """The best configuration as a relabel block (syntax), for planning."""
         return _block(diagram, hardware, self.best.knobs, self.best.values or self.best.sizes)
+
+    def source_text(self, source: str, diagram: Diagram, relabels=()) -> str:
+        """``source`` (a .napkin text defining ``diagram``) with the best configuration applied:
+        ``@gmem`` written on (or removed from) the statements whose materialisation it changes,
+        the kernel's relabel blocks (``relabels``, syntax) replaced by the tuned one."""
+        materialised = self.best.materialised if self.best.materialised is not None else self.written
+        return rewrite_source(source, diagram, load_hardware(self.hardware).top.name, materialised, self.written,
+                              relabels, self.relabel_block())
 
     def to_dict(self) -> dict:
         from .cli import json_value
@@ -117,18 +147,52 @@ class TuneResult:
         return {
             "hardware": self.hardware,
             "evaluated": self.evaluated,
+            "fusion_choices": self.fusion_choices,
             "seconds": self.seconds,
             "multiples": dict(self.constraints),
             "beta": json_value(self.beta) if self.beta is not None else None,
             "optimum": str(self.optimum) if self.optimum is not None else None,
+            "relabel_text": self.relabel_text,
             "configurations": [
-                {"sizes": {a: json_value(v) for a, v in c.sizes.items()}, "relabel": c.relabel_line(), "time_s": c.time_s}
+                {"sizes": {a: json_value(v) for a, v in c.sizes.items()}, "relabel": c.relabel_line(), "time_s": c.time_s,
+                 "bound": c.bound, "origin": c.origin,
+                 "materialised": sorted(c.materialised if c.materialised is not None else self.written)}
                 for c in self.configurations
             ],
         }
 
+    def _rows(self) -> list[tuple[str, ...]]:
+        rows = []
+        for rank, config in enumerate(self.configurations, 1):
+            chosen = config.materialised if config.materialised is not None else self.written
+            rows.append((str(rank), _fmt_seconds(config.time_s), config.bound or "-", ", ".join(sorted(chosen)) or "none",
+                         config.origin, config.relabel_line() or "(no partitions)"))
+        return rows
+
+    _HEADER = ("#", "time", "bound", "at gmem", "from", "tiles")
+
+    def __repr__(self) -> str:
+        head = (f"<TuneResult {self.kernel} on {self.hardware}: {self.evaluated:,} candidates, "
+                f"{self.fusion_choices} fusion choice{'s' if self.fusion_choices != 1 else ''}, {self.seconds:.2f} s>")
+        if self.best.time_s is None:  # an abstract model's fit: no time to tabulate
+            return head + "\n" + self.table()
+        rows = [self._HEADER] + self._rows()
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEADER) - 1)]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
+        return head + "\n" + "\n".join("  " + line.rstrip() for line in lines)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        cells = lambda row, tag: "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in row)  # noqa: E731
+        body = "".join(f"<tr>{cells(r, 'td')}</tr>" for r in self._rows())
+        return (f"<p>tuning {html.escape(self.kernel)} on {html.escape(self.hardware)}: {self.evaluated:,} candidates, "
+                f"{self.fusion_choices} fusion choices, {self.seconds:.2f} s</p>"
+                f"<table><tr>{cells(self._HEADER, 'th')}</tr>{body}</table>")
+
     def table(self) -> str:
-        lines = [f"tuning {self.kernel} on {self.hardware}: {self.evaluated} configurations in {self.seconds * 1e3:.0f} ms"]
+        choices = f", {self.fusion_choices} fusion choices" if self.fusion_choices > 1 else ""
+        lines = [f"tuning {self.kernel} on {self.hardware}: {self.evaluated} configurations{choices} in {self.seconds * 1e3:.0f} ms"]
         if self.constraints:
             lines.append("  multiples: " + ", ".join(f"{a} of {m}" for a, m in self.constraints.items()))
         if self.beta is not None:
@@ -141,8 +205,100 @@ class TuneResult:
                 total = as_number(config.report.total_flops)
                 if total:
                     tflops = f"  {total / config.time_s / 1e12:.0f} TFLOP/s"
-            lines.append(f"  {rank}. {config.relabel_line()}   predicted {t}{tflops}")
+            where = ""
+            if config.materialised is not None and config.materialised != self.written:
+                where = f"   [at gmem: {', '.join(sorted(config.materialised)) or 'none'}]"
+            lines.append(f"  {rank}. {config.relabel_line()}   predicted {t}{tflops}{where}")
+        if self.fusion_changed:
+            lines.append(f"  the best materialises {', '.join(sorted(self.best.materialised)) or 'nothing'} at gmem "
+                         f"(the source: {', '.join(sorted(self.written)) or 'nothing'}): `napkin tune --write` writes both")
         return "\n".join(lines)
+
+
+def _fmt_seconds(seconds) -> str:
+    if seconds is None:
+        return "-"
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+_TARGET = r"(?P<indent>\s*)(?P<name>{name})(?P<axes>\s*\[[^\]]*\])?(?P<level>\s*@\s*\w+)?(?P<rest>\s*=)"
+
+
+def parse_relabel(text: str, kernel: str, hardware: str | None) -> syn.RelabelBlock:
+    """A relabel block from text: a whole block (``relabel K on HW:`` and its lines), or just its
+    clause lines (``smem: group q 128; stream x 64``, several separated by newlines or `` | `` as
+    :meth:`Configuration.relabel_line` prints them) for ``kernel`` on ``hardware``."""
+    text = text.strip()
+    if not text.startswith("relabel"):
+        if hardware is None:
+            raise NapkinError(f"relabel text without a header needs the hardware its levels belong to: {kernel} has none",
+                              hint=f"write the block in full: relabel {kernel} on H100: ...")
+        lines = [line.strip() for part in text.splitlines() for line in part.split(" | ") if line.strip()]
+        text = f"relabel {kernel} on {hardware}:\n" + "".join(f"    {line}\n" for line in lines)
+    module = syn.parse(text if text.endswith("\n") else text + "\n", "<relabel>")
+    if module.kernels or len(module.relabels) != 1:
+        raise NapkinError(f"expected one relabel block, got {len(module.relabels)} block(s) and {len(module.kernels)} kernel(s)",
+                          hint=f"relabel {kernel} on H100:\n    smem: group ... ; stream ...")
+    (block,) = module.relabels
+    if block.kernel not in (None, kernel):
+        raise NapkinError(f"the relabel block names kernel {block.kernel!r}, not {kernel!r}", block.span)
+    return block
+
+
+def retarget(block: syn.RelabelBlock | None, profile: Hardware) -> syn.RelabelBlock | None:
+    """``block`` for another GPU profile when every level it names exists there, else None."""
+    if block is None or block.hardware == profile.name:
+        return block
+    if load_hardware(block.hardware).symbolic or profile.symbolic:
+        return None
+    if any(c.level not in profile.level_names() for c in block.levels):
+        return None
+    return dataclasses.replace(block, hardware=profile.name)
+
+
+def rewrite_source(source: str, diagram: Diagram, top: str, materialised, written, relabels, block_text: str) -> str:
+    """``source`` with ``@top`` on exactly the statements in ``materialised`` (among those in
+    ``materialised | written``), the relabel blocks ``relabels`` (syntax, with spans into
+    ``source``) removed and ``block_text`` written where the first one was, else at the end."""
+    import re
+
+    lines = source.splitlines(keepends=True)
+    for s in diagram.statements:
+        if (s.target in materialised) == (s.target in written) or s.span is None:
+            continue
+        index = s.span.line - 1
+        pattern = re.compile(_TARGET.format(name=re.escape(s.target)))
+        match = pattern.match(lines[index]) if 0 <= index < len(lines) else None
+        if match is None:
+            raise NapkinError(f"cannot find the statement assigning {s.target} at line {s.span.line} to rewrite it",
+                              hint="write the relabel block and the @gmem annotations by hand")
+        level = f" @{top}" if s.target in materialised else ""
+        lines[index] = (match.group("indent") + match.group("name") + (match.group("axes") or "") + level
+                        + match.group("rest") + lines[index][match.end():])
+    starts = sorted(b.span.line - 1 for b in relabels if b.span is not None)
+    removed: set[int] = set()
+    for start in starts:
+        removed.add(start)
+        end = start + 1
+        while end < len(lines) and (not lines[end].strip() or lines[end][:1] in " \t"):
+            end += 1
+        while end > start + 1 and not lines[end - 1].strip():  # keep the blank lines after the block
+            end -= 1
+        removed.update(range(start, end))
+    out = []
+    for index, line in enumerate(lines):
+        if starts and index == starts[0]:
+            out.append(block_text)
+        if index not in removed:
+            out.append(line)
+    if not starts:
+        if out and not out[-1].endswith("\n"):
+            out.append("\n")
+        out.append("\n" + block_text)
+    return "".join(out)
 
 
 def knob_sets(diagram: Diagram, hardware: Hardware, block: syn.RelabelBlock | None, sizes: dict,
@@ -290,7 +446,9 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
         variant = materialise(diagram, profile, chosen & set(split_points(diagram, profile)))
         ranked = search.ranked(variant, None)
         if ranked is not None:
-            estimated.append((sum(scored[0][0] for scored in ranked), len(estimated), chosen, variant, ranked))
+            # Each launch also pays its fixed start (hardware.launch_s): splitting is not free.
+            estimate = sum(scored[0][0] for scored in ranked) + profile.launch_s * len(split_launches(variant, profile))
+            estimated.append((estimate, len(estimated), chosen, variant, ranked))
         if progress is not None:
             progress(done, len(choices))
     estimated.sort(key=lambda item: item[:2])

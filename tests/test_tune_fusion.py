@@ -229,3 +229,61 @@ def test_an_l2_too_small_for_any_shared_working_set_charges_every_blocks_loads_f
     assert tiny.levels["l2"].H_bytes > roomy.levels["l2"].H_bytes
     assert tiny.levels["l2"].H_bytes == tiny.levels["smem"].H_bytes
     assert tiny.time["overlapped_s"] >= roomy.time["overlapped_s"]
+
+
+# ---- Python API (issue 14, item 3) ------------------------------------------------------------
+
+
+def test_tune_result_repr_is_a_short_table_of_the_best_candidates():
+    result = _mlp().tune("H100", top=3, **MLP_SIZES)
+    text = repr(result)
+    lines = text.splitlines()
+    assert len(lines) == 2 + len(result.configurations) <= 5
+    assert lines[1].split()[:3] == ["#", "time", "bound"] and "tiles" in lines[1]
+    assert result.best.relabel_line() in lines[2] and result.best.bound in lines[2]
+    assert "CostReport" not in text and "Knob(" not in text
+    html = result._repr_html_()
+    assert html.count("<tr>") == 1 + len(result.configurations) and "<th>bound</th>" in html
+
+
+def test_relabel_text_round_trips_through_relabelled_and_cost():
+    kernel = _mlp()
+    result = kernel.tune("H100", **MLP_SIZES)
+    assert result.relabel_text.startswith("relabel mlp on H100:\n")
+    by_text = kernel.relabelled(result.relabel_text)
+    by_result = kernel.relabelled(result)
+    assert by_text.cost(**MLP_SIZES).time["overlapped_s"] == pytest.approx(result.best.time_s)
+    assert by_result.cost(**MLP_SIZES).time["overlapped_s"] == pytest.approx(result.best.time_s)
+    assert kernel.cost(relabel=result, **MLP_SIZES).time["overlapped_s"] == pytest.approx(result.best.time_s)
+    # The original kernel is not changed.
+    assert kernel.relabel is _mlp().relabel or kernel.relabel_text() == _mlp().relabel_text()
+    assert "group b 128, n 128; stream k 32" in kernel.source
+
+
+def test_relabelled_by_clause_lines_and_bad_relabel_input():
+    kernel = _mlp()
+    lines = kernel.relabelled("smem: group b 64, n 128 | smem: stream k 64")
+    assert lines.relabel_text() == "on H100: smem: group b 64, n 128 | smem: stream k 64"
+    assert "stream k 64" in lines.source and "stream k 32" not in lines.source
+    assert kernel.cost(relabel="smem: group b 64, n 128; stream k 64", **MLP_SIZES).time == lines.cost(**MLP_SIZES).time
+    with pytest.raises(NapkinError, match="TuneResult or relabel text"):
+        kernel.relabelled(42)
+    with pytest.raises(NapkinError, match="names kernel 'other'"):
+        kernel.relabelled("relabel other on H100:\n    smem: group b 64\n")
+    with pytest.raises(RelabelError):
+        kernel.relabelled("smem: group k 64")  # k is contracted: not a legal group
+    (bare,) = napkin.load(SWIGLU).values()
+    with pytest.raises(NapkinError, match="needs the hardware"):
+        bare.relabelled("smem: group t 64")
+
+
+def test_a_tuned_fusion_is_written_into_the_source_and_reloads_to_the_same_cost():
+    kernel = swiglu()
+    result = kernel.tune("A100", **ISSUE_SIZES)
+    assert result.fusion_changed
+    tuned = kernel.relabelled(result)
+    for name in result.best.materialised:
+        assert re.search(rf"(?m)^\s*{name}\[[^\]]*\] @gmem =", tuned.source)
+    (reloaded,) = napkin.load(tuned.source).values()
+    assert reloaded.cost(**ISSUE_SIZES).time["overlapped_s"] == pytest.approx(result.best.time_s)
+    assert "@gmem" not in kernel.source  # the original is unchanged
