@@ -665,7 +665,8 @@ def launch_occupancy(program: Program, rows: list[dict], arch: str | None = None
             continue
         threads = registers = None
         if resources and launch.index in resources:
-            threads, registers = resources[launch.index]
+            threads, registers, *compiled = resources[launch.index]
+            smem = compiled[0] if compiled else smem  # the compiled kernel's static + dynamic shared bytes
         elif launch.index in tensor:
             plan, tile = tensor[launch.index]
             threads, registers = plan.threads, estimated_registers(plan, launch, tile)
@@ -748,6 +749,7 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     """Read the performance model off a Program, for the instruction paths ``arch`` selects
     (default: the hardware profile's architecture). ``resources`` maps a launch index to the
     compiled kernel's (threads per block, registers per thread), which then decide occupancy.
+    A third entry, the compiled kernel's shared bytes, replaces the model's in occupancy.
     ``path`` ("mma.sync", "wgmma") prices the tensor-core launches as if they used that
     instruction, a what-if: napkin builds mma.sync."""
     hardware = program.hardware

@@ -52,6 +52,7 @@ class Level:
     threads_per_unit: int | None = None
     registers_per_unit: int | None = None  # 4-byte registers of one unit (an SM) for its threads
     blocks_per_unit: int | None = None  # resident thread blocks one unit holds at most
+    reserved_per_block: int = 0  # bytes the system takes per resident block (shared memory on sm_80+)
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,7 @@ def _profile(data: dict) -> Hardware:
             threads_per_unit=entry.get("threads_per_unit"),
             registers_per_unit=entry.get("registers_per_unit"),
             blocks_per_unit=entry.get("blocks_per_unit"),
+            reserved_per_block=int(entry.get("reserved_per_block", 0)),
         )
         for entry in data["level"]
     )

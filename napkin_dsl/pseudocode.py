@@ -480,7 +480,10 @@ def blocks_per_unit(schedule: Schedule, smem_bytes, threads: int | None = None, 
     capacity = compute.capacity
     if not (isinstance(capacity, int) and sympy.sympify(smem_bytes).is_number):
         return None
-    limits = {"shared memory": int(capacity // max(int(smem_bytes), 1)), "blocks": 32}
+    # An SM's shared memory is the largest block's plus what the system reserves per block,
+    # and every resident block takes its own bytes plus that reserve.
+    reserved = compute.reserved_per_block
+    limits = {"shared memory": int((capacity + reserved) // max(int(smem_bytes) + reserved, 1)), "blocks": 32}
     thread_level = next((lv for lv in hardware.levels if lv.registers_per_unit), None)
     if threads and thread_level is not None:
         if thread_level.blocks_per_unit:

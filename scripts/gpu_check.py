@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The one script to run on a machine with an NVIDIA GPU: every runnable example, checked and timed.
 
-    python scripts/gpu_check.py --sweep --sanitizer   # everything, in one command (at most ~8 minutes)
+    python scripts/gpu_check.py --sweep --sanitizer   # everything, in one command (at most ~9 minutes)
     python scripts/gpu_check.py                       # the table alone; a few minutes (at most 285 s)
     python scripts/gpu_check.py --sweep               # the table, then predicted vs measured over sizes
     python scripts/gpu_check.py --dry-run --sweep --sanitizer   # anywhere: compile for sm_90, no GPU needed
@@ -62,12 +62,12 @@ matmul at 1024, 2048, 4096 and 8192 cubed, each point through the same child pro
 and timing as the table (a shorter timing budget, ``--sweep-timing-budget``), and prints
 predicted vs measured time, their ratio (meas/pred) and torch's time; a point equal to a
 row of the table reuses that row. Written to ``$OUT/gpu_sweep.json`` when ``$OUT`` is set.
-Held to ``--sweep-deadline`` seconds (default 120).
+Held to ``--sweep-deadline`` seconds (default 180).
 
 Each example runs in a child process with a timeout, so one that crashes, hangs or leaves the
 CUDA context broken (an illegal address is sticky) costs only its own row. The table is held
 to ``--deadline`` seconds (default 285), the sanitizer and the sweep to their own deadlines
-(so ``--sweep --sanitizer`` takes at most 285 + 60 + 120 s, about 8 minutes); examples left
+(so ``--sweep --sanitizer`` takes at most 285 + 60 + 180 s, under 9 minutes); examples left
 when a deadline runs out are reported as skipped. The exit status is 1 when any row of the
 table or the sweep failed its check, errored, timed out or was skipped, or a sanitizer tool
 found errors or timed out; 2 when there is no GPU; 0 otherwise.
@@ -126,8 +126,47 @@ REFERENCE_MEMORY_LIMIT = 16 << 30
 SWEEP_SEQUENCES = (512, 1024, 2048, 4096, 8192, 16384)
 SWEEP_HEAD_TOKENS = 32 * 8192
 SWEEP_MATMUL = (1024, 2048, 4096, 8192)
-SWEEP_DEADLINE_S = 120.0
-SWEEP_TIMING_BUDGET_S = 3.0  # per point; the medians need far less than this at these sizes
+# ... then relabellings of attention, matmul and mlp at one size each (labelled by relabel_tag):
+# tiles, stream chunks and warp tiles the files do not use, predicted against measured.
+SWEEP_RELABEL_SIZES = {"attention": {"b": 1, "h": 64, "q": 4096, "x": 4096, "d": 128},
+                       "matmul": {"m": 4096, "k": 4096, "n": 4096},
+                       "mlp": {"b": 8192, "k": 4096, "n": 4096}}
+SWEEP_ATTENTION_RELABELLINGS = tuple(
+    f"smem: group b 1, h 1, q {q}; stream x {x}" + (f";; registers: group q {w}" if w else "")
+    for q, x, w in ((64, 16, None), (64, 32, None), (64, 64, None), (64, 128, None), (128, 16, None), (128, 32, None),
+                    (128, 64, None), (128, 128, None), (64, 64, 32)))  # the last: 32-row warps, over budget: FMA
+SWEEP_MATMUL_RELABELLINGS = tuple(
+    f"smem: group m {m}, n {n}; stream k {k}" + (f";; registers: {w}" if w else "")
+    for m, n, k, w in ((64, 64, 32, None), (64, 128, 32, None), (128, 64, 32, None), (128, 128, 64, None),
+                       (128, 256, 32, None), (256, 128, 32, None), (64, 64, 64, None), (64, 256, 32, None),
+                       (256, 64, 32, None), (128, 64, 64, None), (64, 128, 64, None),
+                       (128, 128, 32, "group m 32, n 64"), (128, 128, 32, "group m 64, n 32"),
+                       (128, 128, 32, "group m 128, n 32")))
+SWEEP_MLP_RELABELLINGS = tuple(
+    f"smem: group b {b}, n {n}; stream k {k}"
+    for b, n, k in ((64, 128, 32), (128, 64, 32), (128, 128, 64), (128, 256, 32), (256, 128, 32), (64, 64, 32),
+                    (128, 128, 16), (64, 256, 32), (256, 64, 32)))
+
+
+def relabel_tag(relabel: str) -> str:
+    """A sweep label's short form of a relabel block: 'q128 x~64 w32' (group q 128, stream x 64,
+    warp tiles of 32 rows)."""
+    parts = []
+    for clause in relabel.split(";;"):
+        level, _, body = clause.partition(":")
+        kind = "group"
+        for item in re.split(r"[;,]", body):
+            words = item.split()
+            if len(words) == 3:
+                kind = words.pop(0)
+            if len(words) == 2 and words[1] != "1":
+                mark = "w" if level.strip() == "registers" else "~" if kind == "stream" else ""
+                parts.append(f"{mark}{words[0]}{words[1]}")
+    return " ".join(parts)
+
+
+SWEEP_DEADLINE_S = 180.0
+SWEEP_TIMING_BUDGET_S = 1.5  # per point; the medians need far less than this at these sizes
 
 # --sanitizer (and --small): sizes with a masked tail tile on every partitioned axis that still
 # take the tensor-core path (mma.sync needs 16-byte rows: the fastest axis a multiple of 8).
@@ -163,6 +202,7 @@ class Case:
     sample: dict  # axis -> how many of its indices the NumPy reference checks
     baseline: str | None  # key of TORCH_BASELINES
     scalars: dict = field(default_factory=dict)
+    relabel: str | None = None  # the relabel block's lines, in place of the file's (";;" between lines)
 
 
 CASES: list[Case] = [
@@ -355,7 +395,15 @@ def load_case(case: Case):
     """The napkin Kernel of a case."""
     import napkin_dsl as napkin
 
-    kernels = napkin.load(EXAMPLES / case.path)
+    if case.relabel is not None:
+        text = (EXAMPLES / case.path).read_text(encoding="utf-8")
+        clauses = "".join(f"    {clause.strip()}\n" for clause in case.relabel.split(";;"))
+        block = re.compile(rf"^(relabel {re.escape(case.kernel)} on \S+:\n)((?:[ \t]+\S.*\n?)+)", re.MULTILINE)
+        if not block.search(text):
+            raise KeyError(f"{case.path} has no relabel block for {case.kernel} to replace")
+        kernels = napkin.load(block.sub(lambda m: m.group(1) + clauses, text, count=1))
+    else:
+        kernels = napkin.load(EXAMPLES / case.path)
     if case.kernel not in kernels:
         raise KeyError(f"{case.path} defines {', '.join(kernels)}, not {case.kernel}")
     return kernels[case.kernel]
@@ -417,6 +465,14 @@ def sweep_cases() -> list[Case]:
         points.append(replace(attention, sizes=sizes, sample={"h": 8, "q": 32}))
     for n in SWEEP_MATMUL:
         points.append(replace(matmul, sizes={"m": n, "k": n, "n": n}))
+    mlp = next(c for c in CASES if c.label == "mlp")
+    for relabel in SWEEP_ATTENTION_RELABELLINGS:
+        points.append(replace(attention, label=f"attention {relabel_tag(relabel)}", sizes=dict(SWEEP_RELABEL_SIZES["attention"]),
+                              sample={"h": 8, "q": 32}, relabel=relabel))
+    for relabel in SWEEP_MATMUL_RELABELLINGS:
+        points.append(replace(matmul, label=f"matmul {relabel_tag(relabel)}", sizes=dict(SWEEP_RELABEL_SIZES["matmul"]), relabel=relabel))
+    for relabel in SWEEP_MLP_RELABELLINGS:
+        points.append(replace(mlp, label=f"mlp {relabel_tag(relabel)}", sizes=dict(SWEEP_RELABEL_SIZES["mlp"]), relabel=relabel))
     return points
 
 
@@ -1188,7 +1244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the table as JSON here (default: $OUT/gpu_check.json when $OUT is set)")
     parser.add_argument("--sweep", action="store_true",
                         help="then time attention over sequence lengths and matmul over sizes, predicted vs measured")
-    parser.add_argument("--sweep-deadline", type=float, default=SWEEP_DEADLINE_S, help="seconds for the sweep (default 120)")
+    parser.add_argument("--sweep-deadline", type=float, default=SWEEP_DEADLINE_S, help="seconds for the sweep (default 180)")
     parser.add_argument("--sweep-timing-budget", type=float, default=SWEEP_TIMING_BUDGET_S,
                         help="GPU seconds to time one sweep point (default 3)")
     parser.add_argument("--sanitizer", action="store_true",

@@ -84,9 +84,10 @@ def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = Fals
     source, kernels = generate(program, report, arch)
     module = _compiler(arch, ptx).compile(source, f"napkin_{ident(program.diagram.name)}.cu")  # ASCII, as the entries
     # The model before compiling estimated registers; the compiled kernel's report counts what
-    # ptxas allocated, and the threads of each launch, for occupancy.
-    counted = {index: (k.block, module.resources[k.entry]["registers"]) for index, k in enumerate(kernels)
-               if module.resources.get(k.entry, {}).get("registers")}
+    # ptxas allocated, the threads of each launch and its shared bytes, for occupancy.
+    counted = {index: (k.block, module.resources[k.entry]["registers"],
+                       module.resources[k.entry].get("shared_bytes", 0) + k.shared_bytes)
+               for index, k in enumerate(kernels) if module.resources.get(k.entry, {}).get("registers")}
     if counted and not program.hardware.symbolic:
         report = cost_of(program, arch=arch, resources=counted, check=False)
     return CompiledKernel(

@@ -1,0 +1,129 @@
+"""The model prices what is built: instruction paths, occupancy from the compiled kernel,
+fixed costs, and the register level's capacity (issue: a model that predicts real kernels).
+
+Compiles with NVRTC (no GPU). The occupancy limits below are recomputed from the CUDA
+programming guide's rules for compute capability 9.0, not from napkin's own function.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import napkin_dsl as napkin
+from napkin_dsl.cost import cost_of
+from napkin_dsl.errors import NapkinError
+
+from .test_cuda_codegen import SIZES, kernel_of
+
+ATTENTION = """\
+kernel attention(Q: f16[b h q d], K: f16[b h x d], V: f16[b h x d]) -> O: f16[b h q d]:
+    S[b h q x] = Q[b h q d] * K[b h x d] * d^-0.5
+    P[b h q x] = softmax[x](S)
+    O[b h q d] = P[b h q x] * V[b h x d]
+
+relabel attention on H100:
+    smem: group b 1, h 1, q {rows}; stream x {chunk}
+    registers: group q {warp_rows}
+"""
+SIZES_H100 = dict(b=1, h=16, q=8192, x=8192, d=128)
+
+# CUDA C Programming Guide, compute capability 9.0: 65,536 registers, 2,048 threads, 32 blocks
+# and 228 KB of shared memory per SM, 1 KB of it reserved per resident block; registers are
+# allocated per warp in units of 256.
+SM90 = {"registers": 65536, "threads": 2048, "blocks": 32, "shared": 228 * 1024, "reserved": 1024, "unit": 256}
+
+
+def occupancy_limit(threads: int, registers: int, shared: int) -> int:
+    warps = -(-threads // 32)
+    per_warp = -(-registers * 32 // SM90["unit"]) * SM90["unit"]
+    return min(SM90["registers"] // (per_warp * warps), SM90["threads"] // threads, SM90["blocks"],
+               SM90["shared"] // (shared + SM90["reserved"]))
+
+
+@pytest.mark.parametrize("name", sorted(SIZES))
+def test_predicted_blocks_per_sm_are_the_limit_of_the_compiled_kernel(name):
+    compiled = kernel_of(name).compile("sm_90", **SIZES[name][0])
+    table = compiled.launch_table()
+    expected = min(occupancy_limit(row["block"][0], row["registers"], row["shared_bytes"]) for row in table)
+    assert compiled.cost.time["blocks_per_sm"] == expected, table
+
+
+def test_a_kernel_on_the_fma_path_is_not_predicted_above_the_fma_peak():
+    (kernel,) = napkin.load("""
+kernel mm(A: f32[m k], B: f32[k n]) -> C: f32[m n]:
+    C[m n] = A[m k] * B[k n]
+
+relabel mm on H100:
+    smem: group m 64, n 64; stream k 32
+""").values()
+    compiled = kernel.compile("sm_90", m=4096, n=4096, k=4096)
+    assert [row["path"] for row in compiled.launch_table()] == ["fma"]
+    report = compiled.cost
+    assert set(report.flops) == {"fma"}
+    achieved = float(report.total_flops) / report.time["overlapped_s"]
+    assert achieved <= napkin.load_hardware("H100").peak("fma", "f32")
+
+
+@pytest.mark.parametrize("name", sorted(SIZES))
+def test_the_kernel_header_names_the_path_of_every_statement(name):
+    compiled = kernel_of(name).compile("sm_90", **SIZES[name][0])
+    header = compiled.source.split("*/", 1)[0]
+    paths = header.split("instruction paths:", 1)[1]
+    for launch in compiled.program.launches:
+        for statement in launch.launch.statements:
+            lines = [line for line in paths.splitlines() if line.lstrip(" *").startswith(f"{statement.target}:")]
+            assert lines and any(word in lines[0] for word in ("mma.sync", "fma")), (statement.target, paths)
+
+
+def test_fa3_tile_fits_h100_with_s_p_and_o_in_registers():
+    """FlashAttention-3 at d = 128: 128 queries per block, keys in chunks of 176, two warpgroups
+    of 64 rows (warps of 16), priced as wgmma; its fragments fit 255 registers per thread."""
+    (kernel,) = napkin.load(ATTENTION.format(rows=128, chunk=176, warp_rows=16)).values()
+    program = kernel.program("H100", **SIZES_H100)
+    report = cost_of(program, path="wgmma")  # check=True: raises when any level is over capacity
+    registers = report.levels["registers"]
+    assert 0 < registers.M_bytes <= registers.capacity
+    from napkin_dsl.cost import columns
+
+    held = {b.name for row in columns(program, path="wgmma") for b in row["buffers"].get("registers", [])}
+    assert {"S", "P", "O"} <= held
+    assert not any("FMA path" in note for note in report.notes)
+
+
+def test_wgmma_reads_k_and_v_once_per_warpgroup_where_mma_sync_reads_them_once_per_warp():
+    (kernel,) = napkin.load(ATTENTION.format(rows=128, chunk=64, warp_rows=16)).values()
+    program = kernel.program("H100", **SIZES_H100)
+    sync = cost_of(program, path="mma.sync").levels["registers"].H
+    group = cost_of(program, path="wgmma").levels["registers"].H
+    b, h, q, x, d = (SIZES_H100[a] for a in "bhqxd")
+    blocks_reading = b * h * (q // 128)
+    # Each warp reads its rows of Q for every chunk of 64 keys; K and V are read once per warp
+    # (8 of them) on mma.sync, once per warpgroup (2) on wgmma.
+    q_reads = b * h * q * d * (x // 64)
+    assert sync == q_reads + 8 * 2 * blocks_reading * x * d
+    assert group == q_reads + 2 * 2 * blocks_reading * x * d
+
+
+def test_a_tile_over_the_register_file_stays_on_the_fma_path_and_says_why():
+    (kernel,) = napkin.load(ATTENTION.format(rows=256, chunk=128, warp_rows=64)).values()
+    report = cost_of(kernel.program("H100", **SIZES_H100), path="wgmma", check=False)
+    assert any("stays on the FMA path under wgmma" in note and "255 registers" in note for note in report.notes)
+
+
+def test_a_path_the_architecture_lacks_is_a_clear_error():
+    (kernel,) = napkin.load(ATTENTION.format(rows=128, chunk=64, warp_rows=16).replace("on H100", "on A100")).values()
+    with pytest.raises(NapkinError, match="A100 has no 'wgmma'"):
+        cost_of(kernel.program("A100", **SIZES_H100), path="wgmma")
+
+
+def test_fixed_costs_are_part_of_the_time_and_shrink_in_relative_terms_with_the_work():
+    (kernel,) = napkin.load(ATTENTION.format(rows=128, chunk=64, warp_rows=16)).values()
+    short = cost_of(kernel.program("H100", **dict(SIZES_H100, q=512, x=512, h=512)))
+    long = cost_of(kernel.program("H100", **SIZES_H100))
+    for report in (short, long):
+        fixed = sum(report.time["fixed_s"].values())
+        assert report.time["fixed_s"]["launch"] == napkin.load_hardware("H100").launch_s
+        assert report.time["overlapped_s"] == pytest.approx(
+            max([report.time["compute_s"], *report.time["transfer_s"].values()]) + fixed)
+    assert (sum(short.time["fixed_s"].values()) / short.time["overlapped_s"]
+            > sum(long.time["fixed_s"].values()) / long.time["overlapped_s"])
