@@ -29,6 +29,7 @@ from .backends.nvrtc import add_cache_command
 from .check import MAX_SIZE_TEXT, check_size
 from .errors import NapkinError, Span
 from .kernel import Kernel, load
+from .progress import Progress, wanted
 from .render import add_draw_command
 
 EXIT_USER_ERROR = 2
@@ -242,8 +243,8 @@ def _selected(args) -> list[Kernel]:
     return [k for _, k in _load_all([args.file], args.kernel, getattr(args, "hardware", None))]
 
 
-def cost_json(k: Kernel, hardware: str | None, sizes: dict) -> dict:
-    return k.cost(hardware, **sizes).to_dict()
+def cost_json(k: Kernel, hardware: str | None, sizes: dict, path: str | None = None) -> dict:
+    return k.cost(hardware, path=path, **sizes).to_dict()
 
 
 def cmd_pseudo(args) -> int:
@@ -257,10 +258,10 @@ def cmd_cost(args) -> int:
     sizes = parse_sets(args.set)
     kernels = _selected(args)
     if args.json:
-        print(json.dumps({"kernels": {k.name: cost_json(k, args.hardware, sizes) for k in kernels}}, indent=2))
+        print(json.dumps({"kernels": {k.name: cost_json(k, args.hardware, sizes, args.path) for k in kernels}}, indent=2))
         return 0
     for k in kernels:
-        print(k.cost(args.hardware, **sizes).table())
+        print(k.cost(args.hardware, path=args.path, **sizes).table())
     return 0
 
 
@@ -268,14 +269,71 @@ def cmd_tune(args) -> int:
     sizes = parse_sets(args.set)
     results = {}
     for k in _selected(args):
-        result = k.tune(args.hardware, top=args.top, **sizes)
+        with Progress(f"tune {k.name}", enabled=wanted(args.json)):
+            result = k.tune(args.hardware, top=args.top, **sizes)
         results[k.name] = result
         if not args.json:
             print(result.table())
             print("as a relabel block:")
             print(result.relabel_block())
+    _use_tuned(args, results)
     if args.json:
         print(json.dumps({"kernels": {name: r.to_dict() for name, r in results.items()}}, indent=2))
+    return 0
+
+
+def _use_tuned(args, results: dict) -> None:
+    """napkin tune --write FILE (the tuned copy of the source) and --plot FILE.svg."""
+    from .tune import plot_svg, write_tuned
+
+    if args.write:
+        kernels = {k.name: k for k in _selected(args)}
+        if len(results) != 1:
+            raise NapkinError(f"--write writes one tuned kernel; {args.file} has {', '.join(results)}",
+                              hint="choose one with --kernel NAME")
+        (name, result), = results.items()
+        write_tuned(kernels[name], result, args.write)
+        if not args.json:
+            print(f"wrote {args.write}")
+    if args.plot:
+        svgs = [plot_svg(result) for result in results.values()]
+        try:
+            Path(args.plot).write_text(svgs[0] if len(svgs) == 1 else _stacked(svgs), encoding="utf-8")
+        except OSError as error:
+            raise NapkinError(f"cannot write {args.plot}: {error.strerror or error}") from None
+        if not args.json:
+            print(f"wrote {args.plot}")
+
+
+def _stacked(svgs: list[str]) -> str:
+    """Several SVG documents one above the other (a file with several kernels)."""
+    import re
+
+    heights = [int(re.search(r'height="(\d+)"', svg).group(1)) for svg in svgs]
+    widths = [int(re.search(r'width="(\d+)"', svg).group(1)) for svg in svgs]
+    inner, y = [], 0
+    for svg, height in zip(svgs, heights):
+        inner.append(svg.replace("<svg ", f'<svg y="{y}" ', 1))
+        y += height
+    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{max(widths)}" height="{y}">\n' + "".join(inner) + "</svg>\n"
+
+
+def cmd_compare(args) -> int:
+    """Files and relabellings side by side: time, bound, H and M per level."""
+    from .tune import compare, compare_table
+
+    sizes = parse_sets(args.set)
+    entries = []
+    for file, k in _load_all(args.files, args.kernel, args.hardware):
+        label = f"{file}:{k.name}" if len(args.files) > 1 or args.kernel is None and len(load_file(file)) > 1 else file
+        entries.append((label, k))
+        for index, text in enumerate(args.relabel, 1):
+            entries.append((f"{label} relabel {index}", k.relabelled(text)))
+    columns = compare(entries, args.hardware, sizes)
+    if args.json:
+        print(json.dumps({"columns": columns}, indent=2))
+    else:
+        print(compare_table(columns))
     return 0
 
 
@@ -296,7 +354,8 @@ def cmd_report(args) -> int:
             print()
             print(report_resources(k, sizes))
         # The same kernel run at small sizes: NumPy against the reference, counts against the report.
-        text, passed = report_check(k, hardware)
+        with Progress(f"run {k.name} (report)", enabled=wanted()):
+            text, passed = report_check(k, hardware)
         print()
         print(text)
         failed = failed or not passed
@@ -323,13 +382,28 @@ def build_parser() -> argparse.ArgumentParser:
     cost = sub.add_parser("cost", help="transfers H, memory M, groups N, FLOPs and predicted time per level")
     _common(cost, hardware=True)
     cost.add_argument("--json", action="store_true", help="print one JSON object")
+    cost.add_argument("--path", choices=["mma.sync", "wgmma"],
+                      help="price the tensor-core launches on this instruction (a what-if: napkin builds mma.sync)")
     cost.set_defaults(run=cmd_cost)
 
     tune = sub.add_parser("tune", help="choose group/stream sizes minimising predicted time")
     _common(tune, hardware=True)
     tune.add_argument("--top", type=int, default=5, help="how many configurations to show")
     tune.add_argument("--json", action="store_true", help="print one JSON object")
+    tune.add_argument("--write", metavar="FILE", help="write a copy of the source with the tuned relabel block (and @gmem) to FILE")
+    tune.add_argument("--plot", metavar="FILE.svg", help="draw predicted time against the tile sizes searched")
     tune.set_defaults(run=cmd_tune)
+
+    compare = sub.add_parser("compare", help="files and relabellings side by side: time, bound, H and M per level")
+    compare.add_argument("files", nargs="+", metavar="FILE")
+    compare.add_argument("--kernel", metavar="K", help="only this kernel of each file")
+    compare.add_argument("--hardware", metavar="HW", help="a profile (A100, H100, H200) or a .toml file")
+    compare.add_argument("--relabel", action="append", default=[], metavar="TEXT",
+                         help="also cost each kernel with this relabelling (clause lines, or a whole block); repeatable")
+    compare.add_argument("--set", nargs="+", action="append", default=[], metavar="NAME=INT",
+                         help="bind a size symbol; repeatable: --set q=4096 d=128")
+    compare.add_argument("--json", action="store_true", help="print one JSON object")
+    compare.set_defaults(run=cmd_compare)
 
     report = sub.add_parser("report", help="check, relabel, pseudocode and cost table of every kernel in a file")
     _common(report, hardware=True)

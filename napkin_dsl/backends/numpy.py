@@ -1139,10 +1139,13 @@ def cmd_run(args) -> int:
         from .driver import cuda_available
 
         backend = "cuda" if cuda_available() else "numpy"
+    from ..progress import Progress, wanted
+
     results = {}
     for k in kernels:
         try:
-            results[k.name] = check_run(k, args.hardware, given, args.seed, backend)
+            with Progress(f"run {k.name} on {backend}", enabled=wanted(args.json)):  # drawn on a terminal after ~1 s
+                results[k.name] = check_run(k, args.hardware, given, args.seed, backend)
         except NotImplementedError as error:  # a backend that is not written yet: the user's choice, not a napkin bug
             raise NapkinError(str(error), hint="use --backend numpy") from None
         if not args.json:
