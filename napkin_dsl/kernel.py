@@ -206,7 +206,7 @@ class Kernel:
             self._cache[key] = compile_program(self.gpu_program(target, **sizes), arch, ptx)
         return self._cache[key]
 
-    def tune(self, hardware: str | None = None, top: int = 5, **sizes: int):
+    def tune(self, hardware: str | None = None, top: int = 5, progress=None, **sizes: int):
         """Group/stream sizes minimising predicted time on ``hardware`` (a :class:`~napkin_dsl.tune.TuneResult`)."""
         from .tune import tune
 
@@ -215,7 +215,8 @@ class Kernel:
 
         # The relabelling written in the file is a candidate on any GPU whose levels it names.
         target = self._target(hardware)
-        return tune(self.diagram, target, retarget(self.relabel, load_hardware(target)), _check_sizes(sizes), top=top)
+        return tune(self.diagram, target, retarget(self.relabel, load_hardware(target)), _check_sizes(sizes), top=top,
+                    progress=progress)
 
     def render(self, relabelled: bool = False, costs: bool = False) -> str:
         """The kernel's neural circuit diagram as SVG text (see :func:`napkin_dsl.render.render`)."""

@@ -65,6 +65,7 @@ class Configuration:
     origin: str = "tuned"  # "as written", "resized" (the written partitions), "tuned" or "fusion"
     materialised: frozenset | None = None  # arrays at the top level when not as written
     diagram: Diagram | None = field(default=None, repr=False)  # the diagram it was costed on
+    searched: list | None = field(default=None, repr=False)  # per launch scope: (estimate, rank, knobs, sizes) searched
 
     def __repr__(self) -> str:
         where = f", at gmem: {', '.join(sorted(self.materialised)) or 'none'}" if self.materialised is not None else ""
@@ -108,6 +109,7 @@ class TuneResult:
     optimum: object = None
     fusion_choices: int = 1  # sets of materialised intermediates searched
     written: frozenset = frozenset()  # arrays the source materialises at the top level
+    curves: dict = field(default_factory=dict, repr=False)  # "group q for O" -> {size: best estimate (s)}
 
     @property
     def best(self) -> Configuration:
@@ -470,9 +472,27 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
         raise RelabelError(f"no configuration of {diagram.name} fits {profile.name}, fused or split into launches",
                            hint="check the sizes")
     best = configurations[0]
+    searched = next((c.searched for c in configurations if c.searched is not None), None)
     return TuneResult(diagram.name, profile.name, best.knobs, configurations[:max(top, 1)], search.evaluated,
                       _time.perf_counter() - started, search.required, fusion_choices=len(choices),
-                      written=written)
+                      written=written, curves=_curves(searched or []))
+
+
+def knob_label(knob: Knob) -> str:
+    return f"{knob.level}: {knob.kind} {knob.axis}" + (f" for {', '.join(knob.targets)}" if knob.targets else "")
+
+
+def _curves(ranked: list) -> dict:
+    """The best estimate at each size of each knob searched: the lower envelope of predicted
+    time against one tile size, the others free."""
+    curves: dict[str, dict] = {}
+    for scored in ranked:
+        for estimate, _, knobs, combo in scored:
+            for knob, size in zip(knobs, combo):
+                curve = curves.setdefault(knob_label(knob), {})
+                if estimate < curve.get(size, math.inf):
+                    curve[size] = estimate
+    return {label: dict(sorted(curve.items())) for label, curve in curves.items()}
 
 
 MAX_SPLIT_POINTS = 8  # 2^8 fusion choices at most are enumerated
@@ -543,7 +563,7 @@ class _Search:
                 continue
             by_axis = {k.axis: v for k, v in values.items()}
             configurations.append(Configuration(by_axis, report.time.get("overlapped_s"), report, knobs, values,
-                                                origin=origin, materialised=materialised, diagram=diagram))
+                                                origin=origin, materialised=materialised, diagram=diagram, searched=ranked))
         return configurations
 
 
@@ -694,3 +714,127 @@ def _tune_abstract(diagram: Diagram, profile: Hardware, block, sizes: dict, star
     result.fit_note = (f"group sizes at the fit's capacity M = {model.fit_capacity:.4g} values "
                        f"(every axis {model.axis_size} unless bound, streams of 1)")
     return result
+
+
+# ---- using a result: write it into a source, plot it, compare relabellings ----------------------
+
+
+def write_tuned(kernel, result: TuneResult, path) -> str:
+    """Write ``kernel``'s source with ``result`` applied (its relabel block, and ``@gmem`` where
+    it changes what is materialised) to ``path``, a new file, never the source itself."""
+    from pathlib import Path
+
+    if kernel.function is not None or Path(kernel.file).suffix == ".py":
+        raise NapkinError(f"--write rewrites .napkin sources; {kernel.name} is defined in Python",
+                          hint="pass the block as relabel=... to @napkin.kernel:\n" + result.relabel_text)
+    target = Path(path)
+    if Path(kernel.file).exists() and target.exists() and target.resolve() == Path(kernel.file).resolve():
+        raise NapkinError(f"--write {path} would overwrite the source", hint="name another file: the tuned copy goes there")
+    text = kernel.relabelled(result).source
+    try:
+        target.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise NapkinError(f"cannot write {path}: {error.strerror or error}") from None
+    return text
+
+
+def plot_svg(result: TuneResult) -> str:
+    """Predicted time (the closed-form estimate, best over the other sizes) against each tile size
+    searched, one panel per partition, the chosen size marked; SVG text, no plotting library."""
+    import html
+
+    curves = {label: curve for label, curve in result.curves.items() if curve}
+    if not curves:
+        raise NapkinError(f"nothing to plot: tuning {result.kernel} on {result.hardware} searched no tile sizes",
+                          hint="the abstract models fit a closed form instead; plot on a GPU profile")
+    chosen = {knob_label(k): v for k, v in result.best.values.items()}
+    width, height, columns = 320, 220, min(3, len(curves))
+    rows = -(-len(curves) // columns)
+    left, right, top, bottom = 58, 12, 30, 36
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{columns * width}" height="{rows * height + 24}" '
+             f'font-family="sans-serif" font-size="10">',
+             f'<text x="6" y="16" font-size="12">{html.escape(result.kernel)} on {html.escape(result.hardware)}: '
+             f'predicted time against tile size ({result.evaluated:,} candidates)</text>']
+    for index, (label, curve) in enumerate(curves.items()):
+        x0, y0 = (index % columns) * width, 24 + (index // columns) * height
+        sizes, times = list(curve), [curve[size] * 1e6 for size in curve]
+        lo_x, hi_x = math.log2(min(sizes)), math.log2(max(sizes))
+        lo_y, hi_y = math.log10(min(times)), math.log10(max(times))
+        span_x, span_y = (hi_x - lo_x) or 1.0, (hi_y - lo_y) or 1.0
+        plot_w, plot_h = width - left - right, height - top - bottom
+
+        def at(size, time_us):
+            return (x0 + left + (math.log2(size) - lo_x) / span_x * plot_w,
+                    y0 + top + plot_h - (math.log10(time_us) - lo_y) / span_y * plot_h)
+
+        outside = chosen.get(label) is not None and chosen.get(label) not in curve
+        # The written relabelling may win with a size off the grid (not a multiple the tuner requires).
+        note = f" (chosen {chosen[label]}: off the grid searched)" if outside else ""
+        parts.append(f'<text x="{x0 + left}" y="{y0 + 16}" font-size="11">{html.escape(label + note)}</text>')
+        parts.append(f'<rect x="{x0 + left}" y="{y0 + top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>')
+        points = [at(size, t) for size, t in zip(sizes, times)]
+        parts.append('<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="'
+                     + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>')
+        for size, (x, y) in zip(sizes, points):
+            mark = chosen.get(label) == size
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{4 if mark else 2.5}" fill="{"#d62728" if mark else "#1f77b4"}">'
+                         f'<title>{size}: {curve[size] * 1e6:.4g} us{" (chosen)" if mark else ""}</title></circle>')
+            if size & (size - 1) == 0 or mark:  # label powers of two and the chosen size
+                parts.append(f'<text x="{x:.1f}" y="{y0 + top + plot_h + 12}" text-anchor="middle">{size}</text>')
+        for value in sorted({min(times), max(times)}):
+            _, y = at(sizes[0], value)
+            parts.append(f'<text x="{x0 + left - 4}" y="{y + 3:.1f}" text-anchor="end">{value:.3g} us</text>')
+        parts.append(f'<text x="{x0 + left + plot_w / 2}" y="{y0 + height - 6}" text-anchor="middle">tile size (log scale)</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def compare(entries: list, hardware: str | None, sizes: dict) -> list[dict]:
+    """Cost each (label, kernel) side by side: predicted time, bound, what is materialised, and
+    H and M per level. A relabelling that does not fit is a column with its error, not a failure."""
+    from .cli import json_value
+
+    columns = []
+    for label, kernel in entries:
+        column = {"label": label, "kernel": kernel.name, "relabel": kernel.relabel_text()}
+        try:
+            report = kernel.cost(hardware, **sizes)
+        except NapkinError as error:
+            column["error"] = error.message if hasattr(error, "message") else str(error)
+            columns.append(column)
+            continue
+        column.update({
+            "hardware": report.hardware,
+            "time_s": report.time.get("overlapped_s"),
+            "bound": report.time.get("bound"),
+            "materialised": [s.target for s in kernel.diagram.statements if s.level is not None],
+            "levels": {name: {"H_bytes": json_value(c.H_bytes), "M_bytes": json_value(c.M_bytes),
+                              "capacity": json_value(c.capacity)} for name, c in report.levels.items()},
+            "warnings": [n for n in report.notes if n.startswith("warning:")],
+        })
+        columns.append(column)
+    return columns
+
+
+def compare_table(columns: list[dict]) -> str:
+    """The columns of :func:`compare` as a text table, one column per relabelling or file."""
+    from .cost import _fmt
+
+    levels = list(dict.fromkeys(name for c in columns for name in c.get("levels", {})))
+    rows = [("", *[c["label"] for c in columns]),
+            ("relabel", *[c["relabel"] for c in columns]),
+            ("time", *[_fmt_seconds(c["time_s"]) if "time_s" in c else "error" for c in columns]),
+            ("bound", *[str(c.get("bound") or "-") for c in columns]),
+            ("at gmem", *[", ".join(c.get("materialised", [])) or "none" for c in columns])]
+    for level in levels:
+        for key, name in (("H_bytes", "H"), ("M_bytes", "M")):
+            cells = []
+            for c in columns:
+                value = c.get("levels", {}).get(level, {}).get(key)
+                cells.append("-" if value is None else f"{_fmt(value)} B")
+            rows.append((f"{level} {name}", *cells))
+    errors = [f"  {c['label']}: {c['error']}" for c in columns if "error" in c]
+    warnings = [f"  {c['label']}: {w}" for c in columns for w in c.get("warnings", [])]
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines + (["errors:"] + errors if errors else []) + (["warnings:"] + warnings if warnings else []))

@@ -287,3 +287,83 @@ def test_a_tuned_fusion_is_written_into_the_source_and_reloads_to_the_same_cost(
     (reloaded,) = napkin.load(tuned.source).values()
     assert reloaded.cost(**ISSUE_SIZES).time["overlapped_s"] == pytest.approx(result.best.time_s)
     assert "@gmem" not in kernel.source  # the original is unchanged
+
+
+# ---- CLI (issue 14, item 4) -------------------------------------------------------------------
+
+
+def _cli(argv, capsys):
+    from napkin_dsl.cli import main
+
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _issue_sets():
+    return ["--set", *[f"{a}={v}" for a, v in ISSUE_SIZES.items()]]
+
+
+def test_cli_tune_write_makes_a_tuned_copy_and_refuses_to_overwrite_the_source(tmp_path, capsys):
+    source = tmp_path / "swiglu.napkin"
+    source.write_text(SWIGLU, encoding="utf-8")
+    out_file = tmp_path / "swiglu_tuned.napkin"
+    code, out, _ = _cli(["tune", source, "--hardware", "A100", *_issue_sets(), "--write", out_file], capsys)
+    assert code == 0 and f"wrote {out_file}" in out
+    assert source.read_text(encoding="utf-8") == SWIGLU  # a copy: the source is unchanged
+    (tuned,) = napkin.load(out_file).values()
+    best = swiglu().tune("A100", **ISSUE_SIZES).best
+    assert tuned.cost(**ISSUE_SIZES).time["overlapped_s"] == pytest.approx(best.time_s)
+    code, _, err = _cli(["tune", source, "--hardware", "A100", *_issue_sets(), "--write", source], capsys)
+    assert code == 2 and "would overwrite the source" in err
+    assert source.read_text(encoding="utf-8") == SWIGLU
+
+
+def test_cli_tune_plot_draws_one_panel_per_partition_searched(tmp_path, capsys):
+    import xml.etree.ElementTree as ET
+
+    svg = tmp_path / "tune.svg"
+    code, out, _ = _cli(["tune", NAPKIN_EXAMPLES[0].parent / "mlp.napkin", "--hardware", "H100",
+                         "--set", "b=4096", "k=4096", "n=4096", "--plot", svg], capsys)
+    assert code == 0 and f"wrote {svg}" in out
+    root = ET.fromstring(svg.read_text(encoding="utf-8"))
+    ns = "{http://www.w3.org/2000/svg}"
+    result = _mlp().tune("H100", **MLP_SIZES)
+    assert len(root.findall(f"{ns}polyline")) == len(result.curves) >= 3
+    marked = sum("(chosen)" in (t.text or "") for t in root.iter(f"{ns}title"))
+    off_grid = sum("off the grid searched" in (t.text or "") for t in root.iter(f"{ns}text"))
+    assert marked + off_grid == len(result.best.values) and marked >= 1
+
+
+def test_cli_tune_json_prints_only_json(capsys):
+    import json
+
+    code, out, err = _cli(["tune", NAPKIN_EXAMPLES[0].parent / "mlp.napkin", "--hardware", "H100",
+                           "--set", "b=4096", "k=4096", "n=4096", "--json"], capsys)
+    assert code == 0 and err == ""
+    data = json.loads(out)["kernels"]["mlp"]
+    assert data["fusion_choices"] == 2 and data["relabel_text"].startswith("relabel mlp on H100")
+    assert {"time_s", "bound", "origin", "materialised"} <= set(data["configurations"][0])
+
+
+def test_cli_compare_shows_files_and_relabellings_side_by_side(tmp_path, capsys):
+    import json
+
+    tuned = tmp_path / "tuned.napkin"
+    source = tmp_path / "swiglu.napkin"
+    source.write_text(SWIGLU, encoding="utf-8")
+    assert _cli(["tune", source, "--hardware", "A100", *_issue_sets(), "--write", tuned], capsys)[0] == 0
+    code, out, _ = _cli(["compare", source, tuned, "--hardware", "A100", *_issue_sets()], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert f"{source}:swiglu" in lines[0] and f"{tuned}:swiglu" in lines[0]
+    assert {line.split()[0] for line in lines[1:] if line.strip()} >= {"relabel", "time", "bound", "smem", "l2", "errors:"}
+    # The fused source does not fit: its column holds the error, the tuned one the numbers.
+    assert "over its capacity" in out
+    mlp = NAPKIN_EXAMPLES[0].parent / "mlp.napkin"
+    code, out, _ = _cli(["compare", mlp, "--relabel", "smem: group b 64, n 64; stream k 64", "--hardware", "A100",
+                         "--set", "b=4096", "k=4096", "n=4096", "--json"], capsys)
+    columns = json.loads(out)["columns"]
+    assert [c["label"] for c in columns] == [str(mlp), f"{mlp} relabel 1"]
+    assert columns[0]["time_s"] == pytest.approx(_mlp().cost("A100", **MLP_SIZES).time["overlapped_s"])
+    assert columns[1]["levels"]["smem"]["M_bytes"] < columns[0]["levels"]["smem"]["M_bytes"]
