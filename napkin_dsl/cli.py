@@ -269,8 +269,8 @@ def cmd_tune(args) -> int:
     sizes = parse_sets(args.set)
     results = {}
     for k in _selected(args):
-        with Progress(f"tune {k.name}", enabled=wanted(args.json)):
-            result = k.tune(args.hardware, top=args.top, **sizes)
+        with Progress(f"tune {k.name}", enabled=wanted(args.json)) as progress:
+            result = k.tune(args.hardware, top=args.top, progress=progress, **sizes)
         results[k.name] = result
         if not args.json:
             print(result.table())
