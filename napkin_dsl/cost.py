@@ -27,7 +27,7 @@ import sympy
 
 from .diagram import DTYPE_BYTES
 from .errors import RelabelError
-from .pseudocode import Loop, Program, Step, liveness, released_by, walk
+from .pseudocode import Loop, Program, Step, liveness, mask_visits, released_by, walk
 from .relabel import bind
 
 # ---- small sympy helpers -------------------------------------------------------------------
@@ -69,14 +69,49 @@ def as_number(expr):
 # ---- totals and columns --------------------------------------------------------------------
 
 
-def step_total(program: Program, step: Step, loops: tuple[Loop, ...], axes: tuple[str, ...] | None = None) -> sympy.Expr:
-    """Elements a step covers (over ``axes``, default its own) in the whole launch: exact, tails included."""
+def step_total(program: Program, step: Step, loops: tuple[Loop, ...], axes: tuple[str, ...] | None = None,
+               partial: bool = False) -> sympy.Expr:
+    """Elements a step covers (over ``axes``, default its own) in the whole launch: exact, tails included.
+
+    Inside a stream loop with a Mask, only the chunks each group visits count (their tiles in
+    full: a diagonal tile of a causal mask is a whole tile); ``partial`` counts only the chunks
+    the mask holds in part (where its test runs). With symbolic sizes the visited chunks have no
+    closed form here: every chunk counts, an upper bound the report notes (see masked_note)."""
     schedule = program.schedule
     axes = step.axes if axes is None else axes
+    masked = next((loop for loop in loops if loop.mask is not None), None)
+    if masked is not None:
+        counted = masked_elements(program, masked.mask, axes, partial)
+        if counted is not None:
+            involved = set(masked.mask.axes)
+            total = sympy.Integer(counted) * sympy.Mul(*(schedule.axis_size(a) for a in axes if a not in involved))
+            for loop in loops:
+                if loop.axis not in axes and loop.axis not in involved:
+                    total *= loop.trips
+            return total
+    if partial and masked is None:
+        return sympy.Integer(0)
     total = sympy.Mul(*(schedule.axis_size(a) for a in axes))
     for loop in loops:
         if loop.axis not in axes:
             total *= loop.trips
+    return total
+
+
+def masked_elements(program: Program, mask, axes, partial: bool = False) -> int | None:
+    """Over the tiles of the mask's axes (a group's tile, a chunk of the streamed axis) that a
+    masked stream visits (``partial``: only those it holds in part), the sum of the tiles'
+    elements along those of ``axes`` the mask constrains; None when a size is symbolic."""
+    visits = mask_visits(mask, lambda a: program.schedule.axis_size(a))
+    if visits is None:
+        return None
+    total = 0
+    for ranges, chunks in visits:
+        group = math.prod(stop - start for a, (start, stop) in ranges.items() if a in axes)
+        for (start, stop), status in chunks:
+            if partial and status != "partial":
+                continue
+            total += group * ((stop - start) if mask.axis in axes else 1)
     return total
 
 
@@ -492,7 +527,9 @@ def flops_by_unit(program: Program, arch: str | None = None, path: str | None = 
             if not step.flops:
                 continue
             elements = step_total(program, step, loops, step.flop_space)
-            for unit, per_element in step.flops:
+            # a masked softmax's test runs only on the chunks its mask holds in part
+            tested = step_total(program, step, loops, step.flop_space, partial=True) if step.test_flops else 0
+            for unit, per_element in _with_test(step.flops, step.test_flops, elements, tested):
                 rate = unit
                 if unit == "tensor":
                     rate = products
@@ -509,6 +546,17 @@ def flops_by_unit(program: Program, arch: str | None = None, path: str | None = 
                     dtype = min(narrow, key=lambda d: DTYPE_BYTES[d]) if narrow else min(operand_dtypes, key=lambda d: DTYPE_BYTES[d])
                 priced.append((launch.index, rate, dtype, amount))
     return {unit: sympy.expand(v) for unit, v in totals.items()}, priced
+
+
+def _with_test(flops, test_flops, elements, tested):
+    """(unit, operations per element of ``elements``) with a masked softmax's test folded in:
+    the test's operations count on ``tested`` elements only."""
+    if not test_flops:
+        return flops
+    merged = {unit: n for unit, n in flops}
+    for unit, n in test_flops:
+        merged[unit] = merged.get(unit, 0) + sympy.Integer(n) * tested / elements if elements else merged.get(unit, 0)
+    return tuple(merged.items())
 
 
 def predict_time(program: Program, levels: dict, priced: list, occupancy: dict | None = None) -> dict:

@@ -199,23 +199,33 @@ def count_operations(expr: Expression) -> dict[str, int]:
 
 
 def format_expression(expr: Expression) -> str:
+    return _format(expr, indexed=bool(indices(expr)))
+
+
+def size_text(value: sympy.Expr) -> str:
+    """A size expression where axis names would read as indices: each size spelled len(x)."""
+    return str(value.subs({sym: sympy.Symbol(f"len({sym.name})") for sym in value.free_symbols if sym.is_positive}))
+
+
+def _format(expr: Expression, indexed: bool) -> str:
+    """``indexed``: the expression reads axis indices, so sizes print as len(x), not x."""
     if isinstance(expr, Read):
         return f"{expr.array}[{' '.join(expr.axes)}]"
     if isinstance(expr, Const):
         if expr.value in (sympy.oo, -sympy.oo):
             return "inf" if expr.value > 0 else "-inf"
-        return str(expr.value)
+        return size_text(expr.value) if indexed else str(expr.value)
     if isinstance(expr, ScalarParam):
         return expr.name
     if isinstance(expr, Index):
         return expr.axis
     symbols = {v: k for k, v in OPERATORS.items()} | {v: k for k, v in COMPARISONS.items()} | {"and": "and", "or": "or"}
     if expr.fn in symbols and len(expr.args) == 2:
-        left, right = (format_expression(a) for a in expr.args)
+        left, right = (_format(a, indexed) for a in expr.args)
         return f"({left} {symbols[expr.fn]} {right})"
     if expr.fn == "not":
-        return f"(not {format_expression(expr.args[0])})"
-    return f"{expr.fn}({', '.join(format_expression(a) for a in expr.args)})"
+        return f"(not {_format(expr.args[0], indexed)})"
+    return f"{expr.fn}({', '.join(_format(a, indexed) for a in expr.args)})"
 
 
 # ---- boxes -----------------------------------------------------------------------------------

@@ -25,12 +25,27 @@ execute anything (``backends/``). Renderers for text and Markdown are at the end
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
 import sympy
 
-from .diagram import Contract, Map, Opaque, Reduce, Softmax, Statement, accumulation_dtype, count_operations
+from .diagram import (
+    Apply,
+    Const,
+    Contract,
+    Index,
+    Map,
+    Opaque,
+    Reduce,
+    Softmax,
+    Statement,
+    accumulation_dtype,
+    count_operations,
+    format_expression,
+    size_text,
+)
 from .relabel import Launch, Partition, Schedule, trips
 
 # ---- the Program ---------------------------------------------------------------------------
@@ -61,6 +76,9 @@ class Step:
     statement: Statement | None = field(default=None, compare=False)
     text: str = ""
     flop_axes: tuple[str, ...] | None = None  # where FLOPs are counted, when not over `axes`
+    # A masked softmax's test (its where-predicate and the select), per element, counted only
+    # on the chunks its mask leaves partially masked (Mask.status); `flops` leaves it out.
+    test_flops: tuple[tuple[str, int], ...] = ()
 
     @property
     def flop_space(self) -> tuple[str, ...]:
@@ -77,6 +95,7 @@ class Loop:
     trips: sympy.Expr
     body: tuple
     derived: bool = False
+    mask: "Mask | None" = None  # a stream loop that skips the chunks a softmax's mask hides
 
 
 @dataclass(frozen=True)
@@ -433,8 +452,7 @@ def _expand_contract_scales(body: tuple, elaborator: _LaunchElaborator) -> tuple
     out = []
     for node in body:
         if isinstance(node, Loop):
-            out.append(Loop(node.kind, node.level, node.axis, node.tile, node.trips,
-                            _expand_contract_scales(node.body, elaborator), node.derived))
+            out.append(dataclasses.replace(node, body=_expand_contract_scales(node.body, elaborator)))
             continue
         out.append(node)
         s = node.statement
@@ -459,9 +477,241 @@ def elaborate(schedule: Schedule) -> Program:
     for launch in schedule.launches:
         view = schedule.for_launch(launch.index)
         elaborator = _LaunchElaborator(view, launch)
-        body = _expand_contract_scales(elaborator.run(), elaborator)
+        body = _mask_streams(_expand_contract_scales(elaborator.run(), elaborator), view, launch)
         launches.append(LaunchProgram(launch.index, launch, body, dict(elaborator.buffers), view))
     return Program(schedule, tuple(launches))
+
+
+# ---- masks: the chunks a masked softmax skips -------------------------------------------------
+#
+# A softmax over x of where(COND, A, -inf), streamed over x, gives a masked entry exp(-inf) = 0
+# and leaves the running max, sum and accumulator as they were: a chunk whose every entry is
+# masked changes nothing and is never visited (no load, no step). COND is read as linear
+# inequalities in the axis indices (q >= x, q - x < 256, q + len(x) - len(q) >= x, joined by
+# `and`); for the tile a group holds and a chunk of x, each inequality's least and greatest
+# value over the tile decide whether the chunk is fully masked (skipped), fully unmasked (the
+# test is skipped: the step computes A) or partially masked (the test is applied). A condition
+# that is not such a conjunction (or, not, !=, indices times arrays) skips nothing: every chunk
+# is tested. The visited chunks of a group are contiguous (each inequality bounds the chunk
+# index from one side), so the loop over x has bounds that depend on the group: triangular for
+# a causal mask, banded for a sliding window.
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """``sum(coefficient * index) + constant >= 0`` (``> 0`` when strict): one inequality of a mask."""
+
+    coefficients: tuple[tuple[str, int], ...]  # (axis, integer coefficient of its index)
+    constant: sympy.Expr  # a number or an expression in the axes' sizes (len(x) - len(q))
+    strict: bool
+
+    def text(self) -> str:
+        terms = " + ".join(f"{c}*{a}" if c != 1 else a for a, c in self.coefficients).replace("+ -", "- ")
+        return f"{terms} + {self.constant} {'>' if self.strict else '>='} 0".replace("+ -", "- ")
+
+
+@dataclass(frozen=True)
+class Mask:
+    """The where-predicate of a streamed softmax as linear constraints, with the tiles it is
+    decided over: per constrained axis, its tile at the compute level (the stream's chunk for
+    the streamed axis, a group's tile for a grouped axis, the whole axis otherwise)."""
+
+    statement: str  # the softmax's target
+    axis: str  # the streamed axis
+    constraints: tuple[Constraint, ...]
+    tiles: tuple[tuple[str, sympy.Expr], ...]  # (axis, tile extent at the compute level)
+    condition: str  # the predicate as written
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(a for a, _ in self.tiles)
+
+    def status(self, ranges: dict, constants: tuple) -> str:
+        """"masked", "partial" or "full" for the tile ``ranges`` (axis -> [start, stop), not
+        empty), given the constraints' constants as numbers (:meth:`constants`)."""
+        full = True
+        for constraint, constant in zip(self.constraints, constants):
+            low = high = constant
+            for axis, coefficient in constraint.coefficients:
+                start, stop = ranges[axis]
+                ends = (coefficient * start, coefficient * (stop - 1))
+                low, high = low + min(ends), high + max(ends)
+            if (high <= 0) if constraint.strict else (high < 0):
+                return "masked"
+            if (low <= 0) if constraint.strict else (low < 0):
+                full = False
+        return "full" if full else "partial"
+
+    def constants(self, sizes) -> tuple | None:
+        """Each constraint's constant at ``sizes`` (axis -> size), or None where one is symbolic."""
+        values = []
+        for constraint in self.constraints:
+            value = sympy.sympify(constraint.constant).subs({sym: sizes(sym.name) for sym in constraint.constant.free_symbols})
+            if not value.is_number:
+                return None
+            values.append(float(value))
+        return tuple(values)
+
+
+def mask_of(statement: Statement, axis: str, tile) -> Mask | None:
+    """The Mask of a softmax along ``axis`` whose operand is where(COND, A, -inf) with COND a
+    conjunction of linear inequalities in axis indices; None for anything else. ``tile(a)``
+    is axis a's tile extent at the compute level."""
+    box = statement.box
+    if not isinstance(box, Softmax) or box.axis != axis:
+        return None
+    operand = box.operand
+    if not (isinstance(operand, Apply) and operand.fn == "where" and operand.args[2] == Const(-sympy.oo)):
+        return None
+    constraints = _constraints(operand.args[0])
+    if not constraints or not any(dict(c.coefficients).get(axis) for c in constraints):
+        return None
+    axes = list(dict.fromkeys(a for c in constraints for a, _ in c.coefficients))
+    axes = [axis] + [a for a in axes if a != axis]
+    return Mask(statement.target, axis, tuple(constraints), tuple((a, tile(a)) for a in axes),
+                format_expression(operand.args[0]))
+
+
+def _constraints(condition) -> list[Constraint] | None:
+    if isinstance(condition, Apply) and condition.fn == "and":
+        parts = [_constraints(a) for a in condition.args]
+        return None if any(p is None for p in parts) else [c for p in parts for c in p]
+    if not (isinstance(condition, Apply) and condition.fn in ("ge", "gt", "le", "lt", "eq")):
+        return None
+    left, right = (_linear(a) for a in condition.args)
+    if left is None or right is None:
+        return None
+    difference = sympy.expand(left - right)  # ge, gt, eq: difference >= 0 (> 0)
+    forms = {"ge": [(difference, False)], "gt": [(difference, True)], "le": [(-difference, False)],
+             "lt": [(-difference, True)], "eq": [(difference, False), (-difference, False)]}[condition.fn]
+    out = []
+    for form, strict in forms:
+        symbols = sorted((sym for sym in form.free_symbols if sym.name.startswith(_INDEX)), key=lambda sym: sym.name)
+        coefficients = []
+        for sym in symbols:
+            coefficient = form.coeff(sym)
+            if not (coefficient.is_Integer and not (coefficient.free_symbols & set(symbols))):
+                return None  # not linear with integer coefficients: not decided per tile
+            if coefficient:
+                coefficients.append((sym.name[len(_INDEX):], int(coefficient)))
+        constant = form.subs({sym: 0 for sym in symbols})
+        if constant.free_symbols & set(symbols):
+            return None
+        out.append(Constraint(tuple(coefficients), constant, strict))
+    return out
+
+
+_INDEX = "index:"  # the prefix of the sympy symbol standing for an axis index in a constraint
+
+
+def _linear(expr):
+    """A number expression of indices, sizes and constants as sympy, or None if it reads arrays."""
+    if isinstance(expr, Index):
+        return sympy.Symbol(_INDEX + expr.axis, integer=True)
+    if isinstance(expr, Const):
+        return None if expr.value in (sympy.oo, -sympy.oo) else expr.value
+    if isinstance(expr, Apply) and expr.fn in ("add", "sub", "mul", "neg", "div"):
+        args = [_linear(a) for a in expr.args]
+        if any(a is None for a in args):
+            return None
+        if expr.fn == "neg":
+            return -args[0]
+        if expr.fn == "div":
+            return args[0] / args[1] if not args[1].free_symbols or not any(
+                sym.name.startswith(_INDEX) for sym in args[1].free_symbols) else None
+        return {"add": sympy.Add, "sub": lambda a, b: a - b, "mul": sympy.Mul}[expr.fn](*args)
+    return None
+
+
+def _mask_streams(body: tuple, schedule: Schedule, launch: Launch) -> tuple:
+    """Stream loops over the axis of a masked softmax get its Mask, and the softmax's rescale
+    step (which evaluates the operand for the chunk's max) counts the test apart."""
+    out = []
+    for node in body:
+        if not isinstance(node, Loop):
+            out.append(node)
+            continue
+        inner = _mask_streams(node.body, schedule, launch)
+        mask = None
+        if node.kind == "stream":
+            compute = schedule.compute_level
+            for step, _ in walk(inner):
+                if step.op == "online" and step.statement is not None:
+                    mask = mask_of(step.statement, node.axis, lambda a: schedule.extent(a, compute))
+                    if mask is not None:
+                        break
+        if mask is not None:
+            inner = tuple(_untested(n, mask) for n in inner)
+        out.append(dataclasses.replace(node, body=inner, mask=mask))
+    return tuple(out)
+
+
+def _untested(node, mask: Mask):
+    """The rescale step of the masked softmax with its test's FLOPs apart (Step.test_flops)."""
+    if isinstance(node, Loop):
+        return dataclasses.replace(node, body=tuple(_untested(n, mask) for n in node.body))
+    s = node.statement
+    if node.op != "rescale" or s is None or s.target != mask.statement:
+        return node
+    masked = count_operations(s.box.operand)
+    unmasked = count_operations(s.box.operand.args[1])
+    test = _flops(fma=masked["fma"] - unmasked["fma"], special=masked["special"] - unmasked["special"])
+    remaining = {unit: n for unit, n in node.flops}
+    for unit, n in test:
+        remaining[unit] = remaining.get(unit, 0) - n
+    return dataclasses.replace(node, flops=tuple((u, n) for u, n in remaining.items() if n), test_flops=test)
+
+
+def mask_visits(mask: Mask, sizes) -> list[tuple[dict, list[tuple[tuple[int, int], str]]]] | None:
+    """Per tile of the constrained axes other than the streamed one (ranges: axis -> [start,
+    stop)), the chunks of the streamed axis it visits with their status ("partial" or "full");
+    None when a size or tile is symbolic. ``sizes(axis)`` is an axis's size."""
+    constants = mask.constants(sizes)
+    extents = {a: sympy.sympify(e) for a, e in mask.tiles}
+    lengths = {a: sympy.sympify(sizes(a)) for a in mask.axes}
+    if constants is None or not all(v.is_number for v in list(extents.values()) + list(lengths.values())):
+        return None
+    extents = {a: int(v) for a, v in extents.items()}
+    lengths = {a: int(v) for a, v in lengths.items()}
+
+    def tiles(axis):
+        return [(start, min(start + extents[axis], lengths[axis])) for start in range(0, lengths[axis], extents[axis])]
+
+    others = [a for a in mask.axes if a != mask.axis]
+    chunks = tiles(mask.axis)
+    out = []
+    for combo in itertools.product(*(tiles(a) for a in others)):
+        ranges = dict(zip(others, combo))
+        visited = []
+        for chunk in chunks:
+            ranges[mask.axis] = chunk
+            status = mask.status(ranges, constants)
+            if status != "masked":
+                visited.append((chunk, status))
+        del ranges[mask.axis]
+        out.append((ranges, visited))
+    return out
+
+
+def mask_bounds_text(mask: Mask) -> str:
+    """The chunks of the streamed axis a group visits, as bounds in the group's tile (``x_first
+    <= q_last``: a chunk is visited if its first index is at most the group's last; a causal
+    mask's triangle), and the condition tested on the chunks it does not hide in full."""
+    x = mask.axis
+    bounds = []
+    for c in mask.constraints:
+        coefficients = dict(c.coefficients)
+        a_x = coefficients.get(x, 0)
+        # The group's best element for the inequality: the last index of an axis with a
+        # positive coefficient, the first of one with a negative coefficient.
+        best = c.constant + sum(k * sympy.Symbol(f"{a}_{'last' if k > 0 else 'first'}") for a, k in c.coefficients if a != x)
+        if not a_x:
+            bounds.append(f"{size_text(best)} {'>' if c.strict else '>='} 0")
+        elif a_x > 0:
+            bounds.append(f"{x}_last {'>' if c.strict else '>='} {size_text(sympy.simplify(-best / a_x))}")
+        else:
+            bounds.append(f"{x}_first {'<' if c.strict else '<='} {size_text(sympy.simplify(best / -a_x))}")
+    return " and ".join(bounds)
 
 
 # ---- the L2 level --------------------------------------------------------------------------
@@ -569,6 +819,9 @@ def _render_nodes(nodes, schedule, lines, depth, warp_line=None):
             derived = "  # derived: co-resident blocks share L2" if node.derived else ""
             plural = "" if node.trips == 1 else "s"
             lines.append(f"{pad}{kind} {node.axis} in {node.trips} {node.kind}{plural} of {node.tile} @{node.level}:{derived}")
+            if node.mask is not None:
+                lines.append(f"{pad}    # masked by {node.mask.condition}: visits only the chunks where "
+                             f"{mask_bounds_text(node.mask)}; tests only the chunks it does not hold in full")
             innermost = (warp_line is not None and node.kind == "group" and node.level == schedule.compute_level
                          and not any(isinstance(n, Loop) and n.kind == "group" for n in node.body))
             if innermost:

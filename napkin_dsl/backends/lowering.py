@@ -569,7 +569,10 @@ class _Printer:
                 if node.level != self.level:
                     raise LoweringError(f"stream partitions at {node.level} cannot be printed; stream at {self.level}")
                 chunks = -(-self.sizes[node.axis] // self.tile[node.axis])
-                self.emit(f"for (int c_{ident(node.axis)} = 0; c_{ident(node.axis)} < {chunks}; ++c_{ident(node.axis)}) {{")
+                first, stop = "0", str(chunks)
+                if node.mask is not None:
+                    first, stop = self.visited_chunks(node.mask, chunks)
+                self.emit(f"for (int c_{ident(node.axis)} = {first}; c_{ident(node.axis)} < {stop}; ++c_{ident(node.axis)}) {{")
                 self.depth += 1
                 self.emit(f"const int o_{ident(node.axis)} = c_{ident(node.axis)} * {self.tile[node.axis]};")
                 saved_valid = dict(self.valid)
@@ -581,6 +584,49 @@ class _Printer:
                 self.emit("}")
                 continue
             self.step(node)
+
+    def visited_chunks(self, mask, chunks: int) -> tuple[str, str]:
+        """The first and past-the-last chunk of the streamed axis this block visits, as the
+        Program says (Mask.status): each inequality bounds the chunk index from one side at the
+        block's best element (its tile's last index along an axis with a positive coefficient,
+        its first along a negative one). The bounds are the block's alone, so every thread runs
+        the same trips and reaches the same barriers (a test around the loop's body instead
+        miscompiles on PoCL: barriers inside a condition inside a loop)."""
+        x = mask.axis
+        tile, size = self.tile[x], self.sizes[x]
+        self.emit(f"int nk_first_{ident(x)} = 0, nk_stop_{ident(x)} = {chunks};  // masked by {mask.condition}")
+        for constraint in mask.constraints:
+            try:
+                constant = constant_value(constraint.constant, self.sizes) if constraint.constant.free_symbols else float(constraint.constant)
+            except _Failure as failure:
+                raise LoweringError(failure.message, hint=failure.hint) from None
+            coefficients = dict(constraint.coefficients)
+            a_x = coefficients.pop(x, 0)
+            terms = [repr(constant)]
+            for axis, k in coefficients.items():
+                first = self.origin.get(axis, "0")
+                last = f"({first} + {self.extent_expr(axis) if axis in self.origin else self.sizes[axis]} - 1)"
+                terms.append(f"{k}.0 * (double)({last if k > 0 else first})")
+            best = " + ".join(terms)  # the other axes' best: the inequality reads a_x * x + best >= 0
+            if a_x == 0:  # the block's rows alone decide: all chunks or none
+                fails = "<=" if constraint.strict else "<"
+                self.emit(f"if ({best} {fails} 0.0) nk_stop_{ident(x)} = 0;")
+                continue
+            bound = f"({best}) / {float(-a_x)!r}"  # a_x * x >= -best: x >= bound (a_x > 0), x <= bound (a_x < 0)
+            if a_x > 0:
+                # the chunk's last index reaches the bound: x_last >= ceil(bound), or > bound when strict
+                least = f"(long)floor({bound}) + 1" if constraint.strict else f"(long)ceil({bound})"
+                self.emit(f"{{ const long nk_least = {least};")
+                self.emit(f"  if (nk_least > {size - 1}) nk_stop_{ident(x)} = 0;")
+                # chunk c ends at c * tile + tile - 1 >= nk_least from c = floor(nk_least / tile) on
+                self.emit(f"  else if (nk_least > 0) nk_first_{ident(x)} = max(nk_first_{ident(x)}, (int)(nk_least / {tile})); }}")
+            else:
+                # the chunk's first index stays within the bound: x_first <= floor(bound), or < bound
+                most = f"(long)ceil({bound}) - 1" if constraint.strict else f"(long)floor({bound})"
+                self.emit(f"{{ const long nk_most = {most};")
+                self.emit(f"  if (nk_most < 0) nk_stop_{ident(x)} = 0;")
+                self.emit(f"  else nk_stop_{ident(x)} = min(nk_stop_{ident(x)}, (int)(nk_most / {tile}) + 1); }}")
+        return f"nk_first_{ident(x)}", f"nk_stop_{ident(x)}"
 
     # -- steps
     def step(self, step: Step):

@@ -293,6 +293,7 @@ class _Interpreter:
         self.products = {launch.index: contraction_unit(program, launch) for launch in program.launches}
         self.counts = Counts({lv: 0 for lv in below}, {lv: 0 for lv in below}, {}, 0, {lv: 0 for lv in below})
         self.empty_depth = 0  # how many enclosing loop trips are past the end of their axis
+        self.chunk_status = None  # in a masked stream loop: "partial" or "full" (Mask.status)
         for array in self.diagram.input_arrays:
             self.values[self.top][array.name] = inputs[array.name]
             self.starts[self.top][array.name] = (0,) * len(array.axes)
@@ -326,12 +327,20 @@ class _Interpreter:
         for unit, _ in per_unit:
             flops.setdefault(unit, 0)
 
+        # A masked softmax's test counts only on chunks its mask holds in part (Step.test_flops).
+        tests = [(unit, _per_element(n)) for unit, n in step.test_flops]
+        for unit, _ in tests:
+            flops.setdefault(unit, 0)
+
         def count():
             elements = math.prod(self.extents(axes))
             for unit, n in per_unit:
                 flops[unit] += n * elements
+            if tests and self.chunk_status == "partial":
+                for unit, n in tests:
+                    flops[unit] += n * elements
 
-        return count if per_unit else (lambda: None)
+        return count if per_unit or tests else (lambda: None)
 
     # -- compiling the Program into closures (their set-up runs once, not once per trip)
     def run(self) -> tuple[dict, Counts]:
@@ -354,6 +363,8 @@ class _Interpreter:
         tile = _integer(loop.tile, f"the {loop.kind} size of {axis} at {loop.level}")
         trips = _integer(loop.trips, f"the trip count of {axis} at {loop.level}")
         ranges = self.ranges
+        if loop.mask is not None:
+            return self.masked_loop(loop, body, tile, trips)
 
         def run_loop():
             start, stop = ranges[axis]
@@ -369,6 +380,35 @@ class _Interpreter:
                     node()
                 if empty:
                     self.empty_depth -= 1
+            ranges[axis] = (start, stop)
+
+        return run_loop
+
+    def masked_loop(self, loop: Loop, body, tile: int, trips: int) -> Callable[[], None]:
+        """A stream loop with a Mask: chunks the mask hides in full are never visited (no load,
+        no step, nothing counted), as the Program says; the others record whether the mask
+        holds them in part, where the softmax's test is counted."""
+        axis, mask, ranges = loop.axis, loop.mask, self.ranges
+        constants = mask.constants(lambda a: self.sizes[a])
+        others = [a for a in mask.axes if a != axis]
+
+        def run_loop():
+            start, stop = ranges[axis]
+            if any(ranges[a][0] >= ranges[a][1] for a in others):
+                return  # an empty group visits nothing
+            for trip in range(trips):
+                first = min(start + trip * tile, stop)
+                last = min(first + tile, stop)
+                if first == last:
+                    continue  # past the end of the axis: no chunk, as the model counts
+                ranges[axis] = (first, last)
+                status = mask.status(ranges, constants)
+                if status == "masked":
+                    continue
+                self.chunk_status = status
+                for node in body:
+                    node()
+                self.chunk_status = None
             ranges[axis] = (start, stop)
 
         return run_loop
