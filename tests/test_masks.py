@@ -14,6 +14,7 @@ import pytest
 import napkin_dsl as napkin
 from napkin_dsl.backends.cuda import generate
 from napkin_dsl.backends.numpy import check_run, execute
+from napkin_dsl.cost import cost_of
 from napkin_dsl.errors import NapkinError, NapkinErrors, NapkinSyntaxError, NapkinTypeError
 from napkin_dsl.reference import evaluate
 
@@ -207,3 +208,90 @@ def test_sources_are_not_mutated_and_outputs_may_be_parenthesised():
     result = evaluate(kernel.diagram, {"S": S}, {}, {"q": 3, "x": 3})
     np.testing.assert_array_equal(S, before)
     np.testing.assert_allclose(result["P"], np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None])
+
+
+# ---- the Program visits only what the mask shows: counts against hand counts -------------------------
+
+
+def tiles(size: int, tile: int) -> list[tuple[int, int]]:
+    return [(start, min(start + tile, size)) for start in range(0, size, tile)]
+
+
+def test_causal_8192_counts_equal_a_hand_count_of_visited_tiles():
+    """b=4 h=32 q=x=8192 d=128, 128 x 64 tiles: a query tile [q0, q1) sees a key chunk [x0, x1)
+    when some q >= x in it, i.e. q1 - 1 >= x0 (the diagonal chunks in full); 2g + 2 chunks for
+    group g, 4160 of 8192 per head. Every count below is derived from that, not from the Program."""
+    b, h, n, d, gq, sx = 4, 32, 8192, 128, 128, 64
+    kernel = attention("causal", relabel=f"group b 1, h 1, q {gq}; stream x {sx}")
+    program = kernel.program(None, b=b, h=h, q=n, x=n, d=d)
+    report = cost_of(program, check=False)
+    heads = b * h
+    visited = [(q0, q1, x0, x1) for q0, q1 in tiles(n, gq) for x0, x1 in tiles(n, sx) if q1 - 1 >= x0]
+    partial = [t for t in visited if not t[0] >= t[3] - 1]  # some x > q in the tile: the test runs
+    assert len(visited) == 4160 and len(partial) == 128  # sum over g of (2g + 2); 2 diagonal chunks per group
+    # smem: Q in and O out once per group; K and V chunks per visited tile
+    smem = heads * (sum(2 * (q1 - q0) * d for q0, q1 in tiles(n, gq)) + sum(2 * (x1 - x0) * d for *_, x0, x1 in visited))
+    # l2: the derived L2 groups (read off the schedule: plan.py chose them) load Q, K, V and save O
+    l2_q = int(program.schedule.extent("q", "l2"))
+    l2 = heads * (2 * n * d + len(tiles(n, l2_q)) * 2 * n * d)
+    assert {level: int(c.H) for level, c in report.levels.items()} == {"l2": l2, "smem": smem}
+    # FLOPs per visited tile (rows g, keys s): S = QK (2gsd), its scale (gs), the running max and
+    # rescale (2 per row, + 1 exp), the test on partial tiles (>= and the select: 2 per row, as the
+    # operand's other operations are counted), exp(S - m) and the row sum (2gs, + gs exp), O.acc *= scale
+    # (gd), O.acc += PV (2gsd); per group the division O = O.acc / sum (gd). f32 contracts on the FMA pipe.
+    fma = special = 0
+    for q0, q1, x0, x1 in visited:
+        g, s = q1 - q0, x1 - x0
+        fma += 2 * g * s * d + g * s + 2 * g + 2 * g * s + g * d + 2 * g * s * d
+        special += g + g * s
+    fma += sum(2 * (q1 - q0) for q0, q1, *_ in partial) + sum((q1 - q0) * d for q0, q1 in tiles(n, gq))
+    assert {unit: int(v) for unit, v in report.flops.items()} == {"fma": heads * fma, "special": heads * special}
+    # half the work of the unmasked kernel, and a little more: the diagonal tiles count in full
+    unmasked = cost_of(attention("q >= 0", relabel=f"group b 1, h 1, q {gq}; stream x {sx}").program(None, b=b, h=h, q=n, x=n, d=d), check=False)
+    assert 0.5 < report.levels["smem"].H / unmasked.levels["smem"].H < 0.52
+
+
+def brute_force_smem(kind: str, sizes: dict, gq: int, sx: int) -> int:
+    """Values moved into and out of shared memory, from the visibility matrix itself: a chunk is
+    loaded for a query tile when any query of the tile sees any key of the chunk."""
+    q, x, d = sizes["q"], sizes["x"], sizes["d"]
+    seen = visible(kind, q, x)
+    moved = sum(2 * (q1 - q0) * d for q0, q1 in tiles(q, gq))
+    moved += sum(2 * (x1 - x0) * d for q0, q1 in tiles(q, gq) for x0, x1 in tiles(x, sx) if seen[q0:q1, x0:x1].any())
+    return sizes["b"] * sizes["h"] * moved
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(kind=st.sampled_from(["window", "decode", "causal"]), q=st.integers(1, 40), x=st.integers(1, 40),
+       gq=st.sampled_from([1, 3, 4, 8, 16]), sx=st.sampled_from([1, 2, 5, 8]), seed=st.integers(0, 3))
+def test_masks_on_random_sizes_run_right_and_count_what_they_visit(kind, q, x, gq, sx, seed):
+    sizes = dict(b=1, h=2, q=q, x=x, d=4)
+    kernel = attention(kind, relabel=f"group b 1, h 1, q {gq}; stream x {sx}")
+    result = check_run(kernel, sizes=sizes, seed=seed)
+    assert result["ok"], result  # NumPy against the reference, masked rows 0
+    assert result["count_differences"] == []  # NumPy's counted transfers and FLOPs equal the model's
+    assert result["predicted"]["smem"]["H"] == brute_force_smem(kind, sizes, gq, sx)
+    arrays = inputs(sizes, seed)
+    outputs, _ = execute(kernel.program(None, **sizes), arrays)
+    np.testing.assert_allclose(outputs["O"], by_hand(arrays, visible(kind, q, x)), rtol=1e-4, atol=1e-5)
+
+
+def test_a_condition_that_is_not_a_conjunction_of_inequalities_skips_nothing_and_stays_right():
+    kernel = attention("q >= x or x == 0")
+    program = kernel.program(None, **SIZES)
+    from napkin_dsl.pseudocode import walk
+
+    assert all(loop.mask is None for _, loops in walk(program.launches[0].body) for loop in loops)
+    result = check_run(kernel, sizes=SIZES)
+    assert result["ok"] and result["count_differences"] == []
+
+
+def test_the_pseudocode_prints_the_bounds():
+    from napkin_dsl.pseudocode import render_text
+
+    assert "visits only the chunks where x_first <= q_last" in render_text(attention("causal").program(None, **SIZES))
+    window = render_text(attention("window").program(None, **SIZES))
+    assert "x_first <= q_last and x_last > q_first - 5" in window
