@@ -182,9 +182,9 @@ class Kernel:
         if block is None or load_hardware(block.hardware).symbolic:
             from .tune import tune
 
-            best = tune(self.diagram, target, None, _check_sizes(sizes), top=1)
+            best = tune(self.diagram, target, None, _check_sizes(sizes), top=1, keep_written=True)
             block = best.block(self.diagram, load_hardware(target))
-            # The tuner may materialise intermediates the source fuses (or fuse ones it materialises).
+            # The tuner may materialise intermediates the source fuses (never fuse what it materialises).
             diagram = best.best.diagram or self.diagram
         else:
             diagram = self.diagram

@@ -28,13 +28,14 @@ import sympy
 
 from . import syntax as syn
 from .check import check_size_bounds
-from .cost import CostReport, as_number, columns, cost_of, flops_by_unit, level_costs
-from .diagram import Contract, Diagram
+from .cost import CostReport, as_number, columns, cost_of, flops_by_unit, instruction_path, level_costs, step_total
+from .diagram import DTYPE_BYTES, Contract, Diagram
 from .errors import NapkinError, RelabelError
 from .hardware import Hardware, load_hardware
+from .isel import TENSOR_DTYPES
 from .plan import materialise, materialised, plan, shared_cache_level, split_points
-from .pseudocode import Program, elaborate
-from .relabel import make_schedule, split_launches
+from .pseudocode import Program, elaborate, walk
+from .relabel import bind, make_schedule, split_launches
 
 FRAGMENT = {"m": 16, "n": 8, "k": 16}  # mma.sync m16n8k16
 COALESCE_BYTES = 128
@@ -398,14 +399,16 @@ def _candidates(size: int, multiple: int) -> list[int]:
 
 
 def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | None = None, sizes: dict | None = None,
-         top: int = 5, max_candidates: int = 20000, fusion: bool = True, progress=None) -> TuneResult:
+         top: int = 5, max_candidates: int = 20000, fusion: bool = True, progress=None,
+         keep_written: bool = False) -> TuneResult:
     """Search group/stream sizes on ``hardware`` for ``diagram`` with every axis bound in ``sizes``.
 
     On a GPU the search space is: the relabelling as written (``block``, costed exactly: always a
     candidate, so the result is never worse than it); its partitions resized; and, with
     ``fusion``, every choice of intermediates materialised at the top level (which splits the
     kernel into launches), each launch with its own tiles and stream axis. ``progress`` is called
-    with (done, total) fusion choices.
+    with (done, total) fusion choices. With ``keep_written`` the choices keep every ``@gmem`` the
+    source writes and may only add some (code generation: an unfused kernel stays unfused).
     """
     profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     sizes = dict(sizes or {})
@@ -439,7 +442,7 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
             subsets = itertools.chain.from_iterable(itertools.combinations(points, n) for n in range(len(points) + 1))
         else:  # too many to enumerate: as written, fully fused, fully split, and each single split
             subsets = [(), tuple(points)] + [(p,) for p in points]
-        choices += [frozenset(subset) | fixed for subset in subsets]
+        choices += [frozenset(subset) | fixed for subset in subsets if not keep_written or written <= frozenset(subset) | fixed]
     choices = list(dict.fromkeys(choices))
     # Rank fusion choices by their estimate (the closed forms, summed over launches) and cost
     # the most promising ones exactly.
@@ -454,12 +457,24 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
         if progress is not None:
             progress(done, len(choices))
     estimated.sort(key=lambda item: item[:2])
+    # The estimates leave out what only numeric tiles decide (instruction selection's tile rules,
+    # L2 grouping, waves and fixed costs), so each fusion choice's first candidates are costed
+    # exactly, and the choices whose exact best is fastest get the rest of the top ones.
     best_estimate = estimated[0][0] if estimated else math.inf
-    for estimate, _, chosen, variant, ranked in estimated[:FUSION_CHOICES_COSTED]:
-        if estimate > FUSION_ESTIMATE_SLACK * best_estimate and chosen != written:
+    costed = []
+    for index, (estimate, _, chosen, variant, ranked) in enumerate(estimated):
+        if index >= FUSION_CHOICES_COSTED and estimate > FUSION_ESTIMATE_SLACK * best_estimate and chosen != written:
             continue
-        candidates += search.exact(variant, ranked, top, origin="tuned" if chosen == written else "fusion",
-                                   materialised=None if chosen == written else chosen)
+        found = search.exact(variant, ranked, PER_CHOICE_COSTED, origin="tuned" if chosen == written else "fusion",
+                             materialised=None if chosen == written else chosen)
+        best_time = min((c.time_s for c in found if c.time_s is not None), default=math.inf)
+        costed.append((best_time, index, chosen, variant, ranked, found))
+    costed.sort(key=lambda item: item[:2])
+    for rank, (_, _, chosen, variant, ranked, found) in enumerate(costed):
+        candidates += found
+        if rank < FUSION_CHOICES_REFINED and top > PER_CHOICE_COSTED:
+            candidates += search.exact(variant, ranked, top, origin="tuned" if chosen == written else "fusion",
+                                       materialised=None if chosen == written else chosen, start=PER_CHOICE_COSTED)
     compute_level = profile.compute_level.name
     # Ties in predicted time go to the configuration that moves fewer bytes into the compute level.
     candidates.sort(key=lambda c: (c.time_s if c.time_s is not None else math.inf,
@@ -496,8 +511,13 @@ def _curves(ranked: list) -> dict:
 
 
 MAX_SPLIT_POINTS = 8  # 2^8 fusion choices at most are enumerated
-FUSION_CHOICES_COSTED = 4  # fusion choices whose best configurations are costed exactly
-FUSION_ESTIMATE_SLACK = 2.0  # ... among those within this factor of the best estimate
+FUSION_CHOICES_COSTED = 8  # fusion choices costed exactly whatever their estimate ...
+FUSION_ESTIMATE_SLACK = 2.0  # ... and any other within this factor of the best estimate
+PER_CHOICE_COSTED = 2  # candidates of each such choice costed exactly
+VERIFIED = 4  # candidates per launch checked with numeric tiles (path, memory) ...
+MAX_VERIFIED = 32  # ... checking at most this many
+EXACT_RETRIES = 6  # further ranks tried when exactly costed candidates overflow a level
+FUSION_CHOICES_REFINED = 2  # choices, fastest first, whose top candidates are all costed exactly
 
 
 class _Search:
@@ -531,28 +551,72 @@ class _Search:
         for index, statements in scopes:
             key = self._key(diagram, statements if statements is not None else diagram.statements, block) + (index is None,)
             if key not in self.memo:
-                scored = []
+                scored, rescore = [], {}
                 for knobs in knob_sets(diagram, self.profile, block, self.sizes, statements):
-                    found, count, multiples = _score(diagram, self.profile, knobs, self.sizes, self.max_candidates, index)
+                    found, count, multiples, rescore[id(knobs)] = _score(diagram, self.profile, knobs, self.sizes,
+                                                                         self.max_candidates, index)
                     scored += [(estimate, rank, knobs, combo) for rank, (estimate, combo) in enumerate(found)]
                     self.evaluated += count
                     self.required.update(multiples)
                 scored.sort(key=lambda item: item[:2])
-                self.memo[key] = scored
+                self.memo[key] = self._verified(diagram, index, scored, rescore)
             if not self.memo[key]:
                 return None
             ranked.append(self.memo[key])
         return ranked
 
+    def _verified(self, diagram: Diagram, index: int | None, scored: list, rescore: dict) -> list:
+        """``scored`` (by the lower-bound estimate) re-ranked at its head with the candidate's
+        numeric tiles: the path instruction selection takes (a refused tensor-core plan is
+        re-priced on the FMA path) and the memory of the buffers it lays out (pipeline stages
+        included; a candidate over a level's capacity is dropped). Candidates are checked best
+        first until VERIFIED of them stand and the worst of those is no slower than the next
+        unchecked lower bound (branch and bound), or MAX_VERIFIED were checked."""
+        checked: list = []
+        position = 0
+        while position < len(scored) and position < MAX_VERIFIED:
+            if len(checked) >= VERIFIED and sorted(item[0] for item in checked)[VERIFIED - 1] <= scored[position][0]:
+                break
+            estimate, rank, knobs, combo = scored[position]
+            position += 1
+            on_fma = self._laid_out(diagram, index, knobs, combo)
+            if on_fma is None:
+                continue
+            if on_fma:
+                estimate = rescore[id(knobs)](combo, on_fma)
+            if estimate is not None:
+                checked.append((estimate, rank, knobs, combo))
+        checked.sort(key=lambda item: item[:2])
+        return checked + scored[position:]
+
+    def _laid_out(self, diagram: Diagram, index: int | None, knobs: list, combo: tuple) -> frozenset | None:
+        """With these tiles, the launches (of scope ``index``, or all) whose contractions
+        instruction selection keeps on the FMA path; None when a level overflows."""
+        schedule = make_schedule(diagram, self.profile, _block(diagram, self.profile, knobs, dict(zip(knobs, combo))), self.sizes)
+        program = elaborate(schedule)
+        if index is not None:
+            program = Program(schedule, (program.launches[index],))
+        shared = shared_cache_level(schedule)  # grouped after the fact (plan.py), as in _score
+        for name, level in level_costs(program, columns(program)).items():
+            used, capacity = as_number(level.M_bytes), as_number(level.capacity)
+            if name != shared and used is not None and capacity is not None and used > capacity:
+                return None
+        return frozenset(launch.index for launch in program.launches
+                         if any(isinstance(s.box, Contract) for s in launch.launch.statements)
+                         and instruction_path(program, launch) == "fma")
+
     def configurations(self, diagram: Diagram, block, top: int, origin: str) -> list:
         ranked = self.ranked(diagram, block)
         return [] if ranked is None else self.exact(diagram, ranked, top, origin)
 
-    def exact(self, diagram: Diagram, ranked: list, top: int, origin: str, materialised=None) -> list:
-        """Plan and cost the ``top`` best combinations of per-launch candidates exactly."""
+    def exact(self, diagram: Diagram, ranked: list, top: int, origin: str, materialised=None, start: int = 0) -> list:
+        """Plan and cost the combinations of per-launch candidates ranked ``start`` to ``top`` exactly."""
         configurations = []
-        for rank in range(max(top, 1)):
-            if rank and all(rank >= len(scored) for scored in ranked):
+        # A candidate the estimate admits can still overflow a level once instruction selection
+        # lays out its buffers: it is skipped, and the next rank tried, a few times over.
+        wanted = max(top, 1) - start
+        for rank in range(start, start + wanted + EXACT_RETRIES):
+            if len(configurations) >= wanted or (rank and all(rank >= len(scored) for scored in ranked)):
                 break
             picks = [scored[min(rank, len(scored) - 1)] for scored in ranked]
             knobs = [k for _, _, pick_knobs, _ in picks for k in pick_knobs]
@@ -577,26 +641,77 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
     if launch_index is not None:
         program = Program(schedule, (program.launches[launch_index],))
     required = divisibility(diagram, knobs, program.launches[0].launch.statements if launch_index is not None else None)
-    levels = level_costs(program, columns(program))
+    rows = columns(program)
     _, priced = flops_by_unit(program)
     symbols = [k.symbol for k in knobs]
     rename = {sympy.Symbol(k.symbol.name, positive=True, integer=True): k.symbol for k in knobs}
     compute_level = schedule.compute_level
     # The shared L2 is grouped after the fact (plan.py), so its capacity is not a constraint here.
     shared = shared_cache_level(schedule)
-    memory = {name: sympy.lambdify(symbols, (c.M_bytes).subs(rename), "math") for name, c in levels.items()
-              if c.capacity is not None and name != shared}
-    traffic = {name: sympy.lambdify(symbols, (c.H_bytes / c.bandwidth).subs(rename), "math") for name, c in levels.items()
-               if c.bandwidth is not None and name == compute_level}
-    compute_terms = []
-    for _, unit, dtype, amount in priced:
-        rate = profile.peak(unit, dtype)
-        if rate is None:
-            raise NapkinError(f"{profile.name} has no {unit} rate for {dtype}")
-        compute_terms.append(sympy.sympify(amount).subs(rename) / rate)
-    compute = sympy.lambdify(symbols, sympy.Add(*compute_terms), "math")
-    capacity = {name: as_number(levels[name].capacity) for name in memory}
+    # M and H read off the same columns and steps as cost.level_costs, but M stays a list of the
+    # columns' expressions whose largest is taken per candidate in Python: a symbolic Max of
+    # them is most of the cost of a search.
+    level_names, memory_exprs, capacity = [], [], []
+    for level in profile.levels[1:]:
+        if level.capacity is None or level.name == shared:
+            continue
+        exprs = list(dict.fromkeys(sympy.sympify(r["M_bytes"].get(level.name, 0)).subs(rename) for r in rows))
+        level_names.append(level.name)
+        memory_exprs.append(sympy.Max(*exprs, evaluate=False) if len(exprs) > 1 else exprs[0])
+        capacity.append(as_number(bind(level.capacity, schedule.sizes)))
+    moved = sympy.Add(*[step_total(program, step, loops) * DTYPE_BYTES[step.dtype]
+                        for launch in program.launches for step, loops in walk(launch.body)
+                        if step.op in ("load", "save") and step.level == compute_level])
+    bandwidth = profile.level(compute_level).bandwidth
+    traffic_expr = (moved / bandwidth).subs(rename) if bandwidth else sympy.Integer(0)
+    # While tiles are symbolic the contractions are priced at the tensor-core path napkin builds
+    # (mma.sync): a lower bound of the time, as the FMA path is slower. A launch whose contraction
+    # operands are not 16-bit stays on the FMA path whatever its tiles (isel.TENSOR_DTYPES); the
+    # tile-dependent rules of instruction selection are checked lazily (_Search.ranked), and a
+    # candidate they refuse is re-priced on the FMA path (``rescore``).
+    fma_launches = {launch.index for launch in program.launches
+                    if any(isinstance(s.box, Contract) and len(s.box.operands) >= 2
+                           and any(diagram.arrays[r.array].dtype not in TENSOR_DTYPES for r in s.box.operands[:2])
+                           for s in launch.launch.statements)}
+    built = "mma.sync" if "mma.sync" in profile.tensor_paths() else "tensor"
+    terms: dict[tuple, list] = {}  # (launch, on the FMA path) -> compute time terms
+    for launch_of, unit, dtype, amount in priced:
+        for on_fma in (False, True):
+            path, path_dtype = unit, dtype
+            if unit == "tensor":
+                path, path_dtype = ("fma", "f32") if on_fma or launch_of in fma_launches else (built, dtype)
+            rate = profile.peak(path, path_dtype)
+            if rate is None:
+                raise NapkinError(f"{profile.name} has no {path} rate for {path_dtype}")
+            terms.setdefault((launch_of, on_fma), []).append(sympy.sympify(amount).subs(rename) / rate)
+    launch_indices = sorted({launch for launch, _ in terms})
+    compute_keys = [(index, on_fma) for index in launch_indices for on_fma in (False, True)]
+    # One compiled function per knob set: memory per level, compute per launch and path, traffic.
+    evaluate = sympy.lambdify(symbols, memory_exprs + [sympy.Add(*terms[key]) for key in compute_keys] + [traffic_expr], "math")
+    n_levels = len(level_names)
+    compute_level_at = level_names.index(compute_level) if compute_level in level_names else None
     units = profile.level(compute_level).units
+    group_at = [(i, int(sizes[k.axis])) for i, k in enumerate(knobs) if k.kind == "group"]
+
+    def estimate(combo, on_fma=frozenset()):
+        """The predicted time of one candidate (None when it does not fit), its launches in
+        ``on_fma`` priced on the FMA path."""
+        values = evaluate(*combo)
+        for used, limit in zip(values, capacity):
+            if used > limit:
+                return None
+        smem = (values[compute_level_at] if compute_level_at is not None else 1) or 1
+        n_blocks = 1
+        for i, size in group_at:
+            n_blocks *= -(-size // combo[i])
+        limit = capacity[compute_level_at] if compute_level_at is not None else smem
+        per_sm = max(1, min(32, int(limit // max(smem, 1))))
+        slots = units * per_sm
+        waves = -(-n_blocks // slots)
+        efficiency = n_blocks / (waves * slots)
+        compute = sum(values[n_levels + 2 * j + (index in on_fma)] for j, index in enumerate(launch_indices))
+        return max(compute / efficiency, values[-1])
+
     options = [_candidates(int(sizes[k.axis]), required.get(k.axis, 1)) for k in knobs]
     scored = []
     evaluated = 0
@@ -604,19 +719,11 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
         evaluated += 1
         if evaluated > max_candidates:
             break
-        used = {name: fn(*combo) for name, fn in memory.items()}
-        if any(used[name] > capacity[name] for name in used):
-            continue
-        smem = used.get(compute_level, 1) or 1
-        n_blocks = math.prod(-(-int(sizes[k.axis]) // v) for k, v in zip(knobs, combo) if k.kind == "group")
-        per_sm = max(1, min(32, int(capacity.get(compute_level, smem) // max(smem, 1))))
-        slots = units * per_sm
-        waves = math.ceil(n_blocks / slots)
-        efficiency = n_blocks / (waves * slots)
-        estimate = max([compute(*combo) / efficiency] + [fn(*combo) for fn in traffic.values()])
-        scored.append((estimate, combo))
+        value = estimate(combo)
+        if value is not None:
+            scored.append((value, combo))
     scored.sort(key=lambda item: item[0])
-    return scored, evaluated, required
+    return scored, evaluated, required, estimate
 
 
 class AbstractOptimum:

@@ -367,3 +367,16 @@ def test_cli_compare_shows_files_and_relabellings_side_by_side(tmp_path, capsys)
     assert [c["label"] for c in columns] == [str(mlp), f"{mlp} relabel 1"]
     assert columns[0]["time_s"] == pytest.approx(_mlp().cost("A100", **MLP_SIZES).time["overlapped_s"])
     assert columns[1]["levels"]["smem"]["M_bytes"] < columns[0]["levels"]["smem"]["M_bytes"]
+
+
+def test_code_generation_keeps_the_gmem_the_source_writes_while_tune_may_fuse_it():
+    (kernel,) = napkin.load(NAPKIN_EXAMPLES[0].parent / "attention_unfused.napkin").values()
+    sizes = dict(q=512, x=512, d=64)
+    written = materialised(kernel.diagram, load_hardware("H100"))
+    assert written == {"S", "P"}
+    kept = tune(kernel.diagram, "H100", None, sizes, keep_written=True)
+    assert all(written <= (c.materialised if c.materialised is not None else kept.written) for c in kept.configurations)
+    assert len(kernel.gpu_program("H100", **sizes).launches) == 3
+    free = tune(kernel.diagram, "H100", None, sizes)
+    assert free.fusion_choices == 4 > kept.fusion_choices == 1
+    assert free.best.time_s <= kept.best.time_s
