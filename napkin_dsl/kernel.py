@@ -208,10 +208,8 @@ class Kernel:
 
     def tune(self, hardware: str | None = None, top: int = 5, progress=None, **sizes: int):
         """Group/stream sizes minimising predicted time on ``hardware`` (a :class:`~napkin_dsl.tune.TuneResult`)."""
-        from .tune import tune
-
         from .hardware import load_hardware
-        from .tune import retarget
+        from .tune import retarget, tune
 
         # The relabelling written in the file is a candidate on any GPU whose levels it names.
         target = self._target(hardware)

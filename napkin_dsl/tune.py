@@ -1,19 +1,28 @@
-"""The tuner: group and stream sizes that minimise predicted time under the constraints.
+"""The tuner: fusion, group and stream sizes that minimise predicted time under the constraints.
 
-For a named GPU the tuner elaborates the kernel once with symbolic partition sizes, turns
-memory, transfers and FLOPs into plain Python functions (sympy ``lambdify``), and scores
-every candidate: sizes that are multiples of the hardware's divisibility constraints
-(tensor-core fragments m16n8k16 on the axes a contraction maps to M, N and K; 128-byte
-coalescing, 128 / bytes-per-value values, on an array's contiguous last axis; combined by
-least common multiple), whose memory fits each level. The best few are re-planned and
-costed exactly (masked tails, derived L2 grouping) and returned best first.
+For a named GPU the search space is every choice of intermediates materialised at device
+memory (``plan.materialise``: launch splits), and per launch its group sizes and stream axis
+and size: multiples of the hardware's divisibility constraints (tensor-core fragments
+m16n8k16 on the axes a contraction maps to M, N and K; 128-byte coalescing, 128 /
+bytes-per-value values, on an array's contiguous last axis; combined by least common
+multiple). The relabelling written in the file is costed exactly and is always a candidate.
+
+Each launch is elaborated once with symbolic partition sizes; memory, transfers and FLOPs
+become one compiled Python function (sympy ``lambdify``) that scores every candidate, a lower
+bound of its time (contractions at the mma.sync rate). The best are checked with numeric tiles
+(instruction selection's path, the plan's buffers) by branch and bound, and the most promising
+configurations of each fusion choice are re-planned and costed exactly (masked tails, derived
+L2 grouping, occupancy, fixed costs) and returned best first.
 
 For the abstract models (values, symbolic capacity ``M``) it fits the paper's optimum
 ``H* = sum_t alpha_t M^-beta_t``: the leading exponent ``beta`` (1/2 for matmul, 1 for
 attention) and the terms that do not depend on ``M``.
 
-It does not change the kernel; apply a configuration by writing it into the relabel block
-(:meth:`TuneResult.relabel_block` prints one).
+A :class:`TuneResult` prints as a short table; ``relabel_text`` is its relabel block,
+``Kernel.relabelled(result)`` applies it (fusion included), :func:`write_tuned` writes it into a
+copy of the source, :func:`plot_svg` draws predicted time against the tile sizes searched and
+:func:`compare` costs kernels and relabellings side by side. It does not change a kernel in
+place, and it does not search loop order, pipeline stages (the plan fixes them) or dtypes.
 """
 
 from __future__ import annotations
@@ -187,7 +196,9 @@ class TuneResult:
     def _repr_html_(self) -> str:
         import html
 
-        cells = lambda row, tag: "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in row)  # noqa: E731
+        def cells(row, tag):
+            return "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in row)
+
         body = "".join(f"<tr>{cells(r, 'td')}</tr>" for r in self._rows())
         return (f"<p>tuning {html.escape(self.kernel)} on {html.escape(self.hardware)}: {self.evaluated:,} candidates, "
                 f"{self.fusion_choices} fusion choices, {self.seconds:.2f} s</p>"
@@ -858,10 +869,10 @@ def plot_svg(result: TuneResult) -> str:
     width, height, columns = 320, 220, min(3, len(curves))
     rows = -(-len(curves) // columns)
     left, right, top, bottom = 58, 12, 30, 36
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{columns * width}" height="{rows * height + 24}" '
-             f'font-family="sans-serif" font-size="10">',
-             f'<text x="6" y="16" font-size="12">{html.escape(result.kernel)} on {html.escape(result.hardware)}: '
-             f'predicted time against tile size ({result.evaluated:,} candidates)</text>']
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{columns * width}" height="{rows * height + 24}" '
+              f'font-family="sans-serif" font-size="10">'),
+             (f'<text x="6" y="16" font-size="12">{html.escape(result.kernel)} on {html.escape(result.hardware)}: '
+              f'predicted time against tile size ({result.evaluated:,} candidates)</text>')]
     for index, (label, curve) in enumerate(curves.items()):
         x0, y0 = (index % columns) * width, 24 + (index // columns) * height
         sizes, times = list(curve), [curve[size] * 1e6 for size in curve]
@@ -870,7 +881,7 @@ def plot_svg(result: TuneResult) -> str:
         span_x, span_y = (hi_x - lo_x) or 1.0, (hi_y - lo_y) or 1.0
         plot_w, plot_h = width - left - right, height - top - bottom
 
-        def at(size, time_us):
+        def at(size, time_us, x0=x0, y0=y0, lo_x=lo_x, lo_y=lo_y, span_x=span_x, span_y=span_y, plot_w=plot_w, plot_h=plot_h):
             return (x0 + left + (math.log2(size) - lo_x) / span_x * plot_w,
                     y0 + top + plot_h - (math.log10(time_us) - lo_y) / span_y * plot_h)
 

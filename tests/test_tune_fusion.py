@@ -44,7 +44,7 @@ def swiglu():
 def with_gmem(source: str, targets) -> str:
     """The source with ``@gmem`` written on the statements assigning ``targets``."""
     for target in targets:
-        source = re.sub(rf"(?m)^(\s*{target}\[[^\]]*\])", rf"\1 @gmem", source)
+        source = re.sub(rf"(?m)^(\s*{target}\[[^\]]*\])", r"\1 @gmem", source)
     return source
 
 
