@@ -398,6 +398,27 @@ class CostReport:
             lines.append(f"  note: {note}")
         return "\n".join(lines)
 
+    def _repr_html_(self) -> str:
+        """The table for Jupyter: one row per level, then time and notes (warnings first)."""
+        import html
+
+        unit = "values" if self.counts == "values" else "bytes"
+        head = ("level", "per", f"H ({unit})", f"M ({unit})", "capacity", "N", "transfer time")
+        body = []
+        for name, c in self.levels.items():
+            t = c.transfer_time
+            cells = (name, c.per, _fmt(c.H if unit == "values" else c.H_bytes), _fmt(c.M if unit == "values" else c.M_bytes),
+                     _fmt(c.capacity), _fmt(c.N),
+                     _fmt_time(t) if t is not None and sympy.sympify(t).is_number else (str(t) if t is not None else "-"))
+            body.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>")
+        time = self.time.get("overlapped_s")
+        summary = (f"predicted {_fmt_time(time)} ({html.escape(str(self.time.get('bound')))}-bound)" if time is not None
+                   else f"FLOPs {html.escape(_fmt(self.total_flops))}")
+        notes = sorted(self.notes, key=lambda n: not n.startswith("warning"))
+        return (f"<p>cost of {html.escape(self.kernel)} on {html.escape(self.hardware)}: {summary}</p>"
+                "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(body) + "</table>"
+                + "".join(f"<p>{html.escape(n)}</p>" for n in notes))
+
 
 def _fmt(value) -> str:
     if value is None:

@@ -380,3 +380,11 @@ def test_code_generation_keeps_the_gmem_the_source_writes_while_tune_may_fuse_it
     free = tune(kernel.diagram, "H100", None, sizes)
     assert free.fusion_choices == 4 > kept.fusion_choices == 1
     assert free.best.time_s <= kept.best.time_s
+
+
+def test_cost_report_html_lists_every_level_and_the_l2_warning():
+    report = _mlp().cost("A100", **MLP_SIZES)
+    page = report._repr_html_()
+    assert page.count("<tr>") == 1 + len(report.levels)
+    assert page.index("warning: l2 M") < page.index("the l2 groups are derived")  # warnings first
+    assert "compute-bound" in page or "transfer-bound" in page or "-bound" in page
