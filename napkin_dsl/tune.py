@@ -843,8 +843,12 @@ def write_tuned(kernel, result: TuneResult, path) -> str:
     from pathlib import Path
 
     if kernel.function is not None or Path(kernel.file).suffix == ".py":
+        fusion = ""
+        if result.fusion_changed:
+            fusion = (f" and write @gmem on {', '.join(sorted(result.best.materialised)) or 'no statement'} "
+                      f"(only there) in the docstring")
         raise NapkinError(f"--write rewrites .napkin sources; {kernel.name} is defined in Python",
-                          hint="pass the block as relabel=... to @napkin.kernel:\n" + result.relabel_text)
+                          hint=f"pass the block as relabel=... to @napkin.kernel{fusion}:\n" + result.relabel_text)
     target = Path(path)
     if Path(kernel.file).exists() and target.exists() and target.resolve() == Path(kernel.file).resolve():
         raise NapkinError(f"--write {path} would overwrite the source", hint="name another file: the tuned copy goes there")

@@ -388,3 +388,10 @@ def test_cost_report_html_lists_every_level_and_the_l2_warning():
     assert page.count("<tr>") == 1 + len(report.levels)
     assert page.index("warning: l2 M") < page.index("the l2 groups are derived")  # warnings first
     assert "compute-bound" in page or "transfer-bound" in page or "-bound" in page
+
+
+def test_cli_tune_write_refuses_a_python_source_with_the_block_to_paste(tmp_path, capsys):
+    script = NAPKIN_EXAMPLES[0].parent / "attention.py"
+    code, _, err = _cli(["tune", script, "--set", "b=1", "h=2", "q=256", "x=256", "d=64", "--write", tmp_path / "out.napkin"], capsys)
+    assert code == 2 and "defined in Python" in err and "relabel attention on H100:" in err
+    assert not (tmp_path / "out.napkin").exists()
