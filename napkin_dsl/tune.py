@@ -455,8 +455,7 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
             subsets = [(), tuple(points)] + [(p,) for p in points]
         choices += [frozenset(subset) | fixed for subset in subsets if not keep_written or written <= frozenset(subset) | fixed]
     choices = list(dict.fromkeys(choices))
-    # Rank fusion choices by their estimate (the closed forms, summed over launches) and cost
-    # the most promising ones exactly.
+    # Score every fusion choice by its launches' lower bounds (memoised: choices share launches).
     estimated = []
     for done, chosen in enumerate(choices, 1):
         variant = materialise(diagram, profile, chosen & set(split_points(diagram, profile)))
@@ -495,8 +494,10 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
         if all((c.materialised, c.relabel_line()) != (d.materialised, d.relabel_line()) for d in configurations):
             configurations.append(c)
     if not configurations:
-        raise RelabelError(f"no configuration of {diagram.name} fits {profile.name}, fused or split into launches",
-                           hint="check the sizes")
+        searched = ("with its launches as written" if not fusion else
+                    "with the @gmem it writes or more" if keep_written else "fused or split into launches")
+        raise RelabelError(f"no configuration of {diagram.name} fits {profile.name} {searched} ({len(choices)} fusion "
+                           f"choice{'s' if len(choices) != 1 else ''} searched)", hint="check the sizes")
     best = configurations[0]
     searched = next((c.searched for c in configurations if c.searched is not None), None)
     return TuneResult(diagram.name, profile.name, best.knobs, configurations[:max(top, 1)], search.evaluated,
