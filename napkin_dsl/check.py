@@ -405,8 +405,10 @@ class _KernelChecker:
         # One operation per element accumulated; a mean's final division per output is not
         # counted (as a contraction's scalar factor would be: it is O(outputs), not O(elements)).
         flops = {"fma": (counts["fma"] + 1) * elements}
-        if counts["special"]:
-            flops["special"] = counts["special"] * elements
+        # lse: an exp per element (its max pass and final log are O(outputs), not counted)
+        special = counts["special"] + (1 if expr.name == "lse" else 0)
+        if special:
+            flops["special"] = special * elements
         dtypes = [self.arrays[r.array].dtype for r in reads(operand)]
         return Reduce(expr.name, tuple(expr.axes), operand), tuple(target_axes), tuple(target_axes), tuple(expr.axes), flops, dtypes
 
@@ -653,7 +655,7 @@ class _KernelChecker:
             )
             return None
         if call.axes is not None:
-            self.out.error(f"{name} takes no axis list", call.span, "only sum, max, min, mean and softmax act along an axis")
+            self.out.error(f"{name} takes no axis list", call.span, "only sum, max, min, mean, lse and softmax act along an axis")
             return None
         if name == "len":
             return self.length(call)

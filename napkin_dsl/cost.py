@@ -569,6 +569,56 @@ def flops_by_unit(program: Program, arch: str | None = None, path: str | None = 
     return {unit: sympy.expand(v) for unit, v in totals.items()}, priced
 
 
+def _masked_loop(launch):
+    return next((lp for _, loops in walk(launch.body) for lp in loops if lp.mask is not None), None)
+
+
+def masked_wave_efficiency(program: Program, slots: int) -> float | None:
+    """How well a masked launch fills its waves: thread blocks do unequal work (a causal query
+    group near the start visits few chunks, one at the end all of them). Modelled as blocks issued
+    longest first (FlashAttention-2's reverse order for causal), each wave of ``slots`` blocks
+    lasting as long as its longest block (work = chunks visited): efficiency = total work /
+    (slots x sum over waves of the longest). Equal work gives blocks / (waves x slots), the
+    unmasked rule. None for a launch without a mask, several launches, or symbolic sizes."""
+    if len(program.launches) != 1:
+        return None
+    launch = program.launches[0]
+    loop = _masked_loop(launch)
+    blocks = as_number(launch_blocks(program, launch))
+    visits = mask_visits(loop.mask, lambda a: program.schedule.axis_size(a)) if loop is not None else None
+    if visits is None or not isinstance(blocks, int) or blocks % len(visits):
+        return None
+    works = sorted((len(chunks) for _, chunks in visits), reverse=True) * (blocks // len(visits))
+    works.sort(reverse=True)
+    busy = sum(works[start] for start in range(0, len(works), slots))  # sorted: a wave's first is its longest
+    return sum(works) / (slots * busy) if busy else None
+
+
+def masked_notes(program: Program) -> list[str]:
+    """What a mask leaves out, or that symbolic sizes count every chunk (an upper bound)."""
+    notes = []
+    for launch in program.launches:
+        loop = _masked_loop(launch)
+        if loop is None:
+            continue
+        visits = mask_visits(loop.mask, lambda a: program.schedule.axis_size(a))
+        if visits is None:
+            notes.append(f"masked by {loop.mask.condition}: sizes are symbolic, so every chunk of {loop.axis} is counted "
+                         f"(an upper bound); bind the sizes for the chunks actually visited")
+            continue
+        chunks = [len(c) for _, c in visits]
+        total = len(visits) * len(tiles_of(loop.mask, program, loop.axis))
+        partial = sum(1 for _, c in visits for _, status in c if status == "partial")
+        notes.append(f"masked by {loop.mask.condition}: {sum(chunks)} of {total} tiles visited ({partial} tested in part); "
+                     f"a group visits {min(chunks)} to {max(chunks)} chunks of {loop.axis}")
+    return notes
+
+
+def tiles_of(mask, program: Program, axis: str) -> range:
+    size, tile = int(program.schedule.axis_size(axis)), int(dict(mask.tiles)[axis])
+    return range(0, size, tile)
+
+
 def _with_test(flops, test_flops, elements, tested):
     """(unit, operations per element of ``elements``) with a masked softmax's test folded in:
     the test's operations count on ``tested`` elements only."""
@@ -622,6 +672,9 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
         # Integer ceiling for an integer count of blocks: exact, and no float to overflow.
         waves = -(-blocks // slots) if isinstance(blocks, int) else math.ceil(blocks / slots)
         efficiency = blocks / (waves * slots)
+        unequal = masked_wave_efficiency(program, slots)  # masked query groups do unequal work
+        if unequal is not None:
+            efficiency = time["masked_wave_efficiency"] = unequal
         compute_s /= efficiency
         time["waves"] = waves
         time["blocks_per_wave"] = slots
@@ -835,7 +888,7 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     flops, priced = flops_by_unit(program, arch, path)
     time = predict_time(program, levels, priced, launch_occupancy(program, rows, arch, resources, path) if not hardware.symbolic else None)
     schedule = program.schedule
-    notes = list(schedule.notes) + cache_warnings(program, levels)
+    notes = list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program)
     if path is not None:
         from .isel import selection
 

@@ -61,7 +61,9 @@ OPERATORS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow"}
 COMPARISONS = {">=": "ge", ">": "gt", "<=": "le", "<": "lt", "==": "eq", "!=": "ne"}
 LOGICAL = {"and", "or", "not"}
 BOOLEAN_FUNCTIONS = set(COMPARISONS.values()) | LOGICAL  # Apply.fn values whose result is a boolean
-REDUCTIONS = {"sum", "max", "min", "mean"}
+# lse[x](S) = log(sum[x](exp(S))), the log-sum-exp a FlashAttention backward reads (computed
+# stably: the maximum subtracted first; -inf when every entry is -inf).
+REDUCTIONS = {"sum", "max", "min", "mean", "lse"}
 
 
 @dataclass(frozen=True)

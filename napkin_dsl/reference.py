@@ -130,7 +130,16 @@ ELEMENTWISE: dict[str, Callable] = {
 }
 """The float64 definition of every elementwise function of the notation, by ``Apply.fn``."""
 
-_REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}
+def logsumexp(values: np.ndarray, axis) -> np.ndarray:
+    """log(sum(exp(values))) along ``axis``, the maximum subtracted first; -inf where every
+    entry is -inf (a fully masked row: its softmax is 0 and sums nothing)."""
+    peak = np.max(values, axis=axis, keepdims=True)
+    shift = np.where(peak == -np.inf, 0.0, peak)
+    total = np.sum(np.exp(values - shift), axis=axis, keepdims=True)
+    return np.squeeze(np.log(total) + shift, axis=axis)
+
+
+_REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean, "lse": logsumexp}
 
 
 # The float range the checker allows a constant (check.number_in_range, check._power_in_range).

@@ -306,6 +306,18 @@ def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[s
             producers = [diagram.producer(n) for n in s.inputs]
             online = any(p is not None and roles.get(p.index) == "online" for p in producers)
             roles[s.index] = "rescaled" if online else "accumulate"
+        elif isinstance(box, Reduce) and box.op == "lse":
+            # The log-sum-exp is the online softmax's state after the stream: its running max
+            # plus the log of its running sum (read in the finalise step, no state of its own).
+            source = next((p for p in statements if roles.get(p.index) == "online" and p.box.operand == box.operand
+                           and set(p.woven) == set(s.axes)), None)
+            if source is None or box.axes != (axis,):
+                raise RelabelError(
+                    f"cannot stream {axis}: lse[{' '.join(box.axes)}] ({_line(s)}) streams only as the state of a softmax[{axis}] "
+                    f"of the same operand in this launch, computed before it",
+                    s.span or span, f"write P = softmax[{axis}](...) of the same operand above it (and contract P), "
+                                    f"or leave {axis} unpartitioned")
+            roles[s.index] = "lse"
         elif isinstance(box, Reduce):
             roles[s.index] = "accumulate"
         elif isinstance(box, Opaque):

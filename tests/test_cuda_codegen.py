@@ -25,6 +25,9 @@ SIZES = {
     "gqa.napkin": [dict(b=1, kv=2, r=4, q=512, x=512, d=128), dict(b=1, kv=2, r=2, q=130, x=70, d=64)],
     "attention_unfused.napkin": [dict(q=512, x=512, d=64), dict(q=100, x=90, d=32)],
     "paper/fig9.napkin": [dict(q=256, x=256, d=64), dict(q=40, x=64, d=16)],
+    "causal_attention.napkin": [dict(b=2, h=4, q=1024, x=1024, d=64), dict(b=1, h=3, q=200, x=150, d=128)],
+    "sliding_window.napkin": [dict(b=1, h=4, q=1024, x=1024, d=64), dict(b=1, h=3, q=330, x=400, d=128)],
+    "attention_lse.napkin": [dict(b=2, h=4, q=1024, x=1024, d=64), dict(b=1, h=3, q=200, x=150, d=128)],
 }
 CASES = [(name, i) for name in SIZES for i in range(2)]
 

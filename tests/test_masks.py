@@ -18,7 +18,7 @@ from napkin_dsl.cost import cost_of
 from napkin_dsl.errors import NapkinError, NapkinErrors, NapkinSyntaxError, NapkinTypeError
 from napkin_dsl.reference import evaluate
 
-from .conftest import assert_matches_reference
+from .conftest import EXAMPLES, assert_matches_reference
 
 # ---- kernels ----------------------------------------------------------------------------------------
 
@@ -295,3 +295,82 @@ def test_the_pseudocode_prints_the_bounds():
     assert "visits only the chunks where x_first <= q_last" in render_text(attention("causal").program(None, **SIZES))
     window = render_text(attention("window").program(None, **SIZES))
     assert "x_first <= q_last and x_last > q_first - 5" in window
+
+
+# ---- several outputs: attention with its log-sum-exp --------------------------------------------------
+
+LSE_SIZES = dict(b=1, h=2, q=70, x=90, d=16)
+
+
+def lse_kernel():
+    return napkin.load(EXAMPLES / "attention_lse.napkin")["attention_lse"]
+
+
+def lse_by_hand(arrays: dict) -> np.ndarray:
+    Q, K = (arrays[n].astype(np.float64) for n in "QK")
+    S = np.einsum("bhqd,bhxd->bhqx", Q, K) / np.sqrt(Q.shape[-1])
+    peak = S.max(axis=-1)
+    return peak + np.log(np.exp(S - peak[..., None]).sum(axis=-1))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "opencl"])
+def test_attention_lse_returns_o_and_l(backend, request):
+    if backend == "opencl":
+        request.getfixturevalue("opencl_device")
+    kernel = lse_kernel()
+    arrays = {k: v.astype(napkin.types.numpy_dtype("bf16")) for k, v in inputs(LSE_SIZES, seed=9).items()}
+    outputs = kernel(arrays["Q"], arrays["K"], arrays["V"], backend=backend)
+    assert set(outputs) == {"O", "L"} and outputs["L"].shape == (1, 2, 70) and outputs["L"].dtype == np.float32
+    want = lse_by_hand(arrays)
+    assert np.max(np.abs(outputs["L"] - want) / np.abs(want)) < 1e-3
+    reference = evaluate(kernel.diagram, arrays, {}, LSE_SIZES, keep_float64=True)
+    np.testing.assert_allclose(reference["L"], want, rtol=1e-12)
+    assert np.max(np.abs(outputs["O"].astype(np.float64) - reference["O"])) < 1e-2
+
+
+def test_lse_is_read_off_the_softmax_state_in_the_finalise_step():
+    from napkin_dsl.pseudocode import render_text
+
+    text = render_text(lse_kernel().program(None, **LSE_SIZES))
+    loop_end = text.index("O = O.acc / P.sum")
+    assert text.index("L = P.max + log(P.sum)") > loop_end  # after the stream, not a second pass over x
+    assert check_run(lse_kernel(), sizes=LSE_SIZES)["count_differences"] == []
+
+
+def test_masked_lse_of_a_fully_masked_row_is_minus_infinity():
+    text = ("kernel k(S: f32[q x]) -> (O: f32[q], L: f32[q]):\n"
+            "    P[q x] = softmax[x](where(q + len(x) - len(q) >= x, S, -inf))\n"
+            "    O[q] = P[q x] * S[q x]\n    L[q] = lse[x](where(q + len(x) - len(q) >= x, S, -inf))\n"
+            "relabel k on H100:\n    smem: group q 2; stream x 2\n")
+    kernel = napkin.load(text)["k"]
+    S = np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32)
+    outputs, _ = execute(kernel.program(None, q=6, x=3), {"S": S})
+    reference = evaluate(kernel.diagram, {"S": S}, {}, {"q": 6, "x": 3})
+    np.testing.assert_array_equal(outputs["L"][:3], -np.inf)
+    np.testing.assert_allclose(outputs["L"][3:], reference["L"][3:], rtol=1e-6)
+    np.testing.assert_array_equal(outputs["O"][:3], 0.0)
+
+
+def test_lse_streamed_without_its_softmax_is_a_relabel_error():
+    text = ("kernel k(S: f32[q x]) -> L: f32[q]:\n    L[q] = lse[x](S)\n"
+            "relabel k on H100:\n    smem: group q 2; stream x 2\n")
+    with pytest.raises(napkin.RelabelError) as info:
+        napkin.load(text)["k"].program(None, q=4, x=4)
+    assert "lse[x]" in info.value.message and "softmax[x]" in info.value.message and info.value.span.line == 2
+    # unstreamed, it is a plain reduction
+    unstreamed = napkin.load("kernel k(S: f32[q x]) -> L: f32[q]:\n    L[q] = lse[x](S)\n")["k"]
+    S = np.log(np.arange(1, 7, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_allclose(unstreamed(S), np.log([6.0, 15.0]), rtol=1e-6)
+
+
+def test_unequal_groups_fill_waves_as_blocks_issued_longest_first():
+    kernel = napkin.load(EXAMPLES / "causal_attention.napkin")["causal_attention"]
+    report = cost_of(kernel.program(None, b=4, h=32, q=8192, x=8192, d=128))
+    slots = report.time["blocks_per_wave"]
+    # by hand: query group g of 64 visits 2g + 2 chunks; 128 heads; the longest blocks go first
+    works = sorted([2 * g + 2 for g in range(64)] * 128, reverse=True)
+    busy = sum(max(works[i:i + slots]) for i in range(0, len(works), slots))
+    assert report.time["masked_wave_efficiency"] == pytest.approx(sum(works) / (slots * busy), rel=1e-12)
+    assert any("4160 of 8192 tiles visited" in note for note in report.notes)
+    unmasked = cost_of(napkin.load(EXAMPLES / "attention.napkin")["attention"].program(None, b=4, h=32, q=8192, x=8192, d=128))
+    assert 0.45 < report.time["overlapped_s"] / unmasked.time["overlapped_s"] < 0.6

@@ -23,6 +23,9 @@ SMALL = {
     "paper/fig9.napkin": dict(q=40, x=64, d=16),
     "matmul.napkin": dict(m=300, n=200, k=100),
     "mlp.napkin": dict(b=100, k=48, n=130),
+    "causal_attention.napkin": dict(b=1, h=2, q=200, x=150, d=32),
+    "sliding_window.napkin": dict(b=1, h=1, q=330, x=400, d=32),
+    "attention_lse.napkin": dict(b=1, h=2, q=200, x=150, d=32),
 }
 def random_inputs(diagram, sizes, seed=0):
     rng = np.random.default_rng(seed)
