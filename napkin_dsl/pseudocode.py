@@ -134,6 +134,14 @@ def walk(nodes, loops=()):
             yield node, loops
 
 
+def compute_dtype(diagram, statement: Statement) -> str:
+    """The dtype a statement computes in, and keeps its streaming state in (running max, sum,
+    accumulator, the online softmax's chunk): f64 when an operand is f64, else f32 (bf16, f16
+    and fp8 accumulate in f32, as tensor cores do). Decided here once; every backend reads it
+    off the Program's steps and buffers."""
+    return accumulation_dtype(diagram.arrays[n].dtype for n in statement.inputs) if statement.inputs else "f32"
+
+
 def liveness(body) -> tuple[list, dict]:
     """Program-order steps and, per buffer, (first write, last use) with loop-carried extension."""
     sequence = list(walk(body))
@@ -280,7 +288,7 @@ class _LaunchElaborator:
             load_inputs(s, steps)
             steps.append(self.compute(s, level))
             save_if_output(s.target, steps)
-        streamed = by_role("body", "online", "accumulate", "rescaled", "lse")
+        streamed = by_role("body", "online", "accumulate", "rescaled")
         for s in streamed:  # hoist loads of arrays that do not carry the streamed axis
             load_inputs(s, steps, carrying=axis, hoist_only=True)
         for s in streamed:
@@ -309,7 +317,7 @@ class _LaunchElaborator:
         return tuple((level, name) for name in statement.inputs)
 
     def compute(self, s: Statement, level: str, op: str = "compute") -> Step:
-        dtype = accumulation_dtype(self.diagram.arrays[n].dtype for n in s.inputs) if s.inputs else "f32"
+        dtype = compute_dtype(self.diagram, s)
         write = self.buffer(s.target, level, s.axes, dtype)
         flop_axes = s.woven if isinstance(s.box, Opaque) else None
         return Step(op, level, s.iteration_axes, self.operand_refs(s, level), (write,), s.target, dtype=dtype,
@@ -317,33 +325,33 @@ class _LaunchElaborator:
                     flop_axes=flop_axes)
 
     def state(self, s: Statement, suffix: str, level: str, axes) -> tuple[str, str]:
-        return self.buffer(f"{s.target}.{suffix}", level, axes, "f32")
+        return self.buffer(f"{s.target}.{suffix}", level, axes, compute_dtype(self.diagram, s))
 
     def init(self, s: Statement, role: str, level: str, axis: str) -> list:
         box = s.box
+        dtype = compute_dtype(self.diagram, s)  # the state and the chunk: f64 in, f64 state
         if role == "accumulate":
             acc = self.state(s, "acc", level, s.axes)
             start = {"sum": "0", "mean": "0", "max": "-inf", "min": "+inf"}.get(getattr(box, "op", "sum"), "0")
-            return [Step("init", level, s.axes, (), (acc,), s.target, dtype="f32", statement=s,
+            return [Step("init", level, s.axes, (), (acc,), s.target, dtype=dtype, statement=s,
                          text=f"{s.target}.acc[{' '.join(s.axes)}] = {start}")]
         if role == "online":
             woven = s.woven
             m = self.state(s, "max", level, woven)
             l_ = self.state(s, "sum", level, woven)
-            return [Step("init", level, woven, (), (m, l_), s.target, dtype="f32", statement=s,
+            return [Step("init", level, woven, (), (m, l_), s.target, dtype=dtype, statement=s,
                          text=f"{s.target}.max[{' '.join(woven)}] = -inf; {s.target}.sum[{' '.join(woven)}] = 0")]
         if role == "rescaled":
             acc = self.state(s, "acc", level, s.axes)
-            return [Step("init", level, s.axes, (), (acc,), s.target, dtype="f32", statement=s,
+            return [Step("init", level, s.axes, (), (acc,), s.target, dtype=dtype, statement=s,
                          text=f"{s.target}.acc[{' '.join(s.axes)}] = 0")]
         return []
 
     def streamed(self, s: Statement, role: str, level: str, axis: str) -> list:
         if role == "body":
             return [self.compute(s, level)]
-        if role == "lse":
-            return []  # the softmax's running max and sum, read after the stream (finalise)
         box = s.box
+        dtype = compute_dtype(self.diagram, s)  # the state and the chunk: f64 in, f64 state
         operands = self.operand_refs(s, level)
         if role == "accumulate":
             acc = (level, f"{s.target}.acc")
@@ -354,20 +362,20 @@ class _LaunchElaborator:
                 counts = count_operations(box.operand)
                 flops = _flops(fma=counts["fma"] + 1, special=counts["special"])
                 text = f"{s.target}.acc = {'sum' if box.op in ('sum', 'mean') else box.op}({s.target}.acc, {box.op if box.op != 'mean' else 'sum'}[{' '.join(box.axes)}]({_operand_text(s)}))"
-            return [Step("accumulate", level, s.iteration_axes, operands + (acc,), (acc,), s.target, dtype="f32",
+            return [Step("accumulate", level, s.iteration_axes, operands + (acc,), (acc,), s.target, dtype=dtype,
                          flops=flops, statement=s, text=text)]
         if role == "online":
             m, l_ = (level, f"{s.target}.max"), (level, f"{s.target}.sum")
             scale = self.state(s, "scale", level, s.woven)
-            chunk = self.buffer(s.target, level, s.axes, "f32")
+            chunk = self.buffer(s.target, level, s.axes, dtype)
             counts = count_operations(box.operand)
             woven = " ".join(s.woven)
             return [
-                Step("rescale", level, s.woven, operands + (m,), (m, scale), s.target, dtype="f32",
+                Step("rescale", level, s.woven, operands + (m,), (m, scale), s.target, dtype=dtype,
                      flops=_flops(fma=counts["fma"] + 2, special=counts["special"] + 1), statement=s,
                      text=f"m' = max({s.target}.max, max[{axis}]({_operand_text(s)})); "
                           f"{s.target}.scale[{woven}] = exp({s.target}.max - m'); {s.target}.max = m'"),
-                Step("online", level, s.axes, operands + (m, l_, scale), (chunk, l_), s.target, dtype="f32",
+                Step("online", level, s.axes, operands + (m, l_, scale), (chunk, l_), s.target, dtype=dtype,
                      flops=_flops(fma=2, special=1), statement=s,
                      text=f"{s.target}[{' '.join(s.axes)}] = exp({_operand_text(s)} - {s.target}.max); "
                           f"{s.target}.sum = {s.target}.sum * {s.target}.scale + sum[{axis}]({s.target})"),
@@ -379,47 +387,35 @@ class _LaunchElaborator:
                       and self.launch.streams[0].roles[p.index] == "online"][0]
             scale = (level, f"{online.target}.scale")
             return [
-                Step("rescale", level, s.axes, (acc, scale), (acc,), s.target, dtype="f32", flops=_flops(fma=1), statement=s,
+                Step("rescale", level, s.axes, (acc, scale), (acc,), s.target, dtype=dtype, flops=_flops(fma=1), statement=s,
                      text=f"{s.target}.acc *= {online.target}.scale"),
-                Step("accumulate", level, s.iteration_axes, operands + (acc,), (acc,), s.target, dtype="f32",
+                Step("accumulate", level, s.iteration_axes, operands + (acc,), (acc,), s.target, dtype=dtype,
                      flops=statement_flops(s), statement=s, text=f"{s.target}.acc += {_box_text(s)}"),
             ]
         raise AssertionError(f"napkin bug: role {role}")
 
     def finalise(self, s: Statement, role: str, level: str, axis: str) -> list:
         box = s.box
+        dtype = compute_dtype(self.diagram, s)  # the state and the chunk: f64 in, f64 state
         if role == "accumulate":
             acc = (level, f"{s.target}.acc")
-            out = self.buffer(s.target, level, s.axes, "f32")
+            out = self.buffer(s.target, level, s.axes, dtype)
             if isinstance(box, Reduce) and box.op == "mean":
                 # The division by the count is one operation per output, like the non-streamed
                 # mean's; napkin counts neither (see diagram.count_operations).
-                return [Step("finalise", level, s.axes, (acc,), (out,), s.target, dtype="f32", statement=s,
+                return [Step("finalise", level, s.axes, (acc,), (out,), s.target, dtype=dtype, statement=s,
                              text=f"{s.target} = {s.target}.acc / {' * '.join(box.axes)}")]
-            return [Step("finalise", level, s.axes, (acc,), (out,), s.target, dtype="f32", statement=s,
+            return [Step("finalise", level, s.axes, (acc,), (out,), s.target, dtype=dtype, statement=s,
                          text=f"{s.target} = {s.target}.acc")]
         if role == "rescaled":
             acc = (level, f"{s.target}.acc")
             online = [p for p in (self.diagram.producer(n) for n in s.inputs)
                       if p is not None and self.launch.streams[0].roles.get(p.index) == "online"][0]
             denominator = (level, f"{online.target}.sum")
-            out = self.buffer(s.target, level, s.axes, "f32")
-            return [Step("finalise", level, s.axes, (acc, denominator), (out,), s.target, dtype="f32", flops=_flops(fma=1),
+            out = self.buffer(s.target, level, s.axes, dtype)
+            return [Step("finalise", level, s.axes, (acc, denominator), (out,), s.target, dtype=dtype, flops=_flops(fma=1),
                          statement=s, text=f"{s.target} = {s.target}.acc / {online.target}.sum")]
-        if role == "lse":
-            # log-sum-exp = the online softmax's max + log(sum), once the stream has ended
-            online = self.lse_source(s)
-            m, total = (level, f"{online.target}.max"), (level, f"{online.target}.sum")
-            out = self.buffer(s.target, level, s.axes, self.buffers[m].dtype)
-            return [Step("finalise", level, s.axes, (m, total), (out,), s.target, dtype=self.buffers[m].dtype,
-                         flops=_flops(fma=1, special=1), statement=s,
-                         text=f"{s.target} = {online.target}.max + log({online.target}.sum)")]
         return []
-
-    def lse_source(self, s: Statement) -> Statement:
-        """The streamed softmax whose state a log-sum-exp reads (relabel.stream_roles found it)."""
-        roles = self.launch.streams[0].roles
-        return next(p for p in self.launch.statements if roles.get(p.index) == "online" and p.box.operand == s.box.operand)
 
 
 def _box_text(s: Statement) -> str:

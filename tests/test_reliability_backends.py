@@ -1,7 +1,10 @@
 """Regression tests for the backend failures of issue 13 ("Reliability"), one per item:
 Programs that read an on-chip array across a launch boundary (1), online softmax feeding a
 contraction that sums over its rows (2), a dropped scalar factor (3), a huge exponent that hung
-(4), non-ASCII names in generated kernels (5), and the run check's dtype-derived tolerance (12).
+(4), non-ASCII names in generated kernels (5), and the run check's dtype-derived tolerance (12);
+and what the long fuzz run found after them: f64 kernels computed (in part) in f32 by the
+NumPy backend's streaming state and GELU and by the OpenCL and CUDA lowering. Sizes in
+expressions are written ``len(i)``: a bare axis of the target is the element's index (masks).
 
 Each test asserts the exact behaviour: numbers against ``napkin_dsl.reference.evaluate``, or the
 error class, line and message.
@@ -136,7 +139,7 @@ def test_the_factor_of_a_contraction_without_axes_is_applied_after_a_streamed_so
 
 HUGE_POWER = """\
 kernel k(X: f32[i]) -> Y: f32[i]:
-    Y[i] = X * i^-4294967296
+    Y[i] = X * len(i)^-4294967296
 """
 
 
@@ -173,8 +176,8 @@ def test_a_size_power_out_of_float_range_is_refused_by_every_backend():
 
 
 @pytest.mark.parametrize("text, sizes, message", [
-    ("Y[i] = X * (i - 8)^-1", {"i": 8}, "the size expression 1/(i - 8) is undefined at i=8 (division by zero)"),
-    ("Y[i] = X * (i - 9)^0.5", {"i": 8}, "the size expression sqrt(i - 9) is not a real number at i=8"),
+    ("Y[i] = X * (len(i) - 8)^-1", {"i": 8}, "the size expression 1/(i - 8) is undefined at i=8 (division by zero)"),
+    ("Y[i] = X * (len(i) - 9)^0.5", {"i": 8}, "the size expression sqrt(i - 9) is not a real number at i=8"),
 ])
 def test_a_size_expression_without_a_real_value_is_a_clear_error(text, sizes, message):
     from napkin_dsl.errors import NapkinCallError
@@ -189,7 +192,7 @@ def test_a_size_expression_without_a_real_value_is_a_clear_error(text, sizes, me
 def test_a_small_size_power_in_float_range_runs_right_on_numpy_and_opencl(opencl_device):
     from napkin_dsl.backends import opencl
 
-    kernel = only("kernel k(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X * i^-40 * 2^100\n")
+    kernel = only("kernel k(X: f32[i]) -> Y: f32[i]:\n    Y[i] = X * len(i)^-40 * 2^100\n")
     _, arrays, scalars, outputs, _, expected = run_numpy(kernel, {"i": 8})
     want = arrays["X"].astype(np.float64) * 8.0**-40 * 2.0**100
     np.testing.assert_allclose(expected["Y"], want, rtol=1e-15)
@@ -400,3 +403,170 @@ def test_fuzzer_found_arena_aliasing_runs_right_on_opencl(source, sizes, opencl_
     expected = evaluate(kernel.diagram, inputs, {}, sizes)
     for name, want in expected.items():
         assert np.allclose(outputs[name], want, rtol=1e-5, atol=1e-6), name
+
+
+# ---- f64 kernels compute in f64 on every backend (found by the long fuzz run) ------------------
+#
+# f32 arithmetic anywhere in an f64 kernel errs by 1e-8 to 1e-6 relative; right f64 arithmetic by
+# about 1e-15. A bound of 1e-12 tells them apart with room on both sides.
+
+F64_BOUND = 1e-12
+
+F64_KERNELS = {
+    # maps with constants and every special function the lowering prints (gelu: erf)
+    "map": ("""kernel k(X: f64[i]) -> Y: f64[i]:
+    Y[i] = gelu(X) * 0.1 + exp(X) / 3 + sigmoid(X) - tanh(X) * rsqrt(abs(X) + 1) + silu(X) * log(abs(X) + 2)
+
+relabel k on H100:
+    smem: group i 64
+""", {"i": 300}),
+    # the online softmax: running max, sum and rescaled accumulator
+    "attention": ("""kernel a(Q: f64[q d], K: f64[x d], V: f64[x d]) -> O: f64[q d]:
+    S[q x] = Q * K * len(d)^-0.5
+    P[q x] = softmax[x](S)
+    O[q d] = P * V
+
+relabel a on H100:
+    smem: group q 16; stream x 8
+""", {"q": 40, "x": 50, "d": 16}),
+    # streamed monoid reductions
+    "reductions": ("""kernel s(X: f64[x y]) -> A: f64[y], B: f64[y], C: f64[y]:
+    A[y] = sum[x](X * 3.3)
+    B[y] = mean[x](X)
+    C[y] = max[x](exp(X) / 7)
+
+relabel s on H100:
+    smem: stream x 16
+""", {"x": 70, "y": 30}),
+    # f32 operands meet an f64 one: widened before any arithmetic (B * B in f32 errs by 6e-8)
+    "mixed": ("""kernel m(A: f64[i], B: f32[i]) -> Y: f64[i]:
+    Y[i] = B * B / 3 * A
+
+relabel m on H100:
+    smem: group i 32
+""", {"i": 100}),
+    # an f64 scalar reaches the kernel unrounded
+    "scalar": ("""kernel c(X: f64[i], s: f64) -> Y: f64[i]:
+    Y[i] = X * s
+
+relabel c on H100:
+    smem: group i 32
+""", {"i": 50}),
+}
+
+
+def f64_run(name: str, backend: str):
+    text, sizes = F64_KERNELS[name]
+    kernel = only(text)
+    arrays, scalars = random_arguments(kernel.diagram, sizes, 3)
+    scalars = {k: np.float64(1 / 3) for k in scalars}  # not a float32 value
+    expected = evaluate(kernel.diagram, arrays, scalars, sizes, keep_float64=True)
+    if backend == "numpy":
+        outputs, _ = execute(kernel.program(None, **sizes), arrays, scalars)
+    else:
+        from napkin_dsl.backends import opencl
+
+        outputs = opencl.run(kernel.gpu_program(None, **sizes), arrays, scalars)
+    return kernel, outputs, expected
+
+
+def test_the_program_keeps_the_state_of_f64_statements_in_f64_and_of_narrower_ones_in_f32():
+    """pseudocode.compute_dtype decides once: every step and buffer of a statement carries it."""
+    from napkin_dsl.pseudocode import compute_dtype
+
+    for dtype, state in (("f64", "f64"), ("f32", "f32"), ("bf16", "f32"), ("f16", "f32")):
+        text = F64_KERNELS["attention"][0].replace("f64", dtype)
+        program = only(text).program(None, q=40, x=50, d=16)
+        (launch,) = program.launches
+        streamed = [step for step, _ in walk(launch.body) if step.op in ("init", "rescale", "online", "accumulate", "finalise")]
+        assert {step.op for step in streamed} == {"init", "rescale", "online", "accumulate", "finalise"}
+        assert {step.dtype for step in streamed} == {state}, dtype
+        held = {name: buffer.dtype for (level, name), buffer in launch.buffers.items() if level == "smem"}
+        assert {held[n] for n in ("P.max", "P.sum", "P.scale", "O.acc", "P", "S")} == {state}, dtype
+        assert {compute_dtype(program.diagram, s) for s in program.diagram.statements} == {state}
+
+
+@pytest.mark.parametrize("name", sorted(F64_KERNELS))
+def test_f64_kernels_match_the_reference_to_f64_precision_on_numpy(name):
+    kernel, outputs, expected = f64_run(name, "numpy")
+    for output in kernel.diagram.outputs:
+        assert outputs[output].dtype == np.float64
+        assert relative_error(outputs[output], expected[output]) < F64_BOUND, output
+
+
+@pytest.mark.parametrize("name", sorted(F64_KERNELS))
+def test_f64_kernels_match_the_reference_to_f64_precision_on_opencl(name, opencl_device):
+    kernel, outputs, expected = f64_run(name, "opencl")
+    for output in kernel.diagram.outputs:
+        assert relative_error(outputs[output], expected[output]) < F64_BOUND, output
+
+
+def test_the_numpy_gelu_is_accurate_in_f64_and_keeps_the_f32_fit_in_f32():
+    import math
+
+    from napkin_dsl.backends.numpy import gelu
+
+    x = np.linspace(-9, 9, 2001)
+    got = gelu(x)
+    assert got.dtype == np.float64
+    # math.erfc itself, element by element (the f32 fit errs by up to 1.2e-7)
+    assert np.array_equal(got, np.array([0.5 * v * math.erfc(v * -math.sqrt(0.5)) for v in x]))
+    # the reference's form, x/2 (1 + erf(x / sqrt 2)), where it has no cancellation
+    positive = x[x > 0]
+    reference = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in positive])
+    assert np.max(np.abs(gelu(positive) - reference) / reference) < 4 * 2.0**-53
+    assert gelu(-1.5) == 0.5 * -1.5 * math.erfc(1.5 * math.sqrt(0.5))
+    narrow = gelu(x.astype(np.float32))
+    assert narrow.dtype == np.float32
+    # f32: the fit, within a few ulp of f32 (as the GPU's erff), not f64-exact
+    exact = np.array([0.5 * v * math.erfc(v * -math.sqrt(0.5)) for v in x.astype(np.float32).astype(np.float64)])
+    big = np.abs(exact) > 1e-30
+    assert 1e-9 < np.max(np.abs(narrow[big].astype(np.float64) - exact[big]) / np.abs(exact[big])) < 4 * 2.0**-24
+
+
+def kernel_code(source: str) -> str:
+    """The kernels of a generated translation unit, after the preludes, without comments."""
+    return code_without_comments(source).split("#define NK_THREADS", 1)[1]
+
+
+@pytest.mark.parametrize("name", sorted(F64_KERNELS))
+def test_generated_cuda_and_opencl_for_f64_kernels_compute_in_double(name):
+    import re
+
+    from napkin_dsl.backends import cuda, opencl
+
+    text, sizes = F64_KERNELS[name]
+    kernel = only(text)
+    program = kernel.gpu_program(None, **sizes)
+    float_arrays = [a.name for a in kernel.diagram.arrays.values() if a.dtype == "f32"]
+    for source in (cuda.generate(program)[0], opencl.generate(program)[0]):
+        code = kernel_code(source)
+        assert "double" in code
+        assert not re.search(r"\b(expf|erff|tanhf|rsqrtf|logf|fmaxf|fminf|powf|sqrtf)\(", code)
+        if not float_arrays:  # nothing is f32: not one float, nor a float literal, in the kernel
+            assert not re.search(r"\bfloat\b", code)
+            assert not re.search(r"\b\d+\.\d*(e[-+]?\d+)?f\b", code)
+    cuda.compile_program(program)  # NVRTC: the double overloads of the warp reductions exist
+
+
+def test_the_f64_state_costs_eight_bytes_a_value_in_the_model_and_the_arena():
+    from napkin_dsl.backends import cuda
+    from napkin_dsl.backends.lowering import smem_bytes_by_launch
+
+    text, sizes = F64_KERNELS["attention"]
+    wide = only(text).gpu_program(None, **sizes)
+    narrow = only(text.replace("f64", "f32")).gpu_program(None, **sizes)
+    assert smem_bytes_by_launch(wide) == [2 * b for b in smem_bytes_by_launch(narrow)]
+    assert [k.shared_bytes for k in cuda.compile_program(wide).launches] == smem_bytes_by_launch(wide)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "opencl"])
+def test_the_run_check_of_an_f64_kernel_allows_f64_error_only(backend, request):
+    if backend == "opencl":
+        request.getfixturevalue("opencl_device")
+    kernel = only(F64_KERNELS["attention"][0])
+    sizes = {"q": 40, "x": 50, "d": 16}
+    # the f64 floor: f32 arithmetic anywhere (errors of 1e-8 and more) fails the check
+    assert tolerance(kernel.program(None, **sizes)) == pytest.approx(1e-12, rel=1e-12)
+    result = check_run(kernel, None, sizes, backend=backend)
+    assert result["ok"] and result["max_rel_error"] < 1e-14

@@ -27,7 +27,7 @@ from ..cache import write_atomically
 from ..cost import CostReport, cost_of
 from ..pseudocode import Program
 from ..types import numpy_dtype
-from .lowering import CudaDialect, KernelSource, bound_sizes, ident, lower
+from .lowering import CudaDialect, KernelSource, bound_sizes, ident, lower, scalar_ctype
 
 DEFAULT_ARCH = "sm_90"
 
@@ -200,7 +200,7 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
         for k in compiled.launches:
             function = device.function(module, k.entry)
             args = [argument(name) for name, _, _ in k.arrays]
-            args += [np.float32(scalars[name]) for name in k.scalars]
+            args += [(np.float64 if scalar_ctype(diagram, name) == "double" else np.float32)(scalars[name]) for name in k.scalars]
             device.launch(function, k.grid, k.block, args, shared_bytes=k.shared_bytes, stream=stream)
         device.synchronize(stream)
         return {name: device.copy_to_host(held[name], host) for name, host in host_outputs.items()}

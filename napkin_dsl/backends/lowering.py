@@ -71,17 +71,20 @@ class Dialect:
     storage = {}  # napkin dtype -> element type in memory
 
     float_suffix = ""  # libm spelling for float: CUDA's expf, OpenCL's overloaded exp
+    prelude_f64 = ""  # what kernels computing in double need besides the prelude
 
-    def math(self, fn: str, args: list[str]) -> str:
-        """An elementwise function or operator on float expressions."""
-        x, y, f = args[0], args[-1], self.float_suffix
+    def math(self, fn: str, args: list[str], real: str = "float") -> str:
+        """An elementwise function or operator on expressions of C type ``real``: float, or
+        double where the step computes in f64 (CUDA's double functions have no suffix)."""
+        x, y = args[0], args[-1]
+        f, c = (self.float_suffix, "f") if real == "float" else ("", "")
         table = {
             "exp": f"exp{f}({x})", "log": f"log{f}({x})", "sqrt": f"sqrt{f}({x})", "rsqrt": f"rsqrt{f}({x})",
             "tanh": f"tanh{f}({x})", "abs": f"fabs{f}({x})", "neg": f"(-({x}))",
-            "sigmoid": f"(1.0f / (1.0f + exp{f}(-({x}))))", "relu": f"fmax{f}({x}, 0.0f)",
+            "sigmoid": f"(1.0{c} / (1.0{c} + exp{f}(-({x}))))", "relu": f"fmax{f}({x}, 0.0{c})",
             # gelu is the exact erf form, as the reference evaluator's
-            "gelu": f"(0.5f * ({x}) * (1.0f + erf{f}(({x}) * 0.70710678118654752f)))",
-            "silu": f"(({x}) / (1.0f + exp{f}(-({x}))))",
+            "gelu": f"(0.5{c} * ({x}) * (1.0{c} + erf{f}(({x}) * 0.70710678118654752{c})))",
+            "silu": f"(({x}) / (1.0{c} + exp{f}(-({x}))))",
             "max": f"fmax{f}({x}, {y})", "min": f"fmin{f}({x}, {y})", "pow": f"pow{f}({x}, {y})",
             "add": f"({x} + {y})", "sub": f"({x} - {y})", "mul": f"({x} * {y})", "div": f"({x} / {y})",
             # Masks: comparisons and logic are C ints (0 or 1), where is the conditional operator.
@@ -118,6 +121,19 @@ __device__ __forceinline__ float nk_warp_sum(float v) {
     return v;
 }
 """
+    prelude_f64 = """__device__ __forceinline__ double nk_warp_max(double v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double nk_warp_min(double v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmin(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double nk_warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+"""
     # One block per SM is what the arenas allow anyway; it also leaves ptxas all the registers.
     kernel_qualifier = 'extern "C" __global__ void __launch_bounds__({threads}, 1)'
     global_const = "const {t}* __restrict__"
@@ -135,10 +151,14 @@ __device__ __forceinline__ float nk_warp_sum(float v) {
     # Lanes read the running max before lane 0 overwrites it (independent thread scheduling).
     warp_sync = "__syncwarp();"
 
-    def load(self, ptr: str, index: str, dtype: str) -> str:
+    def load(self, ptr: str, index: str, dtype: str, real: str = "float") -> str:
+        if real == "double":  # f64 as it is; narrower values widened before any arithmetic
+            return f"{ptr}[{index}]" if dtype == "f64" else f"((double)nk_f({ptr}[{index}]))"
         return f"nk_f({ptr}[{index}])"
 
-    def store(self, ptr: str, index: str, value: str, dtype: str) -> str:
+    def store(self, ptr: str, index: str, value: str, dtype: str, real: str = "float") -> str:
+        if real == "double" and dtype != "f64":
+            value = f"(float)({value})"
         convert = {"f32": "{v}", "f64": "(double)({v})", "f16": "__float2half({v})", "bf16": "__float2bfloat16({v})"}[dtype]
         return f"{ptr}[{index}] = {convert.format(v=value)};"
 
@@ -188,16 +208,16 @@ inline ushort nk_to_bf16(float v) {
     lanes = 1
     warp_sync = ""
 
-    def load(self, ptr, index, dtype):
-        if dtype == "f16":
-            return f"vload_half({index}, {ptr})"
-        if dtype == "bf16":
-            return f"nk_bf16({ptr}[{index}])"
+    def load(self, ptr, index, dtype, real="float"):
         if dtype == "f64":
-            return f"(float)({ptr}[{index}])"
-        return f"{ptr}[{index}]"
+            return f"{ptr}[{index}]" if real == "double" else f"(float)({ptr}[{index}])"
+        value = {"f16": f"vload_half({index}, {ptr})", "bf16": f"nk_bf16({ptr}[{index}])"}.get(dtype, f"{ptr}[{index}]")
+        # In a double step, narrower values are widened before any arithmetic sees them.
+        return f"((double){value})" if real == "double" else value
 
-    def store(self, ptr, index, value, dtype):
+    def store(self, ptr, index, value, dtype, real="float"):
+        if real == "double" and dtype != "f64":
+            value = f"(float)({value})"
         if dtype == "f16":
             return f"vstore_half({value}, {index}, {ptr});"
         if dtype == "bf16":
@@ -258,7 +278,19 @@ def ident(name: str) -> str:
 # ---- elementwise expressions ----------------------------------------------------------------
 
 
-def print_expression(expr, sizes: dict, dialect: Dialect, read, index=None) -> str:
+def scalar_ctype(diagram, name: str) -> str:
+    """A scalar parameter's C type: double for an f64 scalar (the launchers pass it unrounded),
+    float for every other."""
+    return "double" if diagram.scalars[name].dtype == "f64" else "float"
+
+
+def literal(value: float, real: str = "float") -> str:
+    """A constant as a C literal of type ``real``: a float one rounds to float, as the
+    NumPy backend's f32 tiles do; a double one keeps every bit of the reference's value."""
+    return f"{value!r}f" if real == "float" else repr(value)
+
+
+def print_expression(expr, sizes: dict, dialect: Dialect, read, index=None, real: str = "float") -> str:
     """An elementwise expression as a float expression; ``read(Read)`` spells array reads and
     ``index(axis)`` the whole array's index of the current element along an axis (an int)."""
     if isinstance(expr, Read):
@@ -276,11 +308,11 @@ def print_expression(expr, sizes: dict, dialect: Dialect, read, index=None) -> s
             value = constant_value(expr.value, sizes)
         except _Failure as failure:
             raise LoweringError(failure.message, hint=failure.hint) from None
-        return f"{value!r}f"
+        return literal(value, real)
     if isinstance(expr, ScalarParam):
         return f"p_{ident(expr.name)}"
     if isinstance(expr, Apply):
-        return dialect.math(expr.fn, [print_expression(a, sizes, dialect, read, index) for a in expr.args])
+        return dialect.math(expr.fn, [print_expression(a, sizes, dialect, read, index, real) for a in expr.args], real)
     raise AssertionError(f"napkin bug: expression {expr!r}")
 
 
@@ -348,7 +380,7 @@ def _align(value: int) -> int:
     return (value + ALIGN - 1) // ALIGN * ALIGN
 
 
-def state_start(name: str, statement) -> str:
+def state_start(name: str, statement, real: str = "float") -> str:
     """The value a piece of streaming state starts from: a running max at -inf, a running min
     at +inf, sums and accumulators at 0."""
     suffix = name.split(".")[-1]
@@ -357,7 +389,7 @@ def state_start(name: str, statement) -> str:
         return "-NK_INF"
     if suffix == "acc" and op == "min":
         return "NK_INF"
-    return "0.0f"
+    return literal(0.0, real)
 
 
 def bound_sizes(program: Program) -> dict[str, int]:
@@ -419,6 +451,8 @@ class _Printer:
         # that fill it (compile-time after unrolling), it stays in registers, not local memory.
         self.trip_vars: list = []  # (variable, trips) of enclosing loops; None where not counted
         self.stage_depth: int | None = None
+        # The C type the current step computes in (real_type): double where the Program says f64.
+        self.real = "float"
 
     # -- helpers
     def emit(self, line: str = ""):
@@ -494,14 +528,14 @@ class _Printer:
 
     def read(self, name: str, axes) -> str:
         slot = self.slots[name]
-        return self.dialect.load(self.ptr(name), self.buffer_index(name, axes), slot.dtype)
+        return self.dialect.load(self.ptr(name), self.buffer_index(name, axes), slot.dtype, self.real)
 
     def write(self, name: str, axes, value: str) -> str:
         slot = self.slots[name]
-        return self.dialect.store(self.ptr(name), self.buffer_index(name, axes), value, slot.dtype)
+        return self.dialect.store(self.ptr(name), self.buffer_index(name, axes), value, slot.dtype, self.real)
 
     def expression(self, expr, axes) -> str:
-        return print_expression(expr, self.sizes, self.dialect, lambda r: self.read(r.array, axes), self.index)
+        return print_expression(expr, self.sizes, self.dialect, lambda r: self.read(r.array, axes), self.index, real=self.real)
 
     def index(self, axis: str) -> str:
         """The whole array's index of the current element along ``axis``: the tile's origin
@@ -536,7 +570,7 @@ class _Printer:
         params = [f"{(d.global_const if role == 'in' else d.global_mut).format(t=d.storage[dtype])} g_{ident(name)}"
                   for name, dtype, role in arrays]
         scalars = [n for n in self.diagram.params if n in self.diagram.scalars]
-        params += [f"float p_{ident(n)}" for n in scalars]
+        params += [f"{scalar_ctype(self.diagram, n)} p_{ident(n)}" for n in scalars]
         grid = math.prod(self.groups(a) for a in self.grouped) if self.grouped else 1
         self.lines.append(f"{d.kernel_qualifier.format(threads=self.threads)} {entry}({', '.join(params)}) {{")
         self.emit(d.arena_decl)
@@ -632,6 +666,7 @@ class _Printer:
     def step(self, step: Step):
         if step.level != self.level:
             return  # transfers into or out of L2, allocations there: the cache's business
+        self.real = self.real_type(step)
         self.emit(f"// {step.text}")
         self.emit("{")
         self.depth += 1
@@ -639,6 +674,20 @@ class _Printer:
         self.depth -= 1
         self.emit("}")
         self.emit(self.dialect.barrier)
+
+    def real_type(self, step: Step) -> str:
+        """double where the Program computes the step in f64 (pseudocode.compute_dtype: an f64
+        operand) or a transfer moves f64 values in or out, float otherwise."""
+        if step.op in ("load", "save"):
+            held = self.slots.get(step.array)
+            dtypes = {step.dtype, held.dtype if held is not None else step.dtype}
+        else:
+            dtypes = {step.dtype}
+        return "double" if "f64" in dtypes else "float"
+
+    @property
+    def zero(self) -> str:
+        return literal(0.0, self.real)
 
     def step_load(self, step: Step):
         name = step.array
@@ -681,8 +730,8 @@ class _Printer:
         for axis in reversed(axes):
             self.emit(f"const int i_{ident(axis)} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
         valid = " && ".join(f"i_{ident(a)} < {self.extent_expr(a)}" for a in axes if self.extent_expr(a) != str(self.tile[a])) or "true"
-        value = d.load(f"g_{ident(name)}", self.global_index(name), array.dtype)
-        self.emit(f"const float v = ({valid}) ? {value} : 0.0f;")
+        value = d.load(f"g_{ident(name)}", self.global_index(name), array.dtype, self.real)
+        self.emit(f"const {self.real} v = ({valid}) ? {value} : {self.zero};")
         self.emit(self.write(name, axes, "v"))
         self.depth -= 1
         self.emit("}")
@@ -692,12 +741,12 @@ class _Printer:
         array = self.diagram.arrays[name]
         d = self.dialect
         self.flat_loop(array.axes, lambda: self.emit(
-            d.store(f"g_{ident(name)}", self.global_index(name), self.read(name, array.axes), array.dtype)))
+            d.store(f"g_{ident(name)}", self.global_index(name), self.read(name, array.axes), array.dtype, self.real)))
 
     def step_init(self, step: Step):
         s = step.statement
         for _, name in step.writes:
-            start = state_start(name, s)
+            start = state_start(name, s, self.real)
             axes = self.slots[name].axes
             self.flat_loop(axes, lambda name=name, axes=axes, start=start: self.emit(self.write(name, axes, start)))
 
@@ -721,7 +770,7 @@ class _Printer:
                                    lambda total: self.emit(self.write(target, s.axes, self.mean(total, box))))
                 return
             # Rows are read by every warp while others write: results wait in registers.
-            self.emit(f"float stage[{self.per_thread_rows(s.axes, ())}];")
+            self.emit(f"{self.real} stage[{self.per_thread_rows(s.axes, ())}];")
             self.emit("int k = 0;")
             self.staging(lambda: self.row_reduction(s.axes, box.axes, box.op, box.operand,
                                                     lambda total: self.emit(f"stage[{self.stage_index()}] = {self.mean(total, box)};")))
@@ -764,7 +813,7 @@ class _Printer:
 
     def staged(self, axes, compute, out):
         per_thread = -(-math.prod(self.tile[a] for a in axes) // self.threads)
-        self.emit(f"float stage[{per_thread}];")
+        self.emit(f"{self.real} stage[{per_thread}];")
         self.emit("{")
         self.depth += 1
         self.emit("int k = 0;")
@@ -785,7 +834,7 @@ class _Printer:
         if box.op != "mean":
             return total
         count = math.prod(self.sizes[a] for a in box.axes)
-        return f"({total}) / {float(count)!r}f"
+        return f"({total}) / {literal(float(count), self.real)}"
 
     def contraction(self, step: Step, target: str, accumulate: bool):
         """A contraction on per-thread register tiles: each thread owns a REGISTER_TILE x
@@ -824,19 +873,19 @@ class _Printer:
             self.valid = saved
 
         def compute(store):
-            self.emit(f"float acc[{rm}][{rn}];")
-            self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) acc[u][v] = 0.0f;")
+            self.emit(f"{self.real} acc[{rm}][{rn}];")
+            self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) acc[u][v] = {self.zero};")
             for axis in box.contracted:
                 self.emit(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{")
                 self.depth += 1
-            self.emit(f"float a[{rm}], b[{rn}];")
+            self.emit(f"{self.real} a[{rm}], b[{rn}];")
             self.emit(f"for (int u = 0; u < {rm}; ++u) {{")
             self.emit(f"    const int i_{ident(am)} = {self.interleaved(am, rm, 'u')};")
-            self.emit(f"    a[u] = (i_{ident(am)} < {self.extent_expr(am)}) ? {self.read(first.array, s.iteration_axes)} : 0.0f;")
+            self.emit(f"    a[u] = (i_{ident(am)} < {self.extent_expr(am)}) ? {self.read(first.array, s.iteration_axes)} : {self.zero};")
             self.emit("}")
             self.emit(f"for (int v = 0; v < {rn}; ++v) {{")
             self.emit(f"    const int i_{ident(an)} = {self.interleaved(an, rn, 'v')};")
-            self.emit(f"    b[v] = (i_{ident(an)} < {self.extent_expr(an)}) ? {self.read(second.array, s.iteration_axes)} : 0.0f;")
+            self.emit(f"    b[v] = (i_{ident(an)} < {self.extent_expr(an)}) ? {self.read(second.array, s.iteration_axes)} : {self.zero};")
             self.emit("}")
             self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) acc[u][v] += a[u] * b[v];")
             for _ in box.contracted:
@@ -854,7 +903,7 @@ class _Printer:
         # until every thread has finished reading, then write it in the same order.
         per_thread = -(-math.prod(self.tile[a] for a in s.axes if a not in (am, an)) * -(-self.tile[am] // rm)
                        * -(-self.tile[an] // rn) // self.threads) * rm * rn
-        self.emit(f"float stage[{per_thread}];")
+        self.emit(f"{self.real} stage[{per_thread}];")
         self.emit("int k = 0;")
         blocked(lambda: compute(lambda: self.emit("stage[k++] = acc[u][v];")))
         self.emit(self.dialect.barrier)
@@ -898,7 +947,7 @@ class _Printer:
             return " * ".join(self.read(r.array, s.iteration_axes) for r in box.operands)
 
         def body(store):
-            self.emit("float acc = 0.0f;")
+            self.emit(f"{self.real} acc = {self.zero};")
             for axis in box.contracted:
                 self.emit(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{")
                 self.depth += 1
@@ -980,23 +1029,20 @@ class _Printer:
 
     def row_reduction(self, rows, reduced, op, operand, finish):
         """Reduce `operand` over `reduced` for every row; finish(total) stores the result."""
-        if op == "lse":
-            raise LoweringError("lse[...] is printed only streamed, as the state of a softmax of the same operand",
-                                hint="stream its axis beside softmax[AXIS] of the same operand, or run it with the NumPy backend")
-        start = {"sum": "0.0f", "mean": "0.0f", "max": "-NK_INF", "min": "NK_INF"}[op]
+        start = {"sum": self.zero, "mean": self.zero, "max": "-NK_INF", "min": "NK_INF"}[op]
         combine = {"sum": "+", "mean": "+"}.get(op)
         kind = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}[op]
         all_axes = tuple(rows) + tuple(reduced)
 
         def body():
-            self.emit(f"float total = {start};")
+            self.emit(f"{self.real} total = {start};")
 
             def element():
                 value = self.expression(operand, all_axes)
                 if combine:
                     self.emit(f"total += {value};")
                 else:
-                    self.emit(f"total = {self.dialect.math(kind, ['total', value])};")
+                    self.emit(f"total = {self.dialect.math(kind, ['total', value], self.real)};")
 
             self.lane_loop(reduced, element)
             self.emit(f"total = {self.dialect.row_reduce(kind, 'total')};")
@@ -1020,18 +1066,18 @@ class _Printer:
                 self.emit(self.write(s.target, all_axes, value))
 
         if staged:
-            self.emit(f"float stage[{self.per_thread_rows(rows, (axis,))}];")
+            self.emit(f"{self.real} stage[{self.per_thread_rows(rows, (axis,))}];")
             self.emit("int k = 0;")
 
         def body():
-            self.emit("float m = -NK_INF;")
-            self.lane_loop((axis,), lambda: self.emit(f"m = {d.math('max', ['m', self.expression(box.operand, all_axes)])};"))
+            self.emit(f"{self.real} m = -NK_INF;")
+            self.lane_loop((axis,), lambda: self.emit(f"m = {d.math('max', ['m', self.expression(box.operand, all_axes)], self.real)};"))
             self.emit(f"m = {d.row_reduce('max', 'm')};")
-            self.emit("float l = 0.0f;")
-            self.lane_loop((axis,), lambda: self.emit(f"l += {d.math('exp', [self.expression(box.operand, all_axes) + ' - m'])};"))
+            self.emit(f"{self.real} l = {self.zero};")
+            self.lane_loop((axis,), lambda: self.emit(f"l += {d.math('exp', [self.expression(box.operand, all_axes) + ' - m'], self.real)};"))
             self.emit(f"l = {d.row_reduce('sum', 'l')};")
             # A fully masked row (every entry -inf) is 0, as in the reference, not exp(NaN).
-            self.lane_loop((axis,), lambda: store(f"(m == -NK_INF) ? 0.0f : {d.math('exp', [self.expression(box.operand, all_axes) + ' - m'])} / l"))
+            self.lane_loop((axis,), lambda: store(f"(m == -NK_INF) ? {self.zero} : {d.math('exp', [self.expression(box.operand, all_axes) + ' - m'], self.real)} / l"))
 
         if not staged:
             self.row_loop(rows, body)
@@ -1053,16 +1099,16 @@ class _Printer:
             m, scale = f"{s.target}.max", f"{s.target}.scale"
 
             def body():
-                self.emit("float chunk = -NK_INF;")
-                self.lane_loop((axis,), lambda: self.emit(f"chunk = {d.math('max', ['chunk', self.expression(s.box.operand, all_axes)])};"))
+                self.emit(f"{self.real} chunk = -NK_INF;")
+                self.lane_loop((axis,), lambda: self.emit(f"chunk = {d.math('max', ['chunk', self.expression(s.box.operand, all_axes)], self.real)};"))
                 self.emit(f"chunk = {d.row_reduce('max', 'chunk')};")
-                self.emit(f"const float old = {self.read(m, s.woven)};")
-                self.emit(f"const float fresh = {d.math('max', ['old', 'chunk'])};")
+                self.emit(f"const {self.real} old = {self.read(m, s.woven)};")
+                self.emit(f"const {self.real} fresh = {d.math('max', ['old', 'chunk'], self.real)};")
                 if d.warp_sync:
                     self.emit(d.warp_sync)
                 self.emit(f"if ({self.lane_zero()}) {{")
                 self.depth += 1
-                self.emit(self.write(scale, s.woven, f"(old == -NK_INF) ? 0.0f : {d.math('exp', ['old - fresh'])}"))
+                self.emit(self.write(scale, s.woven, f"(old == -NK_INF) ? {self.zero} : {d.math('exp', ['old - fresh'], self.real)}"))
                 self.emit(self.write(m, s.woven, "fresh"))
                 self.depth -= 1
                 self.emit("}")
@@ -1085,12 +1131,12 @@ class _Printer:
         staged = self.hazard(step, s.target)
 
         def body():
-            self.emit(f"const float m = {self.read(m, s.woven)};")
-            self.emit("float l = 0.0f;")
+            self.emit(f"const {self.real} m = {self.read(m, s.woven)};")
+            self.emit(f"{self.real} l = {self.zero};")
 
             def element():
                 # Masked entries are -inf, exp makes them 0; a row masked so far has m = -inf too.
-                self.emit(f"const float p = (m == -NK_INF) ? 0.0f : {d.math('exp', [self.expression(s.box.operand, all_axes) + ' - m'])};")
+                self.emit(f"const {self.real} p = (m == -NK_INF) ? {self.zero} : {d.math('exp', [self.expression(s.box.operand, all_axes) + ' - m'], self.real)};")
                 self.emit(f"stage[{self.stage_index()}] = p;" if staged else self.write(s.target, all_axes, "p"))
                 self.emit("l += p;")
 
@@ -1101,7 +1147,7 @@ class _Printer:
         if not staged:
             self.row_loop(s.woven, body)
             return
-        self.emit(f"float stage[{self.per_thread_rows(s.woven, (axis,))}];")
+        self.emit(f"{self.real} stage[{self.per_thread_rows(s.woven, (axis,))}];")
         self.emit("int k = 0;")
         self.staging(lambda: self.row_loop(s.woven, body))
         self.emit(d.barrier)
@@ -1121,7 +1167,7 @@ class _Printer:
 
         def finish(total):
             current = self.read(acc, s.axes)
-            value = f"{current} + {total}" if op == "sum" else self.dialect.math(op, [current, total])
+            value = f"{current} + {total}" if op == "sum" else self.dialect.math(op, [current, total], self.real)
             self.emit(f"if ({self.lane_zero()}) {{ {self.write(acc, s.axes, value)} }}")
 
         self.row_reduction(s.axes, box.axes, box.op, box.operand, finish)
@@ -1129,17 +1175,11 @@ class _Printer:
     def step_finalise(self, step: Step):
         s = step.statement
         box = s.box
-        if isinstance(box, Reduce) and box.op == "lse":
-            # L = P.max + log(P.sum), the online softmax's state; -inf for a fully masked row
-            (_, m), (_, total) = step.reads
-            self.elementwise(step, s.target, s.axes, lambda: f"({self.read(m, s.axes)} == -NK_INF) ? -NK_INF : "
-                                                             f"{self.read(m, s.axes)} + {self.dialect.math('log', [self.read(total, s.axes)])}")
-            return
         acc = f"{s.target}.acc"
         denominators = [ref[1] for ref in step.reads if ref[1].endswith(".sum")]
         if isinstance(box, Contract) and denominators:  # the online softmax's normalisation
             # A fully masked row summed nothing: 0, as in the reference (not 0 / 0).
-            self.elementwise(step, s.target, s.axes, lambda: f"({self.read(denominators[0], s.axes)} == 0.0f) ? 0.0f : "
+            self.elementwise(step, s.target, s.axes, lambda: f"({self.read(denominators[0], s.axes)} == {self.zero}) ? {self.zero} : "
                                                              f"{self.read(acc, s.axes)} / {self.read(denominators[0], s.axes)}")
             return
         if isinstance(box, Contract):
@@ -1205,7 +1245,9 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
             kernel.paths = describe(chosen, launch)
         kernel.path = chosen.path
         kernels.append(kernel)
-    parts = [header_comment(program, report, kernels), dialect.prelude + (PRELUDES[dialect.name] if tensor else ""),
+    double = any(buffer.dtype == "f64" for launch in program.launches for buffer in launch.buffers.values())
+    parts = [header_comment(program, report, kernels),
+             dialect.prelude + (dialect.prelude_f64 if double else "") + (PRELUDES[dialect.name] if tensor else ""),
              f"#define NK_THREADS {threads}"]
     for k in kernels:
         if dialect.name == "opencl":

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import NapkinError
 from ..pseudocode import Program
 from ..types import numpy_dtype
-from .lowering import OpenCLDialect, lower
+from .lowering import OpenCLDialect, lower, scalar_ctype
 
 
 class NoOpenCLDevice(NapkinError):
@@ -110,7 +110,8 @@ def run(program: Program, inputs: dict, scalars: dict | None = None) -> dict:
 
     for k in kernels:
         kernel = built[k.entry]
-        args = [buffer(name) for name, _, _ in k.arrays] + [np.float32(scalars[name]) for name in k.scalars]
+        args = [buffer(name) for name, _, _ in k.arrays]
+        args += [(np.float64 if scalar_ctype(diagram, name) == "double" else np.float32)(scalars[name]) for name in k.scalars]
         kernel(queue, (k.grid * k.block,), (k.block,), *args)
     outputs = {}
     for name in diagram.outputs:
