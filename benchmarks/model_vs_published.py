@@ -18,8 +18,9 @@ papers' convention (4 b h s^2 d FLOPs forward, half of it when causal), and prin
 correlation. Nothing here is fitted to the CSV: every rate and fixed cost comes from the profile,
 whose comments give their sources.
 
-Causal rows need an index predicate in the notation (``where(q >= x, S, -inf)``); where the
-notation does not take one, they are left out and the script says so.
+Causal rows mask the scores with an index predicate, ``where(q >= x, S, -inf)``: the Program
+never visits the key chunks above the diagonal and tests the predicate only on the chunks that
+cross it. A row napkin cannot price is left out with the reason.
 """
 
 from __future__ import annotations

@@ -1091,6 +1091,21 @@ def sweep_header(rows: list[Row], dry_run: bool) -> str:
             f"matmul m=n=k; meas/pred = measured / predicted")
 
 
+def sweep_summary(rows: list[Row]) -> str:
+    """The model's error over the sweep: the median of |measured / predicted - 1| per kernel
+    (the relabellings with their kernel) and over every measured point."""
+    errors: dict[str, list[float]] = {}
+    for r in rows:
+        if r.measured_s and r.predicted_s:
+            error = abs(r.measured_s / r.predicted_s - 1)
+            errors.setdefault(r.kernel.split()[0], []).append(error)
+            errors.setdefault("all", []).append(error)
+    if not errors:
+        return "median |meas/pred - 1|: no point was measured"
+    return "median |meas/pred - 1|: " + ", ".join(
+        f"{kernel} {statistics.median(values):.3f} ({len(values)} points)" for kernel, values in errors.items())
+
+
 def reuse_from(table: list[Row]):
     """A function giving, for a sweep point equal to a case the table measured, that row."""
     measured = {(r.kernel, tuple(sorted(r.sizes.items()))): r for r in table if r.status in ("pass", "FAIL")}
@@ -1353,6 +1368,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(sweep_header(sweep_rows, False))
         print(format_table(sweep_rows, SWEEP_COLUMNS))
+        print(sweep_summary(sweep_rows))
         print(f"sweep {time.perf_counter() - sweep_started:.1f} s; all {time.perf_counter() - started:.1f} s", flush=True)
         sweep_row_done()
 
