@@ -288,7 +288,7 @@ class _LaunchElaborator:
             load_inputs(s, steps)
             steps.append(self.compute(s, level))
             save_if_output(s.target, steps)
-        streamed = by_role("body", "online", "accumulate", "rescaled")
+        streamed = by_role("body", "online", "accumulate", "rescaled", "lse")
         for s in streamed:  # hoist loads of arrays that do not carry the streamed axis
             load_inputs(s, steps, carrying=axis, hoist_only=True)
         for s in streamed:
@@ -350,6 +350,8 @@ class _LaunchElaborator:
     def streamed(self, s: Statement, role: str, level: str, axis: str) -> list:
         if role == "body":
             return [self.compute(s, level)]
+        if role == "lse":
+            return []  # the softmax's running max and sum, read after the stream (finalise)
         box = s.box
         dtype = compute_dtype(self.diagram, s)  # the state and the chunk: f64 in, f64 state
         operands = self.operand_refs(s, level)
@@ -415,7 +417,20 @@ class _LaunchElaborator:
             out = self.buffer(s.target, level, s.axes, dtype)
             return [Step("finalise", level, s.axes, (acc, denominator), (out,), s.target, dtype=dtype, flops=_flops(fma=1),
                          statement=s, text=f"{s.target} = {s.target}.acc / {online.target}.sum")]
+        if role == "lse":
+            # log-sum-exp = the online softmax's max + log(sum), once the stream has ended
+            online = self.lse_source(s)
+            m, total = (level, f"{online.target}.max"), (level, f"{online.target}.sum")
+            out = self.buffer(s.target, level, s.axes, self.buffers[m].dtype)
+            return [Step("finalise", level, s.axes, (m, total), (out,), s.target, dtype=self.buffers[m].dtype,
+                         flops=_flops(fma=1, special=1), statement=s,
+                         text=f"{s.target} = {online.target}.max + log({online.target}.sum)")]
         return []
+
+    def lse_source(self, s: Statement) -> Statement:
+        """The streamed softmax whose state a log-sum-exp reads (relabel.stream_roles found it)."""
+        roles = self.launch.streams[0].roles
+        return next(p for p in self.launch.statements if roles.get(p.index) == "online" and p.box.operand == s.box.operand)
 
 
 def _box_text(s: Statement) -> str:

@@ -1029,6 +1029,9 @@ class _Printer:
 
     def row_reduction(self, rows, reduced, op, operand, finish):
         """Reduce `operand` over `reduced` for every row; finish(total) stores the result."""
+        if op == "lse":
+            raise LoweringError("lse[...] is printed only streamed, as the state of a softmax of the same operand",
+                                hint="stream its axis beside softmax[AXIS] of the same operand, or run it with the NumPy backend")
         start = {"sum": self.zero, "mean": self.zero, "max": "-NK_INF", "min": "NK_INF"}[op]
         combine = {"sum": "+", "mean": "+"}.get(op)
         kind = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}[op]
@@ -1175,6 +1178,12 @@ class _Printer:
     def step_finalise(self, step: Step):
         s = step.statement
         box = s.box
+        if isinstance(box, Reduce) and box.op == "lse":
+            # L = P.max + log(P.sum), the online softmax's state; -inf for a fully masked row
+            (_, m), (_, total) = step.reads
+            self.elementwise(step, s.target, s.axes, lambda: f"({self.read(m, s.axes)} == -NK_INF) ? -NK_INF : "
+                                                             f"{self.read(m, s.axes)} + {self.dialect.math('log', [self.read(total, s.axes)], self.real)}")
+            return
         acc = f"{s.target}.acc"
         denominators = [ref[1] for ref in step.reads if ref[1].endswith(".sum")]
         if isinstance(box, Contract) and denominators:  # the online softmax's normalisation

@@ -74,7 +74,7 @@ from ..cost import contraction_unit, tensor_launches
 from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from ..errors import NapkinCallError, NapkinError
 from ..pseudocode import Loop, Program, Step, compute_dtype
-from ..reference import ELEMENTWISE, _Evaluator, _Failure, _Named, masked_softmax
+from ..reference import ELEMENTWISE, _Evaluator, _Failure, _Named, logsumexp, masked_softmax
 from ..types import numpy_dtype
 
 __all__ = ["Counts", "add_run_command", "check_memory", "check_run", "estimate_bytes", "execute", "gelu", "run_program"]
@@ -597,7 +597,7 @@ class _Interpreter:
             operand = self.named_operand(s, operands)
             along = tuple(s.iteration_axes.index(a) for a in box.axes)
             kept = tuple(a for a in s.iteration_axes if a not in box.axes)
-            reduce = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[box.op]
+            reduce = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "lse": logsumexp}[box.op]
             initial = {"max": {"initial": -np.inf}, "min": {"initial": np.inf}}.get(box.op, {})
 
             align = _aligner(kept, axes)
@@ -754,6 +754,8 @@ class _Interpreter:
     def step_finalise(self, step: Step) -> Callable[[], None]:
         s, level = step.statement, step.level
         values = self.values[level]
+        if self.roles[s.index] == "lse":
+            return self.lse_finalise(step)
         acc_name, acc_axes, _ = self.state(s, "acc", level)
         out = self.launch.buffers[(level, s.target)]
         dtype = numpy_dtype(out.dtype)
@@ -777,6 +779,24 @@ class _Interpreter:
         def finalise():
             result = values[acc_name] / divisor if divisor != 1 else values[acc_name]
             self.store(level, s.target, out.axes, align_out(result).astype(dtype))
+
+        return finalise
+
+    def lse_finalise(self, step: Step) -> Callable[[], None]:
+        """L = P.max + log(P.sum): the log-sum-exp from the online softmax's state after the
+        stream (-inf for a fully masked row, whose sum is 0 and max -inf)."""
+        s, level = step.statement, step.level
+        values = self.values[level]
+        (_, m_name), (_, l_name) = step.reads
+        m_axes, l_axes = self.launch.buffers[(level, m_name)].axes, self.launch.buffers[(level, l_name)].axes
+        out = self.launch.buffers[(level, s.target)]
+        align_m, align_l = _aligner(m_axes, out.axes), _aligner(l_axes, out.axes)
+        dtype = numpy_dtype(out.dtype)
+
+        def finalise():
+            m = align_m(values[m_name])
+            result = np.where(m == -np.inf, -np.inf, m + np.log(align_l(values[l_name])))
+            self.store(level, s.target, out.axes, result.astype(dtype, copy=False))
 
         return finalise
 

@@ -286,7 +286,22 @@ class TensorPrinter(_Printer):
                 return self.element(r.array, in_rows)
             return self.smem_element(r.array, in_rows)
 
-        return print_expression(expr, self.sizes, self.dialect, read)
+        return print_expression(expr, self.sizes, self.dialect, read, lambda axis: self.lane_index(axis, col))
+
+    def lane_index(self, axis: str, col: str | None) -> str:
+        """The whole array's index along ``axis`` of the fragment element this lane holds: its
+        fragment row (layouts.mma_c: groupID, + 8 for the upper half) or column (2 * threadID in
+        group + the pair's element), plus the block's origin (an axis index in a mask)."""
+        origin = f"{self.origin[axis]} + " if axis in self.origin else ""
+        if axis == self.plan.row:
+            return f"{origin}{self.row_expr(col is None)}"
+        if col is not None and axis == col:
+            return f"{origin}{self.col_expr(col)}"
+        if self.tile[axis] == 1:
+            return origin.removesuffix(" + ") or "0"
+        raise LoweringError(f"the tensor-core printer has no per-lane index of axis {axis} here (only of the fragment's "
+                            f"row {self.plan.row} and column, and of axes grouped by 1)",
+                            hint="use the index in a statement over the fragment's axes, or run on the FMA path")
 
     def smem_element(self, name: str, in_rows: bool) -> str:
         slot = self.smem[name]
@@ -512,17 +527,21 @@ class TensorPrinter(_Printer):
         chunks = -(-self.sizes[axis] // self.tile[axis])
         stages = self.plan.stages
         self.emit(f"// for {axis} in {chunks} chunks of {self.tile[axis]}, {stages} stages: chunk c + 1 loads while chunk c computes")
+        first, stop = "0", str(chunks)
+        if node.mask is not None:  # the chunks the mask does not hide in full: bounds per block
+            first, stop = self.visited_chunks(node.mask, chunks)
         for name in streamed:
-            self.load(name, origin="0", stage="0", commit=False)
+            self.load(name, origin=f"{first} * {self.tile[axis]}" if node.mask is not None else "0", stage="0", commit=False)
         if streamed:
             self.emit("NK_CP_COMMIT();")
-        self.emit(f"for (int c_{ident(axis)} = 0; c_{ident(axis)} < {chunks}; c_{ident(axis)} += {stages}) {{")
+        self.emit(f"for (int c_{ident(axis)} = {first}; c_{ident(axis)} < {stop}; c_{ident(axis)} += {stages}) {{")
         self.depth += 1
         for stage in range(stages):
-            guard = f"if (c_{ident(axis)} + {stage} < {chunks}) " if stage and chunks % stages else ""
+            guard = f"if (c_{ident(axis)} + {stage} < {stop}) " if stage and (chunks % stages or node.mask is not None) else ""
             self.emit(f"{guard}{{  // stage {stage}")
             self.depth += 1
-            self.chunk(node, axis, streamed, chunks, stage, f"(c_{ident(axis)} + {stage})" if stage else f"c_{ident(axis)}")
+            # the next chunk is prefetched only when the block visits it (stop: past its last chunk)
+            self.chunk(node, axis, streamed, stop, stage, f"(c_{ident(axis)} + {stage})" if stage else f"c_{ident(axis)}")
             self.depth -= 1
             self.emit("}")
         self.depth -= 1
@@ -667,12 +686,14 @@ class TensorPrinter(_Printer):
 
             def per_row():
                 self.row_reduce("max", box.operand, col, "top")()
-                self.emit(f"top *= {LOG2E!r}f;  // exp(v - max) = 2^(v log2 e - max log2 e)")
+                # exp(v - max) = 2^(v log2 e - max log2 e); a fully masked row (max -inf) subtracts 0
+                self.emit(f"top = (top == -NK_INF) ? 0.0f : top * {LOG2E!r}f;")
                 self.exponentials(target, box.operand, col, "top", "total")
 
                 def scale():
                     self.emit("const int i = 2 * h + e;")
-                    self.emit(f"{self.element(target, False)} /= total;")
+                    # a fully masked row is 0, as in the reference (its total is 0)
+                    self.emit(f"{self.element(target, False)} = (total == 0.0f) ? 0.0f : {self.element(target, False)} / total;")
 
                 self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, scale))
 
@@ -731,7 +752,8 @@ class TensorPrinter(_Printer):
         m, total, scale = f"{s.target}.max", f"{s.target}.sum", f"{s.target}.scale"
 
         def per_row():
-            self.emit(f"const float top = {self.element(m, True)} * {LOG2E!r}f;  // exp(v - max) = 2^(v log2 e - max log2 e)")
+            # exp(v - max) = 2^(v log2 e - max log2 e); a row masked so far (max -inf) subtracts 0: its entries are 0
+            self.emit(f"const float top = ({self.element(m, True)} == -NK_INF) ? 0.0f : {self.element(m, True)} * {LOG2E!r}f;")
             self.exponentials(s.target, s.box.operand, col, "top", "part")
             self.emit(f"{self.element(total, True)} = {self.element(total, True)} * {self.element(scale, True)} + part;")
 
@@ -762,8 +784,16 @@ class TensorPrinter(_Printer):
         col = self.plan.fragments[s.target].col
         in_rows = col is None
         denominators = [ref[1] for ref in step.reads if ref[1].endswith(".sum")]
+        if isinstance(box, Reduce) and box.op == "lse":
+            (_, m), (_, total) = step.reads  # L = P.max + log(P.sum), -inf for a fully masked row
+            value = lambda: (f"({self.element(m, in_rows)} == -NK_INF) ? -NK_INF : "
+                             f"{self.element(m, in_rows)} + {self.dialect.math('log', [self.element(total, in_rows)])}")
+            self.each_element(col, lambda: self.emit(f"{self.element(s.target, in_rows)} = {value()};"))
+            return
         if isinstance(box, Contract) and denominators:
-            value = lambda: f"{self.element(acc, False)} / {self.element(denominators[0], False)}"
+            # a fully masked row summed nothing: 0, as in the reference (not 0 / 0)
+            value = lambda: (f"({self.element(denominators[0], False)} == 0.0f) ? 0.0f : "
+                             f"{self.element(acc, False)} / {self.element(denominators[0], False)}")
         elif isinstance(box, Reduce) and box.op == "mean":
             count = 1
             for axis in box.axes:
