@@ -395,3 +395,15 @@ def test_cli_tune_write_refuses_a_python_source_with_the_block_to_paste(tmp_path
     code, _, err = _cli(["tune", script, "--set", "b=1", "h=2", "q=256", "x=256", "d=64", "--write", tmp_path / "out.napkin"], capsys)
     assert code == 2 and "defined in Python" in err and "relabel attention on H100:" in err
     assert not (tmp_path / "out.napkin").exists()
+
+
+def test_the_tuned_launches_run_on_numpy_with_the_counts_the_model_predicts():
+    from .test_numpy_backend import assert_counts_equal_report, run_and_compare
+
+    kernel = swiglu()
+    result = kernel.tune("A100", **SMALL_SIZES)
+    tuned = kernel.relabelled(result)
+    assert len(tuned.program(**SMALL_SIZES).launches) >= 2
+    counts, report = run_and_compare(tuned, SMALL_SIZES)
+    assert_counts_equal_report(counts, report)
+    assert report.time["overlapped_s"] == pytest.approx(result.best.time_s)
