@@ -21,6 +21,7 @@ import difflib
 import inspect
 import sys
 import textwrap
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -480,6 +481,19 @@ def _outputs(function: Callable, returned: Any, body: syn.Module, source: _Funct
         return tuple(syn.Param(n, _annotation_type(a, n, "output", span), span) for n, a in returned.items())
     if not body.statements:
         raise NapkinError(f"kernel {function.__name__!r} has no statements", source.def_span, "write them in the docstring")
+    if typing.get_origin(returned) is tuple:
+        # tuple[T1, T2]: the outputs are the targets of the last statements, in order, as a
+        # single annotation names the last statement's (docs/notation.md, Kernels)
+        members = typing.get_args(returned)
+        if not members or Ellipsis in members or len(members) > len(body.statements):
+            raise NapkinError(f"kernel {function.__name__!r} returns {returned!r}: a tuple names one type per output, "
+                              f"the targets of the last {len(members)} statements", span,
+                              'write tuple[T1, T2] for the last two statements, or name them: -> {"O": ..., "L": ...}')
+        targets = [s.target for s in body.statements[-len(members):]]
+        if len(set(targets)) != len(targets):
+            raise NapkinError(f"kernel {function.__name__!r}: the last statements assign {', '.join(targets)} more than once",
+                              span, 'name the outputs instead: -> {"O": ..., "L": ...}')
+        return tuple(syn.Param(t, _annotation_type(a, t, "output", span), span) for t, a in zip(targets, members))
     last = body.statements[-1].target
     return (syn.Param(last, _annotation_type(returned, last, "return", span), span),)
 

@@ -374,3 +374,37 @@ def test_unequal_groups_fill_waves_as_blocks_issued_longest_first():
     assert any("4160 of 8192 tiles visited" in note for note in report.notes)
     unmasked = cost_of(napkin.load(EXAMPLES / "attention.napkin")["attention"].program(None, b=4, h=32, q=8192, x=8192, d=128))
     assert 0.45 < report.time["overlapped_s"] / unmasked.time["overlapped_s"] < 0.6
+
+
+def test_a_python_kernel_names_several_outputs_as_a_tuple_or_a_dict():
+    @napkin.kernel
+    def pair(S: napkin.f32["q x"]) -> tuple[napkin.f32["q x"], napkin.f32["q"]]:
+        """
+        P[q x] = softmax[x](where(q >= x, S, -inf))
+        L[q] = lse[x](where(q >= x, S, -inf))
+        """
+
+    @napkin.kernel
+    def named(S: napkin.f32["q x"]) -> {"P": napkin.f32["q x"], "L": napkin.f32["q"]}:
+        """
+        P[q x] = softmax[x](where(q >= x, S, -inf))
+        L[q] = lse[x](where(q >= x, S, -inf))
+        """
+
+    S = np.random.default_rng(1).standard_normal((4, 4)).astype(np.float32)
+    for kernel in (pair, named):
+        assert kernel.diagram.outputs == ("P", "L")
+        out = kernel(S)
+        E = np.tril(np.exp(S.astype(np.float64)))  # row q sees columns x <= q
+        np.testing.assert_allclose(out["P"], E / E.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(out["L"], np.log(E.sum(axis=1)), rtol=1e-5)
+
+
+def test_a_tuple_of_more_outputs_than_statements_is_an_error():
+    with pytest.raises(NapkinError) as info:
+        @napkin.kernel
+        def too_many(S: napkin.f32["q"]) -> tuple[napkin.f32["q"], napkin.f32["q"]]:
+            """
+            P[q] = S * 2
+            """
+    assert "tuple" in info.value.message and info.value.hint
