@@ -473,7 +473,8 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     best_estimate = estimated[0][0] if estimated else math.inf
     costed = []
     for index, (estimate, _, chosen, variant, ranked) in enumerate(estimated):
-        if index >= FUSION_CHOICES_COSTED and estimate > FUSION_ESTIMATE_SLACK * best_estimate and chosen != written:
+        if chosen != written and index >= FUSION_CHOICES_COSTED and (
+                estimate > FUSION_ESTIMATE_SLACK * best_estimate or index >= MAX_FUSION_CHOICES_COSTED):
             continue
         found = search.exact(variant, ranked, PER_CHOICE_COSTED, origin="tuned" if chosen == written else "fusion",
                              materialised=None if chosen == written else chosen)
@@ -522,9 +523,10 @@ def _curves(ranked: list) -> dict:
     return {label: dict(sorted(curve.items())) for label, curve in curves.items()}
 
 
-MAX_SPLIT_POINTS = 8  # 2^8 fusion choices at most are enumerated
+MAX_SPLIT_POINTS = 6  # 2^6 fusion choices at most are enumerated
 FUSION_CHOICES_COSTED = 8  # fusion choices costed exactly whatever their estimate ...
-FUSION_ESTIMATE_SLACK = 2.0  # ... and any other within this factor of the best estimate
+FUSION_ESTIMATE_SLACK = 2.0  # ... and any other within this factor of the best estimate ...
+MAX_FUSION_CHOICES_COSTED = 16  # ... up to this many in all (the written one always)
 PER_CHOICE_COSTED = 2  # candidates of each such choice costed exactly
 VERIFIED = 4  # candidates per launch checked with numeric tiles (path, memory) ...
 MAX_VERIFIED = 32  # ... checking at most this many

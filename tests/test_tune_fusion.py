@@ -407,3 +407,15 @@ def test_the_tuned_launches_run_on_numpy_with_the_counts_the_model_predicts():
     counts, report = run_and_compare(tuned, SMALL_SIZES)
     assert_counts_equal_report(counts, report)
     assert report.time["overlapped_s"] == pytest.approx(result.best.time_s)
+
+
+def test_a_long_chain_searches_the_written_fused_split_and_single_split_choices():
+    from napkin_dsl.tune import MAX_SPLIT_POINTS
+
+    n = MAX_SPLIT_POINTS + 2
+    lines = ["    A1[i] = X * 2"] + [f"    A{k}[i] = A{k - 1} + 1" for k in range(2, n)] + [f"    Y[i] = A{n - 1} * 3"]
+    (kernel,) = napkin.load("kernel chain(X: f32[i]) -> Y: f32[i]:\n" + "\n".join(lines) + "\n").values()
+    assert len(split_points(kernel.diagram, load_hardware("H100"))) == n - 1 > MAX_SPLIT_POINTS
+    result = kernel.tune("H100", i=4096)
+    assert result.fusion_choices == 1 + 1 + (n - 1)  # fused (as written), fully split, each single split
+    assert not result.best.materialised  # an elementwise chain is best fused: each split adds a round trip
