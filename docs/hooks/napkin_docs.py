@@ -7,6 +7,8 @@ Pages are Markdown with a few fenced blocks that this hook replaces by real outp
     runs the CLI in this process; ``cat FILE`` shows a file; ``python FILE`` runs a script.
     Attributes: ``expect=ok`` (the default), ``expect=error`` or ``expect=any``.
 ``napkin-md``   one napkin command whose output is Markdown (``--format markdown``): inserted as is.
+``napkin-draw file=NAME.svg``  one ``napkin draw ...`` command, run with ``-o NAME.svg``: shown with
+    its output, then the SVG, a file of the site beside the page, as an image linking to itself.
 ``napkin-source file=NAME``  napkin text saved as NAME in the page's scratch directory and shown
     under that name, so that later commands on the page can use it.
 ``python-run``  Python executed in one namespace per page; shown with what it prints. A
@@ -17,6 +19,11 @@ and HTML comments replaced by generated sections: ``<!-- napkin:grammar -->``,
 ``<!-- napkin:cli -->``, ``<!-- napkin:examples -->``, and for the tensor-core page
 ``<!-- napkin:tc-swizzle -->``, ``<!-- napkin:tc-wavefronts -->``, ``<!-- napkin:tc-pipeline -->``,
 ``<!-- napkin:tc-epilogue -->``, ``<!-- napkin:tc-sass -->`` (a one-line note instead of SASS when nvdisasm is not installed).
+The text of the sections in ``COMMITTED`` is also committed in the page, between the comment and
+a closing ``<!-- /napkin:NAME -->``, so that the raw Markdown reads well; the build regenerates
+it and warns (failing ``--strict``) when the committed text is out of date, and
+``python docs/hooks/napkin_docs.py --update`` rewrites it. Diagrams are images that link to
+themselves, so that a click opens them at full size.
 
 Commands run in a scratch directory per page that holds ``examples`` (a link to the
 repository's examples), so paths in their output read as they do from the repository root.
@@ -245,11 +252,17 @@ def run_python(code: str, namespace: dict, cwd: Path) -> Outcome:
 # ---- expanding a page --------------------------------------------------------------------------
 
 _FENCE = re.compile(
-    r"^(?P<indent>[ \t]*)```(?P<kind>napkin-cli|napkin-md|napkin-source|python-run)(?P<attrs>[^\n]*)\n"
+    r"^(?P<indent>[ \t]*)```(?P<kind>napkin-cli|napkin-md|napkin-draw|napkin-source|python-run)(?P<attrs>[^\n]*)\n"
     r"(?P<body>.*?)^(?P=indent)```[ \t]*$",
     re.M | re.S,
 )
-_COMMENT = re.compile(r"^(?P<indent>[ \t]*)<!-- napkin:(?P<what>[a-z-]+)(?P<args>[^>]*?)\s*-->[ \t]*$", re.M)
+_COMMENT = re.compile(r"^(?P<indent>[ \t]*)<!-- napkin:(?P<what>[a-z-]+)(?P<args>[^>]*?)\s*-->[ \t]*$"
+                      r"(?:\n(?P<body>.*?)^(?P=indent)<!-- /napkin:(?P=what) -->[ \t]*$)?", re.M | re.S)
+# Generated sections whose text is committed between their markers, so that the Markdown reads
+# well on its own (on a forge); the build checks the committed text is current. The others
+# depend on the machine (tc-sass: whether nvdisasm is installed) or are links (diagram).
+COMMITTED = ("grammar", "functions", "dtypes", "hardware", "cli", "tc-swizzle", "tc-wavefronts", "tc-pipeline", "tc-epilogue")
+UPDATE_COMMAND = "python docs/hooks/napkin_docs.py --update"
 
 
 def _fenced(text: str, lang: str = "text", title: str | None = None) -> str:
@@ -265,13 +278,29 @@ def _indent(text: str, indent: str) -> str:
     return "\n".join(indent + line if line else line for line in text.split("\n"))
 
 
+def _dedent_by(text: str, indent: str) -> str:
+    return "\n".join(line.removeprefix(indent) for line in text.split("\n"))
+
+
+def _linked_image(alt: str, target: str) -> str:
+    """A diagram scaled to the column, linking to itself: a click opens it at full size."""
+    return f"[![{alt}]({target})]({target}){{ .napkin-diagram title=\"open at full size\" }}"
+
+
+def _no_headings(markdown: str) -> str:
+    """Generated Markdown inside a page: its headings become bold lines, so that they do not
+    enter the page's table of contents (a tutorial's "softcap on H100")."""
+    return re.sub(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", r"**\1**", markdown, flags=re.M)
+
+
 class Page:
     """Expands the blocks of one page; complains (warnings) about what went wrong."""
 
-    def __init__(self, src_uri: str, workspace: Workspace):
+    def __init__(self, src_uri: str, workspace: Workspace, config=None, files=None):
         self.src_uri = src_uri
         self.cwd = workspace.for_page(src_uri)
         self.namespace: dict = {"__name__": "napkin_docs_page"}
+        self.config, self.files = config, files
 
     def complain(self, what: str, outcome: Outcome | None = None):
         detail = f"\n{outcome.text.rstrip()}" if outcome is not None and outcome.text else ""
@@ -307,7 +336,9 @@ class Page:
             line = body.strip()
             outcome = run_command(line, self.cwd)
             self.judge(expect, outcome, f"'{line}'")
-            return _indent(outcome.text.rstrip("\n") if outcome.ok else _fenced(f"$ {line}\n{outcome.text}"), indent)
+            return _indent(_no_headings(outcome.text.rstrip("\n")) if outcome.ok else _fenced(f"$ {line}\n{outcome.text}"), indent)
+        if kind == "napkin-draw":
+            return _indent(self.draw(body.strip(), attrs), indent)
         # napkin-cli
         parts = []
         for line in (raw.strip() for raw in body.splitlines()):
@@ -322,27 +353,42 @@ class Page:
         what, args = match["what"], match["args"].split()
         if what == "diagram":
             return _indent(self.diagram(*args), match["indent"])
-        makers = {
-            "grammar": grammar_section,
-            "functions": functions_section,
-            "dtypes": dtypes_section,
-            "hardware": hardware_section,
-            "cli": cli_section,
-            "examples": examples_section,
-            "tc-swizzle": tc_swizzle_section,
-            "tc-wavefronts": tc_wavefronts_section,
-            "tc-pipeline": tc_pipeline_section,
-            "tc-epilogue": tc_epilogue_section,
-            "tc-sass": tc_sass_section,
-        }
+        makers = section_makers()
         if what not in makers:
             self.complain(f"unknown generated section <!-- napkin:{what} -->")
             return match[0]
         try:
-            return _indent(makers[what](), match["indent"])
+            generated = makers[what]()
         except Exception:
             self.complain(f"generating <!-- napkin:{what} --> failed", Outcome(False, traceback.format_exc(), bug=True))
             return ""
+        if what in COMMITTED:
+            committed = match["body"]
+            if committed is None:
+                self.complain(f"<!-- napkin:{what} --> has no committed text and no <!-- /napkin:{what} --> marker; "
+                              f"run {UPDATE_COMMAND}")
+            elif _dedent_by(committed, match["indent"]).strip() != generated.strip():
+                self.complain(f"the committed text of <!-- napkin:{what} --> is out of date; run {UPDATE_COMMAND}")
+        return _indent(generated, match["indent"])
+
+    def draw(self, line: str, attrs: dict) -> str:
+        """``napkin-draw``: one ``napkin draw ...`` command; its SVG becomes a file of the site beside
+        the page, shown as an image that links to itself (full size), under the command."""
+        name = attrs.get("file")
+        if not name or not line.startswith("napkin draw ") or self.files is None:
+            self.complain("a napkin-draw block needs file=NAME.svg and one 'napkin draw ...' line")
+            return ""
+        command = f"{line} -o {name}"
+        outcome = run_command(command, self.cwd)
+        self.judge("ok", outcome, f"'{command}'")
+        if not outcome.ok:
+            return _fenced(f"$ {command}\n{outcome.text}")
+        directory = self.src_uri.rsplit("/", 1)[0] + "/" if "/" in self.src_uri else ""
+        stem = self.src_uri.rsplit("/", 1)[-1][: -len(".md")]
+        site_name = f"{stem}.{name}"
+        self.files.append(File.generated(self.config, directory + site_name, content=(self.cwd / name).read_text()))
+        shown = _fenced(f"$ {command}\n{outcome.text.rstrip()}", "text")
+        return f"{shown}\n\n{_linked_image(attrs.get('alt', name), site_name)}"
 
     def diagram(self, source: str = "", variant: str = "relabelled") -> str:
         """``<!-- napkin:diagram examples/X.napkin [written|relabelled] -->``: the example's drawing,
@@ -354,7 +400,7 @@ class Page:
         if (example.page, variant) not in _state.get("svgs", {}):
             return ""
         target = example.page[: -len(".md")] + f".{variant}.svg"
-        return f"![{example.rel}, {variant}]({_relative(self.src_uri, target)})"
+        return _linked_image(f"{example.rel}, {variant}", _relative(self.src_uri, target))
 
     def expand(self, markdown: str) -> str:
         markdown = _FENCE.sub(self.fence, markdown)
@@ -362,6 +408,43 @@ class Page:
 
 
 # ---- generated sections ----------------------------------------------------------------------
+
+
+def section_makers() -> dict:
+    """``<!-- napkin:NAME -->`` -> the function that generates its Markdown."""
+    return {
+        "grammar": grammar_section,
+        "functions": functions_section,
+        "dtypes": dtypes_section,
+        "hardware": hardware_section,
+        "cli": cli_section,
+        "examples": examples_section,
+        "tc-swizzle": tc_swizzle_section,
+        "tc-wavefronts": tc_wavefronts_section,
+        "tc-pipeline": tc_pipeline_section,
+        "tc-epilogue": tc_epilogue_section,
+        "tc-sass": tc_sass_section,
+    }
+
+
+def update_committed(docs: Path = ROOT / "docs") -> list[Path]:
+    """Write the current text of every committed section between its markers; the files changed."""
+    makers, changed = section_makers(), []
+
+    def replace(match: re.Match) -> str:
+        what, indent = match["what"], match["indent"]
+        if what not in COMMITTED:
+            return match[0]
+        opening = match[0].split("\n", 1)[0]
+        return f"{opening}\n{_indent(makers[what]().strip(), indent)}\n{indent}<!-- /napkin:{what} -->"
+
+    for page in sorted(docs.glob("*.md")):
+        text = page.read_text()
+        updated = _COMMENT.sub(replace, text)
+        if updated != text:
+            page.write_text(updated)
+            changed.append(page)
+    return changed
 
 
 def grammar_section() -> str:
@@ -840,7 +923,7 @@ def _svg_section(example: Example, svgs: dict) -> str:
     if not svgs:
         return ""
     stem = example.stem
-    tabs = [(title, f"![{example.rel} {title.lower()}]({stem}.{suffix}.svg)") for suffix, title in
+    tabs = [(title, _linked_image(f"{example.rel} {title.lower()}", f"{stem}.{suffix}.svg")) for suffix, title in
             (("written", "As written"), ("relabelled", "Relabelled"), ("costs", "With M and H per column"))
             if (example.page, suffix) in svgs]
     return "\n".join(["## Diagram", "",
@@ -1062,7 +1145,7 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
-    return Page(page.file.src_uri, _state["workspace"]).expand(markdown)
+    return Page(page.file.src_uri, _state["workspace"], config, files).expand(markdown)
 
 
 def on_post_build(config):
@@ -1073,3 +1156,11 @@ def on_post_build(config):
 
 def on_build_error(error):
     on_post_build(None)
+
+
+if __name__ == "__main__":
+    # python docs/hooks/napkin_docs.py --update: refresh the committed generated sections.
+    if sys.argv[1:] != ["--update"]:
+        sys.exit("usage: python docs/hooks/napkin_docs.py --update")
+    for path in update_committed():
+        print(f"updated {path.relative_to(ROOT)}")
