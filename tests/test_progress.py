@@ -7,6 +7,7 @@ import fcntl
 import io
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -93,3 +94,17 @@ def test_a_real_terminal_sees_progress_and_a_pipe_does_not():
     assert b"run softmax_rows on numpy:" in drawn
     piped = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, env=env, cwd=ROOT, timeout=300)
     assert piped.returncode == 0 and b"run softmax_rows on numpy:" not in piped.stderr
+
+
+def test_tune_draws_a_bar_over_the_fusion_choices(monkeypatch):
+    monkeypatch.delenv("NAPKIN_PROGRESS", raising=False)
+    monkeypatch.setattr(progress_module, "DELAY_S", 0.0)
+    err, out = Terminal(), io.StringIO()
+    argv = ["tune", str(EXAMPLES / "mlp.napkin"), "--top", "1", "--set", "b=256", "k=256", "n=256"]
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    drawn = err.getvalue()
+    assert "tune mlp:" in drawn
+    # The tuner said how many fusion choices it weighs, and the bar counted up to all of them.
+    counts = re.findall(r"(\d+)/(\d+)", drawn)
+    assert counts and counts[-1][0] == counts[-1][1]
