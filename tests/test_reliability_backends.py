@@ -445,6 +445,13 @@ relabel s on H100:
 relabel m on H100:
     smem: group i 32
 """, {"i": 100}),
+    # an axis index (masks) in an f64 expression: one C type per expression (OpenCL has no fmax(double, float))
+    "index": ("""kernel x(X: f64[i]) -> Y: f64[i]:
+    Y[i] = max(X, i / 7) + min(len(i) / 3, X) * i
+
+relabel x on H100:
+    smem: group i 32
+""", {"i": 70}),
     # an f64 scalar reaches the kernel unrounded
     "scalar": ("""kernel c(X: f64[i], s: f64) -> Y: f64[i]:
     Y[i] = X * s
@@ -570,3 +577,20 @@ def test_the_run_check_of_an_f64_kernel_allows_f64_error_only(backend, request):
     assert tolerance(kernel.program(None, **sizes)) == pytest.approx(1e-12, rel=1e-12)
     result = check_run(kernel, None, sizes, backend=backend)
     assert result["ok"] and result["max_rel_error"] < 1e-14
+
+
+def test_an_f64_scalar_in_an_f32_expression_compiles_and_computes_in_f32_on_opencl(opencl_device):
+    """OpenCL's fmax(float, double) is ambiguous: the scalar is cast to the step's type, as the
+    NumPy backend rounds it to the f32 tile's."""
+    from napkin_dsl.backends import opencl
+
+    kernel = only("kernel k(X: f32[i], s: f64) -> Y: f32[i]:\n    Y[i] = max(X, s) * s + min(s, X) ^ 2\n\n"
+                  "relabel k on H100:\n    smem: group i 32\n")
+    program = kernel.gpu_program(None, i=70)
+    arrays, _ = random_arguments(kernel.diagram, {"i": 70}, 0)
+    scalars = {"s": np.float64(1 / 3)}
+    expected = evaluate(kernel.diagram, arrays, scalars, {"i": 70}, keep_float64=True)["Y"]
+    got = opencl.run(program, arrays, scalars)["Y"]
+    numpy_got, _ = execute(kernel.program(None, i=70), arrays, scalars)
+    assert relative_error(got, expected) <= tolerance(program)
+    np.testing.assert_allclose(got, numpy_got["Y"], rtol=4 * 2.0**-24)

@@ -23,7 +23,8 @@ How a Program maps onto a GPU:
   they print nothing.
 
 Deliberately not here: compiling (``nvrtc.py``), launching (``cuda.py``, ``opencl.py``),
-tensor-core instructions (contractions are per-thread loops in f32), opaque boxes (they
+tensor-core instructions (contractions are per-thread loops, in f32, or in f64 where the
+Program computes in f64: every step is printed in the C type of its dtype), opaque boxes (they
 have no body to print), fp8 arrays.
 """
 
@@ -290,7 +291,8 @@ def literal(value: float, real: str = "float") -> str:
     return f"{value!r}f" if real == "float" else repr(value)
 
 
-def print_expression(expr, sizes: dict, dialect: Dialect, read, index=None, real: str = "float") -> str:
+def print_expression(expr, sizes: dict, dialect: Dialect, read, index=None, real: str = "float",
+                     scalars: dict | None = None) -> str:
     """An elementwise expression as a float expression; ``read(Read)`` spells array reads and
     ``index(axis)`` the whole array's index of the current element along an axis (an int)."""
     if isinstance(expr, Read):
@@ -298,7 +300,7 @@ def print_expression(expr, sizes: dict, dialect: Dialect, read, index=None, real
     if isinstance(expr, Index):
         if index is None:
             raise LoweringError(f"the index of axis {expr.axis} has no meaning here")
-        return f"((float)({index(expr.axis)}))"
+        return f"(({real})({index(expr.axis)}))"
     if isinstance(expr, Const) and expr.value in (sympy.oo, -sympy.oo):
         return "NK_INF" if expr.value > 0 else "(-NK_INF)"
     if isinstance(expr, Const):
@@ -310,9 +312,12 @@ def print_expression(expr, sizes: dict, dialect: Dialect, read, index=None, real
             raise LoweringError(failure.message, hint=failure.hint) from None
         return literal(value, real)
     if isinstance(expr, ScalarParam):
-        return f"p_{ident(expr.name)}"
+        # Every operand in the step's type: OpenCL's fmax(double, float) does not compile.
+        # ``scalars``: each scalar's declared C type (scalar_ctype), where it may differ.
+        declared = (scalars or {}).get(expr.name, "float")
+        return f"p_{ident(expr.name)}" if declared == real else f"(({real})p_{ident(expr.name)})"
     if isinstance(expr, Apply):
-        return dialect.math(expr.fn, [print_expression(a, sizes, dialect, read, index, real) for a in expr.args], real)
+        return dialect.math(expr.fn, [print_expression(a, sizes, dialect, read, index, real, scalars) for a in expr.args], real)
     raise AssertionError(f"napkin bug: expression {expr!r}")
 
 
@@ -535,7 +540,8 @@ class _Printer:
         return self.dialect.store(self.ptr(name), self.buffer_index(name, axes), value, slot.dtype, self.real)
 
     def expression(self, expr, axes) -> str:
-        return print_expression(expr, self.sizes, self.dialect, lambda r: self.read(r.array, axes), self.index, real=self.real)
+        return print_expression(expr, self.sizes, self.dialect, lambda r: self.read(r.array, axes), self.index,
+                                real=self.real, scalars={n: scalar_ctype(self.diagram, n) for n in self.diagram.scalars})
 
     def index(self, axis: str) -> str:
         """The whole array's index of the current element along ``axis``: the tile's origin

@@ -176,8 +176,10 @@ class _TileEvaluator(_Evaluator):
         if isinstance(expr, Index):
             start, stop = self.ranges[expr.axis]
             # f32 holds every index below 2^24 exactly and keeps an f32 tile f32 (ALiBi's
-            # slope[h] * (x - q)); longer axes count in f64.
-            dtype = np.float32 if self.sizes[expr.axis] <= 2**24 else np.float64
+            # slope[h] * (x - q)); longer axes count in f64, and so does an f64 statement (its
+            # operand tiles are f64: i / 7 must not be rounded to f32 there).
+            wide = self.sizes[expr.axis] > 2**24 or any(t.dtype == np.float64 for t in self.arrays.values())
+            dtype = np.float64 if wide else np.float32
             return _Named(np.arange(start, stop, dtype=dtype), (expr.axis,))
         if isinstance(expr, Const):
             if expr not in self._constants:  # sympy substitution is slow: once per constant
