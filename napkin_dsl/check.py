@@ -542,6 +542,16 @@ class _KernelChecker:
                 self.out.error(f"inf is only a value to select, as in where(COND, S, -inf); it takes no arithmetic",
                                expr.span, "write -inf or inf as a whole argument of where")
                 return None
+            # The name of an axis the statement iterates over is the element's index, 0 at the
+            # first element: as a power's base or a divisor it is almost surely a size meant the
+            # way it is written elsewhere (d^-0.5), so it is refused rather than read as 1/0.
+            odd = left if expr.op == "^" and isinstance(left, Index) else right if expr.op == "/" and isinstance(right, Index) else None
+            if odd is not None:
+                operand = expr.left if odd is left else expr.right
+                self.out.error(f"{odd.axis!r} here is the index of axis {odd.axis!r} (0 at its first element), used as "
+                               f"{'a power base' if odd is left else 'a divisor'}: the statement iterates over {odd.axis!r}",
+                               _span_of(operand) or expr.span, f"write len({odd.axis}) for the size of {odd.axis}")
+                return None
             if isinstance(left, Const) and isinstance(right, Const):
                 return self.fold(expr, left.value, right.value)
             return Apply(OPERATORS[expr.op], (left, right))

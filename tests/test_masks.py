@@ -180,6 +180,10 @@ ERRORS = [
     ("kernel k(and: f32[q]) -> P: f32[q]:\n    P[q] = and\n", NapkinSyntaxError, 1, 10, ["reserved word"], ["and"]),
     ("box where(f32[x]) -> f32[x]\nkernel k(S: f32[x]) -> P: f32[x]:\n    P[x] = S\n", NapkinTypeError, 1, 5,
      ["name of a built-in function"], []),
+    # an index as a power base or a divisor: a size was meant (the axis is the target's)
+    ("kernel k(X: f32[t d]) -> Y: f32[t d]:\n    Y[t d] = X * d^-0.5\n", NapkinTypeError, 2, 18,
+     ["index of axis 'd'", "power base"], ["len(d)"]),
+    ("kernel k(X: f32[n]) -> Y: f32[n]:\n    Y[n] = X / n\n", NapkinTypeError, 2, 16, ["index of axis 'n'", "divisor"], ["len(n)"]),
 ]
 
 

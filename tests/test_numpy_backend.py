@@ -241,7 +241,7 @@ def test_softmax_and_rmsnorm_style_kernels_with_scalars():
     check_kernel("""
 kernel norm(X: f32[t d], G: f32[d], eps: f32) -> Y: f32[t d]:
     ms[t] = mean[d](X * X)
-    Y[t d] = X * rsqrt(ms + eps) * G * d^-0.5
+    Y[t d] = X * rsqrt(ms + eps) * G * len(d)^-0.5
 
 relabel norm on H100:
     smem: group t 3

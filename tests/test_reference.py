@@ -82,7 +82,8 @@ def check(kernel, arrays, expected: dict, *, scalars=None, sizes=None, impls=Non
 
 def test_every_example_is_covered():
     covered = {"attention.napkin", "attention_unfused.napkin", "gqa.napkin", "matmul.napkin", "mlp.napkin",
-               "rmsnorm.napkin", "softmax.napkin", "paper/fig9.napkin", "paper/fig11.napkin", "paper/fig12.napkin"}
+               "rmsnorm.napkin", "softmax.napkin", "paper/fig9.napkin", "paper/fig11.napkin", "paper/fig12.napkin",
+               "causal_attention.napkin", "sliding_window.napkin", "attention_lse.napkin"}
     assert {str(p.relative_to(EXAMPLES)) for p in NAPKIN_EXAMPLES} == covered
 
 
@@ -96,6 +97,40 @@ def test_attention():
         for h in range(3):
             O[b, h] = softmax_rows(Q[b, h] @ K[b, h].T / math.sqrt(8)) @ V[b, h]
     check(kernel, arrays, {"O": O})
+
+
+def masked_attention(Q, K, V, visible):
+    """Attention where query i sees key j only if visible[i, j], written plainly per head."""
+    O = np.empty(Q.shape[:-1] + V.shape[-1:])
+    for b in range(Q.shape[0]):
+        for h in range(Q.shape[1]):
+            S = Q[b, h] @ K[b, h].T / math.sqrt(Q.shape[-1])
+            E = np.where(visible, np.exp(S), 0.0)
+            O[b, h] = E / E.sum(axis=-1, keepdims=True) @ V[b, h]
+    return O
+
+
+def test_causal_attention():
+    kernel = load("causal_attention.napkin")
+    arrays = random_inputs(kernel, {"b": 1, "h": 2, "q": 6, "x": 6, "d": 8}, seed=21)
+    Q, K, V = (f64(arrays[n]) for n in "QKV")
+    check(kernel, arrays, {"O": masked_attention(Q, K, V, np.tril(np.ones((6, 6), bool)))})
+
+
+def test_sliding_window():
+    kernel = load("sliding_window.napkin")  # a window of 256 keys
+    arrays = random_inputs(kernel, {"b": 1, "h": 1, "q": 300, "x": 300, "d": 4}, seed=22)
+    Q, K, V = (f64(arrays[n]) for n in "QKV")
+    i, j = np.arange(300)[:, None], np.arange(300)[None, :]
+    check(kernel, arrays, {"O": masked_attention(Q, K, V, (j <= i) & (j > i - 256))})
+
+
+def test_attention_lse():
+    kernel = load("attention_lse.napkin")
+    arrays = random_inputs(kernel, {"b": 1, "h": 2, "q": 5, "x": 7, "d": 8}, seed=23)
+    Q, K, V = (f64(arrays[n]) for n in "QKV")
+    S = np.einsum("bhqd,bhxd->bhqx", Q, K) / math.sqrt(8)
+    check(kernel, arrays, {"O": masked_attention(Q, K, V, np.ones((5, 7), bool)), "L": np.log(np.exp(S).sum(axis=-1))})
 
 
 def test_attention_unfused():

@@ -21,6 +21,9 @@ IDS = [name for name, _ in KERNELS]
 # paper's figures, whose relabel blocks leave group sizes symbolic.
 BOUND = {
     "attention": {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
+    "causal_attention": {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
+    "sliding_window": {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
+    "attention_lse": {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
     "attention_unfused": {"q": 1024, "x": 1024, "d": 128},
     "gqa": {"b": 4, "kv": 8, "r": 4, "q": 8192, "x": 8192, "d": 128},
     "matmul": {"m": 8192, "n": 8192, "k": 8192},

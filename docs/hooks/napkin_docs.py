@@ -99,6 +99,12 @@ SETUPS = {
     "attention_unfused.napkin": Setup("H100", {"q": 1024, "x": 1024, "d": 128},
                                       "one head of 1k tokens: materialising S and P at gmem limits how far this form goes "
                                       "(see the cost section)."),
+    "causal_attention.napkin": Setup("H100", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
+                                     "the FlashAttention benchmark shape, causal: about half the tiles are visited."),
+    "sliding_window.napkin": Setup("H100", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
+                                   "8k tokens with a 256-token window: a band of tiles along the diagonal."),
+    "attention_lse.napkin": Setup("H100", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
+                                  "the same sizes as `attention.napkin`; L adds one value per query."),
     "gqa.napkin": Setup("H100", {"b": 4, "kv": 8, "r": 4, "q": 8192, "x": 8192, "d": 128},
                         "8 key/value heads each serving 4 query heads (32 query heads), 8k tokens, d = 128."),
     "matmul.napkin": Setup("H100", {"m": 8192, "n": 8192, "k": 8192}, "the square 8192 GEMM cuBLAS is usually measured at."),
