@@ -870,6 +870,8 @@ class _Bounds:
             v, e = self.values[expr.array]
             stored = self.diagram.arrays[expr.array].axes
             return _expand(v, stored, axes), _expand(e, stored, axes)
+        if isinstance(expr, Const) and expr.value.is_infinite:  # -inf in where(COND, S, -inf): exact
+            return np.float64(float(expr.value)), np.float64(0.0)
         if isinstance(expr, Const):
             value = float(expr.value.subs({s: self.sizes[s.name] for s in expr.value.free_symbols}))
             # a literal of the compute dtype: exact in f64 (the GPU prints double literals there)
@@ -883,6 +885,18 @@ class _Bounds:
         fn = expr.fn
         special = SPECIAL_ULPS * u
         with np.errstate(all="ignore"):
+            if fn in ("ge", "gt", "le", "lt", "eq", "ne"):
+                # a condition, 0 or 1: exact unless the operands' errors could flip it (then unknown)
+                (a, ea), (b, eb) = args
+                r = {"ge": np.greater_equal, "gt": np.greater, "le": np.less_equal, "lt": np.less,
+                     "eq": np.equal, "ne": np.not_equal}[fn](a, b)
+                return r, np.where(np.abs(a - b) <= ea + eb, np.inf, 0.0)
+            if fn in ("and", "or", "not"):
+                r = {"and": np.logical_and, "or": np.logical_or, "not": np.logical_not}[fn](*(a for a, _ in args))
+                return r, np.maximum.reduce([np.asarray(e, dtype=np.float64) for _, e in args])
+            if fn == "where":
+                (c, ec), (a, ea), (b, eb) = args
+                return np.where(c, a, b), np.where(ec > 0, np.inf, np.where(c, ea, eb))
             if fn in ("add", "sub"):
                 (a, ea), (b, eb) = args
                 r = a + b if fn == "add" else a - b
@@ -962,7 +976,12 @@ class _Bounds:
                 where = tuple(axes.index(a) for a in box.axes)
                 kept = tuple(a for a in axes if a not in box.axes)
                 length = math.prod(self.sizes[a] for a in box.axes)
-                if box.op in ("sum", "mean"):
+                if box.op == "lse":  # |d lse / d x_i| = softmax_i <= 1: the worst input error, plus exp, sum and log
+                    peak = np.max(x, axis=where, keepdims=True)
+                    shift = np.where(peak == -np.inf, 0.0, peak)
+                    v = np.squeeze(np.log(np.sum(np.exp(x - shift), axis=where, keepdims=True)) + shift, axis=where)
+                    e = np.max(ex, axis=where) + (length + 6) * SPECIAL_ULPS * u * (1 + np.abs(np.where(np.isfinite(v), v, 0)))
+                elif box.op in ("sum", "mean"):
                     v = np.sum(x, axis=where)
                     e = np.sum(ex, axis=where) + (length + 1) * u * np.sum(np.abs(x), axis=where)
                     if box.op == "mean":
@@ -976,8 +995,10 @@ class _Bounds:
                 shape = tuple(self.sizes[a] for a in s.axes)
                 x, ex = np.broadcast_to(x, shape), np.broadcast_to(ex, shape)
                 k = s.axes.index(box.axis)
-                shifted = np.exp(x - np.max(x, axis=k, keepdims=True))
-                v = shifted / np.sum(shifted, axis=k, keepdims=True)
+                peak = np.max(x, axis=k, keepdims=True)  # a fully masked row (all -inf) is 0 (notation.md)
+                shifted = np.exp(x - np.where(peak == -np.inf, 0.0, peak))
+                total = np.sum(shifted, axis=k, keepdims=True)
+                v = np.where(total == 0, 0.0, shifted / np.where(total == 0, 1.0, total))
                 worst = np.max(ex, axis=k, keepdims=True)
                 e = v * np.expm1(ex + worst) + (self.sizes[box.axis] + 6) * SPECIAL_ULPS * u * v
             else:  # an opaque box: not judged
