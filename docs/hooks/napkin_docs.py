@@ -904,6 +904,8 @@ def describe(example: Example, first_line: bool = False) -> str:
                 break
             lines.append(line.lstrip("#").strip())
         paragraphs = [" ".join(lines)]
+    # Comments are prose with napkin in it, not Markdown: `sum[x](exp(S))` must not become a link.
+    paragraphs = [re.sub(r"([\[\]])", r"\\\1", p) for p in paragraphs]
     if first_line:
         return paragraphs[0].replace("\n", " ").replace("|", "\\|") if paragraphs else ""
     return "\n\n".join(paragraphs)
