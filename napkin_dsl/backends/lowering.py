@@ -1036,8 +1036,8 @@ class _Printer:
     def row_reduction(self, rows, reduced, op, operand, finish):
         """Reduce `operand` over `reduced` for every row; finish(total) stores the result."""
         if op == "lse":
-            raise LoweringError("lse[...] is printed only streamed, as the state of a softmax of the same operand",
-                                hint="stream its axis beside softmax[AXIS] of the same operand, or run it with the NumPy backend")
+            self.lse_reduction(rows, reduced, operand, finish)
+            return
         start = {"sum": self.zero, "mean": self.zero, "max": "-NK_INF", "min": "NK_INF"}[op]
         combine = {"sum": "+", "mean": "+"}.get(op)
         kind = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}[op]
@@ -1056,6 +1056,24 @@ class _Printer:
             self.lane_loop(reduced, element)
             self.emit(f"total = {self.dialect.row_reduce(kind, 'total')};")
             finish("total")
+
+        self.row_loop(rows, body)
+
+    def lse_reduction(self, rows, reduced, operand, finish):
+        """log(sum(exp(operand))) over `reduced` for every row, unstreamed: the row's max first,
+        then the sum of exp(v - max); -inf for a row whose every entry is -inf (a masked row)."""
+        d = self.dialect
+        all_axes = tuple(rows) + tuple(reduced)
+
+        def body():
+            self.emit("float top = -NK_INF;")
+            self.lane_loop(reduced, lambda: self.emit(f"top = {d.math('max', ['top', self.expression(operand, all_axes)])};"))
+            self.emit(f"top = {d.row_reduce('max', 'top')};")
+            self.emit("const float shift = (top == -NK_INF) ? 0.0f : top;")
+            self.emit("float total = 0.0f;")
+            self.lane_loop(reduced, lambda: self.emit(f"total += {d.math('exp', [self.expression(operand, all_axes) + ' - shift'])};"))
+            self.emit(f"total = {d.row_reduce('sum', 'total')};")
+            finish(f"((top == -NK_INF) ? -NK_INF : shift + {d.math('log', ['total'])})")
 
         self.row_loop(rows, body)
 

@@ -668,6 +668,10 @@ class TensorPrinter(_Printer):
         if isinstance(box, Map):
             self.each_element(col, lambda: self.emit(f"{self.element(target, col is None)} = {self.value(box.expr, col)};"))
             return
+        if isinstance(box, Reduce) and box.op == "lse":
+            raise LoweringError(f"{target} = lse[{' '.join(box.axes)}](...) unstreamed is not implemented on the tensor-core "
+                                f"path (it is streamed, as a softmax's state, and unstreamed on the FMA path)", s.span,
+                                f"stream {' '.join(box.axes)} beside softmax of the same operand")
         if isinstance(box, Reduce):
             reduced = self.reduced_col(box.operand)
             op = {"mean": "sum"}.get(box.op, box.op)
