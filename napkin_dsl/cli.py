@@ -14,6 +14,7 @@ module does under ``if __name__ == "__main__":`` does not run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -93,7 +94,8 @@ def _load_python(path: Path) -> dict[str, Kernel]:
                           f"napkin imports the file to find its @napkin.kernel functions; `python {path}` shows the traceback") from None
     finally:
         sys.modules.pop(name, None)
-        sys.path.remove(str(path.resolve().parent))
+        with contextlib.suppress(ValueError):  # the module may have taken its directory off sys.path itself
+            sys.path.remove(str(path.resolve().parent))
     kernels: dict[str, Kernel] = {}
     for value in vars(module).values():
         if isinstance(value, Kernel):

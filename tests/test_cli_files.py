@@ -195,3 +195,11 @@ def test_importing_leaves_sys_modules_and_sys_path_as_they_were(gqa_py):
     assert set(sys.modules) - modules <= {m for m in sys.modules if not m.startswith("_napkin_file_")}
     assert not any(m.startswith("_napkin_file_") for m in sys.modules)
     assert sys.path == path
+
+
+def test_a_module_that_edits_sys_path_still_loads(tmp_path):
+    path = tmp_path / "pathy.py"
+    path.write_text(TWO_KERNELS.replace("import napkin_dsl as napkin\n",
+                                        "import sys\nimport napkin_dsl as napkin\nsys.path[:] = [p for p in sys.path if p != "
+                                        f"{str(tmp_path)!r}]\n", 1))
+    assert list(load_file(path)) == ["gqa", "scale"]
