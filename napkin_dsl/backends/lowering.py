@@ -458,6 +458,7 @@ class _Printer:
         self.stage_depth: int | None = None
         # The C type the current step computes in (real_type): double where the Program says f64.
         self.real = "float"
+        self.scalar_types = {n: scalar_ctype(self.diagram, n) for n in self.diagram.scalars}
 
     # -- helpers
     def emit(self, line: str = ""):
@@ -541,7 +542,7 @@ class _Printer:
 
     def expression(self, expr, axes) -> str:
         return print_expression(expr, self.sizes, self.dialect, lambda r: self.read(r.array, axes), self.index,
-                                real=self.real, scalars={n: scalar_ctype(self.diagram, n) for n in self.diagram.scalars})
+                                real=self.real, scalars=self.scalar_types)
 
     def index(self, axis: str) -> str:
         """The whole array's index of the current element along ``axis``: the tile's origin

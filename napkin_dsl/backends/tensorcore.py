@@ -286,7 +286,8 @@ class TensorPrinter(_Printer):
                 return self.element(r.array, in_rows)
             return self.smem_element(r.array, in_rows)
 
-        return print_expression(expr, self.sizes, self.dialect, read, lambda axis: self.lane_index(axis, col))
+        return print_expression(expr, self.sizes, self.dialect, read, lambda axis: self.lane_index(axis, col),
+                                scalars=self.scalar_types)
 
     def lane_index(self, axis: str, col: str | None) -> str:
         """The whole array's index along ``axis`` of the fragment element this lane holds: its
