@@ -412,3 +412,24 @@ def test_a_tuple_of_more_outputs_than_statements_is_an_error():
             P[q] = S * 2
             """
     assert "tuple" in info.value.message and info.value.hint
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(kind=st.sampled_from(["window", "decode"]), q=st.integers(1, 30), x=st.integers(1, 30),
+       gq=st.sampled_from([4, 8, 16]), sx=st.sampled_from([4, 8]))
+def test_opencl_masks_on_random_sizes(kind, q, x, gq, sx, opencl_device):
+    from napkin_dsl.backends import opencl
+
+    sizes = dict(b=1, h=1, q=q, x=x, d=4)
+    kernel = attention(kind, relabel=f"group b 1, h 1, q {gq}; stream x {sx}")
+    arrays = inputs(sizes, seed=q * 31 + x)
+    outputs = opencl.run(kernel.gpu_program(None, **sizes), arrays, {})
+    np.testing.assert_allclose(outputs["O"], by_hand(arrays, visible(kind, q, x)), rtol=1e-4, atol=1e-5)
+
+
+def test_tensor_core_source_tests_each_lanes_fragment_indices_and_bounds_the_stream():
+    kernel = napkin.load(EXAMPLES / "causal_attention.napkin")["causal_attention"]
+    source = kernel.compile("sm_90", b=1, h=2, q=256, x=256, d=64).source
+    # the predicate reads the lane's fragment row (groupID, + 8 for the upper half) and column
+    assert "(float)(o_q + (nk_wrow + mt * 16 + nk_g + (i >> 1) * 8))) >= ((float)(o_x + (nt * 8 + 2 * nk_t + (i & 1))))" in source
+    assert "for (int c_x = nk_first_x; c_x < nk_stop_x; c_x += 2)" in source

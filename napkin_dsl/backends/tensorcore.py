@@ -531,8 +531,14 @@ class TensorPrinter(_Printer):
         first, stop = "0", str(chunks)
         if node.mask is not None:  # the chunks the mask does not hide in full: bounds per block
             first, stop = self.visited_chunks(node.mask, chunks)
+        if node.mask is not None and streamed:  # a block that visits no chunk loads none (no copy left pending)
+            self.emit(f"if ({first} < {stop}) {{")
+            self.depth += 1
         for name in streamed:
             self.load(name, origin=f"{first} * {self.tile[axis]}" if node.mask is not None else "0", stage="0", commit=False)
+        if node.mask is not None and streamed:
+            self.depth -= 1
+            self.emit("}")
         if streamed:
             self.emit("NK_CP_COMMIT();")
         self.emit(f"for (int c_{ident(axis)} = {first}; c_{ident(axis)} < {stop}; c_{ident(axis)} += {stages}) {{")
