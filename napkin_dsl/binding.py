@@ -391,6 +391,12 @@ def _cannot_hold(framework: str, dtype: np.dtype) -> bool:
     return False
 
 
+def _jax_x64() -> bool:
+    import jax
+
+    return bool(jax.config.jax_enable_x64)
+
+
 def _shape_text(value) -> str:
     shape = getattr(value, "shape", None)
     return f"{getattr(value, 'dtype', '')}{tuple(shape)}" if shape is not None else ""
@@ -649,6 +655,11 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
     if caller is not None:
         for output in diagram.outputs:
             dtype = numpy_dtype(diagram.arrays[output].dtype)
+            if caller.framework == "jax" and dtype.itemsize == 8 and not _jax_x64():
+                # jax.device_put would silently halve the output to 32 bits.
+                raise NapkinCallError(f"{diagram.name}'s output {output} is {_dtype_text(diagram.arrays[output].dtype)}, "
+                                      f"but JAX runs without 64-bit types and would return it as 32 bits",
+                                      hint="jax.config.update('jax_enable_x64', True), or pass NumPy arrays")
             if _cannot_hold(caller.framework, dtype):
                 raise NotImplementedError(f"returning {diagram.name}'s output {output} ({_dtype_text(diagram.arrays[output].dtype)}) "
                                           f"as a {caller.framework} array: {caller.framework} has no {dtype.name} type; "

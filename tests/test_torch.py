@@ -142,3 +142,12 @@ def test_cupy_arrays_in_and_out():
     np.testing.assert_allclose(cupy.asnumpy(out), softmax(x), rtol=1e-5, atol=1e-6)
     with pytest.raises(NapkinCallError, match="CUDA device memory, which the host backends"):
         softmax(cupy.asarray(x), backend="numpy")
+
+
+def test_jax_without_x64_refuses_a_64_bit_output_instead_of_halving_it():
+    jax = pytest.importorskip("jax", reason="jax is not installed")
+    if jax.config.jax_enable_x64:
+        pytest.skip("JAX runs with 64-bit types here")
+    kernel = napkin.load("kernel d(X: f32[n]) -> Y: f64[n]:\n    Y[n] = X * 2\n")["d"]
+    with pytest.raises(NapkinCallError, match="JAX runs without 64-bit types"):
+        kernel(jax.numpy.ones(3, np.float32))
