@@ -545,7 +545,7 @@ def flops_by_unit(program: Program, arch: str | None = None, path: str | None = 
     for launch in program.launches:
         products = instruction_path(program, launch, arch, path)
         for step, loops in walk(launch.body):
-            if not step.flops:
+            if not step.flops and not step.test_flops:
                 continue
             elements = step_total(program, step, loops, step.flop_space)
             # a masked softmax's test runs only on the chunks its mask holds in part

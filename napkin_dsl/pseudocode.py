@@ -38,6 +38,7 @@ from .diagram import (
     Index,
     Map,
     Opaque,
+    Read,
     Reduce,
     Softmax,
     Statement,
@@ -547,6 +548,9 @@ class Mask:
     constraints: tuple[Constraint, ...]
     tiles: tuple[tuple[str, sympy.Expr], ...]  # (axis, tile extent at the compute level)
     condition: str  # the predicate as written
+    # The statement whose step tests the condition in this loop (the softmax's rescale, or the
+    # compute step of M = where(COND, S, -inf) that the softmax reads); None when it is not here.
+    tested: str | None = None
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -579,14 +583,19 @@ class Mask:
         return tuple(values)
 
 
-def mask_of(statement: Statement, axis: str, tile) -> Mask | None:
+def mask_of(statement: Statement, axis: str, tile, producers: dict | None = None) -> Mask | None:
     """The Mask of a softmax along ``axis`` whose operand is where(COND, A, -inf) with COND a
-    conjunction of linear inequalities in axis indices; None for anything else. ``tile(a)``
-    is axis a's tile extent at the compute level."""
+    conjunction of linear inequalities in axis indices, or reads an array M computed so (a
+    softmax chain: M[... x] = where(COND, S, -inf); P = softmax[x](M)); None for anything else.
+    ``tile(a)`` is axis a's tile extent at the compute level; ``producers`` maps an array to its
+    statement when this launch computes it (where the test runs)."""
     box = statement.box
     if not isinstance(box, Softmax) or box.axis != axis:
         return None
-    operand = box.operand
+    operand, tested = box.operand, statement.target
+    if isinstance(operand, Read):
+        chain = (producers or {}).get(operand.array)
+        operand, tested = (chain.box.expr, chain.target) if chain is not None and isinstance(chain.box, Map) else (None, None)
     if not (isinstance(operand, Apply) and operand.fn == "where" and operand.args[2] == Const(-sympy.oo)):
         return None
     constraints = _constraints(operand.args[0])
@@ -595,7 +604,7 @@ def mask_of(statement: Statement, axis: str, tile) -> Mask | None:
     axes = list(dict.fromkeys(a for c in constraints for a, _ in c.coefficients))
     axes = [axis] + [a for a in axes if a != axis]
     return Mask(statement.target, axis, tuple(constraints), tuple((a, tile(a)) for a in axes),
-                format_expression(operand.args[0]))
+                format_expression(operand.args[0]), tested)
 
 
 def _constraints(condition) -> list[Constraint] | None:
@@ -663,7 +672,8 @@ def _mask_streams(body: tuple, schedule: Schedule, launch: Launch) -> tuple:
             compute = schedule.compute_level
             for step, _ in walk(inner):
                 if step.op == "online" and step.statement is not None:
-                    mask = mask_of(step.statement, node.axis, lambda a: schedule.extent(a, compute))
+                    producers = {s.target: s for s in launch.statements}
+                    mask = mask_of(step.statement, node.axis, lambda a: schedule.extent(a, compute), producers)
                     if mask is not None:
                         break
         if mask is not None:
@@ -673,14 +683,16 @@ def _mask_streams(body: tuple, schedule: Schedule, launch: Launch) -> tuple:
 
 
 def _untested(node, mask: Mask):
-    """The rescale step of the masked softmax with its test's FLOPs apart (Step.test_flops)."""
+    """The step that tests the mask (the softmax's rescale, or the compute step of the where it
+    reads) with its test's FLOPs apart (Step.test_flops)."""
     if isinstance(node, Loop):
         return dataclasses.replace(node, body=tuple(_untested(n, mask) for n in node.body))
     s = node.statement
-    if node.op != "rescale" or s is None or s.target != mask.statement:
+    if s is None or s.target != mask.tested or node.op != ("rescale" if s.target == mask.statement else "compute"):
         return node
-    masked = count_operations(s.box.operand)
-    unmasked = count_operations(s.box.operand.args[1])
+    where = s.box.operand if s.target == mask.statement else s.box.expr
+    masked = count_operations(where)
+    unmasked = count_operations(where.args[1])
     test = _flops(fma=masked["fma"] - unmasked["fma"], special=masked["special"] - unmasked["special"])
     remaining = {unit: n for unit, n in node.flops}
     for unit, n in test:

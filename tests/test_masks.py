@@ -433,3 +433,20 @@ def test_tensor_core_source_tests_each_lanes_fragment_indices_and_bounds_the_str
     # the predicate reads the lane's fragment row (groupID, + 8 for the upper half) and column
     assert "(float)(o_q + (nk_wrow + mt * 16 + nk_g + (i >> 1) * 8))) >= ((float)(o_x + (nt * 8 + 2 * nk_t + (i & 1))))" in source
     assert "for (int c_x = nk_first_x; c_x < nk_stop_x; c_x += 2)" in source
+
+
+def test_a_softmax_chain_through_a_masked_map_streams_and_skips_alike():
+    chain = napkin.load(HEADER.format(name="chain", extra="") + """    S[b h q x] = Q[b h q d] * K[b h x d] * d^-0.5
+    M[b h q x] = where(q >= x and q - x < 5, S, -inf)
+    P[b h q x] = softmax[x](M)
+    O[b h q d] = P[b h q x] * V[b h x d]
+
+relabel chain on H100:
+    smem: group b 1, h 1, q 8; stream x 4
+""")["chain"]
+    result = check_run(chain, sizes=SIZES)
+    assert result["ok"] and result["count_differences"] == []
+    direct = cost_of(attention("window").program(None, **SIZES), check=False)
+    chained = cost_of(chain.program(None, **SIZES), check=False)
+    assert {l: c.H for l, c in chained.levels.items()} == {l: c.H for l, c in direct.levels.items()}
+    assert chained.levels["smem"].H == brute_force_smem("window", SIZES, 8, 4)
