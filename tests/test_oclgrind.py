@@ -72,8 +72,12 @@ SIZES = {
     "paper/fig9.napkin": {"q": 12, "x": 20, "d": 8},
     "rmsnorm.napkin": {"t": 10, "d": 40},
     "softmax.napkin": {"r": 7, "c": 50},
+    "causal_attention.napkin": {"b": 1, "h": 1, "q": 48, "x": 80, "d": 16},
+    "sliding_window.napkin": {"b": 1, "h": 1, "q": 32, "x": 300, "d": 16},
+    "attention_lse.napkin": {"b": 1, "h": 1, "q": 32, "x": 80, "d": 16},
 }
-TENSOR_CORES = {"attention.napkin", "gqa.napkin", "matmul.napkin", "mlp.napkin"}
+TENSOR_CORES = {"attention.napkin", "gqa.napkin", "matmul.napkin", "mlp.napkin", "causal_attention.napkin",
+                "sliding_window.napkin", "attention_lse.napkin"}
 
 # Random relabellings: 100 of the examples (about 30 of them on the tensor-core path) and 20 random
 # programs of the fuzzer, 120 in all (issue 13 asks for 50), in two oclgrind processes (CI has
