@@ -59,7 +59,8 @@ from xml.sax.saxutils import escape, quoteattr
 
 import sympy
 
-from .diagram import Apply, Const, Contract, Diagram, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from .diagram import size_text as diagram_size_text
 from .cache import write_atomically
 from .errors import NapkinError
 from .hardware import hardware_names, load_hardware
@@ -304,18 +305,28 @@ def plan_levels(kernel, hardware: str | None = None, compute: str | None = None)
 
 # ---- labels ----------------------------------------------------------------------------------
 
-_PRECEDENCE = {"add": 1, "sub": 1, "mul": 2, "div": 2, "pow": 3}
-_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "^"}
+# Masks bind looser than arithmetic: or < and < comparisons < + - < * / < ^ (as the grammar reads them).
+_PRECEDENCE = {"or": -2, "and": -1, "ge": 0, "gt": 0, "le": 0, "lt": 0, "eq": 0, "ne": 0,
+               "add": 1, "sub": 1, "mul": 2, "div": 2, "pow": 3}
+_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "^", "ge": ">=", "gt": ">", "le": "<=", "lt": "<",
+            "eq": "==", "ne": "!=", "and": "and", "or": "or"}
 
 
 def size_text(expr) -> str:
     return str(expr).replace("**", "^")
 
 
-def expression_text(expr) -> str:
-    """An elementwise expression with arrays by name only: ``gelu(H + bias)``."""
+def expression_text(expr, indexed: bool = False) -> str:
+    """An elementwise expression with arrays by name only: ``gelu(H + bias)``. ``indexed``: inside
+    a comparison, where an axis name is an index, so a size prints as ``len(x)``."""
     if isinstance(expr, Read):
         return expr.array
+    if isinstance(expr, Index):  # the element's index along an axis (a mask's q >= x)
+        return expr.axis
+    if isinstance(expr, Const) and expr.value.is_infinite:
+        return "inf" if expr.value > 0 else "-inf"
+    if isinstance(expr, Const) and expr.value.free_symbols and indexed:
+        return diagram_size_text(expr.value)  # sizes beside indices read len(x)
     if isinstance(expr, Const):
         return size_text(expr.value)
     if isinstance(expr, ScalarParam):
@@ -324,7 +335,7 @@ def expression_text(expr) -> str:
         mine = _PRECEDENCE[expr.fn]
         parts = []
         for position, arg in enumerate(expr.args):
-            text = expression_text(arg)
+            text = expression_text(arg, indexed or _PRECEDENCE[expr.fn] <= 0)
             theirs = _PRECEDENCE.get(arg.fn, 9) if isinstance(arg, Apply) else 9
             # a - (b - c) and a / (b * c) keep their brackets; a - b - c needs none.
             if theirs < mine or (position == 1 and theirs == mine and expr.fn in ("sub", "div", "pow")):
@@ -332,9 +343,11 @@ def expression_text(expr) -> str:
             parts.append(text)
         return f"{parts[0]} {_SYMBOLS[expr.fn]} {parts[1]}"
     if isinstance(expr, Apply) and expr.fn == "neg":
-        return f"-{expression_text(expr.args[0])}"
+        return f"-{expression_text(expr.args[0], indexed)}"
+    if isinstance(expr, Apply) and expr.fn == "not":
+        return f"not {expression_text(expr.args[0], True)}"
     if isinstance(expr, Apply):
-        return f"{expr.fn}({', '.join(expression_text(a) for a in expr.args)})"
+        return f"{expr.fn}({', '.join(expression_text(a, indexed) for a in expr.args)})"
     return str(expr)
 
 

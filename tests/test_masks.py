@@ -450,3 +450,11 @@ relabel chain on H100:
     chained = cost_of(chain.program(None, **SIZES), check=False)
     assert {l: c.H for l, c in chained.levels.items()} == {l: c.H for l, c in direct.levels.items()}
     assert chained.levels["smem"].H == brute_force_smem("window", SIZES, 8, 4)
+
+
+def test_the_diagram_labels_the_mask():
+    from napkin_dsl.render import box_label
+
+    kernel = napkin.load("kernel k(S: f32[q x]) -> P: f32[q x]:\n"
+                         "    P[q x] = softmax[x](where(q + (len(x) - len(q)) >= x and q - x < 4, S, -inf))\n")["k"]
+    assert box_label(kernel.diagram.statements[0]) == "softmax[x](where(q + -len(q) + len(x) >= x and q - x < 4, S, -inf))"
