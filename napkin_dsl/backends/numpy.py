@@ -73,7 +73,7 @@ from ..binding import _gib, memory_limit
 from ..cost import contraction_unit, tensor_launches
 from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from ..errors import NapkinCallError, NapkinError
-from ..pseudocode import Loop, Program, Step, compute_dtype
+from ..pseudocode import Loop, Program, Step, walk, compute_dtype
 from ..reference import ELEMENTWISE, _Evaluator, _Failure, _Named, logsumexp, masked_softmax
 from ..types import numpy_dtype
 
@@ -552,13 +552,23 @@ class _Interpreter:
             align = _aligner(expr.axes, axes)
             name = expr.array
             return lambda: align(operands()[name])
+        untested = self.untested(s, expr)
 
         def operand():
             evaluator.arrays = operands()
-            values = self.evaluate(s, lambda: evaluator.expression(expr).aligned(axes))
+            chosen = untested if untested is not None and self.chunk_status == "full" else expr
+            values = self.evaluate(s, lambda: evaluator.expression(chosen).aligned(axes))
             return np.broadcast_to(values, self.extents(axes))
 
         return operand
+
+    def untested(self, s: Statement, expr):
+        """A = the then-branch of where(COND, A, -inf) when ``s`` tests a mask of this launch's
+        stream (Mask.tested): on a chunk the mask holds in full the test is skipped, as the
+        Program counts it; None otherwise."""
+        tested = any(loop.mask is not None and loop.mask.tested == s.target
+                     for _, loops in walk(self.launch.body) for loop in loops)
+        return expr.args[1] if tested and isinstance(expr, Apply) and expr.fn == "where" else None
 
     def evaluate(self, s: Statement, compute: Callable):
         try:
@@ -588,10 +598,12 @@ class _Interpreter:
             return compute
         if isinstance(box, Map):
             evaluator = self.evaluator
+            untested = self.untested(s, box.expr)
 
             def compute():
                 evaluator.arrays = operands()
-                result = self.evaluate(s, lambda: evaluator.expression(box.expr).aligned(axes))
+                chosen = untested if untested is not None and self.chunk_status == "full" else box.expr
+                result = self.evaluate(s, lambda: evaluator.expression(chosen).aligned(axes))
                 self.store(level, target, axes, np.broadcast_to(result, self.extents(axes)).astype(dtype))
 
             return compute
