@@ -221,9 +221,22 @@ class _KernelChecker:
         if built is None:
             return
         box, axes, woven, consumed, flops, operand_dtypes = built
+        if stmt.dtype is not None and (output is not None or stmt.level is None):
+            written = f"{name}{_axes_text(axes)}"
+            if output is not None:
+                self.out.error(f"{name} is an output, declared {output.type.dtype}: its dtype is the declaration's",
+                               stmt.dtype_span, f"drop {stmt.dtype!r} here, or change the declaration")
+            else:
+                self.out.error(f"a dtype after the target is the storage dtype of a materialised intermediate; "
+                               f"{name} is not materialised", stmt.dtype_span,
+                               f"materialise it: {written} @gmem {stmt.dtype} = ..., or drop {stmt.dtype!r}")
+            return
         if output is not None:
             dtype, role = canonical_dtype(output.type.dtype), "output"
             axes = tuple(output.type.axes)
+        elif stmt.level is not None and stmt.dtype is not None:
+            # Written: H[b n] @gmem bf16 = ... stores H in bf16 (computed as usual, converted on save).
+            dtype, role = canonical_dtype(stmt.dtype), "intermediate"
         elif stmt.level is not None:
             # A materialised intermediate is stored at the width of its widest operand.
             dtype, role = max(operand_dtypes, key=lambda d: DTYPE_BYTES[d]) if operand_dtypes else "f32", "intermediate"

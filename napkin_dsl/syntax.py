@@ -132,6 +132,8 @@ class Statement:
     expr: Expr
     span: Span
     level_span: Span | None = None  # where the @level is written, for errors about it
+    dtype: str | None = None  # the storage dtype written after @level (H[b n] @gmem bf16 = ...)
+    dtype_span: Span | None = None
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,7 @@ class _Builder:
         return tuple(str(token) for token in tree.children)
 
     def statement(self, tree: lark.Tree) -> Statement:
-        name, index, level, expr = tree.children
+        name, index, level, dtype, expr = tree.children
         axes = self.axis_names(index.children[0]) if index is not None else None
         return Statement(
             str(name),
@@ -296,6 +298,8 @@ class _Builder:
             self.expr(expr, depth=0),
             self.span(name),
             self.span(level) if level is not None else None,
+            str(dtype) if dtype is not None else None,
+            self.span(dtype) if dtype is not None else None,
         )
 
     def relabel_block(self, tree: lark.Tree) -> RelabelBlock:
