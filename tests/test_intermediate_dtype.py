@@ -105,3 +105,17 @@ def test_a_dtype_only_on_a_materialised_intermediate():
         napkin.load(output)
     with pytest.raises(NapkinSyntaxError):
         napkin.load("kernel k(X: f32[n]) -> Y: f32[n]:\n    T[n] @gmem bf17 = X * 2\n    Y[n] = T\n")
+
+
+def test_the_decorated_form_takes_the_same_dtype():
+    @napkin.kernel
+    def mlp3(X: napkin.f32["b k"], W: napkin.f32["k n"]) -> napkin.f32["b n"]:
+        """
+        H[b n] @gmem f16 = X * W
+        Y[b n] = relu(H)
+        """
+
+    assert mlp3.diagram.arrays["H"].dtype == "f16"
+    X, W, _ = inputs()
+    np.testing.assert_array_equal(mlp3(X, W).astype(np.float64),
+                                  np.maximum((X.astype(np.float64) @ W).astype(np.float16).astype(np.float64), 0))
