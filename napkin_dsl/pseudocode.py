@@ -19,6 +19,12 @@ state loaded or initialised before a loop stays resident through it.
 Loads are placed just before their first use and hoisted out of a stream loop when the
 array does not carry the streamed axis.
 
+A stream loop over the axis of a masked softmax (``softmax[x](where(COND, S, -inf))``, or of
+an array computed so) carries a :class:`Mask`: COND as linear inequalities in axis indices,
+which decide per group tile and chunk whether the chunk is visited at all, tested, or taken
+whole (see "masks" below). The loop's trips are then the visited chunks of each group: cost
+and backends enumerate them with :func:`mask_visits` and :meth:`Mask.status`.
+
 This module does not price anything (``cost.py`` reads prices off the Program) and does not
 execute anything (``backends/``). Renderers for text and Markdown are at the end.
 """
