@@ -6,8 +6,13 @@ spelled with its own axes, no axis twice in one array, reductions and softmax na
 their operand, each once, implicit contraction only for a product of array references with every
 contracted axis in at least two operands, broadcasting only onto axes the target has);
 opaque boxes (argument count, axes and dtypes against the ``box`` signature); dtypes (low
-precision products accumulate in f32, declared output dtypes convert on save); and
-``@level`` names against the hardware named by the kernel's relabel block.
+precision products accumulate in f32, declared output dtypes convert on save); masks (a
+bare axis name is the element's index where the statement iterates over the axis and the
+axis's size elsewhere, ``len(x)`` the size anywhere; comparisons take numbers and yield
+conditions, ``and``/``or``/``not`` and ``where``'s first argument take conditions, a compared
+axis is one the statement iterates over, ``inf`` is only selected, an index is no power base
+or divisor, no statement's result is a condition); and ``@level`` names against the hardware
+named by the kernel's relabel block.
 
 What it deliberately does not check: the legality of group and stream partitions and
 capacities. Those need the whole schedule and live in ``relabel.py``.

@@ -16,7 +16,9 @@ arrays it reads. This module holds data and small queries only; it does not chec
 (``check.py``), and it knows nothing of memory levels beyond the ``@level`` a statement names.
 
 Elementwise expressions are a small tree (:class:`Read`, :class:`Const`, :class:`ScalarParam`,
-:class:`Apply`) that backends evaluate with broadcasting over named axes.
+:class:`Index`, :class:`Apply`) that backends evaluate with broadcasting over named axes. An
+:class:`Index` is the element's index along an axis (masks: ``where(q >= x, S, -inf)``);
+comparisons and ``and``/``or``/``not`` yield conditions (:func:`is_boolean`).
 """
 
 from __future__ import annotations
