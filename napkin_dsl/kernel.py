@@ -113,16 +113,17 @@ class Kernel:
             return render_text(program, {index: warp_line(plan) for index, plan in plans.items() if plan is not None})
         raise NapkinError(f"unknown pseudocode format {format!r}", hint="use 'text' or 'markdown'")
 
-    def cost(self, hardware: str | None = None, relabel=None, **sizes: int):
+    def cost(self, hardware: str | None = None, relabel=None, path: str | None = None, **sizes: int):
         """The :class:`~napkin_dsl.cost.CostReport` read off the pseudocode; raises if a level overflows.
 
         ``relabel`` (a :class:`~napkin_dsl.tune.TuneResult` or relabel text) costs that relabelling
-        instead of the kernel's own: ``kernel.cost(relabel=kernel.tune(...))``."""
+        instead of the kernel's own: ``kernel.cost(relabel=kernel.tune(...))``. ``path``
+        ("mma.sync", "wgmma") prices the tensor-core launches on that instruction, a what-if."""
         from .cost import cost_of
 
         if relabel is not None:
-            return self.relabelled(relabel).cost(hardware, **sizes)
-        return cost_of(self.program(hardware, **sizes))
+            return self.relabelled(relabel).cost(hardware, path=path, **sizes)
+        return cost_of(self.program(hardware, **sizes), path=path)
 
     def relabelled(self, relabel) -> Kernel:
         """A new Kernel, relabelled: by a :class:`~napkin_dsl.tune.TuneResult` (its best

@@ -127,3 +127,18 @@ def test_fixed_costs_are_part_of_the_time_and_shrink_in_relative_terms_with_the_
             max([report.time["compute_s"], *report.time["transfer_s"].values()]) + fixed)
     assert (sum(short.time["fixed_s"].values()) / short.time["overlapped_s"]
             > sum(long.time["fixed_s"].values()) / long.time["overlapped_s"])
+
+
+def test_napkin_cost_prices_a_what_if_path(capsys):
+    from napkin_dsl.cli import main
+
+    from .conftest import EXAMPLES
+
+    args = ["cost", str(EXAMPLES / "attention.napkin"), "--set", "b=1", "h=16", "q=8192", "x=8192", "d=128"]
+    assert main(args) == 0
+    built = capsys.readouterr().out
+    assert main(args + ["--path", "wgmma"]) == 0
+    what_if = capsys.readouterr().out
+    assert "priced as if the contractions ran on wgmma" in what_if and "priced as if" not in built
+    assert main(args + ["--path", "wgmma", "--hardware", "A100"]) == 2
+    assert "A100 has no 'wgmma'" in capsys.readouterr().err
