@@ -27,7 +27,7 @@ import sympy
 
 from .diagram import DTYPE_BYTES
 from .errors import RelabelError
-from .pseudocode import Loop, Program, Step, liveness, mask_visits, released_by, walk
+from .pseudocode import MAX_MASK_GROUPS, Loop, Program, Step, chunk_span, liveness, mask_visits, released_by, walk
 from .relabel import bind
 
 # ---- small sympy helpers -------------------------------------------------------------------
@@ -105,13 +105,18 @@ def masked_elements(program: Program, mask, axes, partial: bool = False) -> int 
     visits = mask_visits(mask, lambda a: program.schedule.axis_size(a))
     if visits is None:
         return None
+    tile, length = int(dict(mask.tiles)[mask.axis]), int(program.schedule.axis_size(mask.axis))
     total = 0
-    for ranges, chunks in visits:
-        group = math.prod(stop - start for a, (start, stop) in ranges.items() if a in axes)
-        for (start, stop), status in chunks:
-            if partial and status != "partial":
-                continue
-            total += group * ((stop - start) if mask.axis in axes else 1)
+    for group in visits:
+        rows = math.prod(stop - start for a, (start, stop) in group.ranges.items() if a in axes)
+        if mask.axis in axes:
+            along = chunk_span(group.first, group.stop, tile, length)
+            if partial:  # the visited chunks less those held in full
+                held = (max(group.full_first, group.first), min(group.full_stop, group.stop))
+                along -= chunk_span(*held, tile, length)
+        else:
+            along = group.visited - (group.full if partial else 0)
+        total += rows * along
     return total
 
 
@@ -588,10 +593,15 @@ def masked_wave_efficiency(program: Program, slots: int) -> float | None:
     visits = mask_visits(loop.mask, lambda a: program.schedule.axis_size(a)) if loop is not None else None
     if visits is None or not isinstance(blocks, int) or blocks % len(visits):
         return None
-    works = sorted((len(chunks) for _, chunks in visits), reverse=True) * (blocks // len(visits))
-    works.sort(reverse=True)
-    busy = sum(works[start] for start in range(0, len(works), slots))  # sorted: a wave's first is its longest
-    return sum(works) / (slots * busy) if busy else None
+    copies = blocks // len(visits)  # blocks per group tile: the other grouped axes
+    busy, issued = 0, 0
+    for work in sorted((group.visited for group in visits), reverse=True):
+        # blocks issued - 1 .. issued + copies - 1 have this work; a wave starts at each multiple of slots
+        starts = (issued + copies - 1) // slots - (issued - 1) // slots if issued else (copies - 1) // slots + 1
+        busy += work * starts  # sorted: a wave's first block is its longest
+        issued += copies
+    total = copies * sum(group.visited for group in visits)
+    return total / (slots * busy) if busy else None
 
 
 def masked_notes(program: Program) -> list[str]:
@@ -603,12 +613,15 @@ def masked_notes(program: Program) -> list[str]:
             continue
         visits = mask_visits(loop.mask, lambda a: program.schedule.axis_size(a))
         if visits is None:
-            notes.append(f"masked by {loop.mask.condition}: sizes are symbolic, so every chunk of {loop.axis} is counted "
-                         f"(an upper bound); bind the sizes for the chunks actually visited")
+            bound = all(sympy.sympify(program.schedule.axis_size(a)).is_number for a in loop.mask.axes)
+            why = (f"more than {MAX_MASK_GROUPS:,} group tiles are not enumerated" if bound
+                   else "sizes are symbolic")
+            notes.append(f"masked by {loop.mask.condition}: {why}, so every chunk of {loop.axis} is counted "
+                         f"(an upper bound){'' if bound else '; bind the sizes for the chunks actually visited'}")
             continue
-        chunks = [len(c) for _, c in visits]
+        chunks = [group.visited for group in visits]
         total = len(visits) * len(tiles_of(loop.mask, program, loop.axis))
-        partial = sum(1 for _, c in visits for _, status in c if status == "partial")
+        partial = sum(group.visited - group.full for group in visits)
         notes.append(f"masked by {loop.mask.condition}: {sum(chunks)} of {total} tiles visited ({partial} tested in part); "
                      f"a group visits {min(chunks)} to {max(chunks)} chunks of {loop.axis}")
     return notes

@@ -32,7 +32,9 @@ execute anything (``backends/``). Renderers for text and Markdown are at the end
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import sympy
@@ -706,35 +708,102 @@ def _untested(node, mask: Mask):
     return dataclasses.replace(node, flops=tuple((u, n) for u, n in remaining.items() if n), test_flops=test)
 
 
-def mask_visits(mask: Mask, sizes) -> list[tuple[dict, list[tuple[tuple[int, int], str]]]] | None:
-    """Per tile of the constrained axes other than the streamed one (ranges: axis -> [start,
-    stop)), the chunks of the streamed axis it visits with their status ("partial" or "full");
-    None when a size or tile is symbolic. ``sizes(axis)`` is an axis's size."""
+# Masks are decided per group tile; more tiles than this (absurd sizes) are not enumerated: the
+# cost then counts every chunk, an upper bound it notes, as for symbolic sizes.
+MAX_MASK_GROUPS = 1 << 16
+
+
+@dataclass(frozen=True)
+class GroupVisits:
+    """The chunks of the streamed axis one group tile visits: chunk indices [first, stop), of
+    which [full_first, full_stop) the mask holds in full (no test); the others are partial."""
+
+    ranges: dict  # axis -> [start, stop): the group's tile of each constrained axis but the streamed one
+    first: int
+    stop: int
+    full_first: int
+    full_stop: int
+
+    @property
+    def visited(self) -> int:
+        return max(self.stop - self.first, 0)
+
+    @property
+    def full(self) -> int:
+        return max(min(self.full_stop, self.stop) - max(self.full_first, self.first), 0)
+
+
+def mask_visits(mask: Mask, sizes) -> list[GroupVisits] | None:
+    """Per tile of the constrained axes other than the streamed one, the chunks it visits and
+    those the mask holds in full; None when a size or tile is symbolic, or there are more than
+    MAX_MASK_GROUPS tiles. ``sizes(axis)`` is an axis's size.
+
+    Exactly the chunks Mask.status calls visited and full: each inequality holds at a chunk's
+    best (worst) element on a suffix or a prefix of the chunks, so the visited (full) chunks are
+    the intersection of those, found by bisection with the same test, O(log chunks) a group."""
     constants = mask.constants(sizes)
     extents = {a: sympy.sympify(e) for a, e in mask.tiles}
     lengths = {a: sympy.sympify(sizes(a)) for a in mask.axes}
     if constants is None or not all(v.is_number for v in list(extents.values()) + list(lengths.values())):
         return None
-    extents = {a: int(v) for a, v in extents.items()}
-    lengths = {a: int(v) for a, v in lengths.items()}
+    # the cost asks once per step of the loop: the answer is computed once per mask and sizes
+    return _group_visits(mask, constants, tuple((a, int(v)) for a, v in extents.items()),
+                         tuple((a, int(v)) for a, v in lengths.items()))
+
+
+@functools.lru_cache(maxsize=64)
+def _group_visits(mask: Mask, constants: tuple, extents: tuple, lengths: tuple) -> list[GroupVisits] | None:
+    extents, lengths = dict(extents), dict(lengths)
+    x, tile = mask.axis, extents[mask.axis]
+    chunks = -(-lengths[x] // tile)
+    others = [a for a in mask.axes if a != x]
+    if math.prod(-(-lengths[a] // extents[a]) for a in others) > MAX_MASK_GROUPS:
+        return None
+
+    def holds(constraint, constant, ranges, chunk: int, best: bool) -> bool:
+        """The inequality at the tile's best element (visited) or worst (held in full)."""
+        ranges[x] = (chunk * tile, min(chunk * tile + tile, lengths[x]))
+        value = constant
+        for axis, coefficient in constraint.coefficients:
+            start, stop = ranges[axis]
+            ends = (coefficient * start, coefficient * (stop - 1))
+            value += max(ends) if best else min(ends)
+        return value > 0 if constraint.strict else value >= 0
+
+    def interval(ranges, best: bool) -> tuple[int, int]:
+        first, stop = 0, chunks
+        for constraint, constant in zip(mask.constraints, constants):
+            slope = dict(constraint.coefficients).get(x, 0)
+            if slope == 0:
+                if not holds(constraint, constant, ranges, 0, best):
+                    return 0, 0
+                continue
+            # slope > 0: holds from some chunk on (a suffix); slope < 0: up to some chunk (a prefix)
+            low, high = 0, chunks  # the answer is in [low, high]
+            while low < high:
+                middle = (low + high) // 2
+                if holds(constraint, constant, ranges, middle, best) == (slope > 0):
+                    high = middle
+                else:
+                    low = middle + 1
+            first, stop = (max(first, low), stop) if slope > 0 else (first, min(stop, low))
+        return (first, stop) if first < stop else (0, 0)
 
     def tiles(axis):
         return [(start, min(start + extents[axis], lengths[axis])) for start in range(0, lengths[axis], extents[axis])]
 
-    others = [a for a in mask.axes if a != mask.axis]
-    chunks = tiles(mask.axis)
     out = []
     for combo in itertools.product(*(tiles(a) for a in others)):
         ranges = dict(zip(others, combo))
-        visited = []
-        for chunk in chunks:
-            ranges[mask.axis] = chunk
-            status = mask.status(ranges, constants)
-            if status != "masked":
-                visited.append((chunk, status))
-        del ranges[mask.axis]
-        out.append((ranges, visited))
+        first, stop = interval(dict(ranges), best=True)
+        full_first, full_stop = interval(dict(ranges), best=False)
+        out.append(GroupVisits(ranges, first, stop, full_first, full_stop))
     return out
+
+
+def chunk_span(first: int, stop: int, tile: int, length: int) -> int:
+    """Elements of the streamed axis in chunks [first, stop) of ``tile`` (the last one may be short)."""
+    return max(min(stop * tile, length) - first * tile, 0) if stop > first else 0
 
 
 def mask_bounds_text(mask: Mask) -> str:

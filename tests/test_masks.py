@@ -476,3 +476,13 @@ def test_tensor_core_path_on_opencl_leaves_fully_masked_rows_zero(opencl_device)
     out = opencl.run(program, arrays, {})["O"].astype(np.float64)
     np.testing.assert_array_equal(out[0, 0, :130], 0.0)
     np.testing.assert_allclose(out, by_hand(arrays, visible("decode", 200, 70)), atol=2e-2)
+
+
+def test_too_many_groups_to_enumerate_count_every_chunk_and_say_so():
+    from napkin_dsl.pseudocode import MAX_MASK_GROUPS
+
+    n = 2 * MAX_MASK_GROUPS  # q tiles of 1: more group tiles than are enumerated
+    kernel = attention("causal", relabel="group b 1, h 1, q 1; stream x 4096")
+    report = cost_of(kernel.program(None, b=1, h=1, q=n, x=n, d=8), check=False)
+    assert any("group tiles are not enumerated" in note and "upper bound" in note for note in report.notes)
+    assert int(report.levels["smem"].H) == 2 * n * 8 + n * 2 * n * 8  # Q in and O out per row, K and V in full
