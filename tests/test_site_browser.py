@@ -112,3 +112,12 @@ def test_update_rewrites_only_between_the_markers(hook, tmp_path):
 def test_generated_markdown_keeps_its_headings_out_of_the_contents(hook):
     assert hook._no_headings("## softcap on H100\n\n| a |\n|---|\n") == "**softcap on H100**\n\n| a |\n|---|\n"
     assert hook._linked_image("d", "x.svg") == '[![d](x.svg)](x.svg){ .napkin-diagram title="open at full size" }'
+
+
+def test_docstrings_keep_napkin_brackets_as_text(hook):
+    """softmax[x](M) in a docstring is napkin, not a Markdown link; code and indented blocks stay as written."""
+    run = hook._DocstringMarkup(None).run
+    assert run(["P = softmax[x](M) is prose", "see [the docs](x.md)"]) == ["P = softmax\\[x](M) is prose", "see [the docs](x.md)"]
+    assert run(["in code `softmax[x](where(COND,", "S, -inf))` here", "after s[i](j)"]) == [
+        "in code `softmax[x](where(COND,", "S, -inf))` here", "after s\\[i](j)"]
+    assert run(["", "    P[b h q x] = softmax[x](S)"]) == ["", "    P[b h q x] = softmax[x](S)"]

@@ -1062,6 +1062,20 @@ def render_svgs(example: Example) -> dict:
 _ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):`(~?)([^`]+)`")
 
 
+def _not_links(line: str, in_code: bool) -> tuple[str, bool]:
+    """Outside inline code, a bracket glued to a name (``softmax[x](M)``, ``S[q x]``) is napkin, not
+    the start of a Markdown link: escape it (a link's ``[`` follows a space or starts the text).
+    ``in_code``: whether an inline code span opened on an earlier line is still open; returned
+    for the next line."""
+    parts = re.split(r"(`+)", line)
+    for index in range(0, len(parts), 2):
+        if not in_code:
+            parts[index] = re.sub(r"(?<=[\w\]])\[", r"\\[", parts[index])
+        if index + 1 < len(parts):
+            in_code = not in_code
+    return "".join(parts), in_code
+
+
 class _DocstringMarkup(Preprocessor):
     """napkin's docstrings are reST-flavoured: show ``:class:`~a.B``` as ``B`` in code, and
     doctest examples (``>>>`` lines up to a blank line) as Python console blocks instead of
@@ -1069,8 +1083,15 @@ class _DocstringMarkup(Preprocessor):
 
     def run(self, lines):
         out, fence, block = [], None, None
+        in_code, indented, previous_blank = False, False, True
         for line in lines:
             stripped = line.lstrip()
+            # An indented code block (four spaces after a blank line) is shown as written.
+            indent = len(line) - len(stripped)
+            indented = bool(stripped) and indent >= 4 and (indented or previous_blank) and not in_code
+            previous_blank = not stripped
+            if not stripped:
+                in_code = False  # an inline code span does not cross a paragraph
             if block is not None:
                 if stripped:
                     out.append(line)
@@ -1084,7 +1105,11 @@ class _DocstringMarkup(Preprocessor):
                 block = line[: len(line) - len(stripped)]
                 out += ["", block + "```pycon", line]
                 continue
-            out.append(line if fence else _ROLE.sub(lambda m: f"`{m[2].rsplit('.', 1)[-1] if m[1] else m[2]}`", line))
+            if fence or indented:
+                out.append(line)
+                continue
+            line, in_code = _not_links(_ROLE.sub(lambda m: f"`{m[2].rsplit('.', 1)[-1] if m[1] else m[2]}`", line), in_code)
+            out.append(line)
         if block is not None:
             out += [block + "```", ""]
         return out
