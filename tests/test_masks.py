@@ -433,6 +433,9 @@ def test_tensor_core_source_tests_each_lanes_fragment_indices_and_bounds_the_str
     # the predicate reads the lane's fragment row (groupID, + 8 for the upper half) and column
     assert "(float)(o_q + (nk_wrow + mt * 16 + nk_g + (i >> 1) * 8))) >= ((float)(o_x + (nt * 8 + 2 * nk_t + (i & 1))))" in source
     assert "for (int c_x = nk_first_x; c_x < nk_stop_x; c_x += 2)" in source
+    # a chunk below the diagonal (its first query at or after its last key) takes S without the test
+    assert "const int nk_full_x = (0.0 + 1.0 * (double)(o_q) + -1.0 * (double)((o_x + 64 - 1)) >= 0.0)" in source
+    assert "(nk_full_x ? (f_S[mt][nt][i]) : (" in source
 
 
 def test_a_softmax_chain_through_a_masked_map_streams_and_skips_alike():

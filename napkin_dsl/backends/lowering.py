@@ -456,6 +456,9 @@ class _Printer:
         # that fill it (compile-time after unrolling), it stays in registers, not local memory.
         self.trip_vars: list = []  # (variable, trips) of enclosing loops; None where not counted
         self.stage_depth: int | None = None
+        # In a masked stream: the where(COND, A, -inf) the mask tests -> the flag of a chunk the
+        # mask holds in full, where A is taken without the test (as the Program counts it).
+        self.unmasked: dict = {}
         # The C type the current step computes in (real_type): double where the Program says f64.
         self.real = "float"
         self.scalar_types = {n: scalar_ctype(self.diagram, n) for n in self.diagram.scalars}
@@ -541,8 +544,36 @@ class _Printer:
         return self.dialect.store(self.ptr(name), self.buffer_index(name, axes), value, slot.dtype, self.real)
 
     def expression(self, expr, axes) -> str:
-        return print_expression(expr, self.sizes, self.dialect, lambda r: self.read(r.array, axes), self.index,
-                                real=self.real, scalars=self.scalar_types)
+        def printed(e):
+            return print_expression(e, self.sizes, self.dialect, lambda r: self.read(r.array, axes), self.index,
+                                    real=self.real, scalars=self.scalar_types)
+
+        if expr in self.unmasked:  # a chunk held in full skips the test
+            return f"({self.unmasked[expr]} ? ({printed(expr.args[1])}) : ({printed(expr)}))"
+        return printed(expr)
+
+    def held_in_full(self, mask) -> str:
+        """Declare the flag of a chunk the mask holds in full (every inequality at the tile's
+        worst element: Mask.status's "full") and note the where it lets skip; the flag's name."""
+        tests = []
+        for constraint in mask.constraints:
+            try:
+                constant = constant_value(constraint.constant, self.sizes) if constraint.constant.free_symbols else float(constraint.constant)
+            except _Failure as failure:
+                raise LoweringError(failure.message, hint=failure.hint) from None
+            terms = [repr(constant)]
+            for axis, k in constraint.coefficients:
+                first = self.origin.get(axis, "0")
+                last = f"({first} + {self.extent_expr(axis) if axis in self.origin else self.sizes[axis]} - 1)"
+                terms.append(f"{k}.0 * (double)({first if k > 0 else last})")
+            tests.append(f"({' + '.join(terms)} {'>' if constraint.strict else '>='} 0.0)")
+        flag = f"nk_full_{ident(mask.axis)}"
+        self.emit(f"const int {flag} = {' && '.join(tests)};  // no element of this chunk is masked")
+        tested = self.diagram.producer(mask.tested) if mask.tested is not None else None
+        if tested is not None:
+            where = tested.box.expr if isinstance(tested.box, Map) else tested.box.operand
+            self.unmasked[where] = flag
+        return flag
 
     def index(self, axis: str) -> str:
         """The whole array's index of the current element along ``axis``: the tile's origin
@@ -618,7 +649,10 @@ class _Printer:
                 self.emit(f"const int o_{ident(node.axis)} = c_{ident(node.axis)} * {self.tile[node.axis]};")
                 saved_valid = dict(self.valid)
                 self.set_origin(node.axis, f"o_{ident(node.axis)}")
+                if node.mask is not None:
+                    self.held_in_full(node.mask)
                 self.nodes(node.body)
+                self.unmasked = {}
                 self.valid = saved_valid
                 del self.origin[node.axis]
                 self.depth -= 1

@@ -286,8 +286,13 @@ class TensorPrinter(_Printer):
                 return self.element(r.array, in_rows)
             return self.smem_element(r.array, in_rows)
 
-        return print_expression(expr, self.sizes, self.dialect, read, lambda axis: self.lane_index(axis, col),
-                                scalars=self.scalar_types)
+        def printed(e):
+            return print_expression(e, self.sizes, self.dialect, read, lambda axis: self.lane_index(axis, col),
+                                    scalars=self.scalar_types)
+
+        if expr in self.unmasked:  # a chunk the mask holds in full skips the test
+            return f"({self.unmasked[expr]} ? ({printed(expr.args[1])}) : ({printed(expr)}))"
+        return printed(expr)
 
     def lane_index(self, axis: str, col: str | None) -> str:
         """The whole array's index along ``axis`` of the fragment element this lane holds: its
@@ -570,9 +575,12 @@ class TensorPrinter(_Printer):
             self.pending = False
         saved_valid = dict(self.valid)
         self.set_origin(axis, f"o_{ident(axis)}")
+        if node.mask is not None:
+            self.held_in_full(node.mask)
         for name in streamed:
             self.stage[name] = str(stage)
         self.nodes(node.body)
+        self.unmasked = {}
         for name in streamed:
             del self.stage[name]
         self.valid = saved_valid
