@@ -471,9 +471,9 @@ def f64_run(name: str, backend: str):
     if backend == "numpy":
         outputs, _ = execute(kernel.program(None, **sizes), arrays, scalars)
     else:
-        from napkin_dsl.backends import opencl
+        from napkin_dsl.backends import cuda, opencl
 
-        outputs = opencl.run(kernel.gpu_program(None, **sizes), arrays, scalars)
+        outputs = {"opencl": opencl, "cuda": cuda}[backend].run(kernel.gpu_program(None, **sizes), arrays, scalars)
     return kernel, outputs, expected
 
 
@@ -504,6 +504,18 @@ def test_f64_kernels_match_the_reference_to_f64_precision_on_numpy(name):
 @pytest.mark.parametrize("name", sorted(F64_KERNELS))
 def test_f64_kernels_match_the_reference_to_f64_precision_on_opencl(name, opencl_device):
     kernel, outputs, expected = f64_run(name, "opencl")
+    for output in kernel.diagram.outputs:
+        assert relative_error(outputs[output], expected[output]) < F64_BOUND, output
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(F64_KERNELS))
+def test_f64_kernels_match_the_reference_to_f64_precision_on_cuda(name):
+    from napkin_dsl.backends import driver
+
+    if not driver.cuda_available():
+        pytest.skip("no CUDA GPU")
+    kernel, outputs, expected = f64_run(name, "cuda")
     for output in kernel.diagram.outputs:
         assert relative_error(outputs[output], expected[output]) < F64_BOUND, output
 
@@ -594,3 +606,17 @@ def test_an_f64_scalar_in_an_f32_expression_compiles_and_computes_in_f32_on_open
     numpy_got, _ = execute(kernel.program(None, i=70), arrays, scalars)
     assert relative_error(got, expected) <= tolerance(program)
     np.testing.assert_allclose(got, numpy_got["Y"], rtol=4 * 2.0**-24)
+
+
+def test_f64_kernels_run_clean_under_oclgrind():
+    """Double state in the arena, double stage arrays and row reductions: no data race, no
+    uninitialised read, and results within the fuzzer's f64 bound."""
+    from .fuzz_programs import Case
+    from .test_oclgrind import case_of, require_oclgrind, run_cases
+
+    require_oclgrind()
+    small = {"attention": {"q": 20, "x": 20, "d": 8}, "reductions": {"x": 20, "y": 10}, "index": {"i": 40}}
+    cases = [case_of(Case("valid", F64_KERNELS[name][0], sizes, None, 0, opencl=True), name, gpu=True)
+             for name, sizes in small.items()]
+    found = run_cases(cases)
+    assert {name: found[name]["result"] for name in small} == {name: "ok" for name in small}
