@@ -20,8 +20,9 @@
  *   l2     device  110,000     340,000    110,000     340,000    52,428,800  1  35.3    0.101 us
  *   smem   block   180,000     480,000    24,576      81,920     232,448     6  25.0    0.048 us
  *   FLOPs: fma 12,000,000  (total 12,000,000)
- *   predicted time: 7.88 us overlapped (compute-bound), 8.03 us serial; compute 7.88 us, 1 wave of 264 blocks (2 per SM, bound by shared memory)
- *   predicted throughput: 1.5 TFLOP/s
+ *   predicted time: 10.7 us overlapped (compute-bound), 10.8 us serial; compute 8.54 us, 1 wave of 264 blocks (2 per SM, bound by shared memory)
+ *   fixed costs (in the time above): launch 2 us, fill 0.0293 us, drain 0.117 us
+ *   predicted throughput: 1.1 TFLOP/s
  *   note: group m 128 does not divide m = 300: 3 groups, the last one masked (44 of 128)
  *   note: group n 128 does not divide n = 200: 2 groups, the last one masked (72 of 128)
  *   note: stream k 32 does not divide k = 100: 4 chunks, the last one masked (4 of 32)
