@@ -144,9 +144,11 @@ def columns(program: Program, arch: str | None = None, path: str | None = None) 
 
     A launch on tensor cores (``isel.py``) keeps what it computes at the ``registers`` level,
     counted per thread as the fragments its warp tile needs, and holds its shared-memory tiles
-    (double-buffered where streamed) for the whole launch, as the kernel does.
+    (double-buffered where streamed) for the whole launch, as the kernel does. A launch on the
+    FMA path keeps its streamed contractions' accumulators in registers too, per thread as the
+    register blocks each thread owns (``isel.fma_accumulators``), where they fit.
     """
-    from .isel import fragment_values, smem_layout
+    from .isel import fma_launch_accumulators, fragment_values, smem_layout
 
     tensor = tensor_launches(program, arch, path)
     rows = []
@@ -156,6 +158,7 @@ def columns(program: Program, arch: str | None = None, path: str | None = None) 
         sequence, spans = liveness(launch.body)
         plan, tile = tensor.get(launch.index, (None, None))
         slots = smem_layout(plan, tile, program.diagram)[0] if plan is not None else {}
+        accumulators = fma_launch_accumulators(program, launch, arch, path)[0]
         for index, (step, loops) in enumerate(sequence):
             column = _Column(schedule)
             hold = column.hold
@@ -171,6 +174,10 @@ def columns(program: Program, arch: str | None = None, path: str | None = None) 
                 if plan is not None and level == compute and name in plan.fragments:
                     held = fragment_values(plan, name, tile)
                     hold("registers", buffer, sympy.Integer(held), 4, f"{name} {held}/thread")
+                    continue
+                if level == compute and name in accumulators:
+                    held = accumulators[name].values
+                    hold("registers", buffer, sympy.Integer(held), _bytes(buffer.dtype), f"{name} {held}/thread")
                     continue
                 hold(level, buffer, tile_values(schedule, level, buffer.axes), _bytes(buffer.dtype))
             for name, slot in slots.items():
@@ -245,7 +252,8 @@ def statement_columns(program: Program, rows: list[dict] | None = None) -> list[
     diagram = program.diagram
     rows = rows if rows is not None else columns(program)
     tensor = tensor_launches(program)
-    levels = schedule.levels[1:] + (("registers",) if tensor else ())
+    held = any("registers" in r["M"] for r in rows)  # an FMA launch's register accumulators
+    levels = schedule.levels[1:] + (("registers",) if tensor or held else ())
     order = [s.target for s in diagram.statements]
     memory: dict = {target: {level: [] for level in levels} for target in order}
     moved: dict = {target: {level: sympy.Integer(0) for level in levels} for target in order}
@@ -472,9 +480,25 @@ def tensor_launches(program: Program, arch: str | None = None, path: str | None 
     return out
 
 
+def fma_register_launches(program: Program, arch: str | None = None, path: str | None = None) -> dict:
+    """Launch index -> the accumulators an FMA launch keeps in registers (``isel.fma_accumulators``),
+    for launches that keep any: with the tensor launches, what puts a ``registers`` level in the report."""
+    from .isel import fma_launch_accumulators
+
+    out = {}
+    for launch in program.launches:
+        kept = fma_launch_accumulators(program, launch, arch, path)[0]
+        if kept:
+            out[launch.index] = kept
+    return out
+
+
 def registers_cost(program: Program, tensor: dict, rows: list[dict]) -> LevelCost:
     """The register level of tensor-core launches: ldmatrix traffic from shared memory (H) and the
-    fragments one thread holds at once (M, per thread), read off the Program's steps and columns."""
+    fragments one thread holds at once (M, per thread), read off the Program's steps and columns;
+    FMA launches' register accumulators count in M too."""
+    from .isel import FMA_THREADS
+
     hardware = program.hardware
     H = sympy.Integer(0)
     H_bytes = sympy.Integer(0)
@@ -488,7 +512,10 @@ def registers_cost(program: Program, tensor: dict, rows: list[dict]) -> LevelCos
             H_bytes += moved * DTYPE_BYTES[plan.dtype]
     M = max_of(r["M"].get("registers", 0) for r in rows)
     M_bytes = max_of(r["M_bytes"].get("registers", 0) for r in rows)
-    threads = max(plan.threads for plan, _ in tensor.values())
+    # An FMA launch holds only accumulators here (its operand reads from shared memory are
+    # not counted as transfers at this level): its block's threads.
+    fma = {r["launch"] for r in rows if "registers" in r["M"]} - set(tensor)
+    threads = max([plan.threads for plan, _ in tensor.values()] + ([FMA_THREADS] if fma else []))
     registers = hardware.level("registers")
     return LevelCost("registers", sympy.expand(H), sympy.expand(H_bytes), M, M_bytes, sympy.Integer(threads),
                      registers.capacity, registers.bandwidth, registers.per, hardware.counts)
@@ -520,7 +547,8 @@ def level_costs(program: Program, rows: list[dict] | None = None, arch: str | No
             hw_level.per,
             schedule.hardware.counts,
         )
-    if tensor and "registers" in [lv.name for lv in schedule.hardware.levels]:
+    held = any("registers" in r["M"] for r in rows)  # fragments, or an FMA launch's accumulators
+    if (tensor or held) and "registers" in [lv.name for lv in schedule.hardware.levels]:
         costs["registers"] = registers_cost(program, tensor, rows)
     return costs
 
@@ -830,6 +858,18 @@ def cache_warnings(program: Program, levels: dict) -> list[str]:
     return warnings
 
 
+def accumulator_notes(program: Program, arch: str | None = None, path: str | None = None) -> list[str]:
+    """A note for each accumulator an FMA launch keeps in shared memory rather than registers
+    (``isel.fma_accumulators``), saying why: the model counts it at the compute level."""
+    from .isel import fma_launch_accumulators
+
+    notes = []
+    for launch in program.launches:
+        for name, why in fma_launch_accumulators(program, launch, arch, path)[1].items():
+            notes.append(f"launch {launch.index}: {name} stays in shared memory on the FMA path ({why})")
+    return notes
+
+
 def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
     """Raise a RelabelError listing the buffers when a level's memory exceeds its capacity."""
     schedule = program.schedule
@@ -901,7 +941,7 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     flops, priced = flops_by_unit(program, arch, path)
     time = predict_time(program, levels, priced, launch_occupancy(program, rows, arch, resources, path) if not hardware.symbolic else None)
     schedule = program.schedule
-    notes = list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program)
+    notes = list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program) + accumulator_notes(program, arch, path)
     if path is not None:
         from .isel import selection
 

@@ -529,3 +529,104 @@ REGISTER_OVERHEAD = 86
 def estimated_registers(plan: TensorPlan, launch: LaunchProgram, tile: dict) -> int:
     """Registers per thread before ptxas has counted them: live fragments plus the overhead."""
     return min(MAX_REGISTERS, live_fragment_values(plan, launch, tile) + REGISTER_OVERHEAD)
+
+
+# ---- the FMA path's register accumulators ---------------------------------------------------
+
+REGISTER_TILE = 4  # outputs per thread along each of an FMA contraction's two free axes
+# Accumulator registers (4-byte) one thread of an FMA launch may keep across its stream loop. A
+# 128 x 128 f32 tile on 256 threads is 64; more would crowd out the operands and addresses of the
+# product loop (ptxas spills), so such an accumulator stays in shared memory.
+FMA_ACCUMULATOR_BUDGET = 64
+
+
+@dataclass(frozen=True)
+class FmaAccumulator:
+    """A streamed contraction's running sum that the FMA path keeps in registers: each thread
+    owns ``blocks`` register blocks of ``rm`` x ``rn`` outputs along ``am`` (an axis of the first
+    operand only) and ``an`` (of the second only), the blocks of the tile dealt to the threads
+    in turn, so it holds ``values`` accumulators (of ``dtype``) from init to finalise."""
+
+    name: str  # the state buffer, "O.acc"
+    am: str
+    an: str
+    rm: int
+    rn: int
+    blocks: int
+    dtype: str
+
+    @property
+    def values(self) -> int:
+        return self.blocks * self.rm * self.rn
+
+    @property
+    def registers(self) -> int:
+        """4-byte registers: an f64 accumulator takes two."""
+        return self.values * DTYPE_BYTES[self.dtype] // 4
+
+
+def register_tile_axes(box: Contract, target_axes, tile: dict):
+    """The two free axes of a contraction's register blocks: the last tiled output axis only the
+    first operand carries and the last only the second carries; None when one is missing (a
+    matrix-vector product), where the FMA printer gives each thread single outputs."""
+    if len(box.operands) != 2:
+        return None
+    first, second = box.operands
+    only_first = [a for a in target_axes if a in first.axes and a not in second.axes and tile[a] > 1]
+    only_second = [a for a in target_axes if a in second.axes and a not in first.axes and tile[a] > 1]
+    if not only_first or not only_second:
+        return None
+    return only_first[-1], only_second[-1]
+
+
+def fma_accumulators(launch: LaunchProgram, tile: dict, threads: int = FMA_THREADS) -> tuple[dict, dict]:
+    """For a launch on the FMA path: the streamed contractions' accumulators kept in registers
+    (buffer name -> :class:`FmaAccumulator`) and those left in shared memory (name -> why).
+
+    A contraction streamed along its contracted axis keeps ``X.acc`` from its init before the
+    stream loop to its finalise after it. In registers, every step that touches it (init, the
+    online softmax's rescale, accumulate, finalise) visits the outputs in the same order, the
+    register blocks of the product; so it needs register blocks, and at most
+    ``FMA_ACCUMULATOR_BUDGET`` registers a thread."""
+    level = launch.schedule.compute_level
+    kept, refused = {}, {}
+    for s in launch.launch.statements:
+        name = f"{s.target}.acc"
+        if not isinstance(s.box, Contract) or (level, name) not in launch.buffers:
+            continue
+        axes = register_tile_axes(s.box, s.axes, tile)
+        if axes is None:
+            refused[name] = "no register blocks (an output axis of each operand): one output per thread, in shared memory"
+            continue
+        am, an = axes
+        rm, rn = min(REGISTER_TILE, tile[am]), min(REGISTER_TILE, tile[an])
+        others = 1
+        for a in s.axes:
+            if a not in axes:
+                others *= tile[a]
+        blocks = -(-others * -(-tile[am] // rm) * -(-tile[an] // rn) // threads)
+        found = FmaAccumulator(name, am, an, rm, rn, blocks, launch.buffers[(level, name)].dtype)
+        if found.registers > FMA_ACCUMULATOR_BUDGET:
+            refused[name] = (f"{found.registers} accumulator registers a thread, over the FMA path's "
+                             f"{FMA_ACCUMULATOR_BUDGET}: kept in shared memory")
+            continue
+        kept[name] = found
+    return kept, refused
+
+
+def fma_launch_accumulators(program: Program, launch: LaunchProgram, arch: str | None = None,
+                            path: str | None = None) -> tuple[dict, dict]:
+    """:func:`fma_accumulators` of a launch instruction selection keeps on the FMA path, for
+    every consumer (the printers, the columns, occupancy); empty where the launch runs on tensor
+    cores, sizes are symbolic, or the hardware has no ``registers`` level to count them at."""
+    hardware = program.hardware
+    if hardware.symbolic or "registers" not in hardware.level_names():
+        return {}, {}
+    bound = launch_tiles(launch)
+    if bound is None or selection(program, launch, arch, path).plan is not None:
+        return {}, {}
+    memo = launch.schedule._memo
+    key = ("fma-acc", launch.index)
+    if key not in memo:
+        memo[key] = fma_accumulators(launch, bound[0])
+    return memo[key]

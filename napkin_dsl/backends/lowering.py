@@ -50,12 +50,12 @@ from ..diagram import (
     Softmax,
 )
 from ..errors import NapkinError
-from ..isel import FMA_THREADS
+from ..isel import FMA_THREADS, REGISTER_TILE, FmaAccumulator, register_tile_axes
 from ..pseudocode import Loop, Program, Step, liveness, released_by
-from ..reference import _Failure, constant_value
+from ..reference import ReferenceFailure as _Failure
+from ..reference import constant_value
 
 THREADS = FMA_THREADS
-REGISTER_TILE = 4  # outputs per thread along each of a contraction's two free axes
 WARP = 32
 ALIGN = 16
 
@@ -337,12 +337,14 @@ class Slot:
 
 
 
-def plan_arena(program: Program, launch) -> tuple[dict[str, Slot], int]:
+def plan_arena(program: Program, launch, registers=()) -> tuple[dict[str, Slot], int]:
     """Offsets in the shared-memory arena from the Program's liveness at the compute level.
 
     Buffers whose lifetimes overlap never share bytes. A buffer read for the last time by a
     computing step is free from that step on (the paper's column convention); the step then
-    either works in place or stages its result in registers.
+    either works in place or stages its result in registers. Buffers named in ``registers``
+    (the FMA path's register accumulators, ``isel.fma_accumulators``) take no bytes here: the
+    model counts them at the ``registers`` level.
     """
     schedule = launch.schedule
     level = schedule.compute_level
@@ -350,7 +352,7 @@ def plan_arena(program: Program, launch) -> tuple[dict[str, Slot], int]:
     slots: dict[str, Slot] = {}
     order = []
     for ref, (first, last) in spans.items():
-        if ref[0] != level:
+        if ref[0] != level or ref[1] in registers:
             continue
         end = last - 0.5 if released_by(sequence, spans, ref, last) else float(last)
         buffer = launch.buffers[ref]
@@ -435,7 +437,8 @@ class LoweredProgram:
 
 
 class _Printer:
-    def __init__(self, program: Program, launch, dialect: Dialect, threads: int = THREADS):
+    def __init__(self, program: Program, launch, dialect: Dialect, threads: int = THREADS,
+                 accumulators: dict | None = None):
         self.program = program
         self.schedule = launch.schedule  # the launch's view: only the partitions that apply to it
         self.diagram = program.diagram
@@ -446,7 +449,10 @@ class _Printer:
         self.lines: list[str] = []
         self.depth = 1
         self.sizes = bound_sizes(program)
-        self.slots, self.arena = plan_arena(program, launch)
+        # Streamed contractions' running sums this thread keeps in registers from init to
+        # finalise (isel.fma_accumulators): name -> FmaAccumulator; the rest are in the arena.
+        self.accumulators: dict[str, FmaAccumulator] = dict(accumulators or {})
+        self.slots, self.arena = plan_arena(program, launch, set(self.accumulators))
         self.tile = {axis: int(self.schedule.extent(axis, self.level)) for axis in self.diagram.axes}
         self.grouped = self._grouped_axes()
         self.origin: dict[str, str] = {}
@@ -619,6 +625,10 @@ class _Printer:
         for slot in sorted(self.slots.values(), key=lambda s: s.offset):
             t = d.storage[slot.dtype]
             self.emit(f"{d.local_ptr.format(t=t)} {self.ptr(slot.name)} = {d.arena_pointer(t, slot.offset)};")
+        for acc in self.accumulators.values():
+            # Every index into it is a constant once the loops over it are unrolled: registers.
+            self.emit(f"{'double' if acc.dtype == 'f64' else 'float'} {self.register(acc.name)}[{acc.values}];  "
+                      f"// {acc.name}: {acc.blocks} block(s) of {acc.rm} {acc.am} x {acc.rn} {acc.an} a thread, across the stream loop")
         self.nodes(self.launch.body)
         self.depth = 0
         self.emit("}")
@@ -788,6 +798,12 @@ class _Printer:
         s = step.statement
         for _, name in step.writes:
             start = state_start(name, s, self.real)
+            if name in self.accumulators:
+                acc = self.accumulators[name]
+                if self.dialect.unroll:
+                    self.emit(self.dialect.unroll)
+                self.emit(f"for (int e = 0; e < {acc.values}; ++e) {self.register(name)}[e] = {start};")
+                continue
             axes = self.slots[name].axes
             self.flat_loop(axes, lambda name=name, axes=axes, start=start: self.emit(self.write(name, axes, start)))
 
@@ -884,6 +900,9 @@ class _Printer:
         s = step.statement
         box = s.box
         name = f"{target}.acc" if accumulate else target
+        if accumulate and name in self.accumulators:
+            self.register_contraction(s, box, self.accumulators[name])
+            return
         staged = not accumulate and self.hazard(step, name)
         tile_axes = self.register_tile_axes(box, s.axes)
         if tile_axes is None:
@@ -974,14 +993,84 @@ class _Printer:
         return f"b_{ident(axis)} + {k} * ((({self.extent_expr(axis)}) + {per - 1}) / {per})"
 
     def register_tile_axes(self, box: Contract, target_axes):
-        if len(box.operands) != 2:
-            return None
+        return register_tile_axes(box, target_axes, self.tile)
+
+    # -- accumulators in registers (the FMA path)
+    def register(self, name: str) -> str:
+        return f"r_{ident(name)}"
+
+    def owned_blocks(self, acc: FmaAccumulator, axes, body):
+        """for each register block of the tile this thread owns: body(j), j its number among the
+        thread's blocks. Blocks are dealt to threads in turn (thread t owns t, t + NK_THREADS,
+        ...), as in the unregistered product; the loop has a constant trip count and is unrolled,
+        so every register index is a compile-time constant."""
+        saved = dict(self.valid)
+        blocks = {acc.am: f"(({self.extent_expr(acc.am)}) + {acc.rm - 1}) / {acc.rm}",
+                  acc.an: f"(({self.extent_expr(acc.an)}) + {acc.rn - 1}) / {acc.rn}"}
+        count = " * ".join(f"({blocks.get(a, self.extent_expr(a))})" for a in axes)
+        j, t = self.fresh("j"), self.fresh("t")
+        if self.dialect.unroll:
+            self.emit(self.dialect.unroll)
+        self.emit(f"for (int {j} = 0; {j} < {acc.blocks}; ++{j}) {{")
+        self.depth += 1
+        self.emit(f"const int {t} = nk_tid + {j} * NK_THREADS;")
+        self.emit(f"if ({t} >= {count}) break;")
+        rest = self.fresh("r")
+        self.emit(f"int {rest} = {t};")
+        for axis in reversed(axes):
+            extent = blocks.get(axis, self.extent_expr(axis))
+            variable = f"b_{ident(axis)}" if axis in blocks else f"i_{ident(axis)}"
+            self.emit(f"const int {variable} = {rest} % ({extent}); {rest} /= ({extent});")
+        self.emit(f"(void){rest};")
+        body(j)
+        self.depth -= 1
+        self.emit("}")
+        self.valid = saved
+
+    def owned_outputs(self, acc: FmaAccumulator, axes, body):
+        """for each valid output this thread accumulates: body(register), the register's spelling."""
+        self.owned_blocks(acc, axes, lambda j: self.each_output(
+            acc.am, acc.an, acc.rm, acc.rn, lambda: body(f"{self.register(acc.name)}[({j} * {acc.rm} + u) * {acc.rn} + v]")))
+
+    def register_contraction(self, s, box: Contract, acc: FmaAccumulator):
+        """X.acc += A * B with X.acc in this thread's registers: the products of every chunk go
+        straight into the running sums, which never touch shared memory until finalise."""
+        am, an, rm, rn = acc.am, acc.an, acc.rm, acc.rn
         first, second = box.operands
-        only_first = [a for a in target_axes if a in first.axes and a not in second.axes and self.tile[a] > 1]
-        only_second = [a for a in target_axes if a in second.axes and a not in first.axes and self.tile[a] > 1]
-        if not only_first or not only_second:
-            return None
-        return only_first[-1], only_second[-1]
+        r = self.register(acc.name)
+
+        def product(j):
+            for axis in box.contracted:
+                self.emit(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{")
+                self.depth += 1
+            self.emit(f"{self.real} a[{rm}], b[{rn}];")
+            self.emit(f"for (int u = 0; u < {rm}; ++u) {{")
+            self.emit(f"    const int i_{ident(am)} = {self.interleaved(am, rm, 'u')};")
+            self.emit(f"    a[u] = (i_{ident(am)} < {self.extent_expr(am)}) ? {self.read(first.array, s.iteration_axes)} : {self.zero};")
+            self.emit("}")
+            self.emit(f"for (int v = 0; v < {rn}; ++v) {{")
+            self.emit(f"    const int i_{ident(an)} = {self.interleaved(an, rn, 'v')};")
+            self.emit(f"    b[v] = (i_{ident(an)} < {self.extent_expr(an)}) ? {self.read(second.array, s.iteration_axes)} : {self.zero};")
+            self.emit("}")
+            self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) {r}[({j} * {rm} + u) * {rn} + v] += a[u] * b[v];")
+            for _ in box.contracted:
+                self.depth -= 1
+                self.emit("}")
+
+        self.owned_blocks(acc, s.axes, product)
+
+    def finalise_registers(self, step: Step, acc: FmaAccumulator, value):
+        """X = value(X.acc) from this thread's registers into X's tile. Where X takes the bytes
+        of another input of the step (a denominator released here), every thread computes into
+        its registers first and writes after a barrier."""
+        s = step.statement
+        target = s.target
+        if not self.hazard(step, target):
+            self.owned_outputs(acc, s.axes, lambda r: self.emit(self.write(target, s.axes, value(r))))
+            return
+        self.owned_outputs(acc, s.axes, lambda r: self.emit(f"{r} = {value(r)};"))
+        self.emit(self.dialect.barrier)
+        self.owned_outputs(acc, s.axes, lambda r: self.emit(self.write(target, s.axes, r)))
 
     def scalar_contraction(self, s, box, name, accumulate, staged):
         def product():
@@ -1180,6 +1269,9 @@ class _Printer:
         # A contraction's running sum, rescaled by the online softmax's factor.
         acc = f"{s.target}.acc"
         scale_ref = [ref for ref in step.reads if ref[1].endswith(".scale")][0][1]
+        if acc in self.accumulators:  # each thread its own outputs, in the order accumulate visits them
+            self.owned_outputs(self.accumulators[acc], s.axes, lambda r: self.emit(f"{r} *= {self.read(scale_ref, s.axes)};"))
+            return
         self.flat_loop(s.axes, lambda: self.emit(self.write(acc, s.axes, f"{self.read(acc, s.axes)} * {self.read(scale_ref, s.axes)}")))
 
     def step_online(self, step: Step):
@@ -1245,6 +1337,14 @@ class _Printer:
             return
         acc = f"{s.target}.acc"
         denominators = [ref[1] for ref in step.reads if ref[1].endswith(".sum")]
+        if isinstance(box, Contract) and acc in self.accumulators:
+            if denominators:  # a fully masked row summed nothing: 0, as in the reference
+                total = self.read(denominators[0], s.axes)
+                value = lambda r: f"({total} == {self.zero}) ? {self.zero} : {r} / {total}"  # noqa: E731
+            else:
+                value = lambda r: r  # noqa: E731
+            self.finalise_registers(step, self.accumulators[acc], value)
+            return
         if isinstance(box, Contract) and denominators:  # the online softmax's normalisation
             # A fully masked row summed nothing: 0, as in the reference (not 0 / 0).
             self.elementwise(step, s.target, s.axes, lambda: f"({self.read(denominators[0], s.axes)} == {self.zero}) ? {self.zero} : "
@@ -1294,7 +1394,7 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
     the hardware profile's): the tensor-core printer (``tensorcore.py``) or the FMA printer here.
     """
     from ..cost import cost_of
-    from ..isel import describe, plan_summary, selection
+    from ..isel import describe, fma_launch_accumulators, plan_summary, selection
     from .tensorcore import PRELUDES, TensorPrinter
 
     bound_sizes(program)  # before the model and the arena, which need numbers
@@ -1309,7 +1409,9 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
             kernel = TensorPrinter(program, launch, dialect, chosen.plan).print(entry)
             kernel.paths = [plan_summary(chosen.plan)] + describe(chosen, launch)
         else:
-            kernel = _Printer(program, launch, dialect, threads).print(entry)
+            # Register accumulators are dealt to FMA_THREADS threads, as the model counts them.
+            kept = fma_launch_accumulators(program, launch, arch)[0] if threads == FMA_THREADS else {}
+            kernel = _Printer(program, launch, dialect, threads, kept).print(entry)
             kernel.paths = describe(chosen, launch)
         kernel.path = chosen.path
         kernels.append(kernel)

@@ -70,7 +70,7 @@ import numpy as np
 import sympy
 
 from ..binding import _gib, memory_limit
-from ..cost import contraction_unit, tensor_launches
+from ..cost import contraction_unit, fma_register_launches, tensor_launches
 from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from ..errors import NapkinCallError, NapkinError
 from ..pseudocode import Loop, Program, Step, walk, compute_dtype
@@ -296,7 +296,8 @@ class _Interpreter:
         # Tensor-core launches (isel.py) read contraction operands from shared memory into
         # registers with ldmatrix: counted as transfers at the registers level, as the model does.
         self.tensor = {} if program.hardware.symbolic else tensor_launches(program)
-        if self.tensor:
+        # FMA launches that keep accumulators in registers put the level in the report too (H 0).
+        if self.tensor or fma_register_launches(program):
             below = below + ("registers",)
         # Contractions count on the unit their launch's instruction path uses, as the model prices them.
         self.products = {launch.index: contraction_unit(program, launch) for launch in program.launches}

@@ -16,13 +16,14 @@
  *     C: fma (A's rows in memory (k = 100) are not a multiple of 16 bytes: cp.async copies 16-byte units)
  *
  * cost of matmul on H100 with m=300 n=200 k=100
- *   level  per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N  FLOP/B  transfer time
- *   l2     device  110,000     340,000    110,000     340,000    52,428,800  1  35.3    0.101 us
- *   smem   block   180,000     480,000    24,576      81,920     232,448     6  25.0    0.048 us
+ *   level      per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N    FLOP/B  transfer time
+ *   l2         device  110,000     340,000    110,000     340,000    52,428,800  1    35.3    0.101 us
+ *   smem       block   180,000     480,000    16,384      65,536     232,448     6    25.0    0.048 us
+ *   registers  thread  0           0          64          256        1,020       256  -       0 us
  *   FLOPs: fma 12,000,000  (total 12,000,000)
- *   predicted time: 10.7 us overlapped (compute-bound), 10.8 us serial; compute 8.54 us, 1 wave of 264 blocks (2 per SM, bound by shared memory)
+ *   predicted time: 15 us overlapped (compute-bound), 15.1 us serial; compute 12.8 us, 1 wave of 396 blocks (3 per SM, bound by shared memory)
  *   fixed costs (in the time above): launch 2 us, fill 0.0293 us, drain 0.117 us
- *   predicted throughput: 1.1 TFLOP/s
+ *   predicted throughput: 0.8 TFLOP/s
  *   note: group m 128 does not divide m = 300: 3 groups, the last one masked (44 of 128)
  *   note: group n 128 does not divide n = 200: 2 groups, the last one masked (72 of 128)
  *   note: stream k 32 does not divide k = 100: 4 chunks, the last one masked (4 of 32)
@@ -64,19 +65,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
     const int o_m = grp_m * 128;
     const int n_m = min(128, 300 - o_m);
     (void)nk_block;
-    float* s_C__acc = reinterpret_cast<float*>(nk_smem + 0);
+    __nv_bfloat16* s_A = reinterpret_cast<__nv_bfloat16*>(nk_smem + 0);
     float* s_C = reinterpret_cast<float*>(nk_smem + 0);
-    __nv_bfloat16* s_A = reinterpret_cast<__nv_bfloat16*>(nk_smem + 65536);
-    __nv_bfloat16* s_B = reinterpret_cast<__nv_bfloat16*>(nk_smem + 73728);
+    __nv_bfloat16* s_B = reinterpret_cast<__nv_bfloat16*>(nk_smem + 8192);
+    float r_C__acc[64];  // C.acc: 4 block(s) of 4 m x 4 n a thread, across the stream loop
     // C.acc[m n] = 0
     {
-        for (int t1 = nk_tid; t1 < (n_m) * (n_n); t1 += NK_THREADS) {
-            int r2 = t1;
-            const int i_n = r2 % (n_n); r2 /= (n_n);
-            const int i_m = r2 % (n_m); r2 /= (n_m);
-            (void)r2;
-            s_C__acc[(i_m) * 128 + i_n] = 0.0f;
-        }
+        #pragma unroll
+        for (int e = 0; e < 64; ++e) r_C__acc[e] = 0.0f;
     }
     __syncthreads();
     for (int c_k = 0; c_k < 4; ++c_k) {
@@ -84,10 +80,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
         const int n_k = min(32, 100 - o_k);
         // load A[m k] l2 -> smem
         {
-            for (int t3 = nk_tid; t3 < 128 * 32; t3 += NK_THREADS) {
-                int r4 = t3;
-                const int i_k = r4 % 32; r4 /= 32;
-                const int i_m = r4 % 128; r4 /= 128;
+            for (int t1 = nk_tid; t1 < 128 * 32; t1 += NK_THREADS) {
+                int r2 = t1;
+                const int i_k = r2 % 32; r2 /= 32;
+                const int i_m = r2 % 128; r2 /= 128;
                 const float v = (i_m < n_m && i_k < n_k) ? nk_f(g_A[((o_m + i_m)) * 100 + (o_k + i_k)]) : 0.0f;
                 s_A[(i_m) * 32 + i_k] = __float2bfloat16(v);
             }
@@ -95,10 +91,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
         __syncthreads();
         // load B[k n] l2 -> smem
         {
-            for (int t5 = nk_tid; t5 < 32 * 128; t5 += NK_THREADS) {
-                int r6 = t5;
-                const int i_n = r6 % 128; r6 /= 128;
-                const int i_k = r6 % 32; r6 /= 32;
+            for (int t3 = nk_tid; t3 < 32 * 128; t3 += NK_THREADS) {
+                int r4 = t3;
+                const int i_n = r4 % 128; r4 /= 128;
+                const int i_k = r4 % 32; r4 /= 32;
                 const float v = (i_k < n_k && i_n < n_n) ? nk_f(g_B[((o_k + i_k)) * 200 + (o_n + i_n)]) : 0.0f;
                 s_B[(i_k) * 128 + i_n] = __float2bfloat16(v);
             }
@@ -106,13 +102,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
         __syncthreads();
         // C.acc += A[m k] * B[k n]
         {
-            for (int t7 = nk_tid; t7 < (((n_m) + 3) / 4) * (((n_n) + 3) / 4); t7 += NK_THREADS) {
-                int r8 = t7;
-                const int b_n = r8 % (((n_n) + 3) / 4); r8 /= (((n_n) + 3) / 4);
-                const int b_m = r8 % (((n_m) + 3) / 4); r8 /= (((n_m) + 3) / 4);
-                (void)r8;
-                float acc[4][4];
-                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] = 0.0f;
+            #pragma unroll
+            for (int j5 = 0; j5 < 4; ++j5) {
+                const int t6 = nk_tid + j5 * NK_THREADS;
+                if (t6 >= (((n_m) + 3) / 4) * (((n_n) + 3) / 4)) break;
+                int r7 = t6;
+                const int b_n = r7 % (((n_n) + 3) / 4); r7 /= (((n_n) + 3) / 4);
+                const int b_m = r7 % (((n_m) + 3) / 4); r7 /= (((n_m) + 3) / 4);
+                (void)r7;
                 for (int i_k = 0; i_k < n_k; ++i_k) {
                     float a[4], b[4];
                     for (int u = 0; u < 4; ++u) {
@@ -123,14 +120,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
                         const int i_n = b_n + v * (((n_n) + 3) / 4);
                         b[v] = (i_n < n_n) ? nk_f(s_B[(i_k) * 128 + i_n]) : 0.0f;
                     }
-                    for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) acc[u][v] += a[u] * b[v];
-                }
-                for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) {
-                    const int i_m = b_m + u * (((n_m) + 3) / 4);
-                    const int i_n = b_n + v * (((n_n) + 3) / 4);
-                    if (i_m < n_m && i_n < n_n) {
-                        s_C__acc[(i_m) * 128 + i_n] = nk_f(s_C__acc[(i_m) * 128 + i_n]) + acc[u][v];
-                    }
+                    for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) r_C__acc[(j5 * 4 + u) * 4 + v] += a[u] * b[v];
                 }
             }
         }
@@ -138,12 +128,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_matmul_0(const __nv_
     }
     // C = C.acc
     {
-        for (int t9 = nk_tid; t9 < (n_m) * (n_n); t9 += NK_THREADS) {
+        #pragma unroll
+        for (int j8 = 0; j8 < 4; ++j8) {
+            const int t9 = nk_tid + j8 * NK_THREADS;
+            if (t9 >= (((n_m) + 3) / 4) * (((n_n) + 3) / 4)) break;
             int r10 = t9;
-            const int i_n = r10 % (n_n); r10 /= (n_n);
-            const int i_m = r10 % (n_m); r10 /= (n_m);
+            const int b_n = r10 % (((n_n) + 3) / 4); r10 /= (((n_n) + 3) / 4);
+            const int b_m = r10 % (((n_m) + 3) / 4); r10 /= (((n_m) + 3) / 4);
             (void)r10;
-            s_C[(i_m) * 128 + i_n] = nk_f(s_C__acc[(i_m) * 128 + i_n]);
+            for (int u = 0; u < 4; ++u) for (int v = 0; v < 4; ++v) {
+                const int i_m = b_m + u * (((n_m) + 3) / 4);
+                const int i_n = b_n + v * (((n_n) + 3) / 4);
+                if (i_m < n_m && i_n < n_n) {
+                    s_C[(i_m) * 128 + i_n] = r_C__acc[(j8 * 4 + u) * 4 + v];
+                }
+            }
         }
     }
     __syncthreads();
