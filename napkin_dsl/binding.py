@@ -102,7 +102,7 @@ class Binding:
         return {name: self.caller.convert(array) for name, array in outputs.items()}
 
 
-def _diagram_of(kernel_or_diagram) -> Diagram:
+def diagram_of(kernel_or_diagram) -> Diagram:
     """Accept a Kernel (anything with a ``diagram``) as well as a Diagram."""
     return getattr(kernel_or_diagram, "diagram", kernel_or_diagram)
 
@@ -506,7 +506,7 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
 
     Raises :class:`~napkin_dsl.errors.NapkinCallError` listing every problem at once.
     """
-    diagram = _diagram_of(diagram)
+    diagram = diagram_of(diagram)
     scalars = dict(scalars or {})
     arrays = dict(arrays)
     sizes = dict(sizes or {})
@@ -737,12 +737,12 @@ def estimate_reference_bytes(diagram, sizes: dict) -> int:
     outputs again in their declared dtypes, and the temporaries of one statement at a time.
     An estimate to refuse hopeless calls early, not an exact count.
     """
-    diagram = _diagram_of(diagram)
+    diagram = diagram_of(diagram)
     held, _ = _arrays_bytes(diagram, sizes)
     return held + _workspace_bytes(diagram, sizes)
 
 
-def _gib(n: int) -> str:
+def format_gib(n: int) -> str:
     if n >= 2**1000:  # beyond float64: only sizes past check.MAX_SIZE get here, and the guard must still say it
         return f"{sympy.N(sympy.Integer(n) / 2**30, 3)} GiB"
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
@@ -753,7 +753,7 @@ def memory_limit(limit: float | None, given: str) -> tuple[float, str]:
     if limit is not None:
         return limit, given
     total = physical_memory_bytes()
-    return default_memory_limit(), (f"25% of {_gib(total)} of memory" if total else "the default when memory size is unknown")
+    return default_memory_limit(), (f"25% of {format_gib(total)} of memory" if total else "the default when memory size is unknown")
 
 
 def check_reference_memory(diagram, sizes: dict, limit: float | None = None) -> int:
@@ -762,7 +762,7 @@ def check_reference_memory(diagram, sizes: dict, limit: float | None = None) -> 
     ``limit`` defaults to :func:`default_memory_limit` (25% of physical memory); pass
     ``math.inf`` to switch the guard off.
     """
-    diagram = _diagram_of(diagram)
+    diagram = diagram_of(diagram)
     need = estimate_reference_bytes(diagram, sizes)
     limit, source = memory_limit(limit, given="memory_limit=")
     if need > limit:
@@ -770,8 +770,8 @@ def check_reference_memory(diagram, sizes: dict, limit: float | None = None) -> 
         largest_bytes, largest = max(held)
         shown = ", ".join(f"{a}={sizes[a]}" for a in diagram.axes)
         raise NapkinCallError(
-            f"the NumPy reference of {diagram.name} would need about {_gib(need)} at {shown}, more than its limit of "
-            f"{_gib(int(limit))} ({source}); the largest array is {largest}: {_gib(largest_bytes)}",
+            f"the NumPy reference of {diagram.name} would need about {format_gib(need)} at {shown}, more than its limit of "
+            f"{format_gib(int(limit))} ({source}); the largest array is {largest}: {format_gib(largest_bytes)}",
             hint="evaluate it at smaller sizes, or pass memory_limit= (bytes) to allow more",
         )
     return need

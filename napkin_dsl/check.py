@@ -610,7 +610,7 @@ class _KernelChecker:
     def fold(self, expr: syn.BinOp, a, b) -> Const | None:
         """Fold an operator on two constants (``d^-0.5``), refusing values no float can hold."""
         text = f"{a} {expr.op} {b}"
-        if expr.op == "^" and a.is_number and b.is_number and not _power_in_range(a, b):
+        if expr.op == "^" and a.is_number and b.is_number and not power_in_range(a, b):
             # Checked before computing: sympy evaluates 10^(10^8) exactly, which never ends.
             self.out.error(f"constant {a}^{b} is out of floating-point range", expr.span,
                            "napkin computes in floating point: keep constants between 1e-300 and 1e300")
@@ -771,7 +771,7 @@ def _axis_list_span(span: Span | None, axes, axis: str) -> Span | None:
     return span
 
 
-def _power_in_range(base, exponent) -> bool:
+def power_in_range(base, exponent) -> bool:
     """Whether base^exponent (two sympy numbers) lies within float range, without computing it."""
     if base == 0 or abs(base) == 1:
         return True
@@ -938,6 +938,15 @@ def check_size(name: str, value: int, span: Span | None = None, what: str = "siz
     error = size_error(name, value, span, what)
     if error is not None:
         raise error
+
+
+def check_sizes(sizes: dict) -> dict:
+    """A copy of bound sizes ({name: int}), each a positive integer no larger than MAX_SIZE."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise NapkinError(f"size {name}={value!r:.60} must be a positive integer", hint=f"e.g. {name}=1024")
+        check_size(name, value)
+    return dict(sizes)
 
 
 def check_size_bounds(diagram: Diagram, block: syn.RelabelBlock | None, sizes: dict) -> None:

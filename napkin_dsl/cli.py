@@ -9,6 +9,11 @@ imported as a module and its ``@napkin.kernel`` functions (any :class:`Kernel` i
 module level) are the kernels, ``--kernel NAME`` choosing among several. An import that fails
 is one napkin error naming the file, the line and the exception, not a traceback. What the
 module does under ``if __name__ == "__main__":`` does not run.
+
+This module owns every command: the stages (``kernel``, ``tune``, ``render``, the backends)
+expose functions and know nothing of argparse. It is the last stop of the pipeline; nothing in
+napkin imports it. Each command imports the stages it calls when it runs, so that ``napkin
+check`` does not load the code generators, NumPy kernels or CUDA.
 """
 
 from __future__ import annotations
@@ -22,38 +27,14 @@ import sys
 import traceback
 from pathlib import Path
 
-import sympy
-
-from .backends.cuda import add_cuda_command, report_resources
-from .backends.numpy import add_run_command, report_check
-from .backends.nvrtc import add_cache_command
 from .check import MAX_SIZE_TEXT, check_size
 from .errors import NapkinError, Span
+from .formatting import json_value
+from .hardware import DEFAULT_ARCH
 from .kernel import Kernel, load
 from .progress import Progress, wanted
-from .render import add_draw_command
 
 EXIT_USER_ERROR = 2
-
-
-def json_value(expr):
-    """A number when the expression is numeric, else a string sympy.sympify parses."""
-    if expr is None:
-        return None
-    if isinstance(expr, (bool, float)):
-        return expr
-    if not isinstance(expr, int):
-        expr = sympy.sympify(expr)
-        if not expr.is_number:
-            return str(expr)
-        if not expr.is_integer:
-            return float(expr)
-    value = int(expr)
-    if value.bit_length() > 13_000:
-        # Python prints at most 4300 digits (~14,000 bits); sizes are bounded so that no
-        # count gets near (check.MAX_SIZE), and this says so if one ever does.
-        raise NapkinError(f"a count of {value.bit_length():,} bits is too large to print as JSON", hint="use realistic sizes")
-    return value
 
 
 def load_file(file: str | Path, hardware: str | None = None) -> dict[str, Kernel]:
@@ -340,6 +321,9 @@ def cmd_compare(args) -> int:
 
 
 def cmd_report(args) -> int:
+    from .backends.cuda import report_resources
+    from .backends.numpy import report_check
+
     sizes = parse_sets(args.set)
     kernels = _selected(args)
     print(f"{args.file}: {len(kernels)} kernel{'s' if len(kernels) != 1 else ''}")
@@ -362,6 +346,186 @@ def cmd_report(args) -> int:
         print(text)
         failed = failed or not passed
     return 1 if failed else 0
+
+
+# ---- napkin run --------------------------------------------------------------------------------
+
+
+def cmd_run(args) -> int:
+    from .backends import numpy as numpy_backend
+
+    given = parse_sets(args.set)
+    kernels = _selected(args)
+    opaque = {k.name: numpy_backend.opaque_boxes(k.diagram) for k in kernels if numpy_backend.opaque_boxes(k.diagram)}
+    if opaque:
+        named = "; ".join(f"{name} uses opaque box {', '.join(boxes)}" for name, boxes in opaque.items())
+        runnable = [k.name for k in kernels if k.name not in opaque]
+        raise NapkinError(
+            f"napkin run cannot run kernels with opaque boxes without implementations: {named}",
+            hint=("call them from Python with impls={'BOX': function}"
+                  + (f"; run the others with --kernel ({', '.join(runnable)})" if runnable else "")),
+        )
+    backend = args.backend
+    if backend == "auto":
+        from .backends.driver import cuda_available
+
+        backend = "cuda" if cuda_available() else "numpy"
+    results = {}
+    for k in kernels:
+        try:
+            with Progress(f"run {k.name} on {backend}", enabled=wanted(args.json)):  # drawn on a terminal after ~1 s
+                results[k.name] = numpy_backend.check_run(k, args.hardware, given, args.seed, backend)
+        except NotImplementedError as error:  # a backend that is not written yet: the user's choice, not a napkin bug
+            raise NapkinError(str(error), hint="use --backend numpy") from None
+        if not args.json:
+            print(numpy_backend.format_check(k.name, results[k.name]))
+    if args.json:
+        keys = ("max_abs_error", "max_rel_error", "counted", "predicted", "wall_s", "tolerance", "ok", "sizes", "hardware", "backend")
+        print(json.dumps({"kernels": {name: {key: r[key] for key in keys} for name, r in results.items()}}, indent=2))
+    return 0 if all(r["ok"] for r in results.values()) else 1
+
+
+def add_run_command(subparsers) -> None:
+    run = subparsers.add_parser(
+        "run", help="run kernels on seeded random inputs; compare with the reference and the cost report",
+        description="Run each kernel of FILE on seeded random inputs, compare its outputs with the float64 reference "
+                    "and its counted transfers and FLOPs with the cost report. Exit 1 when an error (relative to the largest "
+                    "reference value) exceeds the tolerance read off the Program, or a count differs: twice the unit roundoff "
+                    "of every dtype a value is rounded to (bf16 2^-7, f16 2^-10, ...), times the magnitude of any exponential "
+                    "argument that value reaches (sqrt of the lengths summed into it), plus the compute dtype's own error "
+                    "(at least 1e-5 for f32). Unset axes get small sizes: an axis partitioned by s "
+                    "gets s + s/2 + 3 (two tiles, one masked), others 64. In --json, FLOPs (the total) are under the compute level.",
+    )
+    run.add_argument("file", metavar="FILE")
+    run.add_argument("--kernel", metavar="K", help="only this kernel of the file")
+    run.add_argument("--backend", choices=["numpy", "cuda", "opencl", "auto"], default="numpy")
+    run.add_argument("--hardware", metavar="HW", help="a profile (A100, H100, H200, two_level, three_level) or a .toml file")
+    run.add_argument("--set", nargs="+", action="append", default=[], metavar="NAME=INT",
+                     help="bind a size (axis or group/stream size); repeatable: --set q=300 d=64")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.set_defaults(run=cmd_run)
+
+
+# ---- napkin cuda -------------------------------------------------------------------------------
+
+
+def cmd_cuda(args) -> int:
+    from .backends.cuda import format_resources, resources_json
+    from .cache import write_atomically
+
+    sizes = parse_sets(args.set)
+    results = {}
+    for kernel in _selected(args):
+        compiled = kernel.compile(args.arch, args.hardware, ptx=args.ptx, **sizes)
+        results[kernel.name] = compiled
+        text = compiled.image.rstrip(b"\0").decode() if args.ptx else compiled.source
+        if args.output:
+            write_atomically(args.output, text.encode())
+        elif not args.resources and not args.sass:
+            sys.stdout.write(text)
+    if args.sass:
+        # Imported here: nvdisasm is an optional extra, and only --sass needs it.
+        from .backends.sass import format_sass_report, sass_report
+
+        reports = {name: sass_report(c) for name, c in results.items()}
+        if args.json:
+            kernels = {name: ({**resources_json(results[name]), "sass": report} if args.resources else report)
+                       for name, report in reports.items()}
+            print(json.dumps({"kernels": kernels}, indent=2))
+            return 0
+        for name, report in reports.items():
+            if args.resources:
+                print(format_resources(results[name]))
+            print(format_sass_report(report))
+        return 0
+    if args.resources:
+        if args.json:
+            print(json.dumps({"kernels": {name: resources_json(c) for name, c in results.items()}}, indent=2))
+        else:
+            for compiled in results.values():
+                print(format_resources(compiled))
+    return 0
+
+
+def add_cuda_command(subparsers) -> None:
+    cuda = subparsers.add_parser("cuda", help="generate CUDA C++ and compile it with NVRTC (no GPU needed)")
+    _common(cuda, hardware=True)
+    cuda.add_argument("--arch", default=DEFAULT_ARCH, help="sm_80 or sm_90 (default sm_90)")
+    cuda.add_argument("-o", "--output", metavar="FILE.cu", help="write the source (or PTX) here instead of stdout")
+    cuda.add_argument("--ptx", action="store_true", help="emit PTX instead of the CUDA source")
+    cuda.add_argument("--resources", action="store_true", help="print registers, shared memory and spills per launch")
+    cuda.add_argument("--sass", action="store_true",
+                      help="disassemble the cubin (nvdisasm) and print instruction classes per launch and innermost loop")
+    cuda.add_argument("--json", action="store_true", help="with --resources or --sass: one JSON object")
+    cuda.set_defaults(run=cmd_cuda)
+
+
+# ---- napkin cache clear ------------------------------------------------------------------------
+
+
+def cmd_cache_clear(args) -> int:
+    from .backends.nvrtc import clear_cache
+    from .cache import cache_root
+
+    removed = clear_cache(headers=args.headers)
+    print(f"removed {removed} file{'s' if removed != 1 else ''} from {cache_root()}")
+    return 0
+
+
+def add_cache_command(subparsers) -> None:
+    cache = subparsers.add_parser("cache", help="manage napkin's on-disk cache of compiled kernels")
+    actions = cache.add_subparsers(dest="cache_command", required=True)
+    clear = actions.add_parser("clear", help="remove every cached compiled kernel")
+    clear.add_argument("--headers", action="store_true", help="also remove the CUDA headers NVRTC extracted")
+    clear.set_defaults(run=cmd_cache_clear)
+
+
+# ---- napkin draw -------------------------------------------------------------------------------
+
+
+def cmd_draw(args) -> int:
+    from .cache import write_atomically
+    from .render import render
+
+    sizes = parse_sets(args.set)
+    if sizes and not args.costs:
+        raise NapkinError("--set binds the sizes the cost rows are read at; without --costs nothing is drawn at sizes",
+                          hint="add --costs, or drop --set")
+    kernels = load_file(args.file, hardware=args.hardware)  # a .napkin file, or a .py file's @napkin.kernel functions
+    if args.kernel is not None:
+        if args.kernel not in kernels:
+            raise NapkinError(f"no kernel named {args.kernel!r} in {args.file}", hint=f"kernels there: {', '.join(kernels)}")
+        kernel = kernels[args.kernel]
+    elif len(kernels) == 1:
+        kernel = next(iter(kernels.values()))
+    else:
+        raise NapkinError(f"{args.file} has {len(kernels)} kernels; say which to draw",
+                          hint=f"add --kernel NAME, one of: {', '.join(kernels)}")
+    svg = render(kernel, relabelled=args.relabelled, costs=args.costs, hardware=args.hardware if args.costs else None, sizes=sizes)
+    if args.output is None:
+        sys.stdout.write(svg)
+    else:
+        write_atomically(Path(args.output), svg.encode("utf-8"))
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def add_draw_command(subparsers) -> None:
+    """``napkin draw FILE [--kernel K] [--relabelled] [--costs [--hardware HW] [--set NAME=INT ...]] [-o OUT.svg]``."""
+    draw = subparsers.add_parser("draw", help="draw a kernel's neural circuit diagram as SVG")
+    draw.add_argument("file", metavar="FILE")
+    draw.add_argument("--kernel", metavar="K", help="the kernel to draw when the file has several")
+    draw.add_argument("--relabelled", action="store_true", help="mark the relabel block's group and stream partitions")
+    draw.add_argument("--costs", action="store_true",
+                      help="add rows of memory M and transfers H per column, read off the pseudocode at the compute level")
+    draw.add_argument("--hardware", metavar="HW",
+                      help="a profile (A100, H100, H200, two_level, three_level) or a .toml file: the levels drawn for a "
+                           "kernel without a relabel block, and where --costs are read; default: the relabel block's")
+    draw.add_argument("--set", nargs="+", action="append", default=[], metavar="NAME=INT",
+                      help="with --costs: bind sizes (axes, symbolic group/stream sizes) so that the rows are numbers")
+    draw.add_argument("-o", "--output", metavar="OUT.svg", help="write the SVG to a file (atomically) instead of stdout")
+    draw.set_defaults(run=cmd_draw)
 
 
 # ---- entry point -----------------------------------------------------------------------------

@@ -27,6 +27,8 @@ import sympy
 
 from .diagram import DTYPE_BYTES
 from .errors import RelabelError
+from .formatting import format_count as _fmt
+from .formatting import json_value
 from .pseudocode import MAX_MASK_GROUPS, Loop, Program, Step, chunk_span, liveness, mask_visits, released_by, walk
 from .relabel import bind
 
@@ -351,8 +353,6 @@ class CostReport:
         return ratio if not ratio.free_symbols else sympy.cancel(ratio)
 
     def to_dict(self) -> dict:
-        from .cli import json_value
-
         return {
             "hardware": self.hardware,
             "sizes": dict(self.sizes),
@@ -431,22 +431,6 @@ class CostReport:
         return (f"<p>cost of {html.escape(self.kernel)} on {html.escape(self.hardware)}: {summary}</p>"
                 "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(body) + "</table>"
                 + "".join(f"<p>{html.escape(n)}</p>" for n in notes))
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    value = sympy.sympify(value)
-    if value.is_number:
-        number = float(value)
-        if not math.isfinite(number):
-            # Beyond float64: sizes are bounded (check.MAX_SIZE) so that no count gets here,
-            # but a table must still print; sympy's own float has no exponent limit.
-            return str(sympy.N(value, 4))
-        if number == int(number) and abs(number) < 1e15:
-            return f"{int(number):,}"
-        return f"{number:.4g}"
-    return str(value)
 
 
 def _fmt_time(seconds) -> str:

@@ -24,8 +24,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import sympy
+from typing import TYPE_CHECKING
 
 try:
     import tomllib
@@ -34,9 +33,14 @@ except ModuleNotFoundError:  # Python 3.10
 
 from .errors import NapkinError
 
+if TYPE_CHECKING:
+    import sympy
+
 PROFILE_DIR = Path(__file__).parent / "hardware"
 # Tensor-core instruction paths and the [peak_flops] key of each one's rate.
 TENSOR_PATHS = {"mma.sync": "mma_sync", "wgmma": "wgmma"}
+# The GPU architecture napkin compiles for when none is named (H100's).
+DEFAULT_ARCH = "sm_90"
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,8 @@ def _size_value(value):
     if value is None:
         return None
     if isinstance(value, str):
+        import sympy  # only the abstract profiles' symbolic capacities need it
+
         return sympy.Symbol(value, positive=True)
     return value
 

@@ -29,10 +29,10 @@ from typing import Any, Callable
 from typeguard import typechecked
 
 from . import syntax as syn
-from .check import CheckedKernel, check_module, check_size
+from .check import CheckedKernel, check_module, check_sizes
 from .errors import NapkinError, NapkinSyntaxError, Span
 from .hardware import hardware_names
-from .types import _ArrayTypeMeta, _DTypeMeta
+from .types import ArrayTypeMeta, DTypeMeta
 
 
 class Kernel:
@@ -97,17 +97,18 @@ class Kernel:
 
         key = ("program", self._target(hardware), tuple(sorted(sizes.items())))
         if key not in self._cache:
-            self._cache[key] = plan(self.diagram, self._target(hardware), self.relabel, _check_sizes(sizes))
+            self._cache[key] = plan(self.diagram, self._target(hardware), self.relabel, check_sizes(sizes))
         return self._cache[key]
 
     def pseudocode(self, format: str = "text", hardware: str | None = None, **sizes: int) -> str:
         """The paper's looped pseudocode as text (``format="text"``) or a Markdown table of columns."""
+        from .cost import columns
         from .isel import selection, warp_line
         from .pseudocode import render_markdown, render_text
 
         program = self.program(hardware, **sizes)
         if format == "markdown":
-            return render_markdown(program)
+            return render_markdown(program, columns(program))
         if format == "text":
             plans = {launch.index: selection(program, launch).plan for launch in program.launches}
             return render_text(program, {index: warp_line(plan) for index, plan in plans.items() if plan is not None})
@@ -184,13 +185,13 @@ class Kernel:
         if block is None or load_hardware(block.hardware).symbolic:
             from .tune import tune
 
-            best = tune(self.diagram, target, None, _check_sizes(sizes), top=1, keep_written=True)
+            best = tune(self.diagram, target, None, check_sizes(sizes), top=1, keep_written=True)
             block = best.block(self.diagram, load_hardware(target))
             # The tuner may materialise intermediates the source fuses (never fuse what it materialises).
             diagram = best.best.diagram or self.diagram
         else:
             diagram = self.diagram
-        self._cache[key] = plan(diagram, target, block, _check_sizes(sizes))
+        self._cache[key] = plan(diagram, target, block, check_sizes(sizes))
         return self._cache[key]
 
     def compile(self, arch: str = "sm_90", hardware: str | None = None, ptx: bool = False, **sizes: int):
@@ -215,7 +216,7 @@ class Kernel:
 
         # The relabelling written in the file is a candidate on any GPU whose levels it names.
         target = self._target(hardware)
-        return tune(self.diagram, target, retarget(self.relabel, load_hardware(target)), _check_sizes(sizes), top=top,
+        return tune(self.diagram, target, retarget(self.relabel, load_hardware(target)), check_sizes(sizes), top=top,
                     progress=progress)
 
     def render(self, relabelled: bool = False, costs: bool = False) -> str:
@@ -257,14 +258,6 @@ def _block_text(block: syn.RelabelBlock, kernel: str) -> str:
             scope = f" for {', '.join(targets)}" if targets else ""
             lines.append(f"    {clauses.level}{scope}: {'; '.join(parts)}\n")
     return f"relabel {kernel} on {block.hardware}:\n" + "".join(lines)
-
-
-def _check_sizes(sizes: dict) -> dict:
-    for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise NapkinError(f"size {name}={value!r:.60} must be a positive integer", hint=f"e.g. {name}=1024")
-        check_size(name, value)  # at most 2^63 - 1: see check.MAX_SIZE
-    return dict(sizes)
 
 
 # ---- loading files ---------------------------------------------------------------------------
@@ -411,9 +404,9 @@ def _function_source(function: Callable) -> _FunctionSource:
 
 def _annotation_type(annotation: Any, name: str, role: str, span: Span) -> syn.TypeSyntax:
     """The napkin type of a parameter or output annotation, or an error naming it."""
-    if isinstance(annotation, _ArrayTypeMeta):
+    if isinstance(annotation, ArrayTypeMeta):
         return syn.TypeSyntax(annotation.dtype, tuple(annotation.axes), span)
-    if isinstance(annotation, _DTypeMeta):
+    if isinstance(annotation, DTypeMeta):
         return syn.TypeSyntax(annotation.dtype, None, span)
     what = "the return value" if role == "return" else f"{role} {name!r}"
     written = name if role != "return" else "-> "

@@ -946,12 +946,13 @@ def _render_nodes(nodes, schedule, lines, depth, warp_line=None):
             lines.append(f"{pad}{node.text}    [{_tile(schedule, node.axes, node.level)}]")
 
 
-def render_markdown(program: Program, columns=None) -> str:
-    """The pseudocode as a Markdown table: one row (the paper's column) per step."""
-    from .cost import columns as compute_columns
+def render_markdown(program: Program, columns: list) -> str:
+    """The pseudocode as a Markdown table: one row (the paper's column) per step.
 
+    ``columns`` are the rows ``cost.columns(program)`` reads off this Program (what is resident
+    per step): the caller passes them, as cost sits above this module."""
     schedule = program.schedule
-    rows = columns if columns is not None else compute_columns(program)
+    rows = columns
     levels = list(schedule.levels[1:]) + (["registers"] if any("registers" in r["resident"] for r in rows) else [])
     out = [f"### {program.diagram.name} on {schedule.hardware.name}", ""]
     for note in schedule.notes:

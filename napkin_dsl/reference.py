@@ -73,7 +73,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 
-from .binding import _diagram_of, arguments, bind, check_reference_memory
+from .binding import arguments, bind, check_reference_memory, diagram_of
 from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .errors import NapkinCallError
 from .types import numpy_dtype
@@ -81,7 +81,7 @@ from .types import numpy_dtype
 __all__ = ["ELEMENTWISE", "evaluate", "reference"]
 
 
-class _Failure(Exception):
+class ReferenceFailure(Exception):
     """A problem inside one statement; :func:`evaluate` re-raises it once, with the statement."""
 
     def __init__(self, message: str, hint: str | None = None):
@@ -91,7 +91,7 @@ class _Failure(Exception):
 
 
 @dataclass(frozen=True)
-class _Named:
+class NamedArray:
     """Values whose dimensions are the named axes, in order (no axes: a scalar)."""
 
     values: np.ndarray
@@ -142,7 +142,7 @@ def logsumexp(values: np.ndarray, axis) -> np.ndarray:
 _REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean, "lse": logsumexp}
 
 
-# The float range the checker allows a constant (check.number_in_range, check._power_in_range).
+# The float range the checker allows a constant (check.number_in_range, check.power_in_range).
 _FLOAT_RANGE = (1e-300, 1e300)
 
 
@@ -164,7 +164,7 @@ def constant_value(value: sympy.Expr, sizes: dict, kernel: str = "the kernel") -
     Exact arithmetic, as sympy does it, but a power is checked before it is computed: sympy
     evaluates ``8^-4294967296`` exactly, a number of four billion digits, which never ends. A
     value outside the range the checker allows a literal constant (1e-300 to 1e300, or 0), a
-    division by zero or a non-real value raises :class:`_Failure`, as the checker refuses such
+    division by zero or a non-real value raises :class:`ReferenceFailure`, as the checker refuses such
     constants when they are written with numbers.
     """
     if value in (sympy.oo, -sympy.oo):  # -inf in where(q >= x, S, -inf): a masked entry
@@ -178,39 +178,39 @@ def constant_value(value: sympy.Expr, sizes: dict, kernel: str = "the kernel") -
     def evaluate(expr):
         if expr.is_Symbol:
             if expr.name not in sizes:
-                raise _Failure(f"the size expression {shown} uses {expr.name}, which is not an axis of {kernel}")
+                raise ReferenceFailure(f"the size expression {shown} uses {expr.name}, which is not an axis of {kernel}")
             return sympy.Integer(int(sizes[expr.name]))
         if expr.is_Number or not expr.args:
             return expr
         args = [evaluate(a) for a in expr.args]
         if expr.is_Pow:
-            from .check import _power_in_range
+            from .check import power_in_range
 
             base, exponent = args
-            if not _power_in_range(base, exponent):
-                raise _Failure(f"the size expression {shown} is out of floating-point range{at()}: {base}^{exponent}",
+            if not power_in_range(base, exponent):
+                raise ReferenceFailure(f"the size expression {shown} is out of floating-point range{at()}: {base}^{exponent}",
                                "napkin computes in floating point: keep constants between 1e-300 and 1e300")
             return base**exponent
         return expr.func(*args)
 
     number = evaluate(value)
     if number.has(sympy.zoo, sympy.oo, sympy.nan):
-        raise _Failure(f"the size expression {shown} is undefined{at()} (division by zero)",
+        raise ReferenceFailure(f"the size expression {shown} is undefined{at()} (division by zero)",
                        "check the divisor and the exponent's sign")
     if number.is_real is False:
-        raise _Failure(f"the size expression {shown} is not a real number{at()}",
+        raise ReferenceFailure(f"the size expression {shown} is not a real number{at()}",
                        "a negative number has no real fractional power")
     try:
         result = float(number)
     except OverflowError:
         result = math.inf
     if result != 0 and not _FLOAT_RANGE[0] <= abs(result) <= _FLOAT_RANGE[1]:
-        raise _Failure(f"the size expression {shown} is out of floating-point range{at()} ({result:g})",
+        raise ReferenceFailure(f"the size expression {shown} is out of floating-point range{at()} ({result:g})",
                        "napkin computes in floating point: keep constants between 1e-300 and 1e300")
     return result
 
 
-class _Evaluator:
+class Evaluator:
     """The state of one evaluation: sizes, scalars, implementations and the arrays so far."""
 
     def __init__(self, diagram: Diagram, sizes: dict, scalars: dict, impls: dict):
@@ -228,22 +228,22 @@ class _Evaluator:
     def constant(self, value: sympy.Expr) -> float:
         return constant_value(value, self.sizes, self.diagram.name)
 
-    def expression(self, expr) -> _Named:
+    def expression(self, expr) -> NamedArray:
         if isinstance(expr, Read):
-            return _Named(self.arrays[expr.array], expr.axes)
+            return NamedArray(self.arrays[expr.array], expr.axes)
         if isinstance(expr, Const):
-            return _Named(np.float64(self.constant(expr.value)), ())
+            return NamedArray(np.float64(self.constant(expr.value)), ())
         if isinstance(expr, ScalarParam):
-            return _Named(np.float64(float(self.scalars[expr.name])), ())
+            return NamedArray(np.float64(float(self.scalars[expr.name])), ())
         if isinstance(expr, Index):
-            return _Named(np.arange(self.sizes[expr.axis], dtype=np.float64), (expr.axis,))
+            return NamedArray(np.arange(self.sizes[expr.axis], dtype=np.float64), (expr.axis,))
         if isinstance(expr, Apply):
             function = ELEMENTWISE.get(expr.fn)
             if function is None:
-                raise _Failure(f"the reference has no definition of the elementwise function {expr.fn!r}")
+                raise ReferenceFailure(f"the reference has no definition of the elementwise function {expr.fn!r}")
             args = [self.expression(a) for a in expr.args]
             axes = tuple(dict.fromkeys(a for arg in args for a in arg.axes))
-            return _Named(function(*(arg.aligned(axes) for arg in args)), axes)
+            return NamedArray(function(*(arg.aligned(axes) for arg in args)), axes)
         raise AssertionError(f"napkin bug: unknown expression {expr!r}")
 
     # -- boxes
@@ -262,7 +262,7 @@ class _Evaluator:
                 operand = self.expression(box.operand)
                 along = tuple(operand.axes.index(a) for a in box.axes)
                 kept = tuple(a for a in operand.axes if a not in box.axes)
-                return _Named(_REDUCTIONS[box.op](operand.values, axis=along), kept).aligned(statement.axes)
+                return NamedArray(_REDUCTIONS[box.op](operand.values, axis=along), kept).aligned(statement.axes)
             if isinstance(box, Softmax):
                 values = np.broadcast_to(self.expression(box.operand).aligned(statement.axes), self.shape(statement.axes))
                 along = statement.axes.index(box.axis)
@@ -271,7 +271,7 @@ class _Evaluator:
 
     def contract(self, statement: Statement, box: Contract) -> np.ndarray:
         if len(self.letters) < len(self.diagram.axes):
-            raise _Failure(f"einsum has {len(string.ascii_letters)} axis letters; {self.diagram.name} has {len(self.diagram.axes)} axes")
+            raise ReferenceFailure(f"einsum has {len(string.ascii_letters)} axis letters; {self.diagram.name} has {len(self.diagram.axes)} axes")
         spec = ",".join("".join(self.letters[a] for a in r.axes) for r in box.operands)
         spec += "->" + "".join(self.letters[a] for a in statement.axes)
         result = np.einsum(spec, *(self.arrays[r.array] for r in box.operands), optimize=True)
@@ -291,7 +291,7 @@ class _Evaluator:
         call = ", ".join(f"{r.array}{described(woven + own)}" for r, (_, own) in zip(box.args, signature.inputs))
         implementation = self.impls.get(signature.name)
         if implementation is None:
-            raise _Failure(
+            raise ReferenceFailure(
                 f"box {signature.name} has no implementation; the reference would call {signature.name}({call}) "
                 f"and expect shape {described(woven + produced)}",
                 f"pass impls={{{signature.name!r}: function}}; the function receives NumPy arrays with the woven axes "
@@ -301,7 +301,7 @@ class _Evaluator:
         for read, (_, own) in zip(box.args, signature.inputs):
             axes = woven + tuple(own)
             # broadcast_to returns a read-only view: an implementation cannot write into our arrays.
-            views.append(np.broadcast_to(_Named(self.arrays[read.array], read.axes).aligned(axes), self.shape(axes)))
+            views.append(np.broadcast_to(NamedArray(self.arrays[read.array], read.axes).aligned(axes), self.shape(axes)))
         try:
             result = implementation(*views)
         except Exception as exc:
@@ -311,15 +311,15 @@ class _Evaluator:
         try:
             result = np.asarray(result, dtype=np.float64)
         except (TypeError, ValueError) as exc:
-            raise _Failure(f"the implementation of box {signature.name} returned {type(result).__name__}, "
+            raise ReferenceFailure(f"the implementation of box {signature.name} returned {type(result).__name__}, "
                            f"which is not an array of numbers: {exc}") from None
         if result.shape != expected:
-            raise _Failure(
+            raise ReferenceFailure(
                 f"the implementation of box {signature.name} returned shape {result.shape}; "
                 f"expected {described(woven + produced)} = {expected}",
                 "woven axes come first, then the box's output axes",
             )
-        return _Named(result, woven + produced).aligned(statement.axes)
+        return NamedArray(result, woven + produced).aligned(statement.axes)
 
 
 def _check_call(diagram: Diagram, inputs: dict, scalars: dict, sizes: dict):
@@ -369,18 +369,18 @@ def evaluate(
     allocating, :func:`~napkin_dsl.binding.check_reference_memory` refuses sizes that would
     need more than ``memory_limit`` bytes (default 25% of physical memory).
     """
-    diagram = _diagram_of(diagram)
+    diagram = diagram_of(diagram)
     _check_call(diagram, inputs, scalars, sizes)
     sizes = {axis: int(sizes[axis]) for axis in diagram.axes}
     check_reference_memory(diagram, sizes, memory_limit)
-    evaluator = _Evaluator(diagram, sizes, scalars, dict(impls or {}))
+    evaluator = Evaluator(diagram, sizes, scalars, dict(impls or {}))
     for array in diagram.input_arrays:
         # astype copies: the caller's arrays are never written, nor kept.
         evaluator.arrays[array.name] = np.asarray(inputs[array.name]).astype(np.float64)
     for statement in diagram.statements:
         try:
             evaluator.arrays[statement.target] = evaluator.statement(statement)
-        except _Failure as failure:
+        except ReferenceFailure as failure:
             hint = failure.hint or f"while evaluating {statement.target} = {statement.describe()}"
             raise NapkinCallError(failure.message, statement.span, hint) from None
     outputs = {}
@@ -400,7 +400,7 @@ def reference(kernel, *arrays, sizes: dict | None = None, impls: dict | None = N
     can only be passed positionally). Returns the output array for a kernel with one output,
     a dict of them by name for several.
     """
-    diagram = _diagram_of(kernel)
+    diagram = diagram_of(kernel)
     array_args, scalar_args = arguments(diagram, arrays, named)
     binding = bind(diagram, array_args, scalar_args, cast, sizes=sizes)
     outputs = evaluate(diagram, binding.inputs, binding.scalars, binding.sizes, impls, memory_limit=memory_limit)

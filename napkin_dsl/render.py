@@ -52,16 +52,13 @@ True
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 import sympy
 
 from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .diagram import size_text as diagram_size_text
-from .cache import write_atomically
 from .errors import NapkinError
 from .hardware import hardware_names, load_hardware
 
@@ -1304,10 +1301,10 @@ def cost_program(kernel, relabelled: bool, hardware: str | None = None, sizes: d
     """The Program whose columns the cost rows show: the kernel's own (relabelled) Program,
     or, for a drawing as written of a relabelled kernel, the diagram planned without its
     relabel block (one group, nothing streamed), as the drawing shows it."""
-    from .kernel import _check_sizes
+    from .check import check_sizes
     from .plan import plan
 
-    sizes = _check_sizes(dict(sizes or {}))
+    sizes = check_sizes(dict(sizes or {}))
     block = kernel.relabel
     if block is not None and relabelled and hardware is not None:
         asked, written = load_hardware(hardware).name, load_hardware(block.hardware).name
@@ -1411,54 +1408,3 @@ def render(kernel, relabelled: bool = False, costs=None, columns=None, *, hardwa
         f"{s.target}[{' '.join(s.axes)}] = {s.describe()}" for s in d.statements
     )
     return drawing.svg(title, description)
-
-
-# ---- the command -----------------------------------------------------------------------------
-
-
-def _write_atomically(path: Path, text: str):
-    write_atomically(path, text.encode("utf-8"))
-
-
-def cmd_draw(args) -> int:
-    from .cli import load_file, parse_sets
-
-    sizes = parse_sets(args.set)
-    if sizes and not args.costs:
-        raise NapkinError("--set binds the sizes the cost rows are read at; without --costs nothing is drawn at sizes",
-                          hint="add --costs, or drop --set")
-    kernels = load_file(args.file, hardware=args.hardware)  # a .napkin file, or a .py file's @napkin.kernel functions
-    if args.kernel is not None:
-        if args.kernel not in kernels:
-            raise NapkinError(f"no kernel named {args.kernel!r} in {args.file}", hint=f"kernels there: {', '.join(kernels)}")
-        kernel = kernels[args.kernel]
-    elif len(kernels) == 1:
-        kernel = next(iter(kernels.values()))
-    else:
-        raise NapkinError(f"{args.file} has {len(kernels)} kernels; say which to draw",
-                          hint=f"add --kernel NAME, one of: {', '.join(kernels)}")
-    svg = render(kernel, relabelled=args.relabelled, costs=args.costs, hardware=args.hardware if args.costs else None, sizes=sizes)
-    if args.output is None:
-        sys.stdout.write(svg)
-    else:
-        _write_atomically(Path(args.output), svg)
-        print(f"wrote {args.output}", file=sys.stderr)
-    return 0
-
-
-def add_draw_command(subparsers):
-    """Register ``napkin draw FILE [--kernel K] [--relabelled] [--costs [--hardware HW] [--set NAME=INT ...]] [-o OUT.svg]``."""
-    draw = subparsers.add_parser("draw", help="draw a kernel's neural circuit diagram as SVG")
-    draw.add_argument("file", metavar="FILE")
-    draw.add_argument("--kernel", metavar="K", help="the kernel to draw when the file has several")
-    draw.add_argument("--relabelled", action="store_true", help="mark the relabel block's group and stream partitions")
-    draw.add_argument("--costs", action="store_true",
-                      help="add rows of memory M and transfers H per column, read off the pseudocode at the compute level")
-    draw.add_argument("--hardware", metavar="HW",
-                      help="a profile (A100, H100, H200, two_level, three_level) or a .toml file: the levels drawn for a "
-                           "kernel without a relabel block, and where --costs are read; default: the relabel block's")
-    draw.add_argument("--set", nargs="+", action="append", default=[], metavar="NAME=INT",
-                      help="with --costs: bind sizes (axes, symbolic group/stream sizes) so that the rows are numbers")
-    draw.add_argument("-o", "--output", metavar="OUT.svg", help="write the SVG to a file (atomically) instead of stdout")
-    draw.set_defaults(run=cmd_draw)
-    return draw

@@ -40,6 +40,7 @@ from .check import check_size_bounds
 from .cost import CostReport, as_number, columns, cost_of, flops_by_unit, instruction_path, level_costs, step_total
 from .diagram import DTYPE_BYTES, Contract, Diagram
 from .errors import NapkinError, RelabelError
+from .formatting import format_count, json_value
 from .hardware import Hardware, load_hardware
 from .isel import TENSOR_DTYPES
 from .plan import materialise, materialised, plan, shared_cache_level, split_points
@@ -154,8 +155,6 @@ class TuneResult:
                               relabels, self.relabel_block())
 
     def to_dict(self) -> dict:
-        from .cli import json_value
-
         return {
             "hardware": self.hardware,
             "evaluated": self.evaluated,
@@ -918,8 +917,6 @@ def plot_svg(result: TuneResult) -> str:
 def compare(entries: list, hardware: str | None, sizes: dict) -> list[dict]:
     """Cost each (label, kernel) side by side: predicted time, bound, what is materialised, and
     H and M per level. A relabelling that does not fit is a column with its error, not a failure."""
-    from .cli import json_value
-
     columns = []
     for label, kernel in entries:
         column = {"label": label, "kernel": kernel.name, "relabel": kernel.relabel_text()}
@@ -944,8 +941,6 @@ def compare(entries: list, hardware: str | None, sizes: dict) -> list[dict]:
 
 def compare_table(columns: list[dict]) -> str:
     """The columns of :func:`compare` as a text table, one column per relabelling or file."""
-    from .cost import _fmt
-
     levels = list(dict.fromkeys(name for c in columns for name in c.get("levels", {})))
     rows = [("", *[c["label"] for c in columns]),
             ("relabel", *[c["relabel"] for c in columns]),
@@ -957,7 +952,7 @@ def compare_table(columns: list[dict]) -> str:
             cells = []
             for c in columns:
                 value = c.get("levels", {}).get(level, {}).get(key)
-                cells.append("-" if value is None else f"{_fmt(value)} B")
+                cells.append("-" if value is None else f"{format_count(value)} B")
             rows.append((f"{level} {name}", *cells))
     errors = [f"  {c['label']}: {c['error']}" for c in columns if "error" in c]
     warnings = [f"  {c['label']}: {w}" for c in columns for w in c.get("warnings", [])]

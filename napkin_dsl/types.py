@@ -40,7 +40,7 @@ def numpy_dtype(dtype: str) -> np.dtype:
     return np.dtype({"f64": np.float64, "f32": np.float32, "f16": np.float16, "i32": np.int32, "i64": np.int64}[dtype])
 
 
-class _ArrayTypeMeta(type):
+class ArrayTypeMeta(type):
     """Metaclass of array annotations: isinstance checks dtype and rank."""
 
     dtype: str
@@ -59,10 +59,10 @@ class _ArrayTypeMeta(type):
 
 @functools.lru_cache(maxsize=None)
 def array_type(dtype: str, axes: tuple[str, ...]) -> type:
-    return _ArrayTypeMeta(f"{dtype}[{' '.join(axes)}]", (), {"dtype": dtype, "axes": axes, "__module__": "napkin_dsl"})
+    return ArrayTypeMeta(f"{dtype}[{' '.join(axes)}]", (), {"dtype": dtype, "axes": axes, "__module__": "napkin_dsl"})
 
 
-class _DTypeMeta(type):
+class DTypeMeta(type):
     """Metaclass of ``napkin.f32`` etc.: subscript for arrays; bare, a scalar type."""
 
     dtype: str
@@ -106,7 +106,7 @@ class _DTypeMeta(type):
 
 
 def _dtype(name: str) -> type:
-    return _DTypeMeta(name, (), {"dtype": name, "__module__": "napkin_dsl"})
+    return DTypeMeta(name, (), {"dtype": name, "__module__": "napkin_dsl"})
 
 
 f64, f32, f16, bf16 = _dtype("f64"), _dtype("f32"), _dtype("f16"), _dtype("bf16")

@@ -299,7 +299,7 @@ def test_a_huge_iteration_space_cli(tmp_path, capsys):
 def test_formatters_survive_numbers_past_float64():
     # Sizes are refused long before counts get this large; these guards keep a table or an
     # error message printable should a count ever get there another way.
-    from napkin_dsl.binding import _gib
+    from napkin_dsl.binding import format_gib as _gib
     from napkin_dsl.cli import json_value
     from napkin_dsl.cost import _fmt
 

@@ -23,13 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cache import write_atomically
 from ..cost import CostReport, cost_of
+from ..hardware import DEFAULT_ARCH
 from ..pseudocode import Program
 from ..types import numpy_dtype
 from .lowering import CudaDialect, KernelSource, bound_sizes, ident, lower, scalar_ctype
-
-DEFAULT_ARCH = "sm_90"
 
 
 @dataclass
@@ -254,58 +252,3 @@ def report_resources(kernel, sizes: dict, arch: str = "sm_90") -> str:
     except NapkinError as error:
         return f"CUDA: not compiled: {error.message}"
     return format_resources(compiled) + note
-
-
-def cmd_cuda(args) -> int:
-    import json
-    import sys
-
-    from ..cli import _selected, parse_sets
-
-    sizes = parse_sets(args.set)
-    results = {}
-    for kernel in _selected(args):
-        compiled = kernel.compile(args.arch, args.hardware, ptx=args.ptx, **sizes)
-        results[kernel.name] = compiled
-        text = compiled.image.rstrip(b"\0").decode() if args.ptx else compiled.source
-        if args.output:
-            write_atomically(args.output, text.encode())
-        elif not args.resources and not args.sass:
-            sys.stdout.write(text)
-    if args.sass:
-        # Imported here: nvdisasm is an optional extra, and only --sass needs it.
-        from .sass import format_sass_report, sass_report
-
-        reports = {name: sass_report(c) for name, c in results.items()}
-        if args.json:
-            kernels = {name: ({**resources_json(results[name]), "sass": report} if args.resources else report)
-                       for name, report in reports.items()}
-            print(json.dumps({"kernels": kernels}, indent=2))
-            return 0
-        for name, report in reports.items():
-            if args.resources:
-                print(format_resources(results[name]))
-            print(format_sass_report(report))
-        return 0
-    if args.resources:
-        if args.json:
-            print(json.dumps({"kernels": {name: resources_json(c) for name, c in results.items()}}, indent=2))
-        else:
-            for compiled in results.values():
-                print(format_resources(compiled))
-    return 0
-
-
-def add_cuda_command(subparsers) -> None:
-    from ..cli import _common
-
-    cuda = subparsers.add_parser("cuda", help="generate CUDA C++ and compile it with NVRTC (no GPU needed)")
-    _common(cuda, hardware=True)
-    cuda.add_argument("--arch", default=DEFAULT_ARCH, help="sm_80 or sm_90 (default sm_90)")
-    cuda.add_argument("-o", "--output", metavar="FILE.cu", help="write the source (or PTX) here instead of stdout")
-    cuda.add_argument("--ptx", action="store_true", help="emit PTX instead of the CUDA source")
-    cuda.add_argument("--resources", action="store_true", help="print registers, shared memory and spills per launch")
-    cuda.add_argument("--sass", action="store_true",
-                      help="disassemble the cubin (nvdisasm) and print instruction classes per launch and innermost loop")
-    cuda.add_argument("--json", action="store_true", help="with --resources or --sass: one JSON object")
-    cuda.set_defaults(run=cmd_cuda)

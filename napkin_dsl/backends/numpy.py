@@ -51,15 +51,14 @@ but a Program (``reference.py`` evaluates diagrams directly).
 
 Also here, because every caller of a backend needs them: :func:`run_program` (this backend,
 or ``cuda.run`` / ``opencl.run``, which ``Kernel.__call__`` uses), the host-memory guard
-(:func:`estimate_bytes`, :func:`check_memory`), and the ``napkin run`` command with
-:func:`check_run` (a backend against the reference, its counts against the report), which
-``napkin report`` also runs at small sizes.
+(:func:`estimate_bytes`, :func:`check_memory`), and :func:`check_run` (a backend against the
+reference, its counts against the report), which the ``napkin run`` and ``napkin report``
+commands (``cli.py``) call.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import math
 import string
 import time
@@ -69,15 +68,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import sympy
 
-from ..binding import _gib, memory_limit
+from ..binding import format_gib as _gib
+from ..binding import memory_limit
 from ..cost import contraction_unit, fma_register_launches, tensor_launches
 from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from ..errors import NapkinCallError, NapkinError
 from ..pseudocode import Loop, Program, Step, walk, compute_dtype
-from ..reference import ELEMENTWISE, _Evaluator, _Failure, _Named, logsumexp, masked_softmax
+from ..reference import ELEMENTWISE, logsumexp, masked_softmax
+from ..reference import Evaluator as _Evaluator
+from ..reference import NamedArray as _Named
+from ..reference import ReferenceFailure as _Failure
 from ..types import numpy_dtype
 
-__all__ = ["Counts", "add_run_command", "check_memory", "check_run", "estimate_bytes", "execute", "gelu", "run_program"]
+__all__ = ["Counts", "check_memory", "check_run", "estimate_bytes", "execute", "gelu", "run_program"]
 
 
 # ---- counts --------------------------------------------------------------------------------
@@ -1196,68 +1199,6 @@ def _cell(value) -> str:
     if value is None:
         return "-"
     return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-# ---- napkin run ----------------------------------------------------------------------------------
-
-
-def cmd_run(args) -> int:
-    from ..cli import _selected, parse_sets
-
-    given = parse_sets(args.set)
-    kernels = _selected(args)
-    opaque = {k.name: opaque_boxes(k.diagram) for k in kernels if opaque_boxes(k.diagram)}
-    if opaque:
-        named = "; ".join(f"{name} uses opaque box {', '.join(boxes)}" for name, boxes in opaque.items())
-        runnable = [k.name for k in kernels if k.name not in opaque]
-        raise NapkinError(
-            f"napkin run cannot run kernels with opaque boxes without implementations: {named}",
-            hint=("call them from Python with impls={'BOX': function}"
-                  + (f"; run the others with --kernel ({', '.join(runnable)})" if runnable else "")),
-        )
-    backend = args.backend
-    if backend == "auto":
-        from .driver import cuda_available
-
-        backend = "cuda" if cuda_available() else "numpy"
-    from ..progress import Progress, wanted
-
-    results = {}
-    for k in kernels:
-        try:
-            with Progress(f"run {k.name} on {backend}", enabled=wanted(args.json)):  # drawn on a terminal after ~1 s
-                results[k.name] = check_run(k, args.hardware, given, args.seed, backend)
-        except NotImplementedError as error:  # a backend that is not written yet: the user's choice, not a napkin bug
-            raise NapkinError(str(error), hint="use --backend numpy") from None
-        if not args.json:
-            print(format_check(k.name, results[k.name]))
-    if args.json:
-        keys = ("max_abs_error", "max_rel_error", "counted", "predicted", "wall_s", "tolerance", "ok", "sizes", "hardware", "backend")
-        print(json.dumps({"kernels": {name: {key: r[key] for key in keys} for name, r in results.items()}}, indent=2))
-    return 0 if all(r["ok"] for r in results.values()) else 1
-
-
-def add_run_command(subparsers) -> None:
-    """Register ``napkin run`` on the CLI's subparsers."""
-    run = subparsers.add_parser(
-        "run", help="run kernels on seeded random inputs; compare with the reference and the cost report",
-        description="Run each kernel of FILE on seeded random inputs, compare its outputs with the float64 reference "
-                    "and its counted transfers and FLOPs with the cost report. Exit 1 when an error (relative to the largest "
-                    "reference value) exceeds the tolerance read off the Program, or a count differs: twice the unit roundoff "
-                    "of every dtype a value is rounded to (bf16 2^-7, f16 2^-10, ...), times the magnitude of any exponential "
-                    "argument that value reaches (sqrt of the lengths summed into it), plus the compute dtype's own error "
-                    "(at least 1e-5 for f32). Unset axes get small sizes: an axis partitioned by s "
-                    "gets s + s/2 + 3 (two tiles, one masked), others 64. In --json, FLOPs (the total) are under the compute level.",
-    )
-    run.add_argument("file", metavar="FILE")
-    run.add_argument("--kernel", metavar="K", help="only this kernel of the file")
-    run.add_argument("--backend", choices=["numpy", "cuda", "opencl", "auto"], default="numpy")
-    run.add_argument("--hardware", metavar="HW", help="a profile (A100, H100, H200, two_level, three_level) or a .toml file")
-    run.add_argument("--set", nargs="+", action="append", default=[], metavar="NAME=INT",
-                     help="bind a size (axis or group/stream size); repeatable: --set q=300 d=64")
-    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    run.add_argument("--json", action="store_true", help="print one JSON object")
-    run.set_defaults(run=cmd_run)
 
 
 def report_check(kernel, hardware: str | None) -> tuple[str, bool]:

@@ -553,21 +553,3 @@ class NvrtcCompiler:
                 raise
         except OSError as error:
             warnings.warn(f"napkin: could not write the NVRTC cache in {self.kernel_cache_dir}: {error}", stacklevel=3)
-
-
-# ---- napkin cache clear -----------------------------------------------------------------------
-
-
-def _cmd_cache_clear(args) -> int:
-    removed = clear_cache(headers=args.headers)
-    print(f"removed {removed} file{'s' if removed != 1 else ''} from {cache_root()}")
-    return 0
-
-
-def add_cache_command(subparsers) -> None:
-    """Register ``napkin cache clear [--headers]`` on the CLI's subparsers."""
-    cache = subparsers.add_parser("cache", help="manage napkin's on-disk cache of compiled kernels")
-    actions = cache.add_subparsers(dest="cache_command", required=True)
-    clear = actions.add_parser("clear", help="remove every cached compiled kernel")
-    clear.add_argument("--headers", action="store_true", help="also remove the CUDA headers NVRTC extracted")
-    clear.set_defaults(run=_cmd_cache_clear)

@@ -1,0 +1,124 @@
+"""napkin_dsl's imports point one way, and importing the package stays light.
+
+The import graph is read from the source with ``ast``: every ``import`` and ``from ... import``
+anywhere in a module (at module level and inside functions, relative and absolute) is an edge.
+A function-local import is still a dependency; hiding one in a function does not break a cycle.
+The tests assert that the graph has no cycle and that no module imports a ``_private`` name
+of another napkin module. They do not check the order of the stages beyond that: the pipeline
+order is what acyclicity plus the module map in docs/architecture.md shows.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "napkin_dsl"
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its ``__init__``)."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, str | None, int]]:
+    """(module imported, name taken from it or None, line) for every napkin import in a file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None, node.lineno) for alias in node.names if alias.name.split(".")[0] == "napkin_dsl"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != "napkin_dsl":
+                continue
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                # `from . import kernel` imports a module; `from .kernel import load` a name of one.
+                found.append((submodule, None, node.lineno) if submodule in modules else (source, alias.name, node.lineno))
+    return found
+
+
+def import_graph() -> dict[str, dict[str, set[int]]]:
+    """module -> {napkin module it imports: the lines that import it}."""
+    modules = module_files()
+    graph: dict[str, dict[str, set[int]]] = {name: {} for name in modules}
+    for name, path in modules.items():
+        for target, _, line in imports_of(name, path, modules):
+            # Importing a.b.c runs a and a.b first, but those are the package's __init__ files,
+            # which the graph holds as their own nodes: the edge goes to the module named.
+            if target != name and target in modules:
+                graph[name].setdefault(target, set()).add(line)
+    return graph
+
+
+def find_cycle(graph: dict[str, dict[str, set[int]]]) -> list[str] | None:
+    """One cycle of the graph as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1 on the current path, 2 finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_graph_sees_function_level_and_relative_imports():
+    graph = import_graph()
+    # cli imports the kernel API at module level; every stage imports errors, often relatively.
+    assert "napkin_dsl.kernel" in graph["napkin_dsl.cli"]
+    assert "napkin_dsl.errors" in graph["napkin_dsl.syntax"]
+    assert "napkin_dsl.errors" in graph["napkin_dsl.backends.nvrtc"]  # `from ..errors import`
+    # The finder finds a cycle when there is one (so that "no cycle" below can fail).
+    assert find_cycle({"a": {"b": {1}}, "b": {"c": {2}}, "c": {"a": {3}}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b": {1}}, "b": {}}) is None
+
+
+def test_imports_have_no_cycle():
+    graph = import_graph()
+    cycle = find_cycle(graph)
+    if cycle:
+        steps = [f"{a} -> {b} (line {', '.join(map(str, sorted(graph[a][b])))})" for a, b in zip(cycle, cycle[1:])]
+        raise AssertionError("import cycle:\n  " + "\n  ".join(steps))
+
+
+def test_no_module_imports_another_modules_private_name():
+    modules = module_files()
+    private = [f"{name} line {line}: from {source} import {taken}"
+               for name, path in modules.items()
+               for source, taken, line in imports_of(name, path, modules)
+               if taken is not None and taken.startswith("_") and source != name]
+    assert not private, "private names imported across modules:\n  " + "\n  ".join(private)
+
+
+def test_importing_napkin_does_not_import_sympy_or_cuda():
+    """sympy, cuda-python and NVRTC load when a command needs them, not with the package."""
+    code = ("import sys, napkin_dsl\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('sympy', 'cuda', 'numpy', 'lark', 'typeguard'))\n"
+            "print(' '.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert not out, f"import napkin_dsl imported {', '.join(out[:8])}"
