@@ -158,7 +158,7 @@ def test_a_size_power_out_of_float_range_is_a_clear_error_at_once(tmp_path):
 
 
 def test_a_size_power_out_of_float_range_is_refused_by_every_backend():
-    from napkin_dsl.backends import lowering
+    from napkin_dsl.backends import lowering, translate
     from napkin_dsl.errors import NapkinCallError
 
     kernel = only(HUGE_POWER)
@@ -171,7 +171,7 @@ def test_a_size_power_out_of_float_range_is_refused_by_every_backend():
         execute(kernel.program(None, i=8), arrays, scalars)
     assert numpy_error.value.message == message and numpy_error.value.span.line == 2
     with pytest.raises(lowering.LoweringError) as lowering_error:
-        lowering.lower(kernel.gpu_program(None, i=8), lowering.OpenCLDialect())
+        translate.lower(kernel.gpu_program(None, i=8), lowering.OpenCLDialect())
     assert lowering_error.value.message == message
 
 

@@ -27,7 +27,8 @@ from ..cost import CostReport, cost_of
 from ..hardware import DEFAULT_ARCH
 from ..pseudocode import Program
 from ..types import numpy_dtype
-from .lowering import CudaDialect, KernelSource, bound_sizes, ident, lower, scalar_ctype
+from .lowering import CudaDialect, KernelSource, bound_sizes, ident, scalar_ctype
+from .translate import lower
 
 
 @dataclass

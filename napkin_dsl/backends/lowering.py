@@ -22,7 +22,8 @@ How a Program maps onto a GPU:
 * transfers between device memory and the L2 level are the hardware's business (a cache):
   they print nothing.
 
-Deliberately not here: compiling (``nvrtc.py``), launching (``cuda.py``, ``opencl.py``),
+Deliberately not here: choosing a printer per launch and joining the kernels into one
+translation unit (``translate.py``), compiling (``nvrtc.py``), launching (``cuda.py``, ``opencl.py``),
 tensor-core instructions (contractions are per-thread loops, in f32, or in f64 where the
 Program computes in f64: every step is printed in the C type of its dtype), opaque boxes (they
 have no body to print), fp8 arrays.
@@ -436,7 +437,7 @@ class LoweredProgram:
     kernels: list = field(default_factory=list)
 
 
-class _Printer:
+class Printer:
     def __init__(self, program: Program, launch, dialect: Dialect, threads: int = THREADS,
                  accumulators: dict | None = None):
         self.program = program
@@ -1359,71 +1360,6 @@ class _Printer:
 
 def _overlaps(a: Slot, b: Slot) -> bool:
     return a.offset < b.offset + b.size and b.offset < a.offset + a.size
-
-
-# ---- entry point ---------------------------------------------------------------------------
-
-
-def header_comment(program: Program, report, kernels=()) -> str:
-    """The diagram, the relabelling, the instruction path of every statement and the cost table."""
-    diagram = program.diagram
-    lines = [f"napkin kernel {diagram.name} on {program.hardware.name}", "", "diagram:"]
-    for s in diagram.statements:
-        lines.append(f"  {s.target}[{' '.join(s.axes)}]{' @' + s.level if s.level else ''} = {s.describe()}")
-    lines.append("")
-    lines.append("relabelling:")
-    for p in program.schedule.partitions:
-        scope = f" for {', '.join(p.targets)}" if p.targets else ""
-        lines.append(f"  {p.level}{scope}: {p.kind} {p.axis} {p.size}{'  (derived)' if p.derived else ''}")
-    lines.append("")
-    if kernels:
-        lines.append("instruction paths:")
-        for k in kernels:
-            lines.append(f"  {k.entry}: {k.path}")
-            lines.extend(f"    {line}" for line in k.paths)
-        lines.append("")
-    lines.extend(report.table().splitlines())
-    body = "\n".join(" * " + line if line else " *" for line in lines)
-    return "/*\n" + body.replace("*/", "* /") + "\n */\n"
-
-
-def lower(program: Program, dialect: Dialect, report=None, threads: int = THREADS, arch: str | None = None) -> LoweredProgram:
-    """Print every launch of ``program`` as a kernel in ``dialect``; one translation unit.
-
-    Each launch takes the path instruction selection (``isel.py``) chose for ``arch`` (default:
-    the hardware profile's): the tensor-core printer (``tensorcore.py``) or the FMA printer here.
-    """
-    from ..cost import cost_of
-    from ..isel import describe, fma_launch_accumulators, plan_summary, selection
-    from .tensorcore import PRELUDES, TensorPrinter
-
-    bound_sizes(program)  # before the model and the arena, which need numbers
-    report = report if report is not None else cost_of(program, arch=arch)
-    kernels = []
-    tensor = False
-    for launch in program.launches:
-        entry = f"napkin_{ident(program.diagram.name)}_{launch.index}"
-        chosen = selection(program, launch, arch)
-        if chosen.plan is not None:
-            tensor = True
-            kernel = TensorPrinter(program, launch, dialect, chosen.plan).print(entry)
-            kernel.paths = [plan_summary(chosen.plan)] + describe(chosen, launch)
-        else:
-            # Register accumulators are dealt to FMA_THREADS threads, as the model counts them.
-            kept = fma_launch_accumulators(program, launch, arch)[0] if threads == FMA_THREADS else {}
-            kernel = _Printer(program, launch, dialect, threads, kept).print(entry)
-            kernel.paths = describe(chosen, launch)
-        kernel.path = chosen.path
-        kernels.append(kernel)
-    double = any(buffer.dtype == "f64" for launch in program.launches for buffer in launch.buffers.values())
-    parts = [header_comment(program, report, kernels),
-             dialect.prelude + (dialect.prelude_f64 if double else "") + (PRELUDES[dialect.name] if tensor else ""),
-             f"#define NK_THREADS {threads}"]
-    for k in kernels:
-        if dialect.name == "opencl":
-            parts.append(f"#undef NK_ARENA_BYTES\n#define NK_ARENA_BYTES {max(k.shared_bytes, 16)}")
-        parts.append(k.text)
-    return LoweredProgram(dialect.name, "\n".join(parts), kernels)
 
 
 def smem_bytes_by_launch(program: Program) -> list[int]:

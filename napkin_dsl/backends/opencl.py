@@ -20,7 +20,8 @@ import numpy as np
 from ..errors import NapkinError
 from ..pseudocode import Program
 from ..types import numpy_dtype
-from .lowering import OpenCLDialect, lower, scalar_ctype
+from .lowering import OpenCLDialect, scalar_ctype
+from .translate import lower
 
 
 class NoOpenCLDevice(NapkinError):

@@ -33,7 +33,7 @@ from ..diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
 from ..isel import TensorPlan, smem_layout
 from ..layouts import SwizzledTile, ldmatrix_lane_terms, ldmatrix_offset_expr, offset_expr
 from ..pseudocode import Loop, Step, walk
-from .lowering import KernelSource, LoweringError, _Printer, ident, print_expression, scalar_ctype, state_start
+from .lowering import KernelSource, LoweringError, Printer, ident, print_expression, scalar_ctype, state_start
 
 CUDA_PRELUDE = r"""
 // ---- tensor-core primitives (PTX ISA: ldmatrix, mma.m16n8k16, cp.async) ----
@@ -172,7 +172,7 @@ def _var(name: str) -> str:
     return "f_" + ident(name)
 
 
-class TensorPrinter(_Printer):
+class TensorPrinter(Printer):
     """Prints one launch on the tensor-core path of ``plan``."""
 
     def __init__(self, program, launch, dialect, plan: TensorPlan):

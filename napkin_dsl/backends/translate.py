@@ -1,0 +1,77 @@
+"""A Program as one translation unit: each launch printed by the printer its path needs.
+
+:func:`lower` asks instruction selection (``isel.py``) for every launch's path, prints the
+launch with the tensor-core printer (``tensorcore.py``) or the FMA printer (``lowering.py``),
+and joins the kernels after a header comment (the diagram, the relabelling, the paths and the
+cost table) and the dialect's prelude. Both printers sit below this module, which is why it is
+not part of either.
+
+Deliberately not here: printing a launch (the printers), compiling (``nvrtc.py``), launching
+(``cuda.py``, ``opencl.py``).
+"""
+
+from __future__ import annotations
+
+from ..cost import cost_of
+from ..isel import FMA_THREADS, describe, fma_launch_accumulators, plan_summary, selection
+from ..pseudocode import Program
+from .lowering import THREADS, Dialect, LoweredProgram, Printer, bound_sizes, ident
+from .tensorcore import PRELUDES, TensorPrinter
+
+
+def header_comment(program: Program, report, kernels=()) -> str:
+    """The diagram, the relabelling, the instruction path of every statement and the cost table."""
+    diagram = program.diagram
+    lines = [f"napkin kernel {diagram.name} on {program.hardware.name}", "", "diagram:"]
+    for s in diagram.statements:
+        lines.append(f"  {s.target}[{' '.join(s.axes)}]{' @' + s.level if s.level else ''} = {s.describe()}")
+    lines.append("")
+    lines.append("relabelling:")
+    for p in program.schedule.partitions:
+        scope = f" for {', '.join(p.targets)}" if p.targets else ""
+        lines.append(f"  {p.level}{scope}: {p.kind} {p.axis} {p.size}{'  (derived)' if p.derived else ''}")
+    lines.append("")
+    if kernels:
+        lines.append("instruction paths:")
+        for k in kernels:
+            lines.append(f"  {k.entry}: {k.path}")
+            lines.extend(f"    {line}" for line in k.paths)
+        lines.append("")
+    lines.extend(report.table().splitlines())
+    body = "\n".join(" * " + line if line else " *" for line in lines)
+    return "/*\n" + body.replace("*/", "* /") + "\n */\n"
+
+
+def lower(program: Program, dialect: Dialect, report=None, threads: int = THREADS, arch: str | None = None) -> LoweredProgram:
+    """Print every launch of ``program`` as a kernel in ``dialect``; one translation unit.
+
+    Each launch takes the path instruction selection (``isel.py``) chose for ``arch`` (default:
+    the hardware profile's): the tensor-core printer (``tensorcore.py``) or the FMA printer (``lowering.py``).
+    """
+    bound_sizes(program)  # before the model and the arena, which need numbers
+    report = report if report is not None else cost_of(program, arch=arch)
+    kernels = []
+    tensor = False
+    for launch in program.launches:
+        entry = f"napkin_{ident(program.diagram.name)}_{launch.index}"
+        chosen = selection(program, launch, arch)
+        if chosen.plan is not None:
+            tensor = True
+            kernel = TensorPrinter(program, launch, dialect, chosen.plan).print(entry)
+            kernel.paths = [plan_summary(chosen.plan)] + describe(chosen, launch)
+        else:
+            # Register accumulators are dealt to FMA_THREADS threads, as the model counts them.
+            kept = fma_launch_accumulators(program, launch, arch)[0] if threads == FMA_THREADS else {}
+            kernel = Printer(program, launch, dialect, threads, kept).print(entry)
+            kernel.paths = describe(chosen, launch)
+        kernel.path = chosen.path
+        kernels.append(kernel)
+    double = any(buffer.dtype == "f64" for launch in program.launches for buffer in launch.buffers.values())
+    parts = [header_comment(program, report, kernels),
+             dialect.prelude + (dialect.prelude_f64 if double else "") + (PRELUDES[dialect.name] if tensor else ""),
+             f"#define NK_THREADS {threads}"]
+    for k in kernels:
+        if dialect.name == "opencl":
+            parts.append(f"#undef NK_ARENA_BYTES\n#define NK_ARENA_BYTES {max(k.shared_bytes, 16)}")
+        parts.append(k.text)
+    return LoweredProgram(dialect.name, "\n".join(parts), kernels)
