@@ -1,0 +1,171 @@
+"""The FMA path keeps a streamed contraction's accumulator in registers (``isel.fma_accumulators``).
+
+Each thread owns register blocks of the output tile from the accumulator's init to its finalise,
+so the running sum never goes through shared memory: the arena drops the accumulator tile, the
+model counts it at ``registers`` per thread, and the kernels still match the reference. An
+accumulator over ``FMA_ACCUMULATOR_BUDGET`` registers a thread stays in shared memory, with a note.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import napkin_dsl as napkin
+from napkin_dsl import isel
+from napkin_dsl.backends import opencl, sass
+from napkin_dsl.backends.lowering import smem_bytes_by_launch
+from napkin_dsl.backends.sass import NoDisassembler, hot_loop, sass_report
+from napkin_dsl.cost import columns, cost_of
+from napkin_dsl.reference import evaluate
+
+from .conftest import EXAMPLES, assert_matches_reference
+from .test_opencl import random_inputs
+
+F32 = 4  # bytes
+
+
+def matmul(group_m: int, group_n: int, stream_k: int = 32) -> str:
+    return f"""kernel matmul(A: f32[m k], B: f32[k n]) -> C: f32[m n]:
+    C[m n] = A[m k] * B[k n]
+
+relabel matmul on H100:
+    smem: group m {group_m}, n {group_n}; stream k {stream_k}
+"""
+
+
+# Attention whose output is wider than Q: O's tile takes the bytes of P.sum, which finalise
+# reads, so the finalised values wait in the registers until every thread has read its sums.
+WIDE = """kernel wide(Q: f32[q d], K: f32[x d], V: f32[x e]) -> O: f32[q e]:
+    S[q x] = Q[q d] * K[x d]
+    P[q x] = softmax[x](S)
+    O[q e] = P[q x] * V[x e]
+
+relabel wide on H100:
+    smem: group q 64; stream x 32
+"""
+
+ATTENTION_F32 = (EXAMPLES / "attention.napkin").read_text().replace("bf16", "f32")
+
+
+def kernel_of(source: str):
+    (kernel,) = napkin.load(source).values()
+    return kernel
+
+
+def accumulator_values(tile_m: int, tile_n: int, threads: int = isel.FMA_THREADS) -> int:
+    """Registers a thread holds for an m x n tile dealt out in 4 x 4 blocks."""
+    blocks = (tile_m // 4) * (tile_n // 4)
+    return -(-blocks // threads) * 16
+
+
+# ---- the model -------------------------------------------------------------------------------------
+
+
+def test_the_accumulator_counts_per_thread_at_registers_not_in_shared_memory():
+    program = kernel_of(matmul(128, 64)).gpu_program(m=300, n=200, k=100)
+    rows = columns(program)
+    assert not any(b.name == "C.acc" for row in rows for b in row["buffers"].get("smem", []))
+    assert any(b.name == "C.acc" for row in rows for b in row["buffers"].get("registers", []))
+    report = cost_of(program)
+    registers = report.levels["registers"]
+    assert registers.M == accumulator_values(128, 64) == 32  # 512 blocks on 256 threads
+    assert registers.M_bytes == 32 * F32
+    assert registers.H == 0  # the FMA path counts no transfers at this level
+    # Shared memory: the A and B chunks, or C once they are dead; C.acc is not there.
+    a, b, c = 128 * 32 * F32, 32 * 64 * F32, 128 * 64 * F32
+    assert report.levels["smem"].M_bytes == max(a + b, c)
+    assert smem_bytes_by_launch(program) == [max(a + b, c)]
+    assert not any("stays in shared memory" in note for note in report.notes)
+
+
+def test_an_accumulator_over_the_budget_stays_in_shared_memory_and_the_report_says_why():
+    program = kernel_of(matmul(128, 256)).gpu_program(m=300, n=300, k=100)
+    assert accumulator_values(128, 256) > isel.FMA_ACCUMULATOR_BUDGET
+    report = cost_of(program)
+    assert "registers" not in report.levels
+    acc, a, b = 128 * 256 * F32, 128 * 32 * F32, 32 * 256 * F32
+    assert report.levels["smem"].M_bytes == acc + a + b
+    (note,) = [n for n in report.notes if "stays in shared memory" in n]
+    assert "C.acc" in note and "128 accumulator registers" in note
+
+
+def test_a_tensor_core_launch_keeps_no_fma_accumulators():
+    program = kernel_of((EXAMPLES / "matmul.napkin").read_text()).gpu_program(m=1024, n=1024, k=1024)
+    (launch,) = program.launches
+    assert isel.selection(program, launch).plan is not None
+    assert isel.fma_launch_accumulators(program, launch) == ({}, {})
+
+
+# ---- on PoCL, against the reference ------------------------------------------------------------------
+
+CASES = {
+    # two blocks a thread, ragged tails along every axis
+    "matmul-128x64": (matmul(128, 64), dict(m=300, n=200, k=100)),
+    # over the budget: shared memory, as before
+    "matmul-128x256": (matmul(128, 256), dict(m=150, n=300, k=40)),
+    # the online softmax's rescale and normalisation on the registers
+    "attention-f32": (ATTENTION_F32, dict(b=1, h=2, q=200, x=150, d=32)),
+    "wide": (WIDE, dict(q=100, x=70, d=8, e=64)),
+    "fig9": ((EXAMPLES / "paper/fig9.napkin").read_text(), dict(q=40, x=64, d=16)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_opencl_matches_reference(name, opencl_device):
+    source, sizes = CASES[name]
+    kernel = kernel_of(source)
+    inputs, scalars = random_inputs(kernel.diagram, sizes, seed=3)
+    outputs = opencl.run(kernel.gpu_program(None, **sizes), inputs, scalars)
+    assert_matches_reference(kernel.diagram, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), name)
+
+
+# ---- compiled by NVRTC -------------------------------------------------------------------------------
+
+
+def compiled(source: str, arch: str = "sm_90", **sizes):
+    return kernel_of(source).compile(arch, **sizes)
+
+
+@pytest.mark.parametrize("name", ["matmul-128x64", "attention-f32", "wide", "fig9"])
+def test_compiles_without_spills_and_shared_memory_is_the_models(name):
+    source, sizes = CASES[name]
+    module = compiled(source, **sizes)
+    assert "r_" in module.source and ".acc" in module.source
+    assert "s_C__acc" not in module.source and "s_O__acc" not in module.source
+    table = module.launch_table()
+    assert all(row["spill_bytes"] == 0 for row in table)
+    assert [row["shared_bytes"] for row in table] == smem_bytes_by_launch(module.program)
+
+
+def test_registers_instead_of_shared_memory_save_the_accumulator_tile(monkeypatch):
+    """The same kernel with the accumulator forced back into shared memory (a budget of 0)
+    needs exactly the accumulator's tile more shared memory."""
+    sizes = dict(m=1024, n=1024, k=1024)
+    in_registers = compiled(matmul(64, 64), **sizes).launch_table()[0]
+    monkeypatch.setattr(isel, "FMA_ACCUMULATOR_BUDGET", 0)
+    in_shared = compiled(matmul(64, 64), **sizes)
+    assert "s_C__acc" in in_shared.source
+    assert in_shared.launch_table()[0]["shared_bytes"] - in_registers["shared_bytes"] == 64 * 64 * F32
+
+
+def _has_nvdisasm() -> bool:
+    try:
+        sass.find_nvdisasm()
+    except NoDisassembler:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_nvdisasm(), reason="nvdisasm not installed (pip install 'napkin-dsl[sass]')")
+def test_sass_the_product_loop_stores_nothing_to_shared_memory_and_the_kernel_fewer(monkeypatch):
+    sizes = dict(m=1024, n=1024, k=1024)
+    (registers,) = sass_report(compiled(matmul(64, 64), **sizes))["launches"]
+    monkeypatch.setattr(isel, "FMA_ACCUMULATOR_BUDGET", 0)
+    (shared,) = sass_report(compiled(matmul(64, 64), **sizes))["launches"]
+    loop = hot_loop(registers)
+    assert loop["classes"].get("ffma", 0) >= 16 and "sts" not in loop["classes"]
+    # The read-modify-write of C.acc per chunk, its zeroing and finalise read: gone.
+    assert registers["whole"]["sts"] < shared["whole"]["sts"]
+    lds = sum(n for key, n in registers["whole"].items() if key.startswith("lds"))
+    assert lds < sum(n for key, n in shared["whole"].items() if key.startswith("lds"))
+    assert registers["spill_bytes"] == 0
