@@ -169,3 +169,21 @@ def test_sass_the_product_loop_stores_nothing_to_shared_memory_and_the_kernel_fe
     lds = sum(n for key, n in registers["whole"].items() if key.startswith("lds"))
     assert lds < sum(n for key, n in shared["whole"].items() if key.startswith("lds"))
     assert registers["spill_bytes"] == 0
+
+
+# ---- under oclgrind ----------------------------------------------------------------------------------
+
+
+def test_register_accumulators_run_clean_under_oclgrind():
+    """No race (the finalise that overwrites the sums it reads), no uninitialised read (registers
+    of blocks a thread does not own are never read), and the result within tolerance."""
+    from .fuzz_programs import Case
+    from .test_oclgrind import case_of, require_oclgrind, run_cases
+
+    require_oclgrind()
+    small = {"matmul-128x64": dict(m=150, n=70, k=40), "attention-f32": dict(b=1, h=1, q=40, x=70, d=16),
+             "wide": dict(q=70, x=40, d=8, e=24)}
+    cases = [case_of(Case("valid", CASES[name][0], sizes, None, 0, opencl=True), name, gpu=True)
+             for name, sizes in small.items()]
+    found = run_cases(cases)
+    assert all(found[name]["result"] == "ok" for name in small), found
