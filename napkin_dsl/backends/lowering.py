@@ -11,6 +11,10 @@ How a Program maps onto a GPU:
   offset chosen from the Program's own liveness (the paper's columns), so the arena's size is
   the cost report's M for that level; an output that reuses the space of an input released by
   the same step is computed into registers first (contractions) or in place (maps, softmax);
+* except a streamed contraction's running sum (``O.acc``), which each thread keeps in
+  registers across the stream loop, for the 4 x 4 blocks of the output it owns
+  (``isel.fma_accumulators``; the model counts it at ``registers``), unless it needs over
+  ``isel.FMA_ACCUMULATOR_BUDGET`` registers a thread;
 * loads and saves are cooperative loops in which consecutive threads touch consecutive
   elements of the array's last axis (coalesced), 16 bytes at a time when the tile allows it;
   tiles that run past the end of an axis are masked: loads pad with zero and every loop runs
