@@ -6,7 +6,9 @@ It adds one decision the user does not write: on profiles with a device-wide L2 
 device memory and the compute level, the thread blocks running at the same time share what
 they load through L2. napkin models them as a group partition at the L2 level (see
 ``pseudocode.l2_candidates``) and picks the grouping that moves the fewest bytes from device
-memory while its tiles fit in L2.
+memory while its tiles fit in L2. It weighs the candidates with :func:`l2_traffic`, a closed
+form of what the Program elaborated with each would move (proven equal to it by a test), so
+the choice and the report count the same bytes.
 
 It also builds the variants of a diagram the tuner compares when it decides fusion
 (:func:`materialise`): the same statements with a different set of intermediates
@@ -87,9 +89,20 @@ def shared_cache_level(schedule: Schedule) -> str | None:
     return None
 
 
-def _l2_traffic(view: Schedule, launch, candidate: tuple[Partition, ...]) -> tuple[int, int]:
-    """(bytes moved into L2, bytes resident in L2 per group) of one launch under a candidate
-    L2 grouping; ``view`` is the schedule as that launch sees it."""
+def l2_traffic(view: Schedule, launch, candidate: tuple[Partition, ...]) -> tuple[int, int]:
+    """(bytes moved into and out of L2, bytes resident in L2 per group) of one launch under a
+    candidate L2 grouping; ``view`` is the schedule as that launch sees it.
+
+    A closed form, kept because :func:`plan` weighs every candidate grouping of every launch
+    (up to a few hundred) and elaborating each costs 10 to 20 times as much. It is the
+    Program's count, not a model of its own: the bytes moved are what the Program elaborated
+    with the candidate loads into and saves out of L2 (each input and output in full, times
+    the L2 groups over axes it does not carry, ``cost.level_costs``' H in bytes), and the bytes
+    resident are the Program's L2 buffers at their L2 tile, except along a streamed axis, where
+    the co-resident blocks hold only the chunks in flight (the Program's L2 columns hold whole
+    tiles; a cache holds what is in use). tests/test_one_source.py proves both equal to the
+    Program's on every example, GPU profile and candidate.
+    """
     diagram = view.diagram
     streamed = {p.axis: int(view.extent(p.axis, view.compute_level)) for p in view.partitions_at(view.compute_level, "stream")}
     here = set(launch.axes)
@@ -140,7 +153,7 @@ def plan(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
         blocks = co_resident_blocks(launch.schedule, smem_bytes)
         best = smallest = None
         for candidate in (l2_candidates(launch.schedule, level, blocks) if blocks else []):
-            moved, resident = _l2_traffic(launch.schedule, launch.launch, candidate)
+            moved, resident = l2_traffic(launch.schedule, launch.launch, candidate)
             if smallest is None or (resident, moved) < smallest[0]:
                 smallest = ((resident, moved), candidate)
             if isinstance(capacity, int) and resident > capacity:

@@ -12,12 +12,13 @@
   coming from several operands meet at a dot (a shared or broadcast axis), and a dot also
   marks an array copied for a later statement; the operands of a box (a tuple) are
   separated by dashed lines;
-* colours are memory levels, top level black, then orange, green, ...: kernel parameters
-  live at the top level, ``@level`` statements at their level, everything else on chip (the
-  compute level of the hardware, or the deeper level the relabel block names); a bar tagged
-  ``load`` or ``save`` marks where an array changes level, as the Program moves it: once per
-  launch (an array read again in its launch is loaded before it is copied, a result read
-  again in its launch is saved after its last reader there);
+* colours are memory levels, top level black, then orange, green, ...: levels, loads, saves
+  and residency are read off the kernel's Program (``plan_residency``), not re-derived: kernel
+  parameters and every array the Program moves live at its top level, everything else on chip
+  (its compute level); a bar tagged ``load`` or ``save`` marks each load or save step of the
+  Program into or out of the compute level, in its launch (an array read by several
+  statements of a launch is loaded before it is copied, a result read again in its launch is
+  saved after its last reader there);
 * ``relabelled=True`` marks the partitions of the relabel block on on-chip wires: a group
   partition boxes the wire's label (``q g=128``), a stream partition dashes the wire
   (``x s=64``);
@@ -34,9 +35,10 @@ What it deliberately does not do:
   through ``cost.statement_columns``: one source of truth;
 * draw the elaborated pseudocode (loops, per-chunk heads and accumulators) or the open
   circle for split/concatenate: one column per statement, as written;
-* hold two copies of one array at two levels: an array read again in its launch *and* in a
-  later launch passes at its own level and each reader loads it, one load more than the
-  Program's (whose cost rows stay exact);
+* hold two copies of one array at two levels: one bundle per array, so a result the Program
+  saves as soon as it is computed is drawn saved after its last reader in the launch, and an
+  array whose on-chip copy the Program drops at the end of a launch turns back to its own
+  level there, without a mark (nothing moves);
 * measure fonts. Every label is set in a monospace font so that its width can be estimated
   (0.6 em per character); long names are cut with an ellipsis, their full text kept in a
   ``<title>``.
@@ -61,6 +63,7 @@ from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, 
 from .diagram import size_text as diagram_size_text
 from .errors import NapkinError
 from .hardware import hardware_names, load_hardware
+from .pseudocode import Program, walk
 
 # ---- look ------------------------------------------------------------------------------------
 
@@ -180,6 +183,8 @@ class Drawing:
     layers: dict = field(default_factory=lambda: {name: [] for name in ("boxes", "wires", "marks", "labels")})
     label_rects: list = field(default_factory=list)  # (x0, y0, x1, y1, text)
     box_rects: list = field(default_factory=list)  # (x0, y0, x1, y1, statement target)
+    transfers: list = field(default_factory=list)  # (kind, array, launch, x) of every load and save mark
+    levels: list = field(default_factory=list)  # the levels drawn, top first
     pieces: list = field(default_factory=list)  # (layer, d, style) of every path
     piece_slots: list = field(default_factory=list)  # where each path sits in its layer
     open_ends: dict = field(default_factory=dict)  # (layer, y, x end, style...) -> piece
@@ -272,32 +277,24 @@ class Levels:
         return "load" if self.order.index(source) < self.order.index(destination) else "save"
 
 
-def plan_levels(kernel, hardware: str | None = None, compute: str | None = None) -> Levels:
-    """Levels on ``hardware`` (default: the kernel's); ``compute`` is where the Program the
-    cost rows come from runs its boxes, when they are drawn."""
+def plan_levels(kernel, program, hardware: str | None = None) -> Levels:
+    """Levels of the drawing, read off ``program`` (the Program the drawing shows): its top and
+    compute levels, and each array's home, the top level for the kernel's parameters and for
+    every array the Program moves (loads or saves), the compute level for the rest. Named after
+    ``hardware``'s levels when the drawing names one; otherwise as "top level" and "on chip"
+    (a top level the kernel writes, ``@gmem`` or ``@l0``, keeps its name)."""
     diagram: Diagram = kernel.diagram
-    materialised = _unique(s.level for s in diagram.statements if s.level)
-    hardware = hardware or kernel.hardware
     if hardware is not None:
-        profile = load_hardware(hardware)
-        order = profile.level_names()
-        if compute is None:
-            # Boxes run where the Program runs them: at the profile's compute level, or deeper
-            # if the relabel block partitions a deeper level (relabel.make_schedule).
-            relabel = kernel.relabel
-            named = [clauses.level for clauses in relabel.levels] if relabel is not None and relabel.hardware == hardware else []
-            compute = max([profile.compute_level.name, *[level for level in named if level in order]], key=order.index)
-        top = order[0]
+        order = tuple(program.hardware.level_names())
+        top, compute = program.levels[0], program.schedule.compute_level
     else:
-        # No hardware: a materialised level that tops some profile (gmem, l0) names the top.
         tops = {load_hardware(name).top.name for name in hardware_names()}
-        top = next((level for level in materialised if level in tops), "top level")
+        top = next((s.level for s in diagram.statements if s.level in tops), "top level")
         compute = "on chip"
-        order = [top, *[level for level in materialised if level != top], compute]
-    of_array = {name: top for name in diagram.params if name in diagram.arrays}
-    for s in diagram.statements:
-        of_array[s.target] = s.level or (top if s.target in diagram.outputs else compute)
-    return Levels(tuple(order), top, compute, of_array, hardware)
+        order = (top, compute)
+    moved = {step.array for launch in program.launches for step, _ in walk(launch.body) if step.op in ("load", "save")}
+    of_array = {name: top if name in diagram.params or name in moved else compute for name in diagram.arrays}
+    return Levels(order, top, compute, of_array, hardware)
 
 
 # ---- labels ----------------------------------------------------------------------------------
@@ -495,6 +492,91 @@ def plan_columns(diagram: Diagram) -> tuple[list, list, list]:
     return columns, unused, state
 
 
+# ---- residency: where the Program moves each array, column by column ----------------------
+
+
+@dataclass
+class Residency:
+    """The Program's loads and saves at the compute level, placed on the drawing's columns.
+
+    Per column (statement): ``gap_moves`` maps an array to ``(kind, launch)`` of a transfer
+    drawn in the gap before the column; ``entry_loads`` maps an array loaded at the column's
+    entry (for this column alone) to its launch; ``exit_saves`` is the launch of the column's
+    result when it is saved at the exit, else None; ``chip_in`` and ``chip_out`` are the arrays
+    homed at the top level whose bundle is on chip as it enters and as it leaves the column.
+    ``right_saves`` maps a result saved right of the last column to its launch.
+    """
+
+    gap_moves: list
+    entry_loads: list
+    exit_saves: list
+    chip_in: list
+    chip_out: list
+    right_saves: dict
+
+
+def plan_residency(program: Program, columns: list) -> Residency:
+    """Read the drawing's loads, saves and residency off the Program (one source of truth).
+
+    Each load or save step of the Program into or out of the compute level is one mark, in
+    the launch whose steps it is. A load is drawn for the statements whose steps read the
+    loaded buffer, up to the next load of the same array: at the entry of its one reader, or,
+    with several readers, in the gap before the first, before the array is copied; the bundle
+    stays on chip until the last of them. A save is drawn after the last statement of its
+    launch that reads the result on chip (the Program saves it when it is computed and keeps
+    the on-chip copy for those readers; the drawing has one bundle per array): at the result's
+    exit when none does, else in the gap after the last reader, or right of the last column.
+    An array read again in a later launch passes at its own level after its last reader in a
+    launch: the Program drops the on-chip copy there, and nothing moves.
+    """
+    compute = program.schedule.compute_level
+    count = len(columns)
+    residency = Residency([{} for _ in range(count)], [{} for _ in range(count)], [None] * count,
+                          [set() for _ in range(count)], [set() for _ in range(count)], {})
+    for launch in program.launches:
+        sequence = [step for step, _ in walk(launch.body)]
+        first_statement = launch.launch.statements[0].index
+        for position, step in enumerate(sequence):
+            if step.op not in ("load", "save") or step.level != compute:
+                continue
+            array, here = step.array, launch.index
+            if step.op == "load":
+                readers = []
+                for later in sequence[position + 1:]:
+                    if later.op == "load" and later.level == compute and later.array == array:
+                        break  # loaded again: later readers read that copy
+                    if later.statement is not None and (compute, array) in later.reads:
+                        readers.append(later.statement.index)
+                readers = sorted(set(readers)) or [next((s.index for s in launch.launch.statements if array in s.inputs), first_statement)]
+                first, last = readers[0], readers[-1]
+                if first == last:
+                    residency.entry_loads[first][array] = here
+                    continue
+                residency.gap_moves[first][array] = ("load", here)
+                for index in range(first, last + 1):
+                    residency.chip_in[index].add(array)
+                for index in range(first, last):
+                    residency.chip_out[index].add(array)
+                continue
+            producer = program.diagram.producer(array)
+            made = producer.index if producer is not None else first_statement
+            readers = [later.statement.index for later in sequence if later.statement is not None
+                       and later.statement.index != made and (compute, array) in later.reads]
+            last = max(readers, default=made)
+            if last == made:
+                residency.exit_saves[made] = here
+                continue
+            for index in range(made, last + 1):
+                residency.chip_out[index].add(array)
+            for index in range(made + 1, last + 1):
+                residency.chip_in[index].add(array)
+            if last + 1 < count:
+                residency.gap_moves[last + 1][array] = ("save", here)
+            else:
+                residency.right_saves[array] = here
+    return residency
+
+
 # ---- horizontal layout -----------------------------------------------------------------------
 
 
@@ -509,15 +591,18 @@ def _max_width(texts, size) -> float:
 class Renderer:
     """Lays out and draws one kernel: plan, then x positions, then heights, then elements."""
 
-    def __init__(self, kernel, relabelled: bool, costs: CostTable | None):
+    def __init__(self, kernel, relabelled: bool, program: Program, costs: CostTable | None, hardware: str | None):
         self.kernel = kernel
         self.diagram: Diagram = kernel.diagram
         self.relabelled = relabelled
         self.costs = costs
-        self.levels = plan_levels(kernel, *((costs.hardware, costs.compute) if costs is not None else ()))
+        self.levels = plan_levels(kernel, program, hardware)
         self.partitions = plan_partitions(kernel, relabelled)
         self.columns, self.unused, self.final = plan_columns(self.diagram)
-        self.plan_residency()
+        self.residency = plan_residency(program, self.columns)
+        residency = self.residency
+        self.gap_moves, self.entry_loads, self.exit_saves = residency.gap_moves, residency.entry_loads, residency.exit_saves
+        self.chip_in, self.chip_out, self.right_saves = residency.chip_in, residency.chip_out, residency.right_saves
         self.drawing = Drawing()
         self.top = 0.0
         self.pass_top = 0.0
@@ -537,63 +622,6 @@ class Renderer:
     def loaded(self, array: str) -> bool:
         """Whether an array lives off chip (at the top level or a materialised one)."""
         return self.level_of(array) != self.levels.compute
-
-    def plan_residency(self):
-        """Where the arrays that live off chip are, column by column, moved as the Program moves them.
-
-        Statements run in launches split after each one materialised at the top level
-        (``relabel.split_launches``). In a launch, an array is loaded once, by its first
-        reader, and stays on chip for later readers in the launch; a result that is saved
-        stays on chip for them too. So an array read again in its launch is loaded in the gap
-        before its first reader, before it is copied, and a result read again is saved after
-        its last reader in the launch (in the gap of the next column, or at the right edge).
-        An array read again in a later launch as well is drawn as before: its copy passes at
-        its own level, and each reader loads it.
-        """
-        columns = self.columns
-        launch, launch_of = 0, []
-        for index, column in enumerate(columns):
-            launch_of.append(launch)
-            if column.statement.level == self.levels.top and column.statement.level is not None:
-                launch += 1
-        uses: dict = {}
-        for index, column in enumerate(columns):
-            for array in column.inputs:
-                uses.setdefault(array, []).append(index)
-        chip: dict = {}  # array off chip by level, held on chip now -> the launch it is held in
-        self.chip_in, self.chip_out, self.gap_moves, self.entry_loads, self.exit_saves = [], [], [], [], []
-        for index, column in enumerate(columns):
-            here = launch_of[index]
-            if index == 0:
-                arriving = set(column.inputs) | set(column.passing)
-            else:
-                previous = columns[index - 1]
-                arriving = set(previous.passing) | ({previous.statement.target} & set(self.after(previous)))
-            moves = {}
-            for array, held in list(chip.items()):
-                if not any(j >= index and launch_of[j] == held for j in uses.get(array, [])):
-                    del chip[array]
-                    if array in arriving:
-                        moves[array] = "save"
-            for array in column.inputs:
-                later = [j for j in uses[array] if j > index]
-                if (self.loaded(array) and array not in chip and later and array not in self.final
-                        and all(launch_of[j] == here for j in later)):
-                    moves[array] = "load"
-                    chip[array] = here
-            self.gap_moves.append(moves)
-            self.entry_loads.append({a for a in column.inputs if self.loaded(a) and a not in chip})
-            self.chip_in.append(set(chip))
-            target = column.statement.target
-            saved = self.loaded(target)
-            if saved and any(j > index and launch_of[j] == here for j in uses.get(target, [])):
-                saved = False
-                chip[target] = here
-            self.exit_saves.append(saved)
-            needed = set(self.after(column))
-            chip = {a: held for a, held in chip.items() if a in needed}
-            self.chip_out.append(set(chip))
-        self.right_saves = [a for a in self.final if a in chip]
 
     def level_in(self, array: str, index: int) -> str:
         """The level of an array's bundle in column ``index`` (after the gap before it)."""
@@ -744,7 +772,7 @@ class Renderer:
         target = column.statement.target
         texts = self.wire_labels(target, self.levels.compute)
         width = max(text_width(_header(self.diagram, target), HEADER_SIZE), _max_width(texts, LABEL_SIZE))
-        if not self.exit_saves[column.statement.index]:
+        if self.exit_saves[column.statement.index] is None:
             return 8 + width + 12
         tag = text_width(self.transfer_tag(self.levels.compute, self.level_of(target)), LABEL_SIZE)
         column.save_x = column.exit + 8 + width + 10 + tag / 2
@@ -853,9 +881,10 @@ class Renderer:
         self.marks.add("dot")
         self.drawing.dot(x, y, colour)
 
-    def transfer_mark(self, x: float, top: float, array: str, kind: str, level: str):
+    def transfer_mark(self, x: float, top: float, array: str, kind: str, level: str, launch: int):
         """A bar across a bundle where it changes level, tagged load or save, in the new level's colour."""
         self.marks.add("bar")
+        self.drawing.transfers.append((kind, array, launch, x))
         y0, y1 = wire_y(top, 0) - 6, wire_y(top, self.wire_count(array) - 1) + 6
         self.drawing.add("marks", _element("rect", x=fmt(x - 2), y=fmt(y0), width=4, height=fmt(y1 - y0), fill=self.colour(level)))
         self.drawing.text(x, top + 12, kind, anchor="middle", fill=self.colour(level))
@@ -897,7 +926,7 @@ class Renderer:
                 mark = x0 + GAP_MOVE - 6
                 self.bundle_straight(array, top, x0, mark, self.levels.compute)
                 self.bundle_straight(array, top, mark, self.width - MARGIN, level)
-                self.transfer_mark(mark, top, array, self.transfer_tag(self.levels.compute, level), level)
+                self.transfer_mark(mark, top, array, self.transfer_tag(self.levels.compute, level), level, self.right_saves[array])
             else:
                 self.bundle_straight(array, top, x0, self.width - MARGIN, level)
             self.name_label(array, top, names)
@@ -922,10 +951,11 @@ class Renderer:
             level = self.level_leaving(array, index - 1)
             x0 = column.gap
             if array in moves:
+                kind, launch = moves[array]
                 arrives = self.level_in(array, index)
                 mark = x0 + GAP_MOVE - 8
                 self.bundle_straight(array, top, x0, mark, level)
-                self.transfer_mark(mark, top, array, moves[array], arrives)
+                self.transfer_mark(mark, top, array, kind, arrives, launch)
                 x0, level = x0 + GAP_MOVE, arrives
                 self.bundle_straight(array, top, mark, x0, level)
             elif moves:
@@ -949,7 +979,7 @@ class Renderer:
             if array in self.entry_loads[index]:
                 self.bundle_straight(array, top, column.entry, column.load_x, level)
                 self.bundle_straight(array, top, column.load_x, column.inner, compute)
-                self.transfer_mark(column.load_x, top, array, self.transfer_tag(level, compute), compute)
+                self.transfer_mark(column.load_x, top, array, self.transfer_tag(level, compute), compute, self.entry_loads[index][array])
                 if self.relabelled and self.partitioned(array):
                     self.axis_labels(array, top, column.load_x + 6, compute)
             else:
@@ -1000,7 +1030,8 @@ class Renderer:
     def draw_exit(self, column: Column):
         compute = self.levels.compute
         target = column.statement.target
-        saved = self.exit_saves[column.statement.index]
+        launch = self.exit_saves[column.statement.index]
+        saved = launch is not None
         level = self.level_of(target) if saved else compute
         live = target in self.after(column)
         end = column.end if live else column.end - 6
@@ -1009,7 +1040,7 @@ class Renderer:
         else:
             self.bundle_straight(target, self.top, column.exit, column.save_x, compute)
             self.bundle_straight(target, self.top, column.save_x, end, level)
-            self.transfer_mark(column.save_x, self.top, target, self.transfer_tag(compute, level), level)
+            self.transfer_mark(column.save_x, self.top, target, self.transfer_tag(compute, level), level, launch)
         if not live:
             self.end_caps(target, self.top, end, level)
         self.name_label(target, self.top, column.exit + 8)
@@ -1231,7 +1262,7 @@ class Renderer:
         self.layout_y(0)
         self.layout_x()
         self.draw_body()
-        self.drawing, self.bottom = Drawing(width=self.width), 0.0
+        self.drawing, self.bottom = Drawing(width=self.width, levels=self.levels.drawn), 0.0
         self.layout_y(self.draw_header())
         bottom = self.draw_body() + BUNDLE_GAP
         if self.costs is not None:
@@ -1268,8 +1299,6 @@ class CostTable:
     cells: list
     caption: str = ""
     totals: tuple = ()
-    hardware: str | None = None  # the Program's hardware and compute level, which the drawing's levels follow
-    compute: str | None = None
     warning: str = ""  # drawn under the caption, in red: the columns do not fit the level
 
 
@@ -1298,9 +1327,10 @@ def _given_table(columns: list) -> CostTable:
 
 
 def cost_program(kernel, relabelled: bool, hardware: str | None = None, sizes: dict | None = None):
-    """The Program whose columns the cost rows show: the kernel's own (relabelled) Program,
-    or, for a drawing as written of a relabelled kernel, the diagram planned without its
-    relabel block (one group, nothing streamed), as the drawing shows it."""
+    """The Program a drawing shows (its loads, saves and residency, and its cost rows): the
+    kernel's own (relabelled) Program, or, for a drawing as written of a relabelled kernel, the
+    diagram planned without its relabel block (one group, nothing streamed), as the drawing
+    shows it."""
     from .check import check_sizes
     from .plan import plan
 
@@ -1319,12 +1349,11 @@ def cost_program(kernel, relabelled: bool, hardware: str | None = None, sizes: d
     return plan(kernel.diagram, target, None, sizes)
 
 
-def cost_table(kernel, relabelled: bool, hardware: str | None = None, sizes: dict | None = None) -> CostTable:
+def cost_table(kernel, relabelled: bool, program: Program) -> CostTable:
     """M and H per column at the compute level, from ``cost.statement_columns`` of the Program."""
     from .cost import as_number, level_costs, max_of, statement_columns
     from .cost import columns as program_columns
 
-    program = cost_program(kernel, relabelled, hardware, sizes)
     schedule = program.schedule
     level = schedule.compute_level
     per = schedule.hardware.level(level).per or "unit"
@@ -1352,7 +1381,7 @@ def cost_table(kernel, relabelled: bool, hardware: str | None = None, sizes: dic
     if len(shown) > 1:
         caption += "; @registers: values per thread, and values ldmatrix moves from smem into registers"
     heads = ("column",) + tuple(f"{key} @{lv}" for lv in shown for key in ("M", "H"))
-    return CostTable(heads, cells, caption, totals, kernel._target(hardware), level, warning)
+    return CostTable(heads, cells, caption, totals, warning)
 
 
 # ---- the API ---------------------------------------------------------------------------------
@@ -1371,37 +1400,47 @@ def _check_columns(kernel, columns) -> list | None:
     return columns
 
 
-def _costs(kernel, relabelled: bool, costs, columns, hardware, sizes) -> CostTable | None:
+def _renderer(kernel, relabelled: bool, costs, columns, hardware, sizes) -> Renderer:
+    """A Renderer of the Program the drawing shows (:func:`cost_program`), with its cost rows
+    (or the caller's ``columns``) when asked for, and levels named after the hardware drawn
+    on: ``hardware``, else the kernel's, else, with cost rows, the one they are read on."""
     columns = _check_columns(kernel, columns)
+    if sizes and not (costs and columns is None):
+        raise ValueError("sizes= bind the sizes the cost rows are read at: pass costs=True")
+    program = cost_program(kernel, relabelled, hardware, sizes)
+    table = None
     if columns is not None:
-        return _given_table(columns)
-    if costs:
-        return cost_table(kernel, relabelled, hardware, sizes)
-    if hardware is not None or sizes:
-        raise ValueError("hardware= and sizes= choose the Program the cost rows are read from: pass costs=True")
-    return None
+        table = _given_table(columns)
+    elif costs:
+        table = cost_table(kernel, relabelled, program)
+    named = hardware or kernel.hardware or (kernel._target(hardware) if costs and columns is None else None)
+    return Renderer(kernel, relabelled, program, table, named)
 
 
 def layout(kernel, relabelled: bool = False, columns=None, *, costs=None, hardware: str | None = None,
            sizes: dict | None = None) -> Drawing:
-    """The laid-out drawing (with the rectangles of its labels and boxes) behind :func:`render`."""
-    return Renderer(kernel, relabelled, _costs(kernel, relabelled, costs, columns, hardware, sizes)).draw()
+    """The laid-out drawing (with the rectangles of its labels and boxes, and its load and save
+    marks) behind :func:`render`."""
+    return _renderer(kernel, relabelled, costs, columns, hardware, sizes).draw()
 
 
 def render(kernel, relabelled: bool = False, costs=None, columns=None, *, hardware: str | None = None,
            sizes: dict | None = None) -> str:
     """The neural circuit diagram of a kernel as SVG text.
 
+    Levels, loads, saves and residency are those of the kernel's Program on ``hardware``
+    (default: the kernel's; a kernel without one is drawn with abstract levels, "top level"
+    and "on chip", from the Program on the first profile that fits it).
     ``relabelled`` marks the relabel block's group and stream partitions on the wires.
     ``costs=True`` draws rows of memory M and transfers H per column (statement) under the
     boxes, with their totals on the right, read off the Program by
     :func:`napkin_dsl.cost.statement_columns` at its compute level: the kernel's Program
     (``kernel.program(hardware, **sizes)``) when ``relabelled``, else the diagram planned as
-    written. ``hardware`` defaults to the kernel's; without ``sizes`` the costs are symbolic.
+    written; without ``sizes`` the costs are symbolic.
     ``columns`` (one dict per statement, ``{"label", "M", "H"}``, strings or sympy
     expressions) draws the caller's rows instead.
     """
-    drawing = Renderer(kernel, relabelled, _costs(kernel, relabelled, costs, columns, hardware, sizes)).draw()
+    drawing = _renderer(kernel, relabelled, costs, columns, hardware, sizes).draw()
     d = kernel.diagram
     title = f"napkin diagram of {kernel.name}"
     description = f"kernel {kernel.signature()}; " + "; ".join(

@@ -12,7 +12,7 @@ import sympy
 import napkin_dsl as napkin
 from napkin_dsl.cli import main
 from napkin_dsl.diagram import Apply, Contract, Opaque, Reduce, Softmax, reads
-from napkin_dsl.render import cost_text, layout, plan_levels, render
+from napkin_dsl.render import cost_text, layout, render
 
 from .conftest import EXAMPLES, NAPKIN_EXAMPLES, ROOT, example_id
 
@@ -124,7 +124,7 @@ def test_every_axis_array_box_and_level_is_named(kernel, relabelled):
     for statement in d.statements:
         for word in box_words(statement):
             assert word in text, f"box of {statement.target} does not say {word!r}"
-    for level in plan_levels(kernel).drawn:
+    for level in layout(kernel, relabelled).levels:
         assert level in text, f"level {level} is missing from the legend"
 
 
@@ -410,7 +410,7 @@ def test_every_example_draws_its_costs(kernel, relabelled):
     program = kernel.program()
     level = program.schedule.compute_level
     assert f"M @{level}" in rows and f"H @{level}" in rows
-    for drawn in plan_levels(kernel, kernel._target(None), level).drawn:
+    for drawn in layout(kernel, relabelled, costs=True).levels:
         assert drawn in texts(svg), f"level {drawn} is missing from the legend"
 
 
