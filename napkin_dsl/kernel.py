@@ -26,13 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from typeguard import typechecked
-
 from . import syntax as syn
 from .check import CheckedKernel, check_module, check_sizes
 from .errors import NapkinError, NapkinSyntaxError, Span
 from .hardware import hardware_names
-from .types import ArrayTypeMeta, DTypeMeta
 
 
 class Kernel:
@@ -322,7 +319,15 @@ def _read_source(path_or_text: str | Path) -> tuple[str, str]:
     return path_or_text, "<string>"
 
 
-@typechecked
+def _expect(function: str, argument: str, value, types: tuple, wanted: str) -> None:
+    """Refuse an argument of the wrong Python type with a napkin error naming it.
+
+    The public entry points check their arguments here rather than with typeguard's
+    ``@typechecked``, whose import (asyncio, unittest.mock) would be most of ``napkin check``'s start."""
+    if not isinstance(value, types) or isinstance(value, bool):
+        raise NapkinError(f"{function}(): {argument} must be {wanted}, not {type(value).__name__}")
+
+
 def load(path_or_text: str | Path, *, hardware: str | None = None) -> dict[str, Kernel]:
     """The kernels of a napkin file (or of napkin text), by name, in file order.
 
@@ -330,6 +335,8 @@ def load(path_or_text: str | Path, *, hardware: str | None = None) -> dict[str, 
     >>> kernels["twice"]
     <napkin kernel twice(X: f32[n]) -> Y: f32[n], 1 statement, no relabelling>
     """
+    _expect("load", "the path or text", path_or_text, (str, Path), "a path or napkin text")
+    _expect("load", "hardware", hardware, (str, type(None)), "a profile name or .toml path")
     text, file = _read_source(path_or_text)
     module = syn.parse(text, file)
     checked = check_module(module, hardware=hardware)
@@ -404,6 +411,8 @@ def _function_source(function: Callable) -> _FunctionSource:
 
 def _annotation_type(annotation: Any, name: str, role: str, span: Span) -> syn.TypeSyntax:
     """The napkin type of a parameter or output annotation, or an error naming it."""
+    from .types import ArrayTypeMeta, DTypeMeta  # NumPy: loaded for Python kernels, not for .napkin files
+
     if isinstance(annotation, ArrayTypeMeta):
         return syn.TypeSyntax(annotation.dtype, tuple(annotation.axes), span)
     if isinstance(annotation, DTypeMeta):
@@ -526,7 +535,6 @@ def _build(function: Callable, hardware: str | None, relabel: str | None, namesp
     return Kernel(checked[function.__name__], hardware, function)
 
 
-@typechecked
 def kernel(function: Callable | None = None, *, hardware: str | None = None, relabel: str | None = None):
     """Make a napkin kernel of a Python function whose docstring holds the diagram.
 
@@ -541,6 +549,10 @@ def kernel(function: Callable | None = None, *, hardware: str | None = None, rel
     'Y'
     """
     # The decorating scope's locals, so that string annotations may name local aliases.
+    if function is not None and not callable(function):
+        raise NapkinError(f"kernel(): decorates a function, not {type(function).__name__}")
+    _expect("kernel", "hardware", hardware, (str, type(None)), "a profile name or .toml path")
+    _expect("kernel", "relabel", relabel, (str, type(None)), "relabel clause text")
     namespace = sys._getframe(1).f_locals
     if function is None:
         return lambda f: _build(f, hardware, relabel, namespace)
