@@ -28,6 +28,7 @@ one run, each with its line, column, caret and hint.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import re
@@ -60,12 +61,14 @@ from .diagram import (
     Softmax,
     Statement,
     accumulation_dtype,
+    box_kind,
     canonical_dtype,
-    count_operations,
     expression_axes,
     indices,
     is_boolean,
     reads,
+    statement_flops,
+    work_axes,
 )
 from .errors import NapkinError, NapkinTypeError, Span, raise_collected
 from .hardware import all_level_names, hardware_names, load_hardware
@@ -225,7 +228,7 @@ class _KernelChecker:
         built = self.box(stmt, target_axes)
         if built is None:
             return
-        box, axes, woven, consumed, flops, operand_dtypes = built
+        box, axes, woven, consumed, operand_dtypes = built
         if stmt.dtype is not None and (output is not None or stmt.level is None):
             written = f"{name}{_axes_text(axes)}"
             if output is not None:
@@ -251,9 +254,10 @@ class _KernelChecker:
         self.arrays[name] = array
         self.defined_at[name] = stmt.span
         inputs = tuple(dict.fromkeys(r.array for r in _box_reads(box)))
-        self.statements.append(
-            Statement(len(self.statements), name, axes, box, woven, consumed, inputs, flops, dtype, stmt.span, stmt.level)
-        )
+        statement = Statement(len(self.statements), name, axes, box, woven, consumed, inputs, {}, dtype, stmt.span, stmt.level)
+        # FLOPs from the table of box kinds (diagram.BOX_KINDS), as the Program counts them
+        flops = statement_flops(box_kind(box).flops(box), lambda space: sympy.Mul(*(self.axes[a].size for a in work_axes(statement, space))))
+        self.statements.append(dataclasses.replace(statement, flops=flops))
 
     def level_ok(self, stmt: syn.Statement) -> bool:
         names = self.level_names if self.level_names is not None else all_level_names()
@@ -361,17 +365,9 @@ class _KernelChecker:
             for factor in scalars:
                 scale = factor if scale is None else Apply("mul", (scale, factor))
             box = Contract(tuple(operands), tuple(missing), scale)
-            per_output = sympy.Mul(*(self.axes[a].size for a in missing))
-            outputs = sympy.Mul(*(self.axes[a].size for a in target_axes))
-            flops = {"tensor": 2 * per_output * outputs}
-            if scale is not None:
-                flops["fma"] = outputs
-            return box, tuple(target_axes), tuple(target_axes), tuple(missing), flops, dtypes
+            return box, tuple(target_axes), tuple(target_axes), tuple(missing), dtypes
         self.check_broadcast(stmt, target_axes)
-        counts = count_operations(converted)
-        outputs = sympy.Mul(*(self.axes[a].size for a in target_axes))
-        flops = {unit: n * outputs for unit, n in counts.items() if n}
-        return Map(converted), tuple(target_axes), tuple(target_axes), (), flops, dtypes
+        return Map(converted), tuple(target_axes), tuple(target_axes), (), dtypes
 
     def check_broadcast(self, stmt, target_axes):
         for axis in target_axes:
@@ -418,17 +414,8 @@ class _KernelChecker:
                 stmt.span, f"write {stmt.target}{_axes_text(kept)}",
             )
             return None
-        elements = sympy.Mul(*(self.axes[a].size for a in operand_axes))
-        counts = count_operations(operand)
-        # One operation per element accumulated; a mean's final division per output is not
-        # counted (as a contraction's scalar factor would be: it is O(outputs), not O(elements)).
-        flops = {"fma": (counts["fma"] + 1) * elements}
-        # lse: an exp per element (its max pass and final log are O(outputs), not counted)
-        special = counts["special"] + (1 if expr.name == "lse" else 0)
-        if special:
-            flops["special"] = special * elements
         dtypes = [self.arrays[r.array].dtype for r in reads(operand)]
-        return Reduce(expr.name, tuple(expr.axes), operand), tuple(target_axes), tuple(target_axes), tuple(expr.axes), flops, dtypes
+        return Reduce(expr.name, tuple(expr.axes), operand), tuple(target_axes), tuple(target_axes), tuple(expr.axes), dtypes
 
     def softmax(self, stmt, expr: syn.Call, target_axes):
         if expr.axes is None or len(expr.axes) != 1:
@@ -455,13 +442,9 @@ class _KernelChecker:
                 stmt.span, f"softmax keeps its operand's axes: write {stmt.target}{_axes_text(operand_axes)}",
             )
             return None
-        elements = sympy.Mul(*(self.axes[a].size for a in operand_axes))
-        counts = count_operations(operand)
-        # Per element: running max, subtract, exp, sum, divide.
-        flops = {"fma": (counts["fma"] + 4) * elements, "special": (counts["special"] + 1) * elements}
         woven = tuple(a for a in target_axes if a != axis)
         dtypes = [self.arrays[r.array].dtype for r in reads(operand)]
-        return Softmax(axis, operand), tuple(target_axes), woven, (axis,), flops, dtypes
+        return Softmax(axis, operand), tuple(target_axes), woven, (axis,), dtypes
 
     def opaque(self, stmt, expr: syn.Call, target_axes):
         decl: syn.BoxDecl = self.boxes[expr.name]
@@ -519,10 +502,8 @@ class _KernelChecker:
                 stmt.span, f"write {stmt.target}{_axes_text(expected)}",
             )
             return None
-        copies = sympy.Mul(*(self.axes[a].size for a in woven))
-        flops = {"opaque": sympy.Symbol(f"flops_{decl.name}", positive=True) * copies}
         return (Opaque(signature, tuple(args)), tuple(target_axes), tuple(woven),
-                tuple(consumed) + tuple(a for a in produced if a not in consumed), flops, dtypes)
+                tuple(consumed) + tuple(a for a in produced if a not in consumed), dtypes)
 
     # -- elementwise expressions
     def expression(self, expr) -> object | None:

@@ -562,17 +562,19 @@ def flops_by_unit(program: Program, arch: str | None = None, path: str | None = 
     for launch in program.launches:
         products = instruction_path(program, launch, arch, path)
         for step, loops in walk(launch.body):
-            if not step.flops and not step.test_flops:
+            if not step.flops and not step.test_flops and not step.bookkeeping:
                 continue
             elements = step_total(program, step, loops, step.flop_space)
             # a masked softmax's test runs only on the chunks its mask holds in part
             tested = step_total(program, step, loops, step.flop_space, partial=True) if step.test_flops else 0
-            for unit, per_element in _with_test(step.flops, step.test_flops, elements, tested):
+            amounts = [(unit, per_element * elements) for unit, per_element in _with_test(step.flops, step.test_flops, elements, tested)]
+            # the streamed form's own work, each over its own axes (the rows of a softmax's rescale)
+            amounts += [(unit, n * step_total(program, step, loops, axes)) for unit, n, axes in step.bookkeeping]
+            for unit, amount in amounts:
                 rate = unit
                 if unit == "tensor":
                     rate = products
                     unit = "fma" if products == "fma" else "tensor"
-                amount = per_element * elements
                 totals[unit] = totals.get(unit, 0) + amount
                 dtype = step.dtype or "f32"
                 if unit == "tensor" and step.statement is not None:
@@ -584,6 +586,43 @@ def flops_by_unit(program: Program, arch: str | None = None, path: str | None = 
                     dtype = min(narrow, key=lambda d: DTYPE_BYTES[d]) if narrow else min(operand_dtypes, key=lambda d: DTYPE_BYTES[d])
                 priced.append((launch.index, rate, dtype, amount))
     return {unit: sympy.expand(v) for unit, v in totals.items()}, priced
+
+
+def bookkeeping_flops(program: Program) -> dict:
+    """FLOPs by unit of the streamed steps' own work (Step.bookkeeping: rescaling the running
+    state, an operand evaluated again, the output divided instead of every entry): the difference
+    between the Program's FLOPs and the diagram's (check.py) where no mask skips a chunk."""
+    totals: dict = {}
+    for launch in program.launches:
+        for step, loops in walk(launch.body):
+            for unit, n, axes in step.bookkeeping:
+                totals[unit] = totals.get(unit, 0) + n * step_total(program, step, loops, axes)
+            if step.op == "online" and step.test_flops:
+                # the operand evaluated again tests the mask again, on the chunks it holds in part
+                tested = step_total(program, step, loops, step.flop_space, partial=True)
+                for unit, n in step.test_flops:
+                    totals[unit] = totals.get(unit, 0) + n * tested
+    return {unit: sympy.expand(v) for unit, v in totals.items() if sympy.expand(v) != 0}
+
+
+def recomputed_flops(program: Program) -> dict:
+    """FLOPs by unit of steps the Program repeats: a step inside a loop over an axis its work does
+    not span (a statement without n in a launch grouped by n runs in every group of n; one
+    without x inside the stream over x, in every chunk). The diagram (check.py) counts each
+    statement once; the Program's FLOPs are the diagram's, plus these, plus the bookkeeping
+    (:func:`bookkeeping_flops`), where no mask skips a chunk."""
+    schedule = program.schedule
+    totals: dict = {}
+    for launch in program.launches:
+        for step, loops in walk(launch.body):
+            if not step.flops:
+                continue
+            axes = step.flop_space
+            repeats = sympy.Mul(*(loop.trips for loop in loops if loop.axis not in axes))
+            once = sympy.Mul(*(schedule.axis_size(a) for a in axes))
+            for unit, n in step.flops:
+                totals[unit] = totals.get(unit, 0) + n * once * (repeats - 1)
+    return {unit: sympy.expand(v) for unit, v in totals.items() if sympy.expand(v) != 0}
 
 
 def _masked_loop(launch):

@@ -45,15 +45,16 @@ from .diagram import (
     Contract,
     Index,
     Map,
-    Opaque,
     Read,
     Reduce,
     Softmax,
     Statement,
     accumulation_dtype,
+    box_kind,
     count_operations,
     format_expression,
     size_text,
+    work_axes,
 )
 from .relabel import Launch, Partition, Schedule, trips
 
@@ -88,6 +89,9 @@ class Step:
     # A masked softmax's test (its where-predicate and the select), per element, counted only
     # on the chunks its mask leaves partially masked (Mask.status); `flops` leaves it out.
     test_flops: tuple[tuple[str, int], ...] = ()
+    # The streamed form's own work (diagram.Work.bookkeeping), apart from `flops`: (unit,
+    # operations per element of axes, axes), negative where the streamed form does less.
+    bookkeeping: tuple[tuple[str, object, tuple[str, ...]], ...] = ()
 
     @property
     def flop_space(self) -> tuple[str, ...]:
@@ -328,10 +332,9 @@ class _LaunchElaborator:
     def compute(self, s: Statement, level: str, op: str = "compute") -> Step:
         dtype = compute_dtype(self.diagram, s)
         write = self.buffer(s.target, level, s.axes, dtype)
-        flop_axes = s.woven if isinstance(s.box, Opaque) else None
         return Step(op, level, s.iteration_axes, self.operand_refs(s, level), (write,), s.target, dtype=dtype,
-                    flops=statement_flops(s), statement=s, text=f"{s.target}[{' '.join(s.axes)}] = {_box_text(s)}",
-                    flop_axes=flop_axes)
+                    statement=s, text=f"{s.target}[{' '.join(s.axes)}] = {_box_text(s)}",
+                    **step_work(s, box_kind(s.box).flops(s.box), "compute"))
 
     def state(self, s: Statement, suffix: str, level: str, axes) -> tuple[str, str]:
         return self.buffer(f"{s.target}.{suffix}", level, axes, compute_dtype(self.diagram, s))
@@ -364,30 +367,27 @@ class _LaunchElaborator:
         box = s.box
         dtype = compute_dtype(self.diagram, s)  # the state and the chunk: f64 in, f64 state
         operands = self.operand_refs(s, level)
+        work = box_kind(box).streamed(box, role)
         if role == "accumulate":
             acc = (level, f"{s.target}.acc")
             if isinstance(box, Contract):
-                flops = statement_flops(s)
                 text = f"{s.target}.acc += {_box_text(s)}"
             else:
-                counts = count_operations(box.operand)
-                flops = _flops(fma=counts["fma"] + 1, special=counts["special"])
                 text = f"{s.target}.acc = {'sum' if box.op in ('sum', 'mean') else box.op}({s.target}.acc, {box.op if box.op != 'mean' else 'sum'}[{' '.join(box.axes)}]({_operand_text(s)}))"
             return [Step("accumulate", level, s.iteration_axes, operands + (acc,), (acc,), s.target, dtype=dtype,
-                         flops=flops, statement=s, text=text)]
+                         statement=s, text=text, **step_work(s, work, "accumulate"))]
         if role == "online":
             m, l_ = (level, f"{s.target}.max"), (level, f"{s.target}.sum")
             scale = self.state(s, "scale", level, s.woven)
             chunk = self.buffer(s.target, level, s.axes, dtype)
-            counts = count_operations(box.operand)
             woven = " ".join(s.woven)
             return [
                 Step("rescale", level, s.woven, operands + (m,), (m, scale), s.target, dtype=dtype,
-                     flops=_flops(fma=counts["fma"] + 2, special=counts["special"] + 1), statement=s,
+                     statement=s, **step_work(s, work, "rescale"),
                      text=f"m' = max({s.target}.max, max[{axis}]({_operand_text(s)})); "
                           f"{s.target}.scale[{woven}] = exp({s.target}.max - m'); {s.target}.max = m'"),
                 Step("online", level, s.axes, operands + (m, l_, scale), (chunk, l_), s.target, dtype=dtype,
-                     flops=_flops(fma=2, special=1), statement=s,
+                     statement=s, **step_work(s, work, "online"),
                      text=f"{s.target}[{' '.join(s.axes)}] = exp({_operand_text(s)} - {s.target}.max); "
                           f"{s.target}.sum = {s.target}.sum * {s.target}.scale + sum[{axis}]({s.target})"),
             ]
@@ -398,10 +398,10 @@ class _LaunchElaborator:
                       and self.launch.streams[0].roles[p.index] == "online"][0]
             scale = (level, f"{online.target}.scale")
             return [
-                Step("rescale", level, s.axes, (acc, scale), (acc,), s.target, dtype=dtype, flops=_flops(fma=1), statement=s,
-                     text=f"{s.target}.acc *= {online.target}.scale"),
+                Step("rescale", level, s.axes, (acc, scale), (acc,), s.target, dtype=dtype, statement=s,
+                     text=f"{s.target}.acc *= {online.target}.scale", **step_work(s, work, "rescale")),
                 Step("accumulate", level, s.iteration_axes, operands + (acc,), (acc,), s.target, dtype=dtype,
-                     flops=statement_flops(s), statement=s, text=f"{s.target}.acc += {_box_text(s)}"),
+                     statement=s, text=f"{s.target}.acc += {_box_text(s)}", **step_work(s, work, "accumulate")),
             ]
         raise AssertionError(f"napkin bug: role {role}")
 
@@ -424,7 +424,8 @@ class _LaunchElaborator:
                       if p is not None and self.launch.streams[0].roles.get(p.index) == "online"][0]
             denominator = (level, f"{online.target}.sum")
             out = self.buffer(s.target, level, s.axes, dtype)
-            return [Step("finalise", level, s.axes, (acc, denominator), (out,), s.target, dtype=dtype, flops=_flops(fma=1),
+            return [Step("finalise", level, s.axes, (acc, denominator), (out,), s.target, dtype=dtype,
+                         **step_work(s, box_kind(box).streamed(box, role), "finalise"),
                          statement=s, text=f"{s.target} = {s.target}.acc / {online.target}.sum")]
         if role == "lse":
             # log-sum-exp = the online softmax's max + log(sum), once the stream has ended
@@ -432,7 +433,7 @@ class _LaunchElaborator:
             m, total = (level, f"{online.target}.max"), (level, f"{online.target}.sum")
             out = self.buffer(s.target, level, s.axes, self.buffers[m].dtype)
             return [Step("finalise", level, s.axes, (m, total), (out,), s.target, dtype=self.buffers[m].dtype,
-                         flops=_flops(fma=1, special=1), statement=s,
+                         **step_work(s, box_kind(box).streamed(box, role), "finalise"), statement=s,
                          text=f"{s.target} = {online.target}.max + log({online.target}.sum)")]
         return []
 
@@ -461,25 +462,23 @@ def _flops(**units) -> tuple:
     return tuple((unit, n) for unit, n in units.items() if n)
 
 
-def statement_flops(s: Statement) -> tuple:
-    """Operations per element of the statement's iteration space, by unit."""
-    box = s.box
-    if isinstance(box, Contract):
-        # A k-contraction costs 2k per output element: 2 per element of the iteration space.
-        # A scalar factor is a separate step on the output (see _expand_contract_scales).
-        return _flops(tensor=2)
-    if isinstance(box, Map):
-        counts = count_operations(box.expr)
-        return _flops(fma=counts["fma"], special=counts["special"])
-    if isinstance(box, Reduce):
-        counts = count_operations(box.operand)
-        return _flops(fma=counts["fma"] + 1, special=counts["special"])
-    if isinstance(box, Softmax):
-        counts = count_operations(box.operand)
-        return _flops(fma=counts["fma"] + 4, special=counts["special"] + 1)
-    if isinstance(box, Opaque):
-        return (("opaque", sympy.Symbol(f"flops_{box.box.name}", positive=True)),)
-    raise AssertionError(f"napkin bug: unknown box {box!r}")
+def step_work(s: Statement, work: tuple, step: str) -> dict:
+    """The FLOP fields of one Program step (``flops``, ``flop_axes``, ``bookkeeping``) from the
+    table's work of statement ``s`` (diagram.BOX_KINDS) for that step."""
+    mine = [w for w in work if w.step == step]
+    main = [w for w in mine if not w.bookkeeping]
+    spaces = {w.space for w in main}
+    if len(spaces) > 1:
+        raise AssertionError(f"napkin bug: the {step} step of {s.target} counts over several spaces: {sorted(spaces)}")
+    flops: dict = {}
+    for w in main:
+        for unit, n in w.counts:
+            flops[unit] = flops.get(unit, 0) + n
+    fields: dict = {"flops": tuple((u, n) for u, n in flops.items() if n != 0)}
+    if spaces:
+        fields["flop_axes"] = work_axes(s, spaces.pop())
+    fields["bookkeeping"] = tuple((unit, n, work_axes(s, w.space)) for w in mine if w.bookkeeping for unit, n in w.counts if n != 0)
+    return fields
 
 
 def _expand_contract_scales(body: tuple, elaborator: _LaunchElaborator) -> tuple:
@@ -496,7 +495,7 @@ def _expand_contract_scales(body: tuple, elaborator: _LaunchElaborator) -> tuple
         if node.op in ("compute", "finalise") and s is not None and isinstance(s.box, Contract) and s.box.scale is not None:
             ref = (node.level, s.target)
             out.append(Step("compute", node.level, s.axes, (ref,), (ref,), s.target, dtype=node.dtype,
-                            flops=_flops(fma=1), statement=s, text=f"{s.target} *= {_scale_text(s)}"))
+                            statement=s, text=f"{s.target} *= {_scale_text(s)}", **step_work(s, box_kind(s.box).flops(s.box), "scale")))
     return tuple(out)
 
 
@@ -696,12 +695,16 @@ def _untested(node, mask: Mask):
     if isinstance(node, Loop):
         return dataclasses.replace(node, body=tuple(_untested(n, mask) for n in node.body))
     s = node.statement
-    if s is None or s.target != mask.tested or node.op != ("rescale" if s.target == mask.statement else "compute"):
+    if s is None or s.target != mask.tested or node.op not in (("rescale", "online") if s.target == mask.statement else ("compute",)):
         return node
     where = s.box.operand if s.target == mask.statement else s.box.expr
     masked = count_operations(where)
     unmasked = count_operations(where.args[1])
     test = _flops(fma=masked["fma"] - unmasked["fma"], special=masked["special"] - unmasked["special"])
+    if node.op == "online":
+        # the online step evaluates the operand again (its bookkeeping per element): the test too
+        remaining = [(unit, n - dict(test).get(unit, 0) if axes == node.flop_space else n, axes) for unit, n, axes in node.bookkeeping]
+        return dataclasses.replace(node, bookkeeping=tuple(b for b in remaining if b[1] != 0), test_flops=test)
     remaining = {unit: n for unit, n in node.flops}
     for unit, n in test:
         remaining[unit] = remaining.get(unit, 0) - n

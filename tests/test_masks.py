@@ -239,16 +239,18 @@ def test_causal_8192_counts_equal_a_hand_count_of_visited_tiles():
     l2_q = int(program.schedule.extent("q", "l2"))
     l2 = heads * (2 * n * d + len(tiles(n, l2_q)) * 2 * n * d)
     assert {level: int(c.H) for level, c in report.levels.items()} == {"l2": l2, "smem": smem}
-    # FLOPs per visited tile (rows g, keys s): S = QK (2gsd), its scale (gs), the running max and
-    # rescale (2 per row, + 1 exp), the test on partial tiles (>= and the select: 2 per row, as the
-    # operand's other operations are counted), exp(S - m) and the row sum (2gs, + gs exp), O.acc *= scale
-    # (gd), O.acc += PV (2gsd); per group the division O = O.acc / sum (gd). f32 contracts on the FMA pipe.
+    # FLOPs per visited tile (rows g, keys s): S = QK (2gsd), its scale (gs), the chunk's max (gs)
+    # and per row the new max and exp(old - new) (2g, + g exp), exp(S - m) and the row sum (2gs,
+    # + gs exp), per row sum = sum * factor + chunk sum (2g), O.acc *= scale (gd), O.acc += PV
+    # (2gsd); on partial tiles the test (>= and the select) per element, in the max and again in
+    # exp(S - m), which evaluate the operand each; per group the division O = O.acc / sum (gd).
+    # f32 contracts on the FMA pipe.
     fma = special = 0
     for q0, q1, x0, x1 in visited:
         g, s = q1 - q0, x1 - x0
-        fma += 2 * g * s * d + g * s + 2 * g + 2 * g * s + g * d + 2 * g * s * d
+        fma += 2 * g * s * d + g * s + g * s + 2 * g + 2 * g * s + 2 * g + g * d + 2 * g * s * d
         special += g + g * s
-    fma += sum(2 * (q1 - q0) for q0, q1, *_ in partial) + sum((q1 - q0) * d for q0, q1 in tiles(n, gq))
+    fma += sum(2 * 2 * (q1 - q0) * (x1 - x0) for q0, q1, x0, x1 in partial) + sum((q1 - q0) * d for q0, q1 in tiles(n, gq))
     assert {unit: int(v) for unit, v in report.flops.items()} == {"fma": heads * fma, "special": heads * special}
     # half the work of the unmasked kernel, and a little more: the diagonal tiles count in full
     unmasked = cost_of(attention("q >= 0", relabel=f"group b 1, h 1, q {gq}; stream x {sx}").program(None, b=b, h=h, q=n, x=n, d=d), check=False)

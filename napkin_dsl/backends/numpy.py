@@ -345,6 +345,10 @@ class _Interpreter:
         for unit, _ in tests:
             flops.setdefault(unit, 0)
 
+        extra = [(products if unit == "tensor" else unit, _per_element(n), axes) for unit, n, axes in step.bookkeeping]
+        for unit, _, _ in extra:
+            flops.setdefault(unit, 0)
+
         def count():
             elements = math.prod(self.extents(axes))
             for unit, n in per_unit:
@@ -352,8 +356,10 @@ class _Interpreter:
             if tests and self.chunk_status == "partial":
                 for unit, n in tests:
                     flops[unit] += n * elements
+            for unit, n, over in extra:
+                flops[unit] += n * math.prod(self.extents(over))
 
-        return count if per_unit or tests else (lambda: None)
+        return count if per_unit or tests or extra else (lambda: None)
 
     # -- compiling the Program into closures (their set-up runs once, not once per trip)
     def run(self) -> tuple[dict, Counts]:

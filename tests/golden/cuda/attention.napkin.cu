@@ -24,11 +24,11 @@
  *
  * cost of attention on H100 with b=1 h=3 q=200 x=150 d=128
  *   level      per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N    FLOP/B  transfer time
- *   l2         device  268,800     537,600    89,600      179,200    52,428,800  3    87.0    0.16 us
- *   smem       block   384,000     768,000    49,152      98,304     232,448     6    60.9    0.0768 us
+ *   l2         device  268,800     537,600    89,600      179,200    52,428,800  3    87.1    0.16 us
+ *   smem       block   384,000     768,000    49,152      98,304     232,448     6    61.0    0.0768 us
  *   registers  thread  2,073,600   4,147,200  102         408        1,020       256  11.3    0.134 us
- *   FLOPs: tensor 46,080,000, fma 580,800, special 91,800  (total 46,752,600)
- *   predicted time: 4.96 us overlapped (compute-bound), 5.33 us serial; compute 2.78 us, 1 wave of 132 blocks (1 per SM, bound by registers)
+ *   FLOPs: tensor 46,080,000, fma 674,400, special 91,800  (total 46,846,200)
+ *   predicted time: 4.99 us overlapped (compute-bound), 5.36 us serial; compute 2.81 us, 1 wave of 132 blocks (1 per SM, bound by registers)
  *   fixed costs (in the time above): launch 2 us, fill 0.117 us, drain 0.0587 us
  *   predicted throughput: 9.4 TFLOP/s
  *   note: group q 128 does not divide q = 200: 2 groups, the last one masked (72 of 128)
