@@ -136,6 +136,8 @@ def check_summary(k: Kernel) -> dict:
             for s in d.statements
         ],
         "flops": json_value(d.flops),
+        **{f"{key}_flops": {unit: json_value(v) for unit, v in value.items()}
+           for key, value in flops_beyond_diagram(k).items() if key != "error"},
     }
 
 
@@ -153,7 +155,28 @@ def format_check(k: Kernel) -> str:
     for row in rows:
         lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     lines.append(f"  total FLOPs: {d.flops}")
+    beyond = flops_beyond_diagram(k)
+    for key, what in (("bookkeeping", "online bookkeeping of the streams"), ("recomputed", "recomputed in every group or chunk")):
+        if beyond.get(key):
+            lines.append(f"  {what} (napkin cost adds it): " + ", ".join(f"{unit} {v}" for unit, v in beyond[key].items()))
+    if "error" in beyond:
+        lines.append(f"  no pseudocode to compare FLOPs with: {beyond['error']}")
     return "\n".join(lines)
+
+
+def flops_beyond_diagram(k: Kernel) -> dict:
+    """What the Program (``napkin cost``) counts beyond the diagram's FLOPs (``napkin check``):
+    the online bookkeeping of its streams and the work it repeats per group or chunk, by unit
+    (cost.bookkeeping_flops, cost.recomputed_flops); empty without a relabel block."""
+    if k.relabel is None:
+        return {}
+    from .cost import bookkeeping_flops, recomputed_flops
+
+    try:
+        program = k.program()
+    except NapkinError as error:
+        return {"error": error.message}
+    return {"bookkeeping": bookkeeping_flops(program), "recomputed": recomputed_flops(program)}
 
 
 def cmd_check(args) -> int:
