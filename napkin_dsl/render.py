@@ -499,8 +499,9 @@ def plan_columns(diagram: Diagram) -> tuple[list, list, list]:
 class Residency:
     """The Program's loads and saves at the compute level, placed on the drawing's columns.
 
-    Per column (statement): ``gap_moves`` maps an array to ``(kind, launch)`` of a transfer
-    drawn in the gap before the column; ``entry_loads`` maps an array loaded at the column's
+    Per column (statement): ``gap_moves`` maps an array to the ``(kind, launch)`` of the
+    transfers drawn in the gap before the column, in order (a result saved after its last
+    reader in one launch and loaded there for several readers of the next has two); ``entry_loads`` maps an array loaded at the column's
     entry (for this column alone) to its launch; ``exit_saves`` is the launch of the column's
     result when it is saved at the exit, else None; ``chip_in`` and ``chip_out`` are the arrays
     homed at the top level whose bundle is on chip as it enters and as it leaves the column.
@@ -552,7 +553,7 @@ def plan_residency(program: Program, columns: list) -> Residency:
                 if first == last:
                     residency.entry_loads[first][array] = here
                     continue
-                residency.gap_moves[first][array] = ("load", here)
+                residency.gap_moves[first].setdefault(array, []).append(("load", here))
                 for index in range(first, last + 1):
                     residency.chip_in[index].add(array)
                 for index in range(first, last):
@@ -571,7 +572,7 @@ def plan_residency(program: Program, columns: list) -> Residency:
             for index in range(made + 1, last + 1):
                 residency.chip_in[index].add(array)
             if last + 1 < count:
-                residency.gap_moves[last + 1][array] = ("save", here)
+                residency.gap_moves[last + 1].setdefault(array, []).append(("save", here))
             else:
                 residency.right_saves[array] = here
     return residency
@@ -786,7 +787,8 @@ class Renderer:
             ends = [t for a, t in after if a == array]
             copies = copies or len(ends) > 1
             shift = max([shift] + [abs(t - top) for t in ends])
-        moves = GAP_MOVE if self.gap_moves[column.statement.index] else 0
+        depth = max(map(len, self.gap_moves[column.statement.index].values()), default=0)
+        moves = depth * move_step(depth)
         if shift < 0.01 and not copies:
             return 10 + moves
         return route_width(shift) + moves
@@ -940,27 +942,28 @@ class Renderer:
         """Bundles bend from where the last column left them to where this one wants them.
 
         An array loaded once for several readers is loaded here, before it is copied; a result
-        kept on chip for later readers is saved here, after the last of them.
+        kept on chip for later readers is saved here, after the last of them (and may be loaded
+        again here, for several readers of the next launch).
         """
         index = column.statement.index
         moves = self.gap_moves[index]
-        x1 = column.entry
+        depth = max(map(len, moves.values()), default=0)
+        step, x1 = move_step(depth), column.entry
         after = self.arrival(column)
         for array, top in self.before(column):
             ends = [t for a, t in after if a == array]
             level = self.level_leaving(array, index - 1)
             x0 = column.gap
-            if array in moves:
-                kind, launch = moves[array]
-                arrives = self.level_in(array, index)
-                mark = x0 + GAP_MOVE - 8
+            for kind, launch in moves.get(array, []):
+                arrives = self.levels.compute if kind == "load" else self.level_of(array)
+                mark = x0 + step - 8
                 self.bundle_straight(array, top, x0, mark, level)
                 self.transfer_mark(mark, top, array, kind, arrives, launch)
-                x0, level = x0 + GAP_MOVE, arrives
+                x0, level = x0 + step, arrives
                 self.bundle_straight(array, top, mark, x0, level)
-            elif moves:
-                self.bundle_straight(array, top, x0, x0 + GAP_MOVE, level)
-                x0 += GAP_MOVE
+            if x0 < column.gap + depth * step:  # bundles bend after the marks, all at once
+                self.bundle_straight(array, top, x0, column.gap + depth * step, level)
+                x0 = column.gap + depth * step
             for k, axis in enumerate(wires_of(self.diagram, array)):
                 for end in ends:
                     self.wire(bend(x0, wire_y(top, k), x1, wire_y(end, k)), axis, level)
@@ -1269,6 +1272,12 @@ class Renderer:
             bottom = self.draw_costs(bottom + 4)
         self.drawing.height = bottom + MARGIN
         return self.drawing
+
+
+def move_step(depth: int) -> float:
+    """Room per load or save mark in a gap: wider when a gap holds two in a row (a save, then a
+    load of the same array), so that their tags stay apart."""
+    return GAP_MOVE if depth < 2 else GAP_MOVE + 12
 
 
 def route_width(shift: float) -> float:

@@ -39,6 +39,15 @@ kernel across(X: f32[a b]) -> Y: f32[a b]:
     T[a b] @gmem = E + X
     Y[a b] = T * X
 """
+# E is saved after T, its last reader in the first launch, and loaded in the same gap for U and
+# Y, its readers in the second.
+CLASH = """
+kernel clash(X: f32[a b]) -> Y: f32[a b]:
+    E[a b] = exp(X)
+    T[a b] @gmem = E * 2
+    U[a b] = E + T
+    Y[a b] = U * E
+"""
 CARRIED = """
 kernel carried(X: f32[a b]) -> Y: f32[a b], Z: f32[a]:
     E[a b] = exp(X)
@@ -50,7 +59,7 @@ kernel carried(X: f32[a b]) -> Y: f32[a b], Z: f32[a]:
 
 def kernels() -> list:
     found = [(f"{example_id(path)}:{name}", k) for path in NAPKIN_EXAMPLES for name, k in napkin.load(path).items()]
-    for source in (ACROSS, CARRIED):
+    for source in (ACROSS, CARRIED, CLASH):
         found += list(napkin.load(source).items())
     return found
 
