@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections import Counter
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -145,21 +146,15 @@ def test_loads_and_saves_are_marked_where_arrays_change_level():
     assert tags.count("save") == 3
 
 
-def program_transfers(kernel) -> tuple[int, int]:
-    """(loads, saves) into and out of the compute level in the kernel's Program, one per array
-    and launch (a streamed array is loaded chunk by chunk, but it is one load in the diagram)."""
+def program_transfers(kernel) -> Counter:
+    """(kind, array, launch) of the loads and saves into and out of the compute level in the
+    kernel's Program, one per step (a streamed array is loaded chunk by chunk by one step)."""
     from napkin_dsl.pseudocode import walk
 
     program = kernel.program()
     compute = program.schedule.compute_level
-    loads, saves = set(), set()
-    for launch in program.launches:
-        for step, _ in walk(launch.body):
-            if step.op == "load" and step.dest == compute:
-                loads.add((launch.index, step.array))
-            if step.op == "save" and step.source == compute:
-                saves.add((launch.index, step.array))
-    return len(loads), len(saves)
+    return Counter((step.op, step.array, launch.index) for launch in program.launches for step, _ in walk(launch.body)
+                   if step.op in ("load", "save") and step.level == compute)
 
 
 def hard_kernels() -> dict:
@@ -173,9 +168,12 @@ def hard_kernels() -> dict:
                          ids=IDS + list(hard_kernels()))
 def test_the_drawing_moves_arrays_as_the_program_does(kernel):
     """One load per array and launch, at its first reader; a result saved once, after its last
-    reader in its launch: as many load and save marks as the Program has transfers."""
-    tags = texts(render(kernel)).splitlines()
-    assert (tags.count("load"), tags.count("save")) == program_transfers(kernel)
+    reader in its launch: the marks drawn (and their tags) are the Program's transfers."""
+    drawing = layout(kernel)
+    assert Counter((kind, array, launch) for kind, array, launch, _ in drawing.transfers) == program_transfers(kernel)
+    tags = [rect[4] for rect in drawing.label_rects]
+    for kind in ("load", "save"):
+        assert tags.count(kind) == sum(1 for drawn, *_ in drawing.transfers if drawn == kind)
 
 
 def test_an_array_read_twice_in_a_launch_is_loaded_once_and_copied_on_chip():
