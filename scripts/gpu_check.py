@@ -222,6 +222,14 @@ CASES: list[Case] = [
     Case("attention_unfused", "attention_unfused.napkin", "attention_unfused", {"q": 16384, "x": 1024, "d": 128},
          {"q": 128}, "unfused_attention"),
     Case("fig9", "paper/fig9.napkin", "fig9", {"q": 16384, "x": 1024, "d": 128}, {"q": 128}, "softmax_matmul"),
+    # Masks read the q and x indices, so whole heads are checked (b and h only are sampled).
+    Case("causal_attention", "causal_attention.napkin", "causal_attention", {"b": 4, "h": 16, "q": 2048, "x": 2048, "d": 128},
+         {"b": 2, "h": 2}, "sdpa_causal"),
+    Case("sliding_window", "sliding_window.napkin", "sliding_window", {"b": 4, "h": 16, "q": 2048, "x": 2048, "d": 128},
+         {"b": 2, "h": 2}, "sdpa_window"),
+    # Two outputs: O against torch's attention, and L (the log-sum-exp) against the reference only.
+    Case("attention_lse", "attention_lse.napkin", "attention_lse", {"b": 4, "h": 16, "q": 2048, "x": 2048, "d": 128},
+         {"b": 2, "q": 32}, "sdpa"),
 ]
 
 COLUMNS = [
@@ -414,18 +422,45 @@ def check_sample_axes(kernel, case: Case) -> None:
 
     Slicing inputs along an axis and evaluating the reference on the slices equals slicing
     the full result only when every statement is woven over the axis (nothing contracts,
-    reduces or softmaxes along it) and every output carries it.
+    reduces or softmaxes along it), no expression reads its index (a mask ``q >= x`` would
+    compare the slice's positions, not the array's), and every output carries it.
     """
     diagram = kernel.diagram
+    indexed = index_axes(diagram)
     for axis in case.sample:
         if axis not in diagram.axes:
             raise ValueError(f"{case.label}: sample axis {axis!r} is not an axis of {diagram.name}")
+        if axis in indexed:
+            raise ValueError(f"{case.label}: cannot check a subset of {axis!r}: an expression reads its index")
         across = [s.target for s in diagram.statements if axis not in s.woven]
         if across:
             raise ValueError(f"{case.label}: cannot check a subset of {axis!r}: {', '.join(across)} is not woven over it")
         missing = [name for name in diagram.outputs if axis not in diagram.arrays[name].axes]
         if missing:
             raise ValueError(f"{case.label}: output {', '.join(missing)} does not carry sample axis {axis!r}")
+
+
+def index_axes(diagram) -> set[str]:
+    """Axes whose index some statement's expression reads (``diagram.Index``)."""
+    from dataclasses import fields, is_dataclass
+
+    from napkin_dsl.diagram import Index
+
+    found: set[str] = set()
+
+    def visit(node) -> None:
+        if isinstance(node, Index):
+            found.add(node.axis)
+        elif is_dataclass(node) and not isinstance(node, type):
+            for f in fields(node):
+                visit(getattr(node, f.name))
+        elif isinstance(node, (tuple, list)):
+            for item in node:
+                visit(item)
+
+    for statement in diagram.statements:
+        visit(statement.box)
+    return found
 
 
 def sample_indices(case: Case, seed: int = SEED) -> dict[str, np.ndarray]:
@@ -735,6 +770,21 @@ def _torch_sdpa(torch, t, sizes, scalars):
     return lambda: functional.scaled_dot_product_attention(t["Q"], t["K"], t["V"])
 
 
+def _torch_sdpa_causal(torch, t, sizes, scalars):
+    functional = torch.nn.functional
+    return lambda: functional.scaled_dot_product_attention(t["Q"], t["K"], t["V"], is_causal=True)
+
+
+def _torch_sdpa_window(torch, t, sizes, scalars):
+    """The sliding window of examples/sliding_window.napkin: key x is seen by query q when
+    q - 256 < x <= q (the mask is built outside the timed callable)."""
+    functional = torch.nn.functional
+    q = torch.arange(sizes["q"], device=t["Q"].device)[:, None]
+    x = torch.arange(sizes["x"], device=t["Q"].device)[None, :]
+    visible = (q >= x) & (q - x < 256)
+    return lambda: functional.scaled_dot_product_attention(t["Q"], t["K"], t["V"], attn_mask=visible)
+
+
 def _torch_sdpa_gqa(torch, t, sizes, scalars):
     functional = torch.nn.functional
     b, kv, r, q, d = (sizes[a] for a in ("b", "kv", "r", "q", "d"))
@@ -780,6 +830,8 @@ def _torch_softmax_matmul(torch, t, sizes, scalars):
 TORCH_BASELINES = {
     "sdpa": ("F.scaled_dot_product_attention", _torch_sdpa),
     "sdpa_gqa": ("F.scaled_dot_product_attention(enable_gqa=True)", _torch_sdpa_gqa),
+    "sdpa_causal": ("F.scaled_dot_product_attention(is_causal=True)", _torch_sdpa_causal),
+    "sdpa_window": ("F.scaled_dot_product_attention(attn_mask=window)", _torch_sdpa_window),
     "matmul": ("torch.matmul (bf16 out)", _torch_matmul),
     "mlp": ("F.gelu(torch.addmm)", _torch_mlp),
     "softmax": ("torch.softmax", _torch_softmax),
