@@ -61,3 +61,32 @@ def test_inputs_are_not_modified(opencl_device):
 
 def test_cases_cover_every_example():
     assert set(SMALL) == {name for name, _ in CASES} == set(SIZES)
+
+
+def test_a_launch_over_the_devices_local_memory_is_a_napkin_error_before_it_runs():
+    """oclgrind's device has 32 KiB of local memory, PoCL's megabytes: a launch whose arena does
+    not fit is refused by name, not left to clEnqueueNDRangeKernel's OUT_OF_RESOURCES."""
+    pytest.importorskip("pyopencl")
+    from types import SimpleNamespace
+
+    from napkin_dsl.backends.opencl import check_fits
+    from napkin_dsl.errors import NapkinError
+
+    class Kernel:
+        def __init__(self, local, largest):
+            self.info = {"LOCAL_MEM_SIZE": local, "WORK_GROUP_SIZE": largest}
+
+        def get_work_group_info(self, what, device):
+            import pyopencl as cl
+
+            names = {cl.kernel_work_group_info.LOCAL_MEM_SIZE: "LOCAL_MEM_SIZE",
+                     cl.kernel_work_group_info.WORK_GROUP_SIZE: "WORK_GROUP_SIZE"}
+            return self.info[names[what]]
+
+    device = SimpleNamespace(name="Small Device ", local_mem_size=32768)
+    launch = SimpleNamespace(entry="napkin_k_0", block=256)
+    check_fits(Kernel(32768, 256), launch, device)  # exactly full: runs
+    with pytest.raises(NapkinError, match="needs 40,960 bytes of local memory; the OpenCL device 'Small Device' has 32,768"):
+        check_fits(Kernel(40960, 256), launch, device)
+    with pytest.raises(NapkinError, match="runs 256 work-items per group"):
+        check_fits(Kernel(1024, 128), launch, device)

@@ -79,6 +79,24 @@ def _built(source: str):
     return {kernel.function_name: kernel for kernel in program.all_kernels()}
 
 
+def check_fits(kernel, k, device) -> None:
+    """A launch the device cannot hold is a napkin error before anything runs: its local memory
+    (the arena, static __local arrays) over the device's, or a work-group over the kernel's limit.
+    (Devices differ: PoCL offers megabytes of local memory, oclgrind 32 KiB, GPUs 48-228 KiB.)"""
+    import pyopencl as cl
+
+    info = cl.kernel_work_group_info
+    local = kernel.get_work_group_info(info.LOCAL_MEM_SIZE, device)
+    if local > device.local_mem_size:
+        raise NapkinError(f"{k.entry} needs {local:,} bytes of local memory; the OpenCL device {device.name.strip()!r} "
+                          f"has {device.local_mem_size:,}",
+                          hint="use smaller group or stream sizes at the compute level (or let `napkin tune` choose)")
+    largest = kernel.get_work_group_info(info.WORK_GROUP_SIZE, device)
+    if k.block > largest:
+        raise NapkinError(f"{k.entry} runs {k.block} work-items per group; the OpenCL device {device.name.strip()!r} "
+                          f"takes at most {largest} for it")
+
+
 def run(program: Program, inputs: dict, scalars: dict | None = None) -> dict:
     """Run every launch of ``program`` on the OpenCL device; returns the outputs (NumPy)."""
     import pyopencl as cl
@@ -109,6 +127,9 @@ def run(program: Program, inputs: dict, scalars: dict | None = None) -> dict:
             buffers[name] = cl.Buffer(ctx, flags.READ_WRITE, size=max(hosts[name].nbytes, 1))
         return buffers[name]
 
+    device = queue.device
+    for k in kernels:
+        check_fits(built[k.entry], k, device)
     for k in kernels:
         kernel = built[k.entry]
         args = [buffer(name) for name, _, _ in k.arrays]
