@@ -596,7 +596,7 @@ def fma_accumulators(launch: LaunchProgram, tile: dict, threads: int = FMA_THREA
             continue
         axes = register_tile_axes(s.box, s.axes, tile)
         if axes is None:
-            refused[name] = "no register blocks (an output axis of each operand): one output per thread, in shared memory"
+            refused[name] = "no register blocks (an output axis of one operand only, and one of the other): one output a thread"
             continue
         am, an = axes
         rm, rn = min(REGISTER_TILE, tile[am]), min(REGISTER_TILE, tile[an])
@@ -607,8 +607,7 @@ def fma_accumulators(launch: LaunchProgram, tile: dict, threads: int = FMA_THREA
         blocks = -(-others * -(-tile[am] // rm) * -(-tile[an] // rn) // threads)
         found = FmaAccumulator(name, am, an, rm, rn, blocks, launch.buffers[(level, name)].dtype)
         if found.registers > FMA_ACCUMULATOR_BUDGET:
-            refused[name] = (f"{found.registers} accumulator registers a thread, over the FMA path's "
-                             f"{FMA_ACCUMULATOR_BUDGET}: kept in shared memory")
+            refused[name] = f"{found.registers} accumulator registers a thread, over the FMA path's {FMA_ACCUMULATOR_BUDGET}"
             continue
         kept[name] = found
     return kept, refused
@@ -630,3 +629,15 @@ def fma_launch_accumulators(program: Program, launch: LaunchProgram, arch: str |
     if key not in memo:
         memo[key] = fma_accumulators(launch, bound[0])
     return memo[key]
+
+
+def thread_line(kept: dict, refused: dict, threads: int = FMA_THREADS) -> str | None:
+    """The register level of an FMA launch as a line of pseudocode: a parallel loop over the
+    block's threads, saying which accumulators they keep in registers and which stay in shared
+    memory, and why; None when the launch streams no contraction."""
+    if not kept and not refused:
+        return None
+    held = [f"{a.name} in registers, {a.blocks} block{'s' if a.blocks > 1 else ''} of {a.rm} {a.am} x {a.rn} {a.an} a thread"
+            for a in kept.values()]
+    held += [f"{name} in smem: {why}" for name, why in refused.items()]
+    return f"parallel for thread in {threads} threads @registers:  # fma; {'; '.join(held)}"

@@ -100,7 +100,7 @@ class Kernel:
     def pseudocode(self, format: str = "text", hardware: str | None = None, **sizes: int) -> str:
         """The paper's looped pseudocode as text (``format="text"``) or a Markdown table of columns."""
         from .cost import columns
-        from .isel import selection, warp_line
+        from .isel import fma_launch_accumulators, selection, thread_line, warp_line
         from .pseudocode import render_markdown, render_text
 
         program = self.program(hardware, **sizes)
@@ -108,7 +108,12 @@ class Kernel:
             return render_markdown(program, columns(program))
         if format == "text":
             plans = {launch.index: selection(program, launch).plan for launch in program.launches}
-            return render_text(program, {index: warp_line(plan) for index, plan in plans.items() if plan is not None})
+            lines = {index: warp_line(plan) for index, plan in plans.items() if plan is not None}
+            for launch in program.launches:  # FMA launches: where their accumulators live
+                line = thread_line(*fma_launch_accumulators(program, launch))
+                if launch.index not in lines and line is not None:
+                    lines[launch.index] = line
+            return render_text(program, lines)
         raise NapkinError(f"unknown pseudocode format {format!r}", hint="use 'text' or 'markdown'")
 
     def cost(self, hardware: str | None = None, relabel=None, path: str | None = None, **sizes: int):

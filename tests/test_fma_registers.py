@@ -89,6 +89,13 @@ def test_an_accumulator_over_the_budget_stays_in_shared_memory_and_the_report_sa
     assert "C.acc" in note and "128 accumulator registers" in note
 
 
+def test_the_pseudocode_says_where_each_accumulator_lives():
+    kept = kernel_of(matmul(128, 64)).pseudocode(m=300, n=200, k=100)
+    assert "parallel for thread in 256 threads @registers:  # fma; C.acc in registers, 2 blocks of 4 m x 4 n a thread" in kept
+    refused = kernel_of(matmul(128, 256)).pseudocode(m=300, n=300, k=100)
+    assert "C.acc in smem: 128 accumulator registers a thread, over the FMA path's 64" in refused
+
+
 def test_a_tensor_core_launch_keeps_no_fma_accumulators():
     program = kernel_of((EXAMPLES / "matmul.napkin").read_text()).gpu_program(m=1024, n=1024, k=1024)
     (launch,) = program.launches
