@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import napkin_dsl as napkin
+from napkin_dsl.cli import load_file
 from napkin_dsl.cost import columns, level_costs, max_of
 from napkin_dsl.diagram import DTYPE_BYTES
 from napkin_dsl.errors import NapkinError
@@ -59,6 +60,8 @@ kernel carried(X: f32[a b]) -> Y: f32[a b], Z: f32[a]:
 
 def kernels() -> list:
     found = [(f"{example_id(path)}:{name}", k) for path in NAPKIN_EXAMPLES for name, k in napkin.load(path).items()]
+    for path in sorted(EXAMPLES.glob("*.py")):  # the @napkin.kernel functions of the Python examples
+        found += [(f"{example_id(path)}:{name}", k) for name, k in load_file(str(path)).items()]
     for source in (ACROSS, CARRIED, CLASH):
         found += list(napkin.load(source).items())
     return found
