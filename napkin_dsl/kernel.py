@@ -167,13 +167,19 @@ class Kernel:
         checked = CheckedKernel(diagram, block, source, self.file, definition)
         return Kernel(checked, block.hardware, self.function)
 
+    def _gpu_target(self, hardware: str | None) -> str:
+        """The profile code generation plans on: ``hardware``, else the relabel block's GPU, else H100."""
+        from .hardware import load_hardware
+
+        return hardware or (self.hardware if self.hardware and not load_hardware(self.hardware).symbolic else "H100")
+
     def gpu_program(self, hardware: str | None = None, **sizes: int):
         """The Program code generation uses on a GPU profile: the relabel block's, or, for a kernel
         without one (or relabelled for an abstract model), the tuner's best configuration."""
         from .hardware import load_hardware
         from .plan import plan
 
-        target = hardware or (self.hardware if self.hardware and not load_hardware(self.hardware).symbolic else "H100")
+        target = self._gpu_target(hardware)
         key = ("gpu_program", target, tuple(sorted(sizes.items())))
         if key in self._cache:
             return self._cache[key]
@@ -202,14 +208,34 @@ class Kernel:
         Every size must be bound. The hardware defaults to the relabel block's GPU, else the GPU
         of ``arch`` (sm_80: A100, sm_90: H100).
         """
-        from .backends.cuda import compile_program
+        from .backends.compiled import compile_cached
+        from .hardware import load_hardware
 
         default = {"sm_80": "A100"}.get(arch, "H100")
         target = hardware or (None if self.hardware and self.hardware in ("A100", "H100", "H200") else default)
         key = ("compile", arch, target, ptx, tuple(sorted(sizes.items())))
-        if key not in self._cache:
-            self._cache[key] = compile_program(self.gpu_program(target, **sizes), arch, ptx)
-        return self._cache[key]
+        if key in self._cache:
+            return self._cache[key]
+
+        def compile_now():
+            from .backends.cuda import compile_program
+
+            return compile_program(self.gpu_program(target, **sizes), arch, ptx)
+
+        def planned():  # after a disk-cache hit: the Program and report, when first asked for
+            from .backends.cuda import compiled_cost
+
+            program = self.gpu_program(target, **sizes)
+            return program, compiled_cost(program, arch, compiled.launches, compiled.resources)
+
+        # The disk cache's key is what the source is made from, so that a hit lowers nothing.
+        identity = {"kernel": self.name, "signature": self.signature(), "source": self.source,
+                    "relabel": self.relabel_text(), "levels": [[s.target, s.level] for s in self.diagram.statements],
+                    "hardware": repr(load_hardware(self._gpu_target(target))), "sizes": sorted(sizes.items()),
+                    "arch": arch, "ptx": ptx}
+        compiled = compile_cached(identity, compile_now, planned)
+        self._cache[key] = compiled
+        return compiled
 
     def tune(self, hardware: str | None = None, top: int = 5, progress=None, **sizes: int):
         """Group/stream sizes minimising predicted time on ``hardware`` (a :class:`~napkin_dsl.tune.TuneResult`)."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,40 +26,9 @@ from ..cost import CostReport, cost_of
 from ..hardware import DEFAULT_ARCH
 from ..pseudocode import Program
 from ..types import numpy_dtype
-from .lowering import CudaDialect, KernelSource, bound_sizes, ident, scalar_ctype
+from .compiled import CompiledKernel, KernelSource
+from .lowering import CudaDialect, bound_sizes, ident, scalar_ctype
 from .translate import lower
-
-
-@dataclass
-class CompiledKernel:
-    """A compiled napkin kernel: source, cubin, resources per launch, and its cost model."""
-
-    name: str
-    arch: str
-    source: str
-    image: bytes
-    launches: list[KernelSource]
-    resources: dict  # entry -> {"registers", "shared_bytes" (static), "spill_bytes"}
-    cost: CostReport
-    program: Program = field(repr=False)
-    ptx: bool = False
-
-    def launch_table(self) -> list[dict]:
-        """Per launch: entry, grid, block, registers, shared bytes (static + dynamic), spills."""
-        rows = []
-        for k in self.launches:
-            used = self.resources.get(k.entry, {})
-            rows.append({
-                "entry": k.entry,
-                "grid": [k.grid, 1, 1],
-                "block": [k.block, 1, 1],
-                "registers": used.get("registers"),
-                "shared_bytes": used.get("shared_bytes", 0) + k.shared_bytes,
-                "spill_bytes": used.get("spill_bytes"),
-                "path": k.path,
-                "statements": list(k.paths),
-            })
-        return rows
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,13 +50,7 @@ def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = Fals
     report = report if report is not None else cost_of(program, arch=arch)
     source, kernels = generate(program, report, arch)
     module = _compiler(arch, ptx).compile(source, f"napkin_{ident(program.diagram.name)}.cu")  # ASCII, as the entries
-    # The model before compiling estimated registers; the compiled kernel's report counts what
-    # ptxas allocated, the threads of each launch and its shared bytes, for occupancy.
-    counted = {index: (k.block, module.resources[k.entry]["registers"],
-                       module.resources[k.entry].get("shared_bytes", 0) + k.shared_bytes)
-               for index, k in enumerate(kernels) if module.resources.get(k.entry, {}).get("registers")}
-    if counted and not program.hardware.symbolic:
-        report = cost_of(program, arch=arch, resources=counted, check=False)
+    report = compiled_cost(program, arch, kernels, module.resources, report)
     return CompiledKernel(
         name=program.diagram.name,
         arch=arch,
@@ -96,10 +58,21 @@ def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = Fals
         image=module.image,
         launches=kernels,
         resources=module.resources,
-        cost=report,
-        program=program,
+        planned=lambda: (program, report),
         ptx=ptx,
     )
+
+
+def compiled_cost(program: Program, arch: str, launches: list[KernelSource], resources: dict,
+                  report: CostReport | None = None) -> CostReport:
+    """The cost report of a compiled program: the model before compiling estimated registers;
+    the compiled kernel's report counts what ptxas allocated, the threads of each launch and
+    its shared bytes, for occupancy. ``report``: the estimate, when the caller has it."""
+    counted = {index: (k.block, resources[k.entry]["registers"], resources[k.entry].get("shared_bytes", 0) + k.shared_bytes)
+               for index, k in enumerate(launches) if resources.get(k.entry, {}).get("registers")}
+    if counted and not program.hardware.symbolic:
+        return cost_of(program, arch=arch, resources=counted, check=False)
+    return report if report is not None else cost_of(program, arch=arch, check=False)
 
 
 # ---- launching --------------------------------------------------------------------------------

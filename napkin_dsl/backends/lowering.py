@@ -59,6 +59,7 @@ from ..isel import FMA_THREADS, REGISTER_TILE, FmaAccumulator, register_tile_axe
 from ..pseudocode import Loop, Program, Step, liveness, released_by
 from ..reference import ReferenceFailure as _Failure
 from ..reference import constant_value
+from .compiled import KernelSource
 
 THREADS = FMA_THREADS
 WARP = 32
@@ -417,21 +418,6 @@ def bound_sizes(program: Program) -> dict[str, int]:
 
 
 # ---- the printer ----------------------------------------------------------------------------
-
-
-@dataclass
-class KernelSource:
-    """One launch printed as a kernel: its entry name, grid, block and arena bytes."""
-
-    entry: str
-    text: str
-    grid: int
-    block: int
-    shared_bytes: int
-    arrays: list  # (name, dtype, role "in"/"out") in parameter order
-    scalars: list
-    path: str = "fma"  # the instruction path isel chose: "mma.sync" or "fma"
-    paths: list = field(default_factory=list)  # per statement: what it runs on (isel.describe)
 
 
 @dataclass

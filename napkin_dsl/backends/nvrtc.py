@@ -324,15 +324,18 @@ def _writable_dir(directory: Path) -> Path:
 
 
 def clear_cache(headers: bool = False) -> int:
-    """Remove every compiled module from the disk cache; return how many files went.
+    """Remove every compiled module (and compiled kernel, ``compiled.py``) from the disk cache;
+    return how many files went.
 
     The NVRTC headers extracted beside it (about 26 MB, one copy per NVRTC version) stay
     unless ``headers`` is true: they are not compiled kernels, and re-extracting them costs
     every later first compile a few tenths of a second.
     """
+    from .compiled import COMPILED_CACHE_SUBDIR  # the compiled kernels keyed before lowering
+
     root = cache_root()
     removed = 0
-    subdirs = [KERNEL_CACHE_SUBDIR] + ([HEADER_CACHE_SUBDIR] if headers else [])
+    subdirs = [KERNEL_CACHE_SUBDIR, COMPILED_CACHE_SUBDIR] + ([HEADER_CACHE_SUBDIR] if headers else [])
     for subdir in subdirs:
         directory = root / subdir
         if not directory.is_dir():

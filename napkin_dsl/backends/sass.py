@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from ..errors import NapkinError
 
 if TYPE_CHECKING:
-    from .cuda import CompiledKernel
+    from .compiled import CompiledKernel
 
 INSTALL_HINT = "pip install 'napkin-dsl[sass]'  (the nvidia-cuda-nvdisasm wheel), or put a CUDA toolkit's nvdisasm on PATH"
 # Where the nvidia-cuda-nvdisasm wheel puts the binary inside the ``nvidia`` namespace
