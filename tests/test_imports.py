@@ -122,3 +122,38 @@ def test_importing_napkin_does_not_import_sympy_or_cuda():
             "print(' '.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert not out, f"import napkin_dsl imported {', '.join(out[:8])}"
+
+
+# The pipeline, earliest first: a module imports only modules of earlier groups (and, inside
+# backends/, its siblings: the acyclicity test orders those). Every module must be placed here,
+# so that a new module is a decision about where it sits.
+STAGES = (
+    ("errors",),
+    ("cache", "formatting", "progress", "layouts", "hardware"),
+    ("napkin_dsl",),  # the package: errors and hardware eagerly, the rest on first use
+    ("syntax",),
+    ("diagram",),
+    ("types",),
+    ("check", "binding"),
+    ("relabel",),
+    ("pseudocode", "reference"),
+    ("isel",),  # cost prices the launches instruction selection puts on tensor cores
+    ("cost",),
+    ("plan",),
+    ("tune", "render", "backends", "backends.compiled", "backends.driver", "backends.nvrtc", "backends.sass",
+     "backends.lowering", "backends.tensorcore", "backends.translate", "backends.numpy", "backends.cuda",
+     "backends.opencl"),
+    ("kernel",),
+    ("cli",),
+)
+
+
+def test_imports_follow_the_pipeline():
+    stage = {("napkin_dsl." + m if m != "napkin_dsl" else m): i for i, group in enumerate(STAGES) for m in group}
+    graph = import_graph()
+    unplaced = sorted(set(graph) - set(stage))
+    assert not unplaced, f"place these modules in STAGES: {', '.join(unplaced)}"
+    upward = [f"{a} -> {b} (line {', '.join(map(str, sorted(lines)))})"
+              for a, targets in graph.items() for b, lines in targets.items()
+              if stage[b] > stage[a] or stage[b] == stage[a] and not (a.startswith("napkin_dsl.backends") and b.startswith("napkin_dsl.backends"))]
+    assert not upward, "imports against the pipeline:\n  " + "\n  ".join(upward)
