@@ -238,7 +238,8 @@ def test_causal_8192_counts_equal_a_hand_count_of_visited_tiles():
     # l2: the derived L2 groups (read off the schedule: plan.py chose them) load Q, K, V and save O
     l2_q = int(program.schedule.extent("q", "l2"))
     l2 = heads * (2 * n * d + len(tiles(n, l2_q)) * 2 * n * d)
-    assert {level: int(c.H) for level, c in report.levels.items()} == {"l2": l2, "smem": smem}
+    # registers: f32 runs on the FMA path, which keeps O.acc there (64 a thread) and moves nothing
+    assert {level: int(c.H) for level, c in report.levels.items()} == {"l2": l2, "smem": smem, "registers": 0}
     # FLOPs per visited tile (rows g, keys s): S = QK (2gsd), its scale (gs), the chunk's max (gs)
     # and per row the new max and exp(old - new) (2g, + g exp), exp(S - m) and the row sum (2gs,
     # + gs exp), per row sum = sum * factor + chunk sum (2g), O.acc *= scale (gd), O.acc += PV
