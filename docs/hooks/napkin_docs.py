@@ -16,7 +16,8 @@ Pages are Markdown with a few fenced blocks that this hook replaces by real outp
 
 and HTML comments replaced by generated sections: ``<!-- napkin:grammar -->``,
 ``<!-- napkin:functions -->``, ``<!-- napkin:dtypes -->``, ``<!-- napkin:hardware -->``,
-``<!-- napkin:cli -->``, ``<!-- napkin:examples -->``, and for the tensor-core page
+``<!-- napkin:cli -->``, ``<!-- napkin:modules -->`` (the module map of the architecture page),
+``<!-- napkin:examples -->``, and for the tensor-core page
 ``<!-- napkin:tc-swizzle -->``, ``<!-- napkin:tc-wavefronts -->``, ``<!-- napkin:tc-pipeline -->``,
 ``<!-- napkin:tc-epilogue -->``, ``<!-- napkin:tc-sass -->`` (a one-line note instead of SASS when nvdisasm is not installed).
 The text of the sections in ``COMMITTED`` is also committed in the page, between the comment and
@@ -267,7 +268,7 @@ _COMMENT = re.compile(r"^(?P<indent>[ \t]*)<!-- napkin:(?P<what>[a-z-]+)(?P<args
 # Generated sections whose text is committed between their markers, so that the Markdown reads
 # well on its own (on a forge); the build checks the committed text is current. The others
 # depend on the machine (tc-sass: whether nvdisasm is installed) or are links (diagram).
-COMMITTED = ("grammar", "functions", "dtypes", "hardware", "cli", "tc-swizzle", "tc-wavefronts", "tc-pipeline", "tc-epilogue")
+COMMITTED = ("grammar", "functions", "dtypes", "hardware", "cli", "modules", "tc-swizzle", "tc-wavefronts", "tc-pipeline", "tc-epilogue")
 UPDATE_COMMAND = "python docs/hooks/napkin_docs.py --update"
 
 
@@ -424,6 +425,7 @@ def section_makers() -> dict:
         "dtypes": dtypes_section,
         "hardware": hardware_section,
         "cli": cli_section,
+        "modules": modules_section,
         "examples": examples_section,
         "tc-swizzle": tc_swizzle_section,
         "tc-wavefronts": tc_wavefronts_section,
@@ -624,6 +626,74 @@ def examples_section() -> str:
         setup = setup_for(example)
         lines.append(f"| [`{example.rel}`]({example.page.removeprefix('examples/')}) | {names} | {describe(example, first_line=True)} "
                      f"| {setup.hardware}{(' at ' + setup.label()) if setup.sizes else ''} |")
+    return "\n".join(lines)
+
+
+# ---- the architecture page (architecture.md) -----------------------------------------------------
+
+
+def package_imports() -> dict[str, tuple[str, set[str]]]:
+    """Every module of napkin_dsl -> (first line of its docstring, the napkin modules it imports).
+
+    Read from the source with ``ast``: imports at module level and inside functions alike, as
+    tests/test_imports.py reads them (the map shows what a module needs, lazily or not)."""
+    import ast
+
+    package = ROOT / "napkin_dsl"
+    files = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        files[".".join(parts)] = path
+    out = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names if alias.name in files}
+            elif isinstance(node, ast.ImportFrom):
+                base = here.split(".")[: len(here.split(".")) - node.level + 1] if node.level else []
+                source = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    target = f"{source}.{alias.name}"
+                    imported.add(target if target in files else source)
+        doc = (ast.get_docstring(tree) or "").strip().splitlines()
+        out[name] = (doc[0] if doc else "", {m for m in imported if m in files and m != name})
+    return out
+
+
+def _short(module: str) -> str:
+    return module.removeprefix("napkin_dsl.") if module != "napkin_dsl" else "napkin_dsl (the package)"
+
+
+def _inline(text: str) -> str:
+    """A docstring line in a table cell: Sphinx roles as code, no table-breaking bars."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"`\1`", text).replace("``", "`")
+    return text.replace("|", "\\|")
+
+
+def modules_section() -> str:
+    """The module map: napkin_dsl's modules in layers, each importing only modules of layers above it."""
+    graph = package_imports()
+    layer: dict[str, int] = {}
+
+    def depth(module: str, path: tuple = ()) -> int:
+        if module in path:  # tests/test_imports.py fails on a cycle; the map must still build
+            return 0
+        if module not in layer:
+            layer[module] = 1 + max((depth(m, path + (module,)) for m in graph[module][1]), default=-1)
+        return layer[module]
+
+    for module in graph:
+        depth(module)
+    lines = ["| layer | module | what it is | imports |", "|---|---|---|---|"]
+    for module in sorted(graph, key=lambda m: (layer[m], m)):
+        doc, imports = graph[module]
+        shown = ", ".join(f"`{_short(m)}`" for m in sorted(imports, key=lambda m: (layer[m], m))) or "-"
+        lines.append(f"| {layer[module]} | `{_short(module)}` | {_inline(doc)} | {shown} |")
     return "\n".join(lines)
 
 
