@@ -562,14 +562,14 @@ def flops_by_unit(program: Program, arch: str | None = None, path: str | None = 
     for launch in program.launches:
         products = instruction_path(program, launch, arch, path)
         for step, loops in walk(launch.body):
-            if not step.flops and not step.test_flops and not step.bookkeeping:
+            if not step.flops and not step.test_flops and not step.bookkeeping and not step.flops_over:
                 continue
             elements = step_total(program, step, loops, step.flop_space)
             # a masked softmax's test runs only on the chunks its mask holds in part
             tested = step_total(program, step, loops, step.flop_space, partial=True) if step.test_flops else 0
             amounts = [(unit, per_element * elements) for unit, per_element in _with_test(step.flops, step.test_flops, elements, tested)]
             # the streamed form's own work, each over its own axes (the rows of a softmax's rescale)
-            amounts += [(unit, n * step_total(program, step, loops, axes)) for unit, n, axes in step.bookkeeping]
+            amounts += [(unit, n * step_total(program, step, loops, axes)) for unit, n, axes in step.flops_over + step.bookkeeping]
             for unit, amount in amounts:
                 rate = unit
                 if unit == "tensor":
@@ -615,12 +615,9 @@ def recomputed_flops(program: Program) -> dict:
     totals: dict = {}
     for launch in program.launches:
         for step, loops in walk(launch.body):
-            if not step.flops:
-                continue
-            axes = step.flop_space
-            repeats = sympy.Mul(*(loop.trips for loop in loops if loop.axis not in axes))
-            once = sympy.Mul(*(schedule.axis_size(a) for a in axes))
-            for unit, n in step.flops:
+            for unit, n, axes in tuple((u, n, step.flop_space) for u, n in step.flops) + step.flops_over:
+                repeats = sympy.Mul(*(loop.trips for loop in loops if loop.axis not in axes))
+                once = sympy.Mul(*(schedule.axis_size(a) for a in axes))
                 totals[unit] = totals.get(unit, 0) + n * once * (repeats - 1)
     return {unit: sympy.expand(v) for unit, v in totals.items() if sympy.expand(v) != 0}
 

@@ -369,25 +369,31 @@ class ReduceKind(BoxKind):
     streamable_roles = ("accumulate", "lse")
 
     def flops(self, box) -> tuple[Work, ...]:
-        # One operation per element accumulated; a mean's final division per output is not
-        # counted (as a contraction's scalar factor would be: it is O(outputs), not O(elements)).
-        # lse: an exp per element (its max pass and final log are O(outputs), not counted).
         counts = count_operations(box.operand)
-        special = counts["special"] + (1 if box.op == "lse" else 0)
-        return (_work("compute", "elements", fma=counts["fma"] + 1, special=special),)
+        if box.op == "lse":
+            # computed stably: per element the max, subtract it, exp, sum; per output the log, plus the max
+            return (_work("compute", "elements", fma=counts["fma"] + 3, special=counts["special"] + 1),
+                    _work("compute", "outputs", fma=1, special=1))
+        # each element combined once into its result (which starts at 0, -inf or +inf); a mean
+        # then divides each result
+        work = (_work("compute", "elements", fma=counts["fma"] + 1, special=counts["special"]),)
+        return work + ((_work("compute", "outputs", fma=1),) if box.op == "mean" else ())
 
     def streamed(self, box, role: str) -> tuple[Work, ...]:
         counts = count_operations(box.operand)
         if role == "accumulate" and box.op != "lse":
-            return (_work("accumulate", "elements", fma=counts["fma"] + 1, special=counts["special"]),)
+            # each chunk reduced (from 0, -inf or +inf), then combined with the running result,
+            # once per output and chunk; a mean divides at the end
+            work = (_work("accumulate", "elements", fma=counts["fma"] + 1, special=counts["special"]),
+                    _work("accumulate", "outputs", True, fma=1))
+            return work + ((_work("finalise", "outputs", fma=1),) if box.op == "mean" else ())
         if role == "lse":
             # log-sum-exp read off a streamed softmax of the same operand: its max plus the log of
-            # its sum, per output, in place of the unstreamed lse's work per element (the exp and
-            # sum are the softmax's, not done again)
-            unstreamed = {"fma": counts["fma"] + 1, "special": counts["special"] + 1}
-            return (_work("finalise", "elements", **unstreamed),
-                    _work("finalise", "outputs", True, fma=1, special=1),
-                    _work("finalise", "elements", True, **{unit: -n for unit, n in unstreamed.items()}))
+            # its sum, per output, in place of the unstreamed lse's work (the max, exp and sum per
+            # element are the softmax's, not done again)
+            unstreamed = tuple(Work("finalise", w.space, w.counts) for w in self.flops(box))
+            saved = tuple(Work("finalise", w.space, tuple((unit, -n) for unit, n in w.counts), True) for w in unstreamed)
+            return unstreamed + (_work("finalise", "outputs", True, fma=1, special=1),) + saved
         return super().streamed(box, role)
 
 

@@ -92,6 +92,9 @@ class Step:
     # The streamed form's own work (diagram.Work.bookkeeping), apart from `flops`: (unit,
     # operations per element of axes, axes), negative where the streamed form does less.
     bookkeeping: tuple[tuple[str, object, tuple[str, ...]], ...] = ()
+    # The step's other work, over other axes than `flop_space` (a mean's division per output):
+    # (unit, operations per element of axes, axes).
+    flops_over: tuple[tuple[str, object, tuple[str, ...]], ...] = ()
 
     @property
     def flop_space(self) -> tuple[str, ...]:
@@ -412,10 +415,10 @@ class _LaunchElaborator:
             acc = (level, f"{s.target}.acc")
             out = self.buffer(s.target, level, s.axes, dtype)
             if isinstance(box, Reduce) and box.op == "mean":
-                # The division by the count is one operation per output, like the non-streamed
-                # mean's; napkin counts neither (see diagram.count_operations).
+                # The division by the count: one operation per output, like the unstreamed mean's.
                 return [Step("finalise", level, s.axes, (acc,), (out,), s.target, dtype=dtype, statement=s,
-                             text=f"{s.target} = {s.target}.acc / {' * '.join(box.axes)}")]
+                             text=f"{s.target} = {s.target}.acc / {' * '.join(box.axes)}",
+                             **step_work(s, box_kind(box).streamed(box, role), "finalise"))]
             return [Step("finalise", level, s.axes, (acc,), (out,), s.target, dtype=dtype, statement=s,
                          text=f"{s.target} = {s.target}.acc")]
         if role == "rescaled":
@@ -467,16 +470,17 @@ def step_work(s: Statement, work: tuple, step: str) -> dict:
     table's work of statement ``s`` (diagram.BOX_KINDS) for that step."""
     mine = [w for w in work if w.step == step]
     main = [w for w in mine if not w.bookkeeping]
-    spaces = {w.space for w in main}
-    if len(spaces) > 1:
-        raise AssertionError(f"napkin bug: the {step} step of {s.target} counts over several spaces: {sorted(spaces)}")
-    flops: dict = {}
-    for w in main:
-        for unit, n in w.counts:
-            flops[unit] = flops.get(unit, 0) + n
-    fields: dict = {"flops": tuple((u, n) for u, n in flops.items() if n != 0)}
-    if spaces:
-        fields["flop_axes"] = work_axes(s, spaces.pop())
+    fields: dict = {}
+    if main:
+        space = main[0].space  # the step's own: its other main work (a mean's division per output) in flops_over
+        flops: dict = {}
+        for w in main:
+            if w.space == space:
+                for unit, n in w.counts:
+                    flops[unit] = flops.get(unit, 0) + n
+        fields["flops"] = tuple((u, n) for u, n in flops.items() if n != 0)
+        fields["flop_axes"] = work_axes(s, space)
+        fields["flops_over"] = tuple((unit, n, work_axes(s, w.space)) for w in main if w.space != space for unit, n in w.counts if n != 0)
     fields["bookkeeping"] = tuple((unit, n, work_axes(s, w.space)) for w in mine if w.bookkeeping for unit, n in w.counts if n != 0)
     return fields
 

@@ -8,11 +8,14 @@ evaluates again, the output divided instead of every entry), unless a mask skips
 
 from __future__ import annotations
 
+import dataclasses
+
 import sympy
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import napkin_dsl as napkin
+from napkin_dsl.backends.numpy import execute, random_arguments
 from napkin_dsl.cost import bookkeeping_flops, cost_of, recomputed_flops
 from napkin_dsl.diagram import Axis
 from napkin_dsl.errors import NapkinError
@@ -150,3 +153,51 @@ def test_streamed_softmax_agrees_with_unstreamed_up_to_the_bookkeeping(operand, 
     chunks = -(-x // chunk)
     assert bookkeeping.get("fma", 0) == q * chunks * 4 + q * d * chunks + q * d + q * x * (fma - 1)
     assert bookkeeping.get("special", 0) == q * chunks + q * x * special
+
+
+# ---- the NumPy backend counts what it evaluates --------------------------------------------------
+
+
+def without_flops(program):
+    """The Program with every step's FLOPs erased: what a count read off the Program would see."""
+    def strip(nodes):
+        return tuple(dataclasses.replace(n, body=strip(n.body)) if isinstance(n, Loop)
+                     else dataclasses.replace(n, flops=(), bookkeeping=(), flops_over=(), test_flops=()) for n in nodes)
+
+    return dataclasses.replace(program, launches=tuple(dataclasses.replace(lp, body=strip(lp.body)) for lp in program.launches))
+
+
+def counted_and_predicted(kernel, sizes: dict, seed: int = 0) -> tuple[dict, dict, dict]:
+    """FLOPs by unit: counted by the NumPy backend, counted on the Program without its FLOPs, predicted."""
+    program = kernel.program(None, **sizes)
+    axis_sizes = {a: sizes[a] for a in kernel.diagram.axes}
+    arrays, scalars = random_arguments(kernel.diagram, axis_sizes, seed)
+    counted = execute(program, arrays, scalars)[1].flops
+    blind = execute(without_flops(program), arrays, scalars)[1].flops
+    predicted = cost_of(program, check=False).flops
+    return counted, blind, {unit: int(v) for unit, v in predicted.items()}
+
+
+def test_the_numpy_count_does_not_read_the_programs_flops():
+    kernel = napkin.load(next(p for p in NAPKIN_EXAMPLES if p.name == "causal_attention.napkin"))["causal_attention"]
+    counted, blind, predicted = counted_and_predicted(kernel, {"b": 1, "h": 2, "q": 200, "x": 150, "d": 16})
+    assert counted == blind == predicted
+    assert counted["special"] > 0 and counted["fma"] > 0
+
+
+@settings(max_examples=25, **PROFILE)
+@given(operands(), st.integers(1, 9), st.integers(1, 9))
+def test_numpy_counts_a_streamed_softmax_of_a_random_operand_as_the_model(operand, chunk, tail):
+    """The count by evaluation of softmax[x](S + EXPR) streamed over x, then contracted, equals the
+    model: the operand evaluated per element for the chunk's max and again for exp."""
+    text, fma, special, _ = operand
+    sizes = {"q": 3, "x": 2 * chunk + tail, "d": 4}
+    counted, blind, predicted = counted_and_predicted(softmax_kernel(text, f"group q 2; stream x {chunk}"), sizes)
+    assert counted == blind == predicted
+    chunks, q, x, d = -(-sizes["x"] // chunk), sizes["q"], sizes["x"], sizes["d"]
+    # from first principles: the operand (S + EXPR) twice per element, max, subtract, exp and sum
+    # per element, 4 FMA-pipe and an exp per row and chunk, O.acc *= factor per output and chunk,
+    # O / sum per output; the products (2 per multiply-add) on the tensor unit of two_level
+    assert counted.get("special", 0) == q * x * (2 * special + 1) + q * chunks
+    assert counted["fma"] == q * x * (2 * (fma + 1) + 3) + 4 * q * chunks + q * d * chunks + q * d
+    assert counted["tensor"] == 2 * q * x * d

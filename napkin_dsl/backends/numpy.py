@@ -37,9 +37,17 @@ How the steps run:
   Program gives it (``pseudocode.compute_dtype``: f64 when an operand is f64, else f32).
 
 Counting: a transfer adds the values it moved to the H of the step's level (loads into it,
-saves out of it), and bytes by the array's dtype; a step with FLOPs adds its FLOPs per element
-times the elements it covered, per unit (tensor, fma, special; an opaque box's symbolic FLOPs
-stay a sympy expression). A loop runs every trip its Program says. When a tile of an upper
+saves out of it), and bytes by the array's dtype. FLOPs are counted as the steps evaluate them,
+never read off the Program: every arithmetic operation, special function, comparison or select
+the interpreter evaluates on n values adds n to its unit (special for exp, log, sqrt, rsqrt,
+tanh, sigmoid, gelu, silu and a fractional power, fma for the rest; a contraction 2 per
+multiply-add on its launch's unit, tensor or fma; an opaque box its symbol per copy). Two
+conventions, which the model shares: an operation inside an elementwise expression counts once
+per element of the step's tile even where NumPy broadcasting computes it on fewer values (the
+generated GPU code evaluates it per element), and a reduction of n values counts n (each value
+combined into a result that starts at 0, -inf or +inf). The guards of a fully masked row (its
+max -inf, its sum 0) are tests of a row's state, not arithmetic on values: neither counts them.
+A loop runs every trip its Program says. When a tile of an upper
 level is a masked tail, an inner loop over the same axis can have trips that are entirely
 past its end (``Loop.trips`` is computed from the full upper tile): those trips still run,
 as the Program says, and the values they move are also counted apart in
@@ -71,10 +79,27 @@ import sympy
 from ..binding import format_gib as _gib
 from ..binding import memory_limit
 from ..cost import contraction_unit, fma_register_launches, tensor_launches
-from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from ..diagram import (
+    DTYPE_BYTES,
+    SPECIAL_FUNCTIONS,
+    Apply,
+    Const,
+    Contract,
+    Index,
+    Map,
+    Opaque,
+    Read,
+    Reduce,
+    ScalarParam,
+    Softmax,
+    Statement,
+    indices,
+    opaque_flops,
+    reads,
+)
 from ..errors import NapkinCallError, NapkinError
 from ..pseudocode import Loop, Program, Step, walk, compute_dtype
-from ..reference import ELEMENTWISE, logsumexp, masked_softmax
+from ..reference import ELEMENTWISE
 from ..reference import Evaluator as _Evaluator
 from ..reference import NamedArray as _Named
 from ..reference import ReferenceFailure as _Failure
@@ -168,9 +193,13 @@ class _TileEvaluator(_Evaluator):
     tile's (``d^-0.5`` is the same in every tile).
     """
 
-    def __init__(self, diagram, sizes, scalars, impls, ranges: dict | None = None):
+    def __init__(self, diagram, sizes, scalars, impls, ranges: dict | None = None, count=None):
         super().__init__(diagram, sizes, scalars, impls)
         self._constants: dict = {}
+        # count(unit, n): each operation evaluated adds the elements of the step's tile
+        # (``elements``, set before each evaluation), however few values NumPy computes it on.
+        self.count = count
+        self.elements = 0
         # The interpreter's current tile, [start, stop) per axis: an axis index (q in
         # where(q >= x, S, -inf)) is the whole array's index, offset by the tile's start.
         self.ranges = ranges if ranges is not None else {axis: (0, size) for axis, size in sizes.items()}
@@ -197,9 +226,51 @@ class _TileEvaluator(_Evaluator):
             args = [self.expression(a) for a in expr.args]
             axes = tuple(dict.fromkeys(a for arg in args for a in arg.axes))
             if not axes:
-                return _Named(float(function(*(arg.values for arg in args))), ())
-            return _Named(function(*(arg.aligned(axes) if arg.axes else arg.values for arg in args)), axes)
+                result = _Named(float(function(*(arg.values for arg in args))), ())
+            else:
+                result = _Named(function(*(arg.aligned(axes) if arg.axes else arg.values for arg in args)), axes)
+            # on numbers only (d^-0.5) it is folded, as a compiler folds it; on an array (one
+            # without axes too) it runs for every element
+            if self.count is not None and (reads(expr) or indices(expr)):
+                self.count(_unit(expr), self.elements)
+            return result
         return super().expression(expr)
+
+
+def _unit(expr: Apply) -> str:
+    """The unit an elementwise operation runs on: the special-function unit for transcendental
+    functions and a power with a non-integer exponent (exp and log), the FMA pipe otherwise."""
+    exponent = expr.args[1] if expr.fn == "pow" else None
+    fractional = exponent is not None and not (isinstance(exponent, Const) and exponent.value.is_integer)
+    return "special" if expr.fn in SPECIAL_FUNCTIONS or fractional else "fma"
+
+
+def _softmax(values: np.ndarray, along: int, count) -> np.ndarray:
+    """:func:`napkin_dsl.reference.masked_softmax`, counting its operations: the max, the
+    subtraction, exp, the sum and the division, each over every value."""
+    n = values.size
+    peak = np.max(values, axis=along, keepdims=True)
+    shifted = np.exp(values - np.where(peak == -np.inf, 0.0, peak))
+    total = np.sum(shifted, axis=along, keepdims=True)
+    result = np.where(total == 0, 0.0, shifted / np.where(total == 0, 1.0, total))
+    for unit in ("fma", "fma", "special", "fma", "fma"):  # max, subtract, exp, sum, divide
+        count(unit, n)
+    return result
+
+
+def _logsumexp(values: np.ndarray, axis, count) -> np.ndarray:
+    """:func:`napkin_dsl.reference.logsumexp`, counting its operations: the max, the
+    subtraction, exp and the sum over every value, the log and the max added back per result."""
+    n = values.size
+    peak = np.max(values, axis=axis, keepdims=True)
+    shift = np.where(peak == -np.inf, 0.0, peak)
+    total = np.sum(np.exp(values - shift), axis=axis, keepdims=True)
+    result = np.squeeze(np.log(total) + shift, axis=axis)
+    for unit in ("fma", "fma", "special", "fma"):
+        count(unit, n)
+    count("special", total.size)
+    count("fma", total.size)
+    return result
 
 
 # ---- contractions ----------------------------------------------------------------------------
@@ -256,12 +327,6 @@ def _integer(value, what: str) -> int:
     return int(value)
 
 
-def _per_element(value):
-    """A FLOP count per element: an int, or a sympy expression for an opaque box's symbol."""
-    value = sympy.sympify(value)
-    return int(value) if value.is_Integer else value
-
-
 @functools.cache
 def _aligner(source: tuple[str, ...], target: tuple[str, ...]) -> Callable[[np.ndarray], np.ndarray]:
     """A function putting values with dimensions ``source`` into ``target`` order, with size-1
@@ -294,7 +359,7 @@ class _Interpreter:
         self.starts: dict[str, dict[str, tuple]] = {level: {} for level in self.levels}
         self.scalars = scalars
         self.impls = dict(impls or {})
-        self.evaluator = _TileEvaluator(self.diagram, self.sizes, scalars, self.impls, self.ranges)
+        self.evaluator = _TileEvaluator(self.diagram, self.sizes, scalars, self.impls, self.ranges, self.count)
         below = self.levels[1:]
         # Tensor-core launches (isel.py) read contraction operands from shared memory into
         # registers with ldmatrix: counted as transfers at the registers level, as the model does.
@@ -332,34 +397,10 @@ class _Interpreter:
         if self.empty_depth:
             counts.empty_H[level] += values
 
-    def flop_counter(self, step: Step) -> Callable[[], None]:
-        products = self.products[self.launch.index]
-        per_unit = [(products if unit == "tensor" else unit, _per_element(n)) for unit, n in step.flops]
-        axes = step.flop_space
+    def count(self, unit: str, n) -> None:
+        """``n`` operations evaluated on ``unit`` (see the module docstring)."""
         flops = self.counts.flops
-        for unit, _ in per_unit:
-            flops.setdefault(unit, 0)
-
-        # A masked softmax's test counts only on chunks its mask holds in part (Step.test_flops).
-        tests = [(unit, _per_element(n)) for unit, n in step.test_flops]
-        for unit, _ in tests:
-            flops.setdefault(unit, 0)
-
-        extra = [(products if unit == "tensor" else unit, _per_element(n), axes) for unit, n, axes in step.bookkeeping]
-        for unit, _, _ in extra:
-            flops.setdefault(unit, 0)
-
-        def count():
-            elements = math.prod(self.extents(axes))
-            for unit, n in per_unit:
-                flops[unit] += n * elements
-            if tests and self.chunk_status == "partial":
-                for unit, n in tests:
-                    flops[unit] += n * elements
-            for unit, n, over in extra:
-                flops[unit] += n * math.prod(self.extents(over))
-
-        return count if per_unit or tests or extra else (lambda: None)
+        flops[unit] = flops.get(unit, 0) + n
 
     # -- compiling the Program into closures (their set-up runs once, not once per trip)
     def run(self) -> tuple[dict, Counts]:
@@ -437,13 +478,11 @@ class _Interpreter:
         if handler is None:
             raise AssertionError(f"napkin bug: the NumPy backend has no step {step.op!r}")
         run_step = handler(step)
-        count_flops = self.flop_counter(step)
         count_fragments = self.fragment_counter(step)
         counts = self.counts
 
         def run():
             run_step()
-            count_flops()
             count_fragments()
             counts.steps += 1
 
@@ -527,14 +566,18 @@ class _Interpreter:
         self.values[level][name] = np.asarray(tile)
         self.starts[level][name] = self.origin(axes)
 
-    @staticmethod
-    def product(box: Contract, operands, out_axes):
-        """A closure computing a contraction's product of the current operand tiles."""
+    def product(self, box: Contract, operands, out_axes):
+        """A closure computing a contraction's product of the current operand tiles, counting
+        2 operations (a multiply-add) per element of its iteration space, read off the tiles."""
         contract = _contraction([r.axes for r in box.operands], out_axes)
         names = [r.array for r in box.operands]
+        reads = [(r.array, r.axes) for r in box.operands]
+        unit = self.products[self.launch.index]
 
         def product():
             tiles = operands()
+            lengths = {axis: length for name, axes in reads for axis, length in zip(axes, tiles[name].shape)}
+            self.count(unit, 2 * math.prod(lengths.values()))
             return contract(*(tiles[n] for n in names))
 
         return product
@@ -566,6 +609,7 @@ class _Interpreter:
 
         def operand():
             evaluator.arrays = operands()
+            evaluator.elements = math.prod(self.extents(axes))
             chosen = untested if untested is not None and self.chunk_status == "full" else expr
             values = self.evaluate(s, lambda: evaluator.expression(chosen).aligned(axes))
             return np.broadcast_to(values, self.extents(axes))
@@ -612,6 +656,7 @@ class _Interpreter:
 
             def compute():
                 evaluator.arrays = operands()
+                evaluator.elements = math.prod(self.extents(axes))
                 chosen = untested if untested is not None and self.chunk_status == "full" else box.expr
                 result = self.evaluate(s, lambda: evaluator.expression(chosen).aligned(axes))
                 self.store(level, target, axes, np.broadcast_to(result, self.extents(axes)).astype(dtype))
@@ -621,13 +666,26 @@ class _Interpreter:
             operand = self.named_operand(s, operands)
             along = tuple(s.iteration_axes.index(a) for a in box.axes)
             kept = tuple(a for a in s.iteration_axes if a not in box.axes)
-            reduce = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "lse": logsumexp}[box.op]
-            initial = {"max": {"initial": -np.inf}, "min": {"initial": np.inf}}.get(box.op, {})
+            count = self.count
+            if box.op == "lse":
+                reduce = functools.partial(_logsumexp, count=count)
+            else:  # one operation per value reduced; a mean divides each result by the count
+                function = {"sum": np.sum, "mean": np.sum, "max": np.max, "min": np.min}[box.op]
+                initial = {"max": {"initial": -np.inf}, "min": {"initial": np.inf}}.get(box.op, {})
+                divisor = math.prod(self.sizes[a] for a in box.axes) if box.op == "mean" else None
+
+                def reduce(values, axis):
+                    count("fma", values.size)
+                    result = function(values, axis=axis, **initial)
+                    if divisor is None:
+                        return result
+                    count("fma", np.size(result))
+                    return result / values.dtype.type(divisor)
 
             align = _aligner(kept, axes)
 
             def compute():
-                result = align(reduce(operand(), axis=along, **initial))
+                result = align(reduce(operand(), axis=along))
                 self.store(level, target, axes, np.broadcast_to(result, self.extents(axes)).astype(dtype))
 
             return compute
@@ -637,11 +695,14 @@ class _Interpreter:
 
             def compute():
                 # The reference's softmax: the maximum subtracted first, a fully masked row 0.
-                self.store(level, target, axes, masked_softmax(operand(), along).astype(dtype, copy=False))
+                self.store(level, target, axes, _softmax(operand(), along, self.count).astype(dtype, copy=False))
 
             return compute
         if isinstance(box, Opaque):
+            flops = opaque_flops(box)  # declared by signature only: its FLOPs are a symbol per copy
+
             def compute():
+                self.count("opaque", flops * math.prod(self.extents(s.woven)))
                 evaluator = _TileEvaluator(self.diagram, dict(zip(self.ranges, self.extents(self.ranges))), self.scalars, self.impls)
                 evaluator.arrays = operands()
                 self.store(level, target, axes, self.evaluate(s, lambda: evaluator.opaque(s, box)).astype(dtype))
@@ -663,6 +724,7 @@ class _Interpreter:
             # after a streamed softmax) can be a NumPy scalar, which `*=` rebinds instead of
             # updating, and the factor would be lost.
             values[target] = np.asarray(tile * (factor.values if not factor.axes else factor.aligned(held)), dtype=tile.dtype)
+            self.count("fma", values[target].size)
 
         return apply
 
@@ -684,7 +746,7 @@ class _Interpreter:
 
     def step_rescale(self, step: Step) -> Callable[[], None]:
         s, level = step.statement, step.level
-        values = self.values[level]
+        values, count = self.values[level], self.count
         if self.roles[s.index] == "online":
             # m' = max(m, max over the chunk); scale = exp(m - m'); m = m'
             operand = self.named_operand(s, self.operands(s, level, numpy_dtype(step.dtype)))
@@ -696,12 +758,16 @@ class _Interpreter:
             align_max = _aligner(chunk_axes, m_axes)
 
             def rescale():
-                chunk_max = align_max(np.max(operand(), axis=along, initial=-np.inf))
+                chunk = operand()
+                chunk_max = align_max(np.max(chunk, axis=along, initial=-np.inf))
                 m = values[m_name]
                 m_new = np.maximum(m, chunk_max)
                 # A row masked so far (m = -inf) has nothing to rescale: its factor is 0, not NaN.
                 self.store(level, scale_name, scale_axes, np.where(m == -np.inf, 0.0, np.exp(m - m_new)).astype(m.dtype))
                 self.store(level, m_name, m_axes, m_new)
+                count("fma", chunk.size)  # the chunk's max
+                count("fma", 2 * m.size)  # the new max, old - new
+                count("special", m.size)  # exp(old - new)
 
             return rescale
         # a contraction consuming the online softmax: O.acc *= scale
@@ -713,6 +779,7 @@ class _Interpreter:
 
         def rescale():
             values[acc_name] *= align_scale(values[scale_name])
+            count("fma", values[acc_name].size)
 
         return rescale
 
@@ -733,12 +800,17 @@ class _Interpreter:
         align_max, align_sum = _aligner(m_axes, axes), _aligner(chunk_axes, l_axes)
         align_scale, align_p = _aligner(scale_axes, l_axes), _aligner(axes, held)
 
+        count = self.count
+
         def online():
             m = align_max(values[m_name])
             # Masked entries are -inf and become 0; a row masked so far subtracts 0, not -inf.
             p = np.subtract(operand(), np.where(m == -np.inf, 0.0, m).astype(m.dtype))
             np.exp(p, out=p)
             values[l_name] = values[l_name] * align_scale(values[scale_name]) + align_sum(np.sum(p, axis=along))
+            count("fma", 2 * p.size)  # subtract the max, sum
+            count("special", p.size)  # exp
+            count("fma", 2 * values[l_name].size)  # sum * factor + the chunk's sum
             self.store(level, s.target, held, align_p(p).astype(dtype, copy=False))
 
         return online
@@ -768,10 +840,14 @@ class _Interpreter:
 
         align = _aligner(kept, acc_axes)
 
+        count = self.count
+
         def accumulate():
-            part = align(reduce(operand(), axis=along, **initial))
+            chunk = operand()
+            part = align(reduce(chunk, axis=along, **initial))
             acc = values[acc_name]
             combine(acc, part, out=acc)
+            count("fma", chunk.size + acc.size)  # the chunk reduced, then combined with the running result
 
         return accumulate
 
@@ -793,15 +869,20 @@ class _Interpreter:
                 total = align_sum(values[l_name])
                 # A fully masked row summed nothing: its output is 0 (the reference's convention).
                 result = np.where(total == 0, 0.0, values[acc_name] / np.where(total == 0, 1.0, total)).astype(total.dtype)
+                self.count("fma", values[acc_name].size)  # the division by the sum
                 self.store(level, s.target, out.axes, align_out(result).astype(dtype, copy=False))
 
             return finalise
-        divisor = math.prod(self.sizes[a] for a in s.box.axes) if isinstance(s.box, Reduce) and s.box.op == "mean" else 1
+        # a mean divides by the count (by 1 too: the division is the model's, as the GPU code's)
+        divisor = math.prod(self.sizes[a] for a in s.box.axes) if isinstance(s.box, Reduce) and s.box.op == "mean" else None
 
         align_out = _aligner(acc_axes, out.axes)
 
         def finalise():
-            result = values[acc_name] / divisor if divisor != 1 else values[acc_name]
+            result = values[acc_name]
+            if divisor is not None:
+                result = result / divisor
+                self.count("fma", result.size)
             self.store(level, s.target, out.axes, align_out(result).astype(dtype))
 
         return finalise
@@ -820,6 +901,8 @@ class _Interpreter:
         def finalise():
             m = align_m(values[m_name])
             result = np.where(m == -np.inf, -np.inf, m + np.log(align_l(values[l_name])))
+            self.count("fma", m.size)  # max + log(sum)
+            self.count("special", m.size)
             self.store(level, s.target, out.axes, result.astype(dtype, copy=False))
 
         return finalise
