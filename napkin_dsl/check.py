@@ -42,6 +42,7 @@ from .diagram import (
     COMPARISONS,
     DTYPE_BYTES,
     OPERATORS,
+    REDUCTION_OPS,
     REDUCTIONS,
     UNARY_FUNCTIONS,
     Apply,
@@ -415,7 +416,7 @@ class _KernelChecker:
             )
             return None
         dtypes = [self.arrays[r.array].dtype for r in reads(operand)]
-        return Reduce(expr.name, tuple(expr.axes), operand), tuple(target_axes), tuple(target_axes), tuple(expr.axes), dtypes
+        return Reduce(REDUCTION_OPS[expr.name], tuple(expr.axes), operand), tuple(target_axes), tuple(target_axes), tuple(expr.axes), dtypes
 
     def softmax(self, stmt, expr: syn.Call, target_axes):
         if expr.axes is None or len(expr.axes) != 1:

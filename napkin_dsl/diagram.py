@@ -15,6 +15,12 @@ consumes (the box acts along them), its FLOPs per compute unit as sympy expressi
 arrays it reads. This module holds data and small queries only; it does not check anything
 (``check.py``), and it knows nothing of memory levels beyond the ``@level`` a statement names.
 
+The table of box kinds (:data:`BOX_KINDS`) says what each kind computes, unstreamed and step by
+step when streamed, per element of a space of its statement: the one source of the FLOPs that
+``check.py`` totals and ``pseudocode.py`` puts on the Program's steps. It does not yet hold a
+kind's role in the fusion theorem (``relabel.py``), its reference semantics (``reference.py``)
+or its printers' hooks (``backends/``).
+
 Elementwise expressions are a small tree (:class:`Read`, :class:`Const`, :class:`ScalarParam`,
 :class:`Index`, :class:`Apply`) that backends evaluate with broadcasting over named axes. An
 :class:`Index` is the element's index along an axis (masks: ``where(q >= x, S, -inf)``);
@@ -65,7 +71,10 @@ LOGICAL = {"and", "or", "not"}
 BOOLEAN_FUNCTIONS = set(COMPARISONS.values()) | LOGICAL  # Apply.fn values whose result is a boolean
 # lse[x](S) = log(sum[x](exp(S))), the log-sum-exp a FlashAttention backward reads (computed
 # stably: the maximum subtracted first; -inf when every entry is -inf).
-REDUCTIONS = {"sum", "max", "min", "mean", "lse"}
+# The reductions a statement may call, by name, to the operation it computes (Reduce.op): a
+# new name for an existing reduction is one entry here.
+REDUCTION_OPS = {"sum": "sum", "max": "max", "min": "min", "mean": "mean", "lse": "lse"}
+REDUCTIONS = set(REDUCTION_OPS)
 
 
 @dataclass(frozen=True)
