@@ -8,6 +8,7 @@ accumulator over ``FMA_ACCUMULATOR_BUDGET`` registers a thread stays in shared m
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import napkin_dsl as napkin
@@ -78,6 +79,15 @@ def test_the_accumulator_counts_per_thread_at_registers_not_in_shared_memory():
     assert not any("stays in shared memory" in note for note in report.notes)
 
 
+def test_f64_accumulators_take_two_registers_each():
+    program = kernel_of(matmul(64, 128, 16).replace("f32", "f64")).gpu_program(m=100, n=150, k=40)
+    (launch,) = program.launches
+    (acc,) = isel.fma_launch_accumulators(program, launch)[0].values()
+    assert (acc.values, acc.registers) == (accumulator_values(64, 128), 2 * accumulator_values(64, 128))
+    registers = cost_of(program).levels["registers"]
+    assert (registers.M, registers.M_bytes) == (acc.values, acc.values * 8)
+
+
 def test_an_accumulator_over_the_budget_stays_in_shared_memory_and_the_report_says_why():
     program = kernel_of(matmul(128, 256)).gpu_program(m=300, n=300, k=100)
     assert accumulator_values(128, 256) > isel.FMA_ACCUMULATOR_BUDGET
@@ -114,6 +124,8 @@ CASES = {
     "attention-f32": (ATTENTION_F32, dict(b=1, h=2, q=200, x=150, d=32)),
     "wide": (WIDE, dict(q=100, x=70, d=8, e=64)),
     "fig9": ((EXAMPLES / "paper/fig9.napkin").read_text(), dict(q=40, x=64, d=16)),
+    # double accumulators: two registers each, 32 of them a thread
+    "matmul-f64": (matmul(64, 128, 16).replace("f32", "f64"), dict(m=100, n=150, k=40)),
 }
 
 
@@ -123,7 +135,14 @@ def test_opencl_matches_reference(name, opencl_device):
     kernel = kernel_of(source)
     inputs, scalars = random_inputs(kernel.diagram, sizes, seed=3)
     outputs = opencl.run(kernel.gpu_program(None, **sizes), inputs, scalars)
-    assert_matches_reference(kernel.diagram, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), name)
+    expected = evaluate(kernel.diagram, inputs, scalars, sizes, keep_float64=True)
+    doubles = [n for n in kernel.diagram.outputs if kernel.diagram.arrays[n].dtype == "f64"]
+    for out in doubles:  # conftest's tolerances are for the 32- and 16-bit types: doubles are near exact
+        error = np.max(np.abs(outputs[out] - expected[out])) / np.max(np.abs(expected[out]))
+        assert error < 1e-12, (out, error)
+    if doubles:
+        return
+    assert_matches_reference(kernel.diagram, outputs, expected, name)
 
 
 # ---- compiled by NVRTC -------------------------------------------------------------------------------
@@ -137,7 +156,7 @@ def compiled(source: str, arch: str = "sm_90", **sizes):
     return compile_program(kernel_of(source).gpu_program(None, **sizes), arch)
 
 
-@pytest.mark.parametrize("name", ["matmul-128x64", "attention-f32", "wide", "fig9"])
+@pytest.mark.parametrize("name", ["matmul-128x64", "attention-f32", "wide", "fig9", "matmul-f64"])
 def test_compiles_without_spills_and_shared_memory_is_the_models(name):
     source, sizes = CASES[name]
     module = compiled(source, **sizes)
