@@ -1,7 +1,8 @@
 """napkin's on-disk cache: where it lives, and how files get there safely.
 
-Compiled kernels (``backends/nvrtc.py``) and the parse tables of the grammar (``syntax.py``)
-are cached under :func:`cache_root`. Every file is written to a temporary file in the same
+NVRTC's output by source (``backends/nvrtc.py``), compiled kernels by what their source is
+made from (``backends/compiled.py``) and the parse tables of the grammar (``syntax.py``) are
+cached under :func:`cache_root`. Every file is written to a temporary file in the same
 directory and renamed into place, so concurrent processes never read half a file; a file
 that cannot be read is treated as a miss and rebuilt.
 """

@@ -102,7 +102,7 @@ def test_imports_have_no_cycle():
     graph = import_graph()
     cycle = find_cycle(graph)
     if cycle:
-        steps = [f"{a} -> {b} (line {', '.join(map(str, sorted(graph[a][b])))})" for a, b in zip(cycle, cycle[1:])]
+        steps = [f"{a} -> {b} (line {', '.join(map(str, sorted(graph[a][b])))})" for a, b in zip(cycle, cycle[1:], strict=False)]
         raise AssertionError("import cycle:\n  " + "\n  ".join(steps))
 
 

@@ -15,7 +15,8 @@ version: a dict per compiler (a hit costs a hash of the source) and one file per
 the user cache directory (``$NAPKIN_CACHE_DIR``, else the platform's user cache directory
 for "napkin"), written to a temporary file and renamed into place so that processes compiling
 the same kernel at once never see half a file. :func:`clear_cache` (``napkin cache clear``)
-empties it.
+empties it, and the cache of ``compiled.py``, which finds a compiled kernel before its source
+is even generated.
 
 Two kinds of failure, two kinds of exception. :class:`NvrtcNotAvailable` is a
 :class:`~napkin_dsl.errors.NapkinError`: the user's environment lacks a usable NVRTC, and the
