@@ -665,7 +665,8 @@ class _KernelChecker:
             )
             return None
         if call.axes is not None:
-            self.out.error(f"{name} takes no axis list", call.span, "only sum, max, min, mean, lse and softmax act along an axis")
+            along = ", ".join(REDUCTION_OPS)  # the reductions of the box table, in its order
+            self.out.error(f"{name} takes no axis list", call.span, f"only {along} and softmax act along an axis")
             return None
         if name == "len":
             return self.length(call)
