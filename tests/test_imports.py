@@ -157,3 +157,18 @@ def test_imports_follow_the_pipeline():
               for a, targets in graph.items() for b, lines in targets.items()
               if stage[b] > stage[a] or stage[b] == stage[a] and not (a.startswith("napkin_dsl.backends") and b.startswith("napkin_dsl.backends"))]
     assert not upward, "imports against the pipeline:\n  " + "\n  ".join(upward)
+
+
+def test_napkin_check_loads_no_backend():
+    """The CLI imports each command's stages when the command runs: checking a file loads
+    neither NumPy, the code generators nor CUDA."""
+    example = PACKAGE.parent / "examples" / "attention.napkin"
+    code = ("import contextlib, io, sys\n"
+            "from napkin_dsl.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    assert main(['check', {str(example)!r}]) == 0\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'cuda', 'typeguard')\n"
+            "               or m.startswith(('napkin_dsl.backends', 'napkin_dsl.tune', 'napkin_dsl.render')))\n"
+            "print(' '.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert not out, f"napkin check imported {', '.join(out[:8])}"
