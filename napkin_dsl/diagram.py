@@ -73,7 +73,7 @@ BOOLEAN_FUNCTIONS = set(COMPARISONS.values()) | LOGICAL  # Apply.fn values whose
 # stably: the maximum subtracted first; -inf when every entry is -inf).
 # The reductions a statement may call, by name, to the operation it computes (Reduce.op): a
 # new name for an existing reduction is one entry here.
-REDUCTION_OPS = {"sum": "sum", "max": "max", "min": "min", "mean": "mean", "lse": "lse"}
+REDUCTION_OPS = {"sum": "sum", "max": "max", "min": "min", "mean": "mean", "lse": "lse", "logsumexp": "lse"}
 REDUCTIONS = set(REDUCTION_OPS)
 
 
