@@ -201,3 +201,18 @@ def test_numpy_counts_a_streamed_softmax_of_a_random_operand_as_the_model(operan
     assert counted.get("special", 0) == q * x * (2 * special + 1) + q * chunks
     assert counted["fma"] == q * x * (2 * (fma + 1) + 3) + 4 * q * chunks + q * d * chunks + q * d
     assert counted["tensor"] == 2 * q * x * d
+
+
+def test_check_shows_the_bookkeeping_on_a_line_of_its_own():
+    from napkin_dsl.cli import format_check
+
+    def example(name):
+        return napkin.load(next(p for p in NAPKIN_EXAMPLES if p.name == f"{name}.napkin"))[name]
+
+    attention = example("attention")
+    lines = format_check(attention).splitlines()
+    (line,) = [text for text in lines if "online bookkeeping" in text]
+    bookkeeping = bookkeeping_flops(attention.program())
+    assert line.endswith(", ".join(f"{unit} {value}" for unit, value in bookkeeping.items()))
+    assert lines.index(line) == next(i for i, text in enumerate(lines) if text.startswith("  total FLOPs:")) + 1
+    assert not any("bookkeeping" in text or "recomputed" in text for text in format_check(example("matmul")).splitlines())
