@@ -255,8 +255,9 @@ inline ushort nk_to_bf16(float v) {
 def ident(name: str) -> str:
     """A napkin name (array, axis, scalar, kernel, or a state buffer such as ``O.acc``) as the
     ASCII tail of a C identifier; the printers put a fixed prefix per kind in front (``g_`` global
-    arrays, ``s_`` shared buffers, ``f_`` fragments, ``p_`` scalars, ``i_ o_ n_ c_ b_ grp_`` per
-    axis, ``nk_c?_`` copy offsets, ``napkin_`` entries), and no prefix is a prefix of another.
+    arrays, ``s_`` shared buffers, ``f_`` fragments, ``r_`` register accumulators, ``p_``
+    scalars, ``i_ o_ n_ c_ b_ grp_`` per axis, ``nk_c?_`` copy offsets, ``napkin_`` entries), and
+    no prefix is a prefix of another.
 
     The notation allows any Unicode letters in names (``f32[Δ]``); NVRTC does not, in
     identifiers. The mapping is deterministic and injective, so distinct names never meet:
@@ -995,7 +996,6 @@ class Printer:
         thread's blocks. Blocks are dealt to threads in turn (thread t owns t, t + NK_THREADS,
         ...), as in the unregistered product; the loop has a constant trip count and is unrolled,
         so every register index is a compile-time constant."""
-        saved = dict(self.valid)
         blocks = {acc.am: f"(({self.extent_expr(acc.am)}) + {acc.rm - 1}) / {acc.rm}",
                   acc.an: f"(({self.extent_expr(acc.an)}) + {acc.rn - 1}) / {acc.rn}"}
         count = " * ".join(f"({blocks.get(a, self.extent_expr(a))})" for a in axes)
@@ -1016,7 +1016,6 @@ class Printer:
         body(j)
         self.depth -= 1
         self.emit("}")
-        self.valid = saved
 
     def owned_outputs(self, acc: FmaAccumulator, axes, body):
         """for each valid output this thread accumulates: body(register), the register's spelling."""
@@ -1329,11 +1328,11 @@ class Printer:
         acc = f"{s.target}.acc"
         denominators = [ref[1] for ref in step.reads if ref[1].endswith(".sum")]
         if isinstance(box, Contract) and acc in self.accumulators:
-            if denominators:  # a fully masked row summed nothing: 0, as in the reference
-                total = self.read(denominators[0], s.axes)
-                value = lambda r: f"({total} == {self.zero}) ? {self.zero} : {r} / {total}"  # noqa: E731
-            else:
-                value = lambda r: r  # noqa: E731
+            total = self.read(denominators[0], s.axes) if denominators else None
+
+            def value(r):  # a fully masked row summed nothing: 0, as in the reference
+                return r if total is None else f"({total} == {self.zero}) ? {self.zero} : {r} / {total}"
+
             self.finalise_registers(step, self.accumulators[acc], value)
             return
         if isinstance(box, Contract) and denominators:  # the online softmax's normalisation
