@@ -302,12 +302,6 @@ Box = Union[Contract, Map, Reduce, Softmax, Opaque]
 # normalising the output instead of every entry), is marked ``bookkeeping``: streamed FLOPs less the
 # bookkeeping are the unstreamed FLOPs, chunk by chunk.
 
-# The spaces a Work counts over, for a statement: its iteration space (target axes, then the
-# axes it consumes), its target's axes, or the axes woven over it (a softmax's rows, an opaque
-# box's copies).
-WORK_SPACES = ("elements", "outputs", "woven")
-
-
 @dataclass(frozen=True)
 class Work:
     """Operations of one step of a box, by compute unit, per element of ``space``.
@@ -317,7 +311,7 @@ class Work:
     streamed form does less)."""
 
     step: str
-    space: str
+    space: str  # "elements" (the statement's iteration space), "outputs" (its target's axes), "woven" (see work_axes)
     counts: tuple
     bookkeeping: bool = False
 
@@ -330,7 +324,6 @@ class BoxKind:
     """A kind of box: its name (``Box.kind``) and the work of its steps."""
 
     name = ""
-    streamable_roles: tuple[str, ...] = ()
 
     def flops(self, box) -> tuple[Work, ...]:
         """The unstreamed box: its ``compute`` step (and a contraction's ``scale`` step)."""
@@ -343,7 +336,6 @@ class BoxKind:
 
 class ContractKind(BoxKind):
     name = "contract"
-    streamable_roles = ("accumulate", "rescaled")
 
     def flops(self, box) -> tuple[Work, ...]:
         # A k-contraction costs 2k per output: 2 per element of the iteration space. A scalar
@@ -375,7 +367,6 @@ class MapKind(BoxKind):
 
 class ReduceKind(BoxKind):
     name = "reduce"
-    streamable_roles = ("accumulate", "lse")
 
     def flops(self, box) -> tuple[Work, ...]:
         counts = count_operations(box.operand)
@@ -408,7 +399,6 @@ class ReduceKind(BoxKind):
 
 class SoftmaxKind(BoxKind):
     name = "softmax"
-    streamable_roles = ("online",)
 
     def flops(self, box) -> tuple[Work, ...]:
         # Per element: the operand, running max, subtract, exp, sum, divide.
@@ -459,7 +449,9 @@ def box_kind(box) -> BoxKind:
 
 
 def work_axes(statement: "Statement", space: str) -> tuple[str, ...]:
-    """The axes of one of a statement's spaces (WORK_SPACES)."""
+    """The axes of one of a statement's spaces: its iteration space (target axes, then the axes
+    it consumes), its target's axes, or the axes woven over it (a softmax's rows, an opaque
+    box's copies)."""
     if space == "elements":
         return statement.iteration_axes
     if space == "outputs":

@@ -25,8 +25,11 @@ which decide per group tile and chunk whether the chunk is visited at all, teste
 whole (see "masks" below). The loop's trips are then the visited chunks of each group: cost
 and backends enumerate them with :func:`mask_visits` and :meth:`Mask.status`.
 
-This module does not price anything (``cost.py`` reads prices off the Program) and does not
-execute anything (``backends/``). Renderers for text and Markdown are at the end.
+Each step carries its FLOPs per element of its space, as the table of box kinds
+(``diagram.BOX_KINDS``) gives them for that step, with the streamed form's own work (its
+bookkeeping) apart. This module does not price anything (``cost.py`` reads prices off the
+Program) and does not execute anything (``backends/``). Renderers for text and Markdown are at
+the end.
 """
 
 from __future__ import annotations
