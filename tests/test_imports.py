@@ -172,3 +172,17 @@ def test_napkin_check_loads_no_backend():
             "print(' '.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert not out, f"napkin check imported {', '.join(out[:8])}"
+
+
+def test_every_public_name_resolves_and_kernel_stays_the_decorator():
+    """The package loads its public names on first use; importing the submodule
+    napkin_dsl.kernel (as the CLI does) must not replace the decorator napkin.kernel."""
+    code = ("import napkin_dsl.kernel, napkin_dsl.cli, napkin_dsl as napkin\n"
+            "missing = [n for n in napkin.__all__ if getattr(napkin, n, None) is None]\n"
+            "assert not missing, missing\n"
+            "assert callable(napkin.kernel) and napkin.kernel.__name__ == 'kernel', napkin.kernel\n"
+            "assert set(napkin.__all__) <= set(dir(napkin))\n"
+            "from napkin_dsl import f32, load\n"
+            "assert f32['q d'].axes == ('q', 'd') and load.__module__ == 'napkin_dsl.kernel'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
