@@ -37,7 +37,7 @@ def main() -> None:
     _, cold = timed(lambda: attention.cost("H100", **sizes))
     warm = []
     for q in range(8192 + 128, 8192 + 128 * 21, 128):  # new bindings: no cached Program
-        _, t = timed(lambda: attention.cost("H100", **{**sizes, "q": q}))
+        _, t = timed(lambda q=q: attention.cost("H100", **{**sizes, "q": q}))
         warm += t
     tune_matmul, t_matmul = timed(lambda: matmul.tune("H100", m=8192, n=8192, k=8192))
     tune_attention, t_attention = timed(lambda: attention.tune("H100", **sizes))

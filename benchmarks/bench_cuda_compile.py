@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     c = summary([w["cache_hit_s"] for w in whole])
     a_cpu = summary([w["whole_cpu_s"] for w in whole])
     b_cpu = summary([n["nvrtc_cpu_s"] for n in nvrtc])
-    paired = statistics.median(w["whole_s"] / n["nvrtc_s"] for w, n in zip(whole, nvrtc))
+    paired = statistics.median(w["whole_s"] / n["nvrtc_s"] for w, n in zip(whole, nvrtc, strict=False))
     sizes = " ".join(f"{k}={v}" for k, v in SIZES.items())
     print(f"diagram to cubin, cold: {EXAMPLE.relative_to(ROOT)} {sizes}, {args.arch}, NVRTC {'.'.join(map(str, nvrtc_version()))}")
     print(f"each row: median, min and max over {args.repeat} fresh processes with empty NAPKIN_CACHE_DIRs; "

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
             ("einsum reference (f32, whole arrays)", f"{reference_s * 1e3:.1f} ms", "1.00x")]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
-        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)))
     print(f"  steps executed {counts.steps:,}; max rel error vs einsum {error:.2e}; goal ratio <= 3")
     return 0 if ratio <= 3 and error < 1e-5 else 1
 

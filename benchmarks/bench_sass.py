@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     table = [header, *rows(args.arch or ARCHES)]
     widths = [max(len(row[c]) for row in table) for c in range(len(header))]
     for row in table:
-        print("  ".join([row[0].ljust(widths[0]), row[1].ljust(widths[1])] + [cell.rjust(w) for cell, w in zip(row[2:], widths[2:])]))
+        print("  ".join([row[0].ljust(widths[0]), row[1].ljust(widths[1])] + [cell.rjust(w) for cell, w in zip(row[2:], widths[2:], strict=False)]))
     print()
     print("hot-loop columns count the innermost loop with the most tensor, then FFMA, instructions; static counts")
     for label, _, _, sizes in CASES:

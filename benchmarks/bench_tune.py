@@ -63,7 +63,7 @@ def main() -> int:
     header = ("kernel", "hardware", "candidates", "fusion choices", "tune time", "best", "as written", "at gmem", "from")
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     for row in [header] + rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip())
     print(f"\ntarget: >= {MIN_CANDIDATES:,} candidates in < {MAX_SECONDS:g} s per search")
     if failed:
         print("MISSED: " + "; ".join(failed))

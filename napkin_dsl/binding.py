@@ -120,7 +120,7 @@ def arguments(diagram: Diagram, positional: tuple, named: dict) -> tuple[dict, d
     if len(positional) > len(diagram.params):
         raise NapkinCallError(f"{diagram.name} takes {len(diagram.params)} arguments ({', '.join(diagram.params)}), "
                               f"got {len(positional)} positional")
-    by_name = dict(zip(diagram.params, positional))
+    by_name = dict(zip(diagram.params, positional, strict=False))
     twice = [name for name in named if name in by_name]
     if twice:
         raise NapkinCallError(f"{diagram.name} got {', '.join(twice)} both by position and by name")
@@ -273,8 +273,8 @@ class _DLPackView:
         if strides is None:
             low, high = 0, math.prod(self.shape) * itemsize
         else:
-            low = sum(min(0, (n - 1) * s) for n, s in zip(self.shape, strides))
-            high = sum(max(0, (n - 1) * s) for n, s in zip(self.shape, strides)) + itemsize
+            low = sum(min(0, (n - 1) * s) for n, s in zip(self.shape, strides, strict=False))
+            high = sum(max(0, (n - 1) * s) for n, s in zip(self.shape, strides, strict=False)) + itemsize
         memory = (ctypes.c_char * (high - low)).from_address(self.address + low)
         view = np.ndarray(self.shape, self.dtype, buffer=memory, offset=-low, strides=strides)
         view.flags.writeable = False
@@ -287,7 +287,7 @@ class _DLPackView:
         for extent in reversed(self.shape):
             expected.append(step)
             step *= extent
-        return all(n == 1 or s == e for n, s, e in zip(self.shape, self.strides, reversed(expected)))
+        return all(n == 1 or s == e for n, s, e in zip(self.shape, self.strides, reversed(expected), strict=False))
 
 
 def _read_dlpack(value) -> _DLPackView:
@@ -584,7 +584,7 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
             elif refusal := _conversion_problem(value.dtype, target):
                 problems.add(f"{name}: {refusal} ({name} is declared {_dtype_text(declared.dtype)})")
                 convertible = False
-        for dim, (axis, size) in enumerate(zip(declared.axes, value.shape)):
+        for dim, (axis, size) in enumerate(zip(declared.axes, value.shape, strict=False)):
             if size == 0:
                 problems.add(f"axis {axis} has size 0 in {name} (dim {dim}); napkin kernels need at least one element along every axis")
                 continue

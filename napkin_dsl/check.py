@@ -466,7 +466,7 @@ class _KernelChecker:
             self.out.error(f"box {decl.name} takes {len(signature.inputs)} inputs, got {len(expr.args)}", expr.span, f"declared at {decl.span}")
             return None
         args, woven, consumed, dtypes = [], [], [], []
-        for position, (arg, (dtype, box_axes)) in enumerate(zip(expr.args, signature.inputs), start=1):
+        for position, (arg, (dtype, box_axes)) in enumerate(zip(expr.args, signature.inputs, strict=False), start=1):
             converted = self.expression(arg)
             if converted is None:
                 return None
@@ -539,7 +539,7 @@ class _KernelChecker:
             if left is None or right is None:
                 return None
             if Const(sympy.oo) in (left, right) or Const(-sympy.oo) in (left, right):
-                self.out.error(f"inf is only a value to select, as in where(COND, S, -inf); it takes no arithmetic",
+                self.out.error("inf is only a value to select, as in where(COND, S, -inf); it takes no arithmetic",
                                expr.span, "write -inf or inf as a whole argument of where")
                 return None
             # The name of an axis the statement iterates over is the element's index, 0 at the

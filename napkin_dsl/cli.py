@@ -148,12 +148,12 @@ def format_check(k: Kernel) -> str:
     lines.append("  axes: " + "  ".join(f"{name}={axis.size}" for name, axis in d.axes.items()))
     lines.append(f"  relabel: {k.relabel_text()}")
     rows = [("line", "statement", "box", "woven", "consumed", "FLOPs")]
-    for s, info in zip(d.statements, summary["statements"]):
+    for s, info in zip(d.statements, summary["statements"], strict=False):
         target = f"{s.target}[{' '.join(s.axes)}]" + (f" @{s.level}" if s.level else "")
         rows.append((str(info["line"]), target, s.box.kind, " ".join(s.woven) or "-", " ".join(s.consumed) or "-", str(s.total_flops)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
-        lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip())
     lines.append(f"  total FLOPs: {d.flops}")
     beyond = flops_beyond_diagram(k)
     for key, what in (("bookkeeping", "online bookkeeping of the streams"), ("recomputed", "recomputed in every group or chunk")):
@@ -318,7 +318,7 @@ def _stacked(svgs: list[str]) -> str:
     heights = [int(re.search(r'height="(\d+)"', svg).group(1)) for svg in svgs]
     widths = [int(re.search(r'width="(\d+)"', svg).group(1)) for svg in svgs]
     inner, y = [], 0
-    for svg, height in zip(svgs, heights):
+    for svg, height in zip(svgs, heights, strict=False):
         inner.append(svg.replace("<svg ", f'<svg y="{y}" ', 1))
         y += height
     return f'<svg xmlns="http://www.w3.org/2000/svg" width="{max(widths)}" height="{y}">\n' + "".join(inner) + "</svg>\n"

@@ -265,7 +265,7 @@ def statement_columns(program: Program, rows: list[dict] | None = None) -> list[
     for launch in program.launches:
         statements = launch.launch.statements
         sequence = list(walk(launch.body))
-        for index, ((step, loops), row) in enumerate(zip(sequence, by_launch.get(launch.index, []))):
+        for index, ((step, loops), row) in enumerate(zip(sequence, by_launch.get(launch.index, []), strict=False)):
             if step.op == "load":
                 reader = next((later.statement for later, _ in sequence[index + 1:] if later.statement is not None
                                and any(name == step.array for _, name in later.reads)), None)
@@ -390,7 +390,7 @@ class CostReport:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [f"cost of {self.kernel} on {self.hardware}" + (f" with {_fmt_sizes(self.sizes)}" if self.sizes else "")]
         for row in rows:
-            lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+            lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
         lines.append("  FLOPs: " + ", ".join(f"{unit} {_fmt(v)}" for unit, v in self.flops.items()) + f"  (total {_fmt(self.total_flops)})")
         if self.time.get("overlapped_s") is not None:
             t = self.time
@@ -697,7 +697,7 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
     schedule = program.schedule
     time: dict = {"overlapped_s": None, "serial_s": None, "compute_s": None}
     weighted = sympy.Integer(0)
-    for name, c in levels.items():
+    for c in levels.values():
         if c.bandwidth is not None:
             weighted += (c.H if hardware.counts == "values" else c.H_bytes) / c.bandwidth
     time["weighted_H"] = weighted

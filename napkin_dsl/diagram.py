@@ -42,7 +42,6 @@ DTYPE_BYTES = {
     "f64": 8, "f32": 4, "f16": 2, "bf16": 2, "fp8e4m3": 1, "fp8e5m2": 1, "i32": 4, "i64": 8,
 }
 DTYPE_ALIASES = {"fp8": "fp8e4m3"}
-LOW_PRECISION = {"f16", "bf16", "fp8e4m3", "fp8e5m2"}
 
 
 def canonical_dtype(name: str) -> str:

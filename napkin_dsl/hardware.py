@@ -101,10 +101,6 @@ class Hardware:
     def index(self, name: str) -> int:
         return self.level_names().index(name)
 
-    @property
-    def sm_count(self) -> int:
-        return self.compute_level.units
-
     def peak(self, unit: str, dtype: str) -> float | None:
         """Peak FLOP/s of a compute unit for a dtype: "fma", "special", "tensor" (the datasheet's
         tensor peak), or a tensor-core instruction path, "mma.sync" or "wgmma" (None where the

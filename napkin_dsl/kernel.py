@@ -527,7 +527,7 @@ def _outputs(function: Callable, returned: Any, body: syn.Module, source: _Funct
         if len(set(targets)) != len(targets):
             raise NapkinError(f"kernel {function.__name__!r}: the last statements assign {', '.join(targets)} more than once",
                               span, 'name the outputs instead: -> {"O": ..., "L": ...}')
-        return tuple(syn.Param(t, _annotation_type(a, t, "output", span), span) for t, a in zip(targets, members))
+        return tuple(syn.Param(t, _annotation_type(a, t, "output", span), span) for t, a in zip(targets, members, strict=False))
     last = body.statements[-1].target
     return (syn.Param(last, _annotation_type(returned, last, "return", span), span),)
 
@@ -602,7 +602,7 @@ def _sizes_from_shapes(diagram, arrays: dict, sizes: dict) -> dict | None:
         shape = getattr(value, "shape", None)
         if array is None or shape is None or len(shape) != len(array.axes):
             return None
-        for axis, size in zip(array.axes, shape):
+        for axis, size in zip(array.axes, shape, strict=False):
             if size <= 0 or found.setdefault(axis, int(size)) != size:
                 return None
     return found if all(axis in found for axis in diagram.axes) else None

@@ -178,7 +178,7 @@ def liveness(body) -> tuple[list, dict]:
         for loop in loops:
             start, end = loop_ranges.get(id(loop), (index, index))
             loop_ranges[id(loop)] = (min(start, index), max(end, index))
-    for index, (step, loops) in enumerate(sequence):
+    for step, loops in sequence:
         for ref in step.reads + step.writes:
             first, last = spans[ref]
             for loop in loops:
@@ -574,7 +574,7 @@ class Mask:
         """"masked", "partial" or "full" for the tile ``ranges`` (axis -> [start, stop), not
         empty), given the constraints' constants as numbers (:meth:`constants`)."""
         full = True
-        for constraint, constant in zip(self.constraints, constants):
+        for constraint, constant in zip(self.constraints, constants, strict=False):
             low = high = constant
             for axis, coefficient in constraint.coefficients:
                 start, stop = ranges[axis]
@@ -687,7 +687,7 @@ def _mask_streams(body: tuple, schedule: Schedule, launch: Launch) -> tuple:
             for step, _ in walk(inner):
                 if step.op == "online" and step.statement is not None:
                     producers = {s.target: s for s in launch.statements}
-                    mask = mask_of(step.statement, node.axis, lambda a: schedule.extent(a, compute), producers)
+                    mask = mask_of(step.statement, node.axis, lambda a, level=compute: schedule.extent(a, level), producers)
                     if mask is not None:
                         break
         if mask is not None:
@@ -782,7 +782,7 @@ def _group_visits(mask: Mask, constants: tuple, extents: tuple, lengths: tuple) 
 
     def interval(ranges, best: bool) -> tuple[int, int]:
         first, stop = 0, chunks
-        for constraint, constant in zip(mask.constraints, constants):
+        for constraint, constant in zip(mask.constraints, constants, strict=False):
             slope = dict(constraint.coefficients).get(x, 0)
             if slope == 0:
                 if not holds(constraint, constant, ranges, 0, best):
@@ -804,7 +804,7 @@ def _group_visits(mask: Mask, constants: tuple, extents: tuple, lengths: tuple) 
 
     out = []
     for combo in itertools.product(*(tiles(a) for a in others)):
-        ranges = dict(zip(others, combo))
+        ranges = dict(zip(others, combo, strict=False))
         first, stop = interval(dict(ranges), best=True)
         full_first, full_stop = interval(dict(ranges), best=False)
         out.append(GroupVisits(ranges, first, stop, full_first, full_stop))

@@ -219,7 +219,7 @@ class Evaluator:
         self.scalars = scalars
         self.impls = impls
         self.arrays: dict[str, np.ndarray] = {}  # float64, in each array's own axis order
-        self.letters = dict(zip(diagram.axes, string.ascii_letters))
+        self.letters = dict(zip(diagram.axes, string.ascii_letters, strict=False))
 
     def shape(self, axes) -> tuple[int, ...]:
         return tuple(self.sizes[a] for a in axes)
@@ -288,7 +288,7 @@ class Evaluator:
         def described(axes):
             return f"({', '.join(f'{a}={self.sizes[a]}' for a in axes)})"
 
-        call = ", ".join(f"{r.array}{described(woven + own)}" for r, (_, own) in zip(box.args, signature.inputs))
+        call = ", ".join(f"{r.array}{described(woven + own)}" for r, (_, own) in zip(box.args, signature.inputs, strict=False))
         implementation = self.impls.get(signature.name)
         if implementation is None:
             raise ReferenceFailure(
@@ -298,7 +298,7 @@ class Evaluator:
                 f"first and the box's own axes last, and returns one array",
             )
         views = []
-        for read, (_, own) in zip(box.args, signature.inputs):
+        for read, (_, own) in zip(box.args, signature.inputs, strict=False):
             axes = woven + tuple(own)
             # broadcast_to returns a read-only view: an implementation cannot write into our arrays.
             views.append(np.broadcast_to(NamedArray(self.arrays[read.array], read.axes).aligned(axes), self.shape(axes)))

@@ -335,10 +335,6 @@ def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[s
 # ---- building a schedule ------------------------------------------------------------------
 
 
-def _consumers_of(diagram: Diagram, axis: str) -> list[Statement]:
-    return [s for s in diagram.statements if axis in s.consumed]
-
-
 def make_schedule(
     diagram: Diagram,
     hardware: str | Hardware,

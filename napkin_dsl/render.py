@@ -441,7 +441,7 @@ def _ports(diagram: Diagram, statement: Statement, inputs: list) -> tuple[list, 
     lanes = [a for a in statement.axes if a in statement.woven]
     if isinstance(box, Opaque):
         in_ports = []
-        for read, (_, box_axes) in zip(box.args, box.box.inputs):
+        for read, (_, box_axes) in zip(box.args, box.box.inputs, strict=False):
             in_ports += [(read.array, axis) for axis in box_axes]
         produced = box.box.outputs[0][1]
         out_ports = [a for a in produced if a not in lanes]
@@ -657,14 +657,14 @@ class Renderer:
         if not self.columns:
             return self.stack(self.unused, self.top)
         first = self.columns[0]
-        placed = list(zip(first.inputs, first.input_tops))
+        placed = list(zip(first.inputs, first.input_tops, strict=False))
         placed += [(a, t) for a, t in self.stack(first.passing, self.pass_top) if a not in first.inputs]
         below = max((t + self.height(a) + BUNDLE_GAP for a, t in placed), default=self.pass_top)
         return placed + self.stack(self.unused, max(below, self.pass_top))
 
     def arrival(self, column: Column) -> list:
         """(array, top) of the bundles entering a column: operands first, then the rest."""
-        return list(zip(column.inputs, column.input_tops)) + self.stack(column.passing, self.pass_top)
+        return list(zip(column.inputs, column.input_tops, strict=False)) + self.stack(column.passing, self.pass_top)
 
     def departure(self, column: Column) -> list:
         """(array, top) of the bundles leaving a column: its result on top, then the rest."""
@@ -697,7 +697,7 @@ class Renderer:
         core = 0.0
         for column in self.columns:
             column.input_tops = [t for _, t in self.stack(column.inputs, top)]
-            inputs_bottom = max((t + self.height(a) for a, t in zip(column.inputs, column.input_tops)), default=top)
+            inputs_bottom = max((t + self.height(a) for a, t in zip(column.inputs, column.input_tops, strict=False)), default=top)
             column.lane_ys = [wire_y(top, k) for k in range(len(column.lanes))]
             port_top = wire_y(top, len(column.lanes)) + (LANE_GAP if column.lanes else 0)
             box = column.statement.box
@@ -796,9 +796,9 @@ class Renderer:
     def inner_shift(self, column: Column) -> float:
         """How far an operand wire travels to its lane or port."""
         shift = 0.0
-        for array, top in zip(column.inputs, column.input_tops):
+        for array, top in zip(column.inputs, column.input_tops, strict=False):
             for k, axis in enumerate(wires_of(self.diagram, array)):
-                ends = [y for port, y in zip(column.in_ports, column.in_port_ys) if port == (array, axis)]
+                ends = [y for port, y in zip(column.in_ports, column.in_port_ys, strict=False) if port == (array, axis)]
                 if not ends and axis in column.lanes:
                     ends = [column.lane_ys[column.lanes.index(axis)]]
                 shift = max([shift] + [abs(y - wire_y(top, k)) for y in ends])
@@ -871,7 +871,7 @@ class Renderer:
     def axis_labels(self, array: str, top: float, x: float, level: str):
         d = self.drawing
         colour = self.colour(level)
-        for k, (axis, text) in enumerate(zip(wires_of(self.diagram, array), self.wire_labels(array, level))):
+        for k, (axis, text) in enumerate(zip(wires_of(self.diagram, array), self.wire_labels(array, level), strict=False)):
             y = wire_y(top, k) - 4
             d.text(x, y, text, fill=colour, title=axis if axis and truncate(axis, MAX_AXIS_CHARS) != axis else None)
             if level != self.levels.top and axis and self.partitions.grouped(axis):
@@ -977,7 +977,7 @@ class Renderer:
         index = column.statement.index
         for array, top in self.stack(column.passing, self.pass_top):
             self.bundle_straight(array, top, column.entry, column.end, self.level_in(array, index))
-        for i, (array, top) in enumerate(zip(column.inputs, column.input_tops)):
+        for i, (array, top) in enumerate(zip(column.inputs, column.input_tops, strict=False)):
             level = self.level_of(array)
             if array in self.entry_loads[index]:
                 self.bundle_straight(array, top, column.entry, column.load_x, level)
@@ -1004,10 +1004,10 @@ class Renderer:
         compute = self.levels.compute
         x0, x1 = column.inner, column.zone
         arrivals: dict = {}
-        for array, top in zip(column.inputs, column.input_tops):
+        for array, top in zip(column.inputs, column.input_tops, strict=False):
             for k, axis in enumerate(wires_of(self.diagram, array)):
                 y = wire_y(top, k)
-                ends = [py for port, py in zip(column.in_ports, column.in_port_ys) if port == (array, axis)]
+                ends = [py for port, py in zip(column.in_ports, column.in_port_ys, strict=False) if port == (array, axis)]
                 if not ends and axis in column.lanes:
                     ends = [column.lane_ys[column.lanes.index(axis)]]
                     arrivals[ends[0]] = arrivals.get(ends[0], 0) + 1
@@ -1058,7 +1058,7 @@ class Renderer:
         rect = _element("rect", x=fmt(x0), y=fmt(column.box_top), width=fmt(x1 - x0), height=fmt(column.box_bottom - column.box_top),
                         rx=4, fill=BOX_FILL, stroke=BOX_STROKE, stroke_width="1.2")
         d.add("boxes", f"<g><title>{escape(statement_text(s))}</title>{rect}</g>")
-        for axis, y in zip(column.lanes, column.lane_ys):
+        for axis, y in zip(column.lanes, column.lane_ys, strict=False):
             # Woven axes pass over the box: a white halo breaks its outline under them.
             d.path("wires", straight(x0 - 3, x1 + 3, y), stroke="#ffffff", width=5, merge=False)
             self.wire(straight(column.zone, column.outer, y), axis, self.levels.compute, over=True)
@@ -1074,7 +1074,7 @@ class Renderer:
     def cap_groups(self, column: Column) -> dict:
         """Port heights of each contracted axis."""
         groups: dict = {}
-        for (_, axis), y in zip(column.in_ports, column.in_port_ys):
+        for (_, axis), y in zip(column.in_ports, column.in_port_ys, strict=False):
             if axis in column.statement.consumed:
                 groups.setdefault(axis, []).append(y)
         return groups
@@ -1116,7 +1116,7 @@ class Renderer:
         compute = self.levels.compute
         colour = self.colour(compute)
         bar = x0 + 14
-        for (_, axis), y in zip(column.in_ports, column.in_port_ys):
+        for (_, axis), y in zip(column.in_ports, column.in_port_ys, strict=False):
             if axis in column.statement.consumed:
                 self.wire(straight(column.zone, bar, y), axis, compute)
                 self.drawing.path("marks", f"M{fmt(bar)} {fmt(y - 5)}V{fmt(y + 5)}", stroke=colour, width=2)
@@ -1126,13 +1126,13 @@ class Renderer:
     def draw_ports(self, column: Column, x0: float, x1: float, labelled: bool = True, only_scalars: bool = False):
         """Wires that end at the box's edges: an opaque box's ports (named inside), axis-less operands."""
         compute = self.levels.compute
-        for (_, axis), y in zip(column.in_ports, column.in_port_ys):
+        for (_, axis), y in zip(column.in_ports, column.in_port_ys, strict=False):
             if only_scalars and axis != "":
                 continue
             self.wire(straight(column.zone, x0, y), axis, compute)
             if labelled and axis:
                 self.drawing.text(x0 + 4, y + 3, axis_text(self.diagram, axis), size=SMALL_SIZE, fill=MUTED, background=False)
-        for axis, y in zip(column.out_ports, column.out_port_ys):
+        for axis, y in zip(column.out_ports, column.out_port_ys, strict=False):
             self.wire(straight(x1, column.outer, y), axis, compute)
             if labelled and axis:
                 self.drawing.text(x1 - 4, y + 3, axis_text(self.diagram, axis), size=SMALL_SIZE, fill=MUTED, anchor="end", background=False)

@@ -189,7 +189,7 @@ class TuneResult:
             return head + "\n" + self.table()
         rows = [self._HEADER] + self._rows()
         widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEADER) - 1)]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=False)) + "  " + r[-1] for r in rows]
         return head + "\n" + "\n".join("  " + line.rstrip() for line in lines)
 
     def _repr_html_(self) -> str:
@@ -438,7 +438,7 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
             report = cost_of(plan(diagram, profile, block, sizes))
             partitions = [(c.level, p) for c in block.levels for p in c.partitions]
             knobs = [Knob(level, p.kind, p.axis, p.targets) for level, p in partitions]
-            values = {k: p.size for k, (_, p) in zip(knobs, partitions)}
+            values = {k: p.size for k, (_, p) in zip(knobs, partitions, strict=False)}
             candidates.append(Configuration({k.axis: v for k, v in values.items()}, report.time.get("overlapped_s"), report,
                                             knobs, values, origin="as written"))
         except RelabelError:
@@ -515,7 +515,7 @@ def _curves(ranked: list) -> dict:
     curves: dict[str, dict] = {}
     for scored in ranked:
         for estimate, _, knobs, combo in scored:
-            for knob, size in zip(knobs, combo):
+            for knob, size in zip(knobs, combo, strict=False):
                 curve = curves.setdefault(knob_label(knob), {})
                 if estimate < curve.get(size, math.inf):
                     curve[size] = estimate
@@ -605,7 +605,7 @@ class _Search:
     def _laid_out(self, diagram: Diagram, index: int | None, knobs: list, combo: tuple) -> frozenset | None:
         """With these tiles, the launches (of scope ``index``, or all) whose contractions
         instruction selection keeps on the FMA path; None when a level overflows."""
-        schedule = make_schedule(diagram, self.profile, _block(diagram, self.profile, knobs, dict(zip(knobs, combo))), self.sizes)
+        schedule = make_schedule(diagram, self.profile, _block(diagram, self.profile, knobs, dict(zip(knobs, combo, strict=False))), self.sizes)
         program = elaborate(schedule)
         if index is not None:
             program = Program(schedule, (program.launches[index],))
@@ -633,7 +633,7 @@ class _Search:
                 break
             picks = [scored[min(rank, len(scored) - 1)] for scored in ranked]
             knobs = [k for _, _, pick_knobs, _ in picks for k in pick_knobs]
-            values = {k: v for _, _, pick_knobs, combo in picks for k, v in zip(pick_knobs, combo)}
+            values = {k: v for _, _, pick_knobs, combo in picks for k, v in zip(pick_knobs, combo, strict=False)}
             try:
                 report = cost_of(plan(diagram, self.profile, _block(diagram, self.profile, knobs, values), self.sizes))
             except RelabelError:
@@ -710,7 +710,7 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
         """The predicted time of one candidate (None when it does not fit), its launches in
         ``on_fma`` priced on the FMA path."""
         values = evaluate(*combo)
-        for used, limit in zip(values, capacity):
+        for used, limit in zip(values, capacity, strict=False):
             if used > limit:
                 return None
         smem = (values[compute_level_at] if compute_level_at is not None else 1) or 1
@@ -761,14 +761,12 @@ class AbstractOptimum:
         symbols = [sympy.Symbol(k.symbol.name, positive=True, integer=True) for k in self.groups]
         self.axis_size = 2**20
         axis_values = {sympy.Symbol(a, positive=True, integer=True): sizes.get(a, self.axis_size) for a in diagram.axes}
-        self.H_symbolic = costs.H
         # Group sizes H does not depend on (axes every array carries) stay 1: larger ones only cost memory.
         self.relevant = [costs.H.has(symbol) for symbol in symbols]
         self.H = sympy.lambdify(symbols, costs.H.subs(axis_values), "math")
         self.M = sympy.lambdify(symbols, costs.M.subs(axis_values), "math")
         self.H0 = costs.H.subs({s: sympy.oo for s in symbols})
         self.H0_value = float(self.H0.subs(axis_values)) if self.H0.is_finite else 0.0
-        self.unit_memory = float(self.M(*([1] * len(symbols))))
 
     def at(self, capacity: float) -> tuple[float, tuple]:
         points = max(12, int(25000 ** (1 / max(1, sum(self.relevant)))))
@@ -824,7 +822,7 @@ def _tune_abstract(diagram: Diagram, profile: Hardware, block, sizes: dict, star
     # be a constant the fit never measured).
     optimum = model.H0 if beta == 0 else sympy.Symbol("alpha") * sympy.Symbol("M", positive=True) ** (-beta) + model.H0
     _, best = model.at(model.fit_capacity)
-    sizes_at_fit = {k.axis: round(v) for k, v in zip(model.groups, best)}
+    sizes_at_fit = {k.axis: round(v) for k, v in zip(model.groups, best, strict=False)}
     sizes_at_fit.update({k.axis: 1 for k in model.knobs if k.kind == "stream"})
     # The knobs travel with the configuration: its relabel line and block are written from them.
     configurations = [Configuration(sizes_at_fit, None, knobs=list(model.knobs),
@@ -897,10 +895,10 @@ def plot_svg(result: TuneResult) -> str:
         note = f" (chosen {chosen[label]}: off the grid searched)" if outside else ""
         parts.append(f'<text x="{x0 + left}" y="{y0 + 16}" font-size="11">{html.escape(label + note)}</text>')
         parts.append(f'<rect x="{x0 + left}" y="{y0 + top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>')
-        points = [at(size, t) for size, t in zip(sizes, times)]
+        points = [at(size, t) for size, t in zip(sizes, times, strict=False)]
         parts.append('<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="'
                      + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>')
-        for size, (x, y) in zip(sizes, points):
+        for size, (x, y) in zip(sizes, points, strict=False):
             mark = chosen.get(label) == size
             parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{4 if mark else 2.5}" fill="{"#d62728" if mark else "#1f77b4"}">'
                          f'<title>{size}: {curve[size] * 1e6:.4g} us{" (chosen)" if mark else ""}</title></circle>')
@@ -957,5 +955,5 @@ def compare_table(columns: list[dict]) -> str:
     errors = [f"  {c['label']}: {c['error']}" for c in columns if "error" in c]
     warnings = [f"  {c['label']}: {w}" for c in columns for w in c.get("warnings", [])]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(r, widths, strict=False)).rstrip() for r in rows]
     return "\n".join(lines + (["errors:"] + errors if errors else []) + (["warnings:"] + warnings if warnings else []))

@@ -380,10 +380,10 @@ def format_table(rows: list[Row], columns: list = COLUMNS) -> str:
     reasons of its fma launches (those that have a contraction to put on tensor cores)."""
     cells = [row.cells() for row in rows]
     widths = [max([len(header)] + [len(c[key]) for c in cells]) for header, key, _ in columns]
-    lines = ["  ".join(f"{header:{align}{w}}" for (header, _, align), w in zip(columns, widths)).rstrip()]
+    lines = ["  ".join(f"{header:{align}{w}}" for (header, _, align), w in zip(columns, widths, strict=False)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
     for c in cells:
-        lines.append("  ".join(f"{c[key]:{align}{w}}" for (_, key, align), w in zip(columns, widths)).rstrip())
+        lines.append("  ".join(f"{c[key]:{align}{w}}" for (_, key, align), w in zip(columns, widths, strict=False)).rstrip())
     for row in rows:
         for p in row.paths:
             if p["path"] == "fma" and p.get("reason") and p["reason"] != "no contraction":

@@ -71,7 +71,7 @@ AXIS_NAMES = ("i", "j", "k", "m", "n", "b", "h", "q", "x", "d", "r", "c", "t", "
 UNICODE_NAMES = ("Δ", "é")  # the notation allows Unicode letters in names
 DTYPES = ("f32", "bf16", "f16", "f64", "fp8", "fp8e5m2", "i32")
 DTYPE_WEIGHTS = (10, 3, 3, 1, 1, 1, 1)  # inputs; outputs draw from f32, bf16, f16, f64
-_WEIGHTED_DTYPES = tuple(d for d, w in zip(DTYPES, DTYPE_WEIGHTS) for _ in range(w))
+_WEIGHTED_DTYPES = tuple(d for d, w in zip(DTYPES, DTYPE_WEIGHTS, strict=False) for _ in range(w))
 UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "neg")
 # Limits that keep every value far inside f16's range and every function inside its domain.
 BIG = 1e3
@@ -1277,7 +1277,7 @@ def implementations(diagram, sizes: dict) -> dict:
 
             def box(*args, own=own, out=out):
                 value = 1.0
-                for arg, n in zip(args, own):
+                for arg, n in zip(args, own, strict=False):
                     value = value * np.sum(arg, axis=tuple(range(arg.ndim - n, arg.ndim)))
                 ramp = np.arange(1, math.prod(out) + 1, dtype=np.float64).reshape(out) / max(1, math.prod(out))
                 return np.multiply.outer(value, ramp)

@@ -132,7 +132,7 @@ def test_inputs_are_neither_written_nor_kept(attention, qkv):
     before = sys.getrefcount(q), sys.getrefcount(k), sys.getrefcount(v)
     out = attention(q, k, v)
     assert (sys.getrefcount(q), sys.getrefcount(k), sys.getrefcount(v)) == before  # nothing kept a reference
-    for array, copy in zip(qkv, copies):
+    for array, copy in zip(qkv, copies, strict=False):
         np.testing.assert_array_equal(array.astype(np.float32), copy.astype(np.float32))
         assert not np.shares_memory(out, array)
 
@@ -167,7 +167,7 @@ def test_other_backends_get_the_program_and_private_inputs(attention, qkv, monke
     (program, inputs, scalars), = calls
     assert program is attention.program(None, b=1, h=2, q=150, x=70, d=16)
     assert set(inputs) == {"Q", "K", "V"} and scalars == {}
-    assert not any(np.shares_memory(inputs[n], a) for n, a in zip("QKV", qkv))
+    assert not any(np.shares_memory(inputs[n], a) for n, a in zip("QKV", qkv, strict=False))
     assert out.shape == qkv[0].shape
 
 

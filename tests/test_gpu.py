@@ -95,7 +95,7 @@ def test_dry_run_compiles_every_example_and_prints_one_table(tmp_path):
     body = lines[3:3 + len(gpu_check.CASES)]
     assert [line.split()[0] for line in body] == [c.label for c in gpu_check.CASES]
     assert all(line.rstrip().endswith("compiled") for line in body)
-    by_label = dict(zip([c.label for c in gpu_check.CASES], body))
+    by_label = dict(zip([c.label for c in gpu_check.CASES], body, strict=False))
     for label in ("attention", "matmul"):
         assert _column(lines[1], by_label[label], "path") == "mma.sync", by_label[label]
         assert _column(lines[1], by_label[label], "bound")

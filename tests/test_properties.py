@@ -73,7 +73,7 @@ def nested_configurations(draw, kernel):
     """Groups of the same axis at l1 and l2 of three_level: inner tiles inside the outer tiles' tails."""
     sizes, partitions = draw(configurations(kernel))
     outer = []
-    for kind, axis, size in partitions:
+    for kind, axis, _size in partitions:
         if kind == "group" and draw(st.booleans()):
             outer.append((axis, draw(st.integers(1, sizes[axis] + 2))))
     return sizes, partitions, outer

@@ -290,7 +290,7 @@ def test_cost_rows_are_drawn_under_their_columns():
     drawing = layout(kernel, columns=FIG9_COLUMNS)
     assert layout_problems(drawing) == []
     cells = {t[4]: t for t in drawing.label_rects}
-    for column, box in zip(FIG9_COLUMNS, drawing.box_rects):
+    for column, box in zip(FIG9_COLUMNS, drawing.box_rects, strict=False):
         for key in ("label", "M", "H"):
             cell = cells[column[key]]
             assert abs((cell[0] + cell[2]) / 2 - (box[0] + box[2]) / 2) < 0.5, f"{column[key]} is not under its box"
@@ -330,7 +330,7 @@ def test_cost_cells_sit_under_their_boxes_and_totals_under_the_outputs():
     drawing = layout(kernel, True, costs=True)
     assert layout_problems(drawing) == []
     boxes = drawing.box_rects
-    for label, box in zip(("S", "P", "O"), boxes):
+    for label, box in zip(("S", "P", "O"), boxes, strict=False):
         cell = next(t for t in drawing.label_rects if t[4] == label and t[1] > box[3])
         assert abs((cell[0] + cell[2]) / 2 - (box[0] + box[2]) / 2) < 0.5
     total = next(t for t in drawing.label_rects if t[4] == "total")

@@ -59,7 +59,7 @@ def test_torch_inputs_are_copied_not_kept_or_written(attention, qkv):
     before = [t.clone() for t in tensors]
     out = attention(*tensors)
     out.zero_()  # the output owns its memory: writing it leaves the inputs alone
-    assert all(torch.equal(t, b) for t, b in zip(tensors, before))
+    assert all(torch.equal(t, b) for t, b in zip(tensors, before, strict=False))
 
 
 def test_strided_tensors_are_read_through_their_strides():

@@ -57,7 +57,7 @@ def test_materialise_is_what_the_checker_gives_for_gmem_written_in_the_source(ch
     assert variant.arrays.keys() == written.diagram.arrays.keys()
     for name, array in written.diagram.arrays.items():
         assert (variant.arrays[name].dtype, variant.arrays[name].level) == (array.dtype, array.level), name
-    for mine, theirs in zip(variant.statements, written.diagram.statements):
+    for mine, theirs in zip(variant.statements, written.diagram.statements, strict=False):
         assert (mine.target, mine.level, mine.dtype, mine.inputs) == (theirs.target, theirs.level, theirs.dtype, theirs.inputs)
     assert materialised(variant, profile) == frozenset(chosen)
     assert kernel.diagram.statements[2].level is None  # the input diagram is unchanged

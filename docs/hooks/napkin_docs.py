@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import html
 import io
 import logging
 import os
@@ -57,11 +56,6 @@ import textwrap
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
 
 from markdown.extensions import Extension
 from markdown.preprocessors import Preprocessor

@@ -299,9 +299,6 @@ class Device:
         _call("cuLaunchKernel", function, gx, gy, gz, bx, by, bz, int(shared_bytes), handle, ctypes.addressof(pointers), 0)
         del values  # the driver has copied the parameters by the time cuLaunchKernel returns
 
-    def create_stream(self) -> Any:
-        return _call("cuStreamCreate", 0)
-
     def synchronize(self, stream: Any = None) -> None:
         if stream is None:
             _call("cuCtxSynchronize")

@@ -388,7 +388,7 @@ class _Interpreter:
     def window(self, axes, starts) -> tuple[slice, ...]:
         """The current tile of ``axes`` inside a buffer whose tile starts at ``starts``."""
         ranges = self.ranges
-        return tuple(slice(ranges[a][0] - s, ranges[a][1] - s) for a, s in zip(axes, starts))
+        return tuple(slice(ranges[a][0] - s, ranges[a][1] - s) for a, s in zip(axes, starts, strict=False))
 
     def count_transfer(self, level: str, values: int, nbytes: int) -> None:
         counts = self.counts
@@ -576,7 +576,7 @@ class _Interpreter:
 
         def product():
             tiles = operands()
-            lengths = {axis: length for name, axes in reads for axis, length in zip(axes, tiles[name].shape)}
+            lengths = {axis: length for name, axes in reads for axis, length in zip(axes, tiles[name].shape, strict=False)}
             self.count(unit, 2 * math.prod(lengths.values()))
             return contract(*(tiles[n] for n in names))
 
@@ -703,7 +703,7 @@ class _Interpreter:
 
             def compute():
                 self.count("opaque", flops * math.prod(self.extents(s.woven)))
-                evaluator = _TileEvaluator(self.diagram, dict(zip(self.ranges, self.extents(self.ranges))), self.scalars, self.impls)
+                evaluator = _TileEvaluator(self.diagram, dict(zip(self.ranges, self.extents(self.ranges), strict=False)), self.scalars, self.impls)
                 evaluator.arrays = operands()
                 self.store(level, target, axes, self.evaluate(s, lambda: evaluator.opaque(s, box)).astype(dtype))
 
@@ -1275,7 +1275,7 @@ def format_check(name: str, result: dict) -> str:
         counted = (result["counted"] or {}).get(level, {})
         rows.append((level, _cell(counted.get("H")), _cell(predicted["H"]), _cell(counted.get("flops")), _cell(predicted.get("flops"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     for difference in result["count_differences"]:
         lines.append(f"  count mismatch: {difference}")
     if result.get("empty_tiles"):

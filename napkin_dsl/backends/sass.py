@@ -402,7 +402,7 @@ def format_sass_report(report: dict) -> str:
                          *(str(loop["classes"].get(k, "")) for k in keys), per_tensor])
         widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
         for row in rows:
-            cells = [row[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]
+            cells = [row[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=False)]
             lines.append("  " + "  ".join(cells).rstrip())
         if hottest is not None:
             lines.append("  * the hot loop: the innermost loop with the most tensor, then FFMA, instructions")
