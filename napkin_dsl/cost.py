@@ -627,12 +627,12 @@ def _masked_loop(launch):
 
 
 def masked_wave_efficiency(program: Program, slots: int) -> float | None:
-    """How well a masked launch fills its waves: thread blocks do unequal work (a causal query
+    """How well a masked launch keeps the SMs busy: thread blocks do unequal work (a causal query
     group near the start visits few chunks, one at the end all of them). Modelled as blocks issued
-    longest first (FlashAttention-2's reverse order for causal), each wave of ``slots`` blocks
-    lasting as long as its longest block (work = chunks visited): efficiency = total work /
-    (slots x sum over waves of the longest). Equal work gives blocks / (waves x slots), the
-    unmasked rule. None for a launch without a mask, several launches, or symbolic sizes."""
+    longest first (FlashAttention-2's reverse order for causal), each round of ``slots`` blocks
+    (one per SM) lasting as long as its longest block (work = chunks visited): efficiency = total
+    work / (slots x sum over rounds of the longest). Equal work gives blocks / (rounds x slots),
+    the unmasked rule. None for a launch without a mask, several launches, or symbolic sizes."""
     if len(program.launches) != 1:
         return None
     launch = program.launches[0]
@@ -729,11 +729,17 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
         resident = [r for r in [blocks_per_unit(schedule, compute_level.M_bytes)] if r is not None]
     if blocks and resident:
         per_sm, limit = min(resident)
-        slots = per_sm * schedule.hardware.level(schedule.compute_level).units
+        units = schedule.hardware.level(schedule.compute_level).units
+        slots = per_sm * units
         # Integer ceiling for an integer count of blocks: exact, and no float to overflow.
         waves = -(-blocks // slots) if isinstance(blocks, int) else math.ceil(blocks / slots)
-        efficiency = blocks / (waves * slots)
-        unequal = masked_wave_efficiency(program, slots)  # masked query groups do unequal work
+        # The block scheduler spreads blocks over the SMs before it doubles any up, and blocks
+        # sharing an SM share its units: the busiest SM runs ceil(blocks / SMs) blocks' work, so
+        # the compute units are busy blocks / (that x SMs) of the time, whatever blocks per SM
+        # (which decides waves and latency hiding, not throughput here).
+        rounds = -(-blocks // units) if isinstance(blocks, int) else math.ceil(blocks / units)
+        efficiency = blocks / (rounds * units)
+        unequal = masked_wave_efficiency(program, units)  # masked query groups do unequal work
         if unequal is not None:
             efficiency = time["masked_wave_efficiency"] = unequal
         compute_s /= efficiency
