@@ -62,7 +62,6 @@ from ..reference import constant_value
 from .compiled import KernelSource
 
 THREADS = FMA_THREADS
-WARP = 32
 ALIGN = 16
 
 
@@ -902,7 +901,6 @@ class Printer:
             return
         am, an = tile_axes
         rm, rn = (min(REGISTER_TILE, self.tile[am]), min(REGISTER_TILE, self.tile[an]))
-        first, second = box.operands[0], box.operands[1]
 
         def blocked(body):
             # The tile's extents along am and an counted in register blocks.
@@ -927,22 +925,7 @@ class Printer:
         def compute(store):
             self.emit(f"{self.real} acc[{rm}][{rn}];")
             self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) acc[u][v] = {self.zero};")
-            for axis in box.contracted:
-                self.emit(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{")
-                self.depth += 1
-            self.emit(f"{self.real} a[{rm}], b[{rn}];")
-            self.emit(f"for (int u = 0; u < {rm}; ++u) {{")
-            self.emit(f"    const int i_{ident(am)} = {self.interleaved(am, rm, 'u')};")
-            self.emit(f"    a[u] = (i_{ident(am)} < {self.extent_expr(am)}) ? {self.read(first.array, s.iteration_axes)} : {self.zero};")
-            self.emit("}")
-            self.emit(f"for (int v = 0; v < {rn}; ++v) {{")
-            self.emit(f"    const int i_{ident(an)} = {self.interleaved(an, rn, 'v')};")
-            self.emit(f"    b[v] = (i_{ident(an)} < {self.extent_expr(an)}) ? {self.read(second.array, s.iteration_axes)} : {self.zero};")
-            self.emit("}")
-            self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) acc[u][v] += a[u] * b[v];")
-            for _ in box.contracted:
-                self.depth -= 1
-                self.emit("}")
+            self.block_products(s, box, am, an, rm, rn, "acc[u][v]")
             self.each_output(am, an, rm, rn, store)
 
         if not staged:
@@ -1026,28 +1009,30 @@ class Printer:
         """X.acc += A * B with X.acc in this thread's registers: the products of every chunk go
         straight into the running sums, which never touch shared memory until finalise."""
         am, an, rm, rn = acc.am, acc.an, acc.rm, acc.rn
-        first, second = box.operands
         r = self.register(acc.name)
+        self.owned_blocks(acc, s.axes, lambda j: self.block_products(s, box, am, an, rm, rn, f"{r}[({j} * {rm} + u) * {rn} + v]"))
 
-        def product(j):
-            for axis in box.contracted:
-                self.emit(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{")
-                self.depth += 1
-            self.emit(f"{self.real} a[{rm}], b[{rn}];")
-            self.emit(f"for (int u = 0; u < {rm}; ++u) {{")
-            self.emit(f"    const int i_{ident(am)} = {self.interleaved(am, rm, 'u')};")
-            self.emit(f"    a[u] = (i_{ident(am)} < {self.extent_expr(am)}) ? {self.read(first.array, s.iteration_axes)} : {self.zero};")
+    def block_products(self, s, box: Contract, am: str, an: str, rm: int, rn: int, sum_uv: str):
+        """The products of one rm x rn register block over the contracted axes, added into
+        ``sum_uv`` (spelled with u and v): each operand value is read from shared memory once per
+        block (a[u] along am, b[v] along an), zero past the tile's valid extent."""
+        first, second = box.operands
+        for axis in box.contracted:
+            self.emit(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{")
+            self.depth += 1
+        self.emit(f"{self.real} a[{rm}], b[{rn}];")
+        self.emit(f"for (int u = 0; u < {rm}; ++u) {{")
+        self.emit(f"    const int i_{ident(am)} = {self.interleaved(am, rm, 'u')};")
+        self.emit(f"    a[u] = (i_{ident(am)} < {self.extent_expr(am)}) ? {self.read(first.array, s.iteration_axes)} : {self.zero};")
+        self.emit("}")
+        self.emit(f"for (int v = 0; v < {rn}; ++v) {{")
+        self.emit(f"    const int i_{ident(an)} = {self.interleaved(an, rn, 'v')};")
+        self.emit(f"    b[v] = (i_{ident(an)} < {self.extent_expr(an)}) ? {self.read(second.array, s.iteration_axes)} : {self.zero};")
+        self.emit("}")
+        self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) {sum_uv} += a[u] * b[v];")
+        for _ in box.contracted:
+            self.depth -= 1
             self.emit("}")
-            self.emit(f"for (int v = 0; v < {rn}; ++v) {{")
-            self.emit(f"    const int i_{ident(an)} = {self.interleaved(an, rn, 'v')};")
-            self.emit(f"    b[v] = (i_{ident(an)} < {self.extent_expr(an)}) ? {self.read(second.array, s.iteration_axes)} : {self.zero};")
-            self.emit("}")
-            self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) {r}[({j} * {rm} + u) * {rn} + v] += a[u] * b[v];")
-            for _ in box.contracted:
-                self.depth -= 1
-                self.emit("}")
-
-        self.owned_blocks(acc, s.axes, product)
 
     def finalise_registers(self, step: Step, acc: FmaAccumulator, value):
         """X = value(X.acc) from this thread's registers into X's tile. Where X takes the bytes
