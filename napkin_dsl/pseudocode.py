@@ -74,9 +74,14 @@ class Buffer:
     dtype: str
 
 
+# Every kind of step a Program holds. A Step of any other kind cannot be made, and every
+# backend has a handler for each (tests/test_steps.py), so no consumer meets an unknown one.
+STEP_KINDS = ("load", "save", "alloc", "init", "compute", "online", "rescale", "accumulate", "finalise")
+
+
 @dataclass(frozen=True)
 class Step:
-    op: str  # load save alloc init compute online rescale accumulate finalise
+    op: str  # one of STEP_KINDS
     level: str
     axes: tuple[str, ...]  # axes the step spans: the array moved, or the iteration space
     reads: tuple[tuple[str, str], ...] = ()  # (level, buffer name)
@@ -98,6 +103,13 @@ class Step:
     # The step's other work, over other axes than `flop_space` (a mean's division per output):
     # (unit, operations per element of axes, axes).
     flops_over: tuple[tuple[str, object, tuple[str, ...]], ...] = ()
+    # The online softmax whose state this step reads (a rescaled contraction's rescale and
+    # finalise, a log-sum-exp's finalise): its target, from the stream's roles (relabel.StreamRoles).
+    online: str | None = None
+
+    def __post_init__(self):
+        if self.op not in STEP_KINDS:
+            raise ValueError(f"napkin bug: a step of unknown kind {self.op!r} (kinds: {', '.join(STEP_KINDS)})")
 
     @property
     def flop_space(self) -> tuple[str, ...]:
@@ -399,12 +411,10 @@ class _LaunchElaborator:
             ]
         if role == "rescaled":
             acc = (level, f"{s.target}.acc")
-            online = [self.diagram.producer(n) for n in s.inputs]
-            online = [p for p in online if p is not None and p.index in self.launch.streams[0].roles
-                      and self.launch.streams[0].roles[p.index] == "online"][0]
+            online = self.online_source(s)
             scale = (level, f"{online.target}.scale")
             return [
-                Step("rescale", level, s.axes, (acc, scale), (acc,), s.target, dtype=dtype, statement=s,
+                Step("rescale", level, s.axes, (acc, scale), (acc,), s.target, dtype=dtype, statement=s, online=online.target,
                      text=f"{s.target}.acc *= {online.target}.scale", **step_work(s, work, "rescale")),
                 Step("accumulate", level, s.iteration_axes, operands + (acc,), (acc,), s.target, dtype=dtype,
                      statement=s, text=f"{s.target}.acc += {_box_text(s)}", **step_work(s, work, "accumulate")),
@@ -426,27 +436,27 @@ class _LaunchElaborator:
                          text=f"{s.target} = {s.target}.acc")]
         if role == "rescaled":
             acc = (level, f"{s.target}.acc")
-            online = [p for p in (self.diagram.producer(n) for n in s.inputs)
-                      if p is not None and self.launch.streams[0].roles.get(p.index) == "online"][0]
+            online = self.online_source(s)
             denominator = (level, f"{online.target}.sum")
             out = self.buffer(s.target, level, s.axes, dtype)
-            return [Step("finalise", level, s.axes, (acc, denominator), (out,), s.target, dtype=dtype,
+            return [Step("finalise", level, s.axes, (acc, denominator), (out,), s.target, dtype=dtype, online=online.target,
                          **step_work(s, box_kind(box).streamed(box, role), "finalise"),
                          statement=s, text=f"{s.target} = {s.target}.acc / {online.target}.sum")]
         if role == "lse":
             # log-sum-exp = the online softmax's max + log(sum), once the stream has ended
-            online = self.lse_source(s)
+            online = self.online_source(s)
             m, total = (level, f"{online.target}.max"), (level, f"{online.target}.sum")
             out = self.buffer(s.target, level, s.axes, self.buffers[m].dtype)
-            return [Step("finalise", level, s.axes, (m, total), (out,), s.target, dtype=self.buffers[m].dtype,
+            return [Step("finalise", level, s.axes, (m, total), (out,), s.target, dtype=self.buffers[m].dtype, online=online.target,
                          **step_work(s, box_kind(box).streamed(box, role), "finalise"), statement=s,
                          text=f"{s.target} = {online.target}.max + log({online.target}.sum)")]
         return []
 
-    def lse_source(self, s: Statement) -> Statement:
-        """The streamed softmax whose state a log-sum-exp reads (relabel.stream_roles found it)."""
-        roles = self.launch.streams[0].roles
-        return next(p for p in self.launch.statements if roles.get(p.index) == "online" and p.box.operand == s.box.operand)
+    def online_source(self, s: Statement) -> Statement:
+        """The online softmax whose state a rescaled contraction or a log-sum-exp reads: the link
+        relabel.stream_roles made (StreamRoles.sources)."""
+        index = self.launch.streams[0].sources[s.index]
+        return next(p for p in self.launch.statements if p.index == index)
 
 
 def _box_text(s: Statement) -> str:

@@ -57,11 +57,16 @@ class StreamRoles:
     Roles: ``pre`` (before the loop), ``body`` (per chunk, stateless along the axis),
     ``accumulate`` (consumes the axis with a running sum/max/min), ``online`` (softmax along
     the axis feeding contractions: running max and sum with rescaling), ``rescaled`` (a
-    contraction consuming an online softmax), ``post`` (after the loop).
+    contraction consuming an online softmax), ``lse`` (the log-sum-exp read off an online
+    softmax's state), ``post`` (after the loop).
+
+    ``sources`` links each ``rescaled`` and ``lse`` statement to the online softmax whose state
+    (scale, sum, max) it reads: decided here once, read by the Program and every backend.
     """
 
     axis: str
     roles: dict  # statement index -> role
+    sources: dict = field(default_factory=dict)  # statement index -> index of its online softmax
 
 
 @dataclass(frozen=True)
@@ -228,6 +233,7 @@ def _line(statement: Statement) -> str:
 def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[str], diagram: Diagram, axis: str, span) -> StreamRoles:
     """Classify each statement's part in a stream over ``axis``, or raise why it cannot stream."""
     roles: dict[int, str] = {}
+    sources: dict[int, int] = {}
     carries: dict[str, bool] = {}  # array -> carries the streamed axis (per chunk)
     complete_after: set[str] = set()  # arrays complete only after the stream ends
     for name in inputs:
@@ -304,8 +310,10 @@ def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[s
             continue
         if isinstance(box, Contract):
             producers = [diagram.producer(n) for n in s.inputs]
-            online = any(p is not None and roles.get(p.index) == "online" for p in producers)
-            roles[s.index] = "rescaled" if online else "accumulate"
+            online = next((p for p in producers if p is not None and roles.get(p.index) == "online"), None)
+            roles[s.index] = "rescaled" if online is not None else "accumulate"
+            if online is not None:
+                sources[s.index] = online.index
         elif isinstance(box, Reduce) and box.op == "lse":
             # The log-sum-exp is the online softmax's state after the stream: its running max
             # plus the log of its running sum (read in the finalise step, no state of its own).
@@ -318,6 +326,7 @@ def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[s
                     s.span or span, f"write P = softmax[{axis}](...) of the same operand above it (and contract P), "
                                     f"or leave {axis} unpartitioned")
             roles[s.index] = "lse"
+            sources[s.index] = source.index
         elif isinstance(box, Reduce):
             roles[s.index] = "accumulate"
         elif isinstance(box, Opaque):
@@ -329,7 +338,7 @@ def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[s
             raise AssertionError("napkin bug: a map consumed an axis")
         carries[s.target] = False
         complete_after.add(s.target)
-    return StreamRoles(axis, roles)
+    return StreamRoles(axis, roles, sources)
 
 
 # ---- building a schedule ------------------------------------------------------------------

@@ -316,7 +316,7 @@ def test_a_dropped_factor_still_fails_the_check(monkeypatch):
     sizes = {"q": 64, "x": 64, "e": 64}
     assert check_run(kernel, None, sizes)["ok"]
     # A backend that forgets a contraction's scalar factor: the bug of item 3.
-    monkeypatch.setattr(backend._Interpreter, "scale_step", lambda self, step: (lambda: None))
+    monkeypatch.setattr(backend.Interpreter, "scale_step", lambda self, step: (lambda: None))
     result = check_run(kernel, None, sizes)
     assert result["max_rel_error"] == pytest.approx(1.0, abs=0.05)
     assert result["tolerance"] < 0.1 and not result["ok"]

@@ -717,6 +717,10 @@ class Printer:
         self.emit("}")
         self.emit(self.dialect.barrier)
 
+    def step_alloc(self, step: Step):
+        """An output's tile at a level: the Program allocates only above the compute level (the
+        cache's business, skipped in `step`); at the compute level the arena already holds it."""
+
     def real_type(self, step: Step) -> str:
         """double where the Program computes the step in f64 (pseudocode.compute_dtype: an f64
         operand) or a transfer moves f64 values in or out, float otherwise."""
@@ -1243,7 +1247,7 @@ class Printer:
             return
         # A contraction's running sum, rescaled by the online softmax's factor.
         acc = f"{s.target}.acc"
-        scale_ref = [ref for ref in step.reads if ref[1].endswith(".scale")][0][1]
+        scale_ref = f"{step.online}.scale"  # the online softmax the Program links it to
         if acc in self.accumulators:  # each thread its own outputs, in the order accumulate visits them
             self.owned_outputs(self.accumulators[acc], s.axes, lambda r: self.emit(f"{r} *= {self.read(scale_ref, s.axes)};"))
             return
@@ -1311,7 +1315,7 @@ class Printer:
                                                              f"{self.read(m, s.axes)} + {self.dialect.math('log', [self.read(total, s.axes)], self.real)}")
             return
         acc = f"{s.target}.acc"
-        denominators = [ref[1] for ref in step.reads if ref[1].endswith(".sum")]
+        denominators = [f"{step.online}.sum"] if step.online is not None else []  # a rescaled contraction's
         if isinstance(box, Contract) and acc in self.accumulators:
             total = self.read(denominators[0], s.axes) if denominators else None
 

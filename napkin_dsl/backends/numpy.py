@@ -343,7 +343,7 @@ def _aligner(source: tuple[str, ...], target: tuple[str, ...]) -> Callable[[np.n
     return lambda values: values[expand]
 
 
-class _Interpreter:
+class Interpreter:
     """The state of one execution: tile ranges, buffers per level, counts."""
 
     def __init__(self, program: Program, inputs: dict, scalars: dict, impls: dict | None):
@@ -630,8 +630,10 @@ class _Interpreter:
         except _Failure as failure:
             raise NapkinCallError(failure.message, s.span, failure.hint or f"while computing {s.target} = {s.describe()}") from None
 
-    def state(self, s: Statement, suffix: str, level: str) -> tuple[str, tuple[str, ...], np.dtype]:
-        buffer = self.launch.buffers[(level, f"{s.target}.{suffix}")]
+    def state(self, s: Statement | str, suffix: str, level: str) -> tuple[str, tuple[str, ...], np.dtype]:
+        """A piece of streaming state of statement ``s`` (or of the statement with that target)."""
+        target = s if isinstance(s, str) else s.target
+        buffer = self.launch.buffers[(level, f"{target}.{suffix}")]
         return buffer.name, buffer.axes, numpy_dtype(buffer.dtype)
 
     # -- compute
@@ -772,8 +774,7 @@ class _Interpreter:
             return rescale
         # a contraction consuming the online softmax: O.acc *= scale
         acc_name, acc_axes, _ = self.state(s, "acc", level)
-        online = self._online_producer(s)
-        scale_name, scale_axes, _ = self.state(online, "scale", level)
+        scale_name, scale_axes, _ = self.state(step.online, "scale", level)  # the link the Program stores
 
         align_scale = _aligner(scale_axes, acc_axes)
 
@@ -860,8 +861,7 @@ class _Interpreter:
         out = self.launch.buffers[(level, s.target)]
         dtype = numpy_dtype(out.dtype)
         if self.roles[s.index] == "rescaled":
-            online = self._online_producer(s)
-            l_name, l_axes, _ = self.state(online, "sum", level)
+            l_name, l_axes, _ = self.state(step.online, "sum", level)
 
             align_sum, align_out = _aligner(l_axes, acc_axes), _aligner(acc_axes, out.axes)
 
@@ -907,14 +907,6 @@ class _Interpreter:
 
         return finalise
 
-    def _online_producer(self, s: Statement) -> Statement:
-        for name in s.inputs:
-            producer = self.diagram.producer(name)
-            if producer is not None and self.roles.get(producer.index) == "online":
-                return producer
-        raise AssertionError(f"napkin bug: {s.target} is rescaled but reads no online softmax")
-
-
 def _empty(shape, dtype: np.dtype) -> np.ndarray:
     """A new tile whose every value shows it was never written: NaN for floats, 0 otherwise."""
     if dtype.kind in "iub":
@@ -947,7 +939,7 @@ def execute(program: Program, inputs: dict[str, np.ndarray], scalars: dict | Non
     missing = [name for name in diagram.scalars if name not in scalars]
     if missing:
         raise NapkinCallError(f"execute({diagram.name}) is missing scalar {', '.join(missing)}")
-    return _Interpreter(program, checked, scalars, impls).run()
+    return Interpreter(program, checked, scalars, impls).run()
 
 
 # ---- memory ------------------------------------------------------------------------------------

@@ -761,7 +761,7 @@ class TensorPrinter(Printer):
             self.each_element(None, per_row)
             return
         acc = f"{s.target}.acc"
-        scale_ref = next(ref for ref in step.reads if ref[1].endswith(".scale"))[1]
+        scale_ref = f"{step.online}.scale"  # the online softmax the Program links it to
         col = self.plan.fragments[acc].col
         self.each_element(col, lambda: self.emit(f"{self.element(acc, False)} *= {self.element(scale_ref, False)};"))
 
@@ -802,7 +802,7 @@ class TensorPrinter(Printer):
         acc = f"{s.target}.acc"
         col = self.plan.fragments[s.target].col
         in_rows = col is None
-        denominators = [ref[1] for ref in step.reads if ref[1].endswith(".sum")]
+        denominators = [f"{step.online}.sum"] if step.online is not None else []  # a rescaled contraction's
         if isinstance(box, Reduce) and box.op == "lse":
             (_, m), (_, total) = step.reads  # L = P.max + log(P.sum), -inf for a fully masked row
             value = lambda: (f"({self.element(m, in_rows)} == -NK_INF) ? -NK_INF : "
