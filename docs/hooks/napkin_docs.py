@@ -485,15 +485,20 @@ def dtypes_section() -> str:
 
 
 def _toml_comments(path: Path) -> tuple[str, dict]:
-    """The header comment of a profile, and the comment beside each value by (section, key)."""
+    """The header comment of a profile, and the comment of each value by (section, key): the
+    comment lines just above it (a source too long for one line) and the one beside it."""
     header, comments = [], {}
     section, level_index, started = "", -1, False
+    above: list[str] = []
     for raw in path.read_text().splitlines():
         line = raw.strip()
         if not started and line.startswith("#"):
             header.append(line.lstrip("#").strip())
             continue
         started = started or bool(line)
+        if line.startswith("#"):
+            above.append(line.lstrip("#").strip())
+            continue
         if line.startswith("[[level]]"):
             level_index += 1
             section = f"level{level_index}"
@@ -501,9 +506,12 @@ def _toml_comments(path: Path) -> tuple[str, dict]:
             section = line.split("]")[0].strip("[ ")
             if "#" in line:
                 comments[(section, "")] = line.split("#", 1)[1].strip()
-        elif "=" in line and "#" in line:
+        elif "=" in line:
             key = line.split("=", 1)[0].strip()
-            comments[(section, key)] = line.split("#", 1)[1].strip()
+            said = above + ([line.split("#", 1)[1].strip()] if "#" in line else [])
+            if said:
+                comments[(section, key)] = " ".join(said)
+        above = []
     return " ".join(header), comments
 
 
