@@ -71,3 +71,17 @@ def opencl_device():
             pytest.fail("no OpenCL device, and NAPKIN_REQUIRE_OPENCL is set (CI installs pocl-opencl-icd)")
         pytest.skip("no OpenCL device (pip install pyopencl; apt-get install pocl-opencl-icd)")
     return opencl.context()
+
+
+def has_nvdisasm() -> bool:
+    """Whether nvdisasm (the nvidia-cuda-nvdisasm wheel, or a CUDA toolkit's) can disassemble cubins."""
+    from napkin_dsl.backends.sass import NoDisassembler, find_nvdisasm
+
+    try:
+        find_nvdisasm()
+    except NoDisassembler:
+        return False
+    return True
+
+
+needs_nvdisasm = pytest.mark.skipif(not has_nvdisasm(), reason="nvdisasm not installed (pip install 'napkin-dsl[sass]')")

@@ -15,13 +15,13 @@ import pytest
 
 import napkin_dsl as napkin
 from napkin_dsl import isel
-from napkin_dsl.backends import opencl, sass
+from napkin_dsl.backends import opencl
 from napkin_dsl.backends.lowering import smem_bytes_by_launch
-from napkin_dsl.backends.sass import NoDisassembler, hot_loop, sass_report
+from napkin_dsl.backends.sass import hot_loop, sass_report
 from napkin_dsl.cost import columns, cost_of
 from napkin_dsl.reference import evaluate
 
-from .conftest import EXAMPLES, assert_matches_reference
+from .conftest import EXAMPLES, assert_matches_reference, needs_nvdisasm
 from .test_opencl import random_inputs
 
 F32 = 4  # bytes
@@ -193,15 +193,7 @@ def test_registers_instead_of_shared_memory_save_the_accumulator_tile(monkeypatc
     assert in_shared.launch_table()[0]["shared_bytes"] - in_registers["shared_bytes"] == 64 * 64 * F32
 
 
-def _has_nvdisasm() -> bool:
-    try:
-        sass.find_nvdisasm()
-    except NoDisassembler:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _has_nvdisasm(), reason="nvdisasm not installed (pip install 'napkin-dsl[sass]')")
+@needs_nvdisasm
 def test_sass_the_product_loop_stores_nothing_to_shared_memory_and_the_kernel_fewer(monkeypatch):
     sizes = dict(m=1024, n=1024, k=1024)
     (registers,) = sass_report(compiled(matmul(64, 64), **sizes))["launches"]

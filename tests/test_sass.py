@@ -20,23 +20,12 @@ from napkin_dsl.backends.sass import (
 )
 from napkin_dsl.cli import main
 
-from .conftest import EXAMPLES, ROOT
+from .conftest import EXAMPLES, ROOT, has_nvdisasm, needs_nvdisasm
 
 SIZES = {
     "matmul.napkin": {"m": 1024, "n": 1024, "k": 1024},
     "attention.napkin": {"b": 2, "h": 4, "q": 1024, "x": 1024, "d": 64},
 }
-
-
-def _has_nvdisasm() -> bool:
-    try:
-        sass.find_nvdisasm()
-    except NoDisassembler:
-        return False
-    return True
-
-
-needs_nvdisasm = pytest.mark.skipif(not _has_nvdisasm(), reason="nvdisasm not installed (pip install 'napkin-dsl[sass]')")
 
 
 def compiled(name: str, arch: str = "sm_90", **options):
@@ -189,7 +178,7 @@ def test_no_disassembler_is_a_user_error_naming_the_extra(monkeypatch):
 
 @pytest.fixture(scope="module")
 def reports():
-    if not _has_nvdisasm():
+    if not has_nvdisasm():
         pytest.skip("nvdisasm not installed (pip install 'napkin-dsl[sass]')")
     return {name: sass_report(compiled(name)) for name in SIZES}
 
