@@ -452,6 +452,13 @@ relabel m on H100:
 relabel x on H100:
     smem: group i 32
 """, {"i": 70}),
+    # an unstreamed log-sum-exp in f64 (its row max, shift and sum were float in the lowering)
+    "lse": ("""kernel l(S: f64[q x]) -> L: f64[q]:
+    L[q] = lse[x](S * 30)
+
+relabel l on H100:
+    smem: group q 4
+""", {"q": 12, "x": 40}),
     # an f64 scalar reaches the kernel unrounded
     "scalar": ("""kernel c(X: f64[i], s: f64) -> Y: f64[i]:
     Y[i] = X * s

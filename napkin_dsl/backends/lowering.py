@@ -1169,14 +1169,15 @@ class Printer:
         all_axes = tuple(rows) + tuple(reduced)
 
         def body():
-            self.emit("float top = -NK_INF;")
-            self.lane_loop(reduced, lambda: self.emit(f"top = {d.math('max', ['top', self.expression(operand, all_axes)])};"))
+            # in the step's type (double for an f64 step), as the softmax beside it
+            self.emit(f"{self.real} top = -NK_INF;")
+            self.lane_loop(reduced, lambda: self.emit(f"top = {d.math('max', ['top', self.expression(operand, all_axes)], self.real)};"))
             self.emit(f"top = {d.row_reduce('max', 'top')};")
-            self.emit("const float shift = (top == -NK_INF) ? 0.0f : top;")
-            self.emit("float total = 0.0f;")
-            self.lane_loop(reduced, lambda: self.emit(f"total += {d.math('exp', [self.expression(operand, all_axes) + ' - shift'])};"))
+            self.emit(f"const {self.real} shift = (top == -NK_INF) ? {self.zero} : top;")
+            self.emit(f"{self.real} total = {self.zero};")
+            self.lane_loop(reduced, lambda: self.emit(f"total += {d.math('exp', [self.expression(operand, all_axes) + ' - shift'], self.real)};"))
             self.emit(f"total = {d.row_reduce('sum', 'total')};")
-            finish(f"((top == -NK_INF) ? -NK_INF : shift + {d.math('log', ['total'])})")
+            finish(f"((top == -NK_INF) ? -NK_INF : shift + {d.math('log', ['total'], self.real)})")
 
         self.row_loop(rows, body)
 
