@@ -12,25 +12,24 @@ Kernel, nothing memoised) and must score at least 10,000 candidates in under 2 s
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # napkin is the working tree: run without installing
+
 import napkin_dsl as napkin
 from napkin_dsl.errors import NapkinError
+from tests.test_tune_fusion import ISSUE_SIZES, SWIGLU  # the issue's SwiGLU, one source
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = ROOT / "examples"
 
-SWIGLU = """\
-kernel swiglu(X: bf16[t m], W1: bf16[m f], W3: bf16[m f], W2: bf16[f e]) -> Y: bf16[t e]:
-    G[t f] = X[t m] * W1[m f]
-    U[t f] = X[t m] * W3[m f]
-    H[t f] = silu(G) * U
-    Y[t e] = H[t f] * W2[f e]
-"""
 
 CASES = [
     ("attention", lambda: napkin.load(EXAMPLES / "attention.napkin")["attention"], dict(b=4, h=32, q=8192, x=8192, d=128)),
-    ("swiglu (4-statement MLP)", lambda: napkin.load(SWIGLU)["swiglu"], dict(t=512, m=1024, f=2816, e=1024)),
+    ("swiglu (4-statement MLP)", lambda: napkin.load(SWIGLU)["swiglu"], dict(ISSUE_SIZES)),
 ]
 HARDWARE = ["A100", "H100", "H200"]
 MIN_CANDIDATES, MAX_SECONDS = 10_000, 2.0

@@ -19,6 +19,7 @@ check`` does not load the code generators, NumPy kernels or CUDA.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import hashlib
 import importlib.util
@@ -330,8 +331,10 @@ def cmd_compare(args) -> int:
 
     sizes = parse_sets(args.set)
     entries = []
-    for file, k in _load_all(args.files, args.kernel, args.hardware):
-        label = f"{file}:{k.name}" if len(args.files) > 1 or args.kernel is None and len(load_file(file)) > 1 else file
+    found = _load_all(args.files, args.kernel, args.hardware)
+    per_file = collections.Counter(file for file, _ in found)  # without --kernel: every kernel of the file
+    for file, k in found:
+        label = f"{file}:{k.name}" if len(args.files) > 1 or args.kernel is None and per_file[file] > 1 else file
         entries.append((label, k))
         for index, text in enumerate(args.relabel, 1):
             entries.append((f"{label} relabel {index}", k.relabelled(text)))

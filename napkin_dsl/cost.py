@@ -103,7 +103,16 @@ def step_total(program: Program, step: Step, loops: tuple[Loop, ...], axes: tupl
 def masked_elements(program: Program, mask, axes, partial: bool = False) -> int | None:
     """Over the tiles of the mask's axes (a group's tile, a chunk of the streamed axis) that a
     masked stream visits (``partial``: only those it holds in part), the sum of the tiles'
-    elements along those of ``axes`` the mask constrains; None when a size is symbolic."""
+    elements along those of ``axes`` the mask constrains; None when a size is symbolic.
+    Memoised per launch schedule: every masked step asks, with the same few arguments."""
+    memo = program.schedule._memo
+    key = ("masked elements", mask, tuple(axes), partial)
+    if key not in memo:
+        memo[key] = _masked_elements(program, mask, axes, partial)
+    return memo[key]
+
+
+def _masked_elements(program: Program, mask, axes, partial: bool) -> int | None:
     visits = mask_visits(mask, lambda a: program.schedule.axis_size(a))
     if visits is None:
         return None
@@ -567,7 +576,12 @@ def flops_by_unit(program: Program, arch: str | None = None, path: str | None = 
             elements = step_total(program, step, loops, step.flop_space)
             # a masked softmax's test runs only on the chunks its mask holds in part
             tested = step_total(program, step, loops, step.flop_space, partial=True) if step.test_flops else 0
-            amounts = [(unit, per_element * elements) for unit, per_element in _with_test(step.flops, step.test_flops, elements, tested)]
+            merged: dict = {}  # per unit, as one entry: the step's work on every element, the test's on `tested`
+            for unit, n in step.flops:
+                merged[unit] = merged.get(unit, 0) + n * elements
+            for unit, n in step.test_flops:
+                merged[unit] = merged.get(unit, 0) + sympy.Integer(n) * tested
+            amounts = list(merged.items())
             # the streamed form's own work, each over its own axes (the rows of a softmax's rescale)
             amounts += [(unit, n * step_total(program, step, loops, axes)) for unit, n, axes in step.flops_over + step.bookkeeping]
             for unit, amount in amounts:
@@ -626,6 +640,15 @@ def _masked_loop(launch):
     return next((lp for _, loops in walk(launch.body) for lp in loops if lp.mask is not None), None)
 
 
+def busy_fraction(blocks, units: int) -> float:
+    """The fraction of the time a launch's blocks keep the compute units busy. The block
+    scheduler spreads blocks over the SMs before it doubles any up, and blocks sharing an SM
+    share its units: the busiest SM runs ceil(blocks / SMs) blocks' work, whatever blocks per SM
+    (which decides waves and latency hiding, not throughput here)."""
+    rounds = -(-blocks // units) if isinstance(blocks, int) else math.ceil(blocks / units)
+    return blocks / (rounds * units)
+
+
 def masked_wave_efficiency(program: Program, slots: int) -> float | None:
     """How well a masked launch keeps the SMs busy: thread blocks do unequal work (a causal query
     group near the start visits few chunks, one at the end all of them). Modelled as blocks issued
@@ -680,17 +703,6 @@ def tiles_of(mask, program: Program, axis: str) -> range:
     return range(0, size, tile)
 
 
-def _with_test(flops, test_flops, elements, tested):
-    """(unit, operations per element of ``elements``) with a masked softmax's test folded in:
-    the test's operations count on ``tested`` elements only."""
-    if not test_flops:
-        return flops
-    merged = {unit: n for unit, n in flops}
-    for unit, n in test_flops:
-        merged[unit] = merged.get(unit, 0) + sympy.Integer(n) * tested / elements if elements else merged.get(unit, 0)
-    return tuple(merged.items())
-
-
 def predict_time(program: Program, levels: dict, priced: list, occupancy: dict | None = None) -> dict:
     """Roofline prediction; None entries where a rate, bandwidth or size is unknown."""
     hardware = program.hardware
@@ -733,12 +745,7 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
         slots = per_sm * units
         # Integer ceiling for an integer count of blocks: exact, and no float to overflow.
         waves = -(-blocks // slots) if isinstance(blocks, int) else math.ceil(blocks / slots)
-        # The block scheduler spreads blocks over the SMs before it doubles any up, and blocks
-        # sharing an SM share its units: the busiest SM runs ceil(blocks / SMs) blocks' work, so
-        # the compute units are busy blocks / (that x SMs) of the time, whatever blocks per SM
-        # (which decides waves and latency hiding, not throughput here).
-        rounds = -(-blocks // units) if isinstance(blocks, int) else math.ceil(blocks / units)
-        efficiency = blocks / (rounds * units)
+        efficiency = busy_fraction(blocks, units)
         unequal = masked_wave_efficiency(program, units)  # masked query groups do unequal work
         if unequal is not None:
             efficiency = time["masked_wave_efficiency"] = unequal

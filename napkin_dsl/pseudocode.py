@@ -556,10 +556,6 @@ class Constraint:
     constant: sympy.Expr  # a number or an expression in the axes' sizes (len(x) - len(q))
     strict: bool
 
-    def text(self) -> str:
-        terms = " + ".join(f"{c}*{a}" if c != 1 else a for a, c in self.coefficients).replace("+ -", "- ")
-        return f"{terms} + {self.constant} {'>' if self.strict else '>='} 0".replace("+ -", "- ")
-
 
 @dataclass(frozen=True)
 class Mask:
@@ -631,10 +627,13 @@ def mask_of(statement: Statement, axis: str, tile, producers: dict | None = None
                 format_expression(operand.args[0]), tested)
 
 
-def _constraints(condition) -> list[Constraint] | None:
+@functools.lru_cache(maxsize=256)
+def _constraints(condition) -> tuple[Constraint, ...] | None:
+    """The condition as linear constraints in the axis indices, or None. Cached: it depends on
+    the expression alone, and every elaboration (one per tuner candidate) asks again."""
     if isinstance(condition, Apply) and condition.fn == "and":
         parts = [_constraints(a) for a in condition.args]
-        return None if any(p is None for p in parts) else [c for p in parts for c in p]
+        return None if any(p is None for p in parts) else tuple(c for p in parts for c in p)
     if not (isinstance(condition, Apply) and condition.fn in ("ge", "gt", "le", "lt", "eq")):
         return None
     left, right = (_linear(a) for a in condition.args)
@@ -657,7 +656,7 @@ def _constraints(condition) -> list[Constraint] | None:
         if constant.free_symbols & set(symbols):
             return None
         out.append(Constraint(tuple(coefficients), constant, strict))
-    return out
+    return tuple(out)
 
 
 _INDEX = "index:"  # the prefix of the sympy symbol standing for an axis index in a constraint
@@ -694,9 +693,9 @@ def _mask_streams(body: tuple, schedule: Schedule, launch: Launch) -> tuple:
         mask = None
         if node.kind == "stream":
             compute = schedule.compute_level
+            producers = {s.target: s for s in launch.statements}
             for step, _ in walk(inner):
                 if step.op == "online" and step.statement is not None:
-                    producers = {s.target: s for s in launch.statements}
                     mask = mask_of(step.statement, node.axis, lambda a, level=compute: schedule.extent(a, level), producers)
                     if mask is not None:
                         break

@@ -210,10 +210,11 @@ def split_launches(diagram: Diagram, profile: Hardware) -> list[tuple[list[State
     return launches
 
 
-def carried_across(diagram: Diagram, profile: Hardware) -> list[tuple[Statement, Statement]]:
+def carried_across(diagram: Diagram, profile: Hardware, split: list | None = None) -> list[tuple[Statement, Statement]]:
     """(producer, first later reader) of each array written without ``@top`` but read by a later
-    launch: napkin saves it to the top level at the end of its launch and loads it in the reader's."""
-    split = split_launches(diagram, profile)
+    launch: napkin saves it to the top level at the end of its launch and loads it in the reader's.
+    ``split``: the diagram's split_launches, when the caller has it."""
+    split = split if split is not None else split_launches(diagram, profile)
     found = []
     for index, (statements, _, outputs) in enumerate(split):
         for s in statements:
@@ -494,7 +495,7 @@ def make_schedule(
     raise_collected(errors)
 
     notes = []
-    for producer, reader in carried_across(diagram, profile):
+    for producer, reader in carried_across(diagram, profile, split):
         notes.append(
             f"{producer.target} ({_line(producer)}) is read by {reader.target} ({_line(reader)}) after a launch boundary: "
             f"napkin saves it to {top} and loads it there, as if it were written {producer.target}[{' '.join(producer.axes)}] @{top}"

@@ -37,7 +37,7 @@ import sympy
 
 from . import syntax as syn
 from .check import check_size_bounds
-from .cost import CostReport, as_number, columns, cost_of, flops_by_unit, instruction_path, level_costs, step_total
+from .cost import CostReport, as_number, busy_fraction, columns, cost_of, flops_by_unit, instruction_path, level_costs, step_total
 from .diagram import DTYPE_BYTES, Contract, Diagram
 from .errors import NapkinError, RelabelError
 from .formatting import format_count, json_value
@@ -610,9 +610,13 @@ class _Search:
         if index is not None:
             program = Program(schedule, (program.launches[index],))
         shared = shared_cache_level(schedule)  # grouped after the fact (plan.py), as in _score
-        for name, level in level_costs(program, columns(program)).items():
-            used, capacity = as_number(level.M_bytes), as_number(level.capacity)
-            if name != shared and used is not None and capacity is not None and used > capacity:
+        rows = columns(program)
+        # M per level, as cost.level_costs reads it off the columns (no H or N needed here).
+        for name in {level for row in rows for level in row["M_bytes"]} - {shared}:
+            capacity = self.profile.level(name).capacity
+            capacity = as_number(bind(capacity, schedule.sizes)) if capacity is not None else None
+            used = [as_number(row["M_bytes"].get(name, 0)) for row in rows]
+            if capacity is not None and None not in used and max(used) > capacity:
                 return None
         return frozenset(launch.index for launch in program.launches
                          if any(isinstance(s.box, Contract) for s in launch.launch.statements)
@@ -702,7 +706,6 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
     # One compiled function per knob set: memory per level, compute per launch and path, traffic.
     evaluate = sympy.lambdify(symbols, memory_exprs + [sympy.Add(*terms[key]) for key in compute_keys] + [traffic_expr], "math")
     n_levels = len(level_names)
-    compute_level_at = level_names.index(compute_level) if compute_level in level_names else None
     units = profile.level(compute_level).units
     group_at = [(i, int(sizes[k.axis])) for i, k in enumerate(knobs) if k.kind == "group"]
 
@@ -713,15 +716,10 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
         for used, limit in zip(values, capacity, strict=False):
             if used > limit:
                 return None
-        smem = (values[compute_level_at] if compute_level_at is not None else 1) or 1
         n_blocks = 1
         for i, size in group_at:
             n_blocks *= -(-size // combo[i])
-        limit = capacity[compute_level_at] if compute_level_at is not None else smem
-        per_sm = max(1, min(32, int(limit // max(smem, 1))))
-        slots = units * per_sm
-        waves = -(-n_blocks // slots)
-        efficiency = n_blocks / (waves * slots)
+        efficiency = busy_fraction(n_blocks, units)  # the exact rule (cost.predict_time)
         compute = sum(values[n_levels + 2 * j + (index in on_fma)] for j, index in enumerate(launch_indices))
         return max(compute / efficiency, values[-1])
 

@@ -50,7 +50,6 @@ def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = Fals
     report = report if report is not None else cost_of(program, arch=arch)
     source, kernels = generate(program, report, arch)
     module = _compiler(arch, ptx).compile(source, f"napkin_{ident(program.diagram.name)}.cu")  # ASCII, as the entries
-    report = compiled_cost(program, arch, kernels, module.resources, report)
     return CompiledKernel(
         name=program.diagram.name,
         arch=arch,
@@ -58,7 +57,8 @@ def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = Fals
         image=module.image,
         launches=kernels,
         resources=module.resources,
-        planned=lambda: (program, report),
+        # costed with ptxas's counts only when asked: cuda.run never reads it
+        planned=lambda: (program, compiled_cost(program, arch, kernels, module.resources, report)),
         ptx=ptx,
     )
 

@@ -99,7 +99,7 @@ from ..diagram import (
 )
 from ..errors import NapkinCallError, NapkinError
 from ..pseudocode import Loop, Program, Step, walk, compute_dtype
-from ..reference import ELEMENTWISE
+from ..reference import ELEMENTWISE, logsumexp, masked_softmax
 from ..reference import Evaluator as _Evaluator
 from ..reference import NamedArray as _Named
 from ..reference import ReferenceFailure as _Failure
@@ -248,28 +248,20 @@ def _unit(expr: Apply) -> str:
 def _softmax(values: np.ndarray, along: int, count) -> np.ndarray:
     """:func:`napkin_dsl.reference.masked_softmax`, counting its operations: the max, the
     subtraction, exp, the sum and the division, each over every value."""
-    n = values.size
-    peak = np.max(values, axis=along, keepdims=True)
-    shifted = np.exp(values - np.where(peak == -np.inf, 0.0, peak))
-    total = np.sum(shifted, axis=along, keepdims=True)
-    result = np.where(total == 0, 0.0, shifted / np.where(total == 0, 1.0, total))
+    result = masked_softmax(values, along)
     for unit in ("fma", "fma", "special", "fma", "fma"):  # max, subtract, exp, sum, divide
-        count(unit, n)
+        count(unit, values.size)
     return result
 
 
 def _logsumexp(values: np.ndarray, axis, count) -> np.ndarray:
     """:func:`napkin_dsl.reference.logsumexp`, counting its operations: the max, the
     subtraction, exp and the sum over every value, the log and the max added back per result."""
-    n = values.size
-    peak = np.max(values, axis=axis, keepdims=True)
-    shift = np.where(peak == -np.inf, 0.0, peak)
-    total = np.sum(np.exp(values - shift), axis=axis, keepdims=True)
-    result = np.squeeze(np.log(total) + shift, axis=axis)
+    result = logsumexp(values, axis)
     for unit in ("fma", "fma", "special", "fma"):
-        count(unit, n)
-    count("special", total.size)
-    count("fma", total.size)
+        count(unit, values.size)
+    count("special", result.size)  # the log, per result
+    count("fma", result.size)  # the max added back
     return result
 
 
