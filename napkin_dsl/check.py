@@ -40,7 +40,6 @@ from . import syntax as syn
 from .diagram import (
     BINARY_FUNCTIONS,
     COMPARISONS,
-    DTYPE_BYTES,
     OPERATORS,
     REDUCTION_OPS,
     REDUCTIONS,
@@ -61,11 +60,11 @@ from .diagram import (
     ScalarParameter,
     Softmax,
     Statement,
-    accumulation_dtype,
     box_kind,
     canonical_dtype,
     expression_axes,
     indices,
+    intermediate_dtype,
     is_boolean,
     reads,
     statement_flops,
@@ -246,11 +245,9 @@ class _KernelChecker:
         elif stmt.level is not None and stmt.dtype is not None:
             # Written: H[b n] @gmem bf16 = ... stores H in bf16 (computed as usual, converted on save).
             dtype, role = canonical_dtype(stmt.dtype), "intermediate"
-        elif stmt.level is not None:
-            # A materialised intermediate is stored at the width of its widest operand.
-            dtype, role = max(operand_dtypes, key=lambda d: DTYPE_BYTES[d]) if operand_dtypes else "f32", "intermediate"
         else:
-            dtype, role = accumulation_dtype(operand_dtypes), "intermediate"
+            # A materialised intermediate is stored at the width of its widest operand.
+            dtype, role = intermediate_dtype(operand_dtypes, stmt.level is not None), "intermediate"
         array = Array(name, dtype, axes, role, stmt.level, stmt.span)
         self.arrays[name] = array
         self.defined_at[name] = stmt.span

@@ -56,6 +56,16 @@ def accumulation_dtype(dtypes) -> str:
     return "f64" if "f64" in set(dtypes) else "f32"
 
 
+def intermediate_dtype(operand_dtypes, materialised: bool) -> str:
+    """The dtype of an intermediate written without one: stored at the width of its widest
+    operand when materialised (saved below the top level and read back), else computed in the
+    accumulation dtype. The checker and plan.materialise both follow it."""
+    operand_dtypes = list(operand_dtypes)
+    if materialised:
+        return max(operand_dtypes, key=lambda d: DTYPE_BYTES[d]) if operand_dtypes else "f32"
+    return accumulation_dtype(operand_dtypes)
+
+
 # ---- elementwise functions ---------------------------------------------------------------
 
 # Functions that run on the special-function unit (MUFU) on NVIDIA GPUs; others are FMA-pipe.

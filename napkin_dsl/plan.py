@@ -24,7 +24,7 @@ import dataclasses
 from . import syntax as syn
 from .check import check_size_bounds
 from .cost import as_number, columns, max_of
-from .diagram import DTYPE_BYTES, Diagram, accumulation_dtype
+from .diagram import Diagram, intermediate_dtype
 from .errors import NapkinError
 from .hardware import Hardware, load_hardware
 from .pseudocode import Program, co_resident_blocks, elaborate, l2_candidates
@@ -67,11 +67,10 @@ def materialise(diagram: Diagram, profile: Hardware, chosen) -> Diagram:
             level = top if s.target in chosen else None
         array = arrays[s.target]
         if array.role != "output":
-            operand_dtypes = [arrays[name].dtype for name in s.inputs]
-            if level is not None:
-                dtype = max(operand_dtypes, key=lambda d: DTYPE_BYTES[d]) if operand_dtypes else "f32"
-            else:
-                dtype = accumulation_dtype(operand_dtypes)
+            # A dtype written on a materialisation (H @gmem bf16 = ...) stays while H stays there.
+            written = s.level is not None and array.dtype != intermediate_dtype((diagram.arrays[n].dtype for n in s.inputs), True)
+            kept = written and level == s.level
+            dtype = array.dtype if kept else intermediate_dtype((arrays[name].dtype for name in s.inputs), level is not None)
             arrays[s.target] = dataclasses.replace(array, dtype=dtype, level=level)
         else:
             arrays[s.target] = dataclasses.replace(array, level=level)

@@ -119,3 +119,21 @@ def test_the_decorated_form_takes_the_same_dtype():
     X, W, _ = inputs()
     np.testing.assert_array_equal(mlp3(X, W).astype(np.float64),
                                   np.maximum((X.astype(np.float64) @ W).astype(np.float16).astype(np.float64), 0))
+
+
+def test_the_tuners_fusion_choices_keep_a_written_dtype_while_its_array_stays_materialised():
+    from napkin_dsl.hardware import load_hardware
+    from napkin_dsl.plan import materialise
+
+    (kernel,) = napkin.load("""
+kernel m(X: f32[a k], W: f32[k n], V: f32[n c]) -> Y: f32[a c]:
+    H[a n] @gmem bf16 = X[a k] * W[k n]
+    G[a n] = gelu(H)
+    Y[a c] = G[a n] * V[n c]
+""").values()
+    h100 = load_hardware("H100")
+    both = materialise(kernel.diagram, h100, {"H", "G"})
+    assert (both.arrays["H"].dtype, both.arrays["H"].level) == ("bf16", "gmem")
+    assert both.arrays["G"].dtype == "bf16"  # stored at its widest operand's width: H's
+    fused = materialise(kernel.diagram, h100, {"G"})  # H moved on chip: computed in f32, as unwritten
+    assert (fused.arrays["H"].dtype, fused.arrays["H"].level) == ("f32", None)
