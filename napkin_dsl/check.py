@@ -37,12 +37,11 @@ from dataclasses import dataclass
 import sympy
 
 from . import syntax as syn
+from .boxes import REDUCTION_OPS, box_kind, statement_flops, work_axes
 from .diagram import (
     BINARY_FUNCTIONS,
     COMPARISONS,
     OPERATORS,
-    REDUCTION_OPS,
-    REDUCTIONS,
     UNARY_FUNCTIONS,
     Apply,
     Array,
@@ -60,15 +59,12 @@ from .diagram import (
     ScalarParameter,
     Softmax,
     Statement,
-    box_kind,
     canonical_dtype,
     expression_axes,
     indices,
     intermediate_dtype,
     is_boolean,
     reads,
-    statement_flops,
-    work_axes,
 )
 from .errors import NapkinError, NapkinTypeError, Span, raise_collected
 from .hardware import all_level_names, hardware_names, load_hardware
@@ -253,7 +249,7 @@ class _KernelChecker:
         self.defined_at[name] = stmt.span
         inputs = tuple(dict.fromkeys(r.array for r in _box_reads(box)))
         statement = Statement(len(self.statements), name, axes, box, woven, consumed, inputs, {}, dtype, stmt.span, stmt.level)
-        # FLOPs from the table of box kinds (diagram.BOX_KINDS), as the Program counts them
+        # FLOPs from the table of box kinds (boxes.BOX_KINDS), as the Program counts them
         flops = statement_flops(box_kind(box).flops(box), lambda space: sympy.Mul(*(self.axes[a].size for a in work_axes(statement, space))))
         self.statements.append(dataclasses.replace(statement, flops=flops))
 
@@ -280,7 +276,7 @@ class _KernelChecker:
         along. Without written target axes, the axes of the arrays the statement reads."""
         expr = stmt.expr
         scope = set(target_axes) if target_axes is not None else set(_syntax_array_axes(expr, self.arrays))
-        if isinstance(expr, syn.Call) and expr.axes is not None and (expr.name == "softmax" or expr.name in REDUCTIONS):
+        if isinstance(expr, syn.Call) and expr.axes is not None and (expr.name == "softmax" or expr.name in REDUCTION_OPS):
             scope |= set(expr.axes)
         return frozenset(scope)
 
@@ -307,7 +303,7 @@ class _KernelChecker:
 
     def _box(self, stmt: syn.Statement, target_axes):
         expr = stmt.expr
-        if isinstance(expr, syn.Call) and (expr.name == "softmax" or (expr.name in REDUCTIONS and expr.axes is not None) or expr.name in self.boxes):
+        if isinstance(expr, syn.Call) and (expr.name == "softmax" or (expr.name in REDUCTION_OPS and expr.axes is not None) or expr.name in self.boxes):
             if expr.name == "softmax":
                 return self.softmax(stmt, expr, target_axes)
             if expr.name in self.boxes:
@@ -655,7 +651,7 @@ class _KernelChecker:
 
     def call(self, call: syn.Call):
         name = call.name
-        if name == "softmax" or (name in REDUCTIONS and call.axes is not None) or name in self.boxes:
+        if name == "softmax" or (name in REDUCTION_OPS and call.axes is not None) or name in self.boxes:
             self.out.error(
                 f"{name}{_axes_text(call.axes) if call.axes else ''}(...) must be the whole right-hand side of a statement",
                 call.span, "give its result a name in a statement of its own, then use that name",
@@ -695,7 +691,7 @@ class _KernelChecker:
                                f"for a reduction write {name}[AXIS](EXPR)")
                 return None
             return Apply(name, tuple(args))
-        functions = sorted(UNARY_FUNCTIONS | BINARY_FUNCTIONS | REDUCTIONS | {"softmax", "where", "len"} | set(self.boxes))
+        functions = sorted(UNARY_FUNCTIONS | BINARY_FUNCTIONS | set(REDUCTION_OPS) | {"softmax", "where", "len"} | set(self.boxes))
         self.out.error(f"unknown function {name!r}", call.span,
                        _did_you_mean(name, functions) or f"known: {', '.join(functions)}; declare others with 'box'")
         return None
@@ -800,7 +796,7 @@ def _check_boxes(module: syn.Module, out: _Collector) -> dict:
         if decl.name in boxes:
             out.error(f"box {decl.name!r} is declared twice", decl.span, f"first declared at {boxes[decl.name].span}")
             continue
-        reserved = UNARY_FUNCTIONS | BINARY_FUNCTIONS | REDUCTIONS | {"softmax", "where", "len"}
+        reserved = UNARY_FUNCTIONS | BINARY_FUNCTIONS | set(REDUCTION_OPS) | {"softmax", "where", "len"}
         if decl.name in reserved:
             out.error(f"box {decl.name!r} has the name of a built-in function", decl.span, "choose another name")
             continue

@@ -15,11 +15,8 @@ consumes (the box acts along them), its FLOPs per compute unit as sympy expressi
 arrays it reads. This module holds data and small queries only; it does not check anything
 (``check.py``), and it knows nothing of memory levels beyond the ``@level`` a statement names.
 
-The table of box kinds (:data:`BOX_KINDS`) says what each kind computes, unstreamed and step by
-step when streamed, per element of a space of its statement: the one source of the FLOPs that
-``check.py`` totals and ``pseudocode.py`` puts on the Program's steps. It does not yet hold a
-kind's role in the fusion theorem (``relabel.py``), its reference semantics (``reference.py``)
-or its printers' hooks (``backends/``).
+What each kind of box computes, streams as and reduces with is the table of box kinds
+(``boxes.py``), which reads these types.
 
 Elementwise expressions are a small tree (:class:`Read`, :class:`Const`, :class:`ScalarParam`,
 :class:`Index`, :class:`Apply`) that backends evaluate with broadcasting over named axes. An
@@ -78,12 +75,7 @@ OPERATORS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow"}
 COMPARISONS = {">=": "ge", ">": "gt", "<=": "le", "<": "lt", "==": "eq", "!=": "ne"}
 LOGICAL = {"and", "or", "not"}
 BOOLEAN_FUNCTIONS = set(COMPARISONS.values()) | LOGICAL  # Apply.fn values whose result is a boolean
-# lse[x](S) = log(sum[x](exp(S))), the log-sum-exp a FlashAttention backward reads (computed
-# stably: the maximum subtracted first; -inf when every entry is -inf).
-# The reductions a statement may call, by name, to the operation it computes (Reduce.op): a
-# new name for an existing reduction is one entry here.
-REDUCTION_OPS = {"sum": "sum", "max": "max", "min": "min", "mean": "mean", "lse": "lse", "logsumexp": "lse"}
-REDUCTIONS = set(REDUCTION_OPS)
+# The reductions (sum, max, ..., lse) are named in the table of box kinds (boxes.REDUCTION_OPS).
 
 
 @dataclass(frozen=True)
@@ -298,185 +290,6 @@ class Opaque:
 
 
 Box = Union[Contract, Map, Reduce, Softmax, Opaque]
-
-
-# ---- the table of box kinds: what each kind computes -------------------------------------------
-#
-# One entry per kind of box says, in one place, the operations the box performs: unstreamed (one
-# ``compute`` step, and a contraction's ``scale`` step) and streamed, step by step (``init``,
-# ``accumulate``, ``rescale``, ``online``, ``finalise``), per element of a named space of its
-# statement. check.py totals the unstreamed work over a statement; pseudocode.py puts the work of
-# each step on the Program's steps; cost.py reads it off them. The streamed form's own work, which
-# the unstreamed algorithm does not do (rescaling the running state, evaluating an operand again,
-# normalising the output instead of every entry), is marked ``bookkeeping``: streamed FLOPs less the
-# bookkeeping are the unstreamed FLOPs, chunk by chunk.
-
-@dataclass(frozen=True)
-class Work:
-    """Operations of one step of a box, by compute unit, per element of ``space``.
-
-    ``counts``: (unit, operations) with units "tensor", "fma", "special" or "opaque" (a symbol).
-    ``bookkeeping``: work of the streamed form beyond the unstreamed algorithm (negative where the
-    streamed form does less)."""
-
-    step: str
-    space: str  # "elements" (the statement's iteration space), "outputs" (its target's axes), "woven" (see work_axes)
-    counts: tuple
-    bookkeeping: bool = False
-
-
-def _work(step: str, space: str, bookkeeping: bool = False, **units) -> Work:
-    return Work(step, space, tuple((unit, n) for unit, n in units.items() if n), bookkeeping)
-
-
-class BoxKind:
-    """A kind of box: its name (``Box.kind``) and the work of its steps."""
-
-    name = ""
-
-    def flops(self, box) -> tuple[Work, ...]:
-        """The unstreamed box: its ``compute`` step (and a contraction's ``scale`` step)."""
-        raise NotImplementedError(f"the FLOPs of a {self.name} box")
-
-    def streamed(self, box, role: str) -> tuple[Work, ...]:
-        """The box in a stream, in ``role`` (relabel.stream_roles), one Work per step and space."""
-        raise NotImplementedError(f"the FLOPs of a {self.name} box streamed as {role!r}")
-
-
-class ContractKind(BoxKind):
-    name = "contract"
-
-    def flops(self, box) -> tuple[Work, ...]:
-        # A k-contraction costs 2k per output: 2 per element of the iteration space. A scalar
-        # factor is one multiplication per output, a step of its own.
-        return (_work("compute", "elements", tensor=2),) + self.scale(box)
-
-    @staticmethod
-    def scale(box) -> tuple[Work, ...]:
-        return (_work("scale", "outputs", fma=1),) if box.scale is not None else ()
-
-    def streamed(self, box, role: str) -> tuple[Work, ...]:
-        product = _work("accumulate", "elements", tensor=2)
-        if role == "accumulate":
-            return (product,) + self.scale(box)
-        if role == "rescaled":
-            # Consuming an online softmax: the running sum is rescaled once per chunk, and the
-            # output divided by the softmax's sum once at the end (the unstreamed softmax divides
-            # every entry instead: see SoftmaxKind).
-            return (_work("rescale", "outputs", True, fma=1), product, _work("finalise", "outputs", True, fma=1)) + self.scale(box)
-        return super().streamed(box, role)
-
-
-class MapKind(BoxKind):
-    name = "map"
-
-    def flops(self, box) -> tuple[Work, ...]:
-        return (_work("compute", "elements", **count_operations(box.expr)),)
-
-
-class ReduceKind(BoxKind):
-    name = "reduce"
-
-    def flops(self, box) -> tuple[Work, ...]:
-        counts = count_operations(box.operand)
-        if box.op == "lse":
-            # computed stably: per element the max, subtract it, exp, sum; per output the log, plus the max
-            return (_work("compute", "elements", fma=counts["fma"] + 3, special=counts["special"] + 1),
-                    _work("compute", "outputs", fma=1, special=1))
-        # each element combined once into its result (which starts at 0, -inf or +inf); a mean
-        # then divides each result
-        work = (_work("compute", "elements", fma=counts["fma"] + 1, special=counts["special"]),)
-        return work + ((_work("compute", "outputs", fma=1),) if box.op == "mean" else ())
-
-    def streamed(self, box, role: str) -> tuple[Work, ...]:
-        counts = count_operations(box.operand)
-        if role == "accumulate" and box.op != "lse":
-            # each chunk reduced (from 0, -inf or +inf), then combined with the running result,
-            # once per output and chunk; a mean divides at the end
-            work = (_work("accumulate", "elements", fma=counts["fma"] + 1, special=counts["special"]),
-                    _work("accumulate", "outputs", True, fma=1))
-            return work + ((_work("finalise", "outputs", fma=1),) if box.op == "mean" else ())
-        if role == "lse":
-            # log-sum-exp read off a streamed softmax of the same operand: its max plus the log of
-            # its sum, per output, in place of the unstreamed lse's work (the max, exp and sum per
-            # element are the softmax's, not done again)
-            unstreamed = tuple(Work("finalise", w.space, w.counts) for w in self.flops(box))
-            saved = tuple(Work("finalise", w.space, tuple((unit, -n) for unit, n in w.counts), True) for w in unstreamed)
-            return unstreamed + (_work("finalise", "outputs", True, fma=1, special=1),) + saved
-        return super().streamed(box, role)
-
-
-class SoftmaxKind(BoxKind):
-    name = "softmax"
-
-    def flops(self, box) -> tuple[Work, ...]:
-        # Per element: the operand, running max, subtract, exp, sum, divide.
-        counts = count_operations(box.operand)
-        return (_work("compute", "elements", fma=counts["fma"] + 4, special=counts["special"] + 1),)
-
-    def streamed(self, box, role: str) -> tuple[Work, ...]:
-        if role != "online":
-            return super().streamed(box, role)
-        counts = count_operations(box.operand)
-        return (
-            # rescale: the operand for the chunk's max, per element; per row, the new max, the
-            # factor exp(old - new)
-            _work("rescale", "elements", fma=counts["fma"] + 1, special=counts["special"]),
-            _work("rescale", "woven", True, fma=2, special=1),
-            # online: the rest of the unstreamed softmax's work per element (subtract, exp, sum,
-            # divide); but every backend evaluates the operand again here (it keeps no chunk of
-            # it), and divides no entry by the sum (the contraction divides its output instead);
-            # per row, sum = sum * factor + chunk sum
-            _work("online", "elements", fma=3, special=1),
-            _work("online", "elements", True, fma=counts["fma"] - 1, special=counts["special"]),
-            _work("online", "woven", True, fma=2),
-        )
-
-
-class OpaqueKind(BoxKind):
-    name = "opaque"
-
-    def flops(self, box) -> tuple[Work, ...]:
-        # Declared by signature only: its FLOPs are a symbol per copy woven over it.
-        return (Work("compute", "woven", (("opaque", opaque_flops(box)),)),)
-
-
-def opaque_flops(box) -> sympy.Symbol:
-    return sympy.Symbol(f"flops_{box.box.name}", positive=True)
-
-
-BOX_KINDS: dict[type, BoxKind] = {
-    Contract: ContractKind(), Map: MapKind(), Reduce: ReduceKind(), Softmax: SoftmaxKind(), Opaque: OpaqueKind(),
-}
-
-
-def box_kind(box) -> BoxKind:
-    try:
-        return BOX_KINDS[type(box)]
-    except KeyError:
-        raise NotImplementedError(f"no entry in the table of box kinds for {type(box).__name__}") from None
-
-
-def work_axes(statement: "Statement", space: str) -> tuple[str, ...]:
-    """The axes of one of a statement's spaces: its iteration space (target axes, then the axes
-    it consumes), its target's axes, or the axes woven over it (a softmax's rows, an opaque
-    box's copies)."""
-    if space == "elements":
-        return statement.iteration_axes
-    if space == "outputs":
-        return statement.axes
-    if space == "woven":
-        return statement.woven
-    raise NotImplementedError(f"the space {space!r} of a statement's work")
-
-
-def statement_flops(work: tuple[Work, ...], size) -> dict:
-    """Total operations by unit of ``work`` over a statement, ``size(space)`` giving the elements of a space."""
-    totals: dict = {}
-    for item in work:
-        for unit, n in item.counts:
-            totals[unit] = totals.get(unit, 0) + n * size(item.space)
-    return {unit: total for unit, total in totals.items() if total != 0}
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ whole (see "masks" below). The loop's trips are then the visited chunks of each 
 and backends enumerate them with :func:`mask_visits` and :meth:`Mask.status`.
 
 Each step carries its FLOPs per element of its space, as the table of box kinds
-(``diagram.BOX_KINDS``) gives them for that step, with the streamed form's own work (its
+(``boxes.BOX_KINDS``) gives them for that step, with the streamed form's own work (its
 bookkeeping) apart. This module does not price anything (``cost.py`` reads prices off the
 Program) and does not execute anything (``backends/``). Renderers for text and Markdown are at
 the end.
@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from .boxes import accumulated, box_kind, reduction, work_axes
 from .diagram import (
     Apply,
     Const,
@@ -53,11 +54,9 @@ from .diagram import (
     Softmax,
     Statement,
     accumulation_dtype,
-    box_kind,
     count_operations,
     format_expression,
     size_text,
-    work_axes,
 )
 from .relabel import Launch, Partition, Schedule, trips
 
@@ -97,7 +96,7 @@ class Step:
     # A masked softmax's test (its where-predicate and the select), per element, counted only
     # on the chunks its mask leaves partially masked (Mask.status); `flops` leaves it out.
     test_flops: tuple[tuple[str, int], ...] = ()
-    # The streamed form's own work (diagram.Work.bookkeeping), apart from `flops`: (unit,
+    # The streamed form's own work (boxes.Work.bookkeeping), apart from `flops`: (unit,
     # operations per element of axes, axes), negative where the streamed form does less.
     bookkeeping: tuple[tuple[str, object, tuple[str, ...]], ...] = ()
     # The step's other work, over other axes than `flop_space` (a mean's division per output):
@@ -362,7 +361,7 @@ class _LaunchElaborator:
         dtype = compute_dtype(self.diagram, s)  # the state and the chunk: f64 in, f64 state
         if role == "accumulate":
             acc = self.state(s, "acc", level, s.axes)
-            start = {"sum": "0", "mean": "0", "max": "-inf", "min": "+inf"}.get(getattr(box, "op", "sum"), "0")
+            start = accumulated(box).start_text
             return [Step("init", level, s.axes, (), (acc,), s.target, dtype=dtype, statement=s,
                          text=f"{s.target}.acc[{' '.join(s.axes)}] = {start}")]
         if role == "online":
@@ -391,7 +390,9 @@ class _LaunchElaborator:
             if isinstance(box, Contract):
                 text = f"{s.target}.acc += {_box_text(s)}"
             else:
-                text = f"{s.target}.acc = {'sum' if box.op in ('sum', 'mean') else box.op}({s.target}.acc, {box.op if box.op != 'mean' else 'sum'}[{' '.join(box.axes)}]({_operand_text(s)}))"
+                # a reduction that divides (a mean) accumulates the sum it divides at the end
+                folded = "sum" if reduction(box.op).divides else box.op
+                text = f"{s.target}.acc = {folded}({s.target}.acc, {folded}[{' '.join(box.axes)}]({_operand_text(s)}))"
             return [Step("accumulate", level, s.iteration_axes, operands + (acc,), (acc,), s.target, dtype=dtype,
                          statement=s, text=text, **step_work(s, work, "accumulate"))]
         if role == "online":
@@ -427,7 +428,7 @@ class _LaunchElaborator:
         if role == "accumulate":
             acc = (level, f"{s.target}.acc")
             out = self.buffer(s.target, level, s.axes, dtype)
-            if isinstance(box, Reduce) and box.op == "mean":
+            if isinstance(box, Reduce) and reduction(box.op).divides:
                 # The division by the count: one operation per output, like the unstreamed mean's.
                 return [Step("finalise", level, s.axes, (acc,), (out,), s.target, dtype=dtype, statement=s,
                              text=f"{s.target} = {s.target}.acc / {' * '.join(box.axes)}",
@@ -480,7 +481,7 @@ def _flops(**units) -> tuple:
 
 def step_work(s: Statement, work: tuple, step: str) -> dict:
     """The FLOP fields of one Program step (``flops``, ``flop_axes``, ``bookkeeping``) from the
-    table's work of statement ``s`` (diagram.BOX_KINDS) for that step."""
+    table's work of statement ``s`` (boxes.BOX_KINDS) for that step."""
     mine = [w for w in work if w.step == step]
     main = [w for w in mine if not w.bookkeeping]
     fields: dict = {}

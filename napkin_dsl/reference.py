@@ -74,6 +74,7 @@ import numpy as np
 import sympy
 
 from .binding import arguments, bind, check_reference_memory, diagram_of
+from .boxes import reduction
 from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .errors import NapkinCallError
 from .types import numpy_dtype
@@ -139,7 +140,17 @@ def logsumexp(values: np.ndarray, axis) -> np.ndarray:
     return np.squeeze(np.log(total) + shift, axis=axis)
 
 
-_REDUCTIONS = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean, "lse": logsumexp}
+def reduce_along(op: str, values: np.ndarray, axis) -> np.ndarray:
+    """``values`` reduced along ``axis`` as the table of reductions defines ``op``: folded by its
+    elementwise function from its start (then divided by the count for a mean), or the
+    log-sum-exp's stable form."""
+    entry = reduction(op)
+    if entry.combine is None:
+        return logsumexp(values, axis)
+    result = ELEMENTWISE[entry.combine].reduce(values, axis=axis, initial=entry.start)
+    if entry.divides:
+        result = result / math.prod(values.shape[a] for a in axis)
+    return result
 
 
 # The float range the checker allows a constant (check.number_in_range, check.power_in_range).
@@ -262,7 +273,7 @@ class Evaluator:
                 operand = self.expression(box.operand)
                 along = tuple(operand.axes.index(a) for a in box.axes)
                 kept = tuple(a for a in operand.axes if a not in box.axes)
-                return NamedArray(_REDUCTIONS[box.op](operand.values, axis=along), kept).aligned(statement.axes)
+                return NamedArray(reduce_along(box.op, operand.values, along), kept).aligned(statement.axes)
             if isinstance(box, Softmax):
                 values = np.broadcast_to(self.expression(box.operand).aligned(statement.axes), self.shape(statement.axes))
                 along = statement.axes.index(box.axis)

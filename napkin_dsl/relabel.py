@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import sympy
 
 from . import syntax as syn
-from .diagram import Contract, Diagram, Opaque, Reduce, Softmax, Statement
+from .boxes import StreamSite, box_kind, line_of
+from .diagram import Diagram, Softmax, Statement
 from .errors import RelabelError, Span, raise_collected
 from .hardware import Hardware, load_hardware
 
@@ -227,10 +228,6 @@ def carried_across(diagram: Diagram, profile: Hardware, split: list | None = Non
 # ---- streams -------------------------------------------------------------------------------
 
 
-def _line(statement: Statement) -> str:
-    return f"line {statement.span.line}" if statement.span else f"statement {statement.index + 1}"
-
-
 def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[str], diagram: Diagram, axis: str, span) -> StreamRoles:
     """Classify each statement's part in a stream over ``axis``, or raise why it cannot stream."""
     roles: dict[int, str] = {}
@@ -258,8 +255,8 @@ def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[s
         if needs_complete:
             first = diagram.producer(needs_complete[0])
             raise RelabelError(
-                f"cannot stream {axis}: {s.target}[{' '.join(s.axes)}] ({_line(s)}) still carries {axis!r} but needs "
-                f"{needs_complete[0]}, which is complete only after the whole of {axis!r} has streamed past ({_line(first)})",
+                f"cannot stream {axis}: {s.target}[{' '.join(s.axes)}] ({line_of(s)}) still carries {axis!r} but needs "
+                f"{needs_complete[0]}, which is complete only after the whole of {axis!r} has streamed past ({line_of(first)})",
                 s.span or span, f"that would take a second pass over {axis}; leave {axis} unpartitioned or group another axis",
             )
         if not consumes:
@@ -268,75 +265,15 @@ def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[s
             if s.target in outputs and axis in s.axes:
                 pass  # a stateless map along the axis: saved chunk by chunk
             continue
-        box = s.box
-        if isinstance(box, Softmax):
-            users = consumers[s.target]
-            ok_users = users and all(isinstance(u.box, Contract) and axis in u.consumed for u in users)
-            if s.target in outputs or not ok_users:
-                where = f"it is saved to the top level as {s.target}[{' '.join(s.axes)}]" if s.target in outputs else (
-                    f"{', '.join(u.target for u in users) or 'nothing'} uses it" + (" without contracting over it" if users else ""))
-                raise RelabelError(
-                    f"cannot stream {axis}: softmax[{axis}] ({_line(s)}) keeps axis {axis!r} in its output and {where}; "
-                    f"softmax streams only when a contraction over {axis!r} consumes it (the online softmax)",
-                    s.span or span, f"fuse the contraction over {axis} into this launch (drop the @level), leave {axis} unpartitioned, "
-                                    f"or stream it only where it can: '... for TARGET: stream {axis} SIZE'",
-                )
-            # The running max and sum are per row (the softmax's woven axes): a contraction's
-            # accumulator is rescaled and divided row by row, so it must keep every row apart.
-            # One that also sums over a woven axis mixes rows whose maxima differ.
-            for u in users:
-                mixed = [a for a in s.woven if a not in u.axes]
-                if mixed:
-                    raise RelabelError(
-                        f"cannot stream {axis}: {u.target}[{' '.join(u.axes)}] ({_line(u)}) contracts softmax[{axis}] "
-                        f"{s.target} ({_line(s)}) over {' '.join(mixed)} as well as {axis}; the online softmax rescales "
-                        f"and normalises per row of {s.target} ({' '.join(s.woven)}), so the contraction must keep "
-                        f"{'that axis' if len(mixed) == 1 else 'those axes'} in its result",
-                        u.span or span, f"leave {axis} unpartitioned, or compute {u.target} in two steps: "
-                                        f"keep {' '.join(mixed)} in a first contraction, then sum over {' '.join(mixed)}",
-                    )
-            # The accumulator is rescaled by exp(m - m') once per chunk: that is right for a
-            # product linear in the softmax, not for one that reads it twice (P * P scales by the
-            # square). Found by the fuzzer (ran wrong on NumPy and OpenCL).
-            for u in users:
-                reads = [r for r in u.box.operands if r.array == s.target]
-                if len(reads) > 1:
-                    raise RelabelError(
-                        f"cannot stream {axis}: {u.target}[{' '.join(u.axes)}] ({_line(u)}) reads softmax[{axis}] {s.target} "
-                        f"({_line(s)}) {len(reads)} times; the online softmax rescales a contraction that is linear in it",
-                        u.span or span, f"leave {axis} unpartitioned, or materialise {s.target} (@gmem) and contract it after",
-                    )
-            roles[s.index] = "online"
+        # The box's own conditions and role come from the table of box kinds (boxes.py).
+        site = StreamSite(axis, span, diagram, tuple(statements), roles, consumers, tuple(outputs))
+        role, source = box_kind(s.box).stream_role(s, site)
+        roles[s.index] = role
+        if source is not None:
+            sources[s.index] = source
+        if role == "online":  # the softmax's chunk flows on to the contraction that rescales
             carries[s.target] = True
             continue
-        if isinstance(box, Contract):
-            producers = [diagram.producer(n) for n in s.inputs]
-            online = next((p for p in producers if p is not None and roles.get(p.index) == "online"), None)
-            roles[s.index] = "rescaled" if online is not None else "accumulate"
-            if online is not None:
-                sources[s.index] = online.index
-        elif isinstance(box, Reduce) and box.op == "lse":
-            # The log-sum-exp is the online softmax's state after the stream: its running max
-            # plus the log of its running sum (read in the finalise step, no state of its own).
-            source = next((p for p in statements if roles.get(p.index) == "online" and p.box.operand == box.operand
-                           and set(p.woven) == set(s.axes)), None)
-            if source is None or box.axes != (axis,):
-                raise RelabelError(
-                    f"cannot stream {axis}: lse[{' '.join(box.axes)}] ({_line(s)}) streams only as the state of a softmax[{axis}] "
-                    f"of the same operand in this launch, computed before it",
-                    s.span or span, f"write P = softmax[{axis}](...) of the same operand above it (and contract P), "
-                                    f"or leave {axis} unpartitioned")
-            roles[s.index] = "lse"
-            sources[s.index] = source.index
-        elif isinstance(box, Reduce):
-            roles[s.index] = "accumulate"
-        elif isinstance(box, Opaque):
-            raise RelabelError(
-                f"cannot stream {axis}: box {box.box.name} ({_line(s)}) consumes {axis!r} and napkin knows no accumulator for it",
-                s.span or span, "only sums, contractions, max/min and softmax followed by a contraction stream",
-            )
-        else:  # pragma: no cover - maps consume nothing
-            raise AssertionError("napkin bug: a map consumed an axis")
         carries[s.target] = False
         complete_after.add(s.target)
     return StreamRoles(axis, roles, sources)
@@ -442,7 +379,7 @@ def make_schedule(
                          for s in statements if p.axis in s.consumed]
             if consumers:
                 described = ", ".join(
-                    f"{s.box.kind if not isinstance(s.box, Softmax) else f'softmax[{s.box.axis}]'} {s.target} ({_line(s)})"
+                    f"{s.box.kind if not isinstance(s.box, Softmax) else f'softmax[{s.box.axis}]'} {s.target} ({line_of(s)})"
                     for s in consumers
                 )
                 errors.append(RelabelError(
@@ -497,7 +434,7 @@ def make_schedule(
     notes = []
     for producer, reader in carried_across(diagram, profile, split):
         notes.append(
-            f"{producer.target} ({_line(producer)}) is read by {reader.target} ({_line(reader)}) after a launch boundary: "
+            f"{producer.target} ({line_of(producer)}) is read by {reader.target} ({line_of(reader)}) after a launch boundary: "
             f"napkin saves it to {top} and loads it there, as if it were written {producer.target}[{' '.join(producer.axes)}] @{top}"
         )
     schedule = Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, ())

@@ -1,6 +1,6 @@
 """FLOPs counted once: ``napkin check`` (the diagram) and ``napkin cost`` (the Program) agree.
 
-Both read the table of box kinds (``diagram.BOX_KINDS``). Without stream partitions their totals
+Both read the table of box kinds (``boxes.BOX_KINDS``). Without stream partitions their totals
 are equal; with streams the Program's total is the diagram's plus the online bookkeeping
 (``cost.bookkeeping_flops``: the rescales of the running state, the operand a streamed softmax
 evaluates again, the output divided instead of every entry), unless a mask skips chunks.

@@ -133,6 +133,7 @@ STAGES = (
     ("napkin_dsl",),  # the package: errors and hardware eagerly, the rest on first use
     ("syntax",),
     ("diagram",),
+    ("boxes",),
     ("types",),
     ("check", "binding"),
     ("relabel",),

@@ -1,5 +1,5 @@
 """``logsumexp[x]``: a second name for the streamable log-sum-exp, added by one entry in the box
-table (diagram.REDUCTION_OPS). It checks, streams beside a softmax, runs and counts as ``lse``."""
+table (boxes.REDUCTION_OPS). It checks, streams beside a softmax, runs and counts as ``lse``."""
 
 from __future__ import annotations
 

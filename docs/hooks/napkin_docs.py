@@ -456,7 +456,8 @@ def grammar_section() -> str:
 
 
 def functions_section() -> str:
-    from napkin_dsl.diagram import BINARY_FUNCTIONS, OPERATORS, PLAIN_FUNCTIONS, REDUCTIONS, SPECIAL_FUNCTIONS
+    from napkin_dsl.boxes import REDUCTION_OPS
+    from napkin_dsl.diagram import BINARY_FUNCTIONS, OPERATORS, PLAIN_FUNCTIONS, SPECIAL_FUNCTIONS
 
     def names(items):
         return ", ".join(f"`{n}`" for n in sorted(items))
@@ -467,7 +468,7 @@ def functions_section() -> str:
         (f"| unary maps | {names(PLAIN_FUNCTIONS)} | FMA pipe |",),
         (f"| binary maps | {names(BINARY_FUNCTIONS)}, written `max(a, b)` | FMA pipe |",),
         (f"| operators | {', '.join(f'`{o}`' for o in OPERATORS)} | FMA pipe; `^` with a non-integer exponent: special-function unit |",),
-        (f"| reductions | {', '.join(f'`{n}[AXES]`' for n in sorted(REDUCTIONS))} | FMA pipe |",),
+        (f"| reductions | {', '.join(f'`{n}[AXES]`' for n in sorted(REDUCTION_OPS))} | FMA pipe |",),
         ("| softmax | `softmax[AXIS]` | FMA pipe and special-function unit (`exp`) |",),
     ]
     note = ("\n\nEach operation counts one FLOP per element of the result; operations on scalars alone (`d^-0.5`) "

@@ -79,6 +79,7 @@ import sympy
 from ..binding import format_gib as _gib
 from ..binding import memory_limit
 from ..cost import contraction_unit, fma_register_launches, tensor_launches
+from ..boxes import accumulated, opaque_flops, reduction
 from ..diagram import (
     DTYPE_BYTES,
     SPECIAL_FUNCTIONS,
@@ -94,7 +95,6 @@ from ..diagram import (
     Softmax,
     Statement,
     indices,
-    opaque_flops,
     reads,
 )
 from ..errors import NapkinCallError, NapkinError
@@ -661,16 +661,16 @@ class Interpreter:
             along = tuple(s.iteration_axes.index(a) for a in box.axes)
             kept = tuple(a for a in s.iteration_axes if a not in box.axes)
             count = self.count
-            if box.op == "lse":
+            entry = reduction(box.op)
+            if entry.combine is None:
                 reduce = functools.partial(_logsumexp, count=count)
             else:  # one operation per value reduced; a mean divides each result by the count
-                function = {"sum": np.sum, "mean": np.sum, "max": np.max, "min": np.min}[box.op]
-                initial = {"max": {"initial": -np.inf}, "min": {"initial": np.inf}}.get(box.op, {})
-                divisor = math.prod(self.sizes[a] for a in box.axes) if box.op == "mean" else None
+                fold = ELEMENTWISE[entry.combine]  # a ufunc: reduce from the table's start
+                divisor = math.prod(self.sizes[a] for a in box.axes) if entry.divides else None
 
                 def reduce(values, axis):
                     count("fma", values.size)
-                    result = function(values, axis=axis, **initial)
+                    result = fold.reduce(values, axis=axis, initial=entry.start)
                     if divisor is None:
                         return result
                     count("fma", np.size(result))
@@ -729,7 +729,7 @@ class Interpreter:
         if role == "online":
             states = [self.state(s, "max", level) + (-np.inf,), self.state(s, "sum", level) + (0.0,)]
         else:  # accumulate (a running sum, max or min) or rescaled (a contraction's running sum)
-            start = {"max": -np.inf, "min": np.inf}.get(getattr(s.box, "op", "sum"), 0.0)
+            start = accumulated(s.box).start
             states = [self.state(s, "acc", level) + (start,)]
 
         def init():
@@ -825,11 +825,10 @@ class Interpreter:
         operand = self.named_operand(s, operands)
         along = tuple(s.iteration_axes.index(a) for a in box.axes)
         kept = tuple(a for a in s.iteration_axes if a not in box.axes)
-        # mean accumulates a sum; finalise divides by the reduced size
-        reduce, combine, initial = {
-            "sum": (np.sum, np.add, {}), "mean": (np.sum, np.add, {}),
-            "max": (np.max, np.maximum, {"initial": -np.inf}), "min": (np.min, np.minimum, {"initial": np.inf}),
-        }[box.op]
+        # each chunk folded from the reduction's start, then into the running result; a mean
+        # accumulates a sum that finalise divides by the reduced size
+        entry = reduction(box.op)
+        fold = ELEMENTWISE[entry.combine]
 
         align = _aligner(kept, acc_axes)
 
@@ -837,9 +836,9 @@ class Interpreter:
 
         def accumulate():
             chunk = operand()
-            part = align(reduce(chunk, axis=along, **initial))
+            part = align(fold.reduce(chunk, axis=along, initial=entry.start))
             acc = values[acc_name]
-            combine(acc, part, out=acc)
+            fold(acc, part, out=acc)
             count("fma", chunk.size + acc.size)  # the chunk reduced, then combined with the running result
 
         return accumulate
@@ -866,7 +865,7 @@ class Interpreter:
 
             return finalise
         # a mean divides by the count (by 1 too: the division is the model's, as the GPU code's)
-        divisor = math.prod(self.sizes[a] for a in s.box.axes) if isinstance(s.box, Reduce) and s.box.op == "mean" else None
+        divisor = math.prod(self.sizes[a] for a in s.box.axes) if isinstance(s.box, Reduce) and reduction(s.box.op).divides else None
 
         align_out = _aligner(acc_axes, out.axes)
 

@@ -29,6 +29,7 @@ Deliberately not here: deciding whether a launch qualifies (``isel.py``), the FM
 
 from __future__ import annotations
 
+from ..boxes import reduction
 from ..diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
 from ..isel import TensorPlan, smem_layout
 from ..layouts import SwizzledTile, ldmatrix_lane_terms, ldmatrix_offset_expr, offset_expr
@@ -171,6 +172,13 @@ LOG2E = 1.4426950408889634
 def _var(name: str) -> str:
     return "f_" + ident(name)
 
+
+def start_literal(value: float) -> str:
+    """A reduction's start (boxes.Reduction.start) as a float literal; infinities are the
+    prelude's NK_INF (NVRTC defines no INFINITY)."""
+    if value in (float("inf"), float("-inf")):
+        return "NK_INF" if value > 0 else "-NK_INF"
+    return f"{value!r}f"
 
 class TensorPrinter(Printer):
     """Prints one launch on the tensor-core path of ``plan``."""
@@ -341,8 +349,9 @@ class TensorPrinter(Printer):
     def row_reduce(self, op: str, operand, col: str, into: str):
         """``into = op over the columns of (operand)`` for every row value (mt, h) of the thread."""
         d = self.dialect
-        start = {"max": "-NK_INF", "min": "NK_INF"}.get(op, "0.0f")
-        combine = (lambda a, b: f"({a} + {b})") if op == "sum" else (lambda a, b: d.math(op, [a, b]))
+        entry = reduction(op)  # its start and the function that folds a value in (boxes.py)
+        start = start_literal(entry.start)
+        combine = lambda a, b: d.math(entry.combine, [a, b])  # noqa: E731
 
         def per_row():
             self.emit(f"float {into} = {start};")
@@ -683,20 +692,19 @@ class TensorPrinter(Printer):
         if isinstance(box, Map):
             self.each_element(col, lambda: self.emit(f"{self.element(target, col is None)} = {self.value(box.expr, col)};"))
             return
-        if isinstance(box, Reduce) and box.op == "lse":
+        if isinstance(box, Reduce) and reduction(box.op).combine is None:
             raise LoweringError(f"{target} = lse[{' '.join(box.axes)}](...) unstreamed is not implemented on the tensor-core "
                                 f"path (it is streamed, as a softmax's state, and unstreamed on the FMA path)", s.span,
                                 f"stream {' '.join(box.axes)} beside softmax of the same operand")
         if isinstance(box, Reduce):
             reduced = self.reduced_col(box.operand)
-            op = {"mean": "sum"}.get(box.op, box.op)
             count = 1
             for axis in box.axes:
                 count *= self.sizes[axis]
-            finish = f"total / {float(count)!r}f" if box.op == "mean" else "total"
+            finish = f"total / {float(count)!r}f" if reduction(box.op).divides else "total"
 
             def per_row():
-                self.row_reduce(op, box.operand, reduced, "total")()
+                self.row_reduce(box.op, box.operand, reduced, "total")()
                 self.emit(f"{self.element(target, True)} = {finish};")
 
             self.each_element(None, per_row)
@@ -785,13 +793,13 @@ class TensorPrinter(Printer):
         if isinstance(box, Contract):
             self.mma(s.target, acc)
             return
-        op = {"mean": "sum"}.get(box.op, box.op)
+        entry = reduction(box.op)
         reduced = self.reduced_col(box.operand)
 
         def per_row():
-            self.row_reduce(op, box.operand, reduced, "total")()
+            self.row_reduce(box.op, box.operand, reduced, "total")()
             current = self.element(acc, True)
-            value = f"{current} + total" if op == "sum" else self.dialect.math(op, [current, "total"])
+            value = self.dialect.math(entry.combine, [current, "total"])
             self.emit(f"{current} = {value};")
 
         self.each_element(None, per_row)
@@ -803,7 +811,7 @@ class TensorPrinter(Printer):
         col = self.plan.fragments[s.target].col
         in_rows = col is None
         denominators = [f"{step.online}.sum"] if step.online is not None else []  # a rescaled contraction's
-        if isinstance(box, Reduce) and box.op == "lse":
+        if isinstance(box, Reduce) and reduction(box.op).combine is None:  # the log-sum-exp
             (_, m), (_, total) = step.reads  # L = P.max + log(P.sum), -inf for a fully masked row
             value = lambda: (f"({self.element(m, in_rows)} == -NK_INF) ? -NK_INF : "
                              f"{self.element(m, in_rows)} + {self.dialect.math('log', [self.element(total, in_rows)])}")
@@ -813,7 +821,7 @@ class TensorPrinter(Printer):
             # a fully masked row summed nothing: 0, as in the reference (not 0 / 0)
             value = lambda: (f"({self.element(denominators[0], False)} == 0.0f) ? 0.0f : "
                              f"{self.element(acc, False)} / {self.element(denominators[0], False)}")
-        elif isinstance(box, Reduce) and box.op == "mean":
+        elif isinstance(box, Reduce) and reduction(box.op).divides:
             count = 1
             for axis in box.axes:
                 count *= self.sizes[axis]
