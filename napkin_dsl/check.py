@@ -63,6 +63,7 @@ from .diagram import (
     expression_axes,
     indices,
     intermediate_dtype,
+    source_dtypes,
     is_boolean,
     reads,
 )
@@ -242,8 +243,10 @@ class _KernelChecker:
             # Written: H[b n] @gmem bf16 = ... stores H in bf16 (computed as usual, converted on save).
             dtype, role = canonical_dtype(stmt.dtype), "intermediate"
         else:
-            # A materialised intermediate is stored at the width of its widest operand.
-            dtype, role = intermediate_dtype(operand_dtypes, stmt.level is not None), "intermediate"
+            # A materialised intermediate is stored at the width of the widest stored array it
+            # is computed from.
+            sources = source_dtypes([r.array for r in _box_reads(box)], self.arrays, {s.target: s for s in self.statements})
+            dtype, role = intermediate_dtype(operand_dtypes, sources, stmt.level is not None), "intermediate"
         array = Array(name, dtype, axes, role, stmt.level, stmt.span)
         self.arrays[name] = array
         self.defined_at[name] = stmt.span

@@ -53,14 +53,38 @@ def accumulation_dtype(dtypes) -> str:
     return "f64" if "f64" in set(dtypes) else "f32"
 
 
-def intermediate_dtype(operand_dtypes, materialised: bool) -> str:
-    """The dtype of an intermediate written without one: stored at the width of its widest
-    operand when materialised (saved below the top level and read back), else computed in the
-    accumulation dtype. The checker and plan.materialise both follow it."""
-    operand_dtypes = list(operand_dtypes)
+def intermediate_dtype(operand_dtypes, source_dtypes, materialised: bool) -> str:
+    """The dtype of an intermediate written without one: when materialised (saved and read
+    back), stored at the width of the widest stored array it is computed from
+    (:func:`source_dtypes`), else computed in the accumulation dtype of its operands.
+
+    Stored arrays, not operands: in ``H = silu(G) * U`` with G and U contractions of bf16 inputs
+    kept on chip (f32 accumulators), a materialised H is bf16, as it is when G and U are
+    materialised too; so every fusion choice the tuner compares stores the same precision.
+    The checker and plan.materialise both follow it."""
     if materialised:
-        return max(operand_dtypes, key=lambda d: DTYPE_BYTES[d]) if operand_dtypes else "f32"
+        source_dtypes = list(source_dtypes)
+        return max(source_dtypes, key=lambda d: DTYPE_BYTES[d]) if source_dtypes else "f32"
     return accumulation_dtype(operand_dtypes)
+
+
+def source_dtypes(inputs, arrays: dict, producers: dict) -> list[str]:
+    """The dtypes of the stored arrays a statement reading ``inputs`` is computed from: kernel
+    inputs, outputs and materialised intermediates, followed back through the intermediates
+    that are not materialised (their values exist only on chip). ``arrays``: name -> Array;
+    ``producers``: name -> the Statement computing it."""
+    found, seen, pending = [], set(), list(inputs)
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        array = arrays[name]
+        if array.role == "intermediate" and array.level is None and name in producers:
+            pending.extend(producers[name].inputs)
+        else:
+            found.append(array.dtype)
+    return found
 
 
 # ---- elementwise functions ---------------------------------------------------------------

@@ -24,7 +24,7 @@ import dataclasses
 from . import syntax as syn
 from .check import check_size_bounds
 from .cost import as_number, columns, max_of
-from .diagram import Diagram, intermediate_dtype
+from .diagram import Diagram, intermediate_dtype, source_dtypes
 from .errors import NapkinError
 from .hardware import Hardware, load_hardware
 from .pseudocode import Program, co_resident_blocks, elaborate, l2_candidates
@@ -60,6 +60,7 @@ def materialise(diagram: Diagram, profile: Hardware, chosen) -> Diagram:
         return diagram
     top = profile.top.name
     arrays = dict(diagram.arrays)
+    producers = {s.target: s for s in diagram.statements}
     statements = []
     for s in diagram.statements:
         level = s.level
@@ -68,9 +69,12 @@ def materialise(diagram: Diagram, profile: Hardware, chosen) -> Diagram:
         array = arrays[s.target]
         if array.role != "output":
             # A dtype written on a materialisation (H @gmem bf16 = ...) stays while H stays there.
-            written = s.level is not None and array.dtype != intermediate_dtype((diagram.arrays[n].dtype for n in s.inputs), True)
+            default = intermediate_dtype((diagram.arrays[n].dtype for n in s.inputs),
+                                         source_dtypes(s.inputs, diagram.arrays, producers), True)
+            written = s.level is not None and array.dtype != default
             kept = written and level == s.level
-            dtype = array.dtype if kept else intermediate_dtype((arrays[name].dtype for name in s.inputs), level is not None)
+            dtype = array.dtype if kept else intermediate_dtype((arrays[name].dtype for name in s.inputs),
+                                                               source_dtypes(s.inputs, arrays, producers), level is not None)
             arrays[s.target] = dataclasses.replace(array, dtype=dtype, level=level)
         else:
             arrays[s.target] = dataclasses.replace(array, level=level)

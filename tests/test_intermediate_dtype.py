@@ -137,3 +137,40 @@ kernel m(X: f32[a k], W: f32[k n], V: f32[n c]) -> Y: f32[a c]:
     assert both.arrays["G"].dtype == "bf16"  # stored at its widest operand's width: H's
     fused = materialise(kernel.diagram, h100, {"G"})  # H moved on chip: computed in f32, as unwritten
     assert (fused.arrays["H"].dtype, fused.arrays["H"].level) == ("f32", None)
+
+
+GATED = """
+kernel gated(X: bf16[t m], W1: bf16[m f], W3: bf16[m f], W2: bf16[f e]) -> Y: bf16[t e]:
+    G[t f]{g} = X[t m] * W1[m f]
+    U[t f] = X[t m] * W3[m f]
+    H[t f] @gmem = silu(G) * U
+    Y[t e] = H[t f] * W2[f e]
+"""
+
+
+def test_a_materialised_intermediate_is_stored_at_its_stored_sources_width():
+    """H = silu(G) * U reads two contractions kept on chip (f32 accumulators), but is computed
+    from bf16 inputs: materialised, it is bf16, as when G and U are materialised too. Written
+    sources count as written: G stored in f32 makes H f32."""
+    (kernel,) = napkin.load(GATED.format(g="")).values()
+    assert kernel.diagram.arrays["G"].dtype == "f32"  # on chip: the accumulation dtype
+    assert kernel.diagram.arrays["H"].dtype == "bf16"
+    (kernel,) = napkin.load(GATED.format(g=" @gmem f32")).values()
+    assert kernel.diagram.arrays["H"].dtype == "f32"
+
+
+def test_every_fusion_choice_stores_the_same_precision():
+    """The tuner compares fusion choices (plan.materialise): each intermediate it saves is bf16,
+    whichever others it keeps on chip, so a choice is never preferred for rounding less."""
+    import itertools
+
+    from napkin_dsl.hardware import load_hardware
+    from napkin_dsl.plan import materialise
+
+    (kernel,) = napkin.load(GATED.format(g="")).values()
+    h100 = load_hardware("H100")
+    for count in range(4):
+        for chosen in itertools.combinations(("G", "U", "H"), count):
+            diagram = materialise(kernel.diagram, h100, set(chosen))
+            stored = {name: diagram.arrays[name].dtype for name in ("G", "U", "H") if diagram.arrays[name].level is not None}
+            assert set(stored.values()) <= {"bf16"}, (chosen, stored)
