@@ -46,7 +46,8 @@ def materialise(diagram: Diagram, profile: Hardware, chosen) -> Diagram:
     """``diagram`` with exactly the split points in ``chosen`` materialised at the top level.
 
     Dtypes follow the checker's rule (check.py, ``_KernelChecker.statement``): a materialised
-    intermediate is stored at the width of its widest operand, one kept on chip is computed in
+    intermediate is stored at the width of the widest stored array it is computed from
+    (diagram.intermediate_dtype), one kept on chip is computed in
     the accumulation dtype; outputs keep their declared dtype. A change propagates to the
     statements that read it. The input diagram is not changed.
     """
