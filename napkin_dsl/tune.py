@@ -9,10 +9,11 @@ multiple). The relabelling written in the file is costed exactly and is always a
 
 Each launch is elaborated once with symbolic partition sizes; memory, transfers and FLOPs
 become one compiled Python function (sympy ``lambdify``) that scores every candidate, a lower
-bound of its time (contractions at the mma.sync rate). The best are checked with numeric tiles
-(instruction selection's path, the plan's buffers) by branch and bound, and the most promising
-configurations of each fusion choice are re-planned and costed exactly (masked tails, derived
-L2 grouping, occupancy, fixed costs) and returned best first.
+bound of its time (contractions at the mma.sync rate; a masked stream's steps on the elements
+its mask leaves unmasked, whatever chunks the tiles make it visit). The best are checked with
+numeric tiles (instruction selection's path, the plan's buffers) by branch and bound, and the
+most promising configurations of each fusion choice are re-planned and costed exactly (masked
+tails, derived L2 grouping, occupancy, fixed costs) and returned best first.
 
 For the abstract models (values, symbolic capacity ``M``) it fits the paper's optimum
 ``H* = sum_t alpha_t M^-beta_t``: the leading exponent ``beta`` (1/2 for matmul, 1 for
@@ -37,14 +38,15 @@ import sympy
 
 from . import syntax as syn
 from .check import check_size_bounds
-from .cost import CostReport, as_number, busy_fraction, columns, cost_of, flops_by_unit, instruction_path, level_costs, step_total
+from .cost import (CostReport, as_number, busy_fraction, columns, cost_of, flops_by_unit, instruction_path, level_costs,
+                   masked_elements, step_total)
 from .diagram import DTYPE_BYTES, Contract, Diagram
 from .errors import NapkinError, RelabelError
 from .formatting import format_count, json_value
 from .hardware import Hardware, load_hardware
 from .isel import TENSOR_DTYPES
 from .plan import materialise, materialised, plan, shared_cache_level, split_points
-from .pseudocode import Program, elaborate, walk
+from .pseudocode import Loop, Mask, Program, elaborate, walk
 from .relabel import bind, make_schedule, split_launches
 
 FRAGMENT = {"m": 16, "n": 8, "k": 16}  # mma.sync m16n8k16
@@ -659,7 +661,11 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
         program = Program(schedule, (program.launches[launch_index],))
     required = divisibility(diagram, knobs, program.launches[0].launch.statements if launch_index is not None else None)
     rows = columns(program)
-    _, priced = flops_by_unit(program)
+    # With symbolic tiles the visited chunks of a masked stream have no closed form, and the
+    # Program counts every chunk (cost.step_total): more than the exact model, which skips the
+    # chunks the mask hides. Its steps are counted at a lower bound instead (_at_least).
+    unmasked = _unmasked_elements(program)
+    priced = _masked_priced(program, unmasked) if unmasked else flops_by_unit(program)[1]
     symbols = [k.symbol for k in knobs]
     rename = {sympy.Symbol(k.symbol.name, positive=True, integer=True): k.symbol for k in knobs}
     compute_level = schedule.compute_level
@@ -676,20 +682,26 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
         level_names.append(level.name)
         memory_exprs.append(sympy.Max(*exprs, evaluate=False) if len(exprs) > 1 else exprs[0])
         capacity.append(as_number(bind(level.capacity, schedule.sizes)))
-    moved = sympy.Add(*[step_total(program, step, loops) * DTYPE_BYTES[step.dtype]
+    moved = sympy.Add(*[_at_least(program, step, loops, step.axes, unmasked) * DTYPE_BYTES[step.dtype]
                         for launch in program.launches for step, loops in walk(launch.body)
                         if step.op in ("load", "save") and step.level == compute_level])
     bandwidth = profile.level(compute_level).bandwidth
     traffic_expr = (moved / bandwidth).subs(rename) if bandwidth else sympy.Integer(0)
     # While tiles are symbolic the contractions are priced at the tensor-core path napkin builds
-    # (mma.sync): a lower bound of the time, as the FMA path is slower. A launch whose contraction
-    # operands are not 16-bit stays on the FMA path whatever its tiles (isel.TENSOR_DTYPES); the
-    # tile-dependent rules of instruction selection are checked lazily (_Search.ranked), and a
+    # (mma.sync): a lower bound of the time, as the FMA path is slower. A launch with a contraction
+    # operand it loads into the compute level that is not 16-bit stays on the FMA path whatever its
+    # tiles (isel.TENSOR_DTYPES: instruction selection refuses such a tile, as A or B). An operand
+    # the launch computes (attention's P, f32) is a register fragment that tensor cores take
+    # converted, as the exact model prices it (cost.flops_by_unit): it does not decide the path.
+    # The tile-dependent rules of instruction selection are checked lazily (_Search.ranked), and a
     # candidate they refuse is re-priced on the FMA path (``rescore``).
-    fma_launches = {launch.index for launch in program.launches
-                    if any(isinstance(s.box, Contract) and len(s.box.operands) >= 2
-                           and any(diagram.arrays[r.array].dtype not in TENSOR_DTYPES for r in s.box.operands[:2])
-                           for s in launch.launch.statements)}
+    fma_launches = set()
+    for launch in program.launches:
+        loaded = {step.array for step, _ in walk(launch.body) if step.op == "load" and step.level == compute_level}
+        if any(isinstance(s.box, Contract) and len(s.box.operands) >= 2
+               and any(r.array in loaded and diagram.arrays[r.array].dtype not in TENSOR_DTYPES for r in s.box.operands[:2])
+               for s in launch.launch.statements):
+            fma_launches.add(launch.index)
     built = "mma.sync" if "mma.sync" in profile.tensor_paths() else "tensor"
     terms: dict[tuple, list] = {}  # (launch, on the FMA path) -> compute time terms
     for launch_of, unit, dtype, amount in priced:
@@ -720,6 +732,13 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
         for i, size in group_at:
             n_blocks *= -(-size // combo[i])
         efficiency = busy_fraction(n_blocks, units)  # the exact rule (cost.predict_time)
+        if unmasked:
+            # A masked launch's blocks do unequal work, and the exact model charges each round
+            # of blocks its longest (cost.masked_wave_efficiency): with the short blocks in the
+            # last round the units are busier than equal blocks would keep them. That fraction
+            # is at most 1, and at most blocks / SMs (in one round the longest block, of at
+            # least the mean work, sets the time), which busy_fraction never exceeds either.
+            efficiency = min(1.0, n_blocks / units)
         compute = sum(values[n_levels + 2 * j + (index in on_fma)] for j, index in enumerate(launch_indices))
         return max(compute / efficiency, values[-1])
 
@@ -955,3 +974,129 @@ def compare_table(columns: list[dict]) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(r, widths, strict=False)).rstrip() for r in rows]
     return "\n".join(lines + (["errors:"] + errors if errors else []) + (["warnings:"] + warnings if warnings else []))
+
+
+# ---- masked streams: a lower bound whatever the tiles -----------------------------------------
+#
+# A stream loop with a Mask (pseudocode.py) visits, per group tile, only the chunks the mask does
+# not hide in full; the exact model counts a masked step over those tiles (cost.masked_elements).
+# Every element the mask leaves unmasked lies in a visited tile (a tile holding one is not hidden),
+# and a visited tile counts its extent along the mask's axes the step spans (a row's rescale: the
+# tile's rows, once per chunk), which is its elements divided by its extent along the others,
+# each at most that axis's tile. So the exact count is at least
+#     U * prod(1 / tile_a for the mask's axes a the step does not span) * (the other axes and loops)
+# with U the elements of the mask's axes (each whole) that it leaves unmasked: a count of the
+# mask's constraints over the axes' index ranges, independent of the tiles (pseudocode.py caches the
+# enumeration, so the knob sets and launches scored share it).
+# With the symbolic trips size / tile this is the unmasked fraction U / prod(sizes of the mask's
+# axes) times the Program's count; it is written out from the mask's tiles, as the exact count
+# is (step_total replaces every loop over the mask's axes by them), rather than scaled from the
+# trips of whichever loops the Program has.
+
+
+MASK_PROBE_GROUPS = 4096  # tiles of the mask's other axes enumerated to count U: beyond, coarser tiles
+
+
+def _masked_loop(loops):
+    """The stream loop whose Mask decides what a step counts: the first, as in cost.step_total."""
+    return next((loop for loop in loops if loop.mask is not None), None)
+
+
+def _unmasked_elements(program: Program) -> dict:
+    """Per Mask of the Program's stream loops, U: the elements of its axes' index space it leaves
+    unmasked, or fewer (a lower bound); empty for a Program without a mask."""
+    found: dict = {}
+    for launch in program.launches:
+        for _, loops in walk(launch.body):
+            for loop in loops:
+                if loop.mask is not None and loop.mask not in found:
+                    found[loop.mask] = _unmasked_count(program, loop.mask)
+    return found
+
+
+def _unmasked_count(program: Program, mask: Mask) -> int:
+    """U of ``mask``, counted by cost.masked_elements on the same constraints with tiles of one
+    element (a tile is then visited exactly when its element is unmasked). Past
+    MASK_PROBE_GROUPS tiles of the other axes, those tiles grow and only the elements of the
+    tiles the mask holds in full count: fewer than U, still a lower bound."""
+    sizes = {a: int(program.schedule.axis_size(a)) for a in mask.axes}
+    others = [a for a in mask.axes if a != mask.axis]
+    tiles = dict.fromkeys(mask.axes, 1)
+
+    def count(a):
+        return -(-sizes[a] // tiles[a])
+
+    while others and math.prod(count(a) for a in others) > MASK_PROBE_GROUPS:
+        tiles[max(others, key=count)] *= 2
+    probe = dataclasses.replace(mask, tiles=tuple((a, sympy.Integer(tiles[a])) for a in mask.axes))
+    visited = masked_elements(program, probe, mask.axes)
+    partial = masked_elements(program, probe, mask.axes, partial=True)
+    # Unenumerable (cannot happen with every size bound): none counted is still a lower bound.
+    return 0 if visited is None or partial is None else visited - partial
+
+
+def _at_least(program: Program, step, loops: tuple, axes: tuple, unmasked: dict) -> sympy.Expr:
+    """A lower bound of ``cost.step_total(program, step, loops, axes)`` for any tiles: the count
+    itself outside a masked stream, the bound above inside one (the same axes and loops outside
+    the mask's as step_total multiplies in)."""
+    masked = _masked_loop(loops)
+    if masked is None:
+        return step_total(program, step, loops, axes)
+    mask, schedule = masked.mask, program.schedule
+    involved = set(mask.axes)
+    tiles = dict(mask.tiles)
+    total = sympy.Integer(unmasked[mask]) / sympy.Mul(*(tiles[a] for a in mask.axes if a not in axes))
+    total *= sympy.Mul(*(schedule.axis_size(a) for a in axes if a not in involved))
+    for loop in loops:
+        if loop.axis not in axes and loop.axis not in involved:
+            total *= loop.trips
+    return total
+
+
+def _without_masked(body: tuple) -> tuple:
+    """``body`` without its masked stream loops (and all they hold)."""
+    return tuple(dataclasses.replace(node, body=_without_masked(node.body)) if isinstance(node, Loop) else node
+                 for node in body if not (isinstance(node, Loop) and node.mask is not None))
+
+
+def _work_parts(step):
+    """A masked step's work one term at a time, as a step doing only that term, with the count
+    per element and the axes it is counted over. The mask's test (``test_flops``) is left out:
+    it runs only on the chunks the mask holds in part, of which the tiles may leave none."""
+    bare = dataclasses.replace(step, flops=(), test_flops=(), bookkeeping=(), flops_over=())
+    for unit, n in step.flops:
+        yield dataclasses.replace(bare, flops=((unit, n),)), n, step.flop_space
+    for unit, n, axes in step.flops_over + step.bookkeeping:
+        yield dataclasses.replace(bare, flops_over=((unit, n, axes),)), n, axes
+
+
+def _masked_priced(program: Program, unmasked: dict) -> list:
+    """cost.flops_by_unit's priced entries with every term of a masked step at a lower bound of
+    its count: the steps outside masked streams priced as they are; each term of a masked one
+    priced alone (its path and dtype as flops_by_unit decides them) and counted by _at_least,
+    or, for a term that subtracts work (a negative bookkeeping count), by every chunk (the most
+    it can subtract)."""
+    plain = Program(program.schedule, tuple(dataclasses.replace(launch, body=_without_masked(launch.body))
+                                           for launch in program.launches))
+    _, priced = flops_by_unit(plain)
+    parts, launches = [], []
+    for launch in program.launches:
+        chains = []
+        for step, loops in walk(launch.body):
+            if _masked_loop(loops) is None:
+                continue
+            for part, n, axes in _work_parts(step):
+                node = part
+                for loop in reversed(loops):  # the part alone inside the step's loops
+                    node = dataclasses.replace(loop, body=(node,))
+                chains.append(node)
+                parts.append((step, loops, n, axes))
+        launches.append(dataclasses.replace(launch, body=tuple(chains)))
+    _, alone = flops_by_unit(Program(program.schedule, tuple(launches)))
+    if len(alone) != len(parts):
+        raise NapkinError(f"napkin bug: {len(alone)} priced entries for {len(parts)} terms of masked steps")
+    for (launch_of, unit, dtype, _), (step, loops, n, axes) in zip(alone, parts, strict=True):
+        n = sympy.sympify(n)
+        count = _at_least(program, step, loops, axes, unmasked) if n.is_nonnegative else step_total(program, step, loops, axes)
+        priced.append((launch_of, unit, dtype, n * count))
+    return priced
