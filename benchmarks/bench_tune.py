@@ -1,7 +1,7 @@
 """Benchmark: the tuner with fusion choices (issue 14).
 
 Prints one table: `tune` on attention (examples/attention.napkin, b=4 h=32 q=x=8192 d=128) and
-on a 4-statement MLP (SwiGLU, t=512 m=1024 f=2816 e=1024) on each GPU profile: candidates
+on a 4-statement MLP (SwiGLU, examples/swiglu.napkin, t=512 m=1024 f=2816 e=1024) on each GPU profile: candidates
 scored, fusion choices searched (sets of intermediates materialised at device memory), seconds,
 the best predicted time beside the relabelling written in the file (as written; "does not fit"
 when it exceeds a level), and what the best materialises. Each search is timed cold (a new
@@ -22,14 +22,13 @@ if str(ROOT) not in sys.path:
 
 import napkin_dsl as napkin
 from napkin_dsl.errors import NapkinError
-from tests.test_tune_fusion import ISSUE_SIZES, SWIGLU  # the issue's SwiGLU, one source
 
 EXAMPLES = ROOT / "examples"
 
 
 CASES = [
     ("attention", lambda: napkin.load(EXAMPLES / "attention.napkin")["attention"], dict(b=4, h=32, q=8192, x=8192, d=128)),
-    ("swiglu (4-statement MLP)", lambda: napkin.load(SWIGLU)["swiglu"], dict(ISSUE_SIZES)),
+    ("swiglu (4-statement MLP)", lambda: napkin.load(EXAMPLES / "swiglu.napkin")["swiglu"], dict(t=512, m=1024, f=2816, e=1024)),
 ]
 HARDWARE = ["A100", "H100", "H200"]
 MIN_CANDIDATES, MAX_SECONDS = 10_000, 2.0

@@ -218,6 +218,8 @@ CASES: list[Case] = [
     # group r 16 keeps 16 whole f32 rows in shared memory: c = 2048 is 128 KiB of the 227
     Case("softmax", "softmax.napkin", "softmax_rows", {"r": 32768, "c": 2048}, {"r": 128}, "softmax"),
     Case("rmsnorm", "rmsnorm.napkin", "rmsnorm", {"t": 8192, "d": 4096}, {"t": 256}, "rmsnorm", {"eps": 1e-6}),
+    # LLaMA-7B's gated MLP over 8k tokens: the dual GEMM with its gate, H at gmem (bf16), then W2.
+    Case("swiglu", "swiglu.napkin", "swiglu", {"t": 8192, "m": 4096, "f": 11008, "e": 4096}, {"t": 64}, "swiglu"),
     # No relabel block: the tuner's. It never streams x here, so x = 1024 is about the largest that fits.
     Case("attention_unfused", "attention_unfused.napkin", "attention_unfused", {"q": 16384, "x": 1024, "d": 128},
          {"q": 128}, "unfused_attention"),
@@ -800,6 +802,11 @@ def _torch_mlp(torch, t, sizes, scalars):
     return lambda: functional.gelu(torch.addmm(t["bias"], t["X"], t["W"]))
 
 
+def _torch_swiglu(torch, t, sizes, scalars):
+    functional = torch.nn.functional
+    return lambda: torch.matmul(functional.silu(torch.matmul(t["X"], t["W1"])) * torch.matmul(t["X"], t["W3"]), t["W2"])
+
+
 def _torch_softmax(torch, t, sizes, scalars):
     return lambda: torch.softmax(t["X"], dim=-1)
 
@@ -828,6 +835,7 @@ TORCH_BASELINES = {
     "sdpa_window": ("F.scaled_dot_product_attention(attn_mask=window)", _torch_sdpa_window),
     "matmul": ("torch.matmul (bf16 out)", _torch_matmul),
     "mlp": ("F.gelu(torch.addmm)", _torch_mlp),
+    "swiglu": ("silu(X @ W1) * (X @ W3) @ W2", _torch_swiglu),
     "softmax": ("torch.softmax", _torch_softmax),
     "rmsnorm": ("F.rms_norm", _torch_rmsnorm),
     "unfused_attention": ("softmax(Q @ K.T) @ V", _torch_unfused_attention),

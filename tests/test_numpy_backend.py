@@ -47,18 +47,24 @@ def only_kernel(source) -> napkin.Kernel:
 
 def relabelled(path: Path, hardware: str, partitions, dtype: str | None = None, outer=()) -> napkin.Kernel:
     """The example's kernel with its relabel block replaced: ``partitions`` is [(kind, axis, size)]
-    at the compute level of ``hardware``, ``outer`` groups [(axis, size)] at l1 of three_level;
-    ``dtype`` replaces every float dtype of the kernel."""
+    or [(kind, axis, size, targets)] (a clause scoped to those statements' launches: ``LEVEL for
+    G, U: ...``) at the compute level of ``hardware``, ``outer`` groups [(axis, size)] at l1 of
+    three_level; ``dtype`` replaces every float dtype of the kernel."""
     text = path.read_text()
     head = text.split("\nrelabel ")[0].rstrip("\n") + "\n"
     if dtype is not None:
         head = re.sub(r"\b(bf16|f16|f32|fp8e4m3|fp8e5m2)\[", f"{dtype}[", head)
     head = re.sub(r"@(gmem|l0)\b", f"@{napkin.load_hardware(hardware).top.name}", head)  # materialise at this top level
     name = only_kernel(path).name
-    groups = ", ".join(f"{axis} {size}" for kind, axis, size in partitions if kind == "group")
-    streams = ", ".join(f"{axis} {size}" for kind, axis, size in partitions if kind == "stream")
-    clauses = "; ".join(part for part in (f"group {groups}" if groups else "", f"stream {streams}" if streams else "") if part)
-    block = f"\nrelabel {name} on {hardware}:\n" + (f"    {LEVEL[hardware]}: {clauses}\n" if clauses else "")
+    scopes: dict[tuple, list] = {}  # targets (empty: every launch) -> its partitions, in order
+    for kind, axis, size, *targets in partitions:
+        scopes.setdefault(tuple(targets[0]) if targets and targets[0] else (), []).append((kind, axis, size))
+    block = f"\nrelabel {name} on {hardware}:\n"
+    for targets, scoped in scopes.items():
+        groups = ", ".join(f"{axis} {size}" for kind, axis, size in scoped if kind == "group")
+        streams = ", ".join(f"{axis} {size}" for kind, axis, size in scoped if kind == "stream")
+        clauses = "; ".join(part for part in (f"group {groups}" if groups else "", f"stream {streams}" if streams else "") if part)
+        block += f"    {LEVEL[hardware]}{' for ' + ', '.join(targets) if targets else ''}: {clauses}\n"
     if outer:
         block += "    l1: group " + ", ".join(f"{axis} {size}" for axis, size in outer) + "\n"
     return only_kernel(head + block)
@@ -124,7 +130,7 @@ def test_example_at_sizes_tiles_divide(path):
 def test_example_on_two_level_in_f32(path):
     """The same kernels on the paper's abstract model, relabelled at l1, every array f32 (tight tolerance)."""
     kernel = only_kernel(path)
-    partitions = [(p.kind, p.axis, p.size) for level in (kernel.relabel.levels if kernel.relabel else ()) for p in level.partitions]
+    partitions = [(p.kind, p.axis, p.size, p.targets) for level in (kernel.relabel.levels if kernel.relabel else ()) for p in level.partitions]
     kernel = relabelled(path, "two_level", partitions, dtype="f32")
     counts, report = run_and_compare(kernel, default_sizes(kernel), rtol=1e-5)
     assert_counts_equal_report(counts, report)

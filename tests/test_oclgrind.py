@@ -75,9 +75,10 @@ SIZES = {
     "causal_attention.napkin": {"b": 1, "h": 1, "q": 48, "x": 80, "d": 16},
     "sliding_window.napkin": {"b": 1, "h": 1, "q": 32, "x": 300, "d": 16},
     "attention_lse.napkin": {"b": 1, "h": 1, "q": 32, "x": 80, "d": 16},
+    "swiglu.napkin": {"t": 32, "m": 64, "f": 32, "e": 32},
 }
 TENSOR_CORES = {"attention.napkin", "gqa.napkin", "matmul.napkin", "mlp.napkin", "causal_attention.napkin",
-                "sliding_window.napkin", "attention_lse.napkin"}
+                "sliding_window.napkin", "attention_lse.napkin", "swiglu.napkin"}
 
 # Random relabellings: 100 of the examples (about 30 of them on the tensor-core path) and 20 random
 # programs of the fuzzer, 120 in all (issue 13 asks for 50), in two oclgrind processes (CI has

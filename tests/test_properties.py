@@ -44,6 +44,14 @@ def configurations(draw, kernel):
     for axis in kernel.diagram.axes:
         sizes[axis] = draw(st.integers(1, 3)) if axis in batch_like(kernel) else draw(st.integers(1, 40))
     partitions = []
+    written = [p for level in (kernel.relabel.levels if kernel.relabel else ()) for p in level.partitions]
+    if any(p.targets for p in written):
+        # Clauses scoped to launches (LEVEL for G, U: ...): each written partition, in its scope,
+        # most of the time, with a drawn size.
+        for p in written:
+            if draw(st.sampled_from([True, True, True, False])):
+                partitions.append((p.kind, p.axis, draw(st.integers(math.ceil(sizes[p.axis] / MAX_TRIPS), sizes[p.axis] + 3)), p.targets))
+        return sizes, partitions
     # Partition most of the time: an unpartitioned axis is the easy case.
     for kind, axes in (("group", groupable(kernel)), ("stream", streamed(kernel))):
         for axis in axes:

@@ -106,6 +106,8 @@ SETUPS = {
     "mlp.napkin": Setup("H100", {"b": 8192, "k": 4096, "n": 14336},
                         "8192 tokens through the up-projection of a 4096-wide model with a 14336-wide hidden layer."),
     "rmsnorm.napkin": Setup("H100", {"t": 16384, "d": 4096}, "16k tokens of a 4096-wide model."),
+    "swiglu.napkin": Setup("H100", {"t": 512, "m": 1024, "f": 2816, "e": 1024},
+                           "512 tokens through the gated MLP of a 1024-wide model with a 2816-wide hidden layer."),
     "softmax.napkin": Setup("H100", {"r": 32768, "c": 1024}, "32k rows of 1024."),
     "paper/fig9.napkin": Setup("two_level", {}, "the paper's abstract two-level model, symbolically."),
     "paper/fig11.napkin": Setup("two_level", {}, "an opaque box has no FLOP rate on a GPU: the paper's two-level model, symbolically."),
