@@ -28,6 +28,7 @@ SIZES = {
     "causal_attention.napkin": [dict(b=2, h=4, q=1024, x=1024, d=64), dict(b=1, h=3, q=200, x=150, d=128)],
     "sliding_window.napkin": [dict(b=1, h=4, q=1024, x=1024, d=64), dict(b=1, h=3, q=330, x=400, d=128)],
     "attention_lse.napkin": [dict(b=2, h=4, q=1024, x=1024, d=64), dict(b=1, h=3, q=200, x=150, d=128)],
+    "swiglu.napkin": [dict(t=512, m=1024, f=2816, e=1024), dict(t=100, m=70, f=130, e=90)],
 }
 CASES = [(name, i) for name in SIZES for i in range(2)]
 
