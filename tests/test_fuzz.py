@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .conftest import NAPKIN_EXAMPLES
-from .fuzz_programs import Case, absurd_sizes, check_case_within, known_item, mutants, mutate, programs, tokens
+from .fuzz_programs import Case, absurd_sizes, attention_programs, check_case_within, known_item, mutants, mutate, programs, tokens
 
 # Failures of issue 13's list that the fast profile still meets, excluded by item (the pattern
 # each item matches is fuzz_programs.known_item's) until its fix lands; then the entry goes and
@@ -27,8 +27,14 @@ from .fuzz_programs import Case, absurd_sizes, check_case_within, known_item, mu
 # needed {"item 1", "item 9"}: an on-chip intermediate read after an @gmem split (KeyError in
 # backends/numpy.py load) and sizes of 10^5000 (ValueError, the int-to-str digit limit, in
 # pseudocode); the long profile also met items 2 and 3. Their fixes have landed (f19f011,
-# cb01a1c, d50c95c, 1e4f116, be86312): nothing is excluded.
-KNOWN: set[str] = set()
+# cb01a1c, d50c95c, 1e4f116, be86312).
+# "masked skip" (found by the masked-attention strategy, napkin bug open, fuzz_programs.masked_skip_losers):
+# a streamed softmax[x](where(COND, ...)) skips the masked chunks of x for every statement of
+# its launch, so an array computed there outside the softmax's family (S saved as an output,
+# an unrelated map) is NaN on NumPy, garbage on OpenCL, a KeyError when every chunk is masked.
+# Only those arrays' failures are excluded; the masked softmax, its contraction and its lse
+# are judged. Remove the entry when the fix lands.
+KNOWN: set[str] = {"masked skip"}
 
 TIME_LIMIT = 20.0  # seconds per case; a case that runs past it is a hang
 PROFILE = {"deadline": None, "database": None, "derandomize": True, "suppress_health_check": list(HealthCheck)}
@@ -44,6 +50,12 @@ def assert_keeps_invariants(case: Case, opencl: bool | None = None) -> None:
 @settings(max_examples=400, **PROFILE)
 @given(programs(max_size=5, opencl=False))
 def test_valid_programs_run_right_on_numpy_and_count_what_the_model_says(case):
+    assert_keeps_invariants(case)
+
+
+@settings(max_examples=60, **PROFILE)
+@given(attention_programs(max_size=5, opencl=False))
+def test_masked_attention_with_its_lse_streamed_runs_right_on_numpy(case):
     assert_keeps_invariants(case)
 
 
@@ -85,6 +97,13 @@ def test_a_sample_of_valid_programs_runs_right_on_opencl(case):
     assert_keeps_invariants(case, opencl=True)
 
 
+@pytest.mark.usefixtures("opencl_device")
+@settings(max_examples=10, **PROFILE)
+@given(attention_programs(max_size=4, opencl=True))
+def test_a_sample_of_masked_attention_with_its_lse_runs_right_on_opencl(case):
+    assert_keeps_invariants(case, opencl=True)
+
+
 # ---- the harness finds what it should ---------------------------------------------------------------
 
 
@@ -120,3 +139,45 @@ def test_the_bound_allows_what_low_precision_storage_costs():
         widths[dtype] = float((bound / abs(values)).max())
     assert 2.0**-8 < widths["bf16"] < 0.1
     assert widths["f32"] < 1e-5
+
+
+def _bounds_of(text: str, sizes: dict, seed: int = 0):
+    import napkin_dsl as napkin
+
+    from .fuzz_programs import error_bounds, fuzz_inputs
+
+    (kernel,) = napkin.load(text).values()
+    inputs, scalars = fuzz_inputs(kernel.diagram, sizes, seed)
+    return kernel.diagram, error_bounds(kernel.diagram, inputs, scalars, sizes)
+
+
+def test_a_fully_masked_row_must_be_exact_and_the_lse_bound_is_tight():
+    """Row 0 of ``q >= x + 1`` is fully masked: its lse must be -inf (0 is wrong) and its
+    softmax row 0 exactly; elsewhere the lse bound admits f32 rounding and refuses 1e-3."""
+    import numpy as np
+
+    from .fuzz_programs import compare
+
+    diagram, bounds = _bounds_of("kernel k(S: f32[q x]) -> (L: f32[q], P: f32[q x]):\n"
+                                 "    L[q] = lse[x](where(q >= x + 1, S, -inf))\n"
+                                 "    P[q x] = softmax[x](where(q >= x + 1 and q - x < 3, S, -inf))\n", {"q": 6, "x": 40})
+    want = {name: values for name, (values, _) in bounds.items()}
+    assert want["L"][0] == -np.inf and bounds["L"][1][0] == 0 and np.all(want["P"][0] == 0) and np.all(bounds["P"][1][0] < 1e-40)
+    assert np.all(np.isfinite(bounds["L"][1])) and np.all(np.isfinite(bounds["P"][1]))  # the diagonal's comparisons are exact
+    assert compare(diagram, {"L": np.float32(want["L"]), "P": np.float32(want["P"])}, want, bounds) == []
+    for name, index, value in (("L", 0, 0.0), ("L", 0, np.nan), ("L", 3, want["L"][3] + 1e-3), ("P", (0, 0), 1e-6),
+                               ("P", (2, 1), want["P"][2, 1] * (1 + 1e-3))):
+        broken = {k: v.copy() for k, v in want.items()}
+        broken[name][index] = value
+        assert compare(diagram, broken, want, bounds), (name, index, value)
+
+
+def test_the_bound_rounds_a_materialised_intermediate_to_its_written_dtype():
+    """``T @gmem bf16`` (the dtype after the level) widens the bound to bf16's; f32 stays tight."""
+    widths = {}
+    for dtype in ("bf16", "f32", "fp8e4m3"):
+        diagram, bounds = _bounds_of(f"kernel k(X: f32[i]) -> Y: f32[i]:\n    T[i] @gmem {dtype} = X * 3\n    Y[i] = T + 1\n", {"i": 8})
+        assert diagram.arrays["T"].dtype == dtype
+        values, bound = bounds["Y"]
+        widths[dtype] = float((bound / abs(values)).max())
+    assert widths["f32"] < 1e-5 < 2.0**-9 < widths["bf16"] < 2.0**-5 < widths["fp8e4m3"] < 1
