@@ -23,6 +23,10 @@ How a Program maps onto a GPU:
   accumulate / finalise steps; row reductions (reductions, softmax, the online softmax's
   running max and sum) give a warp per row and reduce with warp shuffles in CUDA, and a
   work-item per row in OpenCL;
+* an unstreamed softmax evaluates its operand once per element, as the model counts it: its
+  max pass keeps each value (in the target, or in registers) for the sum and the division;
+* a result that takes bytes other threads may still read waits in registers, in one shape
+  (``Printer.staged``): a per-thread ``stage`` array, a barrier, the write;
 * transfers between device memory and the L2 level are the hardware's business (a cache):
   they print nothing.
 
@@ -822,14 +826,10 @@ class Printer:
                                    lambda total: self.emit(self.write(target, s.axes, self.mean(total, box))))
                 return
             # Rows are read by every warp while others write: results wait in registers.
-            self.emit(f"{self.real} stage[{self.per_thread_rows(s.axes, ())}];")
-            self.emit("int k = 0;")
-            self.staging(lambda: self.row_reduction(s.axes, box.axes, box.op, box.operand,
-                                                    lambda total: self.emit(f"stage[{self.stage_index()}] = {self.mean(total, box)};")))
-            self.emit(self.dialect.barrier)
-            self.emit("k = 0;")
-            self.staging(lambda: self.row_loop(s.axes, lambda: self.emit(self.write(target, s.axes, f"stage[{self.stage_index()}]"))))
-            self.emit("(void)k;")
+            self.staged(self.per_thread_rows(s.axes, ()),
+                        lambda: self.row_reduction(s.axes, box.axes, box.op, box.operand,
+                                                   lambda total: self.emit(f"stage[{self.stage_index()}] = {self.mean(total, box)};")),
+                        lambda write: self.row_loop(s.axes, write), target, s.axes)
             return
         if isinstance(box, Softmax):
             self.softmax(s, box, staged=self.hazard(step, target))
@@ -861,26 +861,24 @@ class Printer:
         if not self.hazard(step, out):
             self.flat_loop(axes, lambda: self.emit(self.write(out, axes, value())))
             return
-        self.staged(axes, lambda: self.emit(f"stage[{self.stage_index()}] = {value()};"), out)
+        self.staged(self.per_thread(axes), lambda: self.flat_loop(axes, lambda: self.emit(f"stage[{self.stage_index()}] = {value()};")),
+                    lambda write: self.flat_loop(axes, write), out, axes)
 
-    def staged(self, axes, compute, out):
-        per_thread = -(-math.prod(self.tile[a] for a in axes) // self.threads)
-        self.emit(f"{self.real} stage[{per_thread}];")
-        self.emit("{")
-        self.depth += 1
+    def staged(self, size: int, fill, each, out: str, axes):
+        """A result that waits in registers until every thread has read the inputs whose bytes it
+        takes (Printer.hazard), the one shape every such step prints: fill() computes this
+        thread's values into a per-thread ``stage[size]`` at ``stage[self.stage_index()]``, a
+        barrier, then ``out[axes] = stage[...]`` in the loop nest ``each(write)``, which visits the
+        thread's elements in fill's order. Both run under `staging`: the index is the loops'
+        trip numbers (registers once unrolled) where they are counted, else a running count
+        ``k`` that restarts for the write."""
+        self.emit(f"{self.real} stage[{size}];")
         self.emit("int k = 0;")
-        self.staging(lambda: self.flat_loop(axes, compute))
-        self.emit("(void)k;")
-        self.depth -= 1
-        self.emit("}")
+        self.staging(fill)
         self.emit(self.dialect.barrier)
-        self.emit("{")
-        self.depth += 1
-        self.emit("int k = 0;")
-        self.staging(lambda: self.flat_loop(axes, lambda: self.emit(self.write(out, axes, f"stage[{self.stage_index()}]"))))
+        self.emit("k = 0;")
+        self.staging(lambda: each(lambda: self.emit(self.write(out, axes, f"stage[{self.stage_index()}]"))))
         self.emit("(void)k;")
-        self.depth -= 1
-        self.emit("}")
 
     def mean(self, total: str, box: Reduce) -> str:
         if box.op != "mean":
@@ -921,7 +919,9 @@ class Printer:
                 variable = f"b_{ident(axis)}" if axis in blocks else f"i_{ident(axis)}"
                 self.emit(f"const int {variable} = {rest} % ({extent}); {rest} /= ({extent});")
             self.emit(f"(void){rest};")
+            self.trip_vars.append(None)  # trips not counted: a staged value waits at a running count
             body()
+            self.trip_vars.pop()
             self.depth -= 1
             self.emit("}")
             self.valid = saved
@@ -942,12 +942,8 @@ class Printer:
         # until every thread has finished reading, then write it in the same order.
         per_thread = -(-math.prod(self.tile[a] for a in s.axes if a not in (am, an)) * -(-self.tile[am] // rm)
                        * -(-self.tile[an] // rn) // self.threads) * rm * rn
-        self.emit(f"{self.real} stage[{per_thread}];")
-        self.emit("int k = 0;")
-        blocked(lambda: compute(lambda: self.emit("stage[k++] = acc[u][v];")))
-        self.emit(self.dialect.barrier)
-        self.emit("k = 0;")
-        blocked(lambda: self.each_output(am, an, rm, rn, lambda: self.emit(self.write(name, s.axes, "stage[k++]"))))
+        self.staged(per_thread, lambda: blocked(lambda: compute(lambda: self.emit(f"stage[{self.stage_index()}] = acc[u][v];"))),
+                    lambda write: blocked(lambda: self.each_output(am, an, rm, rn, write)), name, s.axes)
 
     def each_output(self, am, an, rm, rn, store):
         """for each (u, v) of a register block whose output lies inside the valid tile: store()."""
@@ -1072,7 +1068,8 @@ class Printer:
             else:
                 self.flat_loop(s.axes, lambda: body(lambda: self.emit(self.write(name, s.axes, "acc"))))
             return
-        self.staged(s.axes, lambda: body(lambda: self.emit(f"stage[{self.stage_index()}] = acc;")), name)
+        self.staged(self.per_thread(s.axes), lambda: self.flat_loop(s.axes, lambda: body(lambda: self.emit(f"stage[{self.stage_index()}] = acc;"))),
+                    lambda write: self.flat_loop(s.axes, write), name, s.axes)
 
     def strided_loop(self, axes, start: str, step: str, prefix: str, body):
         """for each valid element over `axes` from `start` in strides of `step`: body().
@@ -1120,6 +1117,20 @@ class Printer:
         for variable, trips in loops:
             index = variable if not index else f"({index}) * {trips} + {variable}"
         return index or "0"
+
+    def stage_slot(self) -> str:
+        """The current element's place in `stage`, to spell more than once: a running count is
+        taken once."""
+        index = self.stage_index()
+        if index != "k++":
+            return index
+        self.emit("const int ks = k++;")
+        return "ks"
+
+    def stage_counted(self, axes, step: str) -> bool:
+        """Whether a strided loop over `axes` by `step` nested here indexes `stage` by trip
+        numbers (strided_loop counts its trips) rather than by a running count."""
+        return all(loop is not None for loop in self.trip_vars[self.stage_depth:]) and self.trips(axes, step) is not None
 
     def staging(self, fill):
         """Run fill() with trip-indexed loops: the stage index is read off the loop nest."""
@@ -1185,41 +1196,82 @@ class Printer:
         return "(nk_tid % 32) == 0" if self.dialect.name == "cuda" else "true"
 
     def softmax(self, s, box: Softmax, staged: bool = False):
+        """P = softmax[axis](operand), unstreamed, a row to a group of lanes (Printer.row_loop) in
+        three passes over the row: its max, the sum of exp(v - max), then exp(v - max) / sum.
+
+        The operand is evaluated once per element, as the model and the NumPy backend count it:
+        the first pass keeps each value where the thread reads it back in the other two, in the
+        target's element (each lane visits the same elements in every pass, so a thread reads
+        only what it wrote) or in the per-thread ``stage`` where the result waits in registers
+        anyway (``staged``) or where the target's type would round it (a guard: the Program
+        keeps a computed tile in the step's type, pseudocode.compute_dtype). A plain read is read
+        again instead: it costs no FLOPs, and keeping it would cost a store."""
         rows = s.woven
         axis = box.axis
         all_axes = tuple(rows) + (axis,)
         d = self.dialect
+        reread = isinstance(box.operand, Read)
+        kept_in = self.slots[s.target].dtype
+        exact = kept_in == "f64" or (kept_in == "f32" and self.real == "float")  # the target holds v as it is
+        in_stage = staged or (not reread and not exact)
 
-        def store(value):
-            if staged:
+        def keep(value):  # first pass: the operand's value, kept for the other two
+            if in_stage:
                 self.emit(f"stage[{self.stage_index()}] = {value};")
             else:
                 self.emit(self.write(s.target, all_axes, value))
 
-        if staged:
-            self.emit(f"{self.real} stage[{self.per_thread_rows(rows, (axis,))}];")
-            self.emit("int k = 0;")
+        def kept() -> str:  # the value the first pass kept, or the read itself
+            if reread:
+                return self.expression(box.operand, all_axes)
+            return f"stage[{self.stage_index()}]" if in_stage else self.read(s.target, all_axes)
+
+        def first():
+            if reread:
+                self.emit(f"m = {d.math('max', ['m', self.expression(box.operand, all_axes)], self.real)};")
+                return
+            self.emit(f"const {self.real} v = {self.expression(box.operand, all_axes)};")
+            keep("v")
+            self.emit(f"m = {d.math('max', ['m', 'v'], self.real)};")
+
+        def probability(value: str) -> str:
+            # A fully masked row (every entry -inf) is 0, as in the reference, not exp(NaN).
+            return f"(m == -NK_INF) ? {self.zero} : {d.math('exp', [value + ' - m'], self.real)} / l"
+
+        def last():
+            if not in_stage:
+                self.emit(self.write(s.target, all_axes, probability(kept())))
+            elif reread:
+                self.emit(f"stage[{self.stage_index()}] = {probability(kept())};")
+            else:  # stage[i] = f(stage[i]) spells the index twice
+                at = self.stage_slot()
+                self.emit(f"stage[{at}] = {probability(f'stage[{at}]')};")
 
         def body():
+            # A running count (trips not counted at print time) restarts at the row's first value
+            # in each pass; trip numbers index the same value in every pass by themselves.
+            rewind = in_stage and not reread and not self.stage_counted((axis,), d.lane_step)
+            if rewind:
+                self.emit("const int k_row = k;")
             self.emit(f"{self.real} m = -NK_INF;")
-            self.lane_loop((axis,), lambda: self.emit(f"m = {d.math('max', ['m', self.expression(box.operand, all_axes)], self.real)};"))
+            self.lane_loop((axis,), first)
             self.emit(f"m = {d.row_reduce('max', 'm')};")
             self.emit(f"{self.real} l = {self.zero};")
-            self.lane_loop((axis,), lambda: self.emit(f"l += {d.math('exp', [self.expression(box.operand, all_axes) + ' - m'], self.real)};"))
+            if rewind:
+                self.emit("k = k_row;")
+            self.lane_loop((axis,), lambda: self.emit(f"l += {d.math('exp', [kept() + ' - m'], self.real)};"))
             self.emit(f"l = {d.row_reduce('sum', 'l')};")
-            # A fully masked row (every entry -inf) is 0, as in the reference, not exp(NaN).
-            self.lane_loop((axis,), lambda: store(f"(m == -NK_INF) ? {self.zero} : {d.math('exp', [self.expression(box.operand, all_axes) + ' - m'], self.real)} / l"))
+            if rewind:
+                self.emit("k = k_row;")
+            self.lane_loop((axis,), last)
 
-        if not staged:
+        if not in_stage:
             self.row_loop(rows, body)
             return
-        self.staging(lambda: self.row_loop(rows, body))
-        # The output reuses the input's bytes at another offset: write once every row is read.
-        self.emit(d.barrier)
-        self.emit("k = 0;")
-        self.staging(lambda: self.row_loop(rows, lambda: self.lane_loop(
-            (axis,), lambda: self.emit(self.write(s.target, all_axes, f"stage[{self.stage_index()}]")))))
-        self.emit("(void)k;")
+        # The output reuses the input's bytes at another offset (written once every row is read),
+        # or it would round the values kept (then the barrier is not needed: one a step).
+        self.staged(self.per_thread_rows(rows, (axis,)), lambda: self.row_loop(rows, body),
+                    lambda write: self.row_loop(rows, lambda: self.lane_loop((axis,), write)), s.target, all_axes)
 
     def step_rescale(self, step: Step):
         s = step.statement
@@ -1281,14 +1333,8 @@ class Printer:
         if not staged:
             self.row_loop(s.woven, body)
             return
-        self.emit(f"{self.real} stage[{self.per_thread_rows(s.woven, (axis,))}];")
-        self.emit("int k = 0;")
-        self.staging(lambda: self.row_loop(s.woven, body))
-        self.emit(d.barrier)
-        self.emit("k = 0;")
-        self.staging(lambda: self.row_loop(s.woven, lambda: self.lane_loop(
-            (axis,), lambda: self.emit(self.write(s.target, all_axes, f"stage[{self.stage_index()}]")))))
-        self.emit("(void)k;")
+        self.staged(self.per_thread_rows(s.woven, (axis,)), lambda: self.row_loop(s.woven, body),
+                    lambda write: self.row_loop(s.woven, lambda: self.lane_loop((axis,), write)), s.target, all_axes)
 
     def step_accumulate(self, step: Step):
         s = step.statement
