@@ -11,9 +11,11 @@ Each launch is elaborated once with symbolic partition sizes; memory, transfers 
 become one compiled Python function (sympy ``lambdify``) that scores every candidate, a lower
 bound of its time (contractions at the mma.sync rate; a masked stream's steps on the elements
 its mask leaves unmasked, whatever chunks the tiles make it visit). The best are checked with
-numeric tiles (instruction selection's path, the plan's buffers) by branch and bound, and the
-most promising configurations of each fusion choice are re-planned and costed exactly (masked
-tails, derived L2 grouping, occupancy, fixed costs) and returned best first.
+numeric tiles (instruction selection's path, the plan's buffers), and the combinations of every
+fusion choice's launches are planned and costed exactly (masked tails, derived L2 grouping,
+occupancy, fixed costs) in order of a lower bound of the whole Program's time, until none left can
+beat the best or MAX_COSTED were costed (branch and bound, _Search.branch_and_bound); they are
+returned best first, with the gap to the model's optimum that remains (``TuneResult.optimality``).
 
 For the abstract models (values, symbolic capacity ``M``) it fits the paper's optimum
 ``H* = sum_t alpha_t M^-beta_t``: the leading exponent ``beta`` (1/2 for matmul, 1 for
@@ -29,6 +31,7 @@ place, and it does not search loop order, pipeline stages (the plan fixes them) 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 import math
 import time as _time
@@ -38,8 +41,8 @@ import sympy
 
 from . import syntax as syn
 from .check import check_size_bounds
-from .cost import (CostReport, as_number, busy_fraction, columns, cost_of, flops_by_unit, instruction_path, level_costs,
-                   masked_elements, step_total)
+from .cost import (CostReport, as_number, busy_fraction, columns, cost_of, flops_by_unit, instruction_path,
+                   level_costs, masked_elements, masked_wave_efficiency, step_total, tile_values)
 from .diagram import DTYPE_BYTES, Contract, Diagram
 from .errors import NapkinError, RelabelError
 from .formatting import format_count, json_value
@@ -64,8 +67,10 @@ class Knob:
 
     @property
     def symbol(self) -> sympy.Symbol:
+        # The level is in the name: a block may partition one axis at two levels (smem: group q
+        # 128 with registers: group q 16), two knobs that must not share a symbol.
         scope = "_for_" + "_".join(self.targets) if self.targets else ""
-        return sympy.Symbol(f"tune_{self.kind}_{self.axis}{scope}", positive=True, integer=True)
+        return sympy.Symbol(f"tune_{self.level}_{self.kind}_{self.axis}{scope}", positive=True, integer=True)
 
 
 @dataclass
@@ -123,6 +128,7 @@ class TuneResult:
     fusion_choices: int = 1  # sets of materialised intermediates searched
     written: frozenset = frozenset()  # arrays the source materialises at the top level
     curves: dict = field(default_factory=dict, repr=False)  # "group q for O" -> {size: best estimate (s)}
+    optimality: Optimality | None = None  # how far the best can be from the model's optimum (a GPU profile)
 
     @property
     def best(self) -> Configuration:
@@ -166,6 +172,7 @@ class TuneResult:
             "beta": json_value(self.beta) if self.beta is not None else None,
             "optimum": str(self.optimum) if self.optimum is not None else None,
             "relabel_text": self.relabel_text,
+            "optimality": self.optimality.to_dict() if self.optimality is not None else None,
             "configurations": [
                 {"sizes": {a: json_value(v) for a, v in c.sizes.items()}, "relabel": c.relabel_line(), "time_s": c.time_s,
                  "bound": c.bound, "origin": c.origin,
@@ -185,8 +192,9 @@ class TuneResult:
     _HEADER = ("#", "time", "bound", "at gmem", "from", "tiles")
 
     def __repr__(self) -> str:
+        optimal = f"; {self.optimality.text()}" if self.optimality is not None else ""
         head = (f"<TuneResult {self.kernel} on {self.hardware}: {self.evaluated:,} candidates, "
-                f"{self.fusion_choices} fusion choice{'s' if self.fusion_choices != 1 else ''}, {self.seconds:.2f} s>")
+                f"{self.fusion_choices} fusion choice{'s' if self.fusion_choices != 1 else ''}, {self.seconds:.2f} s{optimal}>")
         if self.best.time_s is None:  # an abstract model's fit: no time to tabulate
             return head + "\n" + self.table()
         rows = [self._HEADER] + self._rows()
@@ -202,7 +210,8 @@ class TuneResult:
 
         body = "".join(f"<tr>{cells(r, 'td')}</tr>" for r in self._rows())
         return (f"<p>tuning {html.escape(self.kernel)} on {html.escape(self.hardware)}: {self.evaluated:,} candidates, "
-                f"{self.fusion_choices} fusion choices, {self.seconds:.2f} s</p>"
+                f"{self.fusion_choices} fusion choices, {self.seconds:.2f} s"
+                f"{'; ' + html.escape(self.optimality.text()) if self.optimality is not None else ''}</p>"
                 f"<table><tr>{cells(self._HEADER, 'th')}</tr>{body}</table>")
 
     def table(self) -> str:
@@ -210,6 +219,8 @@ class TuneResult:
         lines = [f"tuning {self.kernel} on {self.hardware}: {self.evaluated} configurations{choices} in {self.seconds * 1e3:.0f} ms"]
         if self.constraints:
             lines.append("  multiples: " + ", ".join(f"{a} of {m}" for a, m in self.constraints.items()))
+        if self.optimality is not None:
+            lines.append(f"  the best is {self.optimality.text()}")
         if self.beta is not None:
             lines.append(f"  optimum: H* = {self.optimum}   (beta = {self.beta})")
             lines.append(f"  {getattr(self, 'fit_note', '')}")
@@ -435,6 +446,7 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     search = _Search(profile, sizes, max_candidates)
     written = materialised(diagram, profile)
     candidates: list[Configuration] = []
+    spaces = []
     if block is not None and block.levels:
         try:
             report = cost_of(plan(diagram, profile, block, sizes))
@@ -445,7 +457,9 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
                                             knobs, values, origin="as written"))
         except RelabelError:
             pass  # the written relabelling does not fit these sizes: the search may find one that does
-        candidates += search.configurations(diagram, block, top, origin="resized")
+        ranked = search.ranked(diagram, block)
+        if ranked is not None:
+            spaces.append(search.space(diagram, ranked, "resized"))
     choices = [written]
     if fusion:
         points = split_points(diagram, profile)
@@ -456,37 +470,22 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
             subsets = [(), tuple(points)] + [(p,) for p in points]
         choices += [frozenset(subset) | fixed for subset in subsets if not keep_written or written <= frozenset(subset) | fixed]
     choices = list(dict.fromkeys(choices))
-    # Score every fusion choice by its launches' lower bounds (memoised: choices share launches).
-    estimated = []
+    # Score every fusion choice's launches (memoised: choices share launches).
     for done, chosen in enumerate(choices, 1):
         variant = materialise(diagram, profile, chosen & set(split_points(diagram, profile)))
         ranked = search.ranked(variant, None)
         if ranked is not None:
-            # Each launch also pays its fixed start (hardware.launch_s): splitting is not free.
-            estimate = sum(scored[0][0] for scored in ranked) + profile.launch_s * len(split_launches(variant, profile))
-            estimated.append((estimate, len(estimated), chosen, variant, ranked))
+            spaces.append(search.space(variant, ranked, "tuned" if chosen == written else "fusion",
+                                       None if chosen == written else chosen))
         if progress is not None:
             progress(done, len(choices))
-    estimated.sort(key=lambda item: item[:2])
     # The estimates leave out what only numeric tiles decide (instruction selection's tile rules,
-    # L2 grouping, waves and fixed costs), so each fusion choice's first candidates are costed
-    # exactly, and the choices whose exact best is fastest get the rest of the top ones.
-    best_estimate = estimated[0][0] if estimated else math.inf
-    costed = []
-    for index, (estimate, _, chosen, variant, ranked) in enumerate(estimated):
-        if chosen != written and index >= FUSION_CHOICES_COSTED and (
-                estimate > FUSION_ESTIMATE_SLACK * best_estimate or index >= MAX_FUSION_CHOICES_COSTED):
-            continue
-        found = search.exact(variant, ranked, PER_CHOICE_COSTED, origin="tuned" if chosen == written else "fusion",
-                             materialised=None if chosen == written else chosen)
-        best_time = min((c.time_s for c in found if c.time_s is not None), default=math.inf)
-        costed.append((best_time, index, chosen, variant, ranked, found))
-    costed.sort(key=lambda item: item[:2])
-    for rank, (_, _, chosen, variant, ranked, found) in enumerate(costed):
-        candidates += found
-        if rank < FUSION_CHOICES_REFINED and top > PER_CHOICE_COSTED:
-            candidates += search.exact(variant, ranked, top, origin="tuned" if chosen == written else "fusion",
-                                       materialised=None if chosen == written else chosen, start=PER_CHOICE_COSTED)
+    # L2 grouping, waves of unequal masked blocks and fixed costs), so the ranking by estimate is
+    # not the exact one: the candidates of every choice are costed exactly in order of their lower
+    # bound until none left can beat the best (branch and bound), or MAX_COSTED were costed.
+    written_time = min((c.time_s for c in candidates if c.time_s is not None), default=math.inf)
+    found, optimality = search.branch_and_bound(spaces, written_time, MAX_COSTED)
+    candidates += found
     compute_level = profile.compute_level.name
     # Ties in predicted time go to the configuration that moves fewer bytes into the compute level.
     candidates.sort(key=lambda c: (c.time_s if c.time_s is not None else math.inf,
@@ -504,7 +503,7 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     searched = next((c.searched for c in configurations if c.searched is not None), None)
     return TuneResult(diagram.name, profile.name, best.knobs, configurations[:max(top, 1)], search.evaluated,
                       _time.perf_counter() - started, search.required, fusion_choices=len(choices),
-                      written=written, curves=_curves(searched or []))
+                      written=written, curves=_curves(searched or []), optimality=optimality)
 
 
 def knob_label(knob: Knob) -> str:
@@ -525,14 +524,12 @@ def _curves(ranked: list) -> dict:
 
 
 MAX_SPLIT_POINTS = 6  # 2^6 fusion choices at most are enumerated
-FUSION_CHOICES_COSTED = 8  # fusion choices costed exactly whatever their estimate ...
-FUSION_ESTIMATE_SLACK = 2.0  # ... and any other within this factor of the best estimate ...
-MAX_FUSION_CHOICES_COSTED = 16  # ... up to this many in all (the written one always)
-PER_CHOICE_COSTED = 2  # candidates of each such choice costed exactly
 VERIFIED = 4  # candidates per launch checked with numeric tiles (path, memory) ...
 MAX_VERIFIED = 32  # ... checking at most this many
-EXACT_RETRIES = 6  # further ranks tried when exactly costed candidates overflow a level
-FUSION_CHOICES_REFINED = 2  # choices, fastest first, whose top candidates are all costed exactly
+MAX_COSTED = 24  # combinations costed exactly per search: the cap of branch and bound (and twice as many
+# masked ones planned to refine their bound)
+FLOOR_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # weights of compute against transfers in _Search.floor
+MAX_EXPANDED = 20000  # heap entries expanded per search: bounds are cheap, but the launches' product is not
 
 
 class _Search:
@@ -542,6 +539,9 @@ class _Search:
     def __init__(self, profile: Hardware, sizes: dict, max_candidates: int):
         self.profile, self.sizes, self.max_candidates = profile, sizes, max_candidates
         self.memo: dict = {}
+        self.scorers: dict = {}  # id(knobs) -> its _Estimate (the knob lists live in the memo)
+        self.on_fma: dict = {}  # (id(knobs), combo) -> launches re-priced on the FMA path by _verified
+        self.tails: dict = {}  # (id(ranked list), one scope) -> suffix minima (_Search.space)
         self.evaluated = 0
         self.required: dict = {}
 
@@ -570,6 +570,7 @@ class _Search:
                 for knobs in knob_sets(diagram, self.profile, block, self.sizes, statements):
                     found, count, multiples, rescore[id(knobs)] = _score(diagram, self.profile, knobs, self.sizes,
                                                                          self.max_candidates, index)
+                    self.scorers[id(knobs)] = rescore[id(knobs)]
                     scored += [(estimate, rank, knobs, combo) for rank, (estimate, combo) in enumerate(found)]
                     self.evaluated += count
                     self.required.update(multiples)
@@ -599,6 +600,7 @@ class _Search:
                 continue
             if on_fma:
                 estimate = rescore[id(knobs)](combo, on_fma)
+                self.on_fma[id(knobs), combo] = on_fma
             if estimate is not None:
                 checked.append((estimate, rank, knobs, combo))
         checked.sort(key=lambda item: item[:2])
@@ -624,30 +626,230 @@ class _Search:
                          if any(isinstance(s.box, Contract) for s in launch.launch.statements)
                          and instruction_path(program, launch) == "fma")
 
-    def configurations(self, diagram: Diagram, block, top: int, origin: str) -> list:
-        ranked = self.ranked(diagram, block)
-        return [] if ranked is None else self.exact(diagram, ranked, top, origin)
+    def parts(self, item) -> tuple:
+        """(lower bound, compute at full occupancy, transfers, most blocks) of a ranked candidate,
+        on the path _verified found for it."""
+        _, _, knobs, combo = item
+        scorer = self.scorers[id(knobs)]
+        on_fma = self.on_fma.get((id(knobs), combo))
+        return scorer.parts(combo, on_fma) if on_fma else scorer.details[combo]
 
-    def exact(self, diagram: Diagram, ranked: list, top: int, origin: str, materialised=None, start: int = 0) -> list:
-        """Plan and cost the combinations of per-launch candidates ranked ``start`` to ``top`` exactly."""
-        configurations = []
-        # A candidate the estimate admits can still overflow a level once instruction selection
-        # lays out its buffers: it is skipped, and the next rank tried, a few times over.
-        wanted = max(top, 1) - start
-        for rank in range(start, start + wanted + EXACT_RETRIES):
-            if len(configurations) >= wanted or (rank and all(rank >= len(scored) for scored in ranked)):
-                break
-            picks = [scored[min(rank, len(scored) - 1)] for scored in ranked]
-            knobs = [k for _, _, pick_knobs, _ in picks for k in pick_knobs]
-            values = {k: v for _, _, pick_knobs, combo in picks for k, v in zip(pick_knobs, combo, strict=False)}
-            try:
-                report = cost_of(plan(diagram, self.profile, _block(diagram, self.profile, knobs, values), self.sizes))
-            except RelabelError:
+    def space(self, diagram: Diagram, ranked: list, origin: str, materialised=None) -> _Space:
+        """A search space for branch and bound: the combinations of ``ranked``'s candidates, one
+        per launch scope, with the suffix minima that bound every combination at or after given
+        ranks (_Space.floor)."""
+        tails = []
+        for scored in ranked:
+            key = (id(scored), len(ranked) == 1)  # the lists live in the memo: choices share launches
+            if key not in self.tails:
+                if len(ranked) == 1:
+                    # One scope prices all its launches together: its estimate and their starts.
+                    columns_ = [[item[0] + self.profile.launch_s * self.scorers[id(item[2])].launches for item in scored]]
+                else:
+                    # max(C, T) >= w C + (1 - w) T for any weight w in [0, 1], a sum over the launches:
+                    # suffix minima per weight keep each candidate's compute and transfers together;
+                    # the fixed costs add up over launches.
+                    parts = [self.parts(item) for item in scored]
+                    columns_ = ([[w * p[1] + (1 - w) * p[2] for p in parts] for w in FLOOR_WEIGHTS] + [[p[4] for p in parts]]
+                                + [[self.scorers[id(knobs)].fixed(combo) for _, _, knobs, combo in scored]])
+                self.tails[key] = [_suffix_minima(column) for column in columns_]
+            tails.append(self.tails[key])
+        return _Space(diagram, ranked, origin, materialised, tails)
+
+    def bound(self, space: _Space, ranks: tuple) -> float:
+        """A lower bound of the exact time (``cost_of(plan(...))``) of the combination at ``ranks``.
+
+        One launch scope: its estimate (compute over the busy fraction, or its transfers) plus
+        the fixed costs' lower bound. Several (one launch each): their estimates do not add up to
+        a bound. The exact model divides the launches' compute, summed, by one busy fraction,
+        that of the launch with the most blocks (cost.level_costs' N is their Max), takes the
+        larger of that and each level's transfers, summed over the launches, and adds every
+        launch's fixed costs: max(C1/e1, T1) + max(C2/e2, T2) can exceed max((C1 + C2)/e, T1 + T2)
+        (one launch compute-bound, the other transfer-bound; or a launch of few blocks, whose
+        e1 is low, beside one with many). So the bound is that formula on the launches' lower
+        bounds: max((sum C) / busy_fraction(max blocks), sum T) + sum of fixed, where a masked
+        launch's C counts its unmasked elements (_at_least) and, split into launches, a mask no
+        longer sets the busy fraction (cost.masked_wave_efficiency is for one launch)."""
+        picks = [scored[rank] for scored, rank in zip(space.ranked, ranks, strict=True)]
+        fixed = sum(self.scorers[id(knobs)].fixed(combo) for _, _, knobs, combo in picks)
+        if len(picks) == 1:
+            return picks[0][0] + fixed
+        parts = [self.parts(item) for item in picks]
+        compute = sum(p[1] for p in parts) / busy_fraction(max(p[3] for p in parts), self.profile.compute_level.units)
+        return max(compute, sum(p[2] for p in parts), sum(p[4] for p in parts)) + fixed
+
+    def floor(self, space: _Space, ranks: tuple) -> float:
+        """A lower bound of every combination whose rank in each scope is at least ``ranks``'s
+        (the busy fraction at most 1; one scope's fixed costs at least its launches' starts; with
+        several, max(sum C, sum T, sum of compulsory transfers) bounded by weighted sums)."""
+        if len(space.ranked) == 1:
+            return space.tails[0][0][ranks[0]]
+        sums = [sum(tail[column][rank] for tail, rank in zip(space.tails, ranks, strict=True))
+                for column in range(len(FLOOR_WEIGHTS) + 2)]
+        return max(sums[:-1]) + sums[-1]
+
+    def refined(self, space: _Space, ranks: tuple, bound: float):
+        """A masked candidate (one launch) planned: the busy fraction its blocks' unequal work
+        allows (cost.masked_wave_efficiency on the plan the exact model costs), in place of the
+        estimate's blocks / SMs. Returns (bound, plan); the plan is kept for the exact cost."""
+        picks = [scored[rank] for scored, rank in zip(space.ranked, ranks, strict=True)]
+        program = self.plan(space, picks)
+        if program is None or len(space.ranked) != 1 or len(program.launches) != 1:
+            return bound, program
+        efficiency = masked_wave_efficiency(program, self.profile.compute_level.units)
+        if efficiency is None:
+            return bound, program
+        _, compute, traffic, _, compulsory = self.parts(picks[0])
+        fixed = self.scorers[id(picks[0][2])].fixed(picks[0][3])
+        return max(bound, max(compute / efficiency, traffic, compulsory) + fixed), program
+
+    def plan(self, space: _Space, picks: list):
+        """The Program the exact model costs for one combination; None when it does not fit."""
+        knobs = [k for _, _, pick_knobs, _ in picks for k in pick_knobs]
+        values = {k: v for _, _, pick_knobs, combo in picks for k, v in zip(pick_knobs, combo, strict=False)}
+        try:
+            return plan(space.diagram, self.profile, _block(space.diagram, self.profile, knobs, values), self.sizes)
+        except RelabelError:
+            return None
+
+    def configuration(self, space: _Space, ranks: tuple, program) -> Configuration | None:
+        """A combination costed exactly; None when a level overflows once its buffers are laid out."""
+        picks = [scored[rank] for scored, rank in zip(space.ranked, ranks, strict=True)]
+        if program is None:
+            return None
+        try:
+            report = cost_of(program)
+        except RelabelError:
+            return None
+        knobs = [k for _, _, pick_knobs, _ in picks for k in pick_knobs]
+        values = {k: v for _, _, pick_knobs, combo in picks for k, v in zip(pick_knobs, combo, strict=False)}
+        return Configuration({k.axis: v for k, v in values.items()}, report.time.get("overlapped_s"), report, knobs,
+                             values, origin=space.origin, materialised=space.materialised, diagram=space.diagram,
+                             searched=space.ranked)
+
+    def branch_and_bound(self, spaces: list, best: float, limit: int) -> tuple[list, Optimality]:
+        """Cost combinations exactly in order of their lower bound (self.bound), across every
+        space, until the best exact time (``best``: the written relabelling's, or inf) is no
+        greater than the next lower bound (the best is then optimal under the model) or
+        ``limit`` were costed. The first ranks of every scope form a heap entry whose
+        key (self.floor) bounds all combinations at or after them; popping one yields its own
+        combination, and one entry per scope it may advance (a scope at or after the last one
+        advanced: each combination is reached once). A masked combination is planned, its
+        bound refined (self.refined) and pushed back before it is costed."""
+        heap: list = []
+        counter = itertools.count()
+
+        def push(key, stage, index, ranks, pivot=0, program=None):
+            heapq.heappush(heap, (key, next(counter), stage, index, ranks, pivot, program))
+
+        for index, space in enumerate(spaces):
+            ranks = (0,) * len(space.ranked)
+            push(self.floor(space, ranks), "floor", index, ranks)
+        found, refined_count, costed, expanded, parked = [], 0, 0, 0, math.inf
+        while heap and heap[0][0] < best:
+            key, _, stage, index, ranks, pivot, program = heap[0]
+            space = spaces[index]
+            if stage == "floor":
+                if expanded >= MAX_EXPANDED:
+                    # Set the unexpanded aside (their least key still bounds every combination
+                    # in them) and cost the combinations already bounded, best first.
+                    parked = min(parked, key)
+                    heapq.heappop(heap)
+                    continue
+                expanded += 1
+                heapq.heappop(heap)
+                push(max(key, self.bound(space, ranks)), "bound", index, ranks)
+                for scope in range(pivot, len(ranks)):
+                    if ranks[scope] + 1 < len(space.ranked[scope]):
+                        after = ranks[:scope] + (ranks[scope] + 1,) + ranks[scope + 1:]
+                        push(self.floor(space, after), "floor", index, after, scope)
                 continue
-            by_axis = {k.axis: v for k, v in values.items()}
-            configurations.append(Configuration(by_axis, report.time.get("overlapped_s"), report, knobs, values,
-                                                origin=origin, materialised=materialised, diagram=diagram, searched=ranked))
-        return configurations
+            masked = len(space.ranked) == 1 and self.scorers[id(space.ranked[0][ranks[0]][2])].masked
+            if stage == "bound" and masked and refined_count < 2 * limit:
+                heapq.heappop(heap)
+                refined_count += 1
+                refined, program = self.refined(space, ranks, key)
+                push(refined, "planned", index, ranks, program=program)
+                continue
+            if costed >= limit:
+                break  # the cap: the heap's least key bounds what was not costed
+            heapq.heappop(heap)
+            if stage == "bound":
+                program = self.plan(space, [scored[rank] for scored, rank in zip(space.ranked, ranks, strict=True)])
+            configuration = self.configuration(space, ranks, program)
+            costed += 1
+            if configuration is not None:
+                found.append(configuration)
+                if configuration.time_s is not None:
+                    best = min(best, configuration.time_s)
+        lower = min(heap[0][0] if heap else math.inf, parked)
+        size = sum(math.prod(len(scored) for scored in space.ranked) for space in spaces)
+        return found, Optimality(best, lower, costed, size)
+
+
+def _suffix_minima(values: list) -> list:
+    out, least = [0.0] * len(values), math.inf
+    for i in range(len(values) - 1, -1, -1):
+        least = min(least, values[i])
+        out[i] = least
+    return out
+
+
+@dataclass
+class _Space:
+    """One search space: a fusion choice (or the written block resized), its launch scopes'
+    candidates ranked by estimate, and their suffix minima (_Search.space)."""
+
+    diagram: Diagram
+    ranked: list
+    origin: str
+    materialised: frozenset | None
+    tails: list
+
+
+@dataclass(frozen=True)
+class Optimality:
+    """How far the best exact time can be from the model's optimum over the candidates searched:
+    ``lower`` is the least lower bound of a candidate not costed exactly (inf when none is left)."""
+
+    best: float
+    lower: float
+    costed: int  # combinations costed exactly (a plan that overflows a level included)
+    candidates: int  # combinations in the search spaces
+
+    @property
+    def gap(self) -> float:
+        """best / lower - 1, at least 0: 0 exactly when the bound closed (no candidate left
+        could be faster than the best)."""
+        if not math.isfinite(self.best) or self.best <= self.lower:
+            return 0.0 if math.isfinite(self.best) or not math.isfinite(self.lower) else math.inf
+        return self.best / self.lower - 1 if self.lower > 0 else math.inf
+
+    @property
+    def closed(self) -> bool:
+        return self.gap == 0
+
+    def text(self) -> str:
+        of = f"{self.costed:,} of {self.candidates:,} candidates costed exactly"
+        if self.closed:
+            return f"optimal under the model ({of})"
+        return f"within {_percent(self.gap)} of the model's optimum: {of}"
+
+    def to_dict(self) -> dict:
+        return {"gap": self.gap if math.isfinite(self.gap) else None, "closed": self.closed,
+                "lower_bound_s": self.lower if math.isfinite(self.lower) else None,
+                "costed": self.costed, "candidates": self.candidates, "text": self.text()}
+
+
+def _percent(fraction: float) -> str:
+    if not math.isfinite(fraction):
+        return "an unknown factor"
+    # Rounded up: the gap printed is never smaller than the gap.
+    for digits in range(0, 4):
+        shown = math.ceil(fraction * 100 * 10**digits) / 10**digits
+        if shown >= 1 or digits == 3:
+            return f"{shown:g}%"
+    return f"{fraction:.2%}"
 
 
 def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, max_candidates: int,
@@ -715,33 +917,42 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
             terms.setdefault((launch_of, on_fma), []).append(sympy.sympify(amount).subs(rename) / rate)
     launch_indices = sorted({launch for launch, _ in terms})
     compute_keys = [(index, on_fma) for index in launch_indices for on_fma in (False, True)]
-    # One compiled function per knob set: memory per level, compute per launch and path, traffic.
-    evaluate = sympy.lambdify(symbols, memory_exprs + [sympy.Add(*terms[key]) for key in compute_keys] + [traffic_expr], "math")
-    n_levels = len(level_names)
-    units = profile.level(compute_level).units
-    group_at = [(i, int(sizes[k.axis])) for i, k in enumerate(knobs) if k.kind == "group"]
-
-    def estimate(combo, on_fma=frozenset()):
-        """The predicted time of one candidate (None when it does not fit), its launches in
-        ``on_fma`` priced on the FMA path."""
-        values = evaluate(*combo)
-        for used, limit in zip(values, capacity, strict=False):
-            if used > limit:
-                return None
-        n_blocks = 1
-        for i, size in group_at:
-            n_blocks *= -(-size // combo[i])
-        efficiency = busy_fraction(n_blocks, units)  # the exact rule (cost.predict_time)
-        if unmasked:
-            # A masked launch's blocks do unequal work, and the exact model charges each round
-            # of blocks its longest (cost.masked_wave_efficiency): with the short blocks in the
-            # last round the units are busier than equal blocks would keep them. That fraction
-            # is at most 1, and at most blocks / SMs (in one round the longest block, of at
-            # least the mean work, sets the time), which busy_fraction never exceeds either.
-            efficiency = min(1.0, n_blocks / units)
-        compute = sum(values[n_levels + 2 * j + (index in on_fma)] for j, index in enumerate(launch_indices))
-        return max(compute / efficiency, values[-1])
-
+    # Blocks per launch as the exact model counts them (cost.launch_blocks), and the bytes of the
+    # first and last tiles a block moves (cost.block_tiles), for the fixed costs' lower bound.
+    blocks_exprs, tile_exprs = [], []
+    for launch in program.launches:
+        blocks_exprs.append(_blocks(program, launch).subs(rename))
+        seen, moved_tiles = set(), sympy.Integer(0)
+        for step, _ in walk(launch.body):
+            if step.op in ("load", "save") and step.level == compute_level and (step.op, step.array) not in seen:
+                seen.add((step.op, step.array))
+                moved_tiles += tile_values(launch.schedule, compute_level, step.axes) * DTYPE_BYTES[step.dtype]
+        tile_exprs.append(sympy.sympify(moved_tiles).subs(rename))
+    # Every element a launch loads from device memory, or saves there, crosses the link below it
+    # at least once (the exact model's first level under device memory counts at least that,
+    # whatever its L2 grouping): a bound that splitting a kernel into launches pays, and the
+    # transfers into the compute level miss. A masked launch may never load some elements (a
+    # band of keys no query sees), so it is left out.
+    top_link = profile.levels[1]
+    compulsory = 0.0
+    if top_link.name != compute_level and isinstance(top_link.bandwidth, (int, float)):
+        for launch in program.launches:
+            if any(loop.mask is not None for _, loops in walk(launch.body) for loop in loops):
+                continue
+            computed = {s.target for s in launch.launch.statements}
+            moved = {(step.op, step.array): step.dtype for step, _ in walk(launch.body)
+                     if step.op in ("load", "save") and step.level == compute_level
+                     and (step.op == "save" or step.array not in computed)}
+            for (_, name), dtype in moved.items():
+                array = diagram.arrays[name]
+                width = min(DTYPE_BYTES[dtype], DTYPE_BYTES.get(array.dtype, DTYPE_BYTES[dtype]))
+                compulsory += math.prod(int(sizes[a]) for a in array.axes) * width / top_link.bandwidth
+    # One compiled function per knob set: memory per level, compute per launch and path, traffic,
+    # blocks per launch.
+    evaluate = sympy.lambdify(symbols, memory_exprs + [sympy.Add(*terms[key]) for key in compute_keys] + [traffic_expr]
+                              + blocks_exprs, "math")
+    estimate = _Estimate(profile, evaluate, capacity, len(level_names), launch_indices, len(program.launches),
+                         bool(unmasked), sympy.lambdify(symbols, blocks_exprs + tile_exprs, "math"), compulsory)
     options = [_candidates(int(sizes[k.axis]), required.get(k.axis, 1)) for k in knobs]
     scored = []
     evaluated = 0
@@ -749,11 +960,79 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
         evaluated += 1
         if evaluated > max_candidates:
             break
-        value = estimate(combo)
-        if value is not None:
-            scored.append((value, combo))
+        parts = estimate.parts(combo)
+        if parts is not None:
+            scored.append((parts[0], combo))
+            estimate.details[combo] = parts
     scored.sort(key=lambda item: item[0])
     return scored, evaluated, required, estimate
+
+
+def _blocks(program: Program, launch) -> sympy.Expr:
+    """cost.launch_blocks with symbolic tiles: its group loops' trips, each rounded up as the
+    numeric tiles round it (a symbolic loop's trips are size / tile)."""
+    depth = program.schedule.levels.index(program.schedule.compute_level)
+    groups = {id(loop): loop.trips for _, loops in walk(launch.body) for loop in loops
+              if loop.kind == "group" and program.schedule.levels.index(loop.level) <= depth}
+    return sympy.Mul(*(sympy.ceiling(trips) for trips in groups.values()))
+
+
+class _Estimate:
+    """One knob set's lower bound of a candidate's time (called as ``estimate(combo, on_fma)``:
+    None when it does not fit), and the parts the branch and bound combines across launches."""
+
+    def __init__(self, profile: Hardware, evaluate, capacity: list, n_levels: int, launch_indices: list, launches: int,
+                 masked: bool, tiles, compulsory: float = 0.0):
+        self.evaluate, self.capacity, self.n_levels = evaluate, capacity, n_levels
+        self.compulsory = compulsory  # seconds on the link under device memory, whatever the tiles
+        self.launch_indices, self.launches, self.masked, self.tiles = launch_indices, launches, masked, tiles
+        self.units = profile.compute_level.units
+        self.launch_s = profile.launch_s
+        # Fixed costs (cost.fixed_costs) at least: each launch's start, and its first wave's first
+        # and last tiles from and to device memory at the slowest link down to the compute level,
+        # a wave being at least min(blocks, SMs) blocks (one resident per SM at the least). The
+        # later waves' prologue can be 0 (two blocks per SM), so it is left out.
+        compute = profile.compute_level
+        links = [lv.bandwidth for lv in profile.levels[1:profile.index(compute.name) + 1]]
+        numeric = links and all(isinstance(b, (int, float)) for b in links) and isinstance(compute.capacity, int)
+        self.below_top = min(links) if numeric else None
+        self.details: dict = {}  # combo -> parts, for every candidate scored (on the tensor-core path)
+
+    def parts(self, combo, on_fma=frozenset()):
+        """(lower bound, compute seconds at full occupancy, seconds of transfers into the compute
+        level, the most blocks of a launch, seconds under device memory), its launches in
+        ``on_fma`` priced on the FMA path; None when it does not fit."""
+        values = self.evaluate(*combo)
+        for used, limit in zip(values, self.capacity, strict=False):
+            if used > limit:
+                return None
+        n = self.n_levels
+        keys = 2 * len(self.launch_indices)
+        traffic = values[n + keys]
+        n_blocks = max(values[n + keys + 1:]) if self.launches else 1
+        efficiency = busy_fraction(n_blocks, self.units)  # the exact rule (cost.predict_time): the most blocks of a launch
+        if self.masked:
+            # A masked launch's blocks do unequal work, and the exact model charges each round
+            # of blocks its longest (cost.masked_wave_efficiency): with the short blocks in the
+            # last round the units are busier than equal blocks would keep them. That fraction
+            # is at most 1, and at most blocks / SMs (in one round the longest block, of at
+            # least the mean work, sets the time), which busy_fraction never exceeds either.
+            efficiency = min(1.0, n_blocks / self.units)
+        compute = sum(values[n + 2 * j + (index in on_fma)] for j, index in enumerate(self.launch_indices))
+        return max(compute / efficiency, traffic, self.compulsory), compute, traffic, n_blocks, self.compulsory
+
+    def __call__(self, combo, on_fma=frozenset()):
+        parts = self.parts(combo, on_fma)
+        return None if parts is None else parts[0]
+
+    def fixed(self, combo) -> float:
+        """A lower bound of cost.fixed_costs for this candidate's launches."""
+        total = self.launch_s * self.launches
+        if self.below_top is not None and self.launches:
+            values = self.tiles(*combo)
+            for blocks, moved in zip(values[:self.launches], values[self.launches:], strict=True):
+                total += min(blocks, self.units) * moved / self.below_top
+        return total
 
 
 class AbstractOptimum:
