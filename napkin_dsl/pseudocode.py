@@ -700,10 +700,35 @@ def _mask_streams(body: tuple, schedule: Schedule, launch: Launch) -> tuple:
                     mask = mask_of(step.statement, node.axis, lambda a, level=compute: schedule.extent(a, level), producers)
                     if mask is not None:
                         break
+        if mask is not None and not _skips_safely(inner, mask, launch, node.axis):
+            mask = None  # another result of the loop needs every chunk: none is skipped
         if mask is not None:
             inner = tuple(_untested(n, mask) for n in inner)
         out.append(dataclasses.replace(node, body=inner, mask=mask))
     return tuple(out)
+
+
+def _skips_safely(body: tuple, mask: Mask, launch: Launch, axis: str) -> bool:
+    """Whether skipping the chunks ``mask`` hides leaves every result of the stream loop
+    ``body`` right. The masked softmax gives those entries weight 0, so the contractions it
+    feeds and the log-sum-exp read off its state (its stream role's sources) lose nothing, and
+    a statement whose result only they read, and which is not saved, loses nothing either. Any
+    other result computed in the loop (S saved beside the softmax, a sum over the axis of
+    another operand, what is computed from them) needs every chunk. Found by the fuzzer: those
+    were skipped too (NaN on NumPy, uninitialised memory on OpenCL)."""
+    stream = next((roles for roles in launch.streams if roles.axis == axis), None)
+    online = next((s for s in launch.statements if s.target == mask.statement), None)
+    if stream is None or online is None:
+        return False
+    by_index = {s.index: s for s in launch.statements}
+    safe = {online.target} | {by_index[i].target for i, source in stream.sources.items() if source == online.index}
+    computed = {step.statement.target for step, _ in walk(body) if step.statement is not None}
+    for s in reversed(launch.statements):  # a statement's readers come after it
+        readers = [r for r in launch.statements if s.target in r.inputs]
+        if (s.target in computed and s.target not in safe and s.target not in launch.outputs
+                and readers and all(r.target in safe for r in readers)):
+            safe.add(s.target)
+    return computed <= safe
 
 
 def _untested(node, mask: Mask):

@@ -13,9 +13,10 @@ import pytest
 
 import napkin_dsl as napkin
 from napkin_dsl.backends.cuda import generate
-from napkin_dsl.backends.numpy import check_run, execute
+from napkin_dsl.backends.numpy import check_run, execute, random_arguments
 from napkin_dsl.cost import cost_of
 from napkin_dsl.errors import NapkinError, NapkinErrors, NapkinSyntaxError, NapkinTypeError
+from napkin_dsl.pseudocode import walk
 from napkin_dsl.reference import evaluate
 
 from .conftest import EXAMPLES, assert_matches_reference
@@ -493,3 +494,47 @@ def test_too_many_groups_to_enumerate_count_every_chunk_and_say_so():
     report = cost_of(kernel.program(None, b=1, h=1, q=n, x=n, d=8), check=False)
     assert any("group tiles are not enumerated" in note and "upper bound" in note for note in report.notes)
     assert int(report.levels["smem"].H) == 2 * n * 8 + n * 2 * n * 8  # Q in and O out per row, K and V in full
+
+
+LEAK = """
+kernel leak(Q: f32[q d], K: f32[x d], V: f32[x d]) -> (O: f32[q d], S: f32[q x]):
+    S[q x] = Q[q d] * K[x d]
+    P[q x] = softmax[x](where(q >= x, S, -inf))
+    O[q d] = P[q x] * V[x d]
+
+relabel leak on H100:
+    smem: group q 16; stream x 16
+"""
+LEAK_SIZES = {"q": 40, "x": 72, "d": 8}
+
+
+def _stream_masks(program):
+    return [loop.mask for launch in program.launches for _, loops in walk(launch.body) for loop in loops if loop.kind == "stream"]
+
+
+def test_a_result_the_mask_does_not_cover_keeps_every_chunk():
+    """S is saved beside the masked softmax: every chunk of it is needed, so the loop skips
+    none (found by the fuzzer: the hidden chunks of S were never computed). Attention alone
+    still skips them."""
+    kernel = napkin.load(LEAK)["leak"]
+    program = kernel.program(**LEAK_SIZES)
+    assert _stream_masks(program) and all(mask is None for mask in _stream_masks(program))
+    arrays, scalars = random_arguments(kernel.diagram, LEAK_SIZES, 0)
+    outputs, counts = execute(program, arrays, scalars)
+    want = evaluate(kernel.diagram, arrays, scalars, LEAK_SIZES, keep_float64=True)
+    for name in ("O", "S"):
+        np.testing.assert_allclose(outputs[name], want[name], rtol=1e-4, atol=1e-5)
+    assert counts.differences(cost_of(program, check=False)) == []
+    plain = napkin.load(LEAK.replace(" -> (O: f32[q d], S: f32[q x]):", " -> O: f32[q d]:"))["leak"]
+    assert any(mask is not None for mask in _stream_masks(plain.program(**LEAK_SIZES)))
+
+
+def test_a_result_the_mask_does_not_cover_is_right_on_opencl(opencl_device):
+    from napkin_dsl.backends import opencl
+
+    kernel = napkin.load(LEAK)["leak"]
+    arrays, scalars = random_arguments(kernel.diagram, LEAK_SIZES, 1)
+    outputs = opencl.run(kernel.gpu_program(None, **LEAK_SIZES), arrays, scalars)
+    want = evaluate(kernel.diagram, arrays, scalars, LEAK_SIZES)
+    for name in ("O", "S"):
+        np.testing.assert_allclose(outputs[name], want[name], rtol=1e-4, atol=1e-5)
