@@ -526,10 +526,14 @@ def _curves(ranked: list) -> dict:
 MAX_SPLIT_POINTS = 6  # 2^6 fusion choices at most are enumerated
 VERIFIED = 4  # candidates per launch checked with numeric tiles (path, memory) ...
 MAX_VERIFIED = 32  # ... checking at most this many
-MAX_COSTED = 24  # combinations costed exactly per search: the cap of branch and bound (and twice as many
+MAX_COSTED = 32  # combinations costed exactly per search: the cap of branch and bound (and twice as many
 # masked ones planned to refine their bound)
-FLOOR_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # weights of compute against transfers in _Search.floor
-MAX_EXPANDED = 20000  # heap entries expanded per search: bounds are cheap, but the launches' product is not
+# Weights of compute, transfers into the compute level and compulsory device-memory transfers in
+# _Search.floor: each weighting a lower bound, the floor their largest.
+FLOOR_WEIGHTS = ((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0), (0.75, 0.25, 0.0), (0.5, 0.5, 0.0), (0.25, 0.75, 0.0),
+                 (0.5, 0.0, 0.5), (0.0, 0.5, 0.5))
+MAX_EXPANDED = 20000  # heap entries of several launches expanded per search: bounds are cheap, but the
+# launches' product is not (one launch's entries, at most its candidates, are always expanded)
 
 
 class _Search:
@@ -627,8 +631,9 @@ class _Search:
                          and instruction_path(program, launch) == "fma")
 
     def parts(self, item) -> tuple:
-        """(lower bound, compute at full occupancy, transfers, most blocks) of a ranked candidate,
-        on the path _verified found for it."""
+        """_Estimate.parts of a ranked candidate (lower bound, compute at full occupancy, transfers
+        into the compute level, most blocks, compulsory transfers under device memory), on the
+        path _verified found for it."""
         _, _, knobs, combo = item
         scorer = self.scorers[id(knobs)]
         on_fma = self.on_fma.get((id(knobs), combo))
@@ -637,7 +642,7 @@ class _Search:
     def space(self, diagram: Diagram, ranked: list, origin: str, materialised=None) -> _Space:
         """A search space for branch and bound: the combinations of ``ranked``'s candidates, one
         per launch scope, with the suffix minima that bound every combination at or after given
-        ranks (_Space.floor)."""
+        ranks (_Search.floor)."""
         tails = []
         for scored in ranked:
             key = (id(scored), len(ranked) == 1)  # the lists live in the memo: choices share launches
@@ -646,13 +651,15 @@ class _Search:
                     # One scope prices all its launches together: its estimate and their starts.
                     columns_ = [[item[0] + self.profile.launch_s * self.scorers[id(item[2])].launches for item in scored]]
                 else:
-                    # max(C, T) >= w C + (1 - w) T for any weight w in [0, 1], a sum over the launches:
-                    # suffix minima per weight keep each candidate's compute and transfers together;
-                    # the fixed costs add up over launches.
+                    # max(C, T, X) + F >= a C + b T + c X + F for weights a + b + c = 1, a sum over
+                    # the launches of one term per candidate: suffix minima per weighting keep each
+                    # candidate's compute, transfers and fixed costs together.
                     parts = [self.parts(item) for item in scored]
-                    columns_ = ([[w * p[1] + (1 - w) * p[2] for p in parts] for w in FLOOR_WEIGHTS] + [[p[4] for p in parts]]
-                                + [[self.scorers[id(knobs)].fixed(combo) for _, _, knobs, combo in scored]])
-                self.tails[key] = [_suffix_minima(column) for column in columns_]
+                    fixed = [self.scorers[id(knobs)].fixed(combo) for _, _, knobs, combo in scored]
+                    columns_ = [[a * p[1] + b * p[2] + c * p[4] + f for p, f in zip(parts, fixed, strict=True)]
+                                for a, b, c in FLOOR_WEIGHTS]
+                # Per rank, the suffix minimum of every column: a floor adds rows elementwise.
+                self.tails[key] = list(zip(*(_suffix_minima(column) for column in columns_), strict=True))
             tails.append(self.tails[key])
         return _Space(diagram, ranked, origin, materialised, tails)
 
@@ -667,7 +674,8 @@ class _Search:
         launch's fixed costs: max(C1/e1, T1) + max(C2/e2, T2) can exceed max((C1 + C2)/e, T1 + T2)
         (one launch compute-bound, the other transfer-bound; or a launch of few blocks, whose
         e1 is low, beside one with many). So the bound is that formula on the launches' lower
-        bounds: max((sum C) / busy_fraction(max blocks), sum T) + sum of fixed, where a masked
+        bounds: max((sum C) / busy_fraction(max blocks), sum T, sum X) + sum of fixed (X: what
+        each launch must move under device memory, a level of its own), where a masked
         launch's C counts its unmasked elements (_at_least) and, split into launches, a mask no
         longer sets the busy fraction (cost.masked_wave_efficiency is for one launch)."""
         picks = [scored[rank] for scored, rank in zip(space.ranked, ranks, strict=True)]
@@ -681,12 +689,11 @@ class _Search:
     def floor(self, space: _Space, ranks: tuple) -> float:
         """A lower bound of every combination whose rank in each scope is at least ``ranks``'s
         (the busy fraction at most 1; one scope's fixed costs at least its launches' starts; with
-        several, max(sum C, sum T, sum of compulsory transfers) bounded by weighted sums)."""
+        several, max(sum C, sum T, sum X) + sum F bounded by weighted sums, _Search.space)."""
         if len(space.ranked) == 1:
-            return space.tails[0][0][ranks[0]]
-        sums = [sum(tail[column][rank] for tail, rank in zip(space.tails, ranks, strict=True))
-                for column in range(len(FLOOR_WEIGHTS) + 2)]
-        return max(sums[:-1]) + sums[-1]
+            return space.tails[0][ranks[0]][0]
+        rows = [tail[rank] for tail, rank in zip(space.tails, ranks, strict=True)]
+        return max(map(sum, zip(*rows, strict=True)))
 
     def refined(self, space: _Space, ranks: tuple, bound: float):
         """A masked candidate (one launch) planned: the busy fraction its blocks' unequal work
@@ -750,13 +757,14 @@ class _Search:
             key, _, stage, index, ranks, pivot, program = heap[0]
             space = spaces[index]
             if stage == "floor":
-                if expanded >= MAX_EXPANDED:
+                if len(ranks) > 1 and expanded >= MAX_EXPANDED:
                     # Set the unexpanded aside (their least key still bounds every combination
-                    # in them) and cost the combinations already bounded, best first.
+                    # in them) and cost the combinations already bounded, best first. One scope's
+                    # entries are at most its candidates: they are always expanded.
                     parked = min(parked, key)
                     heapq.heappop(heap)
                     continue
-                expanded += 1
+                expanded += len(ranks) > 1
                 heapq.heappop(heap)
                 push(max(key, self.bound(space, ranks)), "bound", index, ranks)
                 for scope in range(pivot, len(ranks)):
@@ -997,6 +1005,7 @@ class _Estimate:
         numeric = links and all(isinstance(b, (int, float)) for b in links) and isinstance(compute.capacity, int)
         self.below_top = min(links) if numeric else None
         self.details: dict = {}  # combo -> parts, for every candidate scored (on the tensor-core path)
+        self.fixed_memo: dict = {}
 
     def parts(self, combo, on_fma=frozenset()):
         """(lower bound, compute seconds at full occupancy, seconds of transfers into the compute
@@ -1026,7 +1035,13 @@ class _Estimate:
         return None if parts is None else parts[0]
 
     def fixed(self, combo) -> float:
-        """A lower bound of cost.fixed_costs for this candidate's launches."""
+        """A lower bound of cost.fixed_costs for this candidate's launches (memoised: branch and
+        bound asks once per combination a candidate is in)."""
+        if combo not in self.fixed_memo:
+            self.fixed_memo[combo] = self._fixed(combo)
+        return self.fixed_memo[combo]
+
+    def _fixed(self, combo) -> float:
         total = self.launch_s * self.launches
         if self.below_top is not None and self.launches:
             values = self.tiles(*combo)

@@ -21,7 +21,7 @@ from napkin_dsl.cost import cost_of
 from napkin_dsl.errors import RelabelError
 from napkin_dsl.hardware import load_hardware
 from napkin_dsl.plan import plan
-from napkin_dsl.tune import Knob, Optimality, _block, _Search, tune
+from napkin_dsl.tune import Knob, _block, _Search, tune
 
 from .conftest import EXAMPLES
 
@@ -41,13 +41,14 @@ def exact_time(diagram, picks, sizes):
 
 def assert_honest(result, times):
     """No exact time beats the best by more than the gap: with the bound closed, none beats it."""
-    optimality = result.optimality
-    assert optimality is not None and optimality.gap >= 0
-    assert optimality.closed == (optimality.gap == 0)
-    floor = result.best.time_s / (1 + optimality.gap)
+    optimality = getattr(result, "optimality", None)  # a result that claims nothing claims the optimum
+    gap = optimality.gap if optimality is not None else 0.0
+    floor = result.best.time_s / (1 + gap)
     faster = [t for t in times if t < floor * (1 - 1e-12)]
     assert not faster, (f"{len(faster)} candidates faster than {floor:.4g} s (best {result.best.time_s:.4g} s, "
-                        f"{optimality.text()}): {sorted(faster)[:3]}")
+                        f"gap {gap:.3g}): {sorted(faster)[:3]}")
+    assert optimality is not None and optimality.gap >= 0
+    assert optimality.closed == (optimality.gap == 0)
 
 
 def causal():
@@ -104,22 +105,25 @@ def test_swiglu_best_is_no_slower_than_a_candidate_beyond_its_gap():
         "\nrelabel swiglu on H100:\n    smem for G, U, H: group t 96, f 128; stream m 64\n"
         "    smem for Y: group t 96, e 64; stream f 64\n")
     times = [napkin.load(source)["swiglu"].cost("H100", **SWIGLU_SIZES).time["overlapped_s"]]
-    # And a sample of the combinations of the best's search space.
+    # And the combinations of the best's search space (H at gmem: two launches) that pair the
+    # dual GEMM's first candidate with each of the down projection's first 150 by estimate: the
+    # fastest of them ranks far down by estimate, where a search by estimate never looks.
     best = result.best
-    rng = random.Random(1)
-    for _ in range(12):
-        picks = [scored[rng.randrange(min(len(scored), 40))] for scored in best.searched]
-        exact = exact_time(best.diagram, picks, SWIGLU_SIZES)
+    assert len(best.searched) == 2
+    first, second = best.searched
+    for item in second[:150]:
+        exact = exact_time(best.diagram, [first[0], item], SWIGLU_SIZES)
         if exact is not None:
             times.append(exact)
+    assert len(times) >= 100
     assert_honest(result, times)
 
 
 def test_the_gap_is_zero_exactly_when_the_bound_closed(monkeypatch):
-    assert Optimality(1.0, 2.0, 3, 10).gap == 0 and Optimality(1.0, 1.0, 3, 10).closed
-    assert Optimality(1.0, 0.8, 3, 10).gap == pytest.approx(0.25)
-    assert not Optimality(1.0, 0.8, 3, 10).closed and "within 25%" in Optimality(1.0, 0.8, 3, 10).text()
-    assert "optimal under the model" in Optimality(1.0, float("inf"), 10, 10).text()
+    assert tuning.Optimality(1.0, 2.0, 3, 10).gap == 0 and tuning.Optimality(1.0, 1.0, 3, 10).closed
+    assert tuning.Optimality(1.0, 0.8, 3, 10).gap == pytest.approx(0.25)
+    assert not tuning.Optimality(1.0, 0.8, 3, 10).closed and "within 25%" in tuning.Optimality(1.0, 0.8, 3, 10).text()
+    assert "optimal under the model" in tuning.Optimality(1.0, float("inf"), 10, 10).text()
     # A cap of one exact costing cannot close the bound on causal attention: the gap says so.
     monkeypatch.setattr(tuning, "MAX_COSTED", 1)
     diagram, sizes = causal(), dict(b=1, h=16, q=1000, x=1000, d=128)
