@@ -83,7 +83,7 @@ def check(kernel, arrays, expected: dict, *, scalars=None, sizes=None, impls=Non
 def test_every_example_is_covered():
     covered = {"attention.napkin", "attention_unfused.napkin", "gqa.napkin", "matmul.napkin", "mlp.napkin",
                "rmsnorm.napkin", "softmax.napkin", "paper/fig9.napkin", "paper/fig11.napkin", "paper/fig12.napkin",
-               "causal_attention.napkin", "sliding_window.napkin", "attention_lse.napkin"}
+               "causal_attention.napkin", "sliding_window.napkin", "attention_lse.napkin", "swiglu.napkin"}
     assert {str(p.relative_to(EXAMPLES)) for p in NAPKIN_EXAMPLES} == covered
 
 
@@ -165,6 +165,14 @@ def test_mlp_uses_exact_erf_gelu():
     arrays = random_inputs(kernel, {"b": 4, "k": 6, "n": 5}, seed=5)
     X, W, bias = (f64(arrays[n]) for n in ("X", "W", "bias"))
     check(kernel, arrays, {"Y": gelu_erf(X @ W + bias)})
+
+
+def test_swiglu_gates_one_projection_by_the_silu_of_the_other():
+    kernel = load("swiglu.napkin")
+    arrays = random_inputs(kernel, {"t": 4, "m": 6, "f": 5, "e": 3}, seed=6)
+    X, W1, W3, W2 = (f64(arrays[n]) for n in ("X", "W1", "W3", "W2"))
+    G, U = X @ W1, X @ W3
+    check(kernel, arrays, {"Y": (G / (1 + np.exp(-G)) * U) @ W2})
 
 
 def test_gelu_is_the_erf_form_not_the_tanh_approximation():

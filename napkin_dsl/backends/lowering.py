@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from ..boxes import REDUCTION_TABLE, accumulated, reduction
 from ..cost import as_number, columns, level_costs
 from ..diagram import (
     DTYPE_BYTES,
@@ -109,7 +110,7 @@ class CudaDialect(Dialect):
     name = "cuda"
     float_suffix = "f"
     storage = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
-    prelude = """#include <cuda_fp16.h>
+    base_prelude = """#include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
 // NVRTC defines no INFINITY.
@@ -118,32 +119,28 @@ __device__ __forceinline__ float nk_f(float v) { return v; }
 __device__ __forceinline__ float nk_f(double v) { return (float)v; }
 __device__ __forceinline__ float nk_f(__half v) { return __half2float(v); }
 __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float nk_warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float nk_warp_min(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float nk_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 """
-    prelude_f64 = """__device__ __forceinline__ double nk_warp_max(double v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+
+    @property
+    def prelude(self) -> str:
+        return self.base_prelude + self.warp_folds("float")
+
+    @property
+    def prelude_f64(self) -> str:
+        return self.warp_folds("double")
+
+    def warp_folds(self, real: str) -> str:
+        """One warp-wide fold (butterfly shuffles) per function a reduction folds with
+        (boxes.REDUCTION_TABLE; the softmax's max and sum are two of them): a new reduction
+        gets its fold here without a line of C of its own."""
+        folds = sorted({entry.combine for entry in REDUCTION_TABLE.values() if entry.combine is not None})
+        shuffled = "__shfl_xor_sync(0xffffffffu, v, o)"
+        return "".join(f"""__device__ __forceinline__ {real} nk_warp_{fn}({real} v) {{
+    for (int o = 16; o > 0; o >>= 1) v = {self.math(fn, ['v', shuffled], real)};
     return v;
-}
-__device__ __forceinline__ double nk_warp_min(double v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmin(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ double nk_warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-"""
+}}
+""" for fn in folds)
+
     # One block per SM is what the arenas allow anyway; it also leaves ptxas all the registers.
     kernel_qualifier = 'extern "C" __global__ void __launch_bounds__({threads}, 1)'
     global_const = "const {t}* __restrict__"
@@ -172,8 +169,9 @@ __device__ __forceinline__ double nk_warp_sum(double v) {
         convert = {"f32": "{v}", "f64": "(double)({v})", "f16": "__float2half({v})", "bf16": "__float2bfloat16({v})"}[dtype]
         return f"{ptr}[{index}] = {convert.format(v=value)};"
 
-    def row_reduce(self, op: str, value: str) -> str:
-        return f"nk_warp_{op}({value})"
+    def row_reduce(self, fn: str, value: str) -> str:
+        """``value`` folded by ``fn`` (an elementwise function: add, max, ...) over the warp."""
+        return f"nk_warp_{fn}({value})"
 
     def vector_copy(self, dst: str, src: str) -> str | None:
         return f"*reinterpret_cast<uint4*>(&{dst}) = *reinterpret_cast<const uint4*>(&{src});"
@@ -297,7 +295,10 @@ def scalar_ctype(diagram, name: str) -> str:
 
 def literal(value: float, real: str = "float") -> str:
     """A constant as a C literal of type ``real``: a float one rounds to float, as the
-    NumPy backend's f32 tiles do; a double one keeps every bit of the reference's value."""
+    NumPy backend's f32 tiles do; a double one keeps every bit of the reference's value.
+    Infinities are the prelude's NK_INF (NVRTC defines no INFINITY)."""
+    if math.isinf(value):
+        return "NK_INF" if value > 0 else "-NK_INF"
     return f"{value!r}f" if real == "float" else repr(value)
 
 
@@ -398,14 +399,14 @@ def _align(value: int) -> int:
 
 
 def state_start(name: str, statement, real: str = "float") -> str:
-    """The value a piece of streaming state starts from: a running max at -inf, a running min
-    at +inf, sums and accumulators at 0."""
+    """The value a piece of streaming state starts from: an online softmax's running max at
+    -inf and its sum at 0, an accumulator at its reduction's start (boxes.accumulated: a
+    contraction's running sum at 0)."""
     suffix = name.split(".")[-1]
-    op = statement.box.op if isinstance(statement.box, Reduce) else None
-    if suffix == "max" or (suffix == "acc" and op == "max"):
-        return "-NK_INF"
-    if suffix == "acc" and op == "min":
-        return "NK_INF"
+    if suffix == "max":
+        return literal(-math.inf, real)
+    if suffix == "acc":
+        return literal(accumulated(statement.box).start, real)
     return literal(0.0, real)
 
 
@@ -881,7 +882,7 @@ class Printer:
         self.emit("(void)k;")
 
     def mean(self, total: str, box: Reduce) -> str:
-        if box.op != "mean":
+        if not reduction(box.op).divides:
             return total
         count = math.prod(self.sizes[a] for a in box.axes)
         return f"({total}) / {literal(float(count), self.real)}"
@@ -1148,30 +1149,27 @@ class Printer:
         self.strided_loop(axes, self.dialect.lane_start, self.dialect.lane_step, "e", body)
 
     def row_reduction(self, rows, reduced, op, operand, finish):
-        """Reduce `operand` over `reduced` for every row; finish(total) stores the result."""
-        if op == "lse":
+        """Reduce `operand` over `reduced` for every row as the table of reductions defines
+        ``op`` (boxes.REDUCTION_TABLE: folded from its start); finish(total) stores the result."""
+        entry = reduction(op)
+        if entry.combine is None:  # the log-sum-exp's stable form
             self.lse_reduction(rows, reduced, operand, finish)
             return
-        start = {"sum": self.zero, "mean": self.zero, "max": "-NK_INF", "min": "NK_INF"}[op]
-        combine = {"sum": "+", "mean": "+"}.get(op)
-        kind = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}[op]
         all_axes = tuple(rows) + tuple(reduced)
 
         def body():
-            self.emit(f"{self.real} total = {start};")
-
-            def element():
-                value = self.expression(operand, all_axes)
-                if combine:
-                    self.emit(f"total += {value};")
-                else:
-                    self.emit(f"total = {self.dialect.math(kind, ['total', value], self.real)};")
-
-            self.lane_loop(reduced, element)
-            self.emit(f"total = {self.dialect.row_reduce(kind, 'total')};")
+            self.emit(f"{self.real} total = {literal(entry.start, self.real)};")
+            self.lane_loop(reduced, lambda: self.emit(self.fold("total", entry.combine, self.expression(operand, all_axes))))
+            self.emit(f"total = {self.dialect.row_reduce(entry.combine, 'total')};")
             finish("total")
 
         self.row_loop(rows, body)
+
+    def fold(self, into: str, fn: str, value: str) -> str:
+        """``into`` folded with ``value`` by the elementwise function ``fn`` (a sum as +=)."""
+        if fn == "add":
+            return f"{into} += {value};"
+        return f"{into} = {self.dialect.math(fn, [into, value], self.real)};"
 
     def lse_reduction(self, rows, reduced, operand, finish):
         """log(sum(exp(operand))) over `reduced` for every row, unstreamed: the row's max first,
@@ -1187,7 +1185,7 @@ class Printer:
             self.emit(f"const {self.real} shift = (top == -NK_INF) ? {self.zero} : top;")
             self.emit(f"{self.real} total = {self.zero};")
             self.lane_loop(reduced, lambda: self.emit(f"total += {d.math('exp', [self.expression(operand, all_axes) + ' - shift'], self.real)};"))
-            self.emit(f"total = {d.row_reduce('sum', 'total')};")
+            self.emit(f"total = {d.row_reduce('add', 'total')};")
             finish(f"((top == -NK_INF) ? -NK_INF : shift + {d.math('log', ['total'], self.real)})")
 
         self.row_loop(rows, body)
@@ -1260,7 +1258,7 @@ class Printer:
             if rewind:
                 self.emit("k = k_row;")
             self.lane_loop((axis,), lambda: self.emit(f"l += {d.math('exp', [kept() + ' - m'], self.real)};"))
-            self.emit(f"l = {d.row_reduce('sum', 'l')};")
+            self.emit(f"l = {d.row_reduce('add', 'l')};")
             if rewind:
                 self.emit("k = k_row;")
             self.lane_loop((axis,), last)
@@ -1327,7 +1325,7 @@ class Printer:
                 self.emit("l += p;")
 
             self.lane_loop((axis,), element)
-            self.emit(f"l = {d.row_reduce('sum', 'l')};")
+            self.emit(f"l = {d.row_reduce('add', 'l')};")
             self.emit(f"if ({self.lane_zero()}) {{ {self.write(total, s.woven, f'{self.read(total, s.woven)} * {self.read(scale, s.woven)} + l')} }}")
 
         if not staged:
@@ -1343,11 +1341,11 @@ class Printer:
             self.contraction(step, s.target, accumulate=True)
             return
         acc = f"{s.target}.acc"
-        op = {"mean": "sum"}.get(box.op, box.op)
+        fn = reduction(box.op).combine  # the chunk's result folded into the running one
 
         def finish(total):
             current = self.read(acc, s.axes)
-            value = f"{current} + {total}" if op == "sum" else self.dialect.math(op, [current, total], self.real)
+            value = f"{current} + {total}" if fn == "add" else self.dialect.math(fn, [current, total], self.real)
             self.emit(f"if ({self.lane_zero()}) {{ {self.write(acc, s.axes, value)} }}")
 
         self.row_reduction(s.axes, box.axes, box.op, box.operand, finish)
@@ -1355,7 +1353,7 @@ class Printer:
     def step_finalise(self, step: Step):
         s = step.statement
         box = s.box
-        if isinstance(box, Reduce) and box.op == "lse":
+        if isinstance(box, Reduce) and reduction(box.op).combine is None:
             # L = P.max + log(P.sum), the online softmax's state; -inf for a fully masked row
             (_, m), (_, total) = step.reads
             self.elementwise(step, s.target, s.axes, lambda: f"({self.read(m, s.axes)} == -NK_INF) ? -NK_INF : "

@@ -34,7 +34,7 @@ from ..diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
 from ..isel import TensorPlan, smem_layout
 from ..layouts import SwizzledTile, ldmatrix_lane_terms, ldmatrix_offset_expr, offset_expr
 from ..pseudocode import Loop, Step, walk
-from .lowering import KernelSource, LoweringError, Printer, ident, print_expression, scalar_ctype, state_start
+from .lowering import KernelSource, LoweringError, Printer, ident, literal, print_expression, scalar_ctype, state_start
 
 CUDA_PRELUDE = r"""
 // ---- tensor-core primitives (PTX ISA: ldmatrix, mma.m16n8k16, cp.async) ----
@@ -172,13 +172,6 @@ LOG2E = 1.4426950408889634
 def _var(name: str) -> str:
     return "f_" + ident(name)
 
-
-def start_literal(value: float) -> str:
-    """A reduction's start (boxes.Reduction.start) as a float literal; infinities are the
-    prelude's NK_INF (NVRTC defines no INFINITY)."""
-    if value in (float("inf"), float("-inf")):
-        return "NK_INF" if value > 0 else "-NK_INF"
-    return f"{value!r}f"
 
 class TensorPrinter(Printer):
     """Prints one launch on the tensor-core path of ``plan``."""
@@ -350,7 +343,7 @@ class TensorPrinter(Printer):
         """``into = op over the columns of (operand)`` for every row value (mt, h) of the thread."""
         d = self.dialect
         entry = reduction(op)  # its start and the function that folds a value in (boxes.py)
-        start = start_literal(entry.start)
+        start = literal(entry.start)
         combine = lambda a, b: d.math(entry.combine, [a, b])  # noqa: E731
 
         def per_row():

@@ -39,16 +39,16 @@ __device__ __forceinline__ float nk_f(float v) { return v; }
 __device__ __forceinline__ float nk_f(double v) { return (float)v; }
 __device__ __forceinline__ float nk_f(__half v) { return __half2float(v); }
 __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float nk_warp_add(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = (v + __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
 __device__ __forceinline__ float nk_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 __device__ __forceinline__ float nk_warp_min(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float nk_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 

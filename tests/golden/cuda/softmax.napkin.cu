@@ -33,16 +33,16 @@ __device__ __forceinline__ float nk_f(float v) { return v; }
 __device__ __forceinline__ float nk_f(double v) { return (float)v; }
 __device__ __forceinline__ float nk_f(__half v) { return __half2float(v); }
 __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float nk_warp_add(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = (v + __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
 __device__ __forceinline__ float nk_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 __device__ __forceinline__ float nk_warp_min(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float nk_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
@@ -88,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_softmax_rows_0(const
                 (void)r8;
                 l += expf(nk_f(s_X[(i_r) * 200 + i_c]) - m);
             }
-            l = nk_warp_sum(l);
+            l = nk_warp_add(l);
             for (int e9 = (nk_tid % 32); e9 < (200); e9 += 32) {
                 int r10 = e9;
                 const int i_c = r10 % (200); r10 /= (200);
