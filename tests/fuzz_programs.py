@@ -1557,14 +1557,15 @@ def repeated_reduction_axis(text: str) -> bool:
 
 
 def masked_skip_losers(kernel) -> set:
-    """The masked-skip bug (found by this fuzzer on 2026-12-01, not fixed yet): in a launch that
+    """The masked-skip bug (found by this fuzzer on 2026-12-01, fixed in c10a639): in a launch that
     streams x through ``softmax[x](where(COND, ...))``, the chunks of x the mask hides are skipped
     for every statement of the launch, so the arrays computed there that are not the masked
     softmax's (its contractions, the lse of its operand), and what is computed from them, are
     never computed in those chunks: NaN on NumPy (a KeyError when no chunk is visited at all),
-    uninitialised memory on OpenCL. The arrays it loses: those statements' targets and their
-    consumers' (``S[q x] = Q * K`` saved as an output beside ``softmax[x](where(q >= x, S,
-    -inf))``, or ``B[q x] = A * 2`` in the same launch)."""
+    uninitialised memory on OpenCL. The arrays it loses: the targets of those statements that
+    carry or consume x, and of their consumers (``S[q x] = Q * K`` saved as an output beside
+    ``softmax[x](where(q >= x, S, -inf))``, ``B[q x] = A * 2`` in the same launch; not
+    ``B[q] = A * 2``, computed outside the loop over x)."""
     from napkin_dsl.diagram import Apply, Contract, Reduce, Softmax
 
     streams = _streams(kernel)
@@ -1580,7 +1581,9 @@ def masked_skip_losers(kernel) -> set:
                 continue
             if isinstance(s.box, Contract) and m.target in s.inputs or isinstance(s.box, Reduce) and s.box.operand == m.box.operand:
                 family.add(s.target)
-        lost |= {s.target for s in diagram.statements if where[s.target] == where[m.target] and s.target not in family}
+        x = m.box.axis  # only statements the stream over x passes through: carrying x or consuming it
+        lost |= {s.target for s in diagram.statements if where[s.target] == where[m.target] and s.target not in family
+                 and (x in s.axes or x in s.consumed)}
     for s in diagram.statements:  # and what is computed from them
         if lost & set(s.inputs):
             lost.add(s.target)

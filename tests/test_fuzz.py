@@ -27,14 +27,12 @@ from .fuzz_programs import Case, absurd_sizes, attention_programs, check_case_wi
 # needed {"item 1", "item 9"}: an on-chip intermediate read after an @gmem split (KeyError in
 # backends/numpy.py load) and sizes of 10^5000 (ValueError, the int-to-str digit limit, in
 # pseudocode); the long profile also met items 2 and 3. Their fixes have landed (f19f011,
-# cb01a1c, d50c95c, 1e4f116, be86312).
-# "masked skip" (found by the masked-attention strategy, napkin bug open, fuzz_programs.masked_skip_losers):
-# a streamed softmax[x](where(COND, ...)) skips the masked chunks of x for every statement of
-# its launch, so an array computed there outside the softmax's family (S saved as an output,
-# an unrelated map) is NaN on NumPy, garbage on OpenCL, a KeyError when every chunk is masked.
-# Only those arrays' failures are excluded; the masked softmax, its contraction and its lse
-# are judged. Remove the entry when the fix lands.
-KNOWN: set[str] = {"masked skip"}
+# cb01a1c, d50c95c, 1e4f116, be86312). "masked skip" (fuzz_programs.masked_skip_losers), found by
+# the masked-attention strategy: a streamed softmax[x](where(COND, ...)) skipped the masked chunks
+# of x for every statement of its launch (S saved beside it, any other result in the loop: NaN on
+# NumPy, garbage on OpenCL, a KeyError when every chunk is masked); fixed in c10a639. Nothing is
+# excluded.
+KNOWN: set[str] = set()
 
 TIME_LIMIT = 20.0  # seconds per case; a case that runs past it is a hang
 PROFILE = {"deadline": None, "database": None, "derandomize": True, "suppress_health_check": list(HealthCheck)}
