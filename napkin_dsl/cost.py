@@ -703,8 +703,13 @@ def tiles_of(mask, program: Program, axis: str) -> range:
     return range(0, size, tile)
 
 
-def predict_time(program: Program, levels: dict, priced: list, occupancy: dict | None = None) -> dict:
-    """Roofline prediction; None entries where a rate, bandwidth or size is unknown."""
+def predict_time(program: Program, levels: dict, priced: list, occupancy: dict | None = None,
+                 launch_levels: dict | None = None) -> dict:
+    """Roofline prediction; None entries where a rate, bandwidth or size is unknown.
+
+    Launches run one after another, each on its own roofline: its compute (over its own busy
+    fraction) against its own transfers, then the fixed costs. ``launch_levels`` maps each
+    launch's index to its level costs (one launch: ``levels`` itself)."""
     hardware = program.hardware
     schedule = program.schedule
     time: dict = {"overlapped_s": None, "serial_s": None, "compute_s": None}
@@ -715,56 +720,81 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
     time["weighted_H"] = weighted
     if hardware.symbolic:
         return time
-    compute_s = 0.0
-    for _, unit, dtype, amount in priced:
+    compute = {launch.index: 0.0 for launch in program.launches}
+    for launch_of, unit, dtype, amount in priced:
         amount = sympy.sympify(amount)
         rate = hardware.peak(unit, dtype)
         if not amount.is_number or rate is None:
             return time
-        compute_s += float(amount) / rate
-    transfer = {}
-    for name, c in levels.items():
-        t = c.transfer_time
-        if t is None:
-            continue
-        t = sympy.sympify(t)
-        if not t.is_number:
-            return time
-        transfer[name] = float(t)
-    compute_level = levels[schedule.compute_level]
-    blocks = as_number(compute_level.N)
+        compute[launch_of] += float(amount) / rate
+    launch_levels = launch_levels or {program.launches[0].index: levels}
+    transfer: dict = {}  # level -> seconds over every launch
+    per_launch: dict = {}  # launch -> (compute seconds over its busy fraction, {level: seconds})
+    units = hardware.level(schedule.compute_level).units
     from .pseudocode import blocks_per_unit
 
-    resident = [blocks_per_unit(schedule, smem, threads, registers) for smem, threads, registers in (occupancy or {}).values()]
-    resident = [r for r in resident if r is not None]
-    if not occupancy and as_number(compute_level.M_bytes) is not None:
-        resident = [r for r in [blocks_per_unit(schedule, compute_level.M_bytes)] if r is not None]
-    if blocks and resident:
-        per_sm, limit = min(resident)
-        units = schedule.hardware.level(schedule.compute_level).units
+    residents, most_blocks = [], None  # reported: the fewest blocks per SM of any launch, waves of the largest
+    for launch in program.launches:
+        moved = {}
+        for name, c in launch_levels[launch.index].items():
+            t = c.transfer_time
+            if t is None:
+                continue
+            t = sympy.sympify(t)
+            if not t.is_number:
+                return time
+            moved[name] = float(t)
+            transfer[name] = transfer.get(name, 0.0) + float(t)
+        sub = program if len(program.launches) == 1 else Program(schedule, (launch,))
+        blocks = as_number(launch_levels[launch.index][schedule.compute_level].N)
+        entry = (occupancy or {}).get(launch.index)
+        resident = blocks_per_unit(schedule, *entry) if entry is not None else None
+        if not occupancy and as_number(launch_levels[launch.index][schedule.compute_level].M_bytes) is not None:
+            resident = blocks_per_unit(schedule, launch_levels[launch.index][schedule.compute_level].M_bytes)
+        seconds = compute[launch.index]
+        if blocks and resident is not None:
+            efficiency = busy_fraction(blocks, units)
+            unequal = masked_wave_efficiency(sub, units)  # masked query groups do unequal work
+            if unequal is not None:
+                efficiency = time["masked_wave_efficiency"] = unequal
+            seconds /= efficiency
+            residents.append(resident)
+            most_blocks = blocks if most_blocks is None else max(most_blocks, blocks)
+        per_launch[launch.index] = (seconds, moved)
+    if residents:
+        per_sm, limit = min(residents)
+        blocks = most_blocks
         slots = per_sm * units
         # Integer ceiling for an integer count of blocks: exact, and no float to overflow.
-        waves = -(-blocks // slots) if isinstance(blocks, int) else math.ceil(blocks / slots)
-        efficiency = busy_fraction(blocks, units)
-        unequal = masked_wave_efficiency(program, units)  # masked query groups do unequal work
-        if unequal is not None:
-            efficiency = time["masked_wave_efficiency"] = unequal
-        compute_s /= efficiency
-        time["waves"] = waves
+        time["waves"] = -(-blocks // slots) if isinstance(blocks, int) else math.ceil(blocks / slots)
         time["blocks_per_wave"] = slots
         time["blocks_per_sm"] = per_sm
         time["occupancy_bound"] = limit
+    compute_s = sum(seconds for seconds, _ in per_launch.values())
     time["compute_s"] = compute_s
     time["transfer_s"] = transfer
     fixed = fixed_costs(program, occupancy or {})
     time["fixed_s"] = fixed
-    roofline = max([compute_s] + list(transfer.values()))
-    overlapped = roofline + sum(fixed.values())
-    time["overlapped_s"] = overlapped
+    roofline = sum(max([seconds] + list(moved.values())) for seconds, moved in per_launch.values())
+    time["overlapped_s"] = roofline + sum(fixed.values())
     time["serial_s"] = compute_s + sum(transfer.values()) + sum(fixed.values())
-    bound_level = max(transfer, key=transfer.get) if transfer else None
-    time["bound"] = "compute" if not transfer or compute_s >= transfer[bound_level] else f"{bound_level} transfer"
+    # What bounds the launch that takes longest.
+    seconds, moved = max(per_launch.values(), key=lambda item: max([item[0]] + list(item[1].values())))
+    bound_level = max(moved, key=moved.get) if moved else None
+    time["bound"] = "compute" if not moved or seconds >= moved[bound_level] else f"{bound_level} transfer"
+    if len(program.launches) > 1:
+        time["launch_s"] = [max([seconds] + list(moved.values())) for seconds, moved in per_launch.values()]
     return time
+
+
+def launch_level_costs(program: Program, rows: list[dict], levels: dict, arch: str | None = None,
+                       path: str | None = None) -> dict:
+    """Each launch's level costs (its own transfers, blocks and memory), by launch index: the
+    program's own for one launch."""
+    if len(program.launches) == 1:
+        return {program.launches[0].index: levels}
+    return {launch.index: level_costs(Program(program.schedule, (launch,)), [r for r in rows if r["launch"] == launch.index], arch, path)
+            for launch in program.launches}
 
 
 def launch_blocks(program: Program, launch, level: str | None = None) -> sympy.Expr:
@@ -972,7 +1002,8 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     if check:
         check_capacity(program, levels, rows)
     flops, priced = flops_by_unit(program, arch, path)
-    time = predict_time(program, levels, priced, launch_occupancy(program, rows, arch, resources, path) if not hardware.symbolic else None)
+    occupancy = launch_occupancy(program, rows, arch, resources, path) if not hardware.symbolic else None
+    time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, arch, path))
     schedule = program.schedule
     notes = list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program) + accumulator_notes(program, arch, path)
     if path is not None:

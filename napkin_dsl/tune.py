@@ -530,8 +530,6 @@ MAX_COSTED = 32  # combinations costed exactly per search: the cap of branch and
 # masked ones planned to refine their bound)
 # Weights of compute, transfers into the compute level and compulsory device-memory transfers in
 # _Search.floor: each weighting a lower bound, the floor their largest.
-FLOOR_WEIGHTS = ((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0), (0.75, 0.25, 0.0), (0.5, 0.5, 0.0), (0.25, 0.75, 0.0),
-                 (0.5, 0.0, 0.5), (0.0, 0.5, 0.5))
 MAX_EXPANDED = 20000  # heap entries of several launches expanded per search: bounds are cheap, but the
 # launches' product is not (one launch's entries, at most its candidates, are always expanded)
 
@@ -651,13 +649,9 @@ class _Search:
                     # One scope prices all its launches together: its estimate and their starts.
                     columns_ = [[item[0] + self.profile.launch_s * self.scorers[id(item[2])].launches for item in scored]]
                 else:
-                    # max(C, T, X) + F >= a C + b T + c X + F for weights a + b + c = 1, a sum over
-                    # the launches of one term per candidate: suffix minima per weighting keep each
-                    # candidate's compute, transfers and fixed costs together.
-                    parts = [self.parts(item) for item in scored]
-                    fixed = [self.scorers[id(knobs)].fixed(combo) for _, _, knobs, combo in scored]
-                    columns_ = [[a * p[1] + b * p[2] + c * p[4] + f for p, f in zip(parts, fixed, strict=True)]
-                                for a, b, c in FLOOR_WEIGHTS]
+                    # Launches run one after another, each on its own roofline (cost.predict_time):
+                    # the scopes' bounds, each with its fixed costs, add up.
+                    columns_ = [[self.parts(item)[0] + self.scorers[id(item[2])].fixed(item[3]) for item in scored]]
                 # Per rank, the suffix minimum of every column: a floor adds rows elementwise.
                 self.tails[key] = list(zip(*(_suffix_minima(column) for column in columns_), strict=True))
             tails.append(self.tails[key])
@@ -667,29 +661,21 @@ class _Search:
         """A lower bound of the exact time (``cost_of(plan(...))``) of the combination at ``ranks``.
 
         One launch scope: its estimate (compute over the busy fraction, or its transfers) plus
-        the fixed costs' lower bound. Several (one launch each): their estimates do not add up to
-        a bound. The exact model divides the launches' compute, summed, by one busy fraction,
-        that of the launch with the most blocks (cost.level_costs' N is their Max), takes the
-        larger of that and each level's transfers, summed over the launches, and adds every
-        launch's fixed costs: max(C1/e1, T1) + max(C2/e2, T2) can exceed max((C1 + C2)/e, T1 + T2)
-        (one launch compute-bound, the other transfer-bound; or a launch of few blocks, whose
-        e1 is low, beside one with many). So the bound is that formula on the launches' lower
-        bounds: max((sum C) / busy_fraction(max blocks), sum T, sum X) + sum of fixed (X: what
-        each launch must move under device memory, a level of its own), where a masked
-        launch's C counts its unmasked elements (_at_least) and, split into launches, a mask no
-        longer sets the busy fraction (cost.masked_wave_efficiency is for one launch)."""
+        the fixed costs' lower bound. Several (one launch each): the exact model runs launches
+        one after another, each on its own roofline (cost.predict_time: max(C_l / e_l, T_l)) and
+        adds every launch's fixed costs, so the launches' bounds add up: the sum of their
+        estimates (each max(C / e, T, X), X what it must move under device memory) and their
+        fixed costs' lower bounds; a masked launch's C counts its unmasked elements (_at_least)."""
         picks = [scored[rank] for scored, rank in zip(space.ranked, ranks, strict=True)]
         fixed = sum(self.scorers[id(knobs)].fixed(combo) for _, _, knobs, combo in picks)
         if len(picks) == 1:
             return picks[0][0] + fixed
-        parts = [self.parts(item) for item in picks]
-        compute = sum(p[1] for p in parts) / busy_fraction(max(p[3] for p in parts), self.profile.compute_level.units)
-        return max(compute, sum(p[2] for p in parts), sum(p[4] for p in parts)) + fixed
+        return sum(self.parts(item)[0] for item in picks) + fixed
 
     def floor(self, space: _Space, ranks: tuple) -> float:
         """A lower bound of every combination whose rank in each scope is at least ``ranks``'s
         (the busy fraction at most 1; one scope's fixed costs at least its launches' starts; with
-        several, max(sum C, sum T, sum X) + sum F bounded by weighted sums, _Search.space)."""
+        several, the sum of each scope's least bound from its rank on, _Search.space)."""
         if len(space.ranked) == 1:
             return space.tails[0][ranks[0]][0]
         rows = [tail[rank] for tail, rank in zip(space.tails, ranks, strict=True)]
@@ -959,7 +945,7 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
     # blocks per launch.
     evaluate = sympy.lambdify(symbols, memory_exprs + [sympy.Add(*terms[key]) for key in compute_keys] + [traffic_expr]
                               + blocks_exprs, "math")
-    estimate = _Estimate(profile, evaluate, capacity, len(level_names), launch_indices, len(program.launches),
+    estimate = _Estimate(profile, evaluate, capacity, len(level_names), launch_indices, [launch.index for launch in program.launches],
                          bool(unmasked), sympy.lambdify(symbols, blocks_exprs + tile_exprs, "math"), compulsory)
     options = [_candidates(int(sizes[k.axis]), required.get(k.axis, 1)) for k in knobs]
     scored = []
@@ -989,11 +975,13 @@ class _Estimate:
     """One knob set's lower bound of a candidate's time (called as ``estimate(combo, on_fma)``:
     None when it does not fit), and the parts the branch and bound combines across launches."""
 
-    def __init__(self, profile: Hardware, evaluate, capacity: list, n_levels: int, launch_indices: list, launches: int,
+    def __init__(self, profile: Hardware, evaluate, capacity: list, n_levels: int, launch_indices: list, launch_order: list,
                  masked: bool, tiles, compulsory: float = 0.0):
         self.evaluate, self.capacity, self.n_levels = evaluate, capacity, n_levels
         self.compulsory = compulsory  # seconds on the link under device memory, whatever the tiles
-        self.launch_indices, self.launches, self.masked, self.tiles = launch_indices, launches, masked, tiles
+        self.launch_indices, self.masked, self.tiles = launch_indices, masked, tiles
+        self.launch_order = launch_order  # the launches' indices in program order (the blocks' order)
+        self.launches = len(launch_order)
         self.units = profile.compute_level.units
         self.launch_s = profile.launch_s
         # Fixed costs (cost.fixed_costs) at least: each launch's start, and its first wave's first
@@ -1018,17 +1006,26 @@ class _Estimate:
         n = self.n_levels
         keys = 2 * len(self.launch_indices)
         traffic = values[n + keys]
-        n_blocks = max(values[n + keys + 1:]) if self.launches else 1
-        efficiency = busy_fraction(n_blocks, self.units)  # the exact rule (cost.predict_time): the most blocks of a launch
-        if self.masked:
-            # A masked launch's blocks do unequal work, and the exact model charges each round
-            # of blocks its longest (cost.masked_wave_efficiency): with the short blocks in the
-            # last round the units are busier than equal blocks would keep them. That fraction
-            # is at most 1, and at most blocks / SMs (in one round the longest block, of at
-            # least the mean work, sets the time), which busy_fraction never exceeds either.
-            efficiency = min(1.0, n_blocks / self.units)
-        compute = sum(values[n + 2 * j + (index in on_fma)] for j, index in enumerate(self.launch_indices))
-        return max(compute / efficiency, traffic, self.compulsory), compute, traffic, n_blocks, self.compulsory
+        blocks = dict(zip(self.launch_order, values[n + keys + 1:], strict=True))
+        n_blocks = max(blocks.values()) if blocks else 1
+        # Each launch's compute over its own busy fraction, as the exact model prices launches
+        # (cost.predict_time: one after another, each on its roofline): their sum, against the
+        # transfers summed, is at most the sum of the launches' rooflines.
+        compute = raw = 0.0
+        for j, index in enumerate(self.launch_indices):
+            seconds = values[n + 2 * j + (index in on_fma)]
+            count = blocks.get(index, 1)
+            efficiency = busy_fraction(count, self.units)  # the exact rule (cost.busy_fraction)
+            if self.masked:
+                # A masked launch's blocks do unequal work, and the exact model charges each round
+                # of blocks its longest (cost.masked_wave_efficiency): with the short blocks in the
+                # last round the units are busier than equal blocks would keep them. That fraction
+                # is at most 1, and at most blocks / SMs (in one round the longest block, of at
+                # least the mean work, sets the time), which busy_fraction never exceeds either.
+                efficiency = min(1.0, count / self.units)
+            compute += seconds / efficiency
+            raw += seconds
+        return max(compute, traffic, self.compulsory), raw, traffic, n_blocks, self.compulsory
 
     def __call__(self, combo, on_fma=frozenset()):
         parts = self.parts(combo, on_fma)
