@@ -204,3 +204,21 @@ def test_h100_predictions_are_compute_bound_at_the_hbm_level():
     # On tensor cores with 16-row warp tiles every warp reads all of K and V by ldmatrix: the
     # shared-memory-to-register traffic, not HBM, is what bounds it.
     assert attention.time["bound"] in ("compute", "registers transfer")
+
+
+def test_launches_take_their_own_times_one_after_another():
+    """A Program of several launches takes the sum of each launch's time, costed alone: a
+    launch of 16 blocks (SwiGLU's down projection at e 256) keeps 16 of H100's 132 SMs busy,
+    whatever the launch beside it (one busy fraction for both hid it: 70 us priced as 26)."""
+    from napkin_dsl.cost import cost_of
+    from napkin_dsl.pseudocode import Program
+
+    kernel = napkin.load(EXAMPLES / "swiglu.napkin")["swiglu"]
+    sizes = dict(t=512, m=1024, f=2816, e=1024)
+    for relabel in (None, "smem for G, U, H: group t 96, f 64; stream m 64 | smem for Y: group t 128, e 256; stream f 64"):
+        program = (kernel.relabelled(relabel) if relabel else kernel).program(**sizes)
+        assert len(program.launches) == 2
+        alone = [cost_of(Program(program.schedule, (launch,)), check=False).time for launch in program.launches]
+        time = cost_of(program, check=False).time
+        assert time["overlapped_s"] == pytest.approx(sum(t["overlapped_s"] for t in alone))
+        assert time["launch_s"] == pytest.approx([t["overlapped_s"] - sum(t["fixed_s"].values()) for t in alone])
