@@ -483,10 +483,13 @@ class _Builder:
     def masked(self, operand: str, axis: str, others) -> str:
         """``where(COND, operand, -inf)``: COND a condition on the indices of ``axis`` (the one a
         softmax or reduction acts along) and of ``others`` (axes the statement iterates over)."""
+        return f"where({self.condition(axis, others)}, {operand}, -inf)"
+
+    def condition(self, axis: str, others) -> str:
         draw = self.draw
         atoms = [self.comparison(axis, others) for _ in range(draw(st.integers(1, 2)))]
         joiner = " or " if len(atoms) > 1 and draw(st.integers(0, 7)) == 0 else " and "  # `or` skips nothing when streamed
-        return f"where({joiner.join(atoms)}, {operand}, -inf)"
+        return joiner.join(atoms)
 
     def comparison(self, x: str, others) -> str:
         """A linear comparison of axis indices (docs/notation.md, Masks): causal, windows, the
@@ -520,23 +523,31 @@ class _Builder:
             bound = 4.0 * math.sqrt(self.max_size)
             level = TOP[self.hardware] if self.focus and draw(st.booleans()) else self.level()
             self.add(S, batch + (q, x), f"{self.ref(Q)} * {self.ref(K)} * {d}^-0.5", -bound, bound, consumed=[d], level=level)
-            operand = S if draw(st.booleans()) else self.masked(S, x, [q] * 3 + list(batch))
+            cond = self.condition(x, [q] * 3 + list(batch)) if draw(st.booleans()) else None
+
+            def operand():  # S spelled anew each time (S, S[q x], S[x q]): the same operand to the notation
+                ref = self.ref(self.arrays[S])
+                return f"where({cond}, {ref}, -inf)" if cond else ref
+
             on_chip = None if self.focus else "draw"
-            self.add(P, batch + (q, x), f"softmax[{x}]({operand})", 0.0, 1.0, consumed=[x], index=draw(st.booleans()), level=on_chip)
             # The log-sum-exp of the softmax's operand (examples/attention_lse.napkin): streamed
-            # over x it is the online softmax's state, read after the stream; before or after O.
+            # over x it is the online softmax's state, read after the stream; after P, or after
+            # O; rarely before P (refused streamed: the softmax must come first; right unstreamed).
             lse = draw(st.sampled_from([None, "lse", "lse", "logsumexp"]))
+            place = draw(st.sampled_from(["after P", "after O", "after P", "after O", "before P"]))
             L = self.fresh("L")
-            before = draw(st.booleans())
-            if lse and before:
-                self.add(L, batch + (q,), f"{lse}[{x}]({operand})", -bound, bound + math.log(self.max_size), consumed=[x], level=None,
-                         reusable=operand == S)
+
+            def add_lse(at: str):
+                if lse and place == at:
+                    self.add(L, batch + (q,), f"{lse}[{x}]({operand()})", -bound, bound + math.log(self.max_size), consumed=[x],
+                             level=None, reusable=cond is None)
+                    self.wanted.append(L)
+
+            add_lse("before P")
+            self.add(P, batch + (q, x), f"softmax[{x}]({operand()})", 0.0, 1.0, consumed=[x], index=draw(st.booleans()), level=on_chip)
+            add_lse("after P")
             self.add(O, batch + (q, d), f"{P} * {self.ref(V)}", -2.0, 2.0, consumed=[x], level=on_chip)
-            if lse and not before:
-                self.add(L, batch + (q,), f"{lse}[{x}]({operand})", -bound, bound + math.log(self.max_size), consumed=[x], level=None,
-                         reusable=operand == S)
-            if lse:
-                self.wanted.append(L)
+            add_lse("after O")
             self.preferred_streams.append(x)
         elif motif == "rmsnorm":
             t, d = names[:2]
@@ -1382,8 +1393,9 @@ def _check_kernel(run: _Runner, kernel, case: Case, opencl: bool) -> None:
     run.stage("pseudocode", kernel.pseudocode, "text", hardware, **sizes)
     run.stage("pseudocode", kernel.pseudocode, "markdown", hardware, **sizes)
     report = run.stage("cost", cost_of, program, check=False)
-    run.stage("cost", report.table)
-    run.stage("cost", report.to_dict)
+    # printing the report: a traceback here is recorded and stops nothing (the backends still run)
+    run.optional("cost", report.table)
+    run.optional("cost", report.to_dict)
     if case.kind == "absurd":
         run.stage("cost", kernel.cost, hardware, **sizes)
         return
@@ -1599,6 +1611,9 @@ def known_item(case: Case, failure: Failure) -> str | None:
     if case.kind == "absurd" and failure.kind == "traceback" and ("OverflowError" in failure.signature or "ValueError" in failure.signature):
         return "item 9"
     kernels = _diagram(case)
+    if failure.stage == "cost" and "AttributeError in napkin_dsl/formatting.py:json_value" in failure.signature and any(
+            len(set(_launch_of(k).values())) > 1 for k in kernels):
+        return "report of several launches"  # CostReport.to_dict since 4443dc0: a list in report.time
     # the masked-skip bug, before the items whose broad patterns it also meets (a contraction to
     # one value over the masked axis is 0): a wrong result ("NAME: ...") or KeyError 'NAME' for an
     # array it loses

@@ -30,9 +30,13 @@ from .fuzz_programs import Case, absurd_sizes, attention_programs, check_case_wi
 # cb01a1c, d50c95c, 1e4f116, be86312). "masked skip" (fuzz_programs.masked_skip_losers), found by
 # the masked-attention strategy: a streamed softmax[x](where(COND, ...)) skipped the masked chunks
 # of x for every statement of its launch (S saved beside it, any other result in the loop: NaN on
-# NumPy, garbage on OpenCL, a KeyError when every chunk is masked); fixed in c10a639. Nothing is
-# excluded.
-KNOWN: set[str] = set()
+# NumPy, garbage on OpenCL, a KeyError when every chunk is masked); fixed in c10a639.
+# "report of several launches" (napkin bug, open): since 4443dc0 CostReport.to_dict() raises
+# AttributeError ('list' object has no attribute 'is_number', formatting.json_value from cost.py's
+# "time" entry) for every Program of two or more launches (T[i] @gmem = X * 2; Y[i] = T + 1).
+# Excluded by that signature only; the case's backends still run and are judged (to_dict is an
+# optional stage). Remove the entry when the fix lands.
+KNOWN: set[str] = {"report of several launches"}
 
 TIME_LIMIT = 20.0  # seconds per case; a case that runs past it is a hang
 PROFILE = {"deadline": None, "database": None, "derandomize": True, "suppress_health_check": list(HealthCheck)}
