@@ -330,6 +330,15 @@ class LevelCost:
         return (self.H if self.counts == "values" else self.H_bytes) / self.bandwidth
 
 
+def _time_json(value):
+    """A time entry as JSON: seconds by level or kind, seconds per launch, a label or a number."""
+    if isinstance(value, dict):
+        return {name: json_value(v) for name, v in value.items()}
+    if isinstance(value, list):
+        return [json_value(v) for v in value]
+    return value if isinstance(value, str) else json_value(value)
+
+
 @dataclass
 class CostReport:
     """Costs of one kernel on one hardware profile, symbolic or numeric.
@@ -374,8 +383,7 @@ class CostReport:
             "flops": json_value(self.total_flops),
             "flops_by_unit": {unit: json_value(v) for unit, v in self.flops.items()},
             "time_s": self.time.get("overlapped_s"),
-            "time": {k: ({n: json_value(t) for n, t in v.items()} if isinstance(v, dict) else json_value(v) if not isinstance(v, str) else v)
-                     for k, v in self.time.items()},
+            "time": {k: _time_json(v) for k, v in self.time.items()},
             "notes": list(self.notes),
         }
 

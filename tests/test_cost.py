@@ -222,3 +222,14 @@ def test_launches_take_their_own_times_one_after_another():
         time = cost_of(program, check=False).time
         assert time["overlapped_s"] == pytest.approx(sum(t["overlapped_s"] for t in alone))
         assert time["launch_s"] == pytest.approx([t["overlapped_s"] - sum(t["fixed_s"].values()) for t in alone])
+
+
+def test_the_report_of_several_launches_is_json():
+    """time['launch_s'] is a list: to_dict and `napkin cost --json` print it (the fuzzer found
+    to_dict raising on it)."""
+    import json
+
+    kernel = napkin.load(EXAMPLES / "swiglu.napkin")["swiglu"]
+    report = kernel.cost(t=512, m=1024, f=2816, e=1024)
+    data = json.loads(json.dumps(report.to_dict()))
+    assert len(data["time"]["launch_s"]) == 2 and sum(data["time"]["launch_s"]) <= data["time_s"]
