@@ -1613,7 +1613,7 @@ def known_item(case: Case, failure: Failure) -> str | None:
     kernels = _diagram(case)
     if failure.stage == "cost" and "AttributeError in napkin_dsl/formatting.py:json_value" in failure.signature and any(
             len(set(_launch_of(k).values())) > 1 for k in kernels):
-        return "report of several launches"  # CostReport.to_dict since 4443dc0: a list in report.time
+        return "report of several launches"  # CostReport.to_dict from 4443dc0 to 591015f: a list in report.time
     # the masked-skip bug, before the items whose broad patterns it also meets (a contraction to
     # one value over the masked axis is 0): a wrong result ("NAME: ...") or KeyError 'NAME' for an
     # array it loses

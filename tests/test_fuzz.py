@@ -31,12 +31,9 @@ from .fuzz_programs import Case, absurd_sizes, attention_programs, check_case_wi
 # the masked-attention strategy: a streamed softmax[x](where(COND, ...)) skipped the masked chunks
 # of x for every statement of its launch (S saved beside it, any other result in the loop: NaN on
 # NumPy, garbage on OpenCL, a KeyError when every chunk is masked); fixed in c10a639.
-# "report of several launches" (napkin bug, open): since 4443dc0 CostReport.to_dict() raises
-# AttributeError ('list' object has no attribute 'is_number', formatting.json_value from cost.py's
-# "time" entry) for every Program of two or more launches (T[i] @gmem = X * 2; Y[i] = T + 1).
-# Excluded by that signature only; the case's backends still run and are judged (to_dict is an
-# optional stage). Remove the entry when the fix lands.
-KNOWN: set[str] = {"report of several launches"}
+# "report of several launches": since 4443dc0 CostReport.to_dict() raised AttributeError for every
+# Program of two or more launches; fixed in 591015f. Nothing is excluded.
+KNOWN: set[str] = set()
 
 TIME_LIMIT = 20.0  # seconds per case; a case that runs past it is a hang
 PROFILE = {"deadline": None, "database": None, "derandomize": True, "suppress_health_check": list(HealthCheck)}
