@@ -528,8 +528,6 @@ VERIFIED = 4  # candidates per launch checked with numeric tiles (path, memory) 
 MAX_VERIFIED = 32  # ... checking at most this many
 MAX_COSTED = 32  # combinations costed exactly per search: the cap of branch and bound (and twice as many
 # masked ones planned to refine their bound)
-# Weights of compute, transfers into the compute level and compulsory device-memory transfers in
-# _Search.floor: each weighting a lower bound, the floor their largest.
 MAX_EXPANDED = 20000  # heap entries of several launches expanded per search: bounds are cheap, but the
 # launches' product is not (one launch's entries, at most its candidates, are always expanded)
 
