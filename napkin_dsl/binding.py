@@ -421,7 +421,8 @@ def _has_cuda_interface(value) -> bool:
         return False
 
 
-def _c_strides(shape: tuple, itemsize: int) -> tuple:
+def c_strides(shape: tuple, itemsize: int) -> tuple:
+    """The byte strides of a C-contiguous array of ``shape`` (the layout every backend takes)."""
     strides, step = [], itemsize
     for extent in reversed(shape):
         strides.append(step)
@@ -461,7 +462,7 @@ def _foreign_array(name: str, value, target: np.dtype, keep_on_device: bool) -> 
         except TypeError:
             return f"{where} has __cuda_array_interface__ typestr {interface['typestr']!r}, which napkin has no type for"
         strides = interface.get("strides")
-        contiguous = strides is None or tuple(strides) == _c_strides(shape, dtype.itemsize)
+        contiguous = strides is None or tuple(strides) == c_strides(shape, dtype.itemsize)
         device = DeviceArray(int(interface["data"][0]), shape, dtype, value)
     else:
         return None

@@ -183,22 +183,23 @@ class Apply:
 Expression = Union[Read, Const, ScalarParam, Index, Apply]
 
 
-def reads(expr: Expression) -> list[Read]:
-    """Every array read in an expression, left to right."""
-    if isinstance(expr, Read):
+def _leaves(expr: Expression, kind: type) -> list:
+    """Every leaf of type ``kind`` in an expression, left to right."""
+    if isinstance(expr, kind):
         return [expr]
     if isinstance(expr, Apply):
-        return [r for arg in expr.args for r in reads(arg)]
+        return [leaf for arg in expr.args for leaf in _leaves(arg, kind)]
     return []
+
+
+def reads(expr: Expression) -> list[Read]:
+    """Every array read in an expression, left to right."""
+    return _leaves(expr, Read)
 
 
 def indices(expr: Expression) -> list[Index]:
     """Every axis index in an expression, left to right."""
-    if isinstance(expr, Index):
-        return [expr]
-    if isinstance(expr, Apply):
-        return [i for arg in expr.args for i in indices(arg)]
-    return []
+    return _leaves(expr, Index)
 
 
 def expression_axes(expr: Expression) -> tuple[str, ...]:

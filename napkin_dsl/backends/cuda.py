@@ -22,6 +22,7 @@ import functools
 
 import numpy as np
 
+from ..binding import c_strides
 from ..cost import CostReport, cost_of
 from ..hardware import DEFAULT_ARCH
 from ..pseudocode import Program
@@ -96,19 +97,11 @@ def _device_pointer(name: str, value, dtype: str, shape: tuple) -> ctypes.c_uint
     got_shape = tuple(interface["shape"])
     if got_shape != shape:
         raise NapkinCallError(f"device array {name} has shape {got_shape}; the kernel needs {shape}")
-    if interface.get("strides") not in (None, _contiguous_strides(shape, numpy_dtype(dtype).itemsize)):
+    if interface.get("strides") not in (None, c_strides(shape, numpy_dtype(dtype).itemsize)):
         raise NapkinCallError(f"device array {name} is not C-contiguous", hint="pass a contiguous copy")
     if interface["typestr"] not in _TYPESTR.get(dtype, ()):  # bf16 arrives as 2-byte opaque values
         raise NapkinCallError(f"device array {name} has type {interface['typestr']}; the kernel needs {dtype}")
     return ctypes.c_uint64(int(interface["data"][0]))
-
-
-def _contiguous_strides(shape: tuple, itemsize: int) -> tuple:
-    strides, step = [], itemsize
-    for extent in reversed(shape):
-        strides.append(step)
-        step *= extent
-    return tuple(reversed(strides))
 
 
 def _host_array(name: str, value, dtype: str, shape: tuple) -> np.ndarray:

@@ -344,7 +344,6 @@ class TensorPrinter(Printer):
         d = self.dialect
         entry = reduction(op)  # its start and the function that folds a value in (boxes.py)
         start = literal(entry.start)
-        combine = lambda a, b: d.math(entry.combine, [a, b])  # noqa: E731
 
         def per_row():
             self.emit(f"float {into} = {start};")
@@ -355,11 +354,11 @@ class TensorPrinter(Printer):
                 valid = self.col_valid(col)
                 if valid:
                     value = f"({valid} ? {value} : {start})"
-                self.emit(f"{into} = {combine(into, value)};")
+                self.emit(f"{into} = {d.math(entry.combine, [into, value])};")
 
             self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, per_element))
             for mask in (1, 2):  # the four lanes of a quad hold one row's columns
-                self.emit(f"{into} = {combine(into, f'NK_SHFL_XOR({into}, {mask})')};")
+                self.emit(f"{into} = {d.math(entry.combine, [into, f'NK_SHFL_XOR({into}, {mask})'])};")
 
         return per_row
 
