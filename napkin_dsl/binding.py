@@ -53,6 +53,7 @@ napkin_dsl.errors.NapkinCallError: error: cannot call mm(A: f32[m k], B: f32[k n
 from __future__ import annotations
 
 import ctypes
+import decimal
 import difflib
 import math
 import os
@@ -61,7 +62,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import sympy
 
 from .diagram import Diagram
 from .errors import NapkinCallError
@@ -477,7 +477,7 @@ def _foreign_array(name: str, value, target: np.dtype, keep_on_device: bool) -> 
 def _fixed_size(diagram: Diagram, axis: str) -> int | None:
     """An axis whose size the kernel itself fixes to an integer, or None for a symbol."""
     size = diagram.axes[axis].size
-    return int(size) if isinstance(size, (int, sympy.Integer)) else None
+    return int(size) if isinstance(size, int) or size.is_Integer else None
 
 
 def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False, *, sizes: dict | None = None,
@@ -745,7 +745,7 @@ def estimate_reference_bytes(diagram, sizes: dict) -> int:
 
 def format_gib(n: int) -> str:
     if n >= 2**1000:  # beyond float64: only sizes past check.MAX_SIZE get here, and the guard must still say it
-        return f"{sympy.N(sympy.Integer(n) / 2**30, 3)} GiB"
+        return f"{format(decimal.Decimal(n) / 2**30, '.2e')} GiB"
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 

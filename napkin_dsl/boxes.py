@@ -29,8 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import sympy
-
+from . import algebra
 from .diagram import Contract, Diagram, Map, Opaque, Reduce, Softmax, Statement, count_operations
 from .errors import RelabelError, Span
 
@@ -322,8 +321,8 @@ class OpaqueKind(BoxKind):
         )
 
 
-def opaque_flops(box) -> sympy.Symbol:
-    return sympy.Symbol(f"flops_{box.box.name}", positive=True)
+def opaque_flops(box) -> algebra.Symbol:
+    return algebra.Symbol(f"flops_{box.box.name}", positive=True)
 
 
 BOX_KINDS: dict[type, BoxKind] = {

@@ -29,13 +29,13 @@ one run, each with its line, column, caret and hint.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import difflib
 import math
 import re
 from dataclasses import dataclass
 
-import sympy
-
+from . import algebra
 from . import syntax as syn
 from .boxes import REDUCTION_OPS, box_kind, statement_flops, work_axes
 from .diagram import (
@@ -253,7 +253,7 @@ class _KernelChecker:
         inputs = tuple(dict.fromkeys(r.array for r in _box_reads(box)))
         statement = Statement(len(self.statements), name, axes, box, woven, consumed, inputs, {}, dtype, stmt.span, stmt.level)
         # FLOPs from the table of box kinds (boxes.BOX_KINDS), as the Program counts them
-        flops = statement_flops(box_kind(box).flops(box), lambda space: sympy.Mul(*(self.axes[a].size for a in work_axes(statement, space))))
+        flops = statement_flops(box_kind(box).flops(box), lambda space: algebra.Mul(*(self.axes[a].size for a in work_axes(statement, space))))
         self.statements.append(dataclasses.replace(statement, flops=flops))
 
     def level_ok(self, stmt: syn.Statement) -> bool:
@@ -508,7 +508,7 @@ class _KernelChecker:
             if not self.number_in_range(expr):
                 return None
             # Rational(text) keeps the number as written (nsimplify would turn 0.333333 into 1/3).
-            return Const(sympy.Rational(expr.text) if isinstance(expr.value, float) else sympy.Integer(expr.value))
+            return Const(algebra.Rational(expr.text) if isinstance(expr.value, float) else algebra.Integer(expr.value))
         if isinstance(expr, syn.Ref):
             return self.reference(expr)
         if isinstance(expr, syn.Neg):
@@ -534,7 +534,7 @@ class _KernelChecker:
             left, right = self.number(expr.left, f"'{expr.op}'"), self.number(expr.right, f"'{expr.op}'")
             if left is None or right is None:
                 return None
-            if Const(sympy.oo) in (left, right) or Const(-sympy.oo) in (left, right):
+            if Const(algebra.oo) in (left, right) or Const(-algebra.oo) in (left, right):
                 self.out.error("inf is only a value to select, as in where(COND, S, -inf); it takes no arithmetic",
                                expr.span, "write -inf or inf as a whole argument of where")
                 return None
@@ -574,7 +574,7 @@ class _KernelChecker:
         return converted
 
     def number_in_range(self, number: syn.Number) -> bool:
-        """Refuse literals no float holds: sympy would compute 1e99999999 exactly, for minutes."""
+        """Refuse literals no float holds: an exact 1e99999999 would take minutes."""
         try:
             value = float(number.value)
         except OverflowError:  # an integer literal of hundreds of digits
@@ -589,15 +589,20 @@ class _KernelChecker:
         """Fold an operator on two constants (``d^-0.5``), refusing values no float can hold."""
         text = f"{a} {expr.op} {b}"
         if expr.op == "^" and a.is_number and b.is_number and not power_in_range(a, b):
-            # Checked before computing: sympy evaluates 10^(10^8) exactly, which never ends.
+            # Checked before computing: an exact 10^(10^8) never ends.
             self.out.error(f"constant {a}^{b} is out of floating-point range", expr.span,
                            "napkin computes in floating point: keep constants between 1e-300 and 1e300")
             return None
-        value = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: a / b, "^": lambda: a**b}[expr.op]()
-        if value.has(sympy.zoo, sympy.oo, sympy.nan):
+        if expr.op == "^" and not b.is_Rational:
+            self.out.error(f"constant {text}: a power's exponent must be a number", expr.span,
+                           "write the exponent as a number, as in d^-0.5")
+            return None
+        try:
+            value = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: a / b, "^": lambda: a**b}[expr.op]()
+        except ZeroDivisionError:
             self.out.error(f"constant {text} is undefined (division by zero)", expr.span, "check the divisor and the exponent's sign")
             return None
-        if value.is_number and value.is_real is False:
+        except ValueError:
             self.out.error(f"constant {text} is not a real number", expr.span, "a negative number has no real fractional power")
             return None
         return Const(value)
@@ -640,7 +645,7 @@ class _KernelChecker:
                 return None
             return Const(self.axes[name].size)
         if name == "inf":
-            return Const(sympy.oo)
+            return Const(algebra.oo)
         if name in self.failed:
             return None  # its statement was reported already: one mistake, one error
         if name in self.later_targets or name in self.declared_outputs:
@@ -679,7 +684,7 @@ class _KernelChecker:
         args = [self.number(a, name) for a in call.args]
         if any(a is None for a in args):
             return None
-        if Const(sympy.oo) in args or Const(-sympy.oo) in args:
+        if Const(algebra.oo) in args or Const(-algebra.oo) in args:
             self.out.error(f"inf is only a value to select, as in where(COND, S, -inf); {name} cannot take it",
                            call.span, "write -inf or inf as a whole argument of where")
             return None
@@ -751,7 +756,7 @@ def _axis_list_span(span: Span | None, axes, axis: str) -> Span | None:
 
 
 def power_in_range(base, exponent) -> bool:
-    """Whether base^exponent (two sympy numbers) lies within float range, without computing it."""
+    """Whether base^exponent (two numbers) lies within float range, without computing it."""
     if base == 0 or abs(base) == 1:
         return True
     try:
@@ -771,7 +776,7 @@ def _product_factors(expr):
     if isinstance(expr, Apply) and expr.fn == "div" and not reads(expr.args[1]):
         left = _product_factors(expr.args[0])
         divisor = expr.args[1]
-        inverse = Const(1 / divisor.value) if isinstance(divisor, Const) else Apply("div", (Const(sympy.Integer(1)), divisor))
+        inverse = Const(1 / divisor.value) if isinstance(divisor, Const) else Apply("div", (Const(algebra.Integer(1)), divisor))
         return None if left is None else left + [inverse]
     if isinstance(expr, Read):
         return [expr]
@@ -901,7 +906,7 @@ def approximate(value: int) -> str:
     (a 5000-digit number printed in full helps nobody, and Python refuses to print some)."""
     if value < 10**15:
         return f"{value:,}"
-    return str(sympy.N(sympy.Integer(value), 3))
+    return format(decimal.Decimal(value), ".2e")
 
 
 def size_error(name: str, value: int, span: Span | None = None, what: str = "size") -> NapkinTypeError | None:

@@ -14,7 +14,7 @@ Per level below the top (METHOD.md section 5):
   level's transfer time) and the serial sum, with waves of thread blocks over the SMs; and
   the paper's multi-level form, the bandwidth-weighted sum of transfers.
 
-Everything is a sympy expression; after sizes are bound they are numbers. This module does
+Everything is an expression of napkin's size algebra (``algebra.py``); after sizes are bound they are numbers. This module does
 not choose sizes (``tune.py``), and it never looks at the diagram except through the Program.
 """
 
@@ -23,8 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import sympy
-
+from . import algebra
 from .diagram import DTYPE_BYTES
 from .errors import RelabelError
 from .formatting import format_count as _fmt
@@ -32,37 +31,33 @@ from .formatting import json_value
 from .pseudocode import MAX_MASK_GROUPS, Loop, Program, Step, chunk_span, liveness, mask_visits, released_by, walk
 from .relabel import bind
 
-# ---- small sympy helpers -------------------------------------------------------------------
+# ---- small algebra helpers -----------------------------------------------------------------
 
 
-def dominated(small: sympy.Expr, large: sympy.Expr) -> bool:
-    """True when ``large - small`` is a polynomial with non-negative coefficients (all symbols positive)."""
-    difference = sympy.expand(large - small)
+def dominated(small: algebra.Expr, large: algebra.Expr) -> bool:
+    """True when ``large - small`` has non-negative coefficients over positive atoms (all symbols positive)."""
+    difference = algebra.expand(large - small)
     if difference.is_number:
         return difference >= 0
-    try:
-        poly = sympy.Poly(difference, *sorted(difference.free_symbols, key=str))
-    except sympy.PolynomialError:
-        return False
-    return all(c >= 0 for c in poly.coeffs())
+    return all(c >= 0 for c in difference.terms.values()) and all(a.is_positive for m in difference.terms for a, _ in m)
 
 
-def max_of(terms) -> sympy.Expr:
+def max_of(terms) -> algebra.Expr:
     """Max of expressions, dropping terms another term dominates (so Max(qx, qx + xd) = qx + xd)."""
     distinct = []
     for term in terms:
-        term = sympy.expand(sympy.sympify(term))
+        term = algebra.expand(algebra.sympify(term))
         if term not in distinct:
             distinct.append(term)
     if all(t.is_number for t in distinct):
-        return max(distinct, default=sympy.Integer(0))
+        return max(distinct, default=algebra.Integer(0))
     kept = [t for i, t in enumerate(distinct)
             if not any(j != i and dominated(t, other) and not (dominated(other, t) and j > i) for j, other in enumerate(distinct))]
-    return sympy.Max(*kept) if len(kept) > 1 else (kept[0] if kept else sympy.Integer(0))
+    return algebra.Max.of(*kept) if len(kept) > 1 else (kept[0] if kept else algebra.Integer(0))
 
 
 def as_number(expr):
-    expr = sympy.sympify(expr)
+    expr = algebra.sympify(expr)
     if expr.is_number:
         return int(expr) if expr.is_integer else float(expr)
     return None
@@ -72,7 +67,7 @@ def as_number(expr):
 
 
 def step_total(program: Program, step: Step, loops: tuple[Loop, ...], axes: tuple[str, ...] | None = None,
-               partial: bool = False) -> sympy.Expr:
+               partial: bool = False) -> algebra.Expr:
     """Elements a step covers (over ``axes``, default its own) in the whole launch: exact, tails included.
 
     Inside a stream loop with a Mask, only the chunks each group visits count (their tiles in
@@ -86,14 +81,14 @@ def step_total(program: Program, step: Step, loops: tuple[Loop, ...], axes: tupl
         counted = masked_elements(program, masked.mask, axes, partial)
         if counted is not None:
             involved = set(masked.mask.axes)
-            total = sympy.Integer(counted) * sympy.Mul(*(schedule.axis_size(a) for a in axes if a not in involved))
+            total = algebra.Integer(counted) * algebra.Mul(*(schedule.axis_size(a) for a in axes if a not in involved))
             for loop in loops:
                 if loop.axis not in axes and loop.axis not in involved:
                     total *= loop.trips
             return total
     if partial and masked is None:
-        return sympy.Integer(0)
-    total = sympy.Mul(*(schedule.axis_size(a) for a in axes))
+        return algebra.Integer(0)
+    total = algebra.Mul(*(schedule.axis_size(a) for a in axes))
     for loop in loops:
         if loop.axis not in axes:
             total *= loop.trips
@@ -131,20 +126,20 @@ def _masked_elements(program: Program, mask, axes, partial: bool) -> int | None:
     return total
 
 
-def tile_values(schedule, level: str, axes) -> sympy.Expr:
+def tile_values(schedule, level: str, axes) -> algebra.Expr:
     """Values in one tile of a buffer at a level (``schedule``: the launch's view)."""
     extents = [schedule.extent(a, level) for a in axes]
-    if all(e.is_Integer for e in extents):  # bound sizes: plain integers, no sympy arithmetic
-        return sympy.Integer(math.prod(int(e) for e in extents))
-    return sympy.Mul(*extents)
+    if all(e.is_Integer for e in extents):  # bound sizes: plain integers, no symbolic arithmetic
+        return algebra.Integer(math.prod(int(e) for e in extents))
+    return algebra.Mul(*extents)
 
 
-def _total(terms) -> sympy.Expr:
+def _total(terms) -> algebra.Expr:
     """Sum of sympy terms, in plain integers when they all are (most of a numeric report)."""
     terms = list(terms)
     if all(t.is_Integer for t in terms):
-        return sympy.Integer(sum(int(t) for t in terms))
-    return sympy.Add(*terms)
+        return algebra.Integer(sum(int(t) for t in terms))
+    return algebra.Add(*terms)
 
 
 def columns(program: Program, arch: str | None = None, path: str | None = None) -> list[dict]:
@@ -184,20 +179,20 @@ def columns(program: Program, arch: str | None = None, path: str | None = None) 
                 buffer = launch.buffers[ref]
                 if plan is not None and level == compute and name in plan.fragments:
                     held = fragment_values(plan, name, tile)
-                    hold("registers", buffer, sympy.Integer(held), 4, f"{name} {held}/thread")
+                    hold("registers", buffer, algebra.Integer(held), 4, f"{name} {held}/thread")
                     continue
                 if level == compute and name in accumulators:
                     held = accumulators[name].values
-                    hold("registers", buffer, sympy.Integer(held), _bytes(buffer.dtype), f"{name} {held}/thread")
+                    hold("registers", buffer, algebra.Integer(held), _bytes(buffer.dtype), f"{name} {held}/thread")
                     continue
                 hold(level, buffer, tile_values(schedule, level, buffer.axes), _bytes(buffer.dtype))
             for name, slot in slots.items():
                 buffer = launch.buffers[(compute, name)]
                 text = f"{name}[{' '.join(_short(schedule.extent(a, compute)) for a in buffer.axes)}]" + (f" x{slot.stages}" if slot.stages > 1 else "")
-                hold(compute, buffer, sympy.Integer(slot.bytes // _bytes(buffer.dtype)), _bytes(buffer.dtype), text)
+                hold(compute, buffer, algebra.Integer(slot.bytes // _bytes(buffer.dtype)), _bytes(buffer.dtype), text)
             resident, shown = column.resident, column.shown
-            values = {level: sympy.sympify(v) for level, v in column.values.items()}
-            nbytes = {level: sympy.sympify(v) for level, v in column.nbytes.items()}
+            values = {level: algebra.sympify(v) for level, v in column.values.items()}
+            nbytes = {level: algebra.sympify(v) for level, v in column.nbytes.items()}
             rows.append({
                 "launch": launch.index,
                 "step": step,
@@ -230,7 +225,7 @@ class _Column:
         self.nbytes[level] = self.nbytes.get(level, 0) + count * size
 
 
-def register_transfers(program: Program, step: Step, loops, plan) -> sympy.Expr:
+def register_transfers(program: Program, step: Step, loops, plan) -> algebra.Expr:
     """Values a tensor-core launch's step reads from shared memory into the tensor cores: a
     contraction reads its A tile once per warp column (unless A is already a fragment) and its
     B tile once per warp row on mma.sync (each warp multiplies its rows by its columns of B,
@@ -238,7 +233,7 @@ def register_transfers(program: Program, step: Step, loops, plan) -> sympy.Expr:
     s = step.statement
     level = program.schedule.compute_level
     if s is None or step.op not in ("compute", "accumulate") or s.target not in plan.mmas or (level, s.target) in step.reads:
-        return sympy.Integer(0)
+        return algebra.Integer(0)
     mma = plan.mmas[s.target]
     moved = step_total(program, step, loops, (mma.k, mma.n)) * plan.b_readers
     if not mma.a_in_registers:
@@ -267,7 +262,7 @@ def statement_columns(program: Program, rows: list[dict] | None = None) -> list[
     levels = schedule.levels[1:] + (("registers",) if tensor or held else ())
     order = [s.target for s in diagram.statements]
     memory: dict = {target: {level: [] for level in levels} for target in order}
-    moved: dict = {target: {level: sympy.Integer(0) for level in levels} for target in order}
+    moved: dict = {target: {level: algebra.Integer(0) for level in levels} for target in order}
     by_launch: dict = {}
     for row in rows:
         by_launch.setdefault(row["launch"], []).append(row)
@@ -286,14 +281,14 @@ def statement_columns(program: Program, rows: list[dict] | None = None) -> list[
                 producer = diagram.producer(step.array)
                 owner = producer.target if producer is not None else statements[0].target
             for level in levels:
-                memory[owner][level].append(row["M"].get(level, sympy.Integer(0)))
+                memory[owner][level].append(row["M"].get(level, algebra.Integer(0)))
             if step.op in ("load", "save"):
                 moved[owner][step.level] += step_total(program, step, loops)
             if launch.index in tensor:
                 moved[owner]["registers"] += register_transfers(program, step, loops, tensor[launch.index][0])
     return [{"label": target,
              "M": {level: max_of(memory[target][level]) for level in levels},
-             "H": {level: sympy.expand(moved[target][level]) for level in levels}}
+             "H": {level: algebra.expand(moved[target][level]) for level in levels}}
             for target in order]
 
 
@@ -313,11 +308,11 @@ def _bytes(dtype: str) -> int:
 @dataclass
 class LevelCost:
     name: str
-    H: sympy.Expr
-    H_bytes: sympy.Expr
-    M: sympy.Expr
-    M_bytes: sympy.Expr
-    N: sympy.Expr
+    H: algebra.Expr
+    H_bytes: algebra.Expr
+    M: algebra.Expr
+    M_bytes: algebra.Expr
+    N: algebra.Expr
     capacity: object = None
     bandwidth: object = None
     per: str = ""
@@ -359,8 +354,8 @@ class CostReport:
     launches: list = field(default_factory=list)
 
     @property
-    def total_flops(self) -> sympy.Expr:
-        return sympy.Add(*self.flops.values())
+    def total_flops(self) -> algebra.Expr:
+        return algebra.Add(*self.flops.values())
 
     def intensity(self, level: str):
         """Arithmetic intensity at a level: FLOPs per byte moved (per value on the abstract models)."""
@@ -368,7 +363,11 @@ class CostReport:
         if moved == 0:
             return None
         ratio = self.total_flops / moved
-        return ratio if not ratio.free_symbols else sympy.cancel(ratio)
+        if not ratio.free_symbols:
+            return ratio
+        import sympy  # cancelling a quotient of sums is beyond napkin's algebra; only symbolic reports need it
+
+        return sympy.cancel(sympy.sympify(ratio))
 
     def to_dict(self) -> dict:
         return {
@@ -400,7 +399,7 @@ class CostReport:
                 name, c.per, _fmt(c.H), _fmt(c.H_bytes) if unit == "bytes" else "", _fmt(c.M),
                 _fmt(c.M_bytes) if unit == "bytes" else "", _fmt(c.capacity), _fmt(c.N),
                 f"{float(intensity):.1f}" if intensity is not None and intensity.is_number else "-",
-                _fmt_time(t) if t is not None and sympy.sympify(t).is_number else (str(t) if t is not None else "-"),
+                _fmt_time(t) if t is not None and algebra.sympify(t).is_number else (str(t) if t is not None else "-"),
             ))
         keep = [i for i in range(len(rows[0])) if any(r[i] for r in rows)]
         rows = [tuple(r[i] for i in keep) for r in rows]
@@ -439,7 +438,7 @@ class CostReport:
             t = c.transfer_time
             cells = (name, c.per, _fmt(c.H if unit == "values" else c.H_bytes), _fmt(c.M if unit == "values" else c.M_bytes),
                      _fmt(c.capacity), _fmt(c.N),
-                     _fmt_time(t) if t is not None and sympy.sympify(t).is_number else (str(t) if t is not None else "-"))
+                     _fmt_time(t) if t is not None and algebra.sympify(t).is_number else (str(t) if t is not None else "-"))
             body.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>")
         time = self.time.get("overlapped_s")
         summary = (f"predicted {_fmt_time(time)} ({html.escape(str(self.time.get('bound')))}-bound)" if time is not None
@@ -501,8 +500,8 @@ def registers_cost(program: Program, tensor: dict, rows: list[dict]) -> LevelCos
     from .isel import FMA_THREADS
 
     hardware = program.hardware
-    H = sympy.Integer(0)
-    H_bytes = sympy.Integer(0)
+    H = algebra.Integer(0)
+    H_bytes = algebra.Integer(0)
     for launch in program.launches:
         if launch.index not in tensor:
             continue
@@ -518,7 +517,7 @@ def registers_cost(program: Program, tensor: dict, rows: list[dict]) -> LevelCos
     fma = {r["launch"] for r in rows if "registers" in r["M"]} - set(tensor)
     threads = max([plan.threads for plan, _ in tensor.values()] + ([FMA_THREADS] if fma else []))
     registers = hardware.level("registers")
-    return LevelCost("registers", sympy.expand(H), sympy.expand(H_bytes), M, M_bytes, sympy.Integer(threads),
+    return LevelCost("registers", algebra.expand(H), algebra.expand(H_bytes), M, M_bytes, algebra.Integer(threads),
                      registers.capacity, registers.bandwidth, registers.per, hardware.counts)
 
 
@@ -528,8 +527,8 @@ def level_costs(program: Program, rows: list[dict] | None = None, arch: str | No
     tensor = tensor_launches(program, arch, path)
     costs = {}
     for level in schedule.levels[1:]:
-        H = sympy.Integer(0)
-        H_bytes = sympy.Integer(0)
+        H = algebra.Integer(0)
+        H_bytes = algebra.Integer(0)
         N = []
         for launch in program.launches:
             for step, loops in walk(launch.body):
@@ -542,7 +541,7 @@ def level_costs(program: Program, rows: list[dict] | None = None, arch: str | No
         M_bytes = max_of(r["M_bytes"].get(level, 0) for r in rows)
         hw_level = schedule.hardware.level(level)
         costs[level] = LevelCost(
-            level, sympy.expand(H), sympy.expand(H_bytes), M, M_bytes, max_of(N),
+            level, algebra.expand(H), algebra.expand(H_bytes), M, M_bytes, max_of(N),
             bind(hw_level.capacity, schedule.sizes) if hw_level.capacity is not None else None,
             bind(hw_level.bandwidth, schedule.sizes) if hw_level.bandwidth is not None else None,
             hw_level.per,
@@ -588,7 +587,7 @@ def flops_by_unit(program: Program, arch: str | None = None, path: str | None = 
             for unit, n in step.flops:
                 merged[unit] = merged.get(unit, 0) + n * elements
             for unit, n in step.test_flops:
-                merged[unit] = merged.get(unit, 0) + sympy.Integer(n) * tested
+                merged[unit] = merged.get(unit, 0) + algebra.Integer(n) * tested
             amounts = list(merged.items())
             # the streamed form's own work, each over its own axes (the rows of a softmax's rescale)
             amounts += [(unit, n * step_total(program, step, loops, axes)) for unit, n, axes in step.flops_over + step.bookkeeping]
@@ -607,7 +606,7 @@ def flops_by_unit(program: Program, arch: str | None = None, path: str | None = 
                     narrow = [d for d in operand_dtypes if DTYPE_BYTES[d] < 4]
                     dtype = min(narrow, key=lambda d: DTYPE_BYTES[d]) if narrow else min(operand_dtypes, key=lambda d: DTYPE_BYTES[d])
                 priced.append((launch.index, rate, dtype, amount))
-    return {unit: sympy.expand(v) for unit, v in totals.items()}, priced
+    return {unit: algebra.expand(v) for unit, v in totals.items()}, priced
 
 
 def bookkeeping_flops(program: Program) -> dict:
@@ -624,7 +623,7 @@ def bookkeeping_flops(program: Program) -> dict:
                 tested = step_total(program, step, loops, step.flop_space, partial=True)
                 for unit, n in step.test_flops:
                     totals[unit] = totals.get(unit, 0) + n * tested
-    return {unit: sympy.expand(v) for unit, v in totals.items() if sympy.expand(v) != 0}
+    return {unit: algebra.expand(v) for unit, v in totals.items() if algebra.expand(v) != 0}
 
 
 def recomputed_flops(program: Program) -> dict:
@@ -638,10 +637,10 @@ def recomputed_flops(program: Program) -> dict:
     for launch in program.launches:
         for step, loops in walk(launch.body):
             for unit, n, axes in tuple((u, n, step.flop_space) for u, n in step.flops) + step.flops_over:
-                repeats = sympy.Mul(*(loop.trips for loop in loops if loop.axis not in axes))
-                once = sympy.Mul(*(schedule.axis_size(a) for a in axes))
+                repeats = algebra.Mul(*(loop.trips for loop in loops if loop.axis not in axes))
+                once = algebra.Mul(*(schedule.axis_size(a) for a in axes))
                 totals[unit] = totals.get(unit, 0) + n * once * (repeats - 1)
-    return {unit: sympy.expand(v) for unit, v in totals.items() if sympy.expand(v) != 0}
+    return {unit: algebra.expand(v) for unit, v in totals.items() if algebra.expand(v) != 0}
 
 
 def _masked_loop(launch):
@@ -692,7 +691,7 @@ def masked_notes(program: Program) -> list[str]:
             continue
         visits = mask_visits(loop.mask, lambda a: program.schedule.axis_size(a))
         if visits is None:
-            bound = all(sympy.sympify(program.schedule.axis_size(a)).is_number for a in loop.mask.axes)
+            bound = all(algebra.sympify(program.schedule.axis_size(a)).is_number for a in loop.mask.axes)
             why = (f"more than {MAX_MASK_GROUPS:,} group tiles are not enumerated" if bound
                    else "sizes are symbolic")
             notes.append(f"masked by {loop.mask.condition}: {why}, so every chunk of {loop.axis} is counted "
@@ -721,7 +720,7 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
     hardware = program.hardware
     schedule = program.schedule
     time: dict = {"overlapped_s": None, "serial_s": None, "compute_s": None}
-    weighted = sympy.Integer(0)
+    weighted = algebra.Integer(0)
     for c in levels.values():
         if c.bandwidth is not None:
             weighted += (c.H if hardware.counts == "values" else c.H_bytes) / c.bandwidth
@@ -730,7 +729,7 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
         return time
     compute = {launch.index: 0.0 for launch in program.launches}
     for launch_of, unit, dtype, amount in priced:
-        amount = sympy.sympify(amount)
+        amount = algebra.sympify(amount)
         rate = hardware.peak(unit, dtype)
         if not amount.is_number or rate is None:
             return time
@@ -748,7 +747,7 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
             t = c.transfer_time
             if t is None:
                 continue
-            t = sympy.sympify(t)
+            t = algebra.sympify(t)
             if not t.is_number:
                 return time
             moved[name] = float(t)
@@ -805,7 +804,7 @@ def launch_level_costs(program: Program, rows: list[dict], levels: dict, arch: s
             for launch in program.launches}
 
 
-def launch_blocks(program: Program, launch, level: str | None = None) -> sympy.Expr:
+def launch_blocks(program: Program, launch, level: str | None = None) -> algebra.Expr:
     """Groups of one launch at a level (default the compute level: its thread blocks): the
     trips of its group loops at and above that level."""
     schedule = program.schedule
@@ -815,7 +814,7 @@ def launch_blocks(program: Program, launch, level: str | None = None) -> sympy.E
         for lp in loops:
             if lp.kind == "group" and schedule.levels.index(lp.level) <= depth:
                 groups[id(lp)] = lp.trips
-    return sympy.Mul(*groups.values())
+    return algebra.Mul(*groups.values())
 
 
 def block_tiles(program: Program, launch) -> tuple[int, int]:

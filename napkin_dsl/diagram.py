@@ -11,7 +11,7 @@ Every statement is one box of the paper's diagrams:
 * :class:`Opaque`: an application of a ``box`` declared by signature only.
 
 Each statement records the axes it is woven over (they pass over the box) and the axes it
-consumes (the box acts along them), its FLOPs per compute unit as sympy expressions, and the
+consumes (the box acts along them), its FLOPs per compute unit as size expressions (``algebra.py``), and the
 arrays it reads. This module holds data and small queries only; it does not check anything
 (``check.py``), and it knows nothing of memory levels beyond the ``@level`` a statement names.
 
@@ -29,8 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-import sympy
-
+from . import algebra
 from .errors import Span
 
 # ---- dtypes ------------------------------------------------------------------------------
@@ -104,15 +103,15 @@ BOOLEAN_FUNCTIONS = set(COMPARISONS.values()) | LOGICAL  # Apply.fn values whose
 
 @dataclass(frozen=True)
 class Axis:
-    """A wire: a named axis with one size across the kernel (a sympy symbol or integer)."""
+    """A wire: a named axis with one size across the kernel (a size symbol or integer)."""
 
     name: str
-    size: sympy.Expr
+    size: algebra.Expr
     span: Span | None = None  # where the axis first appeared
 
     @staticmethod
-    def symbol(name: str) -> sympy.Symbol:
-        return sympy.Symbol(name, positive=True, integer=True)
+    def symbol(name: str) -> algebra.Symbol:
+        return algebra.Symbol(name, positive=True, integer=True)
 
 
 @dataclass(frozen=True)
@@ -152,9 +151,9 @@ class Read:
 
 @dataclass(frozen=True)
 class Const:
-    """A number or a size expression such as ``d^-0.5`` (sympy)."""
+    """A number or a size expression such as ``d^-0.5`` (``algebra.py``)."""
 
-    value: sympy.Expr
+    value: algebra.Expr
 
 
 @dataclass(frozen=True)
@@ -241,9 +240,9 @@ def format_expression(expr: Expression) -> str:
     return _format(expr, indexed=bool(indices(expr)))
 
 
-def size_text(value: sympy.Expr) -> str:
+def size_text(value: algebra.Expr) -> str:
     """A size expression where axis names would read as indices: each size spelled len(x)."""
-    return str(value.subs({sym: sympy.Symbol(f"len({sym.name})") for sym in value.free_symbols if sym.is_positive}))
+    return str(value.subs({sym: algebra.Symbol(f"len({sym.name})") for sym in value.free_symbols if sym.is_positive}))
 
 
 def _format(expr: Expression, indexed: bool) -> str:
@@ -251,7 +250,7 @@ def _format(expr: Expression, indexed: bool) -> str:
     if isinstance(expr, Read):
         return f"{expr.array}[{' '.join(expr.axes)}]"
     if isinstance(expr, Const):
-        if expr.value in (sympy.oo, -sympy.oo):
+        if expr.value in (algebra.oo, -algebra.oo):
             return "inf" if expr.value > 0 else "-inf"
         return size_text(expr.value) if indexed else str(expr.value)
     if isinstance(expr, ScalarParam):
@@ -328,14 +327,14 @@ class Statement:
     woven: tuple[str, ...]  # axes passing over the box
     consumed: tuple[str, ...]  # axes the box acts along (contracted, reduced, softmaxed, box-internal)
     inputs: tuple[str, ...]  # names of arrays read, without repeats
-    flops: dict  # unit ("tensor", "fma", "special") -> sympy expression, for the whole statement
+    flops: dict  # unit ("tensor", "fma", "special") -> size expression, for the whole statement
     dtype: str  # dtype of the result as computed
     span: Span | None = None
     level: str | None = None  # @level materialisation
 
     @property
-    def total_flops(self) -> sympy.Expr:
-        return sympy.Add(*self.flops.values())
+    def total_flops(self) -> algebra.Expr:
+        return algebra.Add(*self.flops.values())
 
     @property
     def iteration_axes(self) -> tuple[str, ...]:
@@ -371,15 +370,15 @@ class Diagram:
     statements: tuple[Statement, ...]
     span: Span | None = None
 
-    def size(self, axis: str) -> sympy.Expr:
+    def size(self, axis: str) -> algebra.Expr:
         return self.axes[axis].size
 
-    def sizes(self, axes) -> sympy.Expr:
-        return sympy.Mul(*(self.axes[a].size for a in axes))
+    def sizes(self, axes) -> algebra.Expr:
+        return algebra.Mul(*(self.axes[a].size for a in axes))
 
     @property
-    def flops(self) -> sympy.Expr:
-        return sympy.Add(*(s.total_flops for s in self.statements))
+    def flops(self) -> algebra.Expr:
+        return algebra.Add(*(s.total_flops for s in self.statements))
 
     def producer(self, array: str) -> Statement | None:
         for statement in self.statements:

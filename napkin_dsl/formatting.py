@@ -2,13 +2,15 @@
 
 Both the model (cost, tune) and the CLI print counts that may be symbolic, so the helpers live
 here, below both. Deliberately not here: tables, units or layout (each report lays out its own).
-sympy is imported when an expression needs it, so that importing this module stays cheap.
+Counts are expressions of napkin's size algebra (``algebra.py``), ints or floats.
 """
 
 from __future__ import annotations
 
+import decimal
 import math
 
+from . import algebra
 from .errors import NapkinError
 
 # Python prints at most 4300 digits (~14,000 bits) of an int; sizes are bounded so that no count
@@ -17,15 +19,14 @@ MAX_JSON_BITS = 13_000
 
 
 def json_value(expr):
-    """A number when the expression is numeric, else a string sympy.sympify parses."""
+    """A number when the expression is numeric, else its text (which sympy.sympify and algebra.parse read)."""
     if expr is None:
         return None
     if isinstance(expr, (bool, float)):
         return expr
     if not isinstance(expr, int):
-        import sympy
-
-        expr = sympy.sympify(expr)
+        if not hasattr(expr, "is_number"):  # an algebra or (a symbolic report's quotient) sympy expression already
+            expr = algebra.sympify(expr)
         if not expr.is_number:
             return str(expr)
         if not expr.is_integer:
@@ -40,15 +41,17 @@ def format_count(value) -> str:
     """A count as a table shows it: "-" for none, integers with thousands separators, else 4 digits."""
     if value is None:
         return "-"
-    import sympy
-
-    value = sympy.sympify(value)
+    if not hasattr(value, "is_number"):
+        value = algebra.sympify(value)
     if value.is_number:
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
         if not math.isfinite(number):
             # Beyond float64: sizes are bounded (check.MAX_SIZE) so that no count gets here,
-            # but a table must still print; sympy's own float has no exponent limit.
-            return str(sympy.N(value, 4))
+            # but a table must still print.
+            return format(decimal.Decimal(int(value)), ".3e")
         if number == int(number) and abs(number) < 1e15:
             return f"{int(number):,}"
         return f"{number:.4g}"

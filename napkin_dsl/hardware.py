@@ -7,7 +7,7 @@ number of units, and peak compute rates. Profiles live in ``napkin_dsl/hardware/
 each number beside its public source.
 
 The abstract profiles (``two_level``, ``three_level``) count values, not bytes, and keep
-capacities and bandwidths as sympy symbols, as the paper does.
+capacities and bandwidths as symbols, as the paper does.
 
 This module only describes machines; it does not decide what runs where (that is
 ``relabel.py``) or what anything costs (``cost.py``).
@@ -24,17 +24,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from . import algebra
 from .errors import NapkinError
-
-if TYPE_CHECKING:
-    import sympy
 
 PROFILE_DIR = Path(__file__).parent / "hardware"
 # Tensor-core instruction paths and the [peak_flops] key of each one's rate.
@@ -49,8 +46,8 @@ class Level:
 
     name: str
     per: str
-    capacity: sympy.Expr | int | None = None
-    bandwidth: sympy.Expr | float | None = None
+    capacity: algebra.Expr | int | None = None
+    bandwidth: algebra.Expr | float | None = None
     units: int = 1
     compute: bool = False
     threads_per_unit: int | None = None
@@ -129,9 +126,7 @@ def _size_value(value):
     if value is None:
         return None
     if isinstance(value, str):
-        import sympy  # only the abstract profiles' symbolic capacities need it
-
-        return sympy.Symbol(value, positive=True)
+        return algebra.Symbol(value, positive=True)
     return value
 
 

@@ -40,8 +40,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-import sympy
-
+from . import algebra
 from .boxes import accumulated, box_kind, reduction, work_axes
 from .diagram import (
     Apply,
@@ -121,8 +120,8 @@ class Loop:
     kind: str  # "group" (parallel) or "stream" (sequential)
     level: str
     axis: str
-    tile: sympy.Expr
-    trips: sympy.Expr
+    tile: algebra.Expr
+    trips: algebra.Expr
     body: tuple
     derived: bool = False
     mask: "Mask | None" = None  # a stream loop that skips the chunks a softmax's mask hides
@@ -554,7 +553,7 @@ class Constraint:
     """``sum(coefficient * index) + constant >= 0`` (``> 0`` when strict): one inequality of a mask."""
 
     coefficients: tuple[tuple[str, int], ...]  # (axis, integer coefficient of its index)
-    constant: sympy.Expr  # a number or an expression in the axes' sizes (len(x) - len(q))
+    constant: algebra.Expr  # a number or an expression in the axes' sizes (len(x) - len(q))
     strict: bool
 
 
@@ -567,7 +566,7 @@ class Mask:
     statement: str  # the softmax's target
     axis: str  # the streamed axis
     constraints: tuple[Constraint, ...]
-    tiles: tuple[tuple[str, sympy.Expr], ...]  # (axis, tile extent at the compute level)
+    tiles: tuple[tuple[str, algebra.Expr], ...]  # (axis, tile extent at the compute level)
     condition: str  # the predicate as written
     # The statement whose step tests the condition in this loop (the softmax's rescale, or the
     # compute step of M = where(COND, S, -inf) that the softmax reads); None when it is not here.
@@ -597,7 +596,7 @@ class Mask:
         """Each constraint's constant at ``sizes`` (axis -> size), or None where one is symbolic."""
         values = []
         for constraint in self.constraints:
-            value = sympy.sympify(constraint.constant).subs({sym: sizes(sym.name) for sym in constraint.constant.free_symbols})
+            value = algebra.sympify(constraint.constant).subs({sym: sizes(sym.name) for sym in constraint.constant.free_symbols})
             if not value.is_number:
                 return None
             values.append(float(value))
@@ -617,7 +616,7 @@ def mask_of(statement: Statement, axis: str, tile, producers: dict | None = None
     if isinstance(operand, Read):
         chain = (producers or {}).get(operand.array)
         operand, tested = (chain.box.expr, chain.target) if chain is not None and isinstance(chain.box, Map) else (None, None)
-    if not (isinstance(operand, Apply) and operand.fn == "where" and operand.args[2] == Const(-sympy.oo)):
+    if not (isinstance(operand, Apply) and operand.fn == "where" and operand.args[2] == Const(-algebra.oo)):
         return None
     constraints = _constraints(operand.args[0])
     if not constraints or not any(dict(c.coefficients).get(axis) for c in constraints):
@@ -640,7 +639,7 @@ def _constraints(condition) -> tuple[Constraint, ...] | None:
     left, right = (_linear(a) for a in condition.args)
     if left is None or right is None:
         return None
-    difference = sympy.expand(left - right)  # ge, gt, eq: difference >= 0 (> 0)
+    difference = algebra.expand(left - right)  # ge, gt, eq: difference >= 0 (> 0)
     forms = {"ge": [(difference, False)], "gt": [(difference, True)], "le": [(-difference, False)],
              "lt": [(-difference, True)], "eq": [(difference, False), (-difference, False)]}[condition.fn]
     out = []
@@ -660,15 +659,15 @@ def _constraints(condition) -> tuple[Constraint, ...] | None:
     return tuple(out)
 
 
-_INDEX = "index:"  # the prefix of the sympy symbol standing for an axis index in a constraint
+_INDEX = "index:"  # the prefix of the symbol standing for an axis index in a constraint
 
 
 def _linear(expr):
-    """A number expression of indices, sizes and constants as sympy, or None if it reads arrays."""
+    """A number expression of indices, sizes and constants (algebra), or None if it reads arrays."""
     if isinstance(expr, Index):
-        return sympy.Symbol(_INDEX + expr.axis, integer=True)
+        return algebra.Symbol(_INDEX + expr.axis, integer=True)
     if isinstance(expr, Const):
-        return None if expr.value in (sympy.oo, -sympy.oo) else expr.value
+        return None if expr.value in (algebra.oo, -algebra.oo) else expr.value
     if isinstance(expr, Apply) and expr.fn in ("add", "sub", "mul", "neg", "div"):
         args = [_linear(a) for a in expr.args]
         if any(a is None for a in args):
@@ -678,7 +677,7 @@ def _linear(expr):
         if expr.fn == "div":
             return args[0] / args[1] if not args[1].free_symbols or not any(
                 sym.name.startswith(_INDEX) for sym in args[1].free_symbols) else None
-        return {"add": sympy.Add, "sub": lambda a, b: a - b, "mul": sympy.Mul}[expr.fn](*args)
+        return {"add": algebra.Add, "sub": lambda a, b: a - b, "mul": algebra.Mul}[expr.fn](*args)
     return None
 
 
@@ -787,8 +786,8 @@ def mask_visits(mask: Mask, sizes) -> list[GroupVisits] | None:
     best (worst) element on a suffix or a prefix of the chunks, so the visited (full) chunks are
     the intersection of those, found by bisection with the same test, O(log chunks) a group."""
     constants = mask.constants(sizes)
-    extents = {a: sympy.sympify(e) for a, e in mask.tiles}
-    lengths = {a: sympy.sympify(sizes(a)) for a in mask.axes}
+    extents = {a: algebra.sympify(e) for a, e in mask.tiles}
+    lengths = {a: algebra.sympify(sizes(a)) for a in mask.axes}
     if constants is None or not all(v.is_number for v in list(extents.values()) + list(lengths.values())):
         return None
     # the cost asks once per step of the loop: the answer is computed once per mask and sizes
@@ -862,13 +861,13 @@ def mask_bounds_text(mask: Mask) -> str:
         a_x = coefficients.get(x, 0)
         # The group's best element for the inequality: the last index of an axis with a
         # positive coefficient, the first of one with a negative coefficient.
-        best = c.constant + sum(k * sympy.Symbol(f"{a}_{'last' if k > 0 else 'first'}") for a, k in c.coefficients if a != x)
+        best = c.constant + sum(k * algebra.Symbol(f"{a}_{'last' if k > 0 else 'first'}") for a, k in c.coefficients if a != x)
         if not a_x:
             bounds.append(f"{size_text(best)} {'>' if c.strict else '>='} 0")
         elif a_x > 0:
-            bounds.append(f"{x}_last {'>' if c.strict else '>='} {size_text(sympy.simplify(-best / a_x))}")
+            bounds.append(f"{x}_last {'>' if c.strict else '>='} {size_text(-best / a_x)}")
         else:
-            bounds.append(f"{x}_first {'<' if c.strict else '<='} {size_text(sympy.simplify(best / -a_x))}")
+            bounds.append(f"{x}_first {'<' if c.strict else '<='} {size_text(best / -a_x)}")
     return " and ".join(bounds)
 
 
@@ -886,7 +885,7 @@ def blocks_per_unit(schedule: Schedule, smem_bytes, threads: int | None = None, 
     hardware = schedule.hardware
     compute = hardware.level(schedule.compute_level)
     capacity = compute.capacity
-    if not (isinstance(capacity, int) and sympy.sympify(smem_bytes).is_number):
+    if not (isinstance(capacity, int) and algebra.sympify(smem_bytes).is_number):
         return None
     # An SM's shared memory is the largest block's plus what the system reserves per block,
     # and every resident block takes its own bytes plus that reserve.
@@ -940,7 +939,7 @@ def l2_candidates(schedule: Schedule, level: str, blocks: int) -> list[tuple[Par
         if total > blocks:
             continue
         partitions = tuple(
-            Partition(level, "group", p.axis, sympy.Integer(side) * schedule.extent(p.axis, compute), None, derived=True)
+            Partition(level, "group", p.axis, algebra.Integer(side) * schedule.extent(p.axis, compute), None, derived=True)
             for p, side in combo
         )
         candidates.append(partitions)

@@ -71,7 +71,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import sympy
+
+from . import algebra
 
 from .binding import arguments, bind, check_reference_memory, diagram_of
 from .boxes import reduction
@@ -169,17 +170,19 @@ def masked_softmax(values: np.ndarray, along: int) -> np.ndarray:
     return np.where(total == 0, 0.0, shifted / np.where(total == 0, 1.0, total))
 
 
-def constant_value(value: sympy.Expr, sizes: dict, kernel: str = "the kernel") -> float:
+def constant_value(value: algebra.Expr, sizes: dict, kernel: str = "the kernel") -> float:
     """A size expression (``d^-0.5``, ``i^-4294967296``) as a float, at ``sizes`` (axis name -> int).
 
-    Exact arithmetic, as sympy does it, but a power is checked before it is computed: sympy
-    evaluates ``8^-4294967296`` exactly, a number of four billion digits, which never ends. A
+    Exact arithmetic, but a power is checked before it is computed: ``8^-4294967296`` exactly
+    is a number of four billion digits, which never ends. A
     value outside the range the checker allows a literal constant (1e-300 to 1e300, or 0), a
     division by zero or a non-real value raises :class:`ReferenceFailure`, as the checker refuses such
     constants when they are written with numbers.
     """
-    if value in (sympy.oo, -sympy.oo):  # -inf in where(q >= x, S, -inf): a masked entry
+    if value in (algebra.oo, -algebra.oo):  # -inf in where(q >= x, S, -inf): a masked entry
         return float(value)
+    from .check import power_in_range
+
     shown = str(value).replace("**", "^")  # in the notation's spelling
 
     def at():
@@ -187,30 +190,37 @@ def constant_value(value: sympy.Expr, sizes: dict, kernel: str = "the kernel") -
         return f" at {', '.join(f'{n}={sizes[n]}' for n in bound)}" if bound else ""
 
     def evaluate(expr):
-        if expr.is_Symbol:
-            if expr.name not in sizes:
-                raise ReferenceFailure(f"the size expression {shown} uses {expr.name}, which is not an axis of {kernel}")
-            return sympy.Integer(int(sizes[expr.name]))
-        if expr.is_Number or not expr.args:
-            return expr
-        args = [evaluate(a) for a in expr.args]
-        if expr.is_Pow:
-            from .check import power_in_range
+        total = algebra.ZERO
+        for monomial, coefficient in expr.terms.items():
+            term = algebra.Rational(coefficient)
+            for atom, exponent in monomial:
+                base = evaluate_atom(atom)
+                if not power_in_range(base, exponent):
+                    raise ReferenceFailure(f"the size expression {shown} is out of floating-point range{at()}: {base}^{exponent}",
+                                   "napkin computes in floating point: keep constants between 1e-300 and 1e300")
+                term = term * base**exponent
+            total = total + term
+        return total
 
-            base, exponent = args
-            if not power_in_range(base, exponent):
-                raise ReferenceFailure(f"the size expression {shown} is out of floating-point range{at()}: {base}^{exponent}",
-                               "napkin computes in floating point: keep constants between 1e-300 and 1e300")
-            return base**exponent
-        return expr.func(*args)
+    def evaluate_atom(atom):
+        if atom.is_Symbol:
+            if atom.name not in sizes:
+                raise ReferenceFailure(f"the size expression {shown} uses {atom.name}, which is not an axis of {kernel}")
+            return algebra.Integer(int(sizes[atom.name]))
+        if isinstance(atom, algebra.Root):
+            return algebra.Integer(atom.base)
+        if isinstance(atom, algebra.Group):
+            return evaluate(atom.base)
+        return type(atom).of(*(evaluate(a) for a in atom.args))
 
-    number = evaluate(value)
-    if number.has(sympy.zoo, sympy.oo, sympy.nan):
+    try:
+        number = evaluate(value)
+    except ZeroDivisionError:
         raise ReferenceFailure(f"the size expression {shown} is undefined{at()} (division by zero)",
-                       "check the divisor and the exponent's sign")
-    if number.is_real is False:
+                       "check the divisor and the exponent's sign") from None
+    except ValueError:
         raise ReferenceFailure(f"the size expression {shown} is not a real number{at()}",
-                       "a negative number has no real fractional power")
+                       "a negative number has no real fractional power") from None
     try:
         result = float(number)
     except OverflowError:
@@ -236,7 +246,7 @@ class Evaluator:
         return tuple(self.sizes[a] for a in axes)
 
     # -- elementwise expressions
-    def constant(self, value: sympy.Expr) -> float:
+    def constant(self, value: algebra.Expr) -> float:
         return constant_value(value, self.sizes, self.diagram.name)
 
     def expression(self, expr) -> NamedArray:

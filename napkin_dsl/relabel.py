@@ -27,8 +27,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import sympy
-
+from . import algebra
 from . import syntax as syn
 from .boxes import StreamSite, box_kind, line_of
 from .diagram import Diagram, Softmax, Statement
@@ -41,7 +40,7 @@ class Partition:
     level: str
     kind: str  # "group" or "stream"
     axis: str
-    size: sympy.Expr
+    size: algebra.Expr
     span: Span | None = None
     derived: bool = False  # chosen by napkin (the L2 grouping), not written by the user
     launches: frozenset | None = None  # indices of the launches it applies to; None: all
@@ -100,7 +99,7 @@ class Schedule:
     launches: tuple[Launch, ...]
     sizes: dict = field(default_factory=dict)  # bound symbol name -> int
     notes: tuple[str, ...] = ()
-    # extent() is called for every buffer of every column: memoise it (sympy is slow).
+    # extent() is called for every buffer of every column: memoise it.
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -114,13 +113,13 @@ class Schedule:
     def partitions_at(self, level: str, kind: str | None = None) -> list[Partition]:
         return [p for p in self.partitions if p.level == level and (kind is None or p.kind == kind)]
 
-    def axis_size(self, axis: str) -> sympy.Expr:
+    def axis_size(self, axis: str) -> algebra.Expr:
         key = ("size", axis)
         if key not in self._memo:
             self._memo[key] = bind(self.diagram.size(axis), self.sizes)
         return self._memo[key]
 
-    def extent(self, axis: str, level: str) -> sympy.Expr:
+    def extent(self, axis: str, level: str) -> algebra.Expr:
         """The tile extent of an axis at a level: its innermost partition at or above it."""
         key = ("extent", axis, level)
         if key in self._memo:
@@ -136,7 +135,7 @@ class Schedule:
 
 def bind(expr, sizes: dict):
     """Substitute bound sizes (by symbol name) into an expression."""
-    expr = sympy.sympify(expr)
+    expr = algebra.sympify(expr)
     if not sizes or not expr.free_symbols:
         return expr
     return expr.subs({s: sizes[s.name] for s in expr.free_symbols if s.name in sizes})
@@ -155,14 +154,14 @@ def trips(extent, tile):
     Symbolic trip counts assume the tile divides the extent (the paper's a / g_a).
     """
     if extent.is_number and tile.is_number:
-        return sympy.Integer(-(-int(extent) // int(tile)))
+        return algebra.Integer(-(-int(extent) // int(tile)))
     return extent / tile
 
 
-def size_expr(value) -> sympy.Expr:
+def size_expr(value) -> algebra.Expr:
     if isinstance(value, int):
-        return sympy.Integer(value)
-    return sympy.Symbol(value, positive=True, integer=True)
+        return algebra.Integer(value)
+    return algebra.Symbol(value, positive=True, integer=True)
 
 
 # ---- launches ------------------------------------------------------------------------------
@@ -446,7 +445,7 @@ def make_schedule(
         if axis_size.is_number and size.is_number and axis_size % size != 0:
             notes.append(
                 f"{p.kind} {p.axis} {size} does not divide {p.axis} = {axis_size}: "
-                f"{sympy.ceiling(axis_size / size)} {'groups' if p.kind == 'group' else 'chunks'}, the last one masked "
-                f"({axis_size - (sympy.ceiling(axis_size / size) - 1) * size} of {size})"
+                f"{algebra.ceiling(axis_size / size)} {'groups' if p.kind == 'group' else 'chunks'}, the last one masked "
+                f"({axis_size - (algebra.ceiling(axis_size / size) - 1) * size} of {size})"
             )
     return Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, tuple(notes))

@@ -57,8 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
-import sympy
-
+from . import algebra
 from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .diagram import size_text as diagram_size_text
 from .errors import NapkinError
@@ -1312,11 +1311,11 @@ class CostTable:
 
 
 def cost_text(value) -> tuple[str, str]:
-    """(shown, full) text of a cost cell: sympy's str with ``^`` for powers, cut with an
+    """(shown, full) text of a cost cell: the expression's text with ``^`` for powers, cut with an
     ellipsis past MAX_COST_CHARS; numbers of eight digits or more in three significant ones."""
     if isinstance(value, str):
         return truncate(value, MAX_COST_CHARS), value
-    expr = sympy.sympify(value)
+    expr = algebra.sympify(value)
     if expr.is_number:
         if expr.is_integer:
             number = int(expr)
@@ -1330,7 +1329,7 @@ def cost_text(value) -> tuple[str, str]:
 
 
 def _given_table(columns: list) -> CostTable:
-    """A caller's columns, drawn as given (strings or sympy expressions)."""
+    """A caller's columns, drawn as given (strings, size expressions or sympy expressions)."""
     cells = [[cost_text(cell.get(key, "")) for key in COST_KEYS] for cell in columns]
     return CostTable(COST_HEADS, cells)
 
@@ -1377,7 +1376,7 @@ def cost_table(kernel, relabelled: bool, program: Program) -> CostTable:
     caption = (f"columns at {level} on {schedule.hardware.name}{at}, {how}: M = values resident per {per}, "
                f"H = values moved into and out of {level}")
     totals = (("total", "total"),) + tuple(
-        cost_text(max_of(c["M"][lv] for c in columns)) if key == "M" else cost_text(sympy.expand(sympy.Add(*(c["H"][lv] for c in columns))))
+        cost_text(max_of(c["M"][lv] for c in columns)) if key == "M" else cost_text(algebra.expand(algebra.Add(*(c["H"][lv] for c in columns))))
         for lv in shown for key in ("M", "H"))
     # The drawing does not refuse what cost_of would: it says so.
     report = level_costs(program, rows)[level]

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from . import algebra
 from . import syntax as syn
 from .check import check_size_bounds
 from .cost import (CostReport, as_number, busy_fraction, columns, cost_of, flops_by_unit, instruction_path,
@@ -1064,14 +1065,15 @@ class AbstractOptimum:
         level = profile.compute_level.name
         schedule = make_schedule(diagram, profile, _block(diagram, profile, knobs, {k.axis: 1 for k in streams}), {})
         costs = level_costs(elaborate(schedule))[level]
+        H, M = sympy.sympify(costs.H), sympy.sympify(costs.M)  # lambdify and oo need sympy
         symbols = [sympy.Symbol(k.symbol.name, positive=True, integer=True) for k in self.groups]
         self.axis_size = 2**20
         axis_values = {sympy.Symbol(a, positive=True, integer=True): sizes.get(a, self.axis_size) for a in diagram.axes}
         # Group sizes H does not depend on (axes every array carries) stay 1: larger ones only cost memory.
-        self.relevant = [costs.H.has(symbol) for symbol in symbols]
-        self.H = sympy.lambdify(symbols, costs.H.subs(axis_values), "math")
-        self.M = sympy.lambdify(symbols, costs.M.subs(axis_values), "math")
-        self.H0 = costs.H.subs({s: sympy.oo for s in symbols})
+        self.relevant = [H.has(symbol) for symbol in symbols]
+        self.H = sympy.lambdify(symbols, H.subs(axis_values), "math")
+        self.M = sympy.lambdify(symbols, M.subs(axis_values), "math")
+        self.H0 = H.subs({s: sympy.oo for s in symbols})
         self.H0_value = float(self.H0.subs(axis_values)) if self.H0.is_finite else 0.0
 
     def at(self, capacity: float) -> tuple[float, tuple]:
@@ -1317,7 +1319,7 @@ def _unmasked_count(program: Program, mask: Mask) -> int:
 
     while others and math.prod(count(a) for a in others) > MASK_PROBE_GROUPS:
         tiles[max(others, key=count)] *= 2
-    probe = dataclasses.replace(mask, tiles=tuple((a, sympy.Integer(tiles[a])) for a in mask.axes))
+    probe = dataclasses.replace(mask, tiles=tuple((a, algebra.Integer(tiles[a])) for a in mask.axes))
     visited = masked_elements(program, probe, mask.axes)
     partial = masked_elements(program, probe, mask.axes, partial=True)
     # Unenumerable (cannot happen with every size bound): none counted is still a lower bound.

@@ -8,9 +8,6 @@ Three parts:
   ``str`` prints the expanded form (the contract the golden files rely on);
 * unit tests whose expectations are worked out by hand from the mathematics;
 * importing the algebra never imports sympy.
-
-Where a test exposes a bug in the algebra it is marked ``xfail(strict=True)`` with the reason, so
-that fixing the bug turns the mark into a failure that asks for the mark to go.
 """
 
 from __future__ import annotations
@@ -389,26 +386,21 @@ def test_fractional_powers():
     assert Integer(2) ** Fraction(1, 2) * Integer(2) ** Fraction(1, 2) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a Root base is not reduced: 8**(1/2) stays Root(8)**(1/2) (prints sqrt(8)), "
-                                       "not 2*Root(2)**(1/2), so equal numbers compare unequal")
 def test_root_of_a_non_square_is_reduced():
     assert Integer(8) ** Fraction(1, 2) == 2 * Integer(2) ** Fraction(1, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: 2**(3/2) keeps the whole power in the Root (prints 2**(3/2); sympy 2*sqrt(2))")
 def test_root_exponent_above_one_is_reduced():
     assert str(Integer(2) ** Fraction(3, 2)) == str(sympy.Integer(2) ** sympy.Rational(3, 2)) == "2*sqrt(2)"
     assert Integer(2) ** Fraction(3, 2) == 2 * Integer(2) ** Fraction(1, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: (2**(1/2))**2 is a bare Root atom that prints '2' but is not == 2 and has no .rational")
 def test_integer_power_of_a_root_is_a_number():
     r = (Integer(2) ** Fraction(1, 2)) ** 2
     assert r == 2 and r.rational == 2 and hash(r) == hash(2)
     assert r - 2 == 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: 2**(-1/2) (prints 1/sqrt(2)) and sqrt(2)/2 are the same number but compare unequal")
 def test_negative_root_power_equals_its_rationalised_form():
     assert Integer(2) ** Fraction(-1, 2) == Integer(2) ** Fraction(1, 2) / 2
 

@@ -42,8 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import sympy
-
+from .. import algebra
 from ..boxes import REDUCTION_TABLE, accumulated, reduction
 from ..cost import as_number, columns, level_costs
 from ..diagram import (
@@ -312,7 +311,7 @@ def print_expression(expr, sizes: dict, dialect: Dialect, read, index=None, real
         if index is None:
             raise LoweringError(f"the index of axis {expr.axis} has no meaning here")
         return f"(({real})({index(expr.axis)}))"
-    if isinstance(expr, Const) and expr.value in (sympy.oo, -sympy.oo):
+    if isinstance(expr, Const) and expr.value in (algebra.oo, -algebra.oo):
         return "NK_INF" if expr.value > 0 else "(-NK_INF)"
     if isinstance(expr, Const):
         # The reference's evaluation: the same float, and the same refusal of a power that no

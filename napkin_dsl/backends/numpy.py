@@ -74,8 +74,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import sympy
-
+from .. import algebra
 from ..binding import format_gib as _gib
 from ..binding import memory_limit
 from ..cost import contraction_unit, fma_register_launches, tensor_launches
@@ -136,14 +135,14 @@ class Counts:
         problems = []
         for level, cost in report.levels.items():
             counted = self.H.get(level, 0)
-            if sympy.sympify(cost.H - counted) != 0:
+            if algebra.sympify(cost.H - counted) != 0:
                 problems.append(f"H at {level}: counted {counted}, predicted {cost.H}")
             counted = self.H_bytes.get(level, 0)
-            if sympy.sympify(cost.H_bytes - counted) != 0:
+            if algebra.sympify(cost.H_bytes - counted) != 0:
                 problems.append(f"H bytes at {level}: counted {counted}, predicted {cost.H_bytes}")
         for unit in set(report.flops) | set(self.flops):
             predicted, counted = report.flops.get(unit, 0), self.flops.get(unit, 0)
-            if sympy.expand(sympy.sympify(predicted) - counted) != 0:
+            if algebra.expand(algebra.sympify(predicted) - counted) != 0:
                 problems.append(f"{unit} FLOPs: counted {counted}, predicted {predicted}")
         return problems
 
@@ -214,7 +213,7 @@ class _TileEvaluator(_Evaluator):
             dtype = np.float64 if wide else np.float32
             return _Named(np.arange(start, stop, dtype=dtype), (expr.axis,))
         if isinstance(expr, Const):
-            if expr not in self._constants:  # sympy substitution is slow: once per constant
+            if expr not in self._constants:  # evaluated once per constant
                 self._constants[expr] = self.constant(expr.value)
             return _Named(self._constants[expr], ())
         if isinstance(expr, ScalarParam):
@@ -311,7 +310,7 @@ def _contraction(operand_axes: list[tuple[str, ...]], out_axes: tuple[str, ...])
 
 
 def _integer(value, what: str) -> int:
-    value = sympy.sympify(value)
+    value = algebra.sympify(value)
     if not value.is_number:
         names = ", ".join(sorted(s.name for s in value.free_symbols))
         raise NapkinError(f"cannot execute: {what} is {value}, which depends on unbound sizes ({names})",
@@ -1212,7 +1211,7 @@ def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, se
 
 
 def _json_number(value):
-    value = sympy.sympify(value)
+    value = algebra.sympify(value)
     return int(value) if value.is_Integer else (float(value) if value.is_number else str(value))
 
 
