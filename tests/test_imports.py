@@ -161,18 +161,35 @@ def test_imports_follow_the_pipeline():
 
 
 def test_napkin_check_loads_no_backend():
-    """The CLI imports each command's stages when the command runs: checking a file loads
-    neither NumPy, the code generators nor CUDA."""
+    """The CLI imports each command's stages when the command runs: checking a file (which
+    plans the relabelled Program for its bookkeeping line) loads neither sympy, NumPy, the code
+    generators nor CUDA."""
     example = PACKAGE.parent / "examples" / "attention.napkin"
     code = ("import contextlib, io, sys\n"
             "from napkin_dsl.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             f"    assert main(['check', {str(example)!r}]) == 0\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'cuda', 'typeguard')\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('sympy', 'numpy', 'cuda', 'typeguard')\n"
             "               or m.startswith(('napkin_dsl.backends', 'napkin_dsl.tune', 'napkin_dsl.render')))\n"
             "print(' '.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert not out, f"napkin check imported {', '.join(out[:8])}"
+
+
+def test_planning_and_costing_need_no_sympy():
+    """Sizes, FLOPs and costs are napkin's own algebra: loading every example, planning it on a
+    GPU profile (symbolic, then at bound sizes) and costing it imports no sympy."""
+    code = ("import sys\n"
+            "from pathlib import Path\n"
+            "import napkin_dsl as napkin\n"
+            f"for path in sorted(Path({str(PACKAGE.parent / 'examples')!r}).rglob('*.napkin')):\n"
+            "    for k in napkin.load(path).values():\n"
+            "        k.cost()\n"
+            "        k.cost(**{a: 64 for a in k.diagram.axes})\n"
+            "print('sympy' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"], "planning or costing imported sympy"
 
 
 def test_every_public_name_resolves_and_kernel_stays_the_decorator():
