@@ -130,7 +130,7 @@ class Expr:
 
     @property
     def is_Number(self) -> bool:
-        return self.rational is not None
+        return self.value is not None
 
     @property
     def is_Rational(self) -> bool:
@@ -184,8 +184,7 @@ class Expr:
 
     @property
     def is_negative(self) -> bool | None:
-        positive = (-self).is_positive
-        return positive
+        return (-self).is_positive
 
     @property
     def is_nonnegative(self) -> bool | None:
@@ -224,7 +223,8 @@ class Expr:
         for thing in things:
             if thing is oo or thing is NEG_OO:
                 continue
-            if isinstance(thing, Expr) and (thing == self or any(thing == a or a.has(thing) for a in self.atoms_of())):
+            if isinstance(thing, Expr) and (thing == self or any(thing == a or any(arg.has(thing) for arg in a.args)
+                                                                 for a in self.atoms_of())):
                 return True
         return False
 
@@ -734,10 +734,25 @@ def symbols(names: str, **assumptions) -> tuple:
     return tuple(Symbol(n, **assumptions) for n in names.replace(",", " ").split())
 
 
-class Root(Atom):
-    """A positive integer that is no perfect power, under a fractional exponent (``sqrt(2)``)."""
+class _Based(Atom):
+    """An atom that stands for its ``base`` under the power its monomial gives it."""
 
     __slots__ = ("base",)
+
+    def __float__(self):
+        return float(self.base)
+
+    def __str__(self):
+        return str(self.base)
+
+    def __reduce__(self):
+        return (type(self), (self.base,))
+
+
+class Root(_Based):
+    """A positive integer that is no perfect power, under a fractional exponent (``sqrt(2)``)."""
+
+    __slots__ = ()
 
     def __init__(self, base: int):
         self.base = base
@@ -760,9 +775,6 @@ class Root(Atom):
     def is_integer(self):
         return True
 
-    def __float__(self):
-        return float(self.base)
-
     def _replace(self, by_name):
         return Integer(self.base)
 
@@ -771,21 +783,15 @@ class Root(Atom):
 
         return sympy.Integer(self.base)
 
-    def __str__(self):
-        return str(self.base)
 
-    def __reduce__(self):
-        return (Root, (self.base,))
-
-
-class Group(Atom):
+class Group(_Based):
     """A sum under a power that is not a natural number: ``1/(q + 1)`` is Group(q + 1)^-1."""
 
-    __slots__ = ("base",)
+    __slots__ = ()
 
     def __init__(self, base: Expr):
         self.base = base
-        self._order = (2, tuple(sorted((m, c) for m, c in ((tuple((a._order, e) for a, e in m), c) for m, c in base.terms.items()))))
+        self._order = (2, tuple(sorted((tuple((a._order, e) for a, e in m), c) for m, c in base.terms.items())))
         self._hash = None
 
     @property
@@ -804,20 +810,11 @@ class Group(Atom):
     def is_integer(self):
         return self.base.is_integer
 
-    def __float__(self):
-        return float(self.base)
-
     def _replace(self, by_name):
         return self.base._replace(by_name)
 
     def _sympy_(self):
         return self.base._sympy_()
-
-    def __str__(self):
-        return str(self.base)
-
-    def __reduce__(self):
-        return (Group, (self.base,))
 
 
 class Function(Atom):
