@@ -550,6 +550,9 @@ class _KernelChecker:
                 return None
             if isinstance(left, Const) and isinstance(right, Const):
                 return self.fold(expr, left.value, right.value)
+            if expr.op == "/" and isinstance(right, Const) and right.value == 0:
+                self.out.error("division by the constant 0", _span_of(expr.right) or expr.span, "check the divisor")
+                return None
             return Apply(OPERATORS[expr.op], (left, right))
         if isinstance(expr, syn.Call):
             return self.call(expr)

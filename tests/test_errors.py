@@ -147,6 +147,7 @@ AXES = [
 CONSTANTS = [
     case("division-by-zero", K + "    B[i] = A * (1/0)\n", NapkinTypeError, 2, 17, ["1 / 0", "division by zero"]),
     case("zero-to-negative-power", K + "    B[i] = A * 0^-1\n", NapkinTypeError, 2, 16, "division by zero"),
+    case("array-over-zero", K + "    B[i] = A * 2/0\n", NapkinTypeError, 2, 18, "division by the constant 0"),
     case("number-out-of-range", K + "    B[i] = A * 1e400\n", NapkinTypeError, 2, 16, "number 1e400 is out of floating-point range"),
     case("power-out-of-range", K + "    B[i] = A * 10^(10^8)\n", NapkinTypeError, 2, 16, ["10^100000000", "out of floating-point range"]),
     case("imaginary-constant", K + "    B[i] = A * (-1)^0.5\n", NapkinTypeError, 2, 16, "is not a real number"),
