@@ -33,7 +33,7 @@ Number = int | Fraction | float  # a float is inexact, as sympy's Float: a bandw
 
 
 def _number(value) -> Number:
-    """A Python int or Fraction (int when integral)."""
+    """A coefficient in its one form: an integral Fraction is an int; a float stays a float."""
     if isinstance(value, Fraction) and value.denominator == 1:
         return value.numerator
     return value
@@ -49,8 +49,10 @@ def _from_python(value) -> "Expr":
     if isinstance(value, Fraction):
         return Rational(value)
     if isinstance(value, float):
-        if not math.isfinite(value):
-            return oo if value > 0 else -oo if value < 0 else _raise_nan()
+        if math.isnan(value):
+            raise ValueError("nan is not a size")
+        if math.isinf(value):
+            return oo if value > 0 else NEG_OO
         return Expr({(): value} if value else {})
     if isinstance(value, str):
         return parse(value)
@@ -79,18 +81,14 @@ def _from_sympy(value) -> "Expr":
         return product(args)
     if value.is_Pow:
         return args[0] ** args[1]
-    functions = {"ceiling": ceiling, "Max": lambda *a: Max.of(*a), "Min": lambda *a: Min.of(*a)}
+    functions = {"ceiling": ceiling, "Max": Max.of, "Min": Min.of}
     if name in functions:
         return functions[name](*args)
     raise TypeError(f"not a size expression: {value} ({name} is beyond napkin's size algebra)")
 
 
-def _raise_nan():
-    raise ValueError("nan is not a size")
-
-
 def sympify(value) -> "Expr":
-    """An :class:`Expr` of an int, Fraction, float (as written), str or Expr (sympy's name, for the call sites)."""
+    """An :class:`Expr` of an int, Fraction, float, text, sympy expression or Expr (sympy's name for it)."""
     return _from_python(value)
 
 
@@ -111,9 +109,7 @@ class Expr:
     """A polynomial in atoms: ``terms`` maps a monomial (a sorted tuple of (atom, exponent)) to its coefficient."""
 
     __slots__ = ("_terms", "_hash", "__weakref__")
-    is_Atom = False
     is_Symbol = False
-    is_Function = False
 
     def __init__(self, terms: dict):
         self._terms = terms
@@ -142,22 +138,8 @@ class Expr:
         return r is not None and isinstance(r, int)
 
     @property
-    def is_zero(self) -> bool | None:
-        if not self.terms:
-            return True
-        return False if self.is_positive or self.is_negative else None
-
-    @property
-    def is_finite(self) -> bool:
-        return True
-
-    @property
     def is_infinite(self) -> bool:
         return False
-
-    @property
-    def is_real(self) -> bool:
-        return True
 
     @property
     def is_integer(self) -> bool | None:
@@ -216,26 +198,22 @@ class Expr:
                 found |= atom.free_symbols
         return found
 
-    def atoms_of(self):
-        return {atom for monomial in self.terms for atom, _ in monomial}
-
     def has(self, *things) -> bool:
-        for thing in things:
-            if thing is oo or thing is NEG_OO:
-                continue
-            if isinstance(thing, Expr) and (thing == self or any(thing == a or any(arg.has(thing) for arg in a.args)
-                                                                 for a in self.atoms_of())):
-                return True
-        return False
+        """Whether any of ``things`` (expressions) is this expression or one of its atoms, at any depth."""
+        atoms = {atom for monomial in self.terms for atom, _ in monomial}
+        return any(isinstance(thing, Expr) and (thing == self or any(thing == a or any(arg.has(thing) for arg in a.args) for a in atoms))
+                   for thing in things)
 
     @property
     def args(self) -> tuple:
-        """sympy's view: the terms of a sum, the factors of a product."""
+        """sympy's view: the terms of a sum, the factors of a product, nothing of a number."""
         terms = self.terms
+        if self.value is not None:
+            return ()
         if len(terms) > 1:
             return tuple(_build({m: c}) for m, c in terms.items())
         ((monomial, coefficient),) = terms.items()
-        factors = [Rational(coefficient)] if coefficient != 1 else []
+        factors = [number(coefficient)] if coefficient != 1 else []
         return tuple(factors + [_power(atom, e) for atom, e in monomial])
 
     # -- arithmetic
@@ -325,12 +303,6 @@ class Expr:
             raise TypeError(f"{self} % {other}: both must be rational numbers")
         return Rational(Fraction(a) % Fraction(b))
 
-    def __floordiv__(self, other):
-        a, b = self.rational, _from_python(other).rational
-        if a is None or b is None:
-            raise TypeError(f"{self} // {other}: both must be rational numbers")
-        return Integer(math.floor(Fraction(a) / Fraction(b)))
-
     def __abs__(self):
         return -self if self.is_negative else self
 
@@ -357,9 +329,6 @@ class Expr:
 
     def __bool__(self) -> bool:
         return bool(self.terms)
-
-    def __round__(self, digits=None):
-        return round(float(self), digits)
 
     # -- comparison and identity
     def __eq__(self, other):
@@ -415,12 +384,10 @@ class Expr:
             by_name[name] = _from_python(val)
         return self._replace(by_name)
 
-    xreplace = subs
-
     def _replace(self, by_name: dict) -> "Expr":
         total = ZERO
         for monomial, coefficient in self.terms.items():
-            term = Rational(coefficient)
+            term = number(coefficient)
             for atom, e in monomial:
                 term = term * _raise(atom._replace(by_name), e)
             total = total + term
@@ -434,22 +401,6 @@ class Expr:
                 rest = tuple(f for f in monomial if f != (symbol, 1))
                 total[rest] = _number(total.get(rest, 0) + coefficient)
         return _build({m: c for m, c in total.items() if c})
-
-    def expand(self) -> "Expr":
-        return self
-
-    def simplify(self) -> "Expr":
-        return self
-
-    def evalf(self, digits: int = 15):
-        return float(self)
-
-    def as_coeff_Mul(self):
-        """(rational coefficient, the rest) of a single term; (1, self) for a sum."""
-        if len(self.terms) == 1:
-            ((monomial, coefficient),) = self.terms.items()
-            return Rational(coefficient), _build({monomial: 1})
-        return ONE, self
 
     # -- conversion and printing
     def _sympy_(self):
@@ -498,6 +449,12 @@ def _build(terms: dict) -> Expr:
         if coefficient == 1 and len(monomial) == 1 and monomial[0][1] == 1:
             return monomial[0][0]
     return Expr(terms)
+
+
+def number(value: Number) -> Expr:
+    """The constant expression of an int, a Fraction or a float."""
+    value = _number(value)
+    return Expr({(): value} if value else {})
 
 
 def Integer(value: int) -> Expr:
@@ -650,7 +607,6 @@ class Atom(Expr):
     """A factor of monomials. ``_order`` sorts atoms in a monomial (any fixed total order)."""
 
     __slots__ = ("_order",)
-    is_Atom = True
 
     @property
     def terms(self) -> dict:
@@ -728,10 +684,6 @@ class Symbol(Atom):
 
     def __reduce__(self):
         return (Symbol, (self.name, self._positive, self._integer))
-
-
-def symbols(names: str, **assumptions) -> tuple:
-    return tuple(Symbol(n, **assumptions) for n in names.replace(",", " ").split())
 
 
 class _Based(Atom):
@@ -821,7 +773,6 @@ class Function(Atom):
     """An atom applying a function to expressions; subclasses evaluate numeric arguments."""
 
     __slots__ = ("_args",)
-    is_Function = True
     name = ""
 
     def __init__(self, args: tuple):
@@ -920,7 +871,7 @@ def _shift_integers(expr: Expr) -> Expr:
     """expr with each positive-integer atom a replaced by a + 1 (the atom then stands for a - 1 >= 0)."""
     result = ZERO
     for monomial, coefficient in expr.terms.items():
-        term = Rational(coefficient)
+        term = number(coefficient)
         for atom, e in monomial:
             if isinstance(atom, Group):
                 base = _shift_integers(atom.base)
@@ -991,7 +942,6 @@ class _Infinity:
     is_number = True
     is_Number = False
     is_infinite = True
-    is_finite = False
     free_symbols: frozenset = frozenset()
 
     def __init__(self, sign: int):

@@ -192,7 +192,7 @@ def constant_value(value: algebra.Expr, sizes: dict, kernel: str = "the kernel")
     def evaluate(expr):
         total = algebra.ZERO
         for monomial, coefficient in expr.terms.items():
-            term = algebra.Rational(coefficient)
+            term = algebra.number(coefficient)
             for atom, exponent in monomial:
                 base = evaluate_atom(atom)
                 if not power_in_range(base, exponent):
