@@ -87,13 +87,9 @@ def _from_sympy(value) -> "Expr":
     raise TypeError(f"not a size expression: {value} ({name} is beyond napkin's size algebra)")
 
 
-def sympify(value) -> "Expr":
-    """An :class:`Expr` of an int, Fraction, float, text, sympy expression or Expr (sympy's name for it)."""
-    return _from_python(value)
-
-
-def expand(value) -> "Expr":
-    """The expression itself: the canonical form is always expanded."""
+def as_expr(value) -> "Expr":
+    """An :class:`Expr` of an int, Fraction, float, text, sympy expression or Expr (the
+    expression itself: its canonical form is always expanded)."""
     return _from_python(value)
 
 

@@ -36,7 +36,7 @@ from .relabel import bind
 
 def dominated(small: algebra.Expr, large: algebra.Expr) -> bool:
     """True when ``large - small`` has non-negative coefficients over positive atoms (all symbols positive)."""
-    difference = algebra.expand(large - small)
+    difference = algebra.as_expr(large - small)
     if difference.is_number:
         return difference >= 0
     return all(c >= 0 for c in difference.terms.values()) and all(a.is_positive for m in difference.terms for a, _ in m)
@@ -46,7 +46,7 @@ def max_of(terms) -> algebra.Expr:
     """Max of expressions, dropping terms another term dominates (so Max(qx, qx + xd) = qx + xd)."""
     distinct = []
     for term in terms:
-        term = algebra.expand(algebra.sympify(term))
+        term = algebra.as_expr(term)
         if term not in distinct:
             distinct.append(term)
     if all(t.is_number for t in distinct):
@@ -57,7 +57,7 @@ def max_of(terms) -> algebra.Expr:
 
 
 def as_number(expr):
-    expr = algebra.sympify(expr)
+    expr = algebra.as_expr(expr)
     if expr.is_number:
         return int(expr) if expr.is_integer else float(expr)
     return None
@@ -135,7 +135,7 @@ def tile_values(schedule, level: str, axes) -> algebra.Expr:
 
 
 def _total(terms) -> algebra.Expr:
-    """Sum of sympy terms, in plain integers when they all are (most of a numeric report)."""
+    """Sum of terms, in plain integers when they all are (most of a numeric report)."""
     terms = list(terms)
     if all(t.is_Integer for t in terms):
         return algebra.Integer(sum(int(t) for t in terms))
@@ -191,8 +191,8 @@ def columns(program: Program, arch: str | None = None, path: str | None = None) 
                 text = f"{name}[{' '.join(_short(schedule.extent(a, compute)) for a in buffer.axes)}]" + (f" x{slot.stages}" if slot.stages > 1 else "")
                 hold(compute, buffer, algebra.Integer(slot.bytes // _bytes(buffer.dtype)), _bytes(buffer.dtype), text)
             resident, shown = column.resident, column.shown
-            values = {level: algebra.sympify(v) for level, v in column.values.items()}
-            nbytes = {level: algebra.sympify(v) for level, v in column.nbytes.items()}
+            values = {level: algebra.as_expr(v) for level, v in column.values.items()}
+            nbytes = {level: algebra.as_expr(v) for level, v in column.nbytes.items()}
             rows.append({
                 "launch": launch.index,
                 "step": step,
@@ -288,7 +288,7 @@ def statement_columns(program: Program, rows: list[dict] | None = None) -> list[
                 moved[owner]["registers"] += register_transfers(program, step, loops, tensor[launch.index][0])
     return [{"label": target,
              "M": {level: max_of(memory[target][level]) for level in levels},
-             "H": {level: algebra.expand(moved[target][level]) for level in levels}}
+             "H": {level: algebra.as_expr(moved[target][level]) for level in levels}}
             for target in order]
 
 
@@ -399,7 +399,7 @@ class CostReport:
                 name, c.per, _fmt(c.H), _fmt(c.H_bytes) if unit == "bytes" else "", _fmt(c.M),
                 _fmt(c.M_bytes) if unit == "bytes" else "", _fmt(c.capacity), _fmt(c.N),
                 f"{float(intensity):.1f}" if intensity is not None and intensity.is_number else "-",
-                _fmt_time(t) if t is not None and algebra.sympify(t).is_number else (str(t) if t is not None else "-"),
+                _fmt_time(t) if t is not None and algebra.as_expr(t).is_number else (str(t) if t is not None else "-"),
             ))
         keep = [i for i in range(len(rows[0])) if any(r[i] for r in rows)]
         rows = [tuple(r[i] for i in keep) for r in rows]
@@ -438,7 +438,7 @@ class CostReport:
             t = c.transfer_time
             cells = (name, c.per, _fmt(c.H if unit == "values" else c.H_bytes), _fmt(c.M if unit == "values" else c.M_bytes),
                      _fmt(c.capacity), _fmt(c.N),
-                     _fmt_time(t) if t is not None and algebra.sympify(t).is_number else (str(t) if t is not None else "-"))
+                     _fmt_time(t) if t is not None and algebra.as_expr(t).is_number else (str(t) if t is not None else "-"))
             body.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>")
         time = self.time.get("overlapped_s")
         summary = (f"predicted {_fmt_time(time)} ({html.escape(str(self.time.get('bound')))}-bound)" if time is not None
@@ -517,7 +517,7 @@ def registers_cost(program: Program, tensor: dict, rows: list[dict]) -> LevelCos
     fma = {r["launch"] for r in rows if "registers" in r["M"]} - set(tensor)
     threads = max([plan.threads for plan, _ in tensor.values()] + ([FMA_THREADS] if fma else []))
     registers = hardware.level("registers")
-    return LevelCost("registers", algebra.expand(H), algebra.expand(H_bytes), M, M_bytes, algebra.Integer(threads),
+    return LevelCost("registers", algebra.as_expr(H), algebra.as_expr(H_bytes), M, M_bytes, algebra.Integer(threads),
                      registers.capacity, registers.bandwidth, registers.per, hardware.counts)
 
 
@@ -541,7 +541,7 @@ def level_costs(program: Program, rows: list[dict] | None = None, arch: str | No
         M_bytes = max_of(r["M_bytes"].get(level, 0) for r in rows)
         hw_level = schedule.hardware.level(level)
         costs[level] = LevelCost(
-            level, algebra.expand(H), algebra.expand(H_bytes), M, M_bytes, max_of(N),
+            level, algebra.as_expr(H), algebra.as_expr(H_bytes), M, M_bytes, max_of(N),
             bind(hw_level.capacity, schedule.sizes) if hw_level.capacity is not None else None,
             bind(hw_level.bandwidth, schedule.sizes) if hw_level.bandwidth is not None else None,
             hw_level.per,
@@ -606,7 +606,7 @@ def flops_by_unit(program: Program, arch: str | None = None, path: str | None = 
                     narrow = [d for d in operand_dtypes if DTYPE_BYTES[d] < 4]
                     dtype = min(narrow, key=lambda d: DTYPE_BYTES[d]) if narrow else min(operand_dtypes, key=lambda d: DTYPE_BYTES[d])
                 priced.append((launch.index, rate, dtype, amount))
-    return {unit: algebra.expand(v) for unit, v in totals.items()}, priced
+    return {unit: algebra.as_expr(v) for unit, v in totals.items()}, priced
 
 
 def bookkeeping_flops(program: Program) -> dict:
@@ -623,7 +623,7 @@ def bookkeeping_flops(program: Program) -> dict:
                 tested = step_total(program, step, loops, step.flop_space, partial=True)
                 for unit, n in step.test_flops:
                     totals[unit] = totals.get(unit, 0) + n * tested
-    return {unit: algebra.expand(v) for unit, v in totals.items() if algebra.expand(v) != 0}
+    return {unit: algebra.as_expr(v) for unit, v in totals.items() if algebra.as_expr(v) != 0}
 
 
 def recomputed_flops(program: Program) -> dict:
@@ -640,7 +640,7 @@ def recomputed_flops(program: Program) -> dict:
                 repeats = algebra.Mul(*(loop.trips for loop in loops if loop.axis not in axes))
                 once = algebra.Mul(*(schedule.axis_size(a) for a in axes))
                 totals[unit] = totals.get(unit, 0) + n * once * (repeats - 1)
-    return {unit: algebra.expand(v) for unit, v in totals.items() if algebra.expand(v) != 0}
+    return {unit: algebra.as_expr(v) for unit, v in totals.items() if algebra.as_expr(v) != 0}
 
 
 def _masked_loop(launch):
@@ -691,7 +691,7 @@ def masked_notes(program: Program) -> list[str]:
             continue
         visits = mask_visits(loop.mask, lambda a: program.schedule.axis_size(a))
         if visits is None:
-            bound = all(algebra.sympify(program.schedule.axis_size(a)).is_number for a in loop.mask.axes)
+            bound = all(algebra.as_expr(program.schedule.axis_size(a)).is_number for a in loop.mask.axes)
             why = (f"more than {MAX_MASK_GROUPS:,} group tiles are not enumerated" if bound
                    else "sizes are symbolic")
             notes.append(f"masked by {loop.mask.condition}: {why}, so every chunk of {loop.axis} is counted "
@@ -729,7 +729,7 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
         return time
     compute = {launch.index: 0.0 for launch in program.launches}
     for launch_of, unit, dtype, amount in priced:
-        amount = algebra.sympify(amount)
+        amount = algebra.as_expr(amount)
         rate = hardware.peak(unit, dtype)
         if not amount.is_number or rate is None:
             return time
@@ -747,7 +747,7 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
             t = c.transfer_time
             if t is None:
                 continue
-            t = algebra.sympify(t)
+            t = algebra.as_expr(t)
             if not t.is_number:
                 return time
             moved[name] = float(t)

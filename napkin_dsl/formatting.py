@@ -26,7 +26,7 @@ def json_value(expr):
         return expr
     if not isinstance(expr, int):
         if not hasattr(expr, "is_number"):  # an algebra or (a symbolic report's quotient) sympy expression already
-            expr = algebra.sympify(expr)
+            expr = algebra.as_expr(expr)
         if not expr.is_number:
             return str(expr)
         if not expr.is_integer:
@@ -42,7 +42,7 @@ def format_count(value) -> str:
     if value is None:
         return "-"
     if not hasattr(value, "is_number"):
-        value = algebra.sympify(value)
+        value = algebra.as_expr(value)
     if value.is_number:
         try:
             number = float(value)

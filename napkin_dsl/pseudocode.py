@@ -596,7 +596,7 @@ class Mask:
         """Each constraint's constant at ``sizes`` (axis -> size), or None where one is symbolic."""
         values = []
         for constraint in self.constraints:
-            value = algebra.sympify(constraint.constant).subs({sym: sizes(sym.name) for sym in constraint.constant.free_symbols})
+            value = algebra.as_expr(constraint.constant).subs({sym: sizes(sym.name) for sym in constraint.constant.free_symbols})
             if not value.is_number:
                 return None
             values.append(float(value))
@@ -639,7 +639,7 @@ def _constraints(condition) -> tuple[Constraint, ...] | None:
     left, right = (_linear(a) for a in condition.args)
     if left is None or right is None:
         return None
-    difference = algebra.expand(left - right)  # ge, gt, eq: difference >= 0 (> 0)
+    difference = algebra.as_expr(left - right)  # ge, gt, eq: difference >= 0 (> 0)
     forms = {"ge": [(difference, False)], "gt": [(difference, True)], "le": [(-difference, False)],
              "lt": [(-difference, True)], "eq": [(difference, False), (-difference, False)]}[condition.fn]
     out = []
@@ -786,8 +786,8 @@ def mask_visits(mask: Mask, sizes) -> list[GroupVisits] | None:
     best (worst) element on a suffix or a prefix of the chunks, so the visited (full) chunks are
     the intersection of those, found by bisection with the same test, O(log chunks) a group."""
     constants = mask.constants(sizes)
-    extents = {a: algebra.sympify(e) for a, e in mask.tiles}
-    lengths = {a: algebra.sympify(sizes(a)) for a in mask.axes}
+    extents = {a: algebra.as_expr(e) for a, e in mask.tiles}
+    lengths = {a: algebra.as_expr(sizes(a)) for a in mask.axes}
     if constants is None or not all(v.is_number for v in list(extents.values()) + list(lengths.values())):
         return None
     # the cost asks once per step of the loop: the answer is computed once per mask and sizes
@@ -885,7 +885,7 @@ def blocks_per_unit(schedule: Schedule, smem_bytes, threads: int | None = None, 
     hardware = schedule.hardware
     compute = hardware.level(schedule.compute_level)
     capacity = compute.capacity
-    if not (isinstance(capacity, int) and algebra.sympify(smem_bytes).is_number):
+    if not (isinstance(capacity, int) and algebra.as_expr(smem_bytes).is_number):
         return None
     # An SM's shared memory is the largest block's plus what the system reserves per block,
     # and every resident block takes its own bytes plus that reserve.

@@ -135,7 +135,7 @@ class Schedule:
 
 def bind(expr, sizes: dict):
     """Substitute bound sizes (by symbol name) into an expression."""
-    expr = algebra.sympify(expr)
+    expr = algebra.as_expr(expr)
     if not sizes or not expr.free_symbols:
         return expr
     return expr.subs({s: sizes[s.name] for s in expr.free_symbols if s.name in sizes})

@@ -1315,7 +1315,7 @@ def cost_text(value) -> tuple[str, str]:
     ellipsis past MAX_COST_CHARS; numbers of eight digits or more in three significant ones."""
     if isinstance(value, str):
         return truncate(value, MAX_COST_CHARS), value
-    expr = algebra.sympify(value)
+    expr = algebra.as_expr(value)
     if expr.is_number:
         if expr.is_integer:
             number = int(expr)
@@ -1376,7 +1376,7 @@ def cost_table(kernel, relabelled: bool, program: Program) -> CostTable:
     caption = (f"columns at {level} on {schedule.hardware.name}{at}, {how}: M = values resident per {per}, "
                f"H = values moved into and out of {level}")
     totals = (("total", "total"),) + tuple(
-        cost_text(max_of(c["M"][lv] for c in columns)) if key == "M" else cost_text(algebra.expand(algebra.Add(*(c["H"][lv] for c in columns))))
+        cost_text(max_of(c["M"][lv] for c in columns)) if key == "M" else cost_text(algebra.as_expr(algebra.Add(*(c["H"][lv] for c in columns))))
         for lv in shown for key in ("M", "H"))
     # The drawing does not refuse what cost_of would: it says so.
     report = level_costs(program, rows)[level]
@@ -1445,7 +1445,7 @@ def render(kernel, relabelled: bool = False, costs=None, columns=None, *, hardwa
     :func:`napkin_dsl.cost.statement_columns` at its compute level: the kernel's Program
     (``kernel.program(hardware, **sizes)``) when ``relabelled``, else the diagram planned as
     written; without ``sizes`` the costs are symbolic.
-    ``columns`` (one dict per statement, ``{"label", "M", "H"}``, strings or sympy
+    ``columns`` (one dict per statement, ``{"label", "M", "H"}``, strings, size expressions or sympy
     expressions) draws the caller's rows instead.
     """
     drawing = _renderer(kernel, relabelled, costs, columns, hardware, sizes).draw()

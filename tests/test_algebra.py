@@ -428,12 +428,12 @@ def test_infinity():
     assert q < oo and q > -oo  # infinity bounds every size
     assert oo > -oo and not oo < oo and oo >= oo and -oo <= -oo
     assert oo == float("inf") and -oo == float("-inf") and oo != -oo
-    assert A.sympify(float("inf")) is oo and A.sympify(float("-inf")) is NEG_OO
+    assert A.as_expr(float("inf")) is oo and A.as_expr(float("-inf")) is NEG_OO
     assert str(oo) == "oo" and str(-oo) == "-oo"
     assert sympy.sympify(oo) == sympy.oo and sympy.sympify(-oo) == -sympy.oo
     assert parse("oo") is oo
     with pytest.raises(ValueError):
-        A.sympify(float("nan"))
+        A.as_expr(float("nan"))
 
 
 @pytest.mark.parametrize("expr", [q, q * d + 3, 2 * q * d * x + q * x, q**2 / 4 - 3 * d * x + 7, -q + Rational(5, 3),
@@ -460,7 +460,7 @@ def test_pickle_round_trip(expr):
 def test_symbols_equal_sympy_symbols():
     assert q == sympy.Symbol("q", positive=True, integer=True)
     assert sympy.sympify(q * d + 1) == SYM["q"] * SYM["d"] + 1
-    assert A.sympify(SYM["q"]) == q and A.sympify(SYM["q"] * 2 + 1) == 2 * q + 1
+    assert A.as_expr(SYM["q"]) == q and A.as_expr(SYM["q"] * 2 + 1) == 2 * q + 1
 
 
 # ---- start-up --------------------------------------------------------------------------------------

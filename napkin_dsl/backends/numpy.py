@@ -135,14 +135,14 @@ class Counts:
         problems = []
         for level, cost in report.levels.items():
             counted = self.H.get(level, 0)
-            if algebra.sympify(cost.H - counted) != 0:
+            if algebra.as_expr(cost.H - counted) != 0:
                 problems.append(f"H at {level}: counted {counted}, predicted {cost.H}")
             counted = self.H_bytes.get(level, 0)
-            if algebra.sympify(cost.H_bytes - counted) != 0:
+            if algebra.as_expr(cost.H_bytes - counted) != 0:
                 problems.append(f"H bytes at {level}: counted {counted}, predicted {cost.H_bytes}")
         for unit in set(report.flops) | set(self.flops):
             predicted, counted = report.flops.get(unit, 0), self.flops.get(unit, 0)
-            if algebra.expand(algebra.sympify(predicted) - counted) != 0:
+            if algebra.as_expr(predicted) - counted != 0:
                 problems.append(f"{unit} FLOPs: counted {counted}, predicted {predicted}")
         return problems
 
@@ -310,7 +310,7 @@ def _contraction(operand_axes: list[tuple[str, ...]], out_axes: tuple[str, ...])
 
 
 def _integer(value, what: str) -> int:
-    value = algebra.sympify(value)
+    value = algebra.as_expr(value)
     if not value.is_number:
         names = ", ".join(sorted(s.name for s in value.free_symbols))
         raise NapkinError(f"cannot execute: {what} is {value}, which depends on unbound sizes ({names})",
@@ -1211,7 +1211,7 @@ def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, se
 
 
 def _json_number(value):
-    value = algebra.sympify(value)
+    value = algebra.as_expr(value)
     return int(value) if value.is_Integer else (float(value) if value.is_number else str(value))
 
 
