@@ -1,7 +1,7 @@
 """Benchmark: the numeric cost model and the tuner (issue: relabelling, pseudocode, cost model).
 
 Prints one table: numeric cost of examples/attention.napkin on H100 (cold, then warm: a new
-binding each time so nothing is served from the Kernel's cache, only lark/sympy are warm),
+binding each time so nothing is served from the Kernel's cache, only the grammar is warm),
 and `tune` over at least 1,000 candidate configurations, with the H100 predictions for
 matmul 8192^3 bf16 and attention b=4 h=32 q=x=8192 d=128 beside public measurements.
 

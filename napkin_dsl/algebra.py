@@ -928,6 +928,72 @@ class Min(_Lattice):
         return provably_at_least(large, small)
 
 
+# ---- quotients ------------------------------------------------------------------------------------
+
+
+class Ratio:
+    """A quotient of two polynomials that share no monomial or integer factor, kept apart so that
+    it prints as one fraction: ``(257*d*q*x + 64*d*q + 325*q*x)/(256*d*q + 256*d*x)``."""
+
+    __slots__ = ("numerator", "denominator")
+    is_number = False
+
+    def __init__(self, numerator: Expr, denominator: Expr):
+        self.numerator = numerator
+        self.denominator = denominator
+
+    @property
+    def free_symbols(self) -> set:
+        return self.numerator.free_symbols | self.denominator.free_symbols
+
+    def subs(self, mapping) -> Expr:
+        return self.numerator.subs(mapping) / self.denominator.subs(mapping)
+
+    def __eq__(self, other):
+        return isinstance(other, Ratio) and (self.numerator, self.denominator) == (other.numerator, other.denominator)
+
+    def __hash__(self):
+        return hash((self.numerator, self.denominator))
+
+    def __str__(self) -> str:
+        def part(expr: Expr, alone: bool) -> str:
+            text = str(expr)
+            return text if alone else f"({text})"
+
+        n, d = self.numerator, self.denominator
+        d_alone = isinstance(d, Atom) or len(d.terms) == 1 and len(d.args) == 1  # q, q**2, Max(q, x)
+        return f"{part(n, len(n.terms) == 1)}/{part(d, d_alone)}"
+
+    __repr__ = __str__
+
+
+def cancel(numerator, denominator) -> Expr | Ratio:
+    """numerator / denominator as one fraction, their common monomial and integer factors
+    divided out, fractions cleared and the denominator's leading sign positive: sympy's ``cancel``
+    where the polynomials' greatest common divisor is a monomial (as FLOPs over bytes are); a
+    common factor that is a sum stays."""
+    n, d = _from_python(numerator), _from_python(denominator)
+    if len(n.terms) <= 1 and len(d.terms) <= 1:
+        return n / d
+    coefficients = list(n.terms.values()) + list(d.terms.values())
+    if any(isinstance(c, float) for c in coefficients):
+        return n / d
+    scale = math.lcm(*(Fraction(c).denominator for c in coefficients))
+    monomials = list(n.terms) + list(d.terms)
+    atoms = {atom for m in monomials for atom, _ in m}
+    common = ONE
+    for atom in atoms:
+        lowest = min(dict(m).get(atom, 0) for m in monomials)
+        if lowest:
+            common = common * _power(atom, lowest)
+    n, d = n * scale / common, d * scale / common
+    content = math.gcd(*(int(c) for c in list(n.terms.values()) + list(d.terms.values())))
+    n, d = n / content, d / content
+    if next(iter(_ordered_terms(d)[0].terms.values())) < 0:
+        n, d = -n, -d
+    return n / d if d.is_number else Ratio(n, d)
+
+
 # ---- infinity ------------------------------------------------------------------------------------
 
 

@@ -362,12 +362,7 @@ class CostReport:
         moved = self.levels[level].H if self.counts == "values" else self.levels[level].H_bytes
         if moved == 0:
             return None
-        ratio = self.total_flops / moved
-        if not ratio.free_symbols:
-            return ratio
-        import sympy  # cancelling a quotient of sums is beyond napkin's algebra; only symbolic reports need it
-
-        return sympy.cancel(sympy.sympify(ratio))
+        return algebra.cancel(self.total_flops, moved)
 
     def to_dict(self) -> dict:
         return {

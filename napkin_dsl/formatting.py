@@ -25,7 +25,7 @@ def json_value(expr):
     if isinstance(expr, (bool, float)):
         return expr
     if not isinstance(expr, int):
-        if not hasattr(expr, "is_number"):  # an algebra or (a symbolic report's quotient) sympy expression already
+        if not hasattr(expr, "is_number"):  # not an expression (or a Ratio) already
             expr = algebra.as_expr(expr)
         if not expr.is_number:
             return str(expr)

@@ -463,6 +463,42 @@ def test_symbols_equal_sympy_symbols():
     assert A.as_expr(SYM["q"]) == q and A.as_expr(SYM["q"] * 2 + 1) == 2 * q + 1
 
 
+# ---- cancel: one fraction, as sympy's cancel prints it -------------------------------------------------
+
+
+@pytest.mark.parametrize("numerator, denominator", [
+    ("2*x", "4*q + 4*d"), ("2*x*q + 2*x*d", "4*b*q"), ("x/3 + b/2", "d + q"), ("x*q", "q*b + q*d"),
+    ("-x", "b + d"), ("x + 1", "-b - d"), ("3*x*b", "2*b + 4*d"), ("x/b", "q + d"), ("x + b", "2"),
+    ("x + b", "q"), ("x + b", "q^2"), ("x + b", "3*q*d"), ("x + b", "Max(q, d)"), ("x*b", "2*q"),
+])
+def test_cancel_prints_as_sympys_cancel(numerator, denominator):
+    n, d = parse(numerator), parse(denominator)
+    ours = A.cancel(n, d)
+    assert str(ours) == str(sympy.cancel(sympy.sympify(n) / sympy.sympify(d)))
+    point = {"q": 3, "d": 5, "x": 7, "b": 11}
+    assert float(ours.subs(point)) == pytest.approx(float(n.subs(point)) / float(d.subs(point)))
+
+
+def test_every_examples_symbolic_intensity_is_sympys_cancel():
+    """The intensities a symbolic cost report prints (FLOPs over the bytes, or values, of each
+    level), on every example on its own profile, read as sympy's cancel would write them."""
+    import napkin_dsl as napkin
+
+    checked = 0
+    for path in sorted((ROOT / "examples").rglob("*.napkin")):
+        for kernel in napkin.load(path).values():
+            report = kernel.cost()
+            for level in report.levels:
+                intensity = report.intensity(level)
+                if intensity is None:
+                    continue
+                moved = report.levels[level].H if report.counts == "values" else report.levels[level].H_bytes
+                expected = sympy.cancel(sympy.sympify(report.total_flops) / sympy.sympify(moved))
+                assert str(intensity) == str(expected), (path.name, level)
+                checked += 1
+    assert checked >= 20
+
+
 # ---- start-up --------------------------------------------------------------------------------------
 
 

@@ -183,15 +183,15 @@ def run_fresh(code: str) -> None:
 
 
 def test_planning_and_costing_need_no_sympy():
-    """Sizes, FLOPs and costs are napkin's own algebra: loading every example, planning it on a
-    GPU profile (symbolic, then at bound sizes) and costing it imports no sympy."""
+    """Sizes, FLOPs and costs are napkin's own algebra: loading every example, planning it on its
+    profile (symbolic, then at bound sizes) and printing its cost report imports no sympy."""
     code = ("import sys\n"
             "from pathlib import Path\n"
             "import napkin_dsl as napkin\n"
             f"for path in sorted(Path({str(PACKAGE.parent / 'examples')!r}).rglob('*.napkin')):\n"
             "    for k in napkin.load(path).values():\n"
-            "        k.cost()\n"
-            "        k.cost(**{a: 64 for a in k.diagram.axes})\n"
+            "        for report in (k.cost(), k.cost(**{a: 64 for a in k.diagram.axes})):\n"
+            "            report.table(), report.to_dict()\n"
             "assert 'sympy' not in sys.modules, 'planning or costing imported sympy'\n")
     run_fresh(code)
 
