@@ -8,7 +8,7 @@ cost on a GPU and runs it.
 >>> kernels = napkin.load("examples/attention.napkin")  # doctest: +SKIP
 
 The public names below load their modules on first use (PEP 562), so that ``import
-napkin_dsl`` stays cheap: the dtypes bring NumPy, the tuner sympy, and a command needs only
+napkin_dsl`` stays cheap: the dtypes bring NumPy, and a command needs only
 its own stages.
 """
 

@@ -2,10 +2,11 @@
 
 A diagram's sizes are symbols (``q``, ``d``, a tile ``g_q``) or integers, and everything napkin
 derives from them (FLOPs, extents, trip counts, transfers, memory) is a sum of products of those
-symbols with rational coefficients. This module holds exactly that algebra, and prints it as
-sympy does, so that ``napkin check`` and a disk-cache hit never import sympy (its import alone
-takes longer than napkin's start-up budget). An :class:`Expr` is kept in one canonical form, a
-dict from monomials to rational coefficients, so equality is structural and expansion is free.
+symbols with rational coefficients (floats where a bandwidth or a rate enters, as sympy keeps a
+Float). This module holds exactly that algebra and prints it as sympy does; napkin needs no
+sympy (whose import alone took longer than napkin's start-up budget). An :class:`Expr` is kept
+in one canonical form, a dict from monomials to coefficients, so equality is structural and
+expansion is free.
 
 A monomial multiplies *atoms* with rational exponents:
 
@@ -15,12 +16,14 @@ A monomial multiplies *atoms* with rational exponents:
 * :class:`Root`: an integer to a fractional power (``2^0.5``), so numbers stay exact;
 * :class:`Group`: a sum under a power that is not a natural number (``1/(q + 1)``).
 
-``oo`` (infinity) is a value for ``where(..., -inf)`` only; it takes no arithmetic.
+``oo`` (infinity) is a value for ``where(..., -inf)`` only; it takes no arithmetic. Beyond the
+ring operations: :func:`cancel` (a quotient as one fraction: a report's intensity),
+:func:`lambdify` (the tuner's compiled scorer) and :func:`limit_at_infinity` (the paper's H0).
 
-Deliberately not here: simplification beyond the canonical form, solving, calculus, and code
-generation. Where a later stage needs those (the tuner's ``lambdify``, a mask bound's
-``simplify``), it converts with ``sympy.sympify(expr)``, which every :class:`Expr` supports
-through ``_sympy_``; sympy is then imported by that stage, never here.
+Deliberately not here: simplification beyond the canonical form (a common factor that is a sum
+is not found), solving and calculus. For a user's own analysis ``sympy.sympify(expr)`` converts
+any :class:`Expr` (``_sympy_``) and :func:`as_expr` reads sympy back; sympy is imported then,
+by the caller, never by napkin.
 """
 
 from __future__ import annotations
@@ -992,6 +995,72 @@ def cancel(numerator, denominator) -> Expr | Ratio:
     if next(iter(_ordered_terms(d)[0].terms.values())) < 0:
         n, d = -n, -d
     return n / d if d.is_number else Ratio(n, d)
+
+
+# ---- numeric functions ------------------------------------------------------------------------------
+
+
+def lambdify(symbols, exprs):
+    """One compiled Python function of the symbols' values (positional, in order) that returns
+    each expression's value as a float (a list for a list): the tuner's scorer, evaluated for
+    every candidate, so it is Python source compiled once rather than a walk of the terms."""
+    names = {s.name if isinstance(s, Symbol) else str(s): f"_{i}" for i, s in enumerate(symbols)}
+    many = isinstance(exprs, (list, tuple))
+    codes = [_python(_from_python(e), names) for e in (exprs if many else [exprs])]
+    body = f"[{', '.join(codes)}]" if many else codes[0]
+    source = f"def scorer({', '.join(names.values())}):\n    return {body}\n"
+    scope = {"_ceil": math.ceil}
+    exec(compile(source, "<napkin scorer>", "exec"), scope)  # noqa: S102 - napkin's own expressions
+    return scope["scorer"]
+
+
+def _python(expr: Expr, names: dict) -> str:
+    """Python source of an expression over the variables ``names`` (symbol name -> variable)."""
+    terms = []
+    for monomial, coefficient in expr.terms.items():
+        factors = [repr(float(coefficient))] if coefficient != 1 or not monomial else []
+        for atom, e in monomial:
+            base = _python_atom(atom, names)
+            factors.append(base if e == 1 else f"{base}**{float(e)!r}" if isinstance(e, Fraction) else f"{base}**{e}")
+        terms.append("*".join(factors))
+    return f"({' + '.join(terms) or '0.0'})"
+
+
+def _python_atom(atom, names: dict) -> str:
+    if isinstance(atom, Symbol):
+        if atom.name not in names:
+            raise ValueError(f"{atom.name} is not a variable of the function (variables: {', '.join(names) or 'none'})")
+        return names[atom.name]
+    if isinstance(atom, Root):
+        return repr(float(atom.base))
+    if isinstance(atom, Group):
+        return _python(atom.base, names)
+    arguments = ", ".join(_python(a, names) for a in atom.args)
+    return {"ceiling": f"_ceil({arguments})", "Max": f"max({arguments})", "Min": f"min({arguments})"}[atom.name]
+
+
+def limit_at_infinity(expr: Expr, symbols) -> "Expr | _Infinity":
+    """The expression as the given symbols (positive) grow without bound: a term with one of them
+    under a negative power vanishes, one under a positive power makes the limit infinite."""
+    names = {s.name for s in symbols}
+    result, signs = ZERO, set()
+    for monomial, coefficient in expr.terms.items():
+        powers = [e for atom, e in monomial if isinstance(atom, Symbol) and atom.name in names]
+        if any(a.free_symbols & set(symbols) for a, _ in monomial if not isinstance(a, Symbol)):
+            raise NotImplementedError(f"the limit of {expr} when {', '.join(sorted(names))} grow: a function of them")
+        if any(e < 0 for e in powers) and any(e > 0 for e in powers):
+            raise NotImplementedError(f"the limit of {expr} when {', '.join(sorted(names))} grow: a term grows and falls")
+        if any(e < 0 for e in powers):
+            continue
+        if powers:
+            signs.add(1 if coefficient > 0 else -1)
+            continue
+        result = result + _build({monomial: coefficient})
+    if len(signs) > 1:
+        raise NotImplementedError(f"the limit of {expr} when {', '.join(sorted(names))} grow: infinity minus infinity")
+    if signs:
+        return oo if signs == {1} else NEG_OO
+    return result
 
 
 # ---- infinity ------------------------------------------------------------------------------------

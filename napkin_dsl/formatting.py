@@ -19,7 +19,7 @@ MAX_JSON_BITS = 13_000
 
 
 def json_value(expr):
-    """A number when the expression is numeric, else its text (which sympy.sympify and algebra.parse read)."""
+    """A number when the expression is numeric, else its text (which algebra.parse, and sympy.sympify, read)."""
     if expr is None:
         return None
     if isinstance(expr, (bool, float)):

@@ -8,7 +8,7 @@ bytes-per-value values, on an array's contiguous last axis; combined by least co
 multiple). The relabelling written in the file is costed exactly and is always a candidate.
 
 Each launch is elaborated once with symbolic partition sizes; memory, transfers and FLOPs
-become one compiled Python function (sympy ``lambdify``) that scores every candidate, a lower
+become one compiled Python function (``algebra.lambdify``) that scores every candidate, a lower
 bound of its time (contractions at the mma.sync rate; a masked stream's steps on the elements
 its mask leaves unmasked, whatever chunks the tiles make it visit). The best are checked with
 numeric tiles (instruction selection's path, the plan's buffers), and the combinations of every
@@ -36,8 +36,6 @@ import itertools
 import math
 import time as _time
 from dataclasses import dataclass, field
-
-import sympy
 
 from . import algebra
 from . import syntax as syn
@@ -67,11 +65,11 @@ class Knob:
     targets: tuple[str, ...] | None = None  # scoped to the launch computing these arrays
 
     @property
-    def symbol(self) -> sympy.Symbol:
+    def symbol(self) -> algebra.Symbol:
         # The level is in the name: a block may partition one axis at two levels (smem: group q
         # 128 with registers: group q 16), two knobs that must not share a symbol.
         scope = "_for_" + "_".join(self.targets) if self.targets else ""
-        return sympy.Symbol(f"tune_{self.level}_{self.kind}_{self.axis}{scope}", positive=True, integer=True)
+        return algebra.Symbol(f"tune_{self.level}_{self.kind}_{self.axis}{scope}", positive=True, integer=True)
 
 
 @dataclass
@@ -862,7 +860,6 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
     unmasked = _unmasked_elements(program)
     priced = _masked_priced(program, unmasked) if unmasked else flops_by_unit(program)[1]
     symbols = [k.symbol for k in knobs]
-    rename = {sympy.Symbol(k.symbol.name, positive=True, integer=True): k.symbol for k in knobs}
     compute_level = schedule.compute_level
     # The shared L2 is grouped after the fact (plan.py), so its capacity is not a constraint here.
     shared = shared_cache_level(schedule)
@@ -873,15 +870,15 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
     for level in profile.levels[1:]:
         if level.capacity is None or level.name == shared:
             continue
-        exprs = list(dict.fromkeys(sympy.sympify(r["M_bytes"].get(level.name, 0)).subs(rename) for r in rows))
+        exprs = list(dict.fromkeys(algebra.as_expr(r["M_bytes"].get(level.name, 0)) for r in rows))
         level_names.append(level.name)
-        memory_exprs.append(sympy.Max(*exprs, evaluate=False) if len(exprs) > 1 else exprs[0])
+        memory_exprs.append(algebra.Max(tuple(exprs)) if len(exprs) > 1 else exprs[0])  # unsimplified: max() per candidate
         capacity.append(as_number(bind(level.capacity, schedule.sizes)))
-    moved = sympy.Add(*[_at_least(program, step, loops, step.axes, unmasked) * DTYPE_BYTES[step.dtype]
+    moved = algebra.Add(*[_at_least(program, step, loops, step.axes, unmasked) * DTYPE_BYTES[step.dtype]
                         for launch in program.launches for step, loops in walk(launch.body)
                         if step.op in ("load", "save") and step.level == compute_level])
     bandwidth = profile.level(compute_level).bandwidth
-    traffic_expr = (moved / bandwidth).subs(rename) if bandwidth else sympy.Integer(0)
+    traffic_expr = moved / bandwidth if bandwidth else algebra.Integer(0)
     # While tiles are symbolic the contractions are priced at the tensor-core path napkin builds
     # (mma.sync): a lower bound of the time, as the FMA path is slower. A launch with a contraction
     # operand it loads into the compute level that is not 16-bit stays on the FMA path whatever its
@@ -907,20 +904,20 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
             rate = profile.peak(path, path_dtype)
             if rate is None:
                 raise NapkinError(f"{profile.name} has no {path} rate for {path_dtype}")
-            terms.setdefault((launch_of, on_fma), []).append(sympy.sympify(amount).subs(rename) / rate)
+            terms.setdefault((launch_of, on_fma), []).append(algebra.as_expr(amount) / rate)
     launch_indices = sorted({launch for launch, _ in terms})
     compute_keys = [(index, on_fma) for index in launch_indices for on_fma in (False, True)]
     # Blocks per launch as the exact model counts them (cost.launch_blocks), and the bytes of the
     # first and last tiles a block moves (cost.block_tiles), for the fixed costs' lower bound.
     blocks_exprs, tile_exprs = [], []
     for launch in program.launches:
-        blocks_exprs.append(_blocks(program, launch).subs(rename))
-        seen, moved_tiles = set(), sympy.Integer(0)
+        blocks_exprs.append(_blocks(program, launch))
+        seen, moved_tiles = set(), algebra.Integer(0)
         for step, _ in walk(launch.body):
             if step.op in ("load", "save") and step.level == compute_level and (step.op, step.array) not in seen:
                 seen.add((step.op, step.array))
                 moved_tiles += tile_values(launch.schedule, compute_level, step.axes) * DTYPE_BYTES[step.dtype]
-        tile_exprs.append(sympy.sympify(moved_tiles).subs(rename))
+        tile_exprs.append(moved_tiles)
     # Every element a launch loads from device memory, or saves there, crosses the link below it
     # at least once (the exact model's first level under device memory counts at least that,
     # whatever its L2 grouping): a bound that splitting a kernel into launches pays, and the
@@ -942,10 +939,10 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
                 compulsory += math.prod(int(sizes[a]) for a in array.axes) * width / top_link.bandwidth
     # One compiled function per knob set: memory per level, compute per launch and path, traffic,
     # blocks per launch.
-    evaluate = sympy.lambdify(symbols, memory_exprs + [sympy.Add(*terms[key]) for key in compute_keys] + [traffic_expr]
-                              + blocks_exprs, "math")
+    evaluate = algebra.lambdify(symbols, memory_exprs + [algebra.Add(*terms[key]) for key in compute_keys] + [traffic_expr]
+                                + blocks_exprs)
     estimate = _Estimate(profile, evaluate, capacity, len(level_names), launch_indices, [launch.index for launch in program.launches],
-                         bool(unmasked), sympy.lambdify(symbols, blocks_exprs + tile_exprs, "math"), compulsory)
+                         bool(unmasked), algebra.lambdify(symbols, blocks_exprs + tile_exprs), compulsory)
     options = [_candidates(int(sizes[k.axis]), required.get(k.axis, 1)) for k in knobs]
     scored = []
     evaluated = 0
@@ -961,13 +958,13 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
     return scored, evaluated, required, estimate
 
 
-def _blocks(program: Program, launch) -> sympy.Expr:
+def _blocks(program: Program, launch) -> algebra.Expr:
     """cost.launch_blocks with symbolic tiles: its group loops' trips, each rounded up as the
     numeric tiles round it (a symbolic loop's trips are size / tile)."""
     depth = program.schedule.levels.index(program.schedule.compute_level)
     groups = {id(loop): loop.trips for _, loops in walk(launch.body) for loop in loops
               if loop.kind == "group" and program.schedule.levels.index(loop.level) <= depth}
-    return sympy.Mul(*(sympy.ceiling(trips) for trips in groups.values()))
+    return algebra.Mul(*(algebra.ceiling(trips) for trips in groups.values()))
 
 
 class _Estimate:
@@ -1065,16 +1062,16 @@ class AbstractOptimum:
         level = profile.compute_level.name
         schedule = make_schedule(diagram, profile, _block(diagram, profile, knobs, {k.axis: 1 for k in streams}), {})
         costs = level_costs(elaborate(schedule))[level]
-        H, M = sympy.sympify(costs.H), sympy.sympify(costs.M)  # lambdify and oo need sympy
-        symbols = [sympy.Symbol(k.symbol.name, positive=True, integer=True) for k in self.groups]
+        H, M = costs.H, costs.M
+        symbols = [k.symbol for k in self.groups]
         self.axis_size = 2**20
-        axis_values = {sympy.Symbol(a, positive=True, integer=True): sizes.get(a, self.axis_size) for a in diagram.axes}
+        axis_values = {a: sizes.get(a, self.axis_size) for a in diagram.axes}
         # Group sizes H does not depend on (axes every array carries) stay 1: larger ones only cost memory.
         self.relevant = [H.has(symbol) for symbol in symbols]
-        self.H = sympy.lambdify(symbols, H.subs(axis_values), "math")
-        self.M = sympy.lambdify(symbols, M.subs(axis_values), "math")
-        self.H0 = H.subs({s: sympy.oo for s in symbols})
-        self.H0_value = float(self.H0.subs(axis_values)) if self.H0.is_finite else 0.0
+        self.H = algebra.lambdify(symbols, H.subs(axis_values))
+        self.M = algebra.lambdify(symbols, M.subs(axis_values))
+        self.H0 = algebra.limit_at_infinity(H, symbols)
+        self.H0_value = float(self.H0.subs(axis_values)) if isinstance(self.H0, algebra.Expr) else 0.0
 
     def at(self, capacity: float) -> tuple[float, tuple]:
         points = max(12, int(25000 ** (1 / max(1, sum(self.relevant)))))
@@ -1102,9 +1099,9 @@ class AbstractOptimum:
         kernels (``Y[i] = X * 2``) move each value once whatever the tiles: H = H0."""
         return any(self.relevant)
 
-    def beta(self) -> sympy.Rational:
+    def beta(self) -> algebra.Expr:
         if not self.memory_bound:
-            return sympy.Integer(0)
+            return algebra.Integer(0)
         capacity = self.fit_capacity
         h1, _ = self.at(capacity)
         h2, _ = self.at(4 * capacity)
@@ -1112,14 +1109,14 @@ class AbstractOptimum:
         if not (math.isfinite(above1) and math.isfinite(above2)) or above1 <= 0:
             # H already sits at its floor H0 at the fit capacity (or the grid found no
             # fitting tile): memory buys nothing more, which is beta = 0.
-            return sympy.Integer(0)
+            return algebra.Integer(0)
         if above2 <= 0:
             # H reaches its floor H0 between C and 4C: the decline is steeper than any power
             # of M the fit could name, and the log of 0 is undefined.
             raise NapkinError(f"cannot fit H* = alpha M^-beta + H0 for {self.name}: H reaches H0 = {self.H0} "
                               f"between M = {capacity:.4g} and {4 * capacity:.4g} values",
                               hint="bind the axis sizes (--set) so that the tiles stay well inside them")
-        return sympy.Rational(round(-math.log(above2 / above1) / math.log(4) * 4), 4)
+        return algebra.Rational(round(-math.log(above2 / above1) / math.log(4) * 4), 4)
 
 
 def _tune_abstract(diagram: Diagram, profile: Hardware, block, sizes: dict, started: float) -> TuneResult:
@@ -1128,7 +1125,7 @@ def _tune_abstract(diagram: Diagram, profile: Hardware, block, sizes: dict, star
     beta = model.beta()
     # With beta = 0 no term falls with M: the optimum is the floor H0 itself (alpha M^0 would
     # be a constant the fit never measured).
-    optimum = model.H0 if beta == 0 else sympy.Symbol("alpha") * sympy.Symbol("M", positive=True) ** (-beta) + model.H0
+    optimum = model.H0 if beta == 0 else algebra.Symbol("alpha") * algebra.Symbol("M", positive=True) ** (-beta) + model.H0
     _, best = model.at(model.fit_capacity)
     sizes_at_fit = {k.axis: round(v) for k, v in zip(model.groups, best, strict=False)}
     sizes_at_fit.update({k.axis: 1 for k in model.knobs if k.kind == "stream"})
@@ -1326,7 +1323,7 @@ def _unmasked_count(program: Program, mask: Mask) -> int:
     return 0 if visited is None or partial is None else visited - partial
 
 
-def _at_least(program: Program, step, loops: tuple, axes: tuple, unmasked: dict) -> sympy.Expr:
+def _at_least(program: Program, step, loops: tuple, axes: tuple, unmasked: dict) -> algebra.Expr:
     """A lower bound of ``cost.step_total(program, step, loops, axes)`` for any tiles: the count
     itself outside a masked stream, the bound above inside one (the same axes and loops outside
     the mask's as step_total multiplies in)."""
@@ -1336,8 +1333,8 @@ def _at_least(program: Program, step, loops: tuple, axes: tuple, unmasked: dict)
     mask, schedule = masked.mask, program.schedule
     involved = set(mask.axes)
     tiles = dict(mask.tiles)
-    total = sympy.Integer(unmasked[mask]) / sympy.Mul(*(tiles[a] for a in mask.axes if a not in axes))
-    total *= sympy.Mul(*(schedule.axis_size(a) for a in axes if a not in involved))
+    total = algebra.Integer(unmasked[mask]) / algebra.Mul(*(tiles[a] for a in mask.axes if a not in axes))
+    total *= algebra.Mul(*(schedule.axis_size(a) for a in axes if a not in involved))
     for loop in loops:
         if loop.axis not in axes and loop.axis not in involved:
             total *= loop.trips
@@ -1387,7 +1384,7 @@ def _masked_priced(program: Program, unmasked: dict) -> list:
     if len(alone) != len(parts):
         raise NapkinError(f"napkin bug: {len(alone)} priced entries for {len(parts)} terms of masked steps")
     for (launch_of, unit, dtype, _), (step, loops, n, axes) in zip(alone, parts, strict=True):
-        n = sympy.sympify(n)
+        n = algebra.as_expr(n)
         count = _at_least(program, step, loops, axes, unmasked) if n.is_nonnegative else step_total(program, step, loops, axes)
         priced.append((launch_of, unit, dtype, n * count))
     return priced

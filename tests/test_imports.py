@@ -116,7 +116,7 @@ def test_no_module_imports_another_modules_private_name():
 
 
 def test_importing_napkin_does_not_import_sympy_or_cuda():
-    """sympy, cuda-python and NVRTC load when a command needs them, not with the package."""
+    """cuda-python and NVRTC load when a command needs them, not with the package (sympy never)."""
     code = ("import sys, napkin_dsl\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('sympy', 'cuda', 'numpy', 'lark', 'typeguard'))\n"
             "print(' '.join(heavy))")
@@ -194,6 +194,22 @@ def test_planning_and_costing_need_no_sympy():
             "            report.table(), report.to_dict()\n"
             "assert 'sympy' not in sys.modules, 'planning or costing imported sympy'\n")
     run_fresh(code)
+
+
+def test_napkin_never_imports_sympy():
+    """sympy is not a dependency: no module imports it, except the size algebra's conversion to
+    sympy (``_sympy_``), which runs only when a caller hands napkin's expressions to sympy."""
+    found = []
+    for name, path in module_files().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        allowed = {id(node) for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) and fn.name.startswith("_sympy")
+                   for node in ast.walk(fn)} if name == "napkin_dsl.algebra" else set()
+        for node in ast.walk(tree):
+            imported = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                        else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(m.split(".")[0] == "sympy" for m in imported) and id(node) not in allowed:
+                found.append(f"{name} line {node.lineno}")
+    assert not found, f"sympy imported by {', '.join(found)}"
 
 
 def test_every_public_name_resolves_and_kernel_stays_the_decorator():
