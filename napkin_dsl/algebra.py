@@ -886,6 +886,17 @@ def _shift_integers(expr: Expr) -> Expr:
 class _Lattice(Function):
     """Max or Min: nested ones flatten, numbers fold, an argument another bounds is dropped."""
 
+    largest: bool  # Max keeps the largest argument, Min the smallest
+
+    @classmethod
+    def pick(cls, numbers):
+        return (max if cls.largest else min)(numbers, key=float)
+
+    @classmethod
+    def beats(cls, winner, loser) -> bool:
+        """Whether ``winner`` provably makes ``loser`` redundant."""
+        return provably_at_least(winner, loser) if cls.largest else provably_at_least(loser, winner)
+
     @classmethod
     def of(cls, *values) -> Expr:
         flat: list[Expr] = []
@@ -909,26 +920,12 @@ class _Lattice(Function):
 
 class Max(_Lattice):
     name = sympy_name = "Max"
-
-    @staticmethod
-    def pick(numbers):
-        return max(numbers, key=float)
-
-    @staticmethod
-    def beats(large, small) -> bool:
-        return provably_at_least(large, small)
+    largest = True
 
 
 class Min(_Lattice):
     name = sympy_name = "Min"
-
-    @staticmethod
-    def pick(numbers):
-        return min(numbers, key=float)
-
-    @staticmethod
-    def beats(small, large) -> bool:
-        return provably_at_least(large, small)
+    largest = False
 
 
 # ---- quotients ------------------------------------------------------------------------------------
