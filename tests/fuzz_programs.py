@@ -965,7 +965,12 @@ def _rounding(r, ea, eb, u):
 
 
 def _sigmoid(v):
-    return 0.5 * (1 + np.tanh(0.5 * v))
+    # 1 / (1 + e^-v), split by sign so neither side cancels: 0.5 * (1 + tanh(v / 2)) loses every
+    # digit below v = -37 (1 + tanh rounds to 0), where a backend's sigmoid is still 1e-17.
+    v = np.asarray(v, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        e = np.exp(-np.abs(v))
+    return np.where(v >= 0, 1 / (1 + e), e / (1 + e))
 
 
 def _gelu(v):

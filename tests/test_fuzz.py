@@ -180,3 +180,16 @@ def test_the_bound_rounds_a_materialised_intermediate_to_its_written_dtype():
         values, bound = bounds["Y"]
         widths[dtype] = float((bound / abs(values)).max())
     assert widths["f32"] < 1e-5 < 2.0**-9 < widths["bf16"] < 2.0**-5 < widths["fp8e4m3"] < 1
+
+
+def test_the_bound_of_a_far_negative_sigmoid_is_not_cancelled_to_zero():
+    """sigmoid(1 - C2) with C2 near 41 is 4e-18: the bound's own sigmoid must not round it to 0
+    (0.5 * (1 + tanh(v / 2)) did), or a backend's right answer fails a bound of 0 (found by
+    ``scripts/fuzz.py --seed 7``)."""
+    case = Case("valid", "kernel attention(X1: bf16[q b r s_1] ) -> T4: bf16[r b]:\n"
+                         "    C2[r b] @l0 = X1[q b r s_1] * X1\n    T4 = sigmoid((len(b))^-1 - C2)\n",
+                {"d": 1, "b": 1, "q": 2, "r": 8, "s_1": 9}, None, 0)
+    assert not check_case_within(case, 60).failures
+    diagram, bounds = _bounds_of("kernel k(X: f64[i]) -> Y: f64[i]:\n    Y[i] = sigmoid(X - 45)\n", {"i": 4})
+    values, _ = bounds["Y"]
+    assert (values > 0).all() and (values < 1e-15).all()  # e^-45 is 2.9e-20: not 0
