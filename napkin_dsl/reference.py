@@ -108,7 +108,7 @@ class NamedArray:
 
 
 _SQRT_HALF = math.sqrt(0.5)
-_erf = np.frompyfunc(math.erf, 1, 1)  # NumPy has no erf and SciPy is not a dependency
+_erfc = np.frompyfunc(math.erfc, 1, 1)  # NumPy has no erf and SciPy is not a dependency
 
 
 def _sigmoid(x):
@@ -118,7 +118,9 @@ def _sigmoid(x):
 
 def _gelu(x):
     # asarray, not .astype: frompyfunc returns a bare float, not an array, for a 0-d input.
-    return 0.5 * x * (1.0 + np.asarray(_erf(np.asarray(x) * _SQRT_HALF), dtype=np.float64))
+    # x/2 erfc(-x/sqrt 2), not x/2 (1 + erf(x/sqrt 2)): 1 + erf cancels to 0 below x = -8,
+    # where GELU is still 1e-16 and smaller (the NumPy backend's gelu is written so too).
+    return 0.5 * x * np.asarray(_erfc(np.asarray(x) * -_SQRT_HALF), dtype=np.float64)
 
 
 ELEMENTWISE: dict[str, Callable] = {

@@ -974,9 +974,9 @@ def _sigmoid(v):
 
 
 def _gelu(v):
-    from math import erf, sqrt
+    from math import erfc, sqrt
 
-    return 0.5 * v * (1 + np.vectorize(erf)(v / sqrt(2)))
+    return 0.5 * v * np.vectorize(erfc)(-v / sqrt(2))  # 1 + erf(v / sqrt 2) would cancel below v = -8
 
 
 def _lse_bound(x, ex, where: tuple, length: int, u: float):

@@ -193,3 +193,11 @@ def test_the_bound_of_a_far_negative_sigmoid_is_not_cancelled_to_zero():
     diagram, bounds = _bounds_of("kernel k(X: f64[i]) -> Y: f64[i]:\n    Y[i] = sigmoid(X - 45)\n", {"i": 4})
     values, _ = bounds["Y"]
     assert (values > 0).all() and (values < 1e-15).all()  # e^-45 is 2.9e-20: not 0
+
+
+def test_the_bound_of_a_far_negative_gelu_is_not_cancelled_to_zero():
+    """gelu(x) near x = -12 is -1e-24 to -1e-43: the bound's own gelu, x/2 erfc(-x/sqrt 2), keeps
+    it (x/2 (1 + erf(x/sqrt 2)) rounded it to 0)."""
+    _, bounds = _bounds_of("kernel k(X: f32[i]) -> Y: f32[i]:\n    Y[i] = gelu(X - 12)\n", {"i": 8})
+    values, _ = bounds["Y"]
+    assert (values < 0).all()

@@ -92,8 +92,9 @@ class Dialect:
             "exp": f"exp{f}({x})", "log": f"log{f}({x})", "sqrt": f"sqrt{f}({x})", "rsqrt": f"rsqrt{f}({x})",
             "tanh": f"tanh{f}({x})", "abs": f"fabs{f}({x})", "neg": f"(-({x}))",
             "sigmoid": f"(1.0{c} / (1.0{c} + exp{f}(-({x}))))", "relu": f"fmax{f}({x}, 0.0{c})",
-            # gelu is the exact erf form, as the reference evaluator's
-            "gelu": f"(0.5{c} * ({x}) * (1.0{c} + erf{f}(({x}) * 0.70710678118654752{c})))",
+            # gelu is the exact erf form, as the reference evaluator's, written x/2 erfc(-x/sqrt 2):
+            # 1 + erf(x/sqrt 2) cancels to 0 below x = -6 in float, where GELU is still 1e-10
+            "gelu": f"(0.5{c} * ({x}) * erfc{f}(({x}) * -0.70710678118654752{c}))",
             "silu": f"(({x}) / (1.0{c} + exp{f}(-({x}))))",
             "max": f"fmax{f}({x}, {y})", "min": f"fmin{f}({x}, {y})", "pow": f"pow{f}({x}, {y})",
             "add": f"({x} + {y})", "sub": f"({x} - {y})", "mul": f"({x} * {y})", "div": f"({x} / {y})",
