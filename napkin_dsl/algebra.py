@@ -417,9 +417,6 @@ class Expr:
     def __repr__(self) -> str:
         return str(self)
 
-    def sort_key(self):
-        return _sort_key(self)
-
 
 def _sympy_number(value):
     import sympy
