@@ -222,11 +222,7 @@ class Expr:
             return NotImplemented
         terms = dict(self.terms)
         for monomial, coefficient in other.terms.items():
-            total = terms.get(monomial, 0) + coefficient
-            if total:
-                terms[monomial] = _number(total)
-            else:
-                terms.pop(monomial, None)
+            _accumulate(terms, monomial, coefficient)
         return _build(terms)
 
     __radd__ = __add__
@@ -256,13 +252,8 @@ class Expr:
         terms: dict = {}
         for m1, c1 in self.terms.items():
             for m2, c2 in other.terms.items():
-                coefficient, monomial = _multiply_monomials(m1, m2)
-                coefficient = _number(coefficient * c1 * c2)
-                total = terms.get(monomial, 0) + coefficient
-                if total:
-                    terms[monomial] = _number(total)
-                else:
-                    terms.pop(monomial, None)
+                factor, monomial = _multiply_monomials(m1, m2)
+                _accumulate(terms, monomial, factor * c1 * c2)
         return _build(terms)
 
     __rmul__ = __mul__
@@ -436,6 +427,15 @@ def _operand(value):
     if isinstance(value, (int, Fraction)) or isinstance(value, float) and math.isfinite(value):
         return _from_python(value)
     return NotImplemented
+
+
+def _accumulate(terms: dict, monomial: tuple, coefficient: Number) -> None:
+    """Add coefficient * monomial to ``terms`` in place, dropping the monomial where it cancels."""
+    total = terms.get(monomial, 0) + coefficient
+    if total:
+        terms[monomial] = _number(total)
+    else:
+        terms.pop(monomial, None)
 
 
 def _build(terms: dict) -> Expr:
