@@ -635,7 +635,8 @@ class Atom(Expr):
 
 
 class Symbol(Atom):
-    """A named positive quantity; a size is also an integer (``integer=True``)."""
+    """A named quantity: a size is positive and an integer (``positive=True, integer=True``), a
+    bandwidth or an opaque box's FLOPs positive only, an index neither."""
 
     __slots__ = ("name", "_positive", "_integer")
     is_Symbol = True
