@@ -79,9 +79,9 @@ def _from_sympy(value) -> "Expr":
     args = [_from_sympy(a) for a in value.args]
     name = type(value).__name__
     if value.is_Add:
-        return total(args)
+        return Add(*args)
     if value.is_Mul:
-        return product(args)
+        return Mul(*args)
     if value.is_Pow:
         return args[0] ** args[1]
     functions = {"ceiling": ceiling, "Max": Max.of, "Min": Min.of}
@@ -323,7 +323,7 @@ class Expr:
     # -- comparison and identity
     def __eq__(self, other):
         if isinstance(other, Expr):
-            return self is other or (type(other) is Expr or type(self) is Expr) and self.terms == other.terms
+            return self is other or self.terms == other.terms  # an atom's one term never equals a canonical sum's
         if isinstance(other, (int, Fraction, float)) and not isinstance(other, bool):
             value = self.value
             return value == other if value is not None else isinstance(other, float) and self.is_number and float(self) == other
@@ -467,28 +467,20 @@ ZERO = Integer(0)
 ONE = Integer(1)
 
 
-def total(values) -> Expr:
-    """Sum of expressions (sympy's ``Add(*values)``)."""
+def Add(*values) -> Expr:
+    """The sum of expressions or numbers (sympy's spelling)."""
     result = ZERO
     for v in values:
         result = result + v
     return result
 
 
-def product(values) -> Expr:
-    """Product of expressions (sympy's ``Mul(*values)``)."""
+def Mul(*values) -> Expr:
+    """The product of expressions or numbers (sympy's spelling)."""
     result = ONE
     for v in values:
         result = result * v
     return result
-
-
-def Add(*values) -> Expr:
-    return total(values)
-
-
-def Mul(*values) -> Expr:
-    return product(values)
 
 
 def _multiply_monomials(m1: tuple, m2: tuple) -> tuple[Number, tuple]:

@@ -34,26 +34,11 @@ from .relabel import bind
 # ---- small algebra helpers -----------------------------------------------------------------
 
 
-def dominated(small: algebra.Expr, large: algebra.Expr) -> bool:
-    """True when ``large - small`` has non-negative coefficients over positive atoms (all symbols positive)."""
-    difference = algebra.as_expr(large - small)
-    if difference.is_number:
-        return difference >= 0
-    return all(c >= 0 for c in difference.terms.values()) and all(a.is_positive for m in difference.terms for a, _ in m)
-
-
 def max_of(terms) -> algebra.Expr:
-    """Max of expressions, dropping terms another term dominates (so Max(qx, qx + xd) = qx + xd)."""
-    distinct = []
-    for term in terms:
-        term = algebra.as_expr(term)
-        if term not in distinct:
-            distinct.append(term)
-    if all(t.is_number for t in distinct):
-        return max(distinct, default=algebra.Integer(0))
-    kept = [t for i, t in enumerate(distinct)
-            if not any(j != i and dominated(t, other) and not (dominated(other, t) and j > i) for j, other in enumerate(distinct))]
-    return algebra.Max.of(*kept) if len(kept) > 1 else (kept[0] if kept else algebra.Integer(0))
+    """Max of expressions, 0 of none, dropping terms another provably bounds (so Max(qx, qx + xd)
+    = qx + xd): ``algebra.Max``."""
+    terms = list(terms)
+    return algebra.Max.of(*terms) if terms else algebra.Integer(0)
 
 
 def as_number(expr):
@@ -288,7 +273,7 @@ def statement_columns(program: Program, rows: list[dict] | None = None) -> list[
                 moved[owner]["registers"] += register_transfers(program, step, loops, tensor[launch.index][0])
     return [{"label": target,
              "M": {level: max_of(memory[target][level]) for level in levels},
-             "H": {level: algebra.as_expr(moved[target][level]) for level in levels}}
+             "H": {level: moved[target][level] for level in levels}}
             for target in order]
 
 
@@ -512,7 +497,7 @@ def registers_cost(program: Program, tensor: dict, rows: list[dict]) -> LevelCos
     fma = {r["launch"] for r in rows if "registers" in r["M"]} - set(tensor)
     threads = max([plan.threads for plan, _ in tensor.values()] + ([FMA_THREADS] if fma else []))
     registers = hardware.level("registers")
-    return LevelCost("registers", algebra.as_expr(H), algebra.as_expr(H_bytes), M, M_bytes, algebra.Integer(threads),
+    return LevelCost("registers", H, H_bytes, M, M_bytes, algebra.Integer(threads),
                      registers.capacity, registers.bandwidth, registers.per, hardware.counts)
 
 
@@ -536,7 +521,7 @@ def level_costs(program: Program, rows: list[dict] | None = None, arch: str | No
         M_bytes = max_of(r["M_bytes"].get(level, 0) for r in rows)
         hw_level = schedule.hardware.level(level)
         costs[level] = LevelCost(
-            level, algebra.as_expr(H), algebra.as_expr(H_bytes), M, M_bytes, max_of(N),
+            level, H, H_bytes, M, M_bytes, max_of(N),
             bind(hw_level.capacity, schedule.sizes) if hw_level.capacity is not None else None,
             bind(hw_level.bandwidth, schedule.sizes) if hw_level.bandwidth is not None else None,
             hw_level.per,
@@ -618,7 +603,7 @@ def bookkeeping_flops(program: Program) -> dict:
                 tested = step_total(program, step, loops, step.flop_space, partial=True)
                 for unit, n in step.test_flops:
                     totals[unit] = totals.get(unit, 0) + n * tested
-    return {unit: algebra.as_expr(v) for unit, v in totals.items() if algebra.as_expr(v) != 0}
+    return {unit: algebra.as_expr(v) for unit, v in totals.items() if v != 0}
 
 
 def recomputed_flops(program: Program) -> dict:
@@ -635,7 +620,7 @@ def recomputed_flops(program: Program) -> dict:
                 repeats = algebra.Mul(*(loop.trips for loop in loops if loop.axis not in axes))
                 once = algebra.Mul(*(schedule.axis_size(a) for a in axes))
                 totals[unit] = totals.get(unit, 0) + n * once * (repeats - 1)
-    return {unit: algebra.as_expr(v) for unit, v in totals.items() if algebra.as_expr(v) != 0}
+    return {unit: algebra.as_expr(v) for unit, v in totals.items() if v != 0}
 
 
 def _masked_loop(launch):
@@ -686,7 +671,7 @@ def masked_notes(program: Program) -> list[str]:
             continue
         visits = mask_visits(loop.mask, lambda a: program.schedule.axis_size(a))
         if visits is None:
-            bound = all(algebra.as_expr(program.schedule.axis_size(a)).is_number for a in loop.mask.axes)
+            bound = all(program.schedule.axis_size(a).is_number for a in loop.mask.axes)
             why = (f"more than {MAX_MASK_GROUPS:,} group tiles are not enumerated" if bound
                    else "sizes are symbolic")
             notes.append(f"masked by {loop.mask.condition}: {why}, so every chunk of {loop.axis} is counted "

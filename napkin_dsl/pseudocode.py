@@ -596,7 +596,7 @@ class Mask:
         """Each constraint's constant at ``sizes`` (axis -> size), or None where one is symbolic."""
         values = []
         for constraint in self.constraints:
-            value = algebra.as_expr(constraint.constant).subs({sym: sizes(sym.name) for sym in constraint.constant.free_symbols})
+            value = constraint.constant.subs({sym: sizes(sym.name) for sym in constraint.constant.free_symbols})
             if not value.is_number:
                 return None
             values.append(float(value))

@@ -1376,7 +1376,7 @@ def cost_table(kernel, relabelled: bool, program: Program) -> CostTable:
     caption = (f"columns at {level} on {schedule.hardware.name}{at}, {how}: M = values resident per {per}, "
                f"H = values moved into and out of {level}")
     totals = (("total", "total"),) + tuple(
-        cost_text(max_of(c["M"][lv] for c in columns)) if key == "M" else cost_text(algebra.as_expr(algebra.Add(*(c["H"][lv] for c in columns))))
+        cost_text(max_of(c["M"][lv] for c in columns)) if key == "M" else cost_text(algebra.Add(*(c["H"][lv] for c in columns)))
         for lv in shown for key in ("M", "H"))
     # The drawing does not refuse what cost_of would: it says so.
     report = level_costs(program, rows)[level]

@@ -135,10 +135,10 @@ class Counts:
         problems = []
         for level, cost in report.levels.items():
             counted = self.H.get(level, 0)
-            if algebra.as_expr(cost.H - counted) != 0:
+            if cost.H - counted != 0:
                 problems.append(f"H at {level}: counted {counted}, predicted {cost.H}")
             counted = self.H_bytes.get(level, 0)
-            if algebra.as_expr(cost.H_bytes - counted) != 0:
+            if cost.H_bytes - counted != 0:
                 problems.append(f"H bytes at {level}: counted {counted}, predicted {cost.H_bytes}")
         for unit in set(report.flops) | set(self.flops):
             predicted, counted = report.flops.get(unit, 0), self.flops.get(unit, 0)
