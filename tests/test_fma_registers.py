@@ -149,7 +149,8 @@ def test_opencl_matches_reference(name, opencl_device):
     source, sizes = CASES[name]
     kernel = kernel_of(source)
     inputs, scalars = random_inputs(kernel.diagram, sizes, seed=3)
-    outputs = opencl.run(kernel.gpu_program(None, **sizes), inputs, scalars)
+    program = kernel.gpu_program(None, **sizes)
+    outputs = opencl.run(program, inputs, scalars)
     expected = evaluate(kernel.diagram, inputs, scalars, sizes, keep_float64=True)
     doubles = [n for n in kernel.diagram.outputs if kernel.diagram.arrays[n].dtype == "f64"]
     for out in doubles:  # conftest's tolerances are for the 32- and 16-bit types: doubles are near exact
@@ -157,7 +158,7 @@ def test_opencl_matches_reference(name, opencl_device):
         assert error < 1e-12, (out, error)
     if doubles:
         return
-    assert_matches_reference(kernel.diagram, outputs, expected, name)
+    assert_matches_reference(program, outputs, expected, name)
 
 
 # ---- compiled by NVRTC -------------------------------------------------------------------------------

@@ -65,5 +65,6 @@ def test_logsumexp_runs_on_opencl_as_the_reference(opencl_device):
 
     kernel = spelled("logsumexp")
     arrays, scalars = random_arguments(kernel.diagram, SIZES, 1)
-    outputs = opencl.run(kernel.gpu_program(None, **SIZES), arrays, scalars)
-    assert_matches_reference(kernel.diagram, outputs, evaluate(kernel.diagram, arrays, scalars, SIZES), "logsumexp")
+    program = kernel.gpu_program(None, **SIZES)
+    outputs = opencl.run(program, arrays, scalars)
+    assert_matches_reference(program, outputs, evaluate(kernel.diagram, arrays, scalars, SIZES), "logsumexp")

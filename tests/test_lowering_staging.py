@@ -27,7 +27,7 @@ from napkin_dsl.backends.lowering import CudaDialect, OpenCLDialect
 from napkin_dsl.backends.translate import lower
 from napkin_dsl.reference import evaluate
 
-from .conftest import EXAMPLES, OPENCL_TOLERANCE
+from .conftest import EXAMPLES, assert_matches_reference
 from .test_opencl import random_inputs
 
 
@@ -122,20 +122,14 @@ def test_a_staged_result_prints_one_stage_one_barrier_one_write_out(case, dialec
 # ---- the results on PoCL --------------------------------------------------------------------
 
 
-# conftest's tolerances of the GPU kernels against the float64 reference, and f64 near exact
-TOLERANCE = {**OPENCL_TOLERANCE, "f64": 1e-12}
-
-
 def assert_matches(kernel, sizes, context):
-    """Run on PoCL; every output within its dtype's tolerance of the reference (relative to the
-    largest value, at least 1, as conftest.assert_matches_reference)."""
+    """Run on PoCL; every output within the Program's tolerance of the reference
+    (conftest.assert_matches_reference: numpy.tolerance, read off the Program)."""
     inputs, scalars = random_inputs(kernel.diagram, sizes)
-    outputs = opencl.run(kernel.gpu_program(None, **sizes), inputs, scalars)
+    program = kernel.gpu_program(None, **sizes)
+    outputs = opencl.run(program, inputs, scalars)
     expected = evaluate(kernel.diagram, inputs, scalars, sizes)
-    for name in kernel.diagram.outputs:
-        got, want = outputs[name].astype(np.float64), expected[name].astype(np.float64)
-        error = float(np.max(np.abs(got - want))) / max(1.0, float(np.max(np.abs(want))))
-        assert error < TOLERANCE[kernel.diagram.arrays[name].dtype], f"{context}: {name} off by {error:.3g}"
+    assert_matches_reference(program, outputs, expected, context)
     return outputs, expected
 
 

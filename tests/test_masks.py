@@ -136,9 +136,10 @@ def test_opencl_matches_reference(kind, opencl_device):
 
     kernel = attention(kind)
     arrays = inputs(SIZES, seed=1)
-    outputs = opencl.run(kernel.gpu_program(None, **SIZES), arrays, {})
+    program = kernel.gpu_program(None, **SIZES)
+    outputs = opencl.run(program, arrays, {})
     expected = evaluate(kernel.diagram, arrays, {}, SIZES)
-    assert_matches_reference(kernel.diagram, outputs, expected, kind)
+    assert_matches_reference(program, outputs, expected, kind)
     np.testing.assert_allclose(outputs["O"], by_hand(arrays, visible(kind, SIZES["q"], SIZES["x"])), rtol=1e-4, atol=1e-5)
 
 

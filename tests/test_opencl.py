@@ -45,9 +45,10 @@ def test_opencl_matches_reference(name, opencl_device):
     (kernel,) = napkin.load(EXAMPLES / name).values()
     sizes = SMALL[name]
     inputs, scalars = random_inputs(kernel.diagram, sizes)
-    outputs = opencl.run(kernel.gpu_program(None, **sizes), inputs, scalars)
+    program = kernel.gpu_program(None, **sizes)
+    outputs = opencl.run(program, inputs, scalars)
     expected = evaluate(kernel.diagram, inputs, scalars, sizes)
-    assert_matches_reference(kernel.diagram, outputs, expected, name)
+    assert_matches_reference(program, outputs, expected, name)
 
 
 def test_inputs_are_not_modified(opencl_device):

@@ -32,6 +32,6 @@ def test_generated_kernel_equals_reference_on_random_relabellings(path, opencl_d
         arrays, scalars = random_arguments(kernel.diagram, sizes, 0)
         outputs = opencl.run(program, arrays, scalars)
         expected = evaluate(kernel.diagram, arrays, scalars, sizes)
-        assert_matches_reference(kernel.diagram, outputs, expected, f"{sizes} {partitions}")
+        assert_matches_reference(program, outputs, expected, f"{sizes} {partitions}")
 
     check()
