@@ -1143,6 +1143,22 @@ def opaque_boxes(diagram) -> list[str]:
     return sorted({s.box.box.name for s in diagram.statements if isinstance(s.box, Opaque)})
 
 
+def reference_error(got, want) -> tuple[float, float]:
+    """``(max |got - want|, max |want|)`` of one output against its reference, as a check run
+    judges it. An entry equal to its reference counts 0, equal infinities included (the lse or
+    max of a fully masked row is -inf on both sides, and -inf - -inf is NaN, not 0); any other
+    entry that is not finite on either side counts inf: a NaN, an infinity where the reference is
+    finite, or a finite value where it is infinite, is wrong. The magnitude is over the
+    reference's finite entries, so that an infinite entry does not hide every finite error."""
+    got = np.asarray(got).astype(np.float64)
+    want = np.asarray(want).astype(np.float64)
+    finite = np.isfinite(got) & np.isfinite(want)
+    with np.errstate(invalid="ignore", over="ignore"):
+        error = np.where(finite, np.abs(got - want), np.where(got == want, 0.0, np.inf))
+    magnitude = np.abs(want[np.isfinite(want)])
+    return float(np.max(error, initial=0.0)), float(np.max(magnitude, initial=0.0))
+
+
 def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, seed: int = 0, backend: str = "numpy",
               impls: dict | None = None) -> dict:
     """Run ``kernel`` on seeded random inputs and compare with the reference and the report.
@@ -1177,12 +1193,8 @@ def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, se
     report = cost_of(program, check=False)
     max_abs, scale = 0.0, 0.0
     for name in diagram.outputs:
-        got = np.asarray(outputs[name]).astype(np.float64)
-        want = expected[name]
-        with np.errstate(invalid="ignore"):
-            error = np.abs(got - want)
-        max_abs = max(max_abs, float(np.max(error, initial=0.0)) if not np.isnan(error).any() else math.inf)
-        scale = max(scale, float(np.max(np.abs(want), initial=0.0)))
+        error, magnitude = reference_error(outputs[name], expected[name])
+        max_abs, scale = max(max_abs, error), max(scale, magnitude)
     max_rel = max_abs / scale if scale > 0 else max_abs
     compute_level = program.schedule.compute_level
     predicted = {level: {"H": _json_number(cost.H)} for level, cost in report.levels.items()}
