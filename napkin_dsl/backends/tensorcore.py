@@ -685,9 +685,8 @@ class TensorPrinter(Printer):
             self.each_element(col, lambda: self.emit(f"{self.element(target, col is None)} = {self.value(box.expr, col)};"))
             return
         if isinstance(box, Reduce) and reduction(box.op).combine is None:
-            raise LoweringError(f"{target} = lse[{' '.join(box.axes)}](...) unstreamed is not implemented on the tensor-core "
-                                f"path (it is streamed, as a softmax's state, and unstreamed on the FMA path)", s.span,
-                                f"stream {' '.join(box.axes)} beside softmax of the same operand")
+            self.unstreamed_lse(target, box.operand)
+            return
         if isinstance(box, Reduce):
             reduced = self.reduced_col(box.operand)
             count = 1
@@ -720,9 +719,26 @@ class TensorPrinter(Printer):
             return
         raise LoweringError(f"the tensor-core path cannot print box {box!r}")
 
-    def exponentials(self, target: str, operand, col: str, top: str, total: str):
+    def unstreamed_lse(self, target: str, operand):
+        """``target = log(sum(exp(operand)))`` over a whole row of fragments, in the stable form
+        the FMA path and the reference use: the row's max (quad shuffles), then the sum of
+        exp(v - max), then max + log(sum); -inf for a row whose every entry is -inf (masked)."""
+        col = self.reduced_col(operand)
+
+        def per_row():
+            self.row_reduce("max", operand, col, "top")()
+            # 2^(v log2 e - max log2 e) as the softmax computes it; a masked row (max -inf) subtracts 0
+            self.emit(f"const float shift = (top == -NK_INF) ? 0.0f : top * {LOG2E!r}f;")
+            self.exponentials(None, operand, col, "shift", "total")
+            log = self.dialect.math("log", ["total"])
+            self.emit(f"{self.element(target, True)} = (top == -NK_INF) ? -NK_INF : top + {log};")
+
+        self.each_element(None, per_row)
+
+    def exponentials(self, target: str | None, operand, col: str, top: str, total: str):
         """``target = exp(operand - max)`` along one fragment row (``top`` is max log2 e), summed
-        into ``total`` across the quad; masked columns are 0. One FFMA and one MUFU.EX2 each."""
+        into ``total`` across the quad; masked columns are 0. One FFMA and one MUFU.EX2 each.
+        Without a target (a log-sum-exp) only the sum is kept."""
         self.emit(f"float {total} = 0.0f;")
 
         def per_element():
@@ -730,7 +746,8 @@ class TensorPrinter(Printer):
             value = f"nk_exp2({self.value(operand, col)} * {LOG2E!r}f - {top})"
             valid = self.col_valid(col)
             self.emit(f"const float p = {f'{valid} ? {value} : 0.0f' if valid else value};")
-            self.emit(f"{self.element(target, False)} = p;")
+            if target is not None:
+                self.emit(f"{self.element(target, False)} = p;")
             self.emit(f"{total} += p;")
 
         self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, per_element))
