@@ -56,6 +56,7 @@ from .diagram import (
     Read,
     Reduce,
     ScalarParam,
+    INTEGER_DTYPES,
     ScalarParameter,
     Softmax,
     Statement,
@@ -247,6 +248,21 @@ class _KernelChecker:
             # is computed from.
             sources = source_dtypes([r.array for r in _box_reads(box)], self.arrays, {s.target: s for s in self.statements})
             dtype, role = intermediate_dtype(operand_dtypes, sources, stmt.level is not None), "intermediate"
+        floats = self.float_sources(box) if dtype in INTEGER_DTYPES else []
+        if floats:
+            # Arithmetic is float (docs/notation.md); an integer store would round the value, which
+            # the notation has no way to ask for (no cast), so it is refused rather than done silently.
+            source = floats[0]
+            if output is not None:
+                self.out.error(f"output {name} is declared {dtype}, but its value is a float: it is computed from {source}",
+                               stmt.span, f"declare {name} as f32 (declared at {output.span}); an integer output holds "
+                                          f"values computed from integer arrays only, and napkin has no cast to round one")
+            else:
+                self.out.error(f"{name} is stored as {dtype}, but its value is a float: it is computed from {source}",
+                               stmt.dtype_span, f"store it as f32 ({name}{_axes_text(axes)} @{stmt.level} f32 = ...) or drop "
+                                                f"{stmt.dtype!r}; an integer array holds values computed from integer arrays "
+                                                f"only, and napkin has no cast to round one")
+            return
         array = Array(name, dtype, axes, role, stmt.level, stmt.span)
         self.arrays[name] = array
         self.defined_at[name] = stmt.span
@@ -255,6 +271,28 @@ class _KernelChecker:
         # FLOPs from the table of box kinds (boxes.BOX_KINDS), as the Program counts them
         flops = statement_flops(box_kind(box).flops(box), lambda space: algebra.Mul(*(self.axes[a].size for a in work_axes(statement, space))))
         self.statements.append(dataclasses.replace(statement, flops=flops))
+
+    def float_sources(self, box) -> list[str]:
+        """The float arrays and scalars a box's value is computed from ("X (f32)"), followed
+        back through the intermediates kept on chip, as :func:`source_dtypes` follows them;
+        none for an opaque box, whose signature declares its result's dtype."""
+        if isinstance(box, Opaque):
+            return []
+        producers = {s.target: s for s in self.statements}
+        found, seen, pending = [], set(), [r.array for r in _box_reads(box)]
+        while pending:
+            name = pending.pop(0)
+            if name in seen:
+                continue
+            seen.add(name)
+            array = self.arrays[name]
+            if array.role == "intermediate" and array.level is None and name in producers:
+                pending.extend(producers[name].inputs)
+            elif array.dtype not in INTEGER_DTYPES:
+                found.append(f"{name} ({array.dtype})")
+        found += [f"{s} ({self.scalars[s].dtype})" for s in dict.fromkeys(_box_scalars(box))
+                  if self.scalars[s].dtype not in INTEGER_DTYPES]
+        return found
 
     def level_ok(self, stmt: syn.Statement) -> bool:
         names = self.level_names if self.level_names is not None else all_level_names()
@@ -786,6 +824,23 @@ def _product_factors(expr):
     if not reads(expr):
         return [expr]  # a scalar factor: number, size expression, scalar parameter
     return None
+
+
+def _box_scalars(box) -> list[str]:
+    """The scalar parameters a box's expressions read, left to right."""
+
+    def leaves(expr) -> list[str]:
+        if isinstance(expr, ScalarParam):
+            return [expr.name]
+        return [name for arg in expr.args for name in leaves(arg)] if isinstance(expr, Apply) else []
+
+    if isinstance(box, Contract):
+        return leaves(box.scale) if box.scale is not None else []
+    if isinstance(box, Map):
+        return leaves(box.expr)
+    if isinstance(box, (Reduce, Softmax)):
+        return leaves(box.operand)
+    return []
 
 
 def _box_reads(box) -> list[Read]:

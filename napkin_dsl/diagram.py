@@ -38,6 +38,9 @@ DTYPE_BYTES = {
     "f64": 8, "f32": 4, "f16": 2, "bf16": 2, "fp8e4m3": 1, "fp8e5m2": 1, "i32": 4, "i64": 8,
 }
 DTYPE_ALIASES = {"fp8": "fp8e4m3"}
+# Integer dtypes hold values computed from integer arrays only (the checker refuses a float
+# value stored in one: napkin has no cast, and a store would silently round it).
+INTEGER_DTYPES = ("i32", "i64")
 
 
 def canonical_dtype(name: str) -> str:
@@ -60,10 +63,15 @@ def intermediate_dtype(operand_dtypes, source_dtypes, materialised: bool) -> str
     Stored arrays, not operands: in ``H = silu(G) * U`` with G and U contractions of bf16 inputs
     kept on chip (f32 accumulators), a materialised H is bf16, as it is when G and U are
     materialised too; so every fusion choice the tuner compares stores the same precision.
-    The checker and plan.materialise both follow it."""
+    The checker and plan.materialise both follow it.
+
+    An integer source counts only when every source is an integer: ``X + N`` of an f32 X and
+    an i32 N is a float value, stored as f32 (i32 is as wide, and would round it)."""
     if materialised:
         source_dtypes = list(source_dtypes)
-        return max(source_dtypes, key=lambda d: DTYPE_BYTES[d]) if source_dtypes else "f32"
+        floats = [d for d in source_dtypes if d not in INTEGER_DTYPES]
+        candidates = floats or source_dtypes
+        return max(candidates, key=lambda d: DTYPE_BYTES[d]) if candidates else "f32"
     return accumulation_dtype(operand_dtypes)
 
 

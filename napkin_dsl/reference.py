@@ -14,6 +14,9 @@ It is the oracle other backends are tested against, so it is deliberately naive:
 nothing of relabelling, levels, tiles or streaming, it does not round intermediates to their
 storage dtypes (``@gmem`` intermediates declared f16 stay float64 here: compare a backend to
 it with a tolerance fit for the declared dtypes), and it materialises every array in full.
+Integer storage is the exception: an ``@gmem i32`` intermediate, and with ``keep_float64`` an
+integer output, is rounded to the nearest integer (as every backend stores it), because that
+rounding is the value, not an error a tolerance could cover (``N / 2`` of an odd N).
 That last point makes it memory-hungry at real sizes, so it refuses (``NapkinCallError``)
 before allocating when the estimate exceeds a limit (default 25% of physical memory; see
 ``binding.check_reference_memory``).
@@ -76,7 +79,7 @@ from . import algebra
 
 from .binding import arguments, bind, check_reference_memory, diagram_of
 from .boxes import reduction
-from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from .diagram import INTEGER_DTYPES, Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .errors import NapkinCallError
 from .types import numpy_dtype
 
@@ -402,14 +405,23 @@ def evaluate(
         evaluator.arrays[array.name] = np.asarray(inputs[array.name]).astype(np.float64)
     for statement in diagram.statements:
         try:
-            evaluator.arrays[statement.target] = evaluator.statement(statement)
+            values = evaluator.statement(statement)
         except ReferenceFailure as failure:
             hint = failure.hint or f"while evaluating {statement.target} = {statement.describe()}"
             raise NapkinCallError(failure.message, statement.span, hint) from None
+        array = diagram.arrays[statement.target]
+        if array.role == "intermediate" and array.level is not None and array.dtype in INTEGER_DTYPES:
+            with np.errstate(invalid="ignore"):
+                values = np.rint(values)  # stored as an integer: every reader sees it rounded
+        evaluator.arrays[statement.target] = values
     outputs = {}
     for name in diagram.outputs:
-        values = evaluator.arrays[name]
-        outputs[name] = np.array(values, dtype=np.float64, order="C") if keep_float64 else _to_declared(values, diagram.arrays[name].dtype)
+        values, dtype = evaluator.arrays[name], diagram.arrays[name].dtype
+        if keep_float64:
+            # float64, but an integer output rounded as it is stored: a rounded value is not an error
+            outputs[name] = np.array(np.rint(values) if dtype in INTEGER_DTYPES else values, dtype=np.float64, order="C")
+        else:
+            outputs[name] = _to_declared(values, dtype)
     return outputs
 
 

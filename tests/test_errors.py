@@ -189,7 +189,20 @@ LEVELS = [
          NapkinTypeError, 6, 12, "a relabel block without a kernel name needs exactly one kernel", "relabel KERNEL on HARDWARE"),
 ]
 
-TABLE = SYNTAX + NAMES + AXES + CONSTANTS + BOXES + LEVELS
+# A float value stored as an integer (issue 26): the backends would round it, and napkin has no
+# cast to ask for that; the caret is at the dtype written after the level, or at an output's statement.
+INTEGERS = [
+    case("float-stored-as-i32", K + "    H[i] @gmem i32 = A * 2\n    B[i] = H + 0.5\n", NapkinTypeError, 2, 16,
+         ["H is stored as i32", "its value is a float", "computed from A (f32)"], ["@gmem f32", "drop 'i32'", "no cast"]),
+    case("float-stored-as-i64-through-chip", "kernel k(N: i32[i], A: f32[i]) -> B: f32[i]:\n    T[i] = N * A\n"
+         "    H[i] @gmem i64 = T + N\n    B[i] = H\n", NapkinTypeError, 3, 16, ["H is stored as i64", "computed from A (f32)"]),
+    case("float-scalar-stored-as-i32", "kernel k(N: i32[i], s: f32) -> B: f32[i]:\n    H[i] @gmem i32 = N * s\n    B[i] = H\n",
+         NapkinTypeError, 2, 16, ["H is stored as i32", "computed from s (f32)"]),
+    case("float-output-declared-i32", "kernel k(A: f32[i]) -> B: i32[i]:\n    B[i] = A * 2\n", NapkinTypeError, 2, 5,
+         ["output B is declared i32", "computed from A (f32)"], ["declare B as f32", "<string>:1:"]),
+]
+
+TABLE = SYNTAX + NAMES + AXES + CONSTANTS + BOXES + LEVELS + INTEGERS
 
 
 def single_error(source: str) -> NapkinError:
