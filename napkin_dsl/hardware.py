@@ -36,7 +36,7 @@ from .errors import NapkinError
 PROFILE_DIR = Path(__file__).parent / "hardware"
 # Tensor-core instruction paths and the [peak_flops] key of each one's rate.
 TENSOR_PATHS = {"mma.sync": "mma_sync", "wgmma": "wgmma"}
-# The GPU architecture napkin compiles for when none is named (H100's).
+# The GPU architecture napkin compiles for when neither an architecture nor a GPU is named (H100's).
 DEFAULT_ARCH = "sm_90"
 
 
@@ -62,7 +62,8 @@ class Hardware:
     description: str
     levels: tuple[Level, ...]
     counts: str = "bytes"  # "values" for the paper's abstract models
-    arch: str | None = None
+    arch: str | None = None  # the architecture napkin compiles for on this GPU, by default
+    archs: tuple[str, ...] = ()  # every architecture whose code this GPU runs (its own and older ones)
     peak_flops: dict = field(default_factory=dict)
     clock_hz: float | None = None
     fixed: dict = field(default_factory=dict)  # fixed costs in seconds: launch_s
@@ -106,6 +107,16 @@ class Hardware:
         if rates is None:
             return None
         return self._rate(rates, dtype)
+
+    def check_arch(self, arch: str) -> None:
+        """Refuse ``arch`` unless this profile's GPU runs code compiled for it (``archs``)."""
+        if arch in self.archs:
+            return
+        if not self.archs:
+            raise NapkinError(f"{self.name} is no GPU: it runs no architecture, so nothing is compiled for it",
+                              hint=f"name a GPU profile: {gpu_archs()}")
+        raise NapkinError(f"{self.name} cannot run {arch}: it runs {', '.join(self.archs)}",
+                          hint=f"architectures per profile: {gpu_archs()}")
 
     def tensor_paths(self) -> list[str]:
         """The tensor-core instruction paths the profile prices ("mma.sync", "wgmma")."""
@@ -207,12 +218,20 @@ def _profile(data: dict) -> Hardware:
     )
     if not levels:
         raise ValueError("it has no [[level]] entries")
+    arch = data.get("arch")
+    # A profile that names only its own architecture runs just that one.
+    archs = tuple(data.get("archs", [arch] if arch else []))
+    if not all(isinstance(a, str) for a in archs):
+        raise ValueError("archs must be a list of architecture names, e.g. [\"sm_80\", \"sm_90\"]")
+    if arch is not None and arch not in archs:
+        raise ValueError(f"its arch {arch!r} is not among its archs ({', '.join(archs)})")
     return Hardware(
         name=data["name"],
         description=data.get("description", data["name"]),
         levels=levels,
         counts=data.get("counts", "bytes"),
-        arch=data.get("arch"),
+        arch=arch,
+        archs=archs,
         peak_flops=data.get("peak_flops", {}),
         clock_hz=data.get("clock_hz"),
         fixed=dict(data.get("fixed", {})),
@@ -222,6 +241,24 @@ def _profile(data: dict) -> Hardware:
 def hardware_names() -> list[str]:
     """Names of the bundled profiles."""
     return sorted(path.stem for path in PROFILE_DIR.glob("*.toml"))
+
+
+def gpu_for_arch(arch: str) -> str:
+    """The bundled profile code for ``arch`` is planned on when no GPU is named: the first (by
+    name) whose own architecture it is, else the first that runs it (sm_80: A100, sm_90: H100).
+    An architecture no profile runs is a :class:`NapkinError` naming those they do."""
+    profiles = [load_hardware(name) for name in hardware_names()]
+    for found in ([p for p in profiles if p.arch == arch], [p for p in profiles if arch in p.archs]):
+        if found:
+            return found[0].name
+    raise NapkinError(f"no hardware profile runs {_shown(str(arch))}", hint=f"architectures per profile: {gpu_archs()}")
+
+
+def gpu_archs() -> str:
+    """The bundled GPU profiles and the architectures each runs, as messages and help list them:
+    ``A100: sm_80; H100: sm_80, sm_90; ...``."""
+    profiles = [load_hardware(name) for name in hardware_names()]
+    return "; ".join(f"{p.name}: {', '.join(p.archs)}" for p in profiles if p.archs)
 
 
 def all_level_names() -> set[str]:

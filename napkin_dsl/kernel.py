@@ -202,17 +202,22 @@ class Kernel:
         self._cache[key] = plan(diagram, target, block, check_sizes(sizes))
         return self._cache[key]
 
-    def compile(self, arch: str = "sm_90", hardware: str | None = None, ptx: bool = False, **sizes: int):
+    def compile(self, arch: str | None = None, hardware: str | None = None, ptx: bool = False, **sizes: int):
         """Generate CUDA C++ and compile it with NVRTC (a :class:`~napkin_dsl.backends.cuda.CompiledKernel`).
 
         Every size must be bound. The hardware defaults to the relabel block's GPU, else the GPU
-        of ``arch`` (sm_80: A100, sm_90: H100).
+        of ``arch`` (``hardware.gpu_for_arch``: sm_80: A100, sm_90: H100); ``arch`` defaults to
+        the hardware's own (its profile's ``arch``), else sm_90. An ``arch`` the hardware's
+        profile does not list in its ``archs`` is a :class:`NapkinError` naming those it does.
         """
         from .backends.compiled import compile_cached
-        from .hardware import load_hardware
+        from .hardware import DEFAULT_ARCH, gpu_for_arch, load_hardware
 
-        default = {"sm_80": "A100"}.get(arch, "H100")
-        target = hardware or (None if self.hardware and self.hardware in ("A100", "H100", "H200") else default)
+        own = self.hardware if self.hardware and load_hardware(self.hardware).archs else None  # the relabel block's GPU
+        if arch is None:
+            arch = load_hardware(hardware or own).arch if (hardware or own) else DEFAULT_ARCH
+        target = hardware or (None if own else gpu_for_arch(arch))
+        load_hardware(target or own).check_arch(arch)
         key = ("compile", arch, target, ptx, tuple(sorted(sizes.items())))
         if key in self._cache:
             return self._cache[key]

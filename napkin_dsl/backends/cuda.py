@@ -207,8 +207,8 @@ def format_resources(compiled: CompiledKernel) -> str:
     return "\n".join(lines)
 
 
-def report_resources(kernel, sizes: dict, arch: str = "sm_90") -> str:
-    """What `napkin report` shows: the kernel compiled for ``arch`` and its resources."""
+def report_resources(kernel, sizes: dict, arch: str | None = None) -> str:
+    """What `napkin report` shows: the kernel compiled for ``arch`` (default: its GPU's own) and its resources."""
     from ..errors import NapkinError
 
     bound = {axis: sizes.get(axis, REPORT_SIZE) for axis in kernel.diagram.axes}
