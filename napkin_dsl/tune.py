@@ -121,7 +121,7 @@ class TuneResult:
     configurations: list  # best first
     evaluated: int
     seconds: float
-    constraints: dict = field(default_factory=dict)  # axis -> multiple required
+    constraints: dict = field(default_factory=dict)  # axis -> the multiples its tiles keep, one per launch searched (sorted)
     beta: object = None
     optimum: object = None
     fusion_choices: int = 1  # sets of materialised intermediates searched
@@ -167,7 +167,7 @@ class TuneResult:
             "evaluated": self.evaluated,
             "fusion_choices": self.fusion_choices,
             "seconds": self.seconds,
-            "multiples": dict(self.constraints),
+            "multiples": {a: list(ms) for a, ms in self.constraints.items()},
             "beta": json_value(self.beta) if self.beta is not None else None,
             "optimum": str(self.optimum) if self.optimum is not None else None,
             "relabel_text": self.relabel_text,
@@ -217,7 +217,11 @@ class TuneResult:
         choices = f", {self.fusion_choices} fusion choices" if self.fusion_choices > 1 else ""
         lines = [f"tuning {self.kernel} on {self.hardware}: {self.evaluated} configurations{choices} in {self.seconds * 1e3:.0f} ms"]
         if self.constraints:
-            lines.append("  multiples: " + ", ".join(f"{a} of {m}" for a, m in self.constraints.items()))
+            # Each launch keeps its own multiples (a fragment's, or coalescing where it loads along
+            # the axis); a tile that is the whole axis is searched too.
+            by_launch = " (by launch)" if any(len(ms) > 1 for ms in self.constraints.values()) else ""
+            lines.append(f"  multiples{by_launch}: " + ", ".join(f"{a} of {_either([str(m) for m in ms])}"
+                                                             for a, ms in self.constraints.items()) + "; or the whole axis")
         if self.optimality is not None:
             lines.append(f"  the best is {self.optimality.text()}")
         if self.beta is not None:
@@ -233,11 +237,19 @@ class TuneResult:
             where = ""
             if config.materialised is not None and config.materialised != self.written:
                 where = f"   [at gmem: {', '.join(sorted(config.materialised)) or 'none'}]"
-            lines.append(f"  {rank}. {config.relabel_line()}   predicted {t}{tflops}{where}")
+            # The written relabelling is a candidate whatever its sizes: say so where it is off the multiples.
+            off = config.origin == "as written" and any(
+                isinstance(v, int) and all(v % m for m in self.constraints.get(a, (1,))) for a, v in config.sizes.items())
+            lines.append(f"  {rank}. {config.relabel_line()}   predicted {t}{tflops}{where}{'   (as written)' if off else ''}")
         if self.fusion_changed:
             lines.append(f"  the best materialises {', '.join(sorted(self.best.materialised)) or 'nothing'} at gmem "
                          f"(the source: {', '.join(sorted(self.written)) or 'nothing'}): `napkin tune --write` writes both")
         return "\n".join(lines)
+
+
+def _either(words: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 def _fmt_seconds(seconds) -> str:
@@ -501,7 +513,8 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     best = configurations[0]
     searched = next((c.searched for c in configurations if c.searched is not None), None)
     return TuneResult(diagram.name, profile.name, best.knobs, configurations[:max(top, 1)], search.evaluated,
-                      _time.perf_counter() - started, search.required, fusion_choices=len(choices),
+                      _time.perf_counter() - started, {a: tuple(sorted(ms)) for a, ms in search.required.items() if ms != {1}},
+                      fusion_choices=len(choices),
                       written=written, curves=_curves(searched or []), optimality=optimality)
 
 
@@ -572,7 +585,11 @@ class _Search:
                     self.scorers[id(knobs)] = rescore[id(knobs)]
                     scored += [(estimate, rank, knobs, combo) for rank, (estimate, combo) in enumerate(found)]
                     self.evaluated += count
-                    self.required.update(multiples)
+                    # Launches and fusion choices require different multiples of one axis (x of 16 as
+                    # a fragment, of 64 where a materialised P is loaded along it): keep each (1 where
+                    # a knob set leaves the axis free), not the last one scored.
+                    for axis in dict.fromkeys(k.axis for k in knobs):
+                        self.required.setdefault(axis, set()).add(multiples.get(axis, 1))
                 scored.sort(key=lambda item: item[:2])
                 self.memo[key] = self._verified(diagram, index, scored, rescore)
             if not self.memo[key]:
