@@ -31,7 +31,7 @@ from pathlib import Path
 from .check import MAX_SIZE_TEXT, check_size
 from .errors import NapkinError, Span
 from .formatting import json_value
-from .hardware import DEFAULT_ARCH
+from .hardware import DEFAULT_ARCH, gpu_archs, load_hardware
 from .kernel import Kernel, load
 from .progress import Progress, wanted
 
@@ -214,12 +214,55 @@ def _common(parser: argparse.ArgumentParser, hardware: bool = False) -> None:
     parser.add_argument("--kernel", metavar="K", help="only this kernel of the file")
     if hardware:
         parser.add_argument("--hardware", metavar="HW", help="a profile (A100, H100, H200, two_level, three_level) or a .toml file")
+    add_set(parser, "bind a size symbol (axis or group/stream size)")
+
+
+def add_set(parser: argparse.ArgumentParser, what: str) -> None:
+    """The --set option: several bindings per --set, repeatable. FILE may come before or after
+    it (main moves a FILE that --set took back in front, :func:`parse_args`)."""
     parser.add_argument("--set", nargs="+", action="append", default=[], metavar="NAME=INT",
-                        help="bind a size symbol (axis or group/stream size); repeatable: --set q=4096 d=128")
+                        help=f"{what}; several per --set and repeatable, each name once (--set q=4096 d=128 --set x=8192); "
+                             "before or after FILE")
+
+
+def _files_out_of_set(argv: list[str]) -> list[str]:
+    """``argv`` with each FILE that a ``--set`` took as one of its values moved in front of the
+    subcommand's options, where argparse reads positionals.
+
+    ``--set`` takes every value up to the next option (``nargs="+"``), so ``napkin cost --set
+    q=4 FILE`` would leave no FILE. A value that is no ``NAME=INT`` and names a file (a
+    ``.napkin`` or ``.py`` name, or any file that exists) is a FILE; anything else stays where
+    it is, for ``--set`` to refuse with its own message.
+    """
+    if not argv or argv[0].startswith("-"):
+        return list(argv)
+    kept, files, in_set = [argv[0]], [], False
+    for index, token in enumerate(argv[1:], 1):
+        if token == "--":  # everything after it is positional already
+            kept += argv[index:]
+            break
+        if token.startswith("-"):
+            in_set = len(token) >= 4 and "--set".startswith(token)  # --set, or argparse's abbreviation --se
+        elif in_set and "=" not in token and _names_file(token):
+            files.append(token)
+            continue
+        kept.append(token)
+    return kept[:1] + files + kept[1:]
+
+
+def _names_file(token: str) -> bool:
+    path = Path(token)
+    if path.suffix in (".napkin", ".py"):
+        return True
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # too long for the file system, or a NUL in it: no file
+        return False
 
 
 def parse_sets(groups: list[list[str]]) -> dict[str, int]:
-    """--set q=4096 d=128 --set x=8192 -> {"q": 4096, "d": 128, "x": 8192}."""
+    """--set q=4096 d=128 --set x=8192 -> {"q": 4096, "d": 128, "x": 8192}; a name bound twice
+    is an error (which value was meant is not for napkin to guess)."""
     sizes: dict[str, int] = {}
     for item in (entry for group in groups for entry in group):
         name, sep, value = item.partition("=")
@@ -237,8 +280,61 @@ def parse_sets(groups: list[list[str]]) -> dict[str, int]:
         if number <= 0:
             raise NapkinError(f"--set {name}={number}: sizes must be positive")
         check_size(f"--set {name}", number)
+        if name in sizes:
+            raise NapkinError(f"--set binds {name} twice: {name}={sizes[name]} and {name}={number}",
+                              hint=f"bind each size once, e.g. --set {name}={number}")
         sizes[name] = number
     return sizes
+
+
+def size_symbols(k: Kernel, hardware: str | None = None) -> set[str]:
+    """The names ``--set`` may bind for ``k`` planned on ``hardware``: its axes, the symbolic group
+    and stream sizes of its relabel block, and the symbolic capacities and bandwidths of the
+    profile it plans on (the paper's ``M``, ``B_l1``)."""
+    from .algebra import Expr
+
+    names = set(k.diagram.axes)
+    if k.relabel is not None:
+        names |= {p.size for level in k.relabel.levels for p in level.partitions if isinstance(p.size, str)}
+    for level in load_hardware(k._target(hardware)).levels:
+        for value in (level.capacity, level.bandwidth):
+            if isinstance(value, Expr):
+                names |= {symbol.name for symbol in value.free_symbols}
+    return names
+
+
+def check_symbols(sizes: dict[str, int], kernels: list[Kernel], hardware: str | None = None) -> dict[str, int]:
+    """``sizes``, once every name in it is a size symbol of at least one of ``kernels`` (a file's
+    kernels share one --set); else a :class:`NapkinError` naming the symbols there are."""
+    import difflib
+
+    known = set().union(*(size_symbols(k, hardware) for k in kernels)) if kernels else set()
+    unknown = [name for name in sizes if name not in known]
+    if unknown and kernels:
+        name = unknown[0]
+        of = " or ".join(k.name for k in kernels)
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        raise NapkinError(f"--set {name}={sizes[name]}: {name} is no size symbol of {of} "
+                          f"(its symbols: {' '.join(sorted(known, key=_symbol_order(kernels)))})",
+                          hint=f"did you mean {close[0]}?" if close else "bind an axis, or a symbolic group or stream size")
+    return sizes
+
+
+def _symbol_order(kernels: list[Kernel]):
+    """Axes in the kernels' order first (b h q x d reads as the signature does), then the rest by name."""
+    axes = list(dict.fromkeys(a for k in kernels for a in k.diagram.axes))
+    return lambda name: (axes.index(name), "") if name in axes else (len(axes), name)
+
+
+def _positive_count(text: str) -> int:
+    """An argparse type: a count of 1 or more (``--top``)."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive count, got {_cut(text)}") from None
+    if count <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive count (1 or more), got {count}")
+    return count
 
 
 def _cut(text: str) -> str:
@@ -256,7 +352,9 @@ def cost_json(k: Kernel, hardware: str | None, sizes: dict, path: str | None = N
 
 def cmd_pseudo(args) -> int:
     sizes = parse_sets(args.set)
-    for k in _selected(args):
+    kernels = _selected(args)
+    check_symbols(sizes, kernels, args.hardware)
+    for k in kernels:
         print(k.pseudocode(args.format, args.hardware, **sizes), end="")
     return 0
 
@@ -264,6 +362,7 @@ def cmd_pseudo(args) -> int:
 def cmd_cost(args) -> int:
     sizes = parse_sets(args.set)
     kernels = _selected(args)
+    check_symbols(sizes, kernels, args.hardware)
     if args.json:
         print(json.dumps({"kernels": {k.name: cost_json(k, args.hardware, sizes, args.path) for k in kernels}}, indent=2))
         return 0
@@ -275,7 +374,9 @@ def cmd_cost(args) -> int:
 def cmd_tune(args) -> int:
     sizes = parse_sets(args.set)
     results = {}
-    for k in _selected(args):
+    kernels = _selected(args)
+    check_symbols(sizes, kernels, args.hardware)
+    for k in kernels:
         with Progress(f"tune {k.name}", enabled=wanted(args.json)) as progress:
             result = k.tune(args.hardware, top=args.top, progress=progress, **sizes)
         results[k.name] = result
@@ -338,6 +439,7 @@ def cmd_compare(args) -> int:
         entries.append((label, k))
         for index, text in enumerate(args.relabel, 1):
             entries.append((f"{label} relabel {index}", k.relabelled(text)))
+    check_symbols(sizes, [k for _, k in entries], args.hardware)
     columns = compare(entries, args.hardware, sizes)
     if args.json:
         print(json.dumps({"columns": columns}, indent=2))
@@ -352,6 +454,7 @@ def cmd_report(args) -> int:
 
     sizes = parse_sets(args.set)
     kernels = _selected(args)
+    check_symbols(sizes, kernels, args.hardware)
     print(f"{args.file}: {len(kernels)} kernel{'s' if len(kernels) != 1 else ''}")
     failed = False
     for k in kernels:
@@ -382,6 +485,7 @@ def cmd_run(args) -> int:
 
     given = parse_sets(args.set)
     kernels = _selected(args)
+    check_symbols(given, kernels, args.hardware)
     opaque = {k.name: numpy_backend.opaque_boxes(k.diagram) for k in kernels if numpy_backend.opaque_boxes(k.diagram)}
     if opaque:
         named = "; ".join(f"{name} uses opaque box {', '.join(boxes)}" for name, boxes in opaque.items())
@@ -426,8 +530,7 @@ def add_run_command(subparsers) -> None:
     run.add_argument("--kernel", metavar="K", help="only this kernel of the file")
     run.add_argument("--backend", choices=["numpy", "cuda", "opencl", "auto"], default="numpy")
     run.add_argument("--hardware", metavar="HW", help="a profile (A100, H100, H200, two_level, three_level) or a .toml file")
-    run.add_argument("--set", nargs="+", action="append", default=[], metavar="NAME=INT",
-                     help="bind a size (axis or group/stream size); repeatable: --set q=300 d=64")
+    add_set(run, "bind a size (axis or group/stream size)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.set_defaults(run=cmd_run)
@@ -441,8 +544,12 @@ def cmd_cuda(args) -> int:
     from .cache import write_atomically
 
     sizes = parse_sets(args.set)
+    if args.hardware is not None and args.arch is not None:
+        load_hardware(args.hardware).check_arch(args.arch)  # before any kernel is loaded or planned
     results = {}
-    for kernel in _selected(args):
+    kernels = _selected(args)
+    check_symbols(sizes, kernels, args.hardware)
+    for kernel in kernels:
         compiled = kernel.compile(args.arch, args.hardware, ptx=args.ptx, **sizes)
         results[kernel.name] = compiled
         text = compiled.image.rstrip(b"\0").decode() if args.ptx else compiled.source
@@ -477,7 +584,8 @@ def cmd_cuda(args) -> int:
 def add_cuda_command(subparsers) -> None:
     cuda = subparsers.add_parser("cuda", help="generate CUDA C++ and compile it with NVRTC (no GPU needed)")
     _common(cuda, hardware=True)
-    cuda.add_argument("--arch", default=DEFAULT_ARCH, help="sm_80 or sm_90 (default sm_90)")
+    cuda.add_argument("--arch", help=f"the GPU architecture to compile for, one the profile runs ({gpu_archs()}); "
+                                     f"default: the profile's own (without --hardware, the relabel block's GPU's, else {DEFAULT_ARCH})")
     cuda.add_argument("-o", "--output", metavar="FILE.cu", help="write the source (or PTX) here instead of stdout")
     cuda.add_argument("--ptx", action="store_true", help="emit PTX instead of the CUDA source")
     cuda.add_argument("--resources", action="store_true", help="print registers, shared memory and spills per launch")
@@ -528,6 +636,7 @@ def cmd_draw(args) -> int:
     else:
         raise NapkinError(f"{args.file} has {len(kernels)} kernels; say which to draw",
                           hint=f"add --kernel NAME, one of: {', '.join(kernels)}")
+    check_symbols(sizes, [kernel], args.hardware)
     svg = render(kernel, relabelled=args.relabelled, costs=args.costs, hardware=args.hardware if args.costs else None, sizes=sizes)
     if args.output is None:
         sys.stdout.write(svg)
@@ -548,8 +657,7 @@ def add_draw_command(subparsers) -> None:
     draw.add_argument("--hardware", metavar="HW",
                       help="a profile (A100, H100, H200, two_level, three_level) or a .toml file: the levels drawn for a "
                            "kernel without a relabel block, and where --costs are read; default: the relabel block's")
-    draw.add_argument("--set", nargs="+", action="append", default=[], metavar="NAME=INT",
-                      help="with --costs: bind sizes (axes, symbolic group/stream sizes) so that the rows are numbers")
+    add_set(draw, "with --costs: bind sizes (axes, symbolic group/stream sizes) so that the rows are numbers")
     draw.add_argument("-o", "--output", metavar="OUT.svg", help="write the SVG to a file (atomically) instead of stdout")
     draw.set_defaults(run=cmd_draw)
 
@@ -580,7 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="choose group/stream sizes minimising predicted time")
     _common(tune, hardware=True)
-    tune.add_argument("--top", type=int, default=5, help="how many configurations to show")
+    tune.add_argument("--top", type=_positive_count, default=5, help="how many configurations to show (1 or more)")
     tune.add_argument("--json", action="store_true", help="print one JSON object")
     tune.add_argument("--write", metavar="FILE", help="write a copy of the source with the tuned relabel block (and @gmem) to FILE")
     tune.add_argument("--plot", metavar="FILE.svg", help="draw predicted time against the tile sizes searched")
@@ -592,8 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--hardware", metavar="HW", help="a profile (A100, H100, H200) or a .toml file")
     compare.add_argument("--relabel", action="append", default=[], metavar="TEXT",
                          help="also cost each kernel with this relabelling (clause lines, or a whole block); repeatable")
-    compare.add_argument("--set", nargs="+", action="append", default=[], metavar="NAME=INT",
-                         help="bind a size symbol; repeatable: --set q=4096 d=128")
+    add_set(compare, "bind a size symbol")
     compare.add_argument("--json", action="store_true", help="print one JSON object")
     compare.set_defaults(run=cmd_compare)
 
@@ -607,9 +714,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line parsed, with FILE accepted before or after ``--set`` (:func:`_files_out_of_set`)."""
+    return build_parser().parse_args(_files_out_of_set(list(sys.argv[1:] if argv is None else argv)))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     try:
         return args.run(args)
     except NapkinError as error:
