@@ -101,6 +101,7 @@ class Case:
     seed: int = 0
     opencl: bool = False
     call: bool = False
+    scale: float = 1.0  # the inputs' magnitude: fuzz_inputs multiplies every float input by it
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -126,6 +127,8 @@ class Case:
             flags.append("opencl")
         if self.call:
             flags.append("call")
+        if self.scale != 1.0:
+            flags.append(f"inputs x {self.scale:g}")
         return "\n".join(["    " + line for line in self.text.rstrip("\n").split("\n")] + ["    -- " + ", ".join(flags)])
 
 
@@ -842,6 +845,56 @@ def example_relabellings(draw, texts: tuple, max_size: int = 40) -> Case:
     return Case("valid", head + block, sizes, None, draw(st.integers(0, 2**16)), opencl=True)
 
 
+# ---- tensor-core programs ------------------------------------------------------------------------------
+
+_TENSOR_ATTENTION = """kernel attention(Q: {dt}[h q d], K: {dt}[h x d], V: {dt}[h x d]) -> {outputs}:
+    S[h q x] = Q * K * d^-0.5
+    P[h q x] = softmax[x]({operand})
+    O[h q d] = P * V
+{lse}
+relabel attention on {hw}:
+    smem: group h 1, q {gq}; stream x {sx}
+{warps}"""
+_TENSOR_MATMUL = """kernel matmul(A: {dt}[m k], B: {dt}[k n]) -> C: {out}[m n]:
+    C[m n] = A * B
+
+relabel matmul on {hw}:
+    smem: group m {gm}, n {gn}; stream k {sk}
+"""
+_TENSOR_MASKS = ("S", "where(q >= x, S, -inf)", "where(q >= x + 9, S, -inf)", "where(x < 16 or x >= 40, S, -inf)")
+
+
+@st.composite
+def tensor_core_programs(draw) -> Case:
+    """Attention (masked half the time, its lse an output half the time) or a matmul in bf16 or
+    f16, relabelled on a GPU in fragment multiples so that instruction selection takes the
+    tensor-core path (tests/test_opencl_properties.py checks that it does), at sizes that are
+    multiples of 16 plus a ragged tail, with inputs of magnitude up to 2 or up to 2 x 8 (logits in
+    the hundreds). The programs the other strategies draw (sizes 1 to 6) never reach that path."""
+    dt = draw(st.sampled_from(["bf16", "f16"]))
+    hw = draw(st.sampled_from(["H100", "A100"]))
+
+    def size(tile: int, step: int = 1) -> int:  # one or two tiles and a ragged tail of step-multiples
+        return tile * draw(st.integers(1, 2)) + step * draw(st.integers(0, (tile - 1) // step))
+
+    if draw(st.booleans()):
+        gq, sx = draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32]))
+        sizes = {"h": draw(st.integers(1, 2)), "q": size(gq), "x": size(sx), "d": draw(st.sampled_from([16, 32]))}
+        operand = draw(st.sampled_from(_TENSOR_MASKS[:1] * 3 + _TENSOR_MASKS[1:]))
+        lse = draw(st.booleans())
+        outputs = f"(O: {dt}[h q d], L: f32[h q])" if lse else f"O: {dt}[h q d]"
+        warps = "    registers: group q 16\n" if gq == 32 and draw(st.booleans()) else ""
+        text = _TENSOR_ATTENTION.format(dt=dt, outputs=outputs, operand=operand, hw=hw, gq=gq, sx=sx, warps=warps,
+                                        lse=f"    L[h q] = lse[x]({operand})\n" if lse else "")
+    else:
+        gm, gn, sk = draw(st.sampled_from([16, 32, 64])), draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32]))
+        # rows of A (k) and of B (n) are whole 16-byte units in memory: cp.async copies those
+        sizes = {"m": size(gm), "n": size(gn, 8), "k": size(sk, 8)}
+        text = _TENSOR_MATMUL.format(dt=dt, out=draw(st.sampled_from(["f32", dt])), hw=hw, gm=gm, gn=gn, sk=sk)
+    scale = draw(st.sampled_from([1.0, 1.0, 8.0]))
+    return Case("valid", text, sizes, None, draw(st.integers(0, 2**16)), opencl=True, scale=scale)
+
+
 # ---- mutants and absurd sizes ------------------------------------------------------------------
 
 _TOKEN = re.compile(r"\\\n|\n|[ \t]+|#[^\n]*|@\w+|->|\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+|\w+|.", re.UNICODE)
@@ -1240,9 +1293,10 @@ def mismatches(diagram, outputs: dict, want: dict, bounds: dict) -> list[tuple[s
 # ---- inputs ------------------------------------------------------------------------------------------
 
 
-def fuzz_inputs(diagram, sizes: dict, seed: int) -> tuple[dict, dict]:
+def fuzz_inputs(diagram, sizes: dict, seed: int, scale: float = 1.0) -> tuple[dict, dict]:
     """Seeded inputs: magnitudes uniform in [0.1, 2] with random signs (integers 1..9 for int
-    dtypes), in each array's dtype; scalar parameters in [0.5, 1.5], exactly representable."""
+    dtypes), times ``scale`` for float dtypes (large-magnitude cases), in each array's dtype;
+    scalar parameters in [0.5, 1.5], exactly representable."""
     from napkin_dsl.types import numpy_dtype
 
     rng = np.random.default_rng(seed)
@@ -1254,7 +1308,7 @@ def fuzz_inputs(diagram, sizes: dict, seed: int) -> tuple[dict, dict]:
         if dtype.kind in "iu":
             arrays[array.name] = np.array(signs * rng.integers(1, 10, size=shape), dtype=dtype)
         else:
-            arrays[array.name] = np.array(signs * rng.uniform(0.1, 2.0, size=shape), dtype=dtype)
+            arrays[array.name] = np.array(scale * signs * rng.uniform(0.1, 2.0, size=shape), dtype=dtype)
     scalars = {}
     for name, scalar in diagram.scalars.items():
         dtype = numpy_dtype(scalar.dtype)
@@ -1408,7 +1462,7 @@ def _check_kernel(run: _Runner, kernel, case: Case, opencl: bool) -> None:
     diagram = kernel.diagram
     axis_sizes = {a: sizes[a] for a in diagram.axes}
     impls = implementations(diagram, axis_sizes)
-    inputs, scalars = fuzz_inputs(diagram, axis_sizes, case.seed)
+    inputs, scalars = fuzz_inputs(diagram, axis_sizes, case.seed, case.scale)
     want = run.stage("reference", evaluate, diagram, inputs, scalars, axis_sizes, impls, keep_float64=True)
     bounds = error_bounds(diagram, inputs, scalars, axis_sizes)
     # Each backend on its own: a traceback in one does not hide a wrong result in another.

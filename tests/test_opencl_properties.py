@@ -15,6 +15,7 @@ from napkin_dsl.backends import opencl
 from napkin_dsl.reference import evaluate
 
 from .conftest import assert_matches_reference, example_id
+from .fuzz_programs import check_case_within, tensor_core_programs
 from .test_numpy_backend import RUNNABLE, only_kernel, random_arguments, relabelled
 from .test_properties import configurations
 
@@ -35,3 +36,21 @@ def test_generated_kernel_equals_reference_on_random_relabellings(path, opencl_d
         assert_matches_reference(program, outputs, expected, f"{sizes} {partitions}")
 
     check()
+
+
+@pytest.mark.usefixtures("opencl_device")
+@settings(max_examples=6, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(tensor_core_programs())
+def test_tensor_core_programs_run_right_on_numpy_and_opencl(case):
+    """The fuzzer's invariants (fuzz_programs.check_case: NumPy and OpenCL within the derived
+    error bound of the reference, counts equal to the model) on programs that reach the
+    tensor-core path: fragment-multiple tiles over ragged sizes, large-magnitude inputs."""
+    import napkin_dsl as napkin
+    from napkin_dsl import isel
+
+    (kernel,) = napkin.load(case.text).values()
+    program = kernel.program(None, **case.sizes)
+    assert [isel.selection(program, launch).path for launch in program.launches] == ["mma.sync"], case.describe()
+    outcome = check_case_within(case, 60.0, opencl=True)
+    assert not outcome.failures, "\n".join([f"{f.kind} ({f.signature}):\n{f.message}" for f in outcome.failures]
+                                           + ["case:", case.describe(), f"Case.from_json({case.to_json()!r})"])
