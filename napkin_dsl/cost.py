@@ -366,6 +366,25 @@ class CostReport:
             "notes": list(self.notes),
         }
 
+    def __str__(self) -> str:
+        """The table (``print(report)`` shows what ``napkin cost`` prints)."""
+        return self.table()
+
+    def __repr__(self) -> str:
+        """One line: kernel, hardware, sizes and the prediction (the levels and notes are in the table)."""
+        sizes = f" with {_fmt_sizes(self.sizes)}" if self.sizes else ""
+        notes = f", {len(self.notes)} note{'s' if len(self.notes) != 1 else ''}" if self.notes else ""
+        return f"<CostReport {self.kernel} on {self.hardware}{sizes}: {self.summary()}; levels {', '.join(self.levels)}{notes}>"
+
+    def summary(self, width: int = 60) -> str:
+        """The prediction in a few words: ``predicted 5.81 us (compute-bound)``, or, while a size is
+        symbolic, the FLOPs (cut to about ``width`` characters). Reprs and notebook views use it."""
+        time = self.time.get("overlapped_s")
+        if time is not None:
+            return f"predicted {_fmt_time(time)} ({self.time.get('bound')}-bound)"
+        flops = _fmt(self.total_flops)
+        return f"{flops if len(flops) <= width else flops[:width - 3] + '...'} FLOPs"
+
     def table(self) -> str:
         """A plain-text table: one row per level, then FLOPs and time."""
         unit = "values" if self.counts == "values" else "bytes"

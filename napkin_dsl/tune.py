@@ -201,6 +201,10 @@ class TuneResult:
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=False)) + "  " + r[-1] for r in rows]
         return head + "\n" + "\n".join("  " + line.rstrip() for line in lines)
 
+    def __str__(self) -> str:
+        """The table ``napkin tune`` prints; the repr is the short one above (for the REPL)."""
+        return self.table()
+
     def _repr_html_(self) -> str:
         import html
 
