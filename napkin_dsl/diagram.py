@@ -115,7 +115,7 @@ class Axis:
 
     name: str
     size: algebra.Expr
-    span: Span | None = None  # where the axis first appeared
+    span: Span | None = field(default=None, repr=False)  # where the axis first appeared; out of reprs, as every span
 
     @staticmethod
     def symbol(name: str) -> algebra.Symbol:
@@ -131,7 +131,7 @@ class Array:
     axes: tuple[str, ...]
     role: str  # "input", "output" or "intermediate"
     level: str | None = None  # the level it lives at when materialised; None = on chip
-    span: Span | None = None
+    span: Span | None = field(default=None, repr=False)
 
     @property
     def bytes_per_value(self) -> int:
@@ -142,7 +142,7 @@ class Array:
 class ScalarParameter:
     name: str
     dtype: str
-    span: Span | None = None
+    span: Span | None = field(default=None, repr=False)
 
 
 # ---- elementwise expression tree -----------------------------------------------------------
@@ -154,7 +154,7 @@ class Read:
 
     array: str
     axes: tuple[str, ...]
-    span: Span | None = field(default=None, compare=False)
+    span: Span | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -311,7 +311,7 @@ class BoxSignature:
     name: str
     inputs: tuple[tuple[str, tuple[str, ...]], ...]  # (dtype, axes) per input
     outputs: tuple[tuple[str, tuple[str, ...]], ...]
-    span: Span | None = None
+    span: Span | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -337,7 +337,7 @@ class Statement:
     inputs: tuple[str, ...]  # names of arrays read, without repeats
     flops: dict  # unit ("tensor", "fma", "special") -> size expression, for the whole statement
     dtype: str  # dtype of the result as computed
-    span: Span | None = None
+    span: Span | None = field(default=None, repr=False)
     level: str | None = None  # @level materialisation
 
     @property
@@ -348,6 +348,11 @@ class Statement:
     def iteration_axes(self) -> tuple[str, ...]:
         """Target axes followed by the consumed axes that disappear from the target."""
         return self.axes + tuple(a for a in self.consumed if a not in self.axes)
+
+    def __repr__(self) -> str:
+        # The statement as written; its box tree, FLOPs and spans made the dataclass repr unreadable.
+        level = f" @{self.level}" if self.level else ""
+        return f"<Statement {self.index}: {self.target}[{' '.join(self.axes)}]{level} {self.dtype} = {self.describe()}>"
 
     def describe(self) -> str:
         box = self.box
@@ -376,7 +381,11 @@ class Diagram:
     params: tuple[str, ...]  # parameter names in signature order (arrays and scalars)
     outputs: tuple[str, ...]
     statements: tuple[Statement, ...]
-    span: Span | None = None
+    span: Span | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        n = len(self.statements)
+        return f"<Diagram {self.signature()}, {n} statement{'s' if n != 1 else ''}>"
 
     def size(self, axis: str) -> algebra.Expr:
         return self.axes[axis].size

@@ -109,6 +109,11 @@ class Step:
         if self.op not in STEP_KINDS:
             raise ValueError(f"napkin bug: a step of unknown kind {self.op!r} (kinds: {', '.join(STEP_KINDS)})")
 
+    def __repr__(self) -> str:
+        # The op and its pseudocode line; the dataclass repr spelled out the whole statement.
+        what = f" {self.array}" if self.array else ""
+        return f"<Step {self.op}{what} at {self.level}{': ' + self.text if self.text else ''}>"
+
     @property
     def flop_space(self) -> tuple[str, ...]:
         """The axes FLOPs are counted over: an opaque box's cost is per woven copy, not per element."""
@@ -126,6 +131,12 @@ class Loop:
     derived: bool = False
     mask: "Mask | None" = None  # a stream loop that skips the chunks a softmax's mask hides
 
+    def __repr__(self) -> str:
+        # Not the body: a Loop's repr held every loop and step nested in it.
+        n = sum(1 for _ in walk(self.body))
+        return (f"<Loop {self.kind} {self.axis} at {self.level}: tile {self.tile}, {self.trips} trips"
+                f"{', masked' if self.mask is not None else ''}{', derived' if self.derived else ''}; {n} steps inside>")
+
 
 @dataclass(frozen=True)
 class LaunchProgram:
@@ -134,6 +145,9 @@ class LaunchProgram:
     body: tuple
     buffers: dict  # (level, name) -> Buffer
     schedule: Schedule | None = None  # the schedule as this launch sees it (scoped partitions)
+
+    def __repr__(self) -> str:
+        return f"<LaunchProgram {self.index}: {' '.join(s.target for s in self.launch.statements)}; {_steps(self.body)}>"
 
 
 @dataclass(frozen=True)
@@ -152,6 +166,18 @@ class Program:
     @property
     def levels(self) -> tuple[str, ...]:
         return self.schedule.levels
+
+    def __repr__(self) -> str:
+        # Short (issue 26): the dataclass repr of a Program of attention was 36,131 characters.
+        # The pseudocode itself is kernel.pseudocode() or render_text(program).
+        return f"<Program {self.schedule.summary()}; {_steps(b for launch in self.launches for b in launch.body)}>"
+
+
+def _steps(body) -> str:
+    """How many steps a body holds, and how many of them move data (loads and saves)."""
+    steps = [step for step, _ in walk(body)]
+    moves = sum(step.op in ("load", "save") for step in steps)
+    return f"{len(steps)} steps, {moves} loads and saves"
 
 
 def walk(nodes, loops=()):

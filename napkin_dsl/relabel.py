@@ -49,6 +49,12 @@ class Partition:
     def applies_to(self, launch_index: int) -> bool:
         return self.launches is None or launch_index in self.launches
 
+    def __repr__(self) -> str:
+        # As a relabel clause reads: the dataclass repr spelled out the span's whole source line.
+        scope = f" for {', '.join(self.targets)}" if self.targets else ""
+        launches = f" (launches {', '.join(map(str, sorted(self.launches)))})" if self.launches is not None else ""
+        return f"<Partition {self.level}{scope}: {self.kind} {self.axis} {self.size}{' (derived)' if self.derived else ''}{launches}>"
+
 
 @dataclass(frozen=True)
 class StreamRoles:
@@ -87,6 +93,12 @@ class Launch:
                 seen.setdefault(a)
         return tuple(seen)
 
+    def __repr__(self) -> str:
+        # Statement targets, not the statements: their box trees made one launch thousands of characters.
+        streams = f"; streams {', '.join(r.axis for r in self.streams)}" if self.streams else ""
+        return (f"<Launch {self.index}: {' '.join(s.target for s in self.statements)}; loads {' '.join(self.inputs) or 'nothing'}; "
+                f"saves {' '.join(self.outputs) or 'nothing'}{streams}>")
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -101,6 +113,26 @@ class Schedule:
     notes: tuple[str, ...] = ()
     # extent() is called for every buffer of every column: memoise it.
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __repr__(self) -> str:
+        return f"<Schedule {self.summary()}; {self.partitions_text() or 'no partitions'}>"
+
+    def summary(self) -> str:
+        """One line: kernel, hardware, bound sizes, the statements of each launch and the levels
+        (the reprs of the Schedule and of the Program built from it)."""
+        sizes = f" with {' '.join(f'{k}={v}' for k, v in self.sizes.items())}" if self.sizes else ""
+        n = len(self.launches)
+        launches = " ".join(f"[{' '.join(s.target for s in launch.statements)}]" for launch in self.launches)
+        return (f"{self.diagram.name} on {self.hardware.name}{sizes}: {n} launch{'es' if n != 1 else ''} {launches}, "
+                f"levels {' > '.join(self.levels)}")
+
+    def partitions_text(self) -> str:
+        """The partitions as relabel clauses, one level after another: ``smem: group q 128, stream x 64``."""
+        by_level: dict[str, list[str]] = {}
+        for p in self.partitions:
+            scope = f" for {', '.join(p.targets)}" if p.targets else ""
+            by_level.setdefault(f"{p.level}{scope}", []).append(f"{p.kind} {p.axis} {p.size}{' (derived)' if p.derived else ''}")
+        return "; ".join(f"{level}: {', '.join(parts)}" for level, parts in by_level.items())
 
     @property
     def compute_level(self) -> str:
