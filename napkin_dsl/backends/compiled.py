@@ -54,6 +54,11 @@ class KernelSource:
     path: str = "fma"  # the instruction path isel chose: "mma.sync" or "fma"
     paths: list = field(default_factory=list)  # per statement: what it runs on (isel.describe)
 
+    def __repr__(self) -> str:
+        # Without the text: the whole kernel source made the repr of every compiled kernel pages long.
+        return (f"<KernelSource {self.entry}: grid {self.grid}, block {self.block}, {self.shared_bytes:,} B dynamic shared, "
+                f"{self.path}, {len(self.text):,} characters>")
+
 
 @dataclass
 class CompiledKernel:
@@ -87,6 +92,38 @@ class CompiledKernel:
         """The :class:`~napkin_dsl.cost.CostReport`, with the registers ptxas allocated."""
         return self._plan_and_cost[1]
 
+    def __repr__(self) -> str:
+        # Name, arch and what each launch uses; the source is `.source`, and `_repr_html_` folds it away.
+        kind = "PTX" if self.ptx else "cubin"
+        rows = self.launch_table()
+        launches = "; ".join(f"{r['entry']} grid {r['grid'][0]} block {r['block'][0]}, {_resources(r)}" for r in rows[:3])
+        more = f"; and {len(rows) - 3} more" if len(rows) > 3 else ""
+        return (f"<CompiledKernel {self.name} for {self.arch} ({kind}, {len(self.image):,} bytes): "
+                f"{len(rows)} launch{'es' if len(rows) != 1 else ''}: {launches}{more}; source {len(self.source):,} characters>")
+
+    def _repr_html_(self) -> str:
+        """For Jupyter: arch, the resources of each launch, the model's prediction, and the source
+        folded in a ``<details>``."""
+        import html
+
+        head = ("entry", "grid", "block", "registers", "shared memory", "spills", "path")
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in (
+                r["entry"], r["grid"][0], r["block"][0], _count(r["registers"]), f"{r['shared_bytes']:,} B",
+                _count(r["spill_bytes"], " B"), r["path"])) + "</tr>"
+            for r in self.launch_table())
+        try:
+            report = self.cost
+            prediction = f"the model: {report.summary()}"
+        except Exception as error:  # noqa: BLE001 - a notebook view shows why, rather than no view at all
+            prediction = f"the model could not cost it: {type(error).__name__}: {error}"
+        lines = len(self.source.splitlines())
+        return (f"<p><b>{html.escape(self.name)}</b> compiled for {html.escape(self.arch)} "
+                f"({'PTX' if self.ptx else 'cubin'}, {len(self.image):,} bytes)</p>"
+                "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{rows}</table>"
+                f"<p>{html.escape(prediction)}</p>"
+                f"<details><summary>CUDA source ({lines:,} lines)</summary><pre>{html.escape(self.source)}</pre></details>")
+
     def launch_table(self) -> list[dict]:
         """Per launch: entry, grid, block, registers, shared bytes (static + dynamic), spills."""
         rows = []
@@ -103,6 +140,15 @@ class CompiledKernel:
                 "statements": list(k.paths),
             })
         return rows
+
+
+def _count(value, unit: str = "") -> str:
+    """A resource count for display; None when ptxas did not say (a PTX-only compile)."""
+    return "-" if value is None else f"{value:,}{unit}"
+
+
+def _resources(row: dict) -> str:
+    return f"{_count(row['registers'])} registers, {row['shared_bytes']:,} B shared, {row['path']}"
 
 
 # ---- the cache keyed before lowering -------------------------------------------------------------
