@@ -261,6 +261,25 @@ class Kernel:
     def _repr_svg_(self) -> str:
         return self.render()
 
+    def _repr_html_(self) -> str:
+        """For Jupyter, which shows this rather than :meth:`_repr_svg_` when both exist: the
+        signature, the relabelling, the symbolic cost table, and the diagram itself (the SVG,
+        inline), so that nothing the drawing showed is lost."""
+        import html
+
+        try:
+            cost = self.cost()._repr_html_()
+        except NapkinError as error:  # the view shows why there is no cost rather than failing
+            cost = f"<p>no cost: {html.escape(error.message)}</p>"
+        try:
+            drawing = self.render()
+        except NapkinError as error:
+            drawing = f"<p>no drawing: {html.escape(error.message)}</p>"
+        relabelling = self.relabel_text() if self.relabel is None else "relabelled " + self.relabel_text()
+        return (f"<div><p><code>{html.escape(self.signature())}</code></p>"
+                f"<p>{html.escape(relabelling)}</p>{cost}"
+                f'<div style="max-width: 100%; overflow-x: auto">{drawing}</div></div>')
+
     def __call__(self, *arrays, backend: str = "numpy", cast: bool = False, hardware: str | None = None,
                  impls: dict | None = None, sizes: dict | None = None, **named):
         """Run the kernel on NumPy arrays; return the output array (a dict of them for several outputs).
