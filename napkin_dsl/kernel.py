@@ -30,6 +30,7 @@ from . import syntax as syn
 from .check import CheckedKernel, check_module, check_sizes
 from .errors import NapkinError, NapkinSyntaxError, Span
 from .hardware import hardware_names
+from .progress import Progress, wanted
 
 
 class Kernel:
@@ -655,6 +656,9 @@ def _call(kernel: Kernel, arrays: tuple, named: dict, backend: str, cast: bool, 
     # The CUDA backend reads the caller's CUDA arrays in place; the outputs go back as the caller's array type.
     binding = bind(diagram, array_args, scalar_args, cast, sizes=axis_sizes, keep_on_device=backend == "cuda")
     program = kernel.program(hardware, **binding.sizes, **partition_sizes)
-    outputs, _ = run_program(backend, program, binding.inputs, binding.scalars, impls)
+    # As `napkin run` shows it: on a terminal's stderr after about a second, never into a pipe,
+    # a notebook or captured output (progress.wanted); a bar of blocks done on NumPy.
+    with Progress(f"run {kernel.name} on {backend}", enabled=wanted()) as progress:
+        outputs, _ = run_program(backend, program, binding.inputs, binding.scalars, impls, progress)
     outputs = binding.deliver(outputs)
     return outputs[diagram.outputs[0]] if len(diagram.outputs) == 1 else outputs

@@ -337,7 +337,7 @@ def _aligner(source: tuple[str, ...], target: tuple[str, ...]) -> Callable[[np.n
 class Interpreter:
     """The state of one execution: tile ranges, buffers per level, counts."""
 
-    def __init__(self, program: Program, inputs: dict, scalars: dict, impls: dict | None):
+    def __init__(self, program: Program, inputs: dict, scalars: dict, impls: dict | None, progress=None):
         self.program = program
         self.diagram = program.diagram
         schedule = program.schedule
@@ -362,6 +362,10 @@ class Interpreter:
         self.products = {launch.index: contraction_unit(program, launch) for launch in program.launches}
         self.counts = Counts({lv: 0 for lv in below}, {lv: 0 for lv in below}, {}, 0, {lv: 0 for lv in below})
         self.empty_depth = 0  # how many enclosing loop trips are past the end of their axis
+        # progress(done, total), if given, hears how many blocks (trips of the innermost group loops) are done.
+        self.progress = progress
+        self.block_loops, self.blocks_total = block_loops(program) if progress is not None else (set(), 0)
+        self.blocks_done = self.next_report = 0
         self.chunk_status = None  # in a masked stream loop: "partial" or "full" (Mask.status)
         for array in self.diagram.input_arrays:
             self.values[self.top][array.name] = inputs[array.name]
@@ -393,6 +397,13 @@ class Interpreter:
         flops = self.counts.flops
         flops[unit] = flops.get(unit, 0) + n
 
+    def block_done(self) -> None:
+        self.blocks_done += 1
+        if self.blocks_done >= self.next_report or self.blocks_done == self.blocks_total:
+            self.progress(self.blocks_done, self.blocks_total)
+            # About 200 reports a run: a bar has no use for more, and each costs a redraw.
+            self.next_report = self.blocks_done + max(1, self.blocks_total // 200)
+
     # -- compiling the Program into closures (their set-up runs once, not once per trip)
     def run(self) -> tuple[dict, Counts]:
         with np.errstate(all="ignore"):  # NaN and inf propagate as IEEE says; producing them is not an error here
@@ -402,6 +413,8 @@ class Interpreter:
                 self.roles = roles
                 for node in self.compile(launch.body):
                     node()
+                if id(launch) in self.block_loops:  # a launch of one block
+                    self.block_done()
         outputs = {name: self.values[self.top][name] for name in self.diagram.outputs}
         return outputs, self.counts
 
@@ -416,6 +429,7 @@ class Interpreter:
         ranges = self.ranges
         if loop.mask is not None:
             return self.masked_loop(loop, body, tile, trips)
+        block = id(loop) in self.block_loops
 
         def run_loop():
             start, stop = ranges[axis]
@@ -431,6 +445,8 @@ class Interpreter:
                     node()
                 if empty:
                     self.empty_depth -= 1
+                if block:
+                    self.block_done()
             ranges[axis] = (start, stop)
 
         return run_loop
@@ -904,8 +920,34 @@ def _empty(shape, dtype: np.dtype) -> np.ndarray:
     return np.full(shape, np.nan, dtype)
 
 
+def block_loops(program: Program) -> tuple[set, int]:
+    """The innermost group loops outside every stream loop (by ``id``: one trip of one is one block
+    of a GPU's grid), and the launches without a group loop (one block each, as the model counts
+    them), with how many blocks the whole Program runs: the unit of progress."""
+    loops: set[int] = set()
+    total = 0
+
+    def visit(nodes, outer: int) -> bool:
+        nonlocal total
+        found = False
+        for node in nodes:
+            if isinstance(node, Loop) and node.kind == "group":
+                found = True
+                trips = outer * _integer(node.trips, f"the trip count of {node.axis} at {node.level}")
+                if not visit(node.body, trips):
+                    loops.add(id(node))
+                    total += trips
+        return found
+
+    for launch in program.launches:
+        if not visit(launch.body, 1):
+            loops.add(id(launch))
+            total += 1
+    return loops, total
+
+
 def execute(program: Program, inputs: dict[str, np.ndarray], scalars: dict | None = None,
-            impls: dict | None = None) -> tuple[dict[str, np.ndarray], Counts]:
+            impls: dict | None = None, progress=None) -> tuple[dict[str, np.ndarray], Counts]:
     """Run a Program with NumPy; return ``(outputs by name, Counts)``.
 
     ``program`` must have every size bound (``kernel.program(hardware, q=..., ...)``).
@@ -913,6 +955,8 @@ def execute(program: Program, inputs: dict[str, np.ndarray], scalars: dict | Non
     (converted to the declared dtype if it is not already; never written); ``scalars`` maps
     scalar parameters to numbers; ``impls`` maps opaque box names to callables (the
     reference's calling convention, on tiles). Outputs are new arrays in their declared dtypes.
+    ``progress``, if given, is called as ``progress(done, total)`` with the blocks run so far (a
+    :class:`napkin_dsl.progress.Progress` draws it; a Program without group loops reports nothing).
     """
     diagram = program.diagram
     scalars = dict(scalars or {})
@@ -929,7 +973,7 @@ def execute(program: Program, inputs: dict[str, np.ndarray], scalars: dict | Non
     missing = [name for name in diagram.scalars if name not in scalars]
     if missing:
         raise NapkinCallError(f"execute({diagram.name}) is missing scalar {', '.join(missing)}")
-    return Interpreter(program, checked, scalars, impls).run()
+    return Interpreter(program, checked, scalars, impls, progress).run()
 
 
 # ---- memory ------------------------------------------------------------------------------------
@@ -1227,15 +1271,17 @@ def _json_number(value):
     return int(value) if value.is_Integer else (float(value) if value.is_number else str(value))
 
 
-def run_program(backend: str, program: Program, inputs: dict, scalars: dict, impls: dict | None = None) -> tuple[dict, Counts | None]:
+def run_program(backend: str, program: Program, inputs: dict, scalars: dict, impls: dict | None = None,
+                progress=None) -> tuple[dict, Counts | None]:
     """Run a Program on a backend: ``(outputs, Counts)`` here with NumPy, ``(outputs, None)`` through
-    ``napkin_dsl.backends.cuda.run`` or ``napkin_dsl.backends.opencl.run``.
+    ``napkin_dsl.backends.cuda.run`` or ``napkin_dsl.backends.opencl.run``. ``progress`` goes to
+    :func:`execute` (the GPU backends say nothing of how far they are).
 
     A missing GPU backend raises NotImplementedError naming what is missing; ``cuda`` without a
     GPU raises :class:`~napkin_dsl.backends.driver.NoCudaDevice`.
     """
     if backend == "numpy":
-        return execute(program, inputs, scalars, impls)
+        return execute(program, inputs, scalars, impls, progress)
     if backend == "cuda":
         from . import driver
 
