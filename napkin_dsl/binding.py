@@ -11,7 +11,8 @@ array: a NumPy array, or anything that speaks DLPack or ``__cuda_array_interface
 JAX, CuPy; other array-likes need ``cast=True``); its rank against the declared axes; one
 size per axis across all arguments and ``sizes=``; no zero-size axis; the dtype against the
 declared one (``cast=True`` converts instead, but never from complex, text or objects, and
-never floats into integers); scalar parameters are real numbers. Every problem found is
+never floats into integers); scalar parameters are real numbers (a 0-d array of NumPy, JAX, torch
+or CuPy is one); no JAX tracer (napkin runs outside jax.jit, grad and vmap). Every problem found is
 reported in one :class:`~napkin_dsl.errors.NapkinCallError` whose message names the
 parameter, its declared axes and the array's shape and dtype, with a summary of the whole call
 (the einops way: the error says what was called with what).
@@ -406,6 +407,32 @@ def _requires_grad(value) -> bool:
     return getattr(value, "requires_grad", False) is True
 
 
+def _traced(name: str, value) -> str | None:
+    """A problem for a JAX tracer (a value inside jax.jit, grad or vmap), which has no data to
+    read: without this, the call said to pass cast=True, which then failed inside JAX."""
+    if _framework(value) == "jax" and any(c.__name__ == "Tracer" for c in type(value).__mro__):
+        return (f"{name} is a traced JAX value ({type(value).__name__}): napkin kernels run on concrete arrays, "
+                f"not inside jax.jit, grad or vmap; call the kernel outside the transformation")
+    return None
+
+
+def _foreign_scalar(name: str, value):
+    """A 0-d array of another library (a JAX or torch scalar, a CuPy one) as a NumPy scalar, or a problem.
+
+    NumPy 0-d arrays were always accepted as scalars; ``jnp.float32(2)`` is a 0-d jax array and
+    was refused as "not a real number"."""
+    problem = _traced(name, value)
+    if problem is not None:
+        return problem
+    if _requires_grad(value):
+        return f"scalar {name} requires grad: napkin kernels have no backward; pass {name}.item() or {name}.detach()"
+    try:
+        host = np.asarray(value)  # host memory: DLPack or __array__; CPU jax and torch
+    except (TypeError, ValueError, RuntimeError):
+        return value.item()  # device memory (CuPy): the one value, copied to the host
+    return host[()]
+
+
 def _interface_dtype(typestr: str, target: np.dtype) -> np.dtype:
     """The dtype of a __cuda_array_interface__ typestr; 2-byte opaque values are bf16 when the
     kernel asks for bf16, the interface having no name for it."""
@@ -548,7 +575,7 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
         target = numpy_dtype(declared.dtype)
         value = arrays[name]
         keepalive = None  # what keeps a foreign array's memory valid until it is copied
-        foreign = None if isinstance(value, np.ndarray) else _foreign_array(name, value, target, keep_on_device)
+        foreign = None if isinstance(value, np.ndarray) else _traced(name, value) or _foreign_array(name, value, target, keep_on_device)
         if isinstance(foreign, str):
             problems.add(foreign)
             continue
@@ -634,6 +661,11 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
         target = numpy_dtype(declared.dtype)
         if isinstance(value, np.ndarray) and value.ndim == 0:
             value = value[()]
+        elif not isinstance(value, np.generic) and getattr(value, "shape", None) == () and hasattr(value, "item"):
+            value = _foreign_scalar(name, value)
+            if isinstance(value, str):
+                problems.add(value)
+                continue
         real = isinstance(value, (int, float, np.integer, np.floating)) or (
             isinstance(value, np.generic) and _is_real_numeric(np.dtype(type(value))))
         if isinstance(value, (bool, np.bool_)) or not real:

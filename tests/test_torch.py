@@ -1,7 +1,7 @@
-"""Arrays of other libraries in and out of a kernel call: torch, JAX and CuPy through DLPack.
+"""Arrays of other libraries in and out of a kernel call: torch and CuPy through DLPack.
 
-torch is the ``torch`` extra (CPU build in CI); JAX and CuPy are tested where installed and
-skipped with the reason otherwise. Every comparison is against NumPy inputs holding the same
+torch is the ``torch`` extra (CPU build in CI); CuPy is tested where installed (it needs a GPU)
+and skipped with the reason otherwise. JAX, in the ``dev`` extra, is tests/test_jax.py. Every comparison is against NumPy inputs holding the same
 values, or against the float64 reference, never against numbers the backend produced.
 """
 
@@ -122,13 +122,6 @@ def test_several_outputs_come_back_as_tensors():
     np.testing.assert_array_equal(out["A"].numpy(), [2.0, 4.0])
 
 
-def test_jax_arrays_in_and_out(attention, qkv):
-    jnp = pytest.importorskip("jax.numpy", reason="jax is not installed")
-    out = attention(*(jnp.asarray(a) for a in qkv))
-    assert type(out).__module__.startswith("jax") and out.dtype == BF16
-    np.testing.assert_array_equal(np.asarray(out).astype(np.float32), attention(*qkv).astype(np.float32))
-
-
 def test_cupy_arrays_in_and_out():
     cupy = pytest.importorskip("cupy", reason="cupy is not installed (it needs a CUDA GPU)")
     from napkin_dsl.backends import driver
@@ -142,12 +135,3 @@ def test_cupy_arrays_in_and_out():
     np.testing.assert_allclose(cupy.asnumpy(out), softmax(x), rtol=1e-5, atol=1e-6)
     with pytest.raises(NapkinCallError, match="CUDA device memory, which the host backends"):
         softmax(cupy.asarray(x), backend="numpy")
-
-
-def test_jax_without_x64_refuses_a_64_bit_output_instead_of_halving_it():
-    jax = pytest.importorskip("jax", reason="jax is not installed")
-    if jax.config.jax_enable_x64:
-        pytest.skip("JAX runs with 64-bit types here")
-    kernel = napkin.load("kernel d(X: f32[n]) -> Y: f64[n]:\n    Y[n] = X * 2\n")["d"]
-    with pytest.raises(NapkinCallError, match="JAX runs without 64-bit types"):
-        kernel(jax.numpy.ones(3, np.float32))
