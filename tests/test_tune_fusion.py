@@ -148,13 +148,20 @@ def _written_time(kernel, profile, sizes):
         return None, block
 
 
+def _opaque(kernel) -> bool:
+    return any(s.box.kind == "opaque" for s in kernel.diagram.statements)
+
+
+# An opaque box has no compute rate on a GPU profile, so a file of opaque kernels has no time to
+# compare: those files are the refusal's test below, not parametrizations that always skip.
+OPAQUE_EXAMPLES = [path for path in NAPKIN_EXAMPLES if all(_opaque(k) for k in napkin.load(path).values())]
+
+
 @pytest.mark.parametrize("hardware", GPUS)
-@pytest.mark.parametrize("path", NAPKIN_EXAMPLES, ids=example_id)
+@pytest.mark.parametrize("path", [p for p in NAPKIN_EXAMPLES if p not in OPAQUE_EXAMPLES], ids=example_id)
 def test_tune_is_never_worse_than_the_relabelling_written_in_the_file(path, hardware):
     profile = load_hardware(hardware)
-    kernels = [k for k in napkin.load(path).values() if not any(s.box.kind == "opaque" for s in k.diagram.statements)]
-    if not kernels:
-        pytest.skip("an opaque box has no compute rate on a GPU profile: there is no predicted time to compare")
+    kernels = [k for k in napkin.load(path).values() if not _opaque(k)]
     for kernel in kernels:
         sizes = _default_sizes(kernel.diagram)
         written, block = _written_time(kernel, profile, sizes)
@@ -168,6 +175,18 @@ def test_tune_is_never_worse_than_the_relabelling_written_in_the_file(path, hard
         assert cost_of(plan(chosen, profile, result.block(chosen, profile), sizes)).time["overlapped_s"] == pytest.approx(best.time_s)
         if written is not None:
             assert result.best.time_s <= written * (1 + 1e-12), (kernel.name, result.best.time_s, written)
+
+
+def test_an_opaque_kernel_is_refused_on_every_gpu_not_tuned_on_a_made_up_rate():
+    """The paper's opaque boxes cost ``flops_F`` per copy, a symbol no GPU profile has a rate for:
+    tuning one there is an error naming the missing rate, on every GPU."""
+    assert [p.name for p in OPAQUE_EXAMPLES] == ["fig11.napkin", "fig12.napkin"]
+    for path in OPAQUE_EXAMPLES:
+        for kernel in napkin.load(path).values():
+            for hardware in GPUS:
+                with pytest.raises(NapkinError) as refused:
+                    tune(kernel.diagram, load_hardware(hardware), None, _default_sizes(kernel.diagram))
+                assert refused.value.message == f"{hardware} has no opaque rate for f32"
 
 
 # ---- L2 as a cache (issue 14, item 2) ---------------------------------------------------------
