@@ -10,8 +10,10 @@ import pytest
 
 import napkin_dsl as napkin
 from napkin_dsl.backends.lowering import LoweringError, smem_bytes_by_launch
+from napkin_dsl.cost import fma_register_launches, tensor_launches
 from napkin_dsl.cli import main
 from napkin_dsl.errors import RelabelError
+from napkin_dsl.isel import MAX_REGISTERS, live_fragment_values
 
 from .conftest import EXAMPLES, ROOT
 
@@ -46,9 +48,22 @@ def test_every_example_compiles_without_spills_and_its_shared_memory_is_the_mode
     assert compiled.image[:4] == b"\x7fELF"
     table = compiled.launch_table()
     assert len(table) == len(compiled.program.launches)
-    for row in table:
+    tensor = tensor_launches(compiled.program, arch)
+    held = fma_register_launches(compiled.program, arch)
+    per_unit = compiled.program.hardware.level("registers").registers_per_unit
+    for index, row in enumerate(table):
         assert row["spill_bytes"] == 0, row
-        assert row["registers"] > 0
+        # With no spills, every value the plan keeps in registers across the loop has one: the
+        # fragments a tensor-core thread holds at once, an FMA thread's register accumulators.
+        if index in tensor:
+            plan, tile = tensor[index]
+            assert row["path"] == "mma.sync" and row["block"][0] == plan.threads
+            least = live_fragment_values(plan, compiled.program.launches[index], tile)
+        else:
+            assert row["path"] == "fma"
+            least = sum(a.values for a in held.get(index, {}).values())
+        # ... and no more than a thread may have, with the whole block resident on one SM.
+        assert least <= row["registers"] <= min(MAX_REGISTERS, per_unit // row["block"][0]), row
     # Static (ptxas) plus dynamic (the arena) shared memory equals the report's M at SMEM.
     assert [row["shared_bytes"] for row in table] == smem_bytes_by_launch(compiled.program)
     assert compiled.cost.levels["smem"].M_bytes == max(smem_bytes_by_launch(compiled.program))

@@ -8,7 +8,8 @@ import os
 import pytest
 import sympy
 
-from napkin_dsl.cli import main
+import napkin_dsl as napkin
+from napkin_dsl.cli import main, size_symbols
 
 from .conftest import NAPKIN_EXAMPLES, ROOT, example_id
 
@@ -45,12 +46,21 @@ def test_pseudo_markdown_golden(path, golden, capsys):
 def test_cost_json_golden(path, golden, capsys):
     out = run(["cost", "--json", str(path.relative_to(ROOT))], capsys)
     data = json.loads(out)
-    for kernel in data["kernels"].values():
+    kernels = napkin.load(path)
+    assert set(data["kernels"]) == set(kernels)
+    for name, kernel in data["kernels"].items():
         assert set(kernel) >= {"hardware", "sizes", "levels", "flops", "time_s"}
+        symbols = size_symbols(kernels[name])
         for level in kernel["levels"].values():
-            for key in ("H", "M", "N", "H_bytes", "M_bytes"):
-                value = level[key]
-                assert isinstance(value, (int, float)) or sympy.sympify(value) is not None
+            value = {key: sympy.sympify(level[key]) for key in ("H", "M", "N", "H_bytes", "M_bytes")}
+            # Each count is an expression of the kernel's own sizes (no stray or internal symbol) ...
+            for key, expr in value.items():
+                assert {s.name for s in expr.free_symbols} <= symbols, (name, key, expr)
+            # ... and its bytes are its values times a dtype's width (1 to 8 bytes), wherever evaluated.
+            point = {s: 4096 for expr in value.values() for s in expr.free_symbols}
+            for values, in_bytes in (("H", "H_bytes"), ("M", "M_bytes")):
+                count, size = (float(value[k].subs(point)) for k in (values, in_bytes))
+                assert count <= size <= 8 * count, (name, values, count, size)
     golden(golden_name(path, ".cost.json"), out)
 
 
