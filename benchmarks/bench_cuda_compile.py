@@ -117,7 +117,9 @@ def generated_source(arch: str):
 
 def compile_target(kernel, arch: str) -> str | None:
     """The hardware argument Kernel.compile(arch) passes to Kernel.gpu_program when given none."""
-    return None if kernel.hardware in ("A100", "H100", "H200") else {"sm_80": "A100"}.get(arch, "H100")
+    from napkin_dsl.hardware import gpu_for_arch, load_hardware
+
+    return None if kernel.hardware and load_hardware(kernel.hardware).archs else gpu_for_arch(arch)
 
 
 def measure_nvrtc_alone(arch: str) -> dict:

@@ -630,12 +630,44 @@ def dry_run_case(case: Case, arch: str, profile: str) -> Row:
 
 def profile_for(device_name: str, arch: str) -> tuple[str, str]:
     """(napkin hardware profile, how it was chosen) for a GPU."""
+    from napkin_dsl.errors import NapkinError
+    from napkin_dsl.hardware import gpu_for_arch, hardware_names, load_hardware
+
     upper = device_name.upper()
-    for name in ("H200", "H100", "A100"):
-        if name in upper:
+    gpus = [name for name in hardware_names() if load_hardware(name).archs]  # the GPU profiles, not the abstract ones
+    for name in sorted(gpus, key=len, reverse=True):  # the longest name first: a profile "H100 PCIe" before "H100"
+        if name.upper() in upper:
             return name, "by device name"
-    guess = "A100" if arch.startswith("sm_8") else "H100"
+    try:
+        guess = gpu_for_arch(arch)
+    except NapkinError:  # no profile lists this arch: the GPU of its major version (sm_89: A100)
+        major, minor = _arch_version(arch)
+        near = [name for name in gpus if _arch_version(load_hardware(name).arch)[0] == major
+                and _arch_version(load_hardware(name).arch)[1] <= minor]
+        if not near:
+            raise
+        guess = max(near, key=lambda name: _arch_version(load_hardware(name).arch))  # the first by name of the newest
     return guess, f"no profile for {device_name!r}: using {guess} (closest by architecture {arch})"
+
+
+def _arch_version(arch: str) -> tuple[int, int]:
+    """sm_89 -> (8, 9); sm_90a -> (9, 0)."""
+    digits = arch.removeprefix("sm_").rstrip("af")
+    return int(digits[:-1]), int(digits[-1])
+
+
+def compile_arch(profile: str, arch: str) -> str:
+    """What to compile for on a GPU of ``arch`` planned as ``profile``: ``arch`` itself where the
+    profile runs it, else the profile's newest arch of the same major version, whose cubin the
+    GPU runs (an sm_80 cubin runs on sm_86 and sm_89)."""
+    from napkin_dsl.hardware import load_hardware
+
+    archs = load_hardware(profile).archs
+    if arch in archs:
+        return arch
+    major, minor = _arch_version(arch)
+    near = [a for a in archs if _arch_version(a)[0] == major and _arch_version(a)[1] <= minor]
+    return max(near, key=_arch_version) if near else arch  # else: Kernel.compile names the profile's arches
 
 
 class EventTimer:
@@ -902,7 +934,7 @@ def gpu_case(case: Case, profile_override: str | None, timing_budget_s: float, c
             row.notes.append(how)
         kernel = load_case(case)
         check_sample_axes(kernel, case)
-        compiled = kernel.compile(device.arch, hardware=row.profile, **case.sizes)
+        compiled = kernel.compile(compile_arch(row.profile, device.arch), hardware=row.profile, **case.sizes)
         program = kernel.gpu_program(row.profile, **case.sizes)
         describe_compiled(row, compiled)
         if not check_only:

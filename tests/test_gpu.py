@@ -449,6 +449,17 @@ def test_profile_by_device_name():
     assert gpu_check.profile_for("NVIDIA A100-SXM4-80GB", "sm_80")[0] == "A100"
     profile, how = gpu_check.profile_for("NVIDIA L4", "sm_89")
     assert profile == "A100" and "no profile" in how
+    # A GPU no profile lists runs the cubin of its profile's newest arch of its major version.
+    assert gpu_check.compile_arch("A100", "sm_89") == "sm_80"
+    assert gpu_check.compile_arch("H200", "sm_90") == "sm_90"
+    assert gpu_check.compile_arch("H100", "sm_86") == "sm_80"
+
+
+def test_a_gpu_of_an_architecture_no_profile_runs_is_refused_by_name():
+    from napkin_dsl.errors import NapkinError
+
+    with pytest.raises(NapkinError, match="no hardware profile runs 'sm_100'"):
+        gpu_check.profile_for("NVIDIA B200", "sm_100")
 
 
 # ---- with a GPU -------------------------------------------------------------------------------------
