@@ -500,8 +500,8 @@ def cmd_run(args) -> int:
     results = {}
     for k in kernels:
         try:
-            with Progress(f"run {k.name} on {backend}", enabled=wanted(args.json)):  # drawn on a terminal after ~1 s
-                results[k.name] = numpy_backend.check_run(k, args.hardware, given, args.seed, backend)
+            with Progress(f"run {k.name} on {backend}", enabled=wanted(args.json)) as progress:  # drawn on a terminal after ~1 s
+                results[k.name] = numpy_backend.check_run(k, args.hardware, given, args.seed, backend, progress=progress)
         except NotImplementedError as error:  # a backend that is not written yet: the user's choice, not a napkin bug
             raise NapkinError(str(error), hint="use --backend numpy") from None
         if not args.json:

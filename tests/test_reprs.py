@@ -261,3 +261,20 @@ def test_progress_counts_the_blocks_the_model_counts(name):
     execute(program, arrays, scalars, progress=lambda done, of: heard.append((done, of)))
     assert heard and heard[-1] == (total, total) and all(of == total for _, of in heard)
     assert [done for done, _ in heard] == sorted({done for done, _ in heard})
+
+
+def test_napkin_run_draws_the_numpy_backends_blocks_on_a_terminal(monkeypatch, tmp_path):
+    """`napkin run` hands its progress line to the backend, so it is a bar of blocks, not only a clock."""
+    pytest.importorskip("tqdm", reason="tqdm draws the progress line")
+    from napkin_dsl.cli import main
+
+    monkeypatch.delenv("NAPKIN_PROGRESS", raising=False)
+    monkeypatch.setattr(progress_module, "DELAY_S", 0.0)
+    (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
+    sizes = dict(b=1, h=2, q=512, x=256, d=32)
+    total = block_loops(kernel.program(**sizes))[1]
+    err = Terminal()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["run", str(EXAMPLES / "attention.napkin"), "--set", *(f"{a}={n}" for a, n in sizes.items())])
+    assert code == 0
+    assert f"{total}/{total}" in err.getvalue()

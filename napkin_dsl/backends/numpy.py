@@ -1204,13 +1204,14 @@ def reference_error(got, want) -> tuple[float, float]:
 
 
 def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, seed: int = 0, backend: str = "numpy",
-              impls: dict | None = None) -> dict:
+              impls: dict | None = None, progress=None) -> dict:
     """Run ``kernel`` on seeded random inputs and compare with the reference and the report.
 
     Returns a dict: ``hardware``, ``sizes``, ``backend``, ``max_abs_error``, ``max_rel_error``
     (max |error| / max |reference|, over every output), ``tolerance``, ``counted`` and
     ``predicted`` (per level below the top: ``H``; the compute level also has ``flops``, the
-    total), ``count_differences``, ``wall_s`` (the backend run alone) and ``ok``.
+    total), ``count_differences``, ``wall_s`` (the backend run alone) and ``ok``. ``progress``,
+    a ``(done, total)`` callback, hears of the NumPy backend's blocks as :func:`execute` runs them.
     """
     from ..cost import cost_of
     from ..reference import evaluate
@@ -1232,7 +1233,7 @@ def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, se
     arrays, scalars = random_arguments(diagram, axis_sizes, seed)
     expected = evaluate(diagram, arrays, scalars, axis_sizes, impls, keep_float64=True)
     started = time.perf_counter()
-    outputs, counts = run_program(backend, program, arrays, scalars, impls)
+    outputs, counts = run_program(backend, program, arrays, scalars, impls, progress)
     wall = time.perf_counter() - started
     report = cost_of(program, check=False)
     max_abs, scale = 0.0, 0.0
