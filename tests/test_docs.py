@@ -143,3 +143,36 @@ def test_tensor_core_page_shows_the_swizzle_and_wavefronts_of_napkin_dsl_layouts
     assert "$ napkin cost examples/attention.napkin --set b=4 h=32 q=8192 x=8192 d=128" in text
     assert "registers  thread" in text
     assert "SASS of matmul" in text or "nvdisasm was not installed" in text
+
+
+def test_every_tutorial_step_runs_on_its_own(tmp_path):
+    """A reader copies one step's Python, not the page: each python-run block of the tutorial runs
+    in a fresh namespace, given only the files the page has written by then (a step that used
+    the previous step's ``softcap`` raised NameError)."""
+    hook = _hook()
+    page = (ROOT / "docs" / "tutorial.md").read_text()
+    ran = 0
+    for match in hook._FENCE.finditer(page):
+        body = match["body"]
+        if match["kind"] == "napkin-source":
+            (tmp_path / re.search(r"file=(\S+)", match["attrs"])[1]).write_text(body)
+        elif match["kind"] == "python-run":
+            outcome = hook.run_python(body, {"__name__": "tutorial_step"}, tmp_path)
+            assert not outcome.bug, f"this tutorial step does not run on its own:\n{body}\n{outcome.text}"
+            if "expect=" not in match["attrs"]:
+                assert outcome.ok, f"{body}\n{outcome.text}"
+            ran += 1
+    assert ran >= 5
+
+
+def test_tutorial_draw_commands_are_shown_as_written(site):
+    """The page shows the command its source says (with -o: without it the SVG fills the terminal)."""
+    hook = _hook()
+    shown = _text(_built_page(site, "tutorial.md").read_text()).splitlines()
+    draws = [m["body"].strip() for m in hook._FENCE.finditer((ROOT / "docs" / "tutorial.md").read_text())
+             if m["kind"] == "napkin-draw"]
+    assert len(draws) == 2
+    for line in draws:
+        assert re.search(r"\s-o \S+\.svg\b", line), line
+        assert f"$ {line}" in shown, f"the tutorial page does not show {line!r} as written"
+

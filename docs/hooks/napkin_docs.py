@@ -7,8 +7,8 @@ Pages are Markdown with a few fenced blocks that this hook replaces by real outp
     runs the CLI in this process; ``cat FILE`` shows a file; ``python FILE`` runs a script.
     Attributes: ``expect=ok`` (the default), ``expect=error`` or ``expect=any``.
 ``napkin-md``   one napkin command whose output is Markdown (``--format markdown``): inserted as is.
-``napkin-draw file=NAME.svg``  one ``napkin draw ...`` command, run with ``-o NAME.svg``: shown with
-    its output, then the SVG, a file of the site beside the page, as an image linking to itself.
+``napkin-draw``  one ``napkin draw ... -o NAME.svg`` command, shown and run as written; the SVG it
+    writes becomes a file of the site beside the page and is shown in the page (``alt=`` names it).
 ``napkin-source file=NAME``  napkin text saved as NAME in the page's scratch directory and shown
     under that name, so that later commands on the page can use it.
 ``python-run``  Python executed in one namespace per page; shown with what it prints. A
@@ -23,8 +23,9 @@ and HTML comments replaced by generated sections: ``<!-- napkin:grammar -->``,
 The text of the sections in ``COMMITTED`` is also committed in the page, between the comment and
 a closing ``<!-- /napkin:NAME -->``, so that the raw Markdown reads well; the build regenerates
 it and warns (failing ``--strict``) when the committed text is out of date, and
-``python docs/hooks/napkin_docs.py --update`` rewrites it. Diagrams are images that link to
-themselves, so that a click opens them at full size.
+``python docs/hooks/napkin_docs.py --update`` rewrites it. Diagrams are inline SVG at their
+natural size, in a box that scrolls sideways where the column is narrower, with a link to the
+SVG file under each.
 
 Commands run in a scratch directory per page that holds ``examples`` (a link to the
 repository's examples), so paths in their output read as they do from the repository root.
@@ -42,9 +43,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import html
 import io
 import logging
 import os
+import posixpath
 import re
 import runpy
 import shlex
@@ -285,9 +288,35 @@ def _dedent_by(text: str, indent: str) -> str:
     return "\n".join(line.removeprefix(indent) for line in text.split("\n"))
 
 
-def _linked_image(alt: str, target: str) -> str:
-    """A diagram scaled to the column, linking to itself: a click opens it at full size."""
-    return f"[![{alt}]({target})]({target}){{ .napkin-diagram title=\"open at full size\" }}"
+def _diagram_slot(alt: str, svg: str) -> str:
+    """Where a diagram goes: a paragraph of its own that :func:`on_page_content` replaces by the
+    SVG itself (:func:`_inline_diagram`). ``svg`` is the SVG file's path in the site (the key of
+    ``_state["diagrams"]``). A placeholder rather than the SVG in the Markdown: Markdown would
+    read the indented SVG inside a tab as a code block."""
+    attrs = " ".join(f'data-{name}="{html.escape(value, quote=True)}"' for name, value in (("svg", svg), ("alt", alt)))
+    return f'<span class="napkin-diagram-slot" {attrs}></span>'
+
+
+_SLOT = re.compile(r'(?:<p>\s*)?<span class="napkin-diagram-slot" (?P<attrs>[^>]*)></span>(?:\s*</p>)?')
+
+
+def _page_link(url: str, target: str) -> str:
+    """A link from the page at ``url`` (mkdocs' page.url: ``examples/attention/``, ``""``) to the
+    site file ``target``: raw HTML put in after Markdown is not rewritten by mkdocs."""
+    base = url if url.endswith("/") or not url else posixpath.dirname(url)
+    return posixpath.relpath(target, base.rstrip("/") or ".")
+
+
+def _inline_diagram(alt: str, svg: str, href: str) -> str:
+    """A diagram in the page at its natural size, in a box that scrolls sideways where the column
+    is narrower. Scaled to the column, a 1500 px drawing set its labels 5 px high; inline (not an
+    ``<img>``), its boxes show their statements on hover and its labels can be found and copied.
+    The link under it opens the SVG file by itself."""
+    svg = re.sub(r"^\s*<\?xml[^>]*\?>\s*", "", svg)
+    label = html.escape(alt, quote=True)
+    return (f'<div class="napkin-diagram">\n<div class="napkin-diagram__view" tabindex="0" role="group" '
+            f'aria-label="{label}">\n{svg.strip()}\n</div>\n'
+            f'<a class="napkin-diagram__file" href="{html.escape(href, quote=True)}">{html.escape(alt)} (SVG file)</a>\n</div>')
 
 
 def _no_headings(markdown: str) -> str:
@@ -375,23 +404,27 @@ class Page:
         return _indent(generated, match["indent"])
 
     def draw(self, line: str, attrs: dict) -> str:
-        """``napkin-draw``: one ``napkin draw ...`` command; its SVG becomes a file of the site beside
-        the page, shown as an image that links to itself (full size), under the command."""
-        name = attrs.get("file")
-        if not name or not line.startswith("napkin draw ") or self.files is None:
-            self.complain("a napkin-draw block needs file=NAME.svg and one 'napkin draw ...' line")
+        """``napkin-draw``: one ``napkin draw ... -o NAME.svg`` command, shown and run as written;
+        the SVG it writes becomes a file of the site beside the page, shown in the page under the
+        command. The ``-o`` is part of the source, so that a reader who copies the command gets a
+        file, not 20 KB of SVG on the terminal."""
+        words = shlex.split(line)
+        name = next((words[i + 1] for i, word in enumerate(words[:-1]) if word in ("-o", "--output")), None)
+        if words[:2] != ["napkin", "draw"] or not name or not name.endswith(".svg") or "/" in name or self.files is None:
+            self.complain(f"a napkin-draw block needs one 'napkin draw ... -o NAME.svg' line, not {line!r}")
             return ""
-        command = f"{line} -o {name}"
-        outcome = run_command(command, self.cwd)
-        self.judge("ok", outcome, f"'{command}'")
+        outcome = run_command(line, self.cwd)
+        self.judge("ok", outcome, f"'{line}'")
+        shown = _fenced(f"$ {line}\n{outcome.text.rstrip()}", "text")
         if not outcome.ok:
-            return _fenced(f"$ {command}\n{outcome.text}")
+            return shown
         directory = self.src_uri.rsplit("/", 1)[0] + "/" if "/" in self.src_uri else ""
         stem = self.src_uri.rsplit("/", 1)[-1][: -len(".md")]
         site_name = f"{stem}.{name}"
-        self.files.append(File.generated(self.config, directory + site_name, content=(self.cwd / name).read_text()))
-        shown = _fenced(f"$ {command}\n{outcome.text.rstrip()}", "text")
-        return f"{shown}\n\n{_linked_image(attrs.get('alt', name), site_name)}"
+        svg = (self.cwd / name).read_text()
+        self.files.append(File.generated(self.config, directory + site_name, content=svg))
+        _state.setdefault("diagrams", {})[directory + site_name] = svg
+        return f"{shown}\n\n{_diagram_slot(attrs.get('alt', name), directory + site_name)}"
 
     def diagram(self, source: str = "", variant: str = "relabelled") -> str:
         """``<!-- napkin:diagram examples/X.napkin [written|relabelled] -->``: the example's drawing,
@@ -403,7 +436,7 @@ class Page:
         if (example.page, variant) not in _state.get("svgs", {}):
             return ""
         target = example.page[: -len(".md")] + f".{variant}.svg"
-        return _linked_image(f"{example.rel}, {variant}", _relative(self.src_uri, target))
+        return _diagram_slot(f"{example.rel}, {variant}", target)
 
     def expand(self, markdown: str) -> str:
         markdown = _FENCE.sub(self.fence, markdown)
@@ -1006,7 +1039,9 @@ def _svg_section(example: Example, svgs: dict) -> str:
     if not svgs:
         return ""
     stem = example.stem
-    tabs = [(title, _linked_image(f"{example.rel} {title.lower()}", f"{stem}.{suffix}.svg")) for suffix, title in
+    directory = example.page.rsplit("/", 1)[0]
+    tabs = [(title, _diagram_slot(f"{example.rel} {title.lower()}", f"{directory}/{stem}.{suffix}.svg"))
+            for suffix, title in
             (("written", "As written"), ("relabelled", "Relabelled"), ("costs", "With M and H per column"))
             if (example.page, suffix) in svgs]
     return "\n".join(["## Diagram", "",
@@ -1242,11 +1277,14 @@ def on_files(files, config):
     ])
     files.append(File.generated(config, "examples/index.md", content=index))
     _state["svgs"] = {}
+    _state["diagrams"] = {}  # site path -> SVG text, for the pages that show it inline
     for example in examples():
         svgs = render_svgs(example)
         _state["svgs"].update(svgs)
         for (page, suffix), svg in svgs.items():
-            files.append(File.generated(config, page[: -len(".md")] + f".{suffix}.svg", content=svg))
+            path = page[: -len(".md")] + f".{suffix}.svg"
+            files.append(File.generated(config, path, content=svg))
+            _state["diagrams"][path] = svg
         content = python_page(example, svgs) if example.source.suffix == ".py" else napkin_page(example, svgs)
         files.append(File.generated(config, example.page, content=content))
     return files
@@ -1254,6 +1292,19 @@ def on_files(files, config):
 
 def on_page_markdown(markdown, page, config, files):
     return Page(page.file.src_uri, _state["workspace"], config, files).expand(markdown)
+
+
+def on_page_content(html_text, page, config, files):
+    """Put each diagram's SVG where its placeholder paragraph is (see :func:`_diagram_slot`)."""
+    def inline(match: re.Match) -> str:
+        attrs = {name: html.unescape(value) for name, value in re.findall(r'data-(\w+)="([^"]*)"', match["attrs"])}
+        svg = _state.get("diagrams", {}).get(attrs.get("svg", ""))
+        if svg is None:
+            log.warning(f"{page.file.src_uri}: no diagram {attrs.get('svg')!r} was drawn for this page")
+            return ""
+        return _inline_diagram(attrs.get("alt", ""), svg, _page_link(page.url, attrs["svg"]))
+
+    return _SLOT.sub(inline, html_text)
 
 
 def on_post_build(config):
