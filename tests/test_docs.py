@@ -176,3 +176,31 @@ def test_tutorial_draw_commands_are_shown_as_written(site):
         assert re.search(r"\s-o \S+\.svg\b", line), line
         assert f"$ {line}" in shown, f"the tutorial page does not show {line!r} as written"
 
+
+def test_api_attributes_have_docstrings_and_fields_their_types(site):
+    """No attribute entry of the API page is a bare name: each has a docstring (its own, or the
+    comment on its line, docs/hooks/griffe_attributes.py); a dataclass field without either is
+    left to the class signature, with its type."""
+    api = (site / "api" / "index.html").read_text()
+    entries = re.findall(r'<div class="doc doc-object doc-attribute">\s*<h\d id="([^"]+)".*?'
+                         r'<div class="doc doc-contents ">(.*?)</div>\s*</div>', api, re.S)
+    assert entries
+    bare = [name for name, contents in entries if not _text(contents).strip()]
+    assert not bare, f"{len(bare)} of {len(entries)} attribute entries show only a name: {bare[:10]}"
+    documented = dict(entries)
+    # configurations: list  # best first
+    assert "best first" in _text(documented["napkin_dsl.tune.TuneResult.configurations"])
+    signature = _text(api[api.index('id="napkin_dsl.tune.TuneResult"'):][:4000])
+    assert "kernel: str" in signature and "evaluated: int" in signature
+
+
+def test_attribute_comments_are_read_as_docstrings():
+    spec = importlib.util.spec_from_file_location("griffe_attributes", ROOT / "docs" / "hooks" / "griffe_attributes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lines = ["X = 1  # the first part (and", "# the rest of it)", "# Next: about Y", "Y = {",
+             "    1: 2,", "}  # a dict", 'Z = "# not a comment"', "W = 3  # w,", "       # aligned under it"]
+    assert module.trailing_comment(lines, 1, 1) == "the first part (and the rest of it)"
+    assert module.trailing_comment(lines, 4, 6) == "a dict"
+    assert module.trailing_comment(lines, 7, 7) is None
+    assert module.trailing_comment(lines, 8, 8) == "w, aligned under it"
