@@ -35,14 +35,12 @@ import math
 import re
 from dataclasses import dataclass
 
-from . import algebra
+from . import algebra, elementwise
 from . import syntax as syn
 from .boxes import REDUCTION_OPS, box_kind, statement_flops, work_axes
 from .diagram import (
-    BINARY_FUNCTIONS,
     COMPARISONS,
     OPERATORS,
-    UNARY_FUNCTIONS,
     Apply,
     Array,
     Axis,
@@ -729,18 +727,13 @@ class _KernelChecker:
             self.out.error(f"inf is only a value to select, as in where(COND, S, -inf); {name} cannot take it",
                            call.span, "write -inf or inf as a whole argument of where")
             return None
-        if name in UNARY_FUNCTIONS:
-            if len(args) != 1:
-                self.out.error(f"{name} takes one argument, got {len(args)}", call.span, f"write {name}(EXPR)")
+        entry = elementwise.function(name)  # the table of elementwise functions gives its arity
+        if entry is not None:
+            if len(args) != entry.arity:
+                self.out.error(*_arity_error(name, entry.arity, len(args), call.span))
                 return None
             return Apply(name, tuple(args))
-        if name in BINARY_FUNCTIONS:
-            if len(args) != 2:
-                self.out.error(f"{name}(a, b) takes two arguments, got {len(args)}", call.span,
-                               f"for a reduction write {name}[AXIS](EXPR)")
-                return None
-            return Apply(name, tuple(args))
-        functions = sorted(UNARY_FUNCTIONS | BINARY_FUNCTIONS | set(REDUCTION_OPS) | {"softmax", "where", "len"} | set(self.boxes))
+        functions = sorted(set(elementwise.FUNCTIONS) | set(REDUCTION_OPS) | {"softmax", "where", "len"} | set(self.boxes))
         self.out.error(f"unknown function {name!r}", call.span,
                        _did_you_mean(name, functions) or f"known: {', '.join(functions)}; declare others with 'box'")
         return None
@@ -856,13 +849,28 @@ def _box_reads(box) -> list[Read]:
 # ---- module level ----------------------------------------------------------------------------
 
 
+def _arity_error(name: str, arity: int, got: int, span) -> tuple:
+    """The message, span and hint for a call of an elementwise function with ``got`` arguments."""
+    if arity == 1:
+        return f"{name} takes one argument, got {got}", span, f"write {name}(EXPR)"
+    letters = ", ".join("abcdefgh"[:arity])
+    # max(a, b) and min(a, b) share their names with reductions: a call of one argument is
+    # most likely a reduction missing its axes.
+    hint = f"for a reduction write {name}[AXIS](EXPR)" if name in REDUCTION_OPS else f"write {name}({letters})"
+    return f"{name}({letters}) takes {_count_word(arity)} arguments, got {got}", span, hint
+
+
+def _count_word(n: int) -> str:
+    return {2: "two", 3: "three"}.get(n, str(n))
+
+
 def _check_boxes(module: syn.Module, out: _Collector) -> dict:
     boxes = {}
     for decl in module.boxes:
         if decl.name in boxes:
             out.error(f"box {decl.name!r} is declared twice", decl.span, f"first declared at {boxes[decl.name].span}")
             continue
-        reserved = UNARY_FUNCTIONS | BINARY_FUNCTIONS | set(REDUCTION_OPS) | {"softmax", "where", "len"}
+        reserved = set(elementwise.FUNCTIONS) | set(REDUCTION_OPS) | {"softmax", "where", "len"}
         if decl.name in reserved:
             out.error(f"box {decl.name!r} has the name of a built-in function", decl.span, "choose another name")
             continue

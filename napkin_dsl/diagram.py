@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from . import algebra
+from . import algebra, elementwise
 from .errors import Span
 
 # ---- dtypes ------------------------------------------------------------------------------
@@ -96,11 +96,15 @@ def source_dtypes(inputs, arrays: dict, producers: dict) -> list[str]:
 
 # ---- elementwise functions ---------------------------------------------------------------
 
-# Functions that run on the special-function unit (MUFU) on NVIDIA GPUs; others are FMA-pipe.
-SPECIAL_FUNCTIONS = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu"}
-PLAIN_FUNCTIONS = {"relu", "abs", "neg"}
-UNARY_FUNCTIONS = SPECIAL_FUNCTIONS | PLAIN_FUNCTIONS
-BINARY_FUNCTIONS = {"max", "min"}
+# The functions a kernel calls by name are the table of elementwise functions
+# (elementwise.FUNCTIONS: arity, unit, definitions, spellings); the code reads the table, so a
+# function added to it at run time is known everywhere. These sets are the table as it was at
+# import, for readers that list the functions (the docs' notation page): special-function unit
+# (MUFU on NVIDIA GPUs) or FMA pipe, one or two arguments.
+SPECIAL_FUNCTIONS = set(elementwise.names(unit="special"))
+PLAIN_FUNCTIONS = set(elementwise.names(arity=1, unit="fma"))
+UNARY_FUNCTIONS = set(elementwise.names(arity=1))
+BINARY_FUNCTIONS = set(elementwise.names(arity=2))
 OPERATORS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow"}
 # Masks: comparisons yield booleans, and/or/not combine them, where(cond, a, b) picks a number.
 COMPARISONS = {">=": "ge", ">": "gt", "<=": "le", "<": "lt", "==": "eq", "!=": "ne"}
@@ -180,7 +184,7 @@ class Index:
 
 @dataclass(frozen=True)
 class Apply:
-    """An elementwise function or operator: ``fn`` in UNARY/BINARY_FUNCTIONS, OPERATORS' values,
+    """An elementwise function or operator: ``fn`` a name in ``elementwise.FUNCTIONS``, OPERATORS' values,
     COMPARISONS' values, LOGICAL, or ``where`` (three arguments: condition, then, else)."""
 
     fn: str
@@ -238,10 +242,25 @@ def count_operations(expr: Expression) -> dict[str, int]:
         for arg in expr.args:
             for unit, n in count_operations(arg).items():
                 counts[unit] += n
-        # A power with a non-integer exponent runs as exp/log on the special-function unit.
-        fractional_power = expr.fn == "pow" and not (isinstance(expr.args[1], Const) and expr.args[1].value.is_integer)
-        counts["special" if expr.fn in SPECIAL_FUNCTIONS or fractional_power else "fma"] += 1
+        counts[operation_unit(expr)] += operation_count(expr)
     return counts
+
+
+def operation_unit(expr: Apply) -> str:
+    """The unit one elementwise operation runs on: a function's, from the table of elementwise
+    functions; a power with a non-integer exponent runs as exp/log on the special-function
+    unit; every other operator on the FMA pipe."""
+    entry = elementwise.function(expr.fn)
+    if entry is not None:
+        return entry.unit
+    fractional_power = expr.fn == "pow" and not (isinstance(expr.args[1], Const) and expr.args[1].value.is_integer)
+    return "special" if fractional_power else "fma"
+
+
+def operation_count(expr: Apply) -> int:
+    """The operations one evaluation of an elementwise operation counts on its unit."""
+    entry = elementwise.function(expr.fn)
+    return entry.operations if entry is not None else 1
 
 
 def format_expression(expr: Expression) -> str:

@@ -21,7 +21,8 @@ That last point makes it memory-hungry at real sizes, so it refuses (``NapkinCal
 before allocating when the estimate exceeds a limit (default 25% of physical memory; see
 ``binding.check_reference_memory``).
 
-Elementwise functions, in float64: ``exp log sqrt tanh abs neg``, ``rsqrt(x) = 1/sqrt(x)``,
+Elementwise functions, in float64, as the table of elementwise functions (``elementwise.py``)
+defines them: ``exp log sqrt tanh abs neg``, ``rsqrt(x) = 1/sqrt(x)``,
 ``sigmoid(x) = 1/(1 + exp(-x))`` (computed without overflow), ``silu(x) = x sigmoid(x)``,
 ``relu(x) = max(x, 0)``, ``max/min(a, b)`` elementwise, ``+ - * / ^``, comparisons
 (``>= > <= < == !=``, booleans) combined by ``and or not``, ``where(cond, a, b)``, axis indices
@@ -70,12 +71,12 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import algebra
+from . import algebra, elementwise
 
 from .binding import arguments, bind, check_reference_memory, diagram_of
 from .boxes import reduction
@@ -110,31 +111,31 @@ class NamedArray:
         return values.reshape([next(shape) if a in self.axes else 1 for a in axes])
 
 
-_SQRT_HALF = math.sqrt(0.5)
-_erfc = np.frompyfunc(math.erfc, 1, 1)  # NumPy has no erf and SciPy is not a dependency
-
-
-def _sigmoid(x):
-    # exp(-log(1 + exp(-x))): no overflow for large |x|, unlike 1 / (1 + exp(-x)).
-    return np.exp(-np.logaddexp(0.0, -x))
-
-
-def _gelu(x):
-    # asarray, not .astype: frompyfunc returns a bare float, not an array, for a 0-d input.
-    # x/2 erfc(-x/sqrt 2), not x/2 (1 + erf(x/sqrt 2)): 1 + erf cancels to 0 below x = -8,
-    # where GELU is still 1e-16 and smaller (the NumPy backend's gelu is written so too).
-    return 0.5 * x * np.asarray(_erfc(np.asarray(x) * -_SQRT_HALF), dtype=np.float64)
-
-
-ELEMENTWISE: dict[str, Callable] = {
-    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "tanh": np.tanh,
-    "sigmoid": _sigmoid, "gelu": _gelu, "silu": lambda x: x * _sigmoid(x),
-    "relu": lambda x: np.maximum(x, 0.0), "abs": np.abs, "neg": np.negative,
-    "max": np.maximum, "min": np.minimum,
+# The notation's operators, comparisons, logic and where; the functions called by name are
+# the table of elementwise functions (elementwise.FUNCTIONS), read through ELEMENTWISE.
+_OPERATORS: dict[str, Callable] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
     "ge": np.greater_equal, "gt": np.greater, "le": np.less_equal, "lt": np.less, "eq": np.equal, "ne": np.not_equal,
     "and": np.logical_and, "or": np.logical_or, "not": np.logical_not, "where": np.where,
 }
+
+
+class _Definitions(Mapping):
+    """``Apply.fn`` -> its float64 definition: the table's functions (read when asked, so an
+    entry added at run time is here too), then the operators."""
+
+    def __getitem__(self, fn: str) -> Callable:
+        entry = elementwise.function(fn)
+        return elementwise.float64(entry) if entry is not None else _OPERATORS[fn]
+
+    def __iter__(self):
+        return iter([*elementwise.FUNCTIONS, *(fn for fn in _OPERATORS if fn not in elementwise.FUNCTIONS)])
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+ELEMENTWISE: Mapping[str, Callable] = _Definitions()
 """The float64 definition of every elementwise function of the notation, by ``Apply.fn``."""
 
 def logsumexp(values: np.ndarray, axis) -> np.ndarray:

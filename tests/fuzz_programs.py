@@ -3,8 +3,9 @@
 Strategies (each draws a :class:`Case`: the text of a ``.napkin`` file, the sizes to bind, a seed):
 
 * :func:`programs`: valid kernels built from the notation (docs/notation.md): contractions with
-  scalar factors, elementwise maps (``exp log sqrt rsqrt tanh sigmoid gelu silu relu abs``,
-  ``+ - * / ^``, ``max``/``min``, unary minus), reductions ``sum/max/min/mean/lse/logsumexp``,
+  scalar factors, elementwise maps (every function of the table of elementwise functions,
+  ``napkin_dsl.elementwise``: ``exp log sqrt rsqrt tanh sigmoid gelu silu relu abs neg max
+  min`` and any entry added to it; ``+ - * / ^``, unary minus), reductions ``sum/max/min/mean/lse/logsumexp``,
   ``softmax``, masks (``where(COND, E, -inf)`` in a softmax, an ``lse`` or a ``max``, COND a
   conjunction of linear comparisons of axis indices, sizes ``len(x) - len(q)`` among them,
   some masking whole rows; rarely ``or``, ``!=``, ``not``), ``@gmem`` (``@l0``)
@@ -71,6 +72,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from hypothesis import strategies as st
 
+from napkin_dsl import elementwise
+
 # ---- profiles and names ----------------------------------------------------------------------
 
 HARDWARE = ("two_level", "three_level", "A100", "H100", "H200")
@@ -83,7 +86,18 @@ UNICODE_NAMES = ("Δ", "é")  # the notation allows Unicode letters in names
 DTYPES = ("f32", "bf16", "f16", "f64", "fp8", "fp8e5m2", "i32")
 DTYPE_WEIGHTS = (10, 3, 3, 1, 1, 1, 1)  # inputs; outputs draw from f32, bf16, f16, f64
 _WEIGHTED_DTYPES = tuple(d for d, w in zip(DTYPES, DTYPE_WEIGHTS, strict=False) for _ in range(w))
-UNARY = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "neg")
+
+
+def unary_functions() -> tuple[str, ...]:
+    """The functions of one argument the generator calls: the table of elementwise functions'
+    (read at each draw, so an entry added at run time is fuzzed too)."""
+    return tuple(elementwise.names(arity=1))
+
+
+def binary_functions() -> tuple[str, ...]:
+    return tuple(elementwise.names(arity=2))
+
+
 # Limits that keep every value far inside f16's range and every function inside its domain.
 BIG = 1e3
 
@@ -179,6 +193,23 @@ class _Expr:
     @property
     def bound(self) -> float:
         return max(abs(self.lo), abs(self.hi))
+
+
+def _image(fn: str, *intervals) -> tuple[float, float]:
+    """The range of a function of the table over a box of argument intervals, read off its
+    float64 definition on a grid of each interval (its ends included, and [-4, 4] finely, where
+    activations have their extrema), widened by 5% of its span and 1e-3 (the grid can miss an
+    extremum between its points); infinite where the function is not finite there."""
+    f = elementwise.float64(elementwise.function(fn))
+    grids = [np.unique(np.concatenate([np.linspace(lo, hi, 257), np.clip(np.linspace(-4.0, 4.0, 161), lo, hi)]))
+             for lo, hi in intervals]
+    with np.errstate(all="ignore"):
+        values = np.asarray(f(*np.meshgrid(*grids, indexing="ij")), dtype=np.float64)
+    if not np.all(np.isfinite(values)):
+        return -math.inf, math.inf
+    lo, hi = float(values.min()), float(values.max())
+    margin = 0.05 * (hi - lo) + 1e-3
+    return lo - margin, hi + margin
 
 
 def _mul_interval(a, b):
@@ -304,10 +335,12 @@ class _Builder:
         if kind == 0:
             return self.leaf()
         if kind in (1, 2):
-            return self.unary(draw(st.sampled_from(UNARY)), self._expression(depth - 1))
+            return self.unary(draw(st.sampled_from(unary_functions())), self._expression(depth - 1))
         if kind == 3:
             a, b = self._expression(depth - 1), self._expression(depth - 1)
-            fn = draw(st.sampled_from(["max", "min"]))
+            fn = draw(st.sampled_from(binary_functions()))
+            if fn not in ("max", "min"):
+                return self.generic_binary(fn, a, b)
             lo = max(a.lo, b.lo) if fn == "max" else min(a.lo, b.lo)
             hi = max(a.hi, b.hi) if fn == "max" else min(a.hi, b.hi)
             return _Expr(f"{fn}({a.text}, {b.text})", _union(a.axes, b.axes), lo, hi)
@@ -347,10 +380,44 @@ class _Builder:
             return _Expr(f"{fn}({e.text})", e.axes, -0.3, max(e.hi, 0.0))
         if fn == "abs":
             return _Expr(f"abs({e.text})", e.axes, 0.0, e.bound)
-        if self.draw(st.booleans()):
-            return _Expr(f"neg({e.text})", e.axes, -e.hi, -e.lo)
-        inner = f"({e.text})" if e.compound else e.text
-        return _Expr(f"-{inner}", e.axes, -e.hi, -e.lo, compound=True)
+        if fn == "neg":
+            if self.draw(st.booleans()):
+                return _Expr(f"neg({e.text})", e.axes, -e.hi, -e.lo)
+            inner = f"({e.text})" if e.compound else e.text
+            return _Expr(f"-{inner}", e.axes, -e.hi, -e.lo, compound=True)
+        return self.generic_unary(fn, e)
+
+    def generic_unary(self, fn: str, e: _Expr) -> _Expr:
+        """A function of the table the generator has no rule of its own for: its argument kept
+        inside the entry's domain (tanh above it, a positive form below it), its range read off
+        its float64 definition (:func:`_image`), squashed by tanh first where that is too wide."""
+        low, high = elementwise.function(fn).domain
+        for _ in range(2):
+            if e.hi >= high:
+                e = _Expr(f"tanh({e.text})", e.axes, -1.0, 1.0)
+            if e.lo <= low:
+                e = self.positive(e)
+            lo, hi = _image(fn, (e.lo, e.hi))
+            if max(abs(lo), abs(hi)) <= BIG:
+                return _Expr(f"{fn}({e.text})", e.axes, lo, hi)
+            e = _Expr(f"tanh({e.text})", e.axes, -1.0, 1.0)
+        return e  # too wide even on [-1, 1]: the function is left out of this expression
+
+    def generic_binary(self, fn: str, a: _Expr, b: _Expr) -> _Expr:
+        """A function of two arguments without a rule of its own: both arguments squashed by
+        tanh where they leave the domain, the range read off its float64 definition."""
+        low, high = elementwise.function(fn).domain
+
+        def inside(x: _Expr) -> _Expr:
+            if x.hi >= high or x.bound > BIG:
+                x = _Expr(f"tanh({x.text})", x.axes, -1.0, 1.0)
+            return self.positive(x) if x.lo <= low else x
+
+        a, b = inside(a), inside(b)
+        lo, hi = _image(fn, (a.lo, a.hi), (b.lo, b.hi))
+        if max(abs(lo), abs(hi)) > BIG:
+            return a
+        return _Expr(f"{fn}({a.text}, {b.text})", _union(a.axes, b.axes), lo, hi)
 
     def combine(self, a: _Expr, b: _Expr, op: str) -> _Expr:
         def wrap(e, always=False):
@@ -1156,6 +1223,15 @@ class _Bounds:
                 (a, ea), (b, eb) = args
                 r = np.maximum(a, b) if fn == "max" else np.minimum(a, b)
                 return r, np.maximum(ea, eb)
+            entry = elementwise.function(fn)
+            if fn not in ("neg", "abs", "relu", "gelu", "silu", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid"):
+                # a function of the table with no bound of its own: the spread of its float64
+                # definition over each argument's error, plus its own rounding
+                f = elementwise.float64(entry)
+                values = [a for a, _ in args]
+                r = f(*values)
+                e = sum(_spread(lambda x, i=i: f(*values[:i], x, *values[i + 1:]), v, ev) for i, (v, ev) in enumerate(args))
+                return r, e + (special if entry.unit == "special" else u) * np.abs(r)
             (a, ea), = args
             if fn in ("neg", "abs", "relu"):
                 f = {"neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0)}[fn]
@@ -1747,7 +1823,7 @@ def _simplifications(text: str):
             if axes is not None and f" {m.group(1)}:" not in header.group(2) + " ":
                 # the statement's target as the kernel's only output
                 yield text[:header.start(2)] + f" {m.group(1)}: f32[{axes.strip()}]" + text[header.end(2):]
-    for m in re.finditer(r"\b(exp|log|sqrt|rsqrt|tanh|sigmoid|gelu|silu|relu|abs|neg)\(", text):
+    for m in re.finditer(rf"\b({'|'.join(unary_functions())})\(", text):
         depth, i = 1, m.end()
         while i < len(text) and depth:
             depth += {"(": 1, ")": -1}.get(text[i], 0)

@@ -129,7 +129,7 @@ def test_importing_napkin_does_not_import_sympy_or_cuda():
 # so that a new module is a decision about where it sits.
 STAGES = (
     ("errors", "algebra"),
-    ("cache", "formatting", "progress", "layouts", "hardware"),
+    ("cache", "formatting", "progress", "layouts", "hardware", "elementwise"),
     ("napkin_dsl",),  # the package: errors and hardware eagerly, the rest on first use
     ("syntax",),
     ("diagram",),

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from .. import algebra
 from ..boxes import REDUCTION_TABLE, accumulated, reduction
 from ..cost import as_number, columns, level_costs
+from .. import elementwise
 from ..diagram import (
     DTYPE_BYTES,
     Apply,
@@ -85,18 +86,15 @@ class Dialect:
 
     def math(self, fn: str, args: list[str], real: str = "float") -> str:
         """An elementwise function or operator on expressions of C type ``real``: float, or
-        double where the step computes in f64 (CUDA's double functions have no suffix)."""
+        double where the step computes in f64 (CUDA's double functions have no suffix). A
+        function called by name is spelled by its entry in the table of elementwise functions
+        (``elementwise.py``), with this dialect's libm suffix; the operators here."""
+        entry = elementwise.function(fn)
+        if entry is not None:
+            return entry.spell(args, self.float_suffix, real)
         x, y = args[0], args[-1]
-        f, c = (self.float_suffix, "f") if real == "float" else ("", "")
         table = {
-            "exp": f"exp{f}({x})", "log": f"log{f}({x})", "sqrt": f"sqrt{f}({x})", "rsqrt": f"rsqrt{f}({x})",
-            "tanh": f"tanh{f}({x})", "abs": f"fabs{f}({x})", "neg": f"(-({x}))",
-            "sigmoid": f"(1.0{c} / (1.0{c} + exp{f}(-({x}))))", "relu": f"fmax{f}({x}, 0.0{c})",
-            # gelu is the exact erf form, as the reference evaluator's, written x/2 erfc(-x/sqrt 2):
-            # 1 + erf(x/sqrt 2) cancels to 0 below x = -6 in float, where GELU is still 1e-10
-            "gelu": f"(0.5{c} * ({x}) * erfc{f}(({x}) * -0.70710678118654752{c}))",
-            "silu": f"(({x}) / (1.0{c} + exp{f}(-({x}))))",
-            "max": f"fmax{f}({x}, {y})", "min": f"fmin{f}({x}, {y})", "pow": f"pow{f}({x}, {y})",
+            "pow": f"pow{self.float_suffix if real == 'float' else ''}({x}, {y})",
             "add": f"({x} + {y})", "sub": f"({x} - {y})", "mul": f"({x} * {y})", "div": f"({x} / {y})",
             # Masks: comparisons and logic are C ints (0 or 1), where is the conditional operator.
             "ge": f"({x} >= {y})", "gt": f"({x} > {y})", "le": f"({x} <= {y})", "lt": f"({x} < {y})",

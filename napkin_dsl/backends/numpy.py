@@ -23,10 +23,10 @@ How the steps run:
   empty tile (filled with NaN, so a tile some save forgot would show);
 * ``compute`` evaluates one box on the tiles of the compute level in the step's dtype (f32,
   or f64 when an input is f64): contractions as batched matrix products (BLAS, accumulating
-  in that dtype), maps by broadcasting over named axes with the reference's elementwise
-  functions (:data:`napkin_dsl.reference.ELEMENTWISE`, GELU excepted: see
-  :func:`gelu`), reductions, a numerically stable softmax, opaque boxes through ``impls``
-  (same calling convention as the reference, on tiles in the compute dtype). A contraction's
+  in that dtype), maps by broadcasting over named axes with the table of elementwise
+  functions (``elementwise.py``: each one's tile definition, which is the reference's float64
+  one but for GELU, see :func:`gelu`), reductions, a numerically stable softmax, opaque boxes
+  through ``impls`` (same calling convention as the reference, on tiles in the compute dtype). A contraction's
   scalar factor is its own step, ``S *= scale``;
 * streams run the Program's state machine literally: ``init`` (0, -inf or +inf),
   ``accumulate`` (running sum, max or min; a contraction adds its chunk), the online
@@ -39,9 +39,9 @@ How the steps run:
 Counting: a transfer adds the values it moved to the H of the step's level (loads into it,
 saves out of it), and bytes by the array's dtype. FLOPs are counted as the steps evaluate them,
 never read off the Program: every arithmetic operation, special function, comparison or select
-the interpreter evaluates on n values adds n to its unit (special for exp, log, sqrt, rsqrt,
-tanh, sigmoid, gelu, silu and a fractional power, fma for the rest; a contraction 2 per
-multiply-add on its launch's unit, tensor or fma; an opaque box its symbol per copy). Two
+the interpreter evaluates on n values adds n times its count to its unit (a function's, from
+the table of elementwise functions; special for a fractional power, fma for the other
+operators; a contraction 2 per multiply-add on its launch's unit, tensor or fma; an opaque box its symbol per copy). Two
 conventions, which the model shares: an operation inside an elementwise expression counts once
 per element of the step's tile even where NumPy broadcasting computes it on fewer values (the
 generated GPU code evaluates it per element), and a reduction of n values counts n (each value
@@ -81,7 +81,6 @@ from ..cost import contraction_unit, fma_register_launches, tensor_launches
 from ..boxes import accumulated, opaque_flops, reduction
 from ..diagram import (
     DTYPE_BYTES,
-    SPECIAL_FUNCTIONS,
     Apply,
     Const,
     Contract,
@@ -94,8 +93,11 @@ from ..diagram import (
     Softmax,
     Statement,
     indices,
+    operation_count,
+    operation_unit,
     reads,
 )
+from .. import elementwise
 from ..errors import NapkinCallError, NapkinError
 from ..pseudocode import Loop, Program, Step, walk, compute_dtype
 from ..reference import ELEMENTWISE, logsumexp, masked_softmax
@@ -150,37 +152,20 @@ class Counts:
 # ---- elementwise functions -------------------------------------------------------------------
 
 
-def _erfc_nonnegative(z: np.ndarray) -> np.ndarray:
-    """erfc(z) for z >= 0, fractional error below 1.2e-7 (Numerical Recipes' Chebyshev fit)."""
-    t = 1.0 / (1.0 + 0.5 * z)
-    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
-        0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
-    return t * np.exp(-z * z + poly)
+gelu = elementwise.tile(elementwise.function("gelu"))
+"""GELU in its exact erf form, x/2 (1 + erf(x/sqrt 2)), vectorised, in the input's dtype: the
+``gelu`` entry's tile definition in the table of elementwise functions, written as
+x/2 erfc(-x/sqrt 2) so that large negative x keeps its relative accuracy. In f64 (and on Python
+floats) erfc is ``math.erfc``, accurate to the last bits, as the reference's. Below f64 it is a
+rational fit (relative error below 1.2e-7, about 2 ulp of f32, as CUDA's ``erff`` and OpenCL's
+``erf`` in float are), evaluated in float64."""
 
 
-_erfc_accurate = np.frompyfunc(math.erfc, 1, 1)
-
-
-def gelu(x):
-    """GELU in its exact erf form, x/2 (1 + erf(x/sqrt 2)), vectorised, in the input's dtype.
-
-    Written as x/2 erfc(-x/sqrt 2) so that large negative x keeps its relative accuracy. In
-    f64 (and on Python floats) erfc is ``math.erfc``, accurate to the last bits, as the
-    reference's ``math.erf``. Below f64 it is a rational fit (relative error below 1.2e-7,
-    about 2 ulp of f32, as CUDA's ``erff`` and OpenCL's ``erf`` in float are), evaluated in
-    float64: ``math.erfc`` one element at a time would be a Python loop over every tile.
-    """
-    if not isinstance(x, np.ndarray) or x.dtype == np.float64:
-        values = np.asarray(x, dtype=np.float64)
-        result = 0.5 * values * np.asarray(_erfc_accurate(values * -math.sqrt(0.5)), dtype=np.float64)
-        return result if isinstance(x, np.ndarray) else float(result)
-    values = np.asarray(x, dtype=np.float64)
-    z = values * -math.sqrt(0.5)
-    erfc = np.where(z >= 0, _erfc_nonnegative(np.abs(z)), 2.0 - _erfc_nonnegative(np.abs(z)))
-    return (0.5 * values * erfc).astype(x.dtype)
-
-
-_FUNCTIONS = {**ELEMENTWISE, "gelu": gelu}
+def _definition(fn: str) -> Callable | None:
+    """What a tile step evaluates for ``Apply.fn``: the table's tile definition of a function
+    (read when asked, so an entry added at run time runs here too), else the operator's."""
+    entry = elementwise.function(fn)
+    return elementwise.tile(entry) if entry is not None else ELEMENTWISE.get(fn)
 
 
 class _TileEvaluator(_Evaluator):
@@ -219,29 +204,21 @@ class _TileEvaluator(_Evaluator):
         if isinstance(expr, ScalarParam):
             return _Named(float(self.scalars[expr.name]), ())
         if isinstance(expr, Apply):
-            function = _FUNCTIONS.get(expr.fn)
-            if function is None:
+            definition = _definition(expr.fn)
+            if definition is None:
                 raise _Failure(f"the NumPy backend has no definition of the elementwise function {expr.fn!r}")
             args = [self.expression(a) for a in expr.args]
             axes = tuple(dict.fromkeys(a for arg in args for a in arg.axes))
             if not axes:
-                result = _Named(float(function(*(arg.values for arg in args))), ())
+                result = _Named(float(definition(*(arg.values for arg in args))), ())
             else:
-                result = _Named(function(*(arg.aligned(axes) if arg.axes else arg.values for arg in args)), axes)
+                result = _Named(definition(*(arg.aligned(axes) if arg.axes else arg.values for arg in args)), axes)
             # on numbers only (d^-0.5) it is folded, as a compiler folds it; on an array (one
             # without axes too) it runs for every element
             if self.count is not None and (reads(expr) or indices(expr)):
-                self.count(_unit(expr), self.elements)
+                self.count(operation_unit(expr), operation_count(expr) * self.elements)
             return result
         return super().expression(expr)
-
-
-def _unit(expr: Apply) -> str:
-    """The unit an elementwise operation runs on: the special-function unit for transcendental
-    functions and a power with a non-integer exponent (exp and log), the FMA pipe otherwise."""
-    exponent = expr.args[1] if expr.fn == "pow" else None
-    fractional = exponent is not None and not (isinstance(exponent, Const) and exponent.value.is_integer)
-    return "special" if expr.fn in SPECIAL_FUNCTIONS or fractional else "fma"
 
 
 def _softmax(values: np.ndarray, along: int, count) -> np.ndarray:

@@ -1,0 +1,213 @@
+"""The table of elementwise functions: what each one is called, costs, computes and prints as.
+
+One entry per function a kernel calls by name (``exp(S)``, ``max(a, b)``; :data:`FUNCTIONS`,
+keyed by the name, which is also its ``Apply.fn``) says in one place:
+
+* **its name and arity**, which the checker reads to accept a call (``check.py``);
+* **the unit it is counted on** (``special``: the special-function unit, MUFU on NVIDIA GPUs;
+  ``fma``: the FMA pipe) and how many operations one evaluation counts there: the model
+  (``diagram.count_operations``, read by ``boxes.py`` and so by ``cost.py``) and the NumPy
+  backend's own counts both read it;
+* **its float64 definition**, given NumPy: what the reference evaluator computes
+  (``reference.ELEMENTWISE``), and, unless the entry gives a ``tile`` definition of its own,
+  what the NumPy backend computes on its tiles in their dtype;
+* **its spelling in C**, one template for both dialects and both C types
+  (:meth:`Elementwise.spell`), which ``backends/lowering.py``'s ``Dialect.math`` prints;
+* **its derivative**, given NumPy: the partial derivatives by each argument, from the
+  arguments and the result, which a backward pass (issue 24) reads.
+
+A new elementwise function is one entry here: ``tests/test_elementwise_table.py`` checks every
+entry against formulas of its own and adds one (``softplus``) at run time, end to end.
+
+NumPy is not imported here: the definitions are functions of the NumPy module, resolved on
+first use (:func:`float64`), so that ``import napkin_dsl`` and ``napkin check`` stay without
+it. Deliberately not here: the operators (``+ - * / ^``), comparisons, ``and/or/not`` and
+``where``, which are the notation's own syntax (``diagram.OPERATORS``; a power's unit depends on
+its exponent), and the reductions (``boxes.REDUCTION_TABLE``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+Definition = Callable[[ModuleType], Callable]  # given NumPy, a function of float64 arrays
+
+UNITS = ("special", "fma")
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """One elementwise function.
+
+    ``c``: its C spelling, a template of ``{x}`` (the first argument), ``{y}`` (the second),
+    ``{f}`` (the dialect's libm suffix for the C type: CUDA's ``expf`` for float, nothing for
+    double and in OpenCL, whose functions are overloaded) and ``{c}`` (the suffix of a literal
+    of the C type: ``1.0f`` in float, ``1.0`` in double).
+    ``float64``: given NumPy, the function on float64 arrays (a ufunc where NumPy has one, so
+    that a reduction can fold with it). ``tile``: given NumPy, the function the NumPy backend
+    evaluates on tiles, where the float64 one would not keep a tile's dtype or would be too
+    slow on it (None: the float64 one, which keeps it).
+    ``derivative``: given NumPy, ``(*args, result) -> (d result / d arg, ...)``, one partial per
+    argument, each a function of float64 arrays.
+    ``domain``: the open interval of arguments where it is finite and smooth enough to
+    differentiate (the fuzzer keeps its arguments there; the test of derivatives samples it)."""
+
+    name: str
+    arity: int
+    unit: str
+    operations: int  # counted on ``unit`` per element evaluated
+    c: str
+    float64: Definition
+    derivative: Definition
+    domain: tuple[float, float] = (-math.inf, math.inf)
+    tile: Definition | None = None
+
+    def spell(self, args: list[str], float_suffix: str, real: str) -> str:
+        """The C expression of this function of ``args`` in C type ``real`` (float or double),
+        ``float_suffix`` being the dialect's libm suffix for float."""
+        f, c = (float_suffix, "f") if real == "float" else ("", "")
+        return self.c.format(x=args[0], y=args[-1], f=f, c=c)
+
+
+# ---- definitions needing more than one NumPy call --------------------------------------------
+
+_SQRT_HALF = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _sigmoid(np):
+    # exp(-log(1 + exp(-x))): no overflow for large |x|, unlike 1 / (1 + exp(-x)).
+    return lambda x: np.exp(-np.logaddexp(0.0, -x))
+
+
+def _erfc(np):
+    erfc = np.frompyfunc(math.erfc, 1, 1)  # NumPy has no erf and SciPy is not a dependency
+    # asarray, not .astype: frompyfunc returns a bare float, not an array, for a 0-d input.
+    return lambda z: np.asarray(erfc(np.asarray(z)), dtype=np.float64)
+
+
+def _gelu(np):
+    # x/2 erfc(-x/sqrt 2), not x/2 (1 + erf(x/sqrt 2)): 1 + erf cancels to 0 below x = -8,
+    # where GELU is still 1e-16 and smaller (the tile definition is written so too).
+    erfc = _erfc(np)
+    return lambda x: 0.5 * x * erfc(np.asarray(x) * -_SQRT_HALF)
+
+
+def _gelu_derivative(np):
+    # Phi(x) + x phi(x): the normal distribution and its density.
+    erfc = _erfc(np)
+    return lambda x, y: (0.5 * erfc(np.asarray(x) * -_SQRT_HALF) + x * np.exp(-0.5 * x * x) * _INV_SQRT_2PI,)
+
+
+def _gelu_tile(np):
+    """GELU in its exact erf form, vectorised, in the input's dtype (``backends.numpy.gelu``).
+
+    In f64 (and on Python floats) erfc is ``math.erfc``, accurate to the last bits, as the
+    reference's. Below f64 it is a rational fit (relative error below 1.2e-7, about 2 ulp of
+    f32, as CUDA's ``erff`` and OpenCL's ``erf`` in float are), evaluated in float64:
+    ``math.erfc`` one element at a time would be a Python loop over every tile."""
+    accurate = _erfc(np)
+
+    def erfc_nonnegative(z):
+        # erfc(z) for z >= 0, fractional error below 1.2e-7 (Numerical Recipes' Chebyshev fit).
+        t = 1.0 / (1.0 + 0.5 * z)
+        poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
+            0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+        return t * np.exp(-z * z + poly)
+
+    def gelu(x):
+        """GELU of an array in its dtype, or of a Python float as a float."""
+        if not isinstance(x, np.ndarray) or x.dtype == np.float64:
+            values = np.asarray(x, dtype=np.float64)
+            result = 0.5 * values * accurate(values * -_SQRT_HALF)
+            return result if isinstance(x, np.ndarray) else float(result)
+        values = np.asarray(x, dtype=np.float64)
+        z = values * -_SQRT_HALF
+        erfc = np.where(z >= 0, erfc_nonnegative(np.abs(z)), 2.0 - erfc_nonnegative(np.abs(z)))
+        return (0.5 * values * erfc).astype(x.dtype)
+
+    return gelu
+
+
+def _silu(np):
+    sigmoid = _sigmoid(np)
+    return lambda x: x * sigmoid(x)
+
+
+def _silu_derivative(np):
+    sigmoid = _sigmoid(np)
+
+    def derivative(x, y):
+        s = sigmoid(x)
+        return (s + x * s * (1.0 - s),)
+
+    return derivative
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+_POSITIVE = (0.0, math.inf)
+
+# gelu is the exact erf form (PyTorch's default, approximate="none"), written x/2 erfc(-x/sqrt 2)
+# in C too: 1 + erf(x/sqrt 2) cancels to 0 below x = -6 in float, where GELU is still 1e-10.
+# sigmoid and silu are printed as 1 / (1 + exp(-x)): the GPU's exp overflows to inf, which
+# gives the right limit, 0.
+FUNCTIONS: dict[str, Elementwise] = {e.name: e for e in (
+    Elementwise("exp", 1, "special", 1, "exp{f}({x})", lambda np: np.exp, lambda np: lambda x, y: (y,)),
+    Elementwise("log", 1, "special", 1, "log{f}({x})", lambda np: np.log, lambda np: lambda x, y: (1.0 / x,), _POSITIVE),
+    Elementwise("sqrt", 1, "special", 1, "sqrt{f}({x})", lambda np: np.sqrt, lambda np: lambda x, y: (0.5 / y,), _POSITIVE),
+    Elementwise("rsqrt", 1, "special", 1, "rsqrt{f}({x})", lambda np: lambda x: 1.0 / np.sqrt(x),
+                lambda np: lambda x, y: (-0.5 * y / x,), _POSITIVE),
+    Elementwise("tanh", 1, "special", 1, "tanh{f}({x})", lambda np: np.tanh, lambda np: lambda x, y: (1.0 - y * y,)),
+    Elementwise("sigmoid", 1, "special", 1, "(1.0{c} / (1.0{c} + exp{f}(-({x}))))", _sigmoid,
+                lambda np: lambda x, y: (y * (1.0 - y),)),
+    Elementwise("gelu", 1, "special", 1, "(0.5{c} * ({x}) * erfc{f}(({x}) * -0.70710678118654752{c}))", _gelu,
+                _gelu_derivative, tile=_gelu_tile),
+    Elementwise("silu", 1, "special", 1, "(({x}) / (1.0{c} + exp{f}(-({x}))))", _silu, _silu_derivative),
+    Elementwise("relu", 1, "fma", 1, "fmax{f}({x}, 0.0{c})", lambda np: lambda x: np.maximum(x, 0.0),
+                lambda np: lambda x, y: (np.where(x > 0, 1.0, 0.0),)),
+    Elementwise("abs", 1, "fma", 1, "fabs{f}({x})", lambda np: np.abs, lambda np: lambda x, y: (np.sign(x),)),
+    Elementwise("neg", 1, "fma", 1, "(-({x}))", lambda np: np.negative, lambda np: lambda x, y: (np.full_like(x, -1.0),)),
+    Elementwise("max", 2, "fma", 1, "fmax{f}({x}, {y})", lambda np: np.maximum,
+                lambda np: lambda a, b, y: (np.where(a >= b, 1.0, 0.0), np.where(a >= b, 0.0, 1.0))),
+    Elementwise("min", 2, "fma", 1, "fmin{f}({x}, {y})", lambda np: np.minimum,
+                lambda np: lambda a, b, y: (np.where(a <= b, 1.0, 0.0), np.where(a <= b, 0.0, 1.0))),
+)}
+
+
+def function(name: str) -> Elementwise | None:
+    """The table's entry for an ``Apply.fn``, or None (an operator, or no function)."""
+    return FUNCTIONS.get(name)
+
+
+def names(arity: int | None = None, unit: str | None = None) -> list[str]:
+    """The functions' names in table order, of one arity and one unit when given."""
+    return [e.name for e in FUNCTIONS.values() if (arity is None or e.arity == arity) and (unit is None or e.unit == unit)]
+
+
+def float64(entry: Elementwise) -> Callable:
+    """The entry's float64 definition, with NumPy (imported here, on first use)."""
+    return _resolve(entry, "float64")
+
+
+def tile(entry: Elementwise) -> Callable:
+    """What the NumPy backend evaluates on a tile: the entry's tile definition, else its float64 one."""
+    return _resolve(entry, "tile" if entry.tile is not None else "float64")
+
+
+def derivative(entry: Elementwise) -> Callable:
+    """The entry's derivative, ``(*args, result) -> one partial per argument``, with NumPy."""
+    return _resolve(entry, "derivative")
+
+
+@functools.cache
+def _resolve(entry: Elementwise, field: str) -> Callable:
+    # Keyed by the entry itself (frozen, hashable): an entry replaced at run time, as the tests
+    # do, resolves afresh.
+    import numpy
+
+    return getattr(entry, field)(numpy)
