@@ -31,7 +31,7 @@ from pathlib import Path
 from .check import MAX_SIZE_TEXT, check_size
 from .errors import NapkinError, Span
 from .formatting import json_value
-from .hardware import DEFAULT_ARCH, gpu_archs, load_hardware
+from .hardware import DEFAULT_ARCH, gpu_archs, gpu_paths, hardware_names, load_hardware
 from .kernel import Kernel, load
 from .progress import Progress, wanted
 
@@ -213,7 +213,7 @@ def _common(parser: argparse.ArgumentParser, hardware: bool = False) -> None:
     parser.add_argument("file", metavar="FILE")
     parser.add_argument("--kernel", metavar="K", help="only this kernel of the file")
     if hardware:
-        parser.add_argument("--hardware", metavar="HW", help="a profile (A100, H100, H200, two_level, three_level) or a .toml file")
+        parser.add_argument("--hardware", metavar="HW", help=f"a profile ({', '.join(hardware_names())}) or a .toml file")
     add_set(parser, "bind a size symbol (axis or group/stream size)")
 
 
@@ -526,7 +526,7 @@ def add_run_command(subparsers) -> None:
     run.add_argument("file", metavar="FILE")
     run.add_argument("--kernel", metavar="K", help="only this kernel of the file")
     run.add_argument("--backend", choices=["numpy", "cuda", "opencl", "auto"], default="numpy")
-    run.add_argument("--hardware", metavar="HW", help="a profile (A100, H100, H200, two_level, three_level) or a .toml file")
+    run.add_argument("--hardware", metavar="HW", help=f"a profile ({', '.join(hardware_names())}) or a .toml file")
     add_set(run, "bind a size (axis or group/stream size)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument("--json", action="store_true", help="print one JSON object")
@@ -652,7 +652,7 @@ def add_draw_command(subparsers) -> None:
     draw.add_argument("--costs", action="store_true",
                       help="add rows of memory M and transfers H per column, read off the pseudocode at the compute level")
     draw.add_argument("--hardware", metavar="HW",
-                      help="a profile (A100, H100, H200, two_level, three_level) or a .toml file: the levels drawn for a "
+                      help=f"a profile ({', '.join(hardware_names())}) or a .toml file: the levels drawn for a "
                            "kernel without a relabel block, and where --costs are read; default: the relabel block's")
     add_set(draw, "with --costs: bind sizes (axes, symbolic group/stream sizes) so that the rows are numbers")
     draw.add_argument("-o", "--output", metavar="OUT.svg", help="write the SVG to a file (atomically) instead of stdout")
@@ -679,8 +679,11 @@ def build_parser() -> argparse.ArgumentParser:
     cost = sub.add_parser("cost", help="transfers H, memory M, groups N, FLOPs and predicted time per level")
     _common(cost, hardware=True)
     cost.add_argument("--json", action="store_true", help="print one JSON object")
-    cost.add_argument("--path", choices=["mma.sync", "wgmma"],
-                      help="price the tensor-core launches on this instruction (a what-if: napkin builds mma.sync)")
+    # No fixed choices: the profile says which instructions it has (a user's .toml may list others),
+    # and cost_of refuses one it lacks, naming those it has.
+    cost.add_argument("--path", metavar="INSTRUCTION",
+                      help=f"price the tensor-core launches on this instruction, one the profile lists ({gpu_paths()}); "
+                           "a what-if: napkin builds mma.sync")
     cost.set_defaults(run=cmd_cost)
 
     tune = sub.add_parser("tune", help="choose group/stream sizes minimising predicted time")
@@ -694,7 +697,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="files and relabellings side by side: time, bound, H and M per level")
     compare.add_argument("files", nargs="+", metavar="FILE")
     compare.add_argument("--kernel", metavar="K", help="only this kernel of each file")
-    compare.add_argument("--hardware", metavar="HW", help="a profile (A100, H100, H200) or a .toml file")
+    gpus = ", ".join(name for name in hardware_names() if load_hardware(name).archs)
+    compare.add_argument("--hardware", metavar="HW", help=f"a GPU profile ({gpus}) or a .toml file")
     compare.add_argument("--relabel", action="append", default=[], metavar="TEXT",
                          help="also cost each kernel with this relabelling (clause lines, or a whole block); repeatable")
     add_set(compare, "bind a size symbol")

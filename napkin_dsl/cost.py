@@ -999,10 +999,13 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     hardware = program.hardware
     if path is not None and path not in hardware.tensor_paths():
         from .errors import NapkinError
+        from .hardware import gpu_paths
 
         known = ", ".join(hardware.tensor_paths()) or "none"
         raise NapkinError(f"{hardware.name} has no {path!r} tensor-core path to price (its paths: {known})",
-                          hint="wgmma is sm_90's warpgroup instruction; mma.sync runs on sm_80 and sm_90")
+                          hint=f"the paths each profile lists ([path.*] tables): {gpu_paths()}")
+    if arch is not None and not hardware.symbolic:
+        hardware.check_arch(arch)  # an arch the profile does not describe: say which it does
     rows = columns(program, arch, path)
     levels = level_costs(program, rows, arch, path)
     if check:

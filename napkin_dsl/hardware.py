@@ -22,6 +22,7 @@ This module only describes machines; it does not decide what runs where (that is
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,10 +35,13 @@ from . import algebra
 from .errors import NapkinError
 
 PROFILE_DIR = Path(__file__).parent / "hardware"
-# Tensor-core instruction paths and the [peak_flops] key of each one's rate.
-TENSOR_PATHS = {"mma.sync": "mma_sync", "wgmma": "wgmma"}
-# The GPU architecture napkin compiles for when neither an architecture nor a GPU is named (H100's).
+# Defaults only, never a list of what exists (the profiles are): the GPU napkin plans and compiles
+# for when none is named, its architecture (tests hold DEFAULT_ARCH to DEFAULT_GPU's arch: the
+# constant saves reading a profile where only the name of the default is wanted, as --help does),
+# and the paper's model, which a kernel that names no level is planned on.
+DEFAULT_GPU = "H100"
 DEFAULT_ARCH = "sm_90"
+DEFAULT_MODEL = "two_level"
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,35 @@ class Level:
 
 
 @dataclass(frozen=True)
+class InstructionPath:
+    """One tensor-core instruction path of a GPU, a ``[path.NAME]`` table of its profile: the
+    instruction (``mma.sync``, ``wgmma``), its shape as PTX names it (``m16n8k16``), the operand
+    dtypes it takes, the architectures that have it and its peak rate per dtype (FLOP/s).
+
+    ``rates`` may price more dtypes than ``dtypes`` lists: ``f32`` is TF32's rate, at which the
+    model prices an f32 contraction the path would run converted; instruction selection takes only
+    ``dtypes``."""
+
+    name: str  # the table's name: "mma_sync"
+    instruction: str
+    shape: str
+    dtypes: tuple[str, ...]
+    archs: tuple[str, ...]
+    rates: dict
+
+    def runs_on(self, arch: str) -> bool:
+        """Whether ``arch`` has this path. An arch-specific target (``sm_90a``: sm_90 with the
+        features only that GPU has, wgmma among them) is the same GPU as its plain arch, so a
+        path listed for ``sm_90a`` is there to price on ``sm_90``: napkin prices such a path as
+        a what-if and builds none."""
+        return arch in self.archs or f"{arch}a" in self.archs
+
+    def describe(self) -> str:
+        """``mma.sync m16n8k16 (bf16, f16) on sm_80, sm_90``, as messages name a path."""
+        return f"{self.instruction} {self.shape} ({', '.join(self.dtypes)}) on {', '.join(self.archs)}"
+
+
+@dataclass(frozen=True)
 class Hardware:
     name: str
     description: str
@@ -64,7 +97,8 @@ class Hardware:
     counts: str = "bytes"  # "values" for the paper's abstract models
     arch: str | None = None  # the architecture napkin compiles for on this GPU, by default
     archs: tuple[str, ...] = ()  # every architecture whose code this GPU runs (its own and older ones)
-    peak_flops: dict = field(default_factory=dict)
+    peak_flops: dict = field(default_factory=dict)  # unit rates: "tensor" (the datasheet's), "fma", "special"
+    paths: dict = field(default_factory=dict)  # table name -> InstructionPath, in the profile's order
     clock_hz: float | None = None
     fixed: dict = field(default_factory=dict)  # fixed costs in seconds: launch_s
 
@@ -101,12 +135,26 @@ class Hardware:
 
     def peak(self, unit: str, dtype: str) -> float | None:
         """Peak FLOP/s of a compute unit for a dtype: "fma", "special", "tensor" (the datasheet's
-        tensor peak), or a tensor-core instruction path, "mma.sync" or "wgmma" (None where the
-        profile's architecture has no such path)."""
-        rates = self.peak_flops.get(TENSOR_PATHS.get(unit, unit))
-        if rates is None:
-            return None
-        return self._rate(rates, dtype)
+        tensor peak), or a tensor-core instruction, "mma.sync" or "wgmma": the rate of the path of
+        that instruction which prices ``dtype``, else of its first path by the rule below (None
+        where the profile has no path of that instruction)."""
+        paths = [p for p in self.paths.values() if p.instruction == unit]
+        if paths:
+            exact = next((p for p in paths if dtype in p.rates), paths[0])
+            return self._rate(exact.rates, dtype)
+        if unit in self.peak_flops:
+            return self._rate(self.peak_flops[unit], dtype)
+        return None
+
+    def find_path(self, instruction: str, dtype: str, arch: str, shape: str | None = None) -> InstructionPath | None:
+        """The path of ``instruction`` (of ``shape``, where given) that takes ``dtype`` operands
+        on ``arch`` (:meth:`InstructionPath.runs_on`), or None."""
+        return next((p for p in self.paths.values() if p.instruction == instruction and dtype in p.dtypes
+                     and p.runs_on(arch) and shape in (None, p.shape)), None)
+
+    def paths_text(self) -> str:
+        """Every path of the profile as messages list them (``none`` where it has none)."""
+        return "; ".join(p.describe() for p in self.paths.values()) or "none"
 
     def check_arch(self, arch: str) -> None:
         """Refuse ``arch`` unless this profile's GPU runs code compiled for it (``archs``)."""
@@ -119,8 +167,9 @@ class Hardware:
                           hint=f"architectures per profile: {gpu_archs()}")
 
     def tensor_paths(self) -> list[str]:
-        """The tensor-core instruction paths the profile prices ("mma.sync", "wgmma")."""
-        return [path for path, key in TENSOR_PATHS.items() if key in self.peak_flops]
+        """The tensor-core instructions the profile prices ("mma.sync", "wgmma"), once each, in
+        the order of its ``[path.*]`` tables."""
+        return list(dict.fromkeys(p.instruction for p in self.paths.values()))
 
     @staticmethod
     def _rate(rates, dtype: str) -> float | None:
@@ -141,13 +190,16 @@ def _size_value(value):
     return value
 
 
-def load_hardware(name: str) -> Hardware:
-    """Load a profile by name (``H100``) or from a path to a TOML file.
+def load_hardware(name: str | os.PathLike) -> Hardware:
+    """Load a profile by name (``H100``) or from a path to a TOML file (a ``str`` or a
+    :class:`~pathlib.Path`): a GPU napkin does not ship is a file of one's own, and nothing else.
 
     Anything else is a :class:`NapkinError` naming what was given: a name that is no profile,
     a path that is not a readable ``.toml`` file (missing, a directory, unreadable, too long
     for the file system, with a NUL in it), or a profile that is not valid.
     """
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)
     if not isinstance(name, str):
         raise NapkinError(f"hardware must be a profile name or a path to a .toml file, got {type(name).__name__} {name!r:.60}",
                           hint=f"known hardware: {', '.join(hardware_names())}")
@@ -225,6 +277,7 @@ def _profile(data: dict) -> Hardware:
         raise ValueError("archs must be a list of architecture names, e.g. [\"sm_80\", \"sm_90\"]")
     if arch is not None and arch not in archs:
         raise ValueError(f"its arch {arch!r} is not among its archs ({', '.join(archs)})")
+    paths = {key: _path(key, entry, archs) for key, entry in data.get("path", {}).items()}
     return Hardware(
         name=data["name"],
         description=data.get("description", data["name"]),
@@ -233,9 +286,29 @@ def _profile(data: dict) -> Hardware:
         arch=arch,
         archs=archs,
         peak_flops=data.get("peak_flops", {}),
+        paths=paths,
         clock_hz=data.get("clock_hz"),
         fixed=dict(data.get("fixed", {})),
     )
+
+
+def _path(key: str, entry: dict, archs: tuple[str, ...]) -> InstructionPath:
+    """A ``[path.KEY]`` table, checked: every field present, every dtype priced, every arch one
+    the profile runs (or its arch-specific variant, ``sm_90a`` of ``sm_90``)."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"path.{key} must be a table with instruction, shape, dtypes, archs and rates")
+    path = InstructionPath(key, str(entry["instruction"]), str(entry["shape"]), tuple(entry["dtypes"]),
+                           tuple(entry["archs"]), dict(entry["rates"]))
+    if not path.dtypes or not all(isinstance(d, str) for d in path.dtypes):
+        raise ValueError(f"path.{key}'s dtypes must be a list of operand dtypes, e.g. [\"bf16\", \"f16\"]")
+    unpriced = [d for d in path.dtypes if d not in path.rates]
+    if unpriced:
+        raise ValueError(f"path.{key} has no rate for {', '.join(unpriced)} (its rates: {', '.join(path.rates) or 'none'})")
+    foreign = [a for a in path.archs if not isinstance(a, str) or (a not in archs and a.removesuffix("a") not in archs)]
+    if not path.archs or foreign:
+        raise ValueError(f"path.{key}'s archs ({', '.join(map(str, path.archs)) or 'none'}) must be some the profile runs "
+                         f"({', '.join(archs) or 'none'})")
+    return path
 
 
 def hardware_names() -> list[str]:
@@ -252,6 +325,23 @@ def gpu_for_arch(arch: str) -> str:
         if found:
             return found[0].name
     raise NapkinError(f"no hardware profile runs {_shown(str(arch))}", hint=f"architectures per profile: {gpu_archs()}")
+
+
+def profile_preference() -> list[str]:
+    """The bundled profiles in the order napkin tries them for a kernel that names no hardware:
+    the paper's model (``DEFAULT_MODEL``), the default GPU, the other GPUs, the other abstract
+    models (each by name)."""
+    names = hardware_names()
+    gpus = [n for n in names if load_hardware(n).archs]
+    first = [n for n in (DEFAULT_MODEL, DEFAULT_GPU) if n in names]
+    return first + [n for n in gpus if n not in first] + [n for n in names if n not in gpus and n not in first]
+
+
+def gpu_paths() -> str:
+    """The bundled GPU profiles and the tensor-core instructions each prices, as help lists them:
+    ``A100: mma.sync; H100: mma.sync, wgmma; ...``."""
+    profiles = [load_hardware(name) for name in hardware_names()]
+    return "; ".join(f"{p.name}: {', '.join(p.tensor_paths())}" for p in profiles if p.paths)
 
 
 def gpu_archs() -> str:

@@ -14,10 +14,12 @@ cannot:
   shared memory (Q, K, V) are there, swizzled (``backends/layouts.py``), and those carrying
   the streamed axis are double-buffered (``stages``) behind ``cp.async``;
 * everything else (f32 operands, extents that are not multiples of the fragment, arrays that
-  are not two-dimensional after the block's unit axes, sm < 80) stays on the FMA path, whose
+  are not two-dimensional after the block's unit axes, a target whose hardware profile gives it
+  no mma.sync m16n8k16 path for the operands' dtype) stays on the FMA path, whose
   arena and costs are the Program's own columns.
 
-It does not print anything and does not price anything; it reads the Program and sizes only.
+It does not print anything and does not price anything; it reads the Program, its hardware
+profile's instruction paths and sizes only.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class TensorPlan:
     col_tile: int = 0  # the block's tile of `split`
     warp_cols: int = 0  # columns of `split` a warp owns
     # The tensor-core instruction: "mma.sync" (what napkin builds: one warp's 16 x 8 x 16
-    # products, operands by ldmatrix) or "wgmma" (sm_90's warpgroup products, priced only: four
+    # products, operands by ldmatrix) or "wgmma" (sm_90a's warpgroup products, priced only: four
     # warps share one read of the B tile from shared memory).
     instruction: str = "mma.sync"
 
@@ -141,11 +143,23 @@ class _Refuse(Exception):
     pass
 
 
-def _arch_number(arch: str) -> int:
-    try:
-        return int(arch.removeprefix("sm_").rstrip("a"))
-    except ValueError:
-        return 0
+# The instruction and shape napkin's tensor-core printer builds. Which GPU has it, for which
+# operand dtypes, is its hardware profile's to say ([path.*] tables, hardware.InstructionPath).
+BUILT_INSTRUCTION = "mma.sync"
+BUILT_SHAPE = f"m{MMA_M}n{MMA_N}k{MMA_K}"
+
+
+def _target_path(hardware, arch: str, path: str | None, dtype: str | None = None):
+    """The profile's path for the launch: ``path`` (a what-if instruction), else what napkin
+    builds; for ``dtype`` operands where given, else for any dtype napkin builds fragments of.
+    Refuses, naming the profile's paths, where the profile gives ``arch`` none."""
+    instruction, shape = (path, None) if path is not None else (BUILT_INSTRUCTION, BUILT_SHAPE)
+    for wanted in ([dtype] if dtype is not None else TENSOR_DTYPES):
+        found = hardware.find_path(instruction, wanted, arch, shape)
+        if found is not None:
+            return found
+    what = f"{instruction} {shape or ''}".rstrip() + (f" for {dtype}" if dtype is not None else "")
+    raise _Refuse(f"{hardware.name} has no {what} on {arch} (its paths: {hardware.paths_text()})")
 
 
 def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict | None = None,
@@ -164,10 +178,8 @@ def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles
 
 
 def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict, path: str | None = None) -> TensorPlan:
-    if _arch_number(arch) < 80:
-        raise _Refuse(f"mma.sync m16n8k16 needs sm_80 or newer, not {arch}")
-    if path == "wgmma" and _arch_number(arch) < 90:
-        raise _Refuse(f"wgmma needs sm_90, not {arch}")
+    hardware = launch.schedule.hardware
+    _target_path(hardware, arch, path)  # before anything else: a target without the instruction says so
     statements = launch.launch.statements
     contractions = [s for s in statements if isinstance(s.box, Contract)]
     if not contractions:
@@ -292,6 +304,7 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
             if r.array in plain and not set(wide(diagram.arrays[r.array].axes)) <= set(wide(s.iteration_axes)):
                 raise _Refuse(f"{s.target} reads {r.array} across axes it does not iterate")
     dtype = dtypes.pop()
+    _target_path(hardware, arch, path, dtype)
     split = _column_split(statements, fragments, mmas, stream)
     if warp_tiles and (split is None or set(warp_tiles) != {split}):
         axis = next(iter(warp_tiles))

@@ -78,16 +78,17 @@ class Kernel:
     # -- later stages
     def _target(self, hardware: str | None) -> str:
         """The hardware to plan for: given, else the relabel block's, else the first profile
-        (the paper's two_level first, then the GPUs) that has every ``@level`` the kernel names."""
+        (``hardware.profile_preference``: the paper's two_level first, then the GPUs) that has every
+        ``@level`` the kernel names."""
         if hardware or self.hardware:
             return hardware or self.hardware
-        from .hardware import load_hardware
+        from .hardware import DEFAULT_MODEL, load_hardware, profile_preference
 
         named = {s.level for s in self.diagram.statements if s.level}
-        for candidate in ("two_level", "H100", "A100", "H200", "three_level"):
+        for candidate in profile_preference():
             if named <= set(load_hardware(candidate).level_names()):
                 return candidate
-        return "two_level"
+        return DEFAULT_MODEL
 
     def program(self, hardware: str | None = None, **sizes: int):
         """The elaborated pseudocode (:class:`~napkin_dsl.pseudocode.Program`) on a hardware profile."""
@@ -169,10 +170,11 @@ class Kernel:
         return Kernel(checked, block.hardware, self.function)
 
     def _gpu_target(self, hardware: str | None) -> str:
-        """The profile code generation plans on: ``hardware``, else the relabel block's GPU, else H100."""
-        from .hardware import load_hardware
+        """The profile code generation plans on: ``hardware``, else the relabel block's GPU, else
+        ``hardware.DEFAULT_GPU`` (H100)."""
+        from .hardware import DEFAULT_GPU, load_hardware
 
-        return hardware or (self.hardware if self.hardware and not load_hardware(self.hardware).symbolic else "H100")
+        return hardware or (self.hardware if self.hardware and not load_hardware(self.hardware).symbolic else DEFAULT_GPU)
 
     def gpu_program(self, hardware: str | None = None, **sizes: int):
         """The Program code generation uses on a GPU profile: the relabel block's, or, for a kernel
@@ -208,15 +210,15 @@ class Kernel:
 
         Every size must be bound. The hardware defaults to the relabel block's GPU, else the GPU
         of ``arch`` (``hardware.gpu_for_arch``: sm_80: A100, sm_90: H100); ``arch`` defaults to
-        the hardware's own (its profile's ``arch``), else sm_90. An ``arch`` the hardware's
+        the hardware's own (its profile's ``arch``), else ``DEFAULT_GPU``'s. An ``arch`` the hardware's
         profile does not list in its ``archs`` is a :class:`NapkinError` naming those it does.
         """
         from .backends.compiled import compile_cached
-        from .hardware import DEFAULT_ARCH, gpu_for_arch, load_hardware
+        from .hardware import DEFAULT_GPU, gpu_for_arch, load_hardware
 
         own = self.hardware if self.hardware and load_hardware(self.hardware).archs else None  # the relabel block's GPU
         if arch is None:
-            arch = load_hardware(hardware or own).arch if (hardware or own) else DEFAULT_ARCH
+            arch = load_hardware(hardware or own or DEFAULT_GPU).arch
         target = hardware or (None if own else gpu_for_arch(arch))
         load_hardware(target or own).check_arch(arch)
         key = ("compile", arch, target, ptx, tuple(sorted(sizes.items())))
