@@ -142,3 +142,123 @@ def test_napkin_cost_prices_a_what_if_path(capsys):
     assert "priced as if the contractions ran on wgmma" in what_if and "priced as if" not in built
     assert main(args + ["--path", "wgmma", "--hardware", "A100"]) == 2
     assert "A100 has no 'wgmma'" in capsys.readouterr().err
+
+
+# ---- which GPU has which path is the profile's to say (issue 21, "Targets as data") ----------
+
+
+def _h100_variant(tmp_path, name: str, *edits: tuple[str, str]):
+    """The bundled H100 profile under another name, with text edits: a GPU that differs in data only."""
+    from .conftest import ROOT
+
+    text = (ROOT / "napkin_dsl" / "hardware" / "H100.toml").read_text().replace('name = "H100"', f'name = "{name}"')
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def _selection(hardware: str, arch: str, path: str | None = None):
+    from napkin_dsl.isel import selection
+
+    (kernel,) = napkin.load(ATTENTION.format(rows=128, chunk=64, warp_rows=16)).values()
+    program = kernel.program(hardware, **SIZES_H100)
+    return selection(program, program.launches[0], arch, path)
+
+
+def test_an_arch_the_profile_gives_no_path_stays_on_the_fma_path_naming_the_paths_it_has(tmp_path):
+    """An arch numerically above sm_90 gets neither mma.sync nor wgmma unless the profile lists it
+    for that path: wgmma is sm_90a's (PTX ISA), priced as a what-if on sm_90 only."""
+    hw = _h100_variant(tmp_path, "H100_plus", ('archs = ["sm_80", "sm_90"]\ncounts', 'archs = ["sm_80", "sm_90", "sm_100"]\ncounts'))
+    assert _selection(hw, "sm_90").path == "mma.sync"
+    assert _selection(hw, "sm_90", "wgmma").path == "wgmma"
+    for path, instruction in ((None, "mma.sync m16n8k16"), ("wgmma", "wgmma")):
+        chosen = _selection(hw, "sm_100", path)
+        assert chosen.plan is None
+        assert f"H100_plus has no {instruction} on sm_100" in chosen.reason
+        assert "mma.sync m16n8k16 (bf16, f16) on sm_80, sm_90" in chosen.reason
+        assert "wgmma m64nNk16 (bf16, f16) on sm_90a" in chosen.reason
+    assert _selection(hw, "sm_80", "wgmma").plan is None  # sm_80 code on the same GPU has no wgmma
+
+
+def test_selection_asks_the_profile_for_a_path_of_the_operands_dtype(tmp_path):
+    """A GPU whose mma.sync takes bf16 only keeps f16 products on the FMA path, and prices them so."""
+    hw = _h100_variant(tmp_path, "bf16_only", ('dtypes = ["bf16", "f16"]\narchs = ["sm_80", "sm_90"]',
+                                                'dtypes = ["bf16"]\narchs = ["sm_80", "sm_90"]'))
+    chosen = _selection(hw, "sm_90")
+    assert chosen.plan is None and "bf16_only has no mma.sync m16n8k16 for f16 on sm_90" in chosen.reason
+    (kernel,) = napkin.load(ATTENTION.format(rows=128, chunk=64, warp_rows=16)).values()
+    assert "fma" in cost_of(kernel.program(hw, **SIZES_H100)).flops
+    assert _selection("H100", "sm_90").path == "mma.sync"  # the bundled profile takes f16
+
+
+def test_a_path_table_is_data_that_the_rates_are_read_from(tmp_path):
+    """The what-if's products are priced at the wgmma path's rate: halve it in the file and the
+    products' time doubles (the datasheet tensor row untouched)."""
+    half = _h100_variant(tmp_path, "slow_wgmma", ("rates = { bf16 = 989e12, f16 = 989e12, f32 = 494e12 }",
+                                                  "rates = { bf16 = 494.5e12, f16 = 494.5e12, f32 = 247e12 }"))
+    (kernel,) = napkin.load(ATTENTION.format(rows=128, chunk=64, warp_rows=16)).values()
+    fast, slow = (cost_of(kernel.program(hw, **SIZES_H100), path="wgmma") for hw in ("H100", half))
+    b, h, q, x, d = SIZES_H100.values()
+    products = 4 * b * h * q * x * d
+    # 128-query blocks spread over the SMs: the busiest SM runs ceil(blocks / SMs) of them.
+    blocks, sms = b * h * q // 128, napkin.load_hardware("H100").level("smem").units
+    busy = blocks / (-(-blocks // sms) * sms)
+    assert slow.time["compute_s"] - fast.time["compute_s"] == pytest.approx(
+        (products / 494.5e12 - products / 989e12) / busy, rel=1e-9)
+
+
+def test_cost_of_an_arch_the_profile_does_not_run_names_the_archs_it_runs():
+    (kernel,) = napkin.load(ATTENTION.format(rows=128, chunk=64, warp_rows=16)).values()
+    with pytest.raises(NapkinError, match="H100 cannot run sm_100: it runs sm_80, sm_90"):
+        cost_of(kernel.program("H100", **SIZES_H100), arch="sm_100")
+
+
+def test_napkin_cost_path_is_any_instruction_the_profile_lists(capsys):
+    from napkin_dsl.cli import main
+
+    from .conftest import EXAMPLES
+
+    args = ["cost", str(EXAMPLES / "matmul.napkin"), "--set", "m=1024", "n=1024", "k=1024"]
+    assert main(args + ["--path", "mma.sync"]) == 0
+    assert main(args + ["--path", "tcgen05"]) == 2
+    err = capsys.readouterr().err
+    assert "H100 has no 'tcgen05' tensor-core path to price (its paths: mma.sync, wgmma)" in err
+    assert "A100: mma.sync; H100: mma.sync, wgmma" in err  # the hint: each profile's paths
+
+
+def test_the_defaults_are_a_profile_and_its_arch():
+    from napkin_dsl.hardware import DEFAULT_ARCH, DEFAULT_GPU, DEFAULT_MODEL, load_hardware, profile_preference
+
+    assert load_hardware(DEFAULT_GPU).arch == DEFAULT_ARCH
+    assert load_hardware(DEFAULT_MODEL).symbolic
+    assert profile_preference()[:2] == [DEFAULT_MODEL, DEFAULT_GPU]
+
+
+def test_code_names_no_gpu_and_no_arch_but_the_defaults():
+    """Which GPU exists and which arch it runs is the profiles' to say: no string in napkin's code
+    (docstrings, comments and example text in messages aside) is a profile name or an arch, but the
+    defaults of hardware.py and NVRTC's default target (nvrtc.compile's ``arch="sm_90"``)."""
+    import ast
+    import re
+
+    from napkin_dsl.hardware import hardware_names
+
+    from .conftest import ROOT
+
+    package = ROOT / "napkin_dsl"
+    allowed = {("hardware.py", "H100"), ("hardware.py", "sm_90"), ("hardware.py", "two_level"),
+               ("backends/nvrtc.py", "sm_90")}
+    found = set()
+    for file in package.rglob("*.py"):
+        tree = ast.parse(file.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                    and (node.value in hardware_names() or re.fullmatch(r"sm_\d+a?", node.value))):
+                found.add((file.relative_to(package).as_posix(), node.value))
+    assert found == allowed
