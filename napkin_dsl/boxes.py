@@ -18,9 +18,9 @@ place:
   from these, each in its own vocabulary (NumPy ufuncs, C expressions), so a new reduction is
   one entry here: the names a kernel may call (:data:`REDUCTION_OPS`) are read off the table.
 
-Deliberately not here: the diagram's data types (``diagram.py``, which this module reads), how a
-backend evaluates or prints an elementwise function (``reference.ELEMENTWISE``, the dialects in
-``backends/lowering.py``), and the legality of a stream beyond one statement's own conditions
+Deliberately not here: the diagram's data types (``diagram.py``, which this module reads), the
+elementwise functions a kernel calls by name (their own table, ``elementwise.py``: arity, unit,
+definitions, C spellings, derivatives), and the legality of a stream beyond one statement's own conditions
 (the order of statements, which arrays carry the axis: ``relabel.stream_roles``).
 """
 
