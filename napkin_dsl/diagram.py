@@ -97,14 +97,8 @@ def source_dtypes(inputs, arrays: dict, producers: dict) -> list[str]:
 # ---- elementwise functions ---------------------------------------------------------------
 
 # The functions a kernel calls by name are the table of elementwise functions
-# (elementwise.FUNCTIONS: arity, unit, definitions, spellings); the code reads the table, so a
-# function added to it at run time is known everywhere. These sets are the table as it was at
-# import, for readers that list the functions (the docs' notation page): special-function unit
-# (MUFU on NVIDIA GPUs) or FMA pipe, one or two arguments.
-SPECIAL_FUNCTIONS = set(elementwise.names(unit="special"))
-PLAIN_FUNCTIONS = set(elementwise.names(arity=1, unit="fma"))
-UNARY_FUNCTIONS = set(elementwise.names(arity=1))
-BINARY_FUNCTIONS = set(elementwise.names(arity=2))
+# (elementwise.FUNCTIONS: arity, unit, definitions, spellings); every reader asks the table, so a
+# function added to it at run time is known everywhere. The operators are the notation's own.
 OPERATORS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow"}
 # Masks: comparisons yield booleans, and/or/not combine them, where(cond, a, b) picks a number.
 COMPARISONS = {">=": "ge", ">": "gt", "<=": "le", "<": "lt", "==": "eq", "!=": "ne"}

@@ -491,17 +491,19 @@ def grammar_section() -> str:
 
 
 def functions_section() -> str:
+    from napkin_dsl import elementwise
     from napkin_dsl.boxes import REDUCTION_OPS
-    from napkin_dsl.diagram import BINARY_FUNCTIONS, OPERATORS, PLAIN_FUNCTIONS, SPECIAL_FUNCTIONS
+    from napkin_dsl.diagram import OPERATORS
 
     def names(items):
         return ", ".join(f"`{n}`" for n in sorted(items))
 
+    # Read off the table of elementwise functions (elementwise.FUNCTIONS), as the checker and the model read it.
     rows = [
         ("| kind | names | counted on |", "|---|---|---|"),
-        (f"| unary maps | {names(SPECIAL_FUNCTIONS)} | special-function unit (one op per element) |",),
-        (f"| unary maps | {names(PLAIN_FUNCTIONS)} | FMA pipe |",),
-        (f"| binary maps | {names(BINARY_FUNCTIONS)}, written `max(a, b)` | FMA pipe |",),
+        (f"| unary maps | {names(elementwise.names(arity=1, unit='special'))} | special-function unit (one op per element) |",),
+        (f"| unary maps | {names(elementwise.names(arity=1, unit='fma'))} | FMA pipe |",),
+        (f"| binary maps | {names(elementwise.names(arity=2))}, written `max(a, b)` | FMA pipe |",),
         (f"| operators | {', '.join(f'`{o}`' for o in OPERATORS)} | FMA pipe; `^` with a non-integer exponent: special-function unit |",),
         (f"| reductions | {', '.join(f'`{n}[AXES]`' for n in sorted(REDUCTION_OPS))} | FMA pipe |",),
         ("| softmax | `softmax[AXIS]` | FMA pipe and special-function unit (`exp`) |",),
@@ -540,8 +542,9 @@ def _toml_comments(path: Path) -> tuple[str, dict]:
             section = f"level{level_index}"
         elif line.startswith("["):
             section = line.split("]")[0].strip("[ ")
-            if "#" in line:
-                comments[(section, "")] = line.split("#", 1)[1].strip()
+            said = above + ([line.split("#", 1)[1].strip()] if "#" in line else [])  # a table's source sits above it
+            if said:
+                comments[(section, "")] = " ".join(said)
         elif "=" in line:
             key = line.split("=", 1)[0].strip()
             said = above + ([line.split("#", 1)[1].strip()] if "#" in line else [])
@@ -583,13 +586,13 @@ def hardware_section() -> str:
     out = []
     gpus = [load_hardware(n) for n in hardware_names() if not load_hardware(n).symbolic]
     out += ["## At a glance", "",
-            "| profile | arch | SMs | SMEM per block | L2 | HBM -> L2 | L2 -> SMEM | bf16 tensor | f32 FMA | special functions |",
+            "| profile | arch (runs) | SMs | SMEM per block | L2 | HBM -> L2 | L2 -> SMEM | bf16 tensor | f32 FMA | special functions |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for hw in gpus:
         l2, smem = hw.level("l2"), hw.compute_level
         special = hw.peak_flops.get("special")
         out.append(
-            f"| [{hw.name}](#{hw.name.lower()}) | {hw.arch} | {smem.units} | {_capacity(smem.capacity, False)} "
+            f"| [{hw.name}](#{hw.name.lower()}) | {hw.arch} ({', '.join(hw.archs)}) | {smem.units} | {_capacity(smem.capacity, False)} "
             f"| {_capacity(l2.capacity, False)} | {_quantity(l2.bandwidth, 'B/s')} | {_quantity(smem.bandwidth, 'B/s')} "
             f"| {_quantity(hw.peak('tensor', 'bf16'), 'FLOP/s')} | {_quantity(hw.peak('fma', 'f32'), 'FLOP/s')} "
             f"| {_quantity(special, 'ops/s') if not isinstance(special, dict) else '-'} |"
@@ -628,6 +631,14 @@ def hardware_section() -> str:
                     shown = _quantity(rates, "ops/s")
                 source = comments.get(("peak_flops", unit)) or comments.get(("peak_flops", ""), "")
                 out.append(f"| {unit} | {shown} | {source} |")
+            out.append("")
+        if hw.paths:  # the tensor-core instruction paths, as instruction selection and the model read them
+            out += ["| path | instruction | shape | operands | archs | peak rate by dtype | source |", "|---|---|---|---|---|---|---|"]
+            for key, p in hw.paths.items():
+                rates = ", ".join(f"{d} {_quantity(r, 'FLOP/s')}" for d, r in p.rates.items())
+                source = " ".join(c for c in (comments.get((f"path.{key}", "")), comments.get((f"path.{key}", "rates"))) if c)
+                out.append(f"| `{key}` | `{p.instruction}` | `{p.shape}` | {', '.join(p.dtypes)} | {', '.join(p.archs)} "
+                           f"| {rates} | {source} |")
             out.append("")
     return "\n".join(out)
 
