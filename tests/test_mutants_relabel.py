@@ -154,3 +154,71 @@ def test_only_a_per_thread_level_below_the_compute_level_takes_warp_tiles(tmp_pa
     message = str(caught.value)
     assert "stream partitions run at the compute level" in message
     assert "takes warp tiles" not in message
+
+
+TWO_STREAMS = """
+kernel chain(A: f32[a b], B: f32[b c], E: f32[c e]) -> D: f32[a e]:
+    C[a c] = A[a b] * B[b c]
+    D[a e] = C[a c] * E[c e]
+
+relabel chain on two_level:
+    l1: stream b 8, c 8
+"""
+
+
+def test_two_streams_in_one_launch_are_refused_once_naming_both_axes():
+    with pytest.raises(RelabelError) as caught:
+        napkin.load(TWO_STREAMS)["chain"].program()
+    errors = getattr(caught.value, "errors", [caught.value])
+    one_axis = [e for e in errors if "napkin streams one axis per level" in str(e)]
+    assert len(one_axis) == 1
+    assert "streams 2 axes (b, c)" in str(one_axis[0])
+
+
+LEVEL_BELOW_COMPUTE = """\
+name = "level_below"
+description = "test: a per-block level below the profile's compute level"
+counts = "bytes"
+
+[[level]]
+name = "gmem"
+per = "device"
+
+[[level]]
+name = "smem"
+per = "block"
+units = 1
+capacity = 65536
+bandwidth = 1.0e12
+compute = true
+
+[[level]]
+name = "lds"
+per = "block"
+units = 1
+capacity = 16384
+bandwidth = 2.0e12
+
+[peak_flops]
+fma = { f32 = 1.0e15 }
+special = 1.0e15
+"""
+
+GROUP_AT_LDS = """
+kernel rows(X: f32[a b]) -> Y: f32[a]:
+    Y[a] = sum[b](X[a b])
+
+relabel rows on two_level:
+    lds: group a 8
+"""
+
+
+def test_a_partition_below_the_compute_level_moves_the_compute_level_down(tmp_path):
+    # "every level down to the compute level or the lowest partitioned level, whichever is lower"
+    profile = tmp_path / "level_below.toml"
+    profile.write_text(LEVEL_BELOW_COMPUTE)
+    (block,) = syntax.parse(GROUP_AT_LDS).relabels
+    diagram = napkin.load(GROUP_AT_LDS.split("relabel")[0])["rows"].diagram
+    schedule = make_schedule(diagram, load_hardware(str(profile)), block)
+    assert schedule.levels == ("gmem", "smem", "lds")
+    assert schedule.compute_level == "lds"
