@@ -1,29 +1,402 @@
 """Layouts as data: swizzled shared-memory tiles and the mma.sync m16n8k16 fragments.
 
-Everything the tensor-core printer (``tensorcore.py``) needs to know about where a value
-lives is here, as small functions of (row, column) or (lane, register), so it can be tested
-on its own (``tests/test_tensorcore.py``) instead of being trusted inside printed index
-arithmetic:
+Where every value of a fragment or shared tile lives, in the manner of CuTe. A
+:class:`Layout` maps named integer inputs (a lane and a value index; a row and a column) to
+named outputs (a row and a column; a byte offset). Each input is cut into digits (mixed radix,
+``(x * scale // div) % size``, the most significant digit left unreduced), every digit has a
+stride in each output, and an optional :class:`Swizzle` XORs bits of one input into one digit
+before the strides apply, as the shared tiles do. The same object is evaluated in Python (on
+ints or NumPy arrays alike) and printed as a C expression (:meth:`Layout.c_expr`: CUDA and
+OpenCL C share the expression; the caller names the inputs), so the CUDA kernel, its OpenCL
+emulation and the tests read one definition. :meth:`Layout.inverse` inverts a bijective
+layout of bit fields; :func:`compose` chains two.
 
+The objects:
+
+* :data:`MMA_A`, :data:`MMA_B`, :data:`MMA_C`: the per-lane fragments of
+  ``mma.sync.aligned.m16n8k16`` for 16-bit operands and f32 accumulators (PTX ISA, "Matrix
+  Fragments for mma.m16n8k16 with floating point type"); :data:`MMA_C_PAIR`, an accumulator
+  fragment read as its two pairs of adjacent columns; :data:`PACK16`, where value ``i`` of a
+  16-bit fragment sits in its ``.b32`` registers; :data:`P_TO_A`, the accumulator pair of two
+  n-tiles that becomes an A fragment (P feeds the second product with no shuffle);
+* :data:`LDMATRIX_SOURCE`: the stored row each lane gives ``ldmatrix.x4`` (plain and
+  ``.trans``) for napkin's A and B operands, and :data:`LDMATRIX_DELIVERS` /
+  :data:`LDMATRIX_DELIVERS_T`: which supplied row, and which element of it, each register
+  half of each lane receives (PTX ISA, "ldmatrix");
 * :class:`SwizzledTile`: a 2-D tile in shared memory, rows of ``pitch`` bytes, whose 16-byte
   units are XOR-permuted within each 128-byte line so that the eight 16-byte rows one
   ``ldmatrix`` phase reads, and the 16-byte chunks one ``cp.async`` wavefront writes, fall in
-  eight different bank groups;
-* the per-lane fragment layouts of ``mma.sync.aligned.m16n8k16`` (PTX ISA, "Matrix Fragments
-  for mma.m16n8k16 with floating point type") and of ``ldmatrix.x4`` (PTX ISA, "ldmatrix");
+  eight different bank groups; its :attr:`SwizzledTile.layout` is the (row, col) -> byte map;
 * :func:`wavefronts`: how many 128-byte shared-memory wavefronts a set of addresses takes,
   the measure the bank-conflict test uses.
 
-Deliberately not here: printing code (the printers turn these formulas into expressions),
-wgmma layouts (sm_90a), 8-bit fragments.
+Deliberately not here: CuTe's full algebra (hierarchical shapes, complements, divides:
+napkin's layouts are flat bit fields, and composition is functional), the printers' loops and
+origins (``backends/tensorcore.py``), wgmma layouts (sm_90a) and 8-bit fragments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import product
 
 UNIT = 16  # bytes one lane moves with ldmatrix (a row of an 8x8 b16 matrix) or cp.async
 LINE = 128  # bytes in one shared-memory wavefront: 32 banks x 4 bytes
+
+
+# ---- the layout type ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One digit of input ``input``: ``(x * scale // div) % size``, stepping each output by
+    ``stride``. ``name`` lets a printer substitute a value it already holds (``nk_g``)."""
+
+    input: int
+    div: int
+    size: int
+    stride: tuple[int, ...]
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Swizzle:
+    """Digit ``dst`` (a mode index) is XORed with ``(input src >> shift) & (2**bits - 1)``."""
+
+    src: int
+    shift: int
+    bits: int
+    dst: int
+
+    def key(self, x):
+        return (x >> self.shift) & ((1 << self.bits) - 1)
+
+
+def bare(expr: str) -> str:
+    """``expr`` without one pair of parentheses around the whole of it (an index, a statement)."""
+    if not (expr.startswith("(") and expr.endswith(")")):
+        return expr
+    depth = 0
+    for i, ch in enumerate(expr):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and i < len(expr) - 1:
+            return expr
+    return expr[1:-1]
+
+
+def _log2(n: int) -> int | None:
+    return n.bit_length() - 1 if n > 0 and n & (n - 1) == 0 else None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Named inputs -> named outputs, as digits with strides and an optional swizzle."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    modes: tuple[Mode, ...]
+    scale: tuple[int, ...] = ()  # per input, before its digits (bytes per element); () is all 1
+    swizzle: Swizzle | None = None
+
+    def _scale(self, k: int) -> int:
+        return self.scale[k] if self.scale else 1
+
+    @cached_property
+    def _top(self) -> dict[int, int]:
+        """Per input, the index of its most significant mode (left unreduced)."""
+        top: dict[int, int] = {}
+        for index, mode in enumerate(self.modes):
+            if mode.input not in top or mode.div > self.modes[top[mode.input]].div:
+                top[mode.input] = index
+        return top
+
+    def extent(self, name: str) -> int:
+        """How many values input ``name`` takes."""
+        k = self.inputs.index(name)
+        top = self.modes[self._top[k]]
+        return top.div * top.size // self._scale(k)
+
+    def domain(self):
+        """Every input tuple, first input slowest."""
+        return product(*(range(self.extent(name)) for name in self.inputs))
+
+    def digits(self, *xs) -> list:
+        out = []
+        for index, mode in enumerate(self.modes):
+            x = xs[mode.input] * self._scale(mode.input) // mode.div
+            out.append(x if self._top[mode.input] == index else x % mode.size)
+        return out
+
+    def __call__(self, *xs, key=None):
+        """The outputs at ``xs`` (ints or NumPy arrays): a tuple, or the value of a single output.
+        ``key`` replaces the swizzle's XOR value (a control test's unswizzled tile)."""
+        assert len(xs) == len(self.inputs), (self.inputs, xs)
+        digits = self.digits(*xs)
+        if self.swizzle is not None:
+            s = self.swizzle
+            digits[s.dst] = digits[s.dst] ^ (s.key(xs[s.src]) if key is None else key)
+        outs = [0] * len(self.outputs)
+        for digit, mode in zip(digits, self.modes, strict=True):
+            for o, stride in enumerate(mode.stride):
+                if stride:
+                    outs[o] = outs[o] + digit * stride
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def c_expr(self, *names: str, given: dict[str, str] | None = None, origin: tuple[str | None, ...] = ()):
+        """The outputs as C expressions of the input expressions ``names`` (inserted as given:
+        parenthesise a compound one; an integer literal folds), a tuple or one string.
+        ``given`` maps a mode's name to a variable already holding that digit (printed
+        coefficient first: ``2 * nk_t``); ``origin`` adds a first term per output (a warp's
+        first row). Non-negative ints only, where C's shifts, masks and division agree with
+        Python's, so the tests evaluate the same text."""
+        given = given or {}
+        terms: list[list[str]] = [[o] if o else [] for o in origin] or [[] for _ in self.outputs]
+        swizzled = None if self.swizzle is None else self.swizzle.dst
+        for index, mode in enumerate(self.modes):
+            if not any(mode.stride):
+                continue
+            literal = names[mode.input].isdigit() and index != swizzled
+            if literal:
+                x = int(names[mode.input]) * self._scale(mode.input) // mode.div
+                value = x if self._top[mode.input] == index else x % mode.size
+            elif mode.name in given:
+                digit, style = given[mode.name], "given"
+            else:
+                digit, style = self._digit_expr(index, names)
+            if index == swizzled:
+                s = self.swizzle
+                key = f"(({names[s.src]} >> {s.shift}) & {(1 << s.bits) - 1})" if s.bits else "0"
+                digit, style = f"({digit} ^ {key})", "bits"
+            for o, stride in enumerate(mode.stride):
+                if not stride:
+                    continue
+                if literal:
+                    if value:
+                        terms[o].append(str(value * stride))
+                elif stride == 1:
+                    terms[o].append(digit)
+                elif style == "given":
+                    terms[o].append(f"{stride} * {digit}")
+                elif style == "product" or _log2(stride) is None:
+                    terms[o].append(f"{digit} * {stride}" if style == "product" else f"({digit} * {stride})")
+                else:
+                    terms[o].append(f"({digit} << {_log2(stride)})")
+        exprs = tuple("0" if not t else t[0] if len(t) == 1 else f"({' + '.join(t)})" for t in terms)
+        return exprs[0] if len(exprs) == 1 else exprs
+
+    def _digit_expr(self, index: int, names) -> tuple[str, str]:
+        """Mode ``index``'s digit as C, and how it takes a stride: "product" for a whole input or
+        its top digit (``h * 8``, ``(i >> 1) * 8``), "bits" for a masked field (``<< 3``)."""
+        mode = self.modes[index]
+        k = mode.input
+        x = names[k] if self._scale(k) == 1 else f"({names[k]} * {self._scale(k)})"
+        top = self._top[k] == index
+        if top and mode.div == 1:
+            return x, "product"
+        if top:
+            return f"({x} >> {_log2(mode.div)})", "product"
+        if mode.div == 1:
+            return f"({x} & {mode.size - 1})", "bits"
+        return f"(({x} >> {_log2(mode.div)}) & {mode.size - 1})", "bits"
+
+    def digit_expr(self, name: str, *names: str) -> str:
+        """The digit of the mode called ``name`` as C (a lane's g), for a printer to hold once."""
+        (index,) = [i for i, mode in enumerate(self.modes) if mode.name == name]
+        return self._digit_expr(index, names)[0]
+
+    def table(self) -> dict:
+        """Input tuple -> outputs, over the whole domain."""
+        return {xs: self(*xs) for xs in self.domain()}
+
+    def tiled(self, name: str, count: int, stride: tuple[int, ...]) -> Layout:
+        """``count`` copies side by side (CuTe's blocked product): a new first input ``name``
+        whose every step moves the outputs by ``stride`` (the m-tiles of a warp's rows)."""
+        assert not self.scale, "napkin bug: tiling a scaled layout"
+        shifted = tuple(Mode(m.input + 1, m.div, m.size, m.stride, m.name) for m in self.modes)
+        swizzle = None if self.swizzle is None else Swizzle(self.swizzle.src + 1, self.swizzle.shift, self.swizzle.bits,
+                                                           self.swizzle.dst + 1)
+        return Layout((name,) + self.inputs, self.outputs, (Mode(0, 1, count, stride),) + shifted, swizzle=swizzle)
+
+    def inverse(self) -> Layout:
+        """The inverse of a bijection whose digits are bit fields each feeding one output
+        (every fragment and ldmatrix map here): each digit becomes a digit of that output,
+        striding the input it came from. Raises AssertionError for anything else."""
+        assert self.swizzle is None and not self.scale, "napkin bug: inverting a swizzled or scaled layout"
+        modes = []
+        for mode in self.modes:
+            (o,) = [o for o, s in enumerate(mode.stride) if s]
+            assert _log2(mode.stride[o]) is not None and _log2(mode.size) is not None, mode
+            stride = tuple(mode.div if k == mode.input else 0 for k in range(len(self.inputs)))
+            modes.append(Mode(o, mode.stride[o], mode.size, stride, mode.name))
+        modes.sort(key=lambda m: (m.input, m.div))
+        inverse = Layout(self.outputs, self.inputs, tuple(modes))
+        image = set()
+        for xs in self.domain():
+            ys = self(*xs)
+            ys = ys if isinstance(ys, tuple) else (ys,)
+            back = inverse(*ys)
+            assert (back if isinstance(back, tuple) else (back,)) == xs, f"napkin bug: {self.inputs} -> {self.outputs} is not invertible"
+            image.add(ys)
+        extents = [inverse.extent(name) for name in inverse.inputs]
+        assert len(image) == len(list(self.domain())) == _prod(extents), "napkin bug: a layout that is not onto its outputs"
+        return inverse
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+@dataclass(frozen=True)
+class Composition:
+    """``outer(inner(xs))``: evaluated and printed by substitution."""
+
+    outer: Layout | Composition
+    inner: Layout | Composition
+
+    @property
+    def inputs(self):
+        return self.inner.inputs
+
+    @property
+    def outputs(self):
+        return self.outer.outputs
+
+    def extent(self, name: str) -> int:
+        return self.inner.extent(name)
+
+    def domain(self):
+        return self.inner.domain()
+
+    def __call__(self, *xs):
+        ys = self.inner(*xs)
+        return self.outer(*(ys if isinstance(ys, tuple) else (ys,)))
+
+    def c_expr(self, *names: str):
+        ys = self.inner.c_expr(*names)
+        return self.outer.c_expr(*(f"({y})" for y in (ys if isinstance(ys, tuple) else (ys,))))
+
+    def table(self) -> dict:
+        return {xs: self(*xs) for xs in self.domain()}
+
+
+def compose(outer, inner) -> Composition:
+    """``outer`` after ``inner``: inner's outputs are outer's inputs, in order."""
+    assert len(inner.outputs) == len(outer.inputs), (inner.outputs, outer.inputs)
+    return Composition(outer, inner)
+
+
+# ---- mma.sync m16n8k16 fragments (16-bit operands, f32 accumulators) ------------------------
+# lane = %laneid; its digits t = lane % 4 (threadID in group) and g = lane >> 2 (groupID).
+
+MMA_M, MMA_N, MMA_K = 16, 8, 16  # the instruction's shape; isel reads the same numbers
+
+
+def _lane_modes(g_stride, t_stride):
+    return (Mode(0, 4, 8, g_stride, "g"), Mode(0, 1, 4, t_stride, "t"))
+
+
+# A (16 x 16, .row): a0..a7; row g (+8 for a2, a3, a6, a7), k 2t + (i & 1) (+8 for a4..a7).
+MMA_A = Layout(("lane", "i"), ("row", "k"), _lane_modes((1, 0), (0, 2))
+               + (Mode(1, 1, 2, (0, 1)), Mode(1, 2, 2, (8, 0)), Mode(1, 4, 2, (0, 8))))
+# B (16 x 8, .col): b0..b3; k 2t + (i & 1) (+8 for b2, b3), n g.
+MMA_B = Layout(("lane", "i"), ("k", "n"), _lane_modes((0, 1), (2, 0)) + (Mode(1, 1, 2, (1, 0)), Mode(1, 2, 2, (8, 0))))
+# C/D (16 x 8, f32): c0..c3; row g (+8 for c2, c3), n 2t + (i & 1).
+MMA_C = Layout(("lane", "i"), ("row", "n"), _lane_modes((1, 0), (0, 2)) + (Mode(1, 1, 2, (0, 1)), Mode(1, 2, 2, (8, 0))))
+# The accumulator fragment as two pairs: pair h is c_2h, c_2h+1 (row g + 8h, columns n, n + 1).
+# A row array (one value per fragment row: a softmax's max) keeps one value per pair.
+MMA_C_PAIR = Layout(("lane", "h"), ("row", "n"), _lane_modes((1, 0), (0, 2)) + (Mode(1, 1, 2, (8, 0)),))
+# Which value of a pair: c_i is element e of pair h.
+MMA_C_VALUE = Layout(("h", "e"), ("i",), (Mode(0, 1, 2, (2,), "h"), Mode(1, 1, 2, (1,), "e")))
+# A 16-bit fragment's value i sits in .b32 register i >> 1, the low half for even i.
+PACK16 = Layout(("i",), ("register", "half"), (Mode(0, 2, 4, (1, 0)), Mode(0, 1, 2, (0, 1))))
+
+# Two accumulator n-tiles side by side: value (nt, i) of a lane at (row, 8 nt + n), a 16 x 16 tile.
+MMA_C_2 = Layout(("lane", "nt", "i"), ("row", "col"), _lane_modes((1, 0), (0, 2))
+                 + (Mode(1, 1, 2, (0, MMA_N)), Mode(2, 1, 2, (0, 1)), Mode(2, 2, 2, (8, 0))))
+# P -> A: value i of lane's A fragment is value (nt, c) of the same lane's pair of C n-tiles.
+P_TO_A = compose(MMA_C_2.inverse(), MMA_A)
+
+
+def p_to_a_registers() -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Per A register j, the ((n-tile, c), (n-tile, c)) of its low and high halves, the same for
+    every lane: the repack moves no value between lanes (asserted)."""
+    regs: dict[tuple[int, int], tuple[int, int]] = {}
+    for (lane, i), (src_lane, nt, c) in P_TO_A.table().items():
+        assert src_lane == lane, "napkin bug: P -> A would cross lanes"
+        assert regs.setdefault(PACK16(i), (nt, c)) == (nt, c), "napkin bug: P -> A depends on the lane"
+    return [(regs[(j, 0)], regs[(j, 1)]) for j in range(MMA_A.extent("i") // 2)]
+
+
+def mma_a(lane: int, i: int) -> tuple[int, int]:
+    """(row, k) of element a_i (i in 0..7) of the 16x16 A fragment held by ``lane``."""
+    return MMA_A(lane, i)
+
+
+def mma_b(lane: int, i: int) -> tuple[int, int]:
+    """(k, n) of element b_i (i in 0..3) of the 16x8 B fragment held by ``lane``."""
+    return MMA_B(lane, i)
+
+
+def mma_c(lane: int, i: int) -> tuple[int, int]:
+    """(row, n) of accumulator c_i (i in 0..3) of the 16x8 C/D fragment held by ``lane``."""
+    return MMA_C(lane, i)
+
+
+# ---- ldmatrix.x4 ----------------------------------------------------------------------------
+# Lanes 8j..8j+7 give the row addresses of 8x8 matrix j; register j of lane l receives row
+# l >> 2, columns 2(l % 4) and 2(l % 4) + 1 of matrix j (the transpose with .trans).
+#
+# The lane's digits: r = lane % 8 (the row of its matrix it supplies), j0, j1 the matrix.
+# Operand "a": the four matrices are A's (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7,
+# k 8-15), (rows 8-15, k 8-15), so registers 0..3 are a0a1, a2a3, a4a5, a6a7. Operand "b": two
+# adjacent n-tiles of B at one k-step: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+# (n 8-15, k 8-15): registers 0, 1 are the first n-tile's b0b1, b2b3. Stored rows are the
+# operand's outer axis (m or n) without .trans, k with it; the stored column is a multiple of 8.
+
+
+def _source(row_j0: int, row_j1: int) -> Layout:
+    """lane -> (stored row, stored column): j0 and j1 step the row by ``row_j*`` x 8 (else the column)."""
+    return Layout(("lane",), ("row", "col"), (Mode(0, 1, 8, (1, 0)), Mode(0, 8, 2, (8 * row_j0, 8 * (1 - row_j0))),
+                                               Mode(0, 16, 2, (8 * row_j1, 8 * (1 - row_j1)))))
+
+
+LDMATRIX_SOURCE = {
+    ("a", False): _source(1, 0),  # j0: m + 8, j1: k + 8
+    ("a", True): _source(0, 1),
+    ("b", False): _source(0, 1),  # j0: k + 8, j1: n + 8
+    ("b", True): _source(1, 0),
+}
+# (lane, register j, half h) -> (the lane that supplied the row, the element of that row).
+LDMATRIX_DELIVERS = Layout(("lane", "j", "h"), ("supplier", "element"),
+                           (Mode(1, 1, 4, (8, 0)), Mode(0, 4, 8, (1, 0), "g"), Mode(0, 1, 4, (0, 2), "t"), Mode(2, 1, 2, (0, 1))))
+LDMATRIX_DELIVERS_T = Layout(("lane", "j", "h"), ("supplier", "element"),
+                             (Mode(1, 1, 4, (8, 0)), Mode(0, 1, 4, (2, 0), "t"), Mode(2, 1, 2, (1, 0)), Mode(0, 4, 8, (0, 1), "g")))
+
+
+def ldmatrix_source(lane: int, operand: str, trans: bool) -> tuple[int, int]:
+    """The (stored row, stored column) of the 16-byte row whose address ``lane`` supplies."""
+    return LDMATRIX_SOURCE[(operand, trans)](lane)
+
+
+def ldmatrix_delivers(lane: int, register: int, half: int, operand: str, trans: bool) -> tuple[int, int]:
+    """(stored row, stored column) of the value in half ``half`` of ``register`` of ``lane``."""
+    supplier, element = (LDMATRIX_DELIVERS_T if trans else LDMATRIX_DELIVERS)(lane, register, half)
+    row, col = ldmatrix_source(supplier, operand, trans)
+    return row, col + element
+
+
+def ldmatrix_b_registers() -> list[tuple[int, int]]:
+    """Per n-tile of an ldmatrix.x4 B load, its (b0b1, b2b3) registers, read off the source map:
+    matrix j (supplied by lanes 8j..8j+7) belongs to the n-tile its stored n says."""
+    tiles: dict[int, list[tuple[int, int]]] = {}
+    for j in range(4):
+        n, k = LDMATRIX_SOURCE[("b", False)](8 * j)
+        tiles.setdefault(n // MMA_N, []).append((k, j))
+    return [tuple(j for _, j in sorted(tiles[nt])) for nt in sorted(tiles)]
 
 
 # ---- shared-memory tiles --------------------------------------------------------------------
@@ -70,75 +443,28 @@ class SwizzledTile:
         pitch = cols * element_bytes
         return pitch in (16, 32, 64) or (pitch > 0 and pitch % LINE == 0)
 
+    @cached_property
+    def layout(self) -> Layout:
+        """(row, col) -> byte offset: row by pitch; the column's byte cut into its 16-byte unit
+        (swizzled by the row's key) and its byte within the unit."""
+        modes = (Mode(0, 1, self.rows, (self.pitch,)), Mode(1, UNIT, self.units_per_row, (UNIT,), "unit"),
+                 Mode(1, 1, UNIT, (1,), "byte"))
+        swizzle = Swizzle(src=0, shift=self.rows_per_line.bit_length() - 1, bits=self.bits, dst=1)
+        return Layout(("row", "col"), ("offset",), modes, scale=(1, self.element_bytes), swizzle=swizzle)
+
     def key(self, row: int) -> int:
-        return (row // self.rows_per_line) % (1 << self.bits)
+        return self.layout.swizzle.key(row)
 
     def unit_offset(self, row: int, unit: int) -> int:
         """Byte offset of logical 16-byte unit ``unit`` of ``row``."""
-        return row * self.pitch + (unit ^ self.key(row)) * UNIT
+        return self.offset(row, unit * UNIT // self.element_bytes)
 
     def offset(self, row: int, col: int) -> int:
-        """Byte offset of element (row, col)."""
-        byte = col * self.element_bytes
-        return self.unit_offset(row, byte // UNIT) + byte % UNIT
+        """Byte offset of element (row, col); through ``key``, which a control test may replace."""
+        return self.layout(row, col, key=self.key(row))
 
 
-# ---- mma.sync m16n8k16 fragments (16-bit operands, f32 accumulators) ------------------------
-# lane = %laneid, g = lane >> 2, t = lane % 4.
-
-
-def mma_a(lane: int, i: int) -> tuple[int, int]:
-    """(row, k) of element a_i (i in 0..7) of the 16x16 A fragment held by ``lane``."""
-    g, t = lane >> 2, lane % 4
-    row = g + 8 * ((i >> 1) & 1)
-    k = 2 * t + (i & 1) + 8 * (i >> 2)
-    return row, k
-
-
-def mma_b(lane: int, i: int) -> tuple[int, int]:
-    """(k, n) of element b_i (i in 0..3) of the 16x8 B fragment held by ``lane``."""
-    g, t = lane >> 2, lane % 4
-    return 2 * t + (i & 1) + 8 * (i >> 1), g
-
-
-def mma_c(lane: int, i: int) -> tuple[int, int]:
-    """(row, n) of accumulator c_i (i in 0..3) of the 16x8 C/D fragment held by ``lane``."""
-    g, t = lane >> 2, lane % 4
-    return g + 8 * (i >> 1), 2 * t + (i & 1)
-
-
-# ---- ldmatrix.x4 ----------------------------------------------------------------------------
-# Lanes 8j..8j+7 give the row addresses of 8x8 matrix j; register j of lane l receives row
-# l >> 2, columns 2(l % 4) and 2(l % 4) + 1 of matrix j (the transpose with .trans).
-
-
-def ldmatrix_source(lane: int, operand: str, trans: bool) -> tuple[int, int]:
-    """The (stored row, stored column) of the 16-byte row whose address ``lane`` supplies.
-
-    ``operand`` "a": the four matrices are A's (rows 0-7, k 0-7), (rows 8-15, k 0-7),
-    (rows 0-7, k 8-15), (rows 8-15, k 8-15), so registers 0..3 are a0a1, a2a3, a4a5, a6a7.
-    ``operand`` "b": two adjacent n-tiles of B at one k-step: (n 0-7, k 0-7), (n 0-7, k 8-15),
-    (n 8-15, k 0-7), (n 8-15, k 8-15): registers 0, 1 are the first n-tile's b0b1, b2b3.
-    Stored rows are the operand's outer axis: m or n without ``trans``, k with it.
-    """
-    j, r = lane >> 3, lane % 8
-    if operand == "a":
-        outer, inner = 8 * (j & 1), 8 * (j >> 1)  # (m, k) offsets of matrix j
-    else:
-        outer, inner = 8 * (j >> 1), 8 * (j & 1)  # (n, k) offsets of matrix j
-    if not trans:
-        return outer + r, inner
-    return inner + r, outer
-
-
-def ldmatrix_delivers(lane: int, register: int, half: int, operand: str, trans: bool) -> tuple[int, int]:
-    """(stored row, stored column) of the value in half ``half`` of ``register`` of ``lane``."""
-    rows_of = {src_lane: ldmatrix_source(src_lane, operand, trans) for src_lane in range(32)}
-    if not trans:
-        row, col = rows_of[8 * register + (lane >> 2)]
-        return row, col + 2 * (lane % 4) + half
-    row, col = rows_of[8 * register + 2 * (lane % 4) + half]
-    return row, col + (lane >> 2)
+# ---- bank conflicts -------------------------------------------------------------------------
 
 
 def ldmatrix_phases(tile: SwizzledTile, operand: str, trans: bool, outer: int, k: int) -> list[list[int]]:
@@ -155,9 +481,6 @@ def ldmatrix_phases(tile: SwizzledTile, operand: str, trans: bool, outer: int, k
     return phases
 
 
-# ---- bank conflicts -------------------------------------------------------------------------
-
-
 def wavefronts(addresses: list[int], width: int = UNIT) -> int:
     """128-byte wavefronts one warp-wide shared access of ``width`` bytes per lane takes.
 
@@ -171,29 +494,15 @@ def wavefronts(addresses: list[int], width: int = UNIT) -> int:
     return max(len(words) for words in per_bank.values())
 
 
-# ---- the same formulas as C expressions (the printers' spelling; tests evaluate both) -------
-
-# (stored row, stored column) offsets of the 16-byte row whose address a lane supplies to
-# ldmatrix.x4, in terms of `lane`; see ldmatrix_source.
-LDMATRIX_SOURCE_EXPR = {
-    ("a", False): ("((lane & 7) + (((lane >> 3) & 1) << 3))", "((lane >> 4) << 3)"),
-    ("a", True): ("((lane & 7) + ((lane >> 4) << 3))", "(((lane >> 3) & 1) << 3)"),
-    ("b", False): ("((lane & 7) + ((lane >> 4) << 3))", "(((lane >> 3) & 1) << 3)"),
-    ("b", True): ("((lane & 7) + (((lane >> 3) & 1) << 3))", "((lane >> 4) << 3)"),
-}
+# ---- the printers' spellings of the tile and ldmatrix layouts -------------------------------
 
 
 def offset_expr(tile: SwizzledTile, row: str, col: str) -> str:
     """``tile.offset(row, col)`` as a C expression (non-negative ints: Python evaluates it alike)."""
-    eb = tile.element_bytes
-    shift = tile.rows_per_line.bit_length() - 1
-    mask = (1 << tile.bits) - 1
-    byte = f"(({col}) * {eb})"
-    key = f"((({row}) >> {shift}) & {mask})" if mask else "0"
-    return f"(({row}) * {tile.pitch} + ((({byte} >> 4) ^ {key}) << 4) + ({byte} & 15))"
+    return tile.layout.c_expr(f"({row})", f"({col})")
 
 
-def ldmatrix_lane_terms(tile: SwizzledTile, operand: str, trans: bool) -> tuple[str, str]:
+def ldmatrix_lane_terms(tile: SwizzledTile, operand: str, trans: bool, lane: str = "lane") -> tuple[str, str]:
     """The per-lane constants of an ldmatrix address, as C expressions in ``lane``.
 
     For a fragment origin (row0, col0) with row0 a multiple of 8 and col0 a multiple of 16
@@ -202,19 +511,22 @@ def ldmatrix_lane_terms(tile: SwizzledTile, operand: str, trans: bool) -> tuple[
         tile.offset(row0 + lr, col0 + lc) == row0 * pitch + base
                                              + ((u0 & ~mask) << 4) + (((u0 & mask) ^ x) << 4)
 
-    with u0 = col0 * element_bytes / 16, mask = 2**bits - 1 and (base, x) returned here: the
-    swizzle key depends on the lane's row only, so a kernel computes both once and every
-    ldmatrix in its loops costs one XOR with a constant and additions.
+    with (lr, lc) = LDMATRIX_SOURCE's, u0 = col0 * element_bytes / 16, mask = 2**bits - 1 and
+    (base, x) returned here: the swizzle key depends on the lane's row only, so a kernel
+    computes both once and every ldmatrix in its loops costs one XOR with a constant and
+    additions. lc is a multiple of 8 values, so its byte within a unit is 0.
     """
-    lr, lc = LDMATRIX_SOURCE_EXPR[(operand, trans)]
-    shift = tile.rows_per_line.bit_length() - 1
-    mask = (1 << tile.bits) - 1
-    base = f"(({lr}) * {tile.pitch})"
-    x = f"(((({lc}) * {tile.element_bytes}) >> 4) ^ ((({lr}) >> {shift}) & {mask}))"
+    lr, lc = LDMATRIX_SOURCE[(operand, trans)].c_expr(lane)
+    layout = tile.layout
+    row_mode, unit_mode, _ = layout.modes
+    s = layout.swizzle
+    base = f"(({lr}) * {row_mode.stride[0]})"
+    x = f"(((({lc}) * {tile.element_bytes}) >> {_log2(unit_mode.div)}) ^ ((({lr}) >> {s.shift}) & {(1 << s.bits) - 1}))"
     return base, x
 
 
 def ldmatrix_offset_expr(tile: SwizzledTile, row0: str, u0: str, base: str, x: str) -> str:
     """The offset of :func:`ldmatrix_lane_terms` for origin row ``row0`` and unit ``u0``."""
     mask = (1 << tile.bits) - 1
-    return f"(({row0}) * {tile.pitch} + {base} + ((({u0}) & {~mask & 0xFFFF}) << 4) + (((({u0}) & {mask}) ^ {x}) << 4))"
+    shift = _log2(UNIT)
+    return f"(({row0}) * {tile.pitch} + {base} + ((({u0}) & {~mask & 0xFFFF}) << {shift}) + (((({u0}) & {mask}) ^ {x}) << {shift}))"

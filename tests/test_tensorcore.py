@@ -1,7 +1,8 @@
-"""The tensor-core path without a GPU: layouts, bank conflicts, the emulated primitives, PoCL runs, SASS.
+"""The tensor-core path without a GPU: the emulated primitives, PoCL runs, oclgrind, SASS.
 
-The PTX ISA's fragment formulas are written out again here, independently of
-``napkin_dsl/layouts.py``, so that a wrong table there cannot agree with itself.
+The OpenCL emulation of mma and ldmatrix is printed from ``napkin_dsl/layouts.py``; it is held
+here against the PTX ISA's formulas as ``tests/test_layouts.py`` writes them out, independently
+of that module. The layouts themselves, the swizzle and bank conflicts are tested there.
 """
 
 from __future__ import annotations
@@ -13,128 +14,13 @@ from hypothesis import strategies as st
 
 import napkin_dsl as napkin
 from napkin_dsl import isel
-from napkin_dsl.layouts import (
-    LDMATRIX_SOURCE_EXPR,
-    SwizzledTile,
-    ldmatrix_delivers,
-    ldmatrix_phases,
-    ldmatrix_source,
-    mma_a,
-    mma_b,
-    mma_c,
-    offset_expr,
-    wavefronts,
-)
 from napkin_dsl.reference import evaluate
 
 from .conftest import EXAMPLES, assert_matches_reference
+from .test_layouts import isa_a as ptx_a
+from .test_layouts import isa_b as ptx_b
+from .test_layouts import isa_c as ptx_c
 from .test_opencl import random_inputs
-
-# ---- the PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" ----------------
-
-
-def ptx_a(lane, i):  # a0..a7: row groupID (+8 for a2,a3,a6,a7); col 2*tid + (i&1) (+8 for a4..a7)
-    group, tid = lane // 4, lane % 4
-    row = group + 8 if i in (2, 3, 6, 7) else group
-    col = tid * 2 + (i & 1) + (8 if i >= 4 else 0)
-    return row, col
-
-
-def ptx_b(lane, i):  # b0..b3: row (k) 2*tid + (i&1) (+8 for b2, b3); col (n) groupID
-    group, tid = lane // 4, lane % 4
-    return tid * 2 + (i & 1) + (8 if i >= 2 else 0), group
-
-
-def ptx_c(lane, i):  # c0..c3: row groupID (+8 for c2, c3); col 2*tid + (i&1)
-    group, tid = lane // 4, lane % 4
-    return group + (8 if i >= 2 else 0), tid * 2 + (i & 1)
-
-
-def test_fragment_layouts_are_the_ptx_isas():
-    for lane in range(32):
-        assert [mma_a(lane, i) for i in range(8)] == [ptx_a(lane, i) for i in range(8)]
-        assert [mma_b(lane, i) for i in range(4)] == [ptx_b(lane, i) for i in range(4)]
-        assert [mma_c(lane, i) for i in range(4)] == [ptx_c(lane, i) for i in range(4)]
-
-
-@pytest.mark.parametrize("trans", [False, True])
-@pytest.mark.parametrize("operand", ["a", "b"])
-def test_ldmatrix_fills_the_mma_operand_fragments(operand, trans):
-    """What ldmatrix.x4 delivers from the addresses napkin gives it is the mma operand fragment."""
-    for lane in range(32):
-        for register in range(4):
-            for half in range(2):
-                stored = ldmatrix_delivers(lane, register, half, operand, trans)
-                if operand == "a":
-                    want = ptx_a(lane, 2 * register + half)  # (m, k)
-                else:  # registers 0, 1: the first n-tile's b0..b3; 2, 3: the second's (n + 8)
-                    k, n = ptx_b(lane, 2 * (register % 2) + half)
-                    want = (n + 8 * (register // 2), k)  # (n, k)
-                assert (stored[::-1] if trans else stored) == want, (lane, register, half)
-
-
-def test_printed_ldmatrix_and_swizzle_expressions_evaluate_to_the_layouts():
-    for (operand, trans), (row, col) in LDMATRIX_SOURCE_EXPR.items():
-        for lane in range(32):
-            assert (eval(row, {"lane": lane}), eval(col, {"lane": lane})) == ldmatrix_source(lane, operand, trans)
-    for cols, element_bytes in [(8, 2), (16, 2), (32, 2), (64, 2), (128, 2), (256, 2), (64, 4)]:
-        tile = SwizzledTile(32, cols, element_bytes)
-        expr = offset_expr(tile, "r", "c")
-        offsets = []
-        for r in range(tile.rows):
-            for c in range(cols):
-                assert eval(expr, {"r": r, "c": c}) == tile.offset(r, c)
-                offsets.append(tile.offset(r, c))
-        assert sorted(offsets) == list(range(0, tile.bytes, element_bytes))  # a permutation of the tile
-
-
-# ---- bank conflicts ---------------------------------------------------------------------------
-
-TILES = [SwizzledTile(rows, cols, 2) for rows, cols in [(64, 16), (128, 32), (64, 64), (64, 128), (32, 256)]]
-
-
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t.rows}x{t.cols}")
-def test_ldmatrix_reads_are_free_of_bank_conflicts(tile):
-    for operand in "ab":
-        for trans in (False, True):
-            outer_extent, k_extent = (tile.cols, tile.rows) if trans else (tile.rows, tile.cols)
-            if outer_extent < 16 or k_extent < 16:
-                continue
-            for outer in range(0, outer_extent, 16):
-                for k in range(0, k_extent, 16):
-                    for phase in ldmatrix_phases(tile, operand, trans, outer, k):
-                        assert wavefronts(phase) == 1, (operand, trans, outer, k)
-
-
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t.rows}x{t.cols}")
-def test_cp_async_writes_are_free_of_bank_conflicts(tile):
-    """Each warp writes 32 consecutive 16-byte units, as the printed copy loop hands them out."""
-    units = tile.units_per_row
-    total = tile.rows * units
-    for first in range(0, total, 32):
-        addresses = [tile.unit_offset(u // units, u % units) for u in range(first, min(first + 32, total))]
-        assert wavefronts(addresses) == -(-len(addresses) // 8)
-
-
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t.rows}x{t.cols}")
-def test_epilogue_writes_of_accumulator_pairs_are_free_of_bank_conflicts(tile):
-    """The staged epilogue: lane (g, t) writes columns 2t, 2t + 1 of row g (then g + 8) as 4 bytes."""
-    for row0 in range(0, tile.rows, 16):
-        for n0 in range(0, tile.cols, 8):
-            for half in range(2):
-                addresses = [tile.offset(row0 + lane // 4 + 8 * half, n0 + 2 * (lane % 4)) for lane in range(32)]
-                assert wavefronts(addresses, width=4) == 1
-
-
-def test_the_bank_conflict_test_finds_conflicts_without_the_swizzle():
-    class Unswizzled(SwizzledTile):
-        def key(self, row):
-            return 0
-
-    tile = Unswizzled(64, 128, 2)
-    phase = ldmatrix_phases(tile, "a", False, 0, 0)[0]
-    assert wavefronts(phase) == 8  # eight 256-byte rows at one column: one bank group
-
 
 # ---- the emulated primitives on PoCL against NumPy ---------------------------------------------
 
@@ -326,7 +212,7 @@ def test_fma_path_is_kept_with_a_reason():
     (kernel,) = napkin.load(EXAMPLES / "matmul.napkin").values()
     program = kernel.gpu_program(None, m=256, n=256, k=100)  # A's rows are 200 bytes
     assert "cp.async copies 16-byte units" in isel.selection(program, program.launches[0]).reason
-    assert "sm_80 or newer" in isel.selection(program, program.launches[0], "sm_75").reason
+    assert "has no mma.sync m16n8k16 on sm_75" in isel.selection(program, program.launches[0], "sm_75").reason
 
 
 # ---- oclgrind: races and out-of-bounds accesses of the emulated kernels -------------------------

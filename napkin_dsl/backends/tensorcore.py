@@ -32,7 +32,26 @@ from __future__ import annotations
 from ..boxes import reduction
 from ..diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
 from ..isel import TensorPlan, smem_layout
-from ..layouts import SwizzledTile, ldmatrix_lane_terms, ldmatrix_offset_expr, offset_expr
+from ..layouts import (
+    LDMATRIX_DELIVERS,
+    LDMATRIX_DELIVERS_T,
+    MMA_A,
+    MMA_B,
+    MMA_C,
+    MMA_C_PAIR,
+    MMA_C_VALUE,
+    MMA_K,
+    MMA_M,
+    MMA_N,
+    PACK16,
+    SwizzledTile,
+    bare,
+    ldmatrix_b_registers,
+    ldmatrix_lane_terms,
+    ldmatrix_offset_expr,
+    offset_expr,
+    p_to_a_registers,
+)
 from ..pseudocode import Loop, Step, walk
 from .lowering import KernelSource, LoweringError, Printer, ident, literal, print_expression, scalar_ctype, state_start
 
@@ -89,7 +108,7 @@ __device__ __forceinline__ float nk_exp2(float x) {
 #define NK_UNROLL _Pragma("unroll")
 """
 
-OPENCL_PRELUDE = r"""
+_OPENCL_HEAD = r"""
 /* ---- tensor-core primitives, emulated per warp (32 consecutive work-items) through local
    memory with the PTX ISA's per-lane layouts; every call is reached by the whole group. */
 inline float nk_b16f(uint bits, int f16) {
@@ -100,43 +119,9 @@ inline ushort nk_to_f16(float v) { ushort h; vstore_half_rte(v, 0, (__private ha
 inline uint nk_pack_bf16(float lo, float hi) { return (uint)nk_to_bf16(lo) | ((uint)nk_to_bf16(hi) << 16); }
 inline uint nk_pack_f16(float lo, float hi) { return (uint)nk_to_f16(lo) | ((uint)nk_to_f16(hi) << 16); }
 inline ushort nk_lds16(__local const uchar* smem, int off) { return *(__local const ushort*)(smem + off); }
-/* ldmatrix.x4: lanes 8j..8j+7 give the rows of matrix j; register j of lane l gets row l/4,
-   columns 2(l%4), 2(l%4)+1 (or, with trans, column l/4 of rows 2(l%4), 2(l%4)+1). */
-inline void nk_ldsm_x4(uint r[4], __local const uchar* smem, int off, int trans, __local uint* ws, int lane) {
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ws[lane] = (uint)off;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int j = 0; j < 4; ++j) {
-        uint lo, hi;
-        if (!trans) {
-            const int row = (int)ws[8 * j + (lane >> 2)] + 4 * (lane & 3);
-            lo = nk_lds16(smem, row); hi = nk_lds16(smem, row + 2);
-        } else {
-            lo = nk_lds16(smem, (int)ws[8 * j + 2 * (lane & 3)] + 2 * (lane >> 2));
-            hi = nk_lds16(smem, (int)ws[8 * j + 2 * (lane & 3) + 1] + 2 * (lane >> 2));
-        }
-        r[j] = lo | (hi << 16);
-    }
-}
-/* mma.m16n8k16, f32 accumulators: A a0..a7 (row g, g+8; k 2t.., +8), B b0..b3 (k 2t.., +8; n g). */
-inline void nk_mma(float c[4], const uint a[4], uint b0, uint b1, int f16, __local uint* ws, int lane) {
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int j = 0; j < 4; ++j) ws[4 * lane + j] = a[j];
-    ws[128 + 2 * lane] = b0;
-    ws[128 + 2 * lane + 1] = b1;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const int g = lane >> 2, t = lane & 3;
-    for (int i = 0; i < 4; ++i) {
-        const int row = g + 8 * (i >> 1), n = 2 * t + (i & 1);
-        float acc = c[i];
-        for (int k = 0; k < 16; ++k) {
-            const uint areg = ws[4 * ((row & 7) * 4 + ((k & 7) >> 1)) + (row >> 3) + 2 * (k >> 3)];
-            const uint breg = ws[128 + 2 * (n * 4 + ((k & 7) >> 1)) + (k >> 3)];
-            acc += nk_b16f((k & 1) ? areg >> 16 : areg, f16) * nk_b16f((k & 1) ? breg >> 16 : breg, f16);
-        }
-        c[i] = acc;
-    }
-}
+"""
+
+_OPENCL_TAIL = r"""
 inline float nk_shfl_xor(float v, int m, __local uint* ws, int lane) {
     barrier(CLK_LOCAL_MEM_FENCE);
     ws[lane] = as_uint(v);
@@ -149,7 +134,7 @@ inline void nk_cp16(__local uchar* smem, int off, __global const uchar* src, int
 }
 #define nk_exp2(x) exp2(x)
 #define NK_ST16(dst, off) vstore4(vload4(0, (__local const uint*)(nk_smem + (off))), 0, (__global uint*)(dst))
-#define NK_WS 192
+#define NK_WS {ws}
 #define NK_LDSM(r, off) nk_ldsm_x4((r), nk_smem, (off), 0, nk_ws, nk_lane)
 #define NK_LDSM_T(r, off) nk_ldsm_x4((r), nk_smem, (off), 1, nk_ws, nk_lane)
 #define NK_MMA_BF16(c, a, b0, b1) nk_mma((c), (a), (b0), (b1), 0, nk_ws, nk_lane)
@@ -163,6 +148,67 @@ inline void nk_cp16(__local uchar* smem, int off, __global const uchar* src, int
 #define NK_SYNC() barrier(CLK_LOCAL_MEM_FENCE)
 #define NK_UNROLL
 """
+
+
+def _opencl_emulation() -> str:
+    """ldmatrix.x4 and mma.m16n8k16 emulated per warp, their index arithmetic printed from the
+    layout objects: ldmatrix has each lane post its row address and read, for each register
+    half, the element :data:`~napkin_dsl.layouts.LDMATRIX_DELIVERS` names of the row its
+    supplier posted; mma has the lanes post their A and B registers and each lane compute its
+    accumulators (``MMA_C``) from the registers the inverse fragment layouts name."""
+    lane = "lane"
+    plain = LDMATRIX_DELIVERS.c_expr(lane, "j", "h")
+    trans = LDMATRIX_DELIVERS_T.c_expr(lane, "j", "h")
+    a_lane, a_i = MMA_A.inverse().c_expr("row", "k")
+    b_lane, b_i = MMA_B.inverse().c_expr("k", "n")
+    row, n = MMA_C.c_expr(lane, "i")
+    a_regs, b_regs = MMA_A.extent("i") // 2, MMA_B.extent("i") // 2
+    b_base = 32 * a_regs  # B's registers follow A's in the warp's scratch
+    ar, ah = PACK16.c_expr("ai")
+    br, bh = PACK16.c_expr("bi")
+    return f"""/* ldmatrix.x4: lanes 8j..8j+7 give the rows of matrix j; half h of register j of a lane is
+   element `element` of the row lane `supplier` gave (layouts.LDMATRIX_DELIVERS, _T). */
+inline void nk_ldsm_x4(uint r[4], __local const uchar* smem, int off, int trans, __local uint* ws, int lane) {{
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ws[lane] = (uint)off;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int j = 0; j < {LDMATRIX_DELIVERS.extent("j")}; ++j) {{
+        uint v[2];
+        for (int h = 0; h < 2; ++h) {{
+            const int supplier = trans ? {trans[0]} : {plain[0]};
+            const int element = trans ? {trans[1]} : {plain[1]};
+            v[h] = nk_lds16(smem, (int)ws[supplier] + 2 * element);
+        }}
+        r[j] = v[0] | (v[1] << 16);
+    }}
+}}
+/* mma.m16n8k16, f32 accumulators: c_i of a lane is (row, n) of layouts.MMA_C; the lane and value
+   holding A(row, k) and B(k, n) are the inverse layouts', in .b32 registers by layouts.PACK16. */
+inline void nk_mma(float c[4], const uint a[{a_regs}], uint b0, uint b1, int f16, __local uint* ws, int lane) {{
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int j = 0; j < {a_regs}; ++j) ws[{a_regs} * lane + j] = a[j];
+    ws[{b_base} + {b_regs} * lane] = b0;
+    ws[{b_base} + {b_regs} * lane + 1] = b1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = 0; i < {MMA_C.extent("i")}; ++i) {{
+        const int row = {row}, n = {n};
+        float acc = c[i];
+        for (int k = 0; k < {MMA_K}; ++k) {{
+            const int al = {a_lane}, ai = {a_i};
+            const int bl = {b_lane}, bi = {b_i};
+            const uint areg = ws[{a_regs} * al + {ar}];
+            const uint breg = ws[{b_base} + {b_regs} * bl + {br}];
+            acc += nk_b16f({ah} ? areg >> 16 : areg, f16) * nk_b16f({bh} ? breg >> 16 : breg, f16);
+        }}
+        c[i] = acc;
+    }}
+}}
+"""
+
+
+# the warp's scratch: 32 lanes' A and B registers (mma), reused by ldmatrix and the shuffles
+OPENCL_PRELUDE = (_OPENCL_HEAD + _opencl_emulation()
+                  + _OPENCL_TAIL.replace("{ws}", str(32 * (MMA_A.extent("i") + MMA_B.extent("i")) // 2)))
 
 PRELUDES = {"cuda": CUDA_PRELUDE, "opencl": OPENCL_PRELUDE}
 UNIT = 16
@@ -200,7 +246,8 @@ class TensorPrinter(Printer):
         self.emit(d.arena_decl.replace("__align__(16)", "__align__(128)") if cuda else d.arena_decl.replace("aligned(16)", "aligned(128)"))
         self.emit(f"const int nk_tid = {d.thread_id};")
         self.emit("const int nk_warp = nk_tid >> 5, nk_lane = nk_tid & 31;")
-        self.emit("const int nk_g = nk_lane >> 2, nk_t = nk_lane & 3;")
+        # the lane's digits every fragment reads (layouts.MMA_C: groupID and threadID in group)
+        self.emit(f"const int nk_g = {bare(MMA_C.digit_expr('g', 'nk_lane', 'i'))}, nk_t = {bare(MMA_C.digit_expr('t', 'nk_lane', 'i'))};")
         if plan.split:
             self.emit(f"const int nk_wrow = (nk_warp / {plan.col_warps}) * {plan.warp_rows};  // the warp's first row of the {plan.row} tile")
             self.emit(f"const int nk_wcol = (nk_warp % {plan.col_warps}) * {plan.warp_cols};  // ... and its first column of {plan.split}")
@@ -238,8 +285,8 @@ class TensorPrinter(Printer):
     def dims(self, name: str) -> str:
         fragment = self.plan.fragments[name]
         if fragment.col is None:
-            return f"[{self.plan.m_tiles}][2]"
-        return f"[{self.plan.m_tiles}][{self.plan.cols_per_warp(fragment.col, self.tile) // 8}][4]"
+            return f"[{self.plan.m_tiles}][{MMA_C_PAIR.extent('h')}]"
+        return f"[{self.plan.m_tiles}][{self.plan.cols_per_warp(fragment.col, self.tile) // MMA_N}][{MMA_C.extent('i')}]"
 
     # -- loops over fragments
     def loop(self, var: str, count: int, body):
@@ -253,24 +300,41 @@ class TensorPrinter(Printer):
     def each_element(self, col: str | None, body):
         """body() for every fragment element this thread holds: (mt, nt, i) or (mt, h)."""
         if col is None:
-            self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", 2, body))
+            self.loop("mt", self.plan.m_tiles, lambda: self.loop("h", MMA_C_PAIR.extent("h"), body))
             return
-        nt = self.plan.cols_per_warp(col, self.tile) // 8
-        self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("i", 4, body)))
+        nt = self.plan.cols_per_warp(col, self.tile) // MMA_N
+        self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("i", MMA_C.extent("i"), body)))
+
+    def warp_layout(self, pairs: bool):
+        """(mt, nt, lane, i or h) -> (row, col) of the warp's tile: the accumulator fragment
+        (``layouts.MMA_C``, or by pairs ``MMA_C_PAIR``) tiled over its m-tiles and n-tiles."""
+        fragment = MMA_C_PAIR if pairs else MMA_C
+        # the counts only bound the layout's domain: the printed loops bound mt and nt
+        return fragment.tiled("nt", 1, (0, MMA_N)).tiled("mt", self.plan.m_tiles, (MMA_M, 0))
+
+    def fragment_expr(self, pairs: bool, col: str | None = None) -> tuple[str, str]:
+        """The current element's (row, column) within the block's tile (mt, nt, i or h)."""
+        start = "nk_wcol" if col is not None and col == self.plan.split else None
+        return self.warp_layout(pairs).c_expr("mt", "nt", "nk_lane", "h" if pairs else "i",
+                                              given={"g": "nk_g", "t": "nk_t"}, origin=("nk_wrow", start))
+
+    @staticmethod
+    def value_index(e: str) -> str:
+        """The accumulator value i of element ``e`` of the pair the loop's ``h`` holds."""
+        return bare(MMA_C_VALUE.c_expr("h", e, given={"h": "h"}))
 
     def row_expr(self, in_rows: bool) -> str:
-        return f"(nk_wrow + mt * 16 + nk_g + {'h' if in_rows else '(i >> 1)'} * 8)"
+        return self.fragment_expr(in_rows)[0]
 
     def col_expr(self, col: str | None = None) -> str:
         """The current element's column within the block's tile of ``col``."""
-        start = "nk_wcol + " if col is not None and col == self.plan.split else ""
-        return f"({start}nt * 8 + 2 * nk_t + (i & 1))"
+        return self.fragment_expr(False, col)[1]
 
     def element(self, name: str, in_rows: bool) -> str:
         """The fragment element of ``name`` at the current loop position."""
         fragment = self.plan.fragments[name]
         if fragment.col is None:
-            return f"{_var(name)}[mt][{'h' if in_rows else 'i >> 1'}]"
+            return f"{_var(name)}[mt][{'h' if in_rows else bare(MMA_C_VALUE.inverse().c_expr('i')[0])}]"
         return f"{_var(name)}[mt][nt][i]"
 
     def col_valid(self, col: str) -> str | None:
@@ -297,8 +361,7 @@ class TensorPrinter(Printer):
 
     def lane_index(self, axis: str, col: str | None) -> str:
         """The whole array's index along ``axis`` of the fragment element this lane holds: its
-        fragment row (layouts.mma_c: groupID, + 8 for the upper half) or column (2 * threadID in
-        group + the pair's element), plus the block's origin (an axis index in a mask)."""
+        fragment row or column (``warp_layout``), plus the block's origin (an axis index in a mask)."""
         origin = f"{self.origin[axis]} + " if axis in self.origin else ""
         if axis == self.plan.row:
             return f"{origin}{self.row_expr(col is None)}"
@@ -349,14 +412,14 @@ class TensorPrinter(Printer):
             self.emit(f"float {into} = {start};")
 
             def per_element():
-                self.emit("const int i = 2 * h + e;")
+                self.emit(f"const int i = {self.value_index('e')};")
                 value = self.value(operand, col)
                 valid = self.col_valid(col)
                 if valid:
                     value = f"({valid} ? {value} : {start})"
                 self.emit(f"{into} = {d.math(entry.combine, [into, value])};")
 
-            self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, per_element))
+            self.loop("nt", self.tile[col] // MMA_N, lambda: self.loop("e", MMA_C_VALUE.extent("e"), per_element))
             for mask in (1, 2):  # the four lanes of a quad hold one row's columns
                 self.emit(f"{into} = {d.math(entry.combine, [into, f'NK_SHFL_XOR({into}, {mask})'])};")
 
@@ -633,9 +696,8 @@ class TensorPrinter(Printer):
         self.emit("NK_SYNC();  // the arena is free: the last reader of shared memory is done")
 
         def write():
-            start = "nk_wcol + " if col == self.plan.split else ""
-            pair = offset_expr(tile, self.row_expr(True), f"({start}nt * 8 + 2 * nk_t)")
-            lo, hi = f"{_var(name)}[mt][nt][2 * h]", f"{_var(name)}[mt][nt][2 * h + 1]"
+            pair = offset_expr(tile, *self.fragment_expr(True, col))
+            lo, hi = (f"{_var(name)}[mt][nt][{self.value_index(str(e))}]" for e in range(2))
             if eb == 2:
                 packed = f"NK_PACK_{'BF16' if array.dtype == 'bf16' else 'F16'}({lo}, {hi})"
                 target = f"*reinterpret_cast<unsigned*>(nk_smem + {pair})" if cuda else f"*(__local uint*)(nk_smem + {pair})"
@@ -644,8 +706,8 @@ class TensorPrinter(Printer):
                 pointer = "reinterpret_cast<float*>(nk_smem + {o})" if cuda else "((__local float*)(nk_smem + {o}))"
                 self.emit(f"{pointer.format(o=pair)}[0] = {lo}; {pointer.format(o=pair)}[1] = {hi};")
 
-        nt = self.plan.cols_per_warp(col, self.tile) // 8
-        self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("h", 2, write)))
+        nt = self.plan.cols_per_warp(col, self.tile) // MMA_N
+        self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("h", MMA_C_PAIR.extent("h"), write)))
         self.emit("NK_SYNC();  // the staged tile is whole before any thread reads it")
         units = tile.units_per_row
         per = 16 // eb
@@ -709,11 +771,11 @@ class TensorPrinter(Printer):
                 self.exponentials(target, box.operand, col, "top", "total")
 
                 def scale():
-                    self.emit("const int i = 2 * h + e;")
+                    self.emit(f"const int i = {self.value_index('e')};")
                     # a fully masked row is 0, as in the reference (its total is 0)
                     self.emit(f"{self.element(target, False)} = (total == 0.0f) ? 0.0f : {self.element(target, False)} / total;")
 
-                self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, scale))
+                self.loop("nt", self.tile[col] // MMA_N, lambda: self.loop("e", MMA_C_VALUE.extent("e"), scale))
 
             self.each_element(None, per_row)
             return
@@ -742,7 +804,7 @@ class TensorPrinter(Printer):
         self.emit(f"float {total} = 0.0f;")
 
         def per_element():
-            self.emit("const int i = 2 * h + e;")
+            self.emit(f"const int i = {self.value_index('e')};")
             value = f"nk_exp2({self.value(operand, col)} * {LOG2E!r}f - {top})"
             valid = self.col_valid(col)
             self.emit(f"const float p = {f'{valid} ? {value} : 0.0f' if valid else value};")
@@ -750,7 +812,7 @@ class TensorPrinter(Printer):
                 self.emit(f"{self.element(target, False)} = p;")
             self.emit(f"{total} += p;")
 
-        self.loop("nt", self.tile[col] // 8, lambda: self.loop("e", 2, per_element))
+        self.loop("nt", self.tile[col] // MMA_N, lambda: self.loop("e", MMA_C_VALUE.extent("e"), per_element))
         for mask in (1, 2):
             self.emit(f"{total} += NK_SHFL_XOR({total}, {mask});")
 
@@ -843,35 +905,43 @@ class TensorPrinter(Printer):
     def mma(self, target: str, out: str):
         """``out[row, n] += A[row, k] * B[k, n]`` over the block's k tile, on mma.sync."""
         m = self.plan.mmas[target]
-        mt_count, k_steps, n_pairs = self.plan.m_tiles, self.tile[m.k] // 16, self.plan.cols_per_warp(m.n, self.tile) // 16
+        # an ldmatrix.x4 of B covers two n-tiles at one k step (layouts.ldmatrix_b_registers)
+        b_registers = ldmatrix_b_registers()
+        n_width = MMA_N * len(b_registers)
+        mt_count, k_steps, n_pairs = self.plan.m_tiles, self.tile[m.k] // MMA_K, self.plan.cols_per_warp(m.n, self.tile) // n_width
         n_start = "nk_wcol + " if m.n == self.plan.split else ""
         kind = "BF16" if m.dtype == "bf16" else "F16"
         out_var = _var(out)
 
         def per_k():
-            self.emit(f"unsigned a[{mt_count}][4];")
+            repack = p_to_a_registers()  # per A register, the accumulators (n-tile, c) it packs
+            self.emit(f"unsigned a[{mt_count}][{len(repack)}];")
             if m.a_in_registers:
                 src = _var(m.a)
+                tiles_per_k = MMA_K // MMA_N  # P's accumulator n-tiles per k step of A
+
+                def tile(nt: int) -> str:
+                    return f"{tiles_per_k} * kk" + (f" + {nt}" if nt else "")
 
                 def pack():
-                    self.emit(f"a[mt][0] = NK_PACK_{kind}({src}[mt][2 * kk][0], {src}[mt][2 * kk][1]);")
-                    self.emit(f"a[mt][1] = NK_PACK_{kind}({src}[mt][2 * kk][2], {src}[mt][2 * kk][3]);")
-                    self.emit(f"a[mt][2] = NK_PACK_{kind}({src}[mt][2 * kk + 1][0], {src}[mt][2 * kk + 1][1]);")
-                    self.emit(f"a[mt][3] = NK_PACK_{kind}({src}[mt][2 * kk + 1][2], {src}[mt][2 * kk + 1][3]);")
+                    for j, halves in enumerate(repack):
+                        lo, hi = (f"{src}[mt][{tile(nt)}][{c}]" for nt, c in halves)
+                        self.emit(f"a[mt][{j}] = NK_PACK_{kind}({lo}, {hi});")
 
                 self.loop("mt", mt_count, pack)
             else:
-                offset = self.ldsm_offset(m.a, "a", m.a_trans, "(nk_wrow + mt * 16)", "(kk * 16)")
+                offset = self.ldsm_offset(m.a, "a", m.a_trans, f"(nk_wrow + mt * {MMA_M})", f"(kk * {MMA_K})")
                 self.loop("mt", mt_count, lambda: self.emit(f"{'NK_LDSM_T' if m.a_trans else 'NK_LDSM'}(a[mt], {offset});"))
 
             def per_pair():
-                self.emit("unsigned b[4];")
-                offset = self.ldsm_offset(m.b, "b", m.b_trans, f"({n_start}np * 16)", "(kk * 16)")
+                self.emit(f"unsigned b[{LDMATRIX_DELIVERS.extent('j')}];")
+                offset = self.ldsm_offset(m.b, "b", m.b_trans, f"({n_start}np * {n_width})", f"(kk * {MMA_K})")
                 self.emit(f"{'NK_LDSM_T' if m.b_trans else 'NK_LDSM'}(b, {offset});")
 
                 def per_m():
-                    self.emit(f"NK_MMA_{kind}({out_var}[mt][2 * np], a[mt], b[0], b[1]);")
-                    self.emit(f"NK_MMA_{kind}({out_var}[mt][2 * np + 1], a[mt], b[2], b[3]);")
+                    for nt, (b0, b1) in enumerate(b_registers):
+                        n_tile = f"{len(b_registers)} * np" + (f" + {nt}" if nt else "")
+                        self.emit(f"NK_MMA_{kind}({out_var}[mt][{n_tile}], a[mt], b[{b0}], b[{b1}]);")
 
                 self.loop("mt", mt_count, per_m)
 
@@ -888,10 +958,10 @@ class TensorPrinter(Printer):
                 if site in self.lanes:
                     continue
                 name, operand, trans = site
-                base, x = ldmatrix_lane_terms(self.smem[name].tile, operand, trans)
+                base, x = ldmatrix_lane_terms(self.smem[name].tile, operand, trans, "nk_lane")
                 index = len(self.lanes)
-                self.emit(f"const int nk_lb{index} = {base.replace('lane', 'nk_lane')};  // {name}: this lane's ldmatrix row")
-                self.emit(f"const int nk_lx{index} = {x.replace('lane', 'nk_lane')};  // ... and its swizzle key")
+                self.emit(f"const int nk_lb{index} = {base};  // {name}: this lane's ldmatrix row")
+                self.emit(f"const int nk_lx{index} = {x};  // ... and its swizzle key")
                 self.lanes[site] = index
 
     def ldsm_offset(self, name: str, operand: str, trans: bool, outer: str, k: str) -> str:
