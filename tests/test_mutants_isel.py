@@ -1,0 +1,113 @@
+"""isel.py: what mutation testing found unchecked (benchmarks/mutation.md).
+
+Each refusal is checked on a warp tile that breaks exactly one of its rules, and the plan's
+derived counts (warps, threads, B-tile readers) against the arithmetic of the mma.sync and
+wgmma instructions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import napkin_dsl as napkin
+from napkin_dsl import isel
+
+from .conftest import EXAMPLES
+
+
+def attention(group_q: int, warp_q: int):
+    source = (EXAMPLES / "attention.napkin").read_text().replace("q 128", f"q {group_q}") + f"    registers: group q {warp_q}\n"
+    (kernel,) = napkin.load(source).values()
+    program = kernel.gpu_program(None, b=1, h=1, q=512, x=128, d=64)
+    return isel.selection(program, program.launches[0])
+
+
+@pytest.mark.parametrize(
+    "group_q, warp_q, broken",
+    [
+        (96, 24, "24 rows are not whole 16-row fragments (96 = 4 x 24 warps)"),
+        (128, 48, "48 rows do not divide 128 (48 is 3 fragments; 2 warps)"),
+        (256, 16, "256 / 16 = 16 warps, over the 8 of a block"),
+    ],
+)
+def test_a_warp_tile_breaking_one_rule_is_refused(group_q, warp_q, broken):
+    chosen = attention(group_q, warp_q)
+    assert chosen.path == "fma", broken
+    assert chosen.reason.startswith(f"warp tiles of {warp_q} rows do not split the q tile of {group_q}"), chosen.reason
+
+
+@pytest.mark.parametrize("group_q, warp_q", [(128, 16), (128, 32), (256, 32), (96, 32), (64, 16)])
+def test_a_warp_tile_keeping_every_rule_is_taken(group_q, warp_q):
+    chosen = attention(group_q, warp_q)
+    assert chosen.path == "mma.sync", chosen.reason
+    assert chosen.plan.warp_rows == warp_q
+    assert chosen.plan.row_warps == group_q // warp_q
+    assert chosen.plan.threads == 32 * (group_q // warp_q)  # one warp of 32 threads per warp tile
+
+
+@pytest.mark.parametrize("row_tile, mma_sync, wgmma", [(16, 1, 1), (64, 4, 1), (80, 5, 2), (96, 6, 2), (128, 8, 2)])
+def test_b_tiles_are_read_once_per_warp_on_mma_sync_and_once_per_warpgroup_of_four_on_wgmma(row_tile, mma_sync, wgmma):
+    # 16-row warp tiles: row_tile / 16 warps; a wgmma warpgroup is 4 warps, so ceil(warps / 4) readers
+    plan = isel.TensorPlan(row="q", row_tile=row_tile, warp_rows=16, dtype="bf16")
+    assert plan.row_warps == row_tile // 16
+    assert plan.b_readers == mma_sync
+    assert dataclasses.replace(plan, instruction="wgmma").b_readers == wgmma == -(-(row_tile // 16) // 4)
+
+
+def test_plan_pieces_are_hashable_values():
+    mma = isel.Mma(a="Q", a_in_registers=False, a_trans=False, b="K", b_trans=False, k="d", n="x", dtype="bf16")
+    assert {mma, dataclasses.replace(mma)} == {mma}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mma.k = "x"
+    operand = isel.Operand(array="K", rows="x", cols="d", streamed=True)
+    assert {operand, dataclasses.replace(operand)} == {operand}
+
+
+def test_operands_carrying_the_streamed_axis_are_the_streamed_ones():
+    # attention streams x: K[x d] and V[x d] arrive chunk by chunk (double-buffered), Q[q d] once
+    plan = attention(128, 16).plan
+    assert plan.stream == "x"
+    assert {name: operand.streamed for name, operand in plan.operands.items()} == {"Q": False, "K": True, "V": True}
+    assert {name: (operand.rows, operand.cols) for name, operand in plan.operands.items()} == {
+        "Q": ("q", "d"), "K": ("x", "d"), "V": ("x", "d")}
+
+
+def test_attention_mmas_read_k_by_rows_and_v_transposed():
+    # S[q x] = Q[q d] K[x d]: B = K is the (k = d, n = x) operand stored n-major, read as is;
+    # O[q d] = P[q x] V[x d]: B = V is (k = x, n = d) stored k-major, read with ldmatrix .trans;
+    # P is the S accumulator, already in registers as the A fragment.
+    mmas = attention(128, 16).plan.mmas
+    got = {t: (m.a, m.a_in_registers, m.a_trans, m.b, m.b_trans, m.k, m.n, m.dtype) for t, m in mmas.items()}
+    assert got == {"S": ("Q", False, False, "K", False, "d", "x", "bf16"), "O": ("P", True, False, "V", True, "x", "d", "bf16")}
+
+
+def matmul_plan(group_m: int, group_n: int):
+    source = (EXAMPLES / "matmul.napkin").read_text().replace("group m 128, n 128", f"group m {group_m}, n {group_n}")
+    (kernel,) = napkin.load(source).values()
+    program = kernel.gpu_program(None, m=512, n=512, k=64)
+    return isel.selection(program, program.launches[0])
+
+
+# The 2-D warp grid minimises the tile reads, row_tile x warp columns + col_tile x warp rows, over
+# grids of whole fragments (warp rows multiples of 16, warp columns of 16) with at most 8 warps whose
+# f32 accumulators fit the budget of 160 per thread, preferring 4 or more warps. Worked by hand:
+#  128 x 16:  columns 16 only; 8 x 1 warps read 128 + 16 x 8 = 256, 4 x 1 read 128 + 64 = 192 -> 32 x 16
+#  32 x 32:   4 warps only as 2 x 2 (16 x 16 each)
+#  128 x 256: 32768 accumulators need 8 warps (4 would hold 256 a thread); of the 8-warp grids
+#             8x1: 128 + 2048, 4x2: 256 + 1024, 2x4: 512 + 512, 1x8: 1024 + 256 -> 2 x 4 of 64 x 64
+@pytest.mark.parametrize("group_m, group_n, warp_rows, warp_cols, warps",
+                         [(128, 16, 32, 16, 4), (32, 32, 16, 16, 4), (128, 256, 64, 64, 8)])
+def test_the_warp_grid_minimises_tile_reads(group_m, group_n, warp_rows, warp_cols, warps):
+    chosen = matmul_plan(group_m, group_n)
+    assert chosen.path == "mma.sync", chosen.reason
+    plan = chosen.plan
+    assert (plan.split, plan.warp_rows, plan.warp_cols, plan.warps) == ("n", warp_rows, warp_cols, warps)
+
+
+def test_a_tile_no_grid_of_eight_warps_holds_is_refused():
+    # 256 x 256 f32 accumulators over at most 8 warps: 256 a thread, over the budget of 160
+    chosen = matmul_plan(256, 256)
+    assert chosen.path == "fma"
+    assert chosen.reason.startswith("no warp grid of whole fragments splits the 256 x 256 tile")
