@@ -127,12 +127,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     const int grp_b = nk_block % 1; nk_block /= 1;
     const int o_b = grp_b * 1;
     (void)nk_block; (void)nk_g; (void)nk_t; (void)nk_wrow;
-    const int nk_lb0 = ((((nk_lane & 7) + ((nk_lane >> 4) << 3))) * 256);  // K: this lane's ldmatrix row
-    const int nk_lx0 = (((((((nk_lane >> 3) & 1) << 3)) * 2) >> 4) ^ (((((nk_lane & 7) + ((nk_lane >> 4) << 3))) >> 0) & 7));  // ... and its swizzle key
+    const int nk_lb0 = ((((nk_lane & 7) + (nk_lane >> 4) * 8)) * 256);  // K: this lane's ldmatrix row
+    const int nk_lx0 = (((((((nk_lane >> 3) & 1) << 3)) * 2) >> 4) ^ (((((nk_lane & 7) + (nk_lane >> 4) * 8)) >> 0) & 7));  // ... and its swizzle key
     const int nk_lb1 = ((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) * 256);  // Q: this lane's ldmatrix row
-    const int nk_lx1 = ((((((nk_lane >> 4) << 3)) * 2) >> 4) ^ (((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7));  // ... and its swizzle key
+    const int nk_lx1 = (((((nk_lane >> 4) * 8) * 2) >> 4) ^ (((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7));  // ... and its swizzle key
     const int nk_lb2 = ((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) * 256);  // V: this lane's ldmatrix row
-    const int nk_lx2 = ((((((nk_lane >> 4) << 3)) * 2) >> 4) ^ (((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7));  // ... and its swizzle key
+    const int nk_lx2 = (((((nk_lane >> 4) * 8) * 2) >> 4) ^ (((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7));  // ... and its swizzle key
     const int nk_cr_K = nk_tid / 16, nk_cc_K = (nk_tid % 16) * 8;  // K: this thread's copy
     const int nk_cs_K = ((nk_cr_K) * 256 + (((((nk_cc_K) * 2) >> 4) ^ (((nk_cr_K) >> 0) & 7)) << 4) + (((nk_cc_K) * 2) & 15));
     const int nk_cg_K = ((((o_b)) * 3 + (o_h)) * 150 + (nk_cr_K)) * 128 + (nk_cc_K);
