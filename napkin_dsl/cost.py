@@ -75,7 +75,8 @@ def step_total(program: Program, step: Step, loops: tuple[Loop, ...], axes: tupl
         return algebra.Integer(0)
     total = algebra.Mul(*(schedule.axis_size(a) for a in axes))
     for loop in loops:
-        if loop.axis not in axes:
+        # a split's loop over parts counts once for what carries its part axis (a part's state)
+        if loop.axis not in axes and loop.part not in axes:
             total *= loop.trips
     return total
 

@@ -57,7 +57,7 @@ from .diagram import (
     format_expression,
     size_text,
 )
-from .relabel import Launch, Partition, Schedule, trips
+from .relabel import Launch, Partition, Schedule, bind, part_axis, smaller, split_of, trips
 
 # ---- the Program ---------------------------------------------------------------------------
 
@@ -74,7 +74,7 @@ class Buffer:
 
 # Every kind of step a Program holds. A Step of any other kind cannot be made, and every
 # backend has a handler for each (tests/test_steps.py), so no consumer meets an unknown one.
-STEP_KINDS = ("load", "save", "alloc", "init", "compute", "online", "rescale", "accumulate", "finalise")
+STEP_KINDS = ("load", "save", "alloc", "init", "compute", "online", "rescale", "accumulate", "finalise", "merge")
 
 
 @dataclass(frozen=True)
@@ -130,11 +130,14 @@ class Loop:
     body: tuple
     derived: bool = False
     mask: "Mask | None" = None  # a stream loop that skips the chunks a softmax's mask hides
+    # A split's parallel loop over the parts of `axis` also numbers them along this axis (`x#`),
+    # which the parts' saved states carry.
+    part: str | None = None
 
     def __repr__(self) -> str:
         # Not the body: a Loop's repr held every loop and step nested in it.
         n = sum(1 for _ in walk(self.body))
-        return (f"<Loop {self.kind} {self.axis} at {self.level}: tile {self.tile}, {self.trips} trips"
+        return (f"<Loop {self.kind} {self.axis}{' split' if self.part else ''} at {self.level}: tile {self.tile}, {self.trips} trips"
                 f"{', masked' if self.mask is not None else ''}{', derived' if self.derived else ''}; {n} steps inside>")
 
 
@@ -145,6 +148,7 @@ class LaunchProgram:
     body: tuple
     buffers: dict  # (level, name) -> Buffer
     schedule: Schedule | None = None  # the schedule as this launch sees it (scoped partitions)
+    combine: str | None = None  # the split axis whose parts this launch merges (relabel "split")
 
     def __repr__(self) -> str:
         return f"<LaunchProgram {self.index}: {' '.join(s.target for s in self.launch.statements)}; {_steps(self.body)}>"
@@ -243,13 +247,51 @@ def released_by(sequence: list, spans: dict, ref, index: int) -> bool:
 
 
 class _LaunchElaborator:
-    def __init__(self, schedule: Schedule, launch: Launch):
+    """One launch's loops and steps. With a split (``relabel.split_of``) it elaborates one of
+    two launches: ``combine=False``, the parts, each streaming its range of the axis and saving
+    its accumulators' states to the top level along the part axis; ``combine=True``, the merge,
+    which loads those states part by part, merges them, finalises and runs what comes after."""
+
+    def __init__(self, schedule: Schedule, launch: Launch, combine: bool = False):
         self.schedule = schedule
         self.launch = launch
         self.diagram = schedule.diagram
         self.levels = schedule.levels
         self.buffers: dict = {}
         self.launch_axes = set(launch.axes)
+        self.cut = split_of(schedule, launch) if not combine else None
+        self.combine = combine
+        self.inputs, self.outputs = list(launch.inputs), list(launch.outputs)
+        self.states: list = []  # (statement, state buffer, its axes): what the parts save, the combine merges
+        self.extra: dict = {}  # a part array (`O.acc.part`) -> (axes, dtype), as diagram.arrays holds the others
+        if self.cut is not None or combine:
+            self.split_arrays()
+
+    def split_arrays(self):
+        """The part arrays of a split launch, and which inputs and outputs the parts and the
+        combine each have."""
+        stream = self.launch.streams[0]
+        roles = stream.roles
+        part = part_axis(stream.axis)
+        for s in self.launch.statements:
+            role, dtype = roles[s.index], compute_dtype(self.diagram, s)
+            names = {"accumulate": [("acc", s.axes)], "rescaled": [("acc", s.axes)],
+                     "online": [("max", s.woven), ("sum", s.woven)]}.get(role, [])
+            for suffix, axes in names:
+                state = f"{s.target}.{suffix}"
+                self.states.append((s, state, tuple(axes)))
+                self.extra[f"{state}.part"] = ((part,) + tuple(axes), dtype)
+        post = [s for s in self.launch.statements if roles[s.index] == "post"]
+        merged = [s for s in self.launch.statements if roles[s.index] in ("accumulate", "rescaled", "online", "lse")]
+        late = {s.target for s in post + merged}
+        read_late = {n for s in post for n in s.inputs}
+        read_early = {n for s in self.launch.statements if s not in post for n in s.inputs}
+        if self.combine:
+            self.inputs = list(self.extra) + [n for n in self.launch.inputs if n in read_late]
+            self.outputs = [n for n in self.launch.outputs if n in late]
+        else:
+            self.inputs = [n for n in self.launch.inputs if n in read_early]
+            self.outputs = [n for n in self.launch.outputs if n not in late] + list(self.extra)
 
     def buffer(self, name: str, level: str, axes, dtype: str) -> tuple[str, str]:
         self.buffers[(level, name)] = Buffer(name, level, tuple(axes), dtype)
@@ -262,6 +304,11 @@ class _LaunchElaborator:
     def wrap_groups(self, level_index: int, body: list) -> list:
         level = self.levels[level_index]
         parent = self.levels[level_index - 1]
+        if self.cut is not None and self.cut.level == level:
+            # the parts run in parallel like groups, each on its own range of the axis
+            outer = self.schedule.extent(self.cut.axis, parent)
+            tile = self.part_size()
+            body = [Loop("group", level, self.cut.axis, tile, trips(outer, tile), tuple(body), part=part_axis(self.cut.axis))]
         groups = [p for p in self.schedule.partitions_at(level, "group") if p.axis in self.launch_axes]
         for p in reversed(groups):
             tile = self.schedule.extent(p.axis, level)
@@ -269,40 +316,52 @@ class _LaunchElaborator:
             body = [Loop("group", level, p.axis, tile, trips(outer, tile), tuple(body), p.derived)]
         return body
 
+    def part_size(self):
+        return smaller(bind(self.cut.size, self.schedule.sizes), self.schedule.axis_size(self.cut.axis))
+
     def level_body(self, level_index: int) -> list:
         level = self.levels[level_index]
         parent = self.levels[level_index - 1]
         if level_index == len(self.levels) - 1:
             return self.wrap_groups(level_index, self.compute_body(level, parent))
         body = []
-        for name in self.launch.inputs:
+        for name in self.inputs:
             body.append(self.transfer("load", name, parent, level))
-        for name in self.launch.outputs:
-            array = self.diagram.arrays[name]
-            ref = self.buffer(name, level, array.axes, array.dtype)
-            body.append(Step("alloc", level, array.axes, writes=(ref,), array=name, dtype=array.dtype,
+        for name in self.outputs:
+            axes, dtype = self.array(name)
+            ref = self.buffer(name, level, axes, dtype)
+            body.append(Step("alloc", level, axes, writes=(ref,), array=name, dtype=dtype,
                              text=f"allocate {name} tile"))
         body += self.level_body(level_index + 1)
-        for name in self.launch.outputs:
+        for name in self.outputs:
             body.append(self.transfer("save", name, parent, level))
         return self.wrap_groups(level_index, body)
 
-    def transfer(self, kind: str, name: str, upper: str, lower: str) -> Step:
+    def array(self, name: str) -> tuple[tuple[str, ...], str]:
+        """An array's axes and dtype: the diagram's, or a split's part array's."""
+        if name in self.extra:
+            return self.extra[name]
         array = self.diagram.arrays[name]
+        return tuple(array.axes), array.dtype
+
+    def transfer(self, kind: str, name: str, upper: str, lower: str, held: str | None = None) -> Step:
+        """A load of ``name`` from ``upper`` into ``lower``, or a save of it up; ``held``: the
+        buffer a save reads, when it is not ``name`` (a part's state, saved as its part array)."""
+        axes, dtype = self.array(name)
         if kind == "load":
             source, dest = upper, lower
             read = (upper, name)
-            write = self.buffer(name, lower, array.axes, array.dtype)
+            write = self.buffer(name, lower, axes, dtype)
             if upper == self.levels[0]:
-                self.buffer(name, upper, array.axes, array.dtype)
+                self.buffer(name, upper, axes, dtype)
         else:
             source, dest = lower, upper
-            read = (lower, name)
+            read = (lower, held or name)
             write = (upper, name)
-            if upper == self.levels[0]:
-                self.buffer(name, upper, array.axes, array.dtype)
-        return Step(kind, lower, array.axes, (read,), (write,), name, source, dest, array.dtype,
-                    text=f"{kind} {name}[{' '.join(array.axes)}] {source} -> {dest}")
+            if upper == self.levels[0] or held is not None:
+                self.buffer(name, upper, axes, dtype)
+        return Step(kind, lower, axes, (read,), (write,), name, source, dest, dtype,
+                    text=f"{kind} {held + ' as ' if held else ''}{name}[{' '.join(axes)}] {source} -> {dest}")
 
     # -- the compute level
     def compute_body(self, level: str, parent: str) -> list:
@@ -315,7 +374,7 @@ class _LaunchElaborator:
 
         def load_inputs(statement: Statement, into: list, carrying: str | None = None, hoist_only=False):
             for name in statement.inputs:
-                if name in resident or name in chunk_resident or name not in launch.inputs:
+                if name in resident or name in chunk_resident or name not in self.inputs:
                     continue
                 has_axis = carrying is not None and carrying in self.diagram.arrays[name].axes
                 if hoist_only and has_axis:
@@ -324,7 +383,7 @@ class _LaunchElaborator:
                 (chunk_resident if has_axis else resident).add(name)
 
         def save_if_output(name: str, into: list):
-            if name in launch.outputs and name not in saved:
+            if name in self.outputs and name not in saved:
                 into.append(self.transfer("save", name, parent, level))
                 saved.add(name)
 
@@ -339,6 +398,8 @@ class _LaunchElaborator:
         axis = stream.axis
         roles = stream.roles
         by_role = lambda *wanted: [s for s in launch.statements if roles[s.index] in wanted]  # noqa: E731
+        if self.combine:
+            return self.combine_body(level, parent, by_role, load_inputs, save_if_output)
         for s in by_role("pre"):
             load_inputs(s, steps)
             steps.append(self.compute(s, level))
@@ -355,9 +416,15 @@ class _LaunchElaborator:
             if roles[s.index] == "body":
                 save_if_output(s.target, loop_body)
         tile = self.schedule.extent(axis, level)
-        outer = self.schedule.extent(axis, parent)
+        outer = self.schedule.extent(axis, parent) if self.cut is None else self.part_size()
         partition = next(p for p in self.schedule.partitions_at(level, "stream") if p.axis == axis)
         steps.append(Loop("stream", level, axis, tile, trips(outer, tile), tuple(loop_body), partition.derived))
+        if self.cut is not None:
+            # each part saves its accumulators' states, along the part axis, for the combine
+            for s, state, _ in self.states:
+                step = self.transfer("save", f"{state}.part", parent, level, held=state)
+                steps.append(dataclasses.replace(step, statement=s))
+            return steps
         for s in streamed:
             steps += self.finalise(s, roles[s.index], level, axis)
             if roles[s.index] != "body":
@@ -367,6 +434,61 @@ class _LaunchElaborator:
             steps.append(self.compute(s, level))
             save_if_output(s.target, steps)
         return steps
+
+    def combine_body(self, level: str, parent: str, by_role, load_inputs, save_if_output) -> list:
+        """The combine launch at the compute level: the merged statements' states initialised,
+        a loop over the parts (loading each part's states and merging them in), the finalise
+        steps of the unsplit stream, then the statements that come after it."""
+        axis = self.launch.streams[0].axis
+        roles = self.launch.streams[0].roles
+        part = part_axis(axis)
+        merged = by_role("accumulate", "online", "rescaled", "lse")
+        steps: list = []
+        for s in merged:
+            steps += self.init(s, roles[s.index], level, axis)
+        loop_body: list = [self.transfer("load", name, parent, level) for name in self.extra]
+        for s in merged:
+            loop_body += self.merge(s, roles[s.index], level, part)
+        tile = self.schedule.extent(part, level)
+        steps.append(Loop("stream", level, part, tile, trips(self.schedule.extent(part, parent), tile), tuple(loop_body)))
+        for s in merged:
+            steps += self.finalise(s, roles[s.index], level, axis)
+            save_if_output(s.target, steps)
+        for s in by_role("post"):
+            load_inputs(s, steps)
+            steps.append(self.compute(s, level))
+            save_if_output(s.target, steps)
+        return steps
+
+    def merge(self, s: Statement, role: str, level: str, part: str) -> list:
+        """One part's states merged into the running ones (DESIGN.md, "A split of a reduced axis"):
+        a fold for sums, max and min; for the online softmax m' = max(m, m_p), each side's factor
+        exp(m - m') and exp(m_p - m'), l = l a + l_p b; an output it rescales O = O a + O_p b."""
+        dtype = compute_dtype(self.diagram, s)
+        t = s.target
+        if role == "accumulate":
+            box = s.box
+            fold = "add" if isinstance(box, Contract) or reduction(box.op).divides else reduction(box.op).combine
+            acc = (level, f"{t}.acc")
+            return [Step("merge", level, (part,) + s.axes, (acc, (level, f"{t}.acc.part")), (acc,), t, dtype=dtype,
+                         statement=s, flops=(("fma", 1),), text=f"{t}.acc = {fold}({t}.acc, {t}.acc.part)")]
+        if role == "online":
+            m, l_ = (level, f"{t}.max"), (level, f"{t}.sum")
+            scale = self.state(s, "scale", level, s.woven)
+            scale_part = self.state(s, "scale.part", level, s.woven)  # the current part's factor, per row
+            return [Step("merge", level, (part,) + s.woven, (m, l_, (level, f"{t}.max.part"), (level, f"{t}.sum.part")),
+                         (m, l_, scale, scale_part), t, dtype=dtype, statement=s, flops=(("fma", 6), ("special", 2)),
+                         text=f"m' = max({t}.max, {t}.max.part); {t}.scale = exp({t}.max - m'); "
+                              f"{t}.scale.part = exp({t}.max.part - m'); {t}.sum = {t}.sum * {t}.scale + "
+                              f"{t}.sum.part * {t}.scale.part; {t}.max = m'")]
+        if role == "rescaled":
+            online = self.online_source(s).target
+            acc = (level, f"{t}.acc")
+            return [Step("merge", level, (part,) + s.axes,
+                         (acc, (level, f"{t}.acc.part"), (level, f"{online}.scale"), (level, f"{online}.scale.part")), (acc,), t,
+                         dtype=dtype, statement=s, online=online, flops=(("fma", 3),),
+                         text=f"{t}.acc = {t}.acc * {online}.scale + {t}.acc.part * {online}.scale.part")]
+        return []  # lse: read off the merged softmax state when it is finalised
 
     def operand_refs(self, statement: Statement, level: str):
         return tuple((level, name) for name in statement.inputs)
@@ -554,9 +676,27 @@ def elaborate(schedule: Schedule) -> Program:
     for launch in schedule.launches:
         view = schedule.for_launch(launch.index)
         elaborator = _LaunchElaborator(view, launch)
-        body = _mask_streams(_expand_contract_scales(elaborator.run(), elaborator), view, launch)
-        launches.append(LaunchProgram(launch.index, launch, body, dict(elaborator.buffers), view))
+        body = _expand_contract_scales(elaborator.run(), elaborator)
+        if elaborator.cut is None:
+            body = _mask_streams(body, view, launch)
+        # A split's parts do not skip masked chunks: which chunks a mask hides is decided over
+        # the whole axis (mask_visits), not per part; every chunk is tested instead.
+        launches.append(LaunchProgram(len(launches), launch, body, dict(elaborator.buffers), view))
+        if elaborator.cut is not None:
+            launches.append(combine_launch(view, launch, elaborator.cut, len(launches)))
     return Program(schedule, tuple(launches))
+
+
+def combine_launch(view: Schedule, launch: Launch, cut: Partition, index: int) -> LaunchProgram:
+    """The launch that merges the parts of split ``cut``: the parts' view without the split and
+    the stream of its axis, streaming the part axis one part at a time instead."""
+    part = part_axis(cut.axis)
+    partitions = tuple(p for p in view.partitions if p.axis != cut.axis or p.kind == "group")
+    partitions += (Partition(view.compute_level, "stream", part, algebra.Integer(1), cut.span),)
+    combined = dataclasses.replace(view, partitions=partitions, _memo={})
+    elaborator = _LaunchElaborator(combined, launch, combine=True)
+    body = _expand_contract_scales(elaborator.run(), elaborator)
+    return LaunchProgram(index, launch, body, dict(elaborator.buffers), combined, combine=cut.axis)
 
 
 # ---- masks: the chunks a masked softmax skips -------------------------------------------------
@@ -989,7 +1129,10 @@ def render_text(program: Program, warps: dict | None = None) -> str:
     for note in schedule.notes:
         lines.append(f"# note: {note}")
     for launch in program.launches:
-        lines.append(f"launch {launch.index + 1} of {len(program.launches)}: {', '.join(s.target for s in launch.launch.statements)}")
+        what = ", ".join(s.target for s in launch.launch.statements)
+        if launch.combine is not None:
+            what = f"the combine of the parts of {launch.combine} for {what}"
+        lines.append(f"launch {launch.index + 1} of {len(program.launches)}: {what}")
         _render_nodes(launch.body, launch.schedule, lines, 1, (warps or {}).get(launch.index))
     return "\n".join(lines) + "\n"
 

@@ -38,7 +38,7 @@ from .hardware import Hardware, load_hardware
 @dataclass(frozen=True)
 class Partition:
     level: str
-    kind: str  # "group" or "stream"
+    kind: str  # "group", "stream" or "split"
     axis: str
     size: algebra.Expr
     span: Span | None = None
@@ -111,6 +111,9 @@ class Schedule:
     launches: tuple[Launch, ...]
     sizes: dict = field(default_factory=dict)  # bound symbol name -> int
     notes: tuple[str, ...] = ()
+    # The parts of each split axis: part axis (`x#`) -> (the axis, the split size). Kept by
+    # every launch's view, so that the combine launch (which has no split) still sizes them.
+    parts: dict = field(default_factory=dict)
     # extent() is called for every buffer of every column: memoise it.
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -148,7 +151,11 @@ class Schedule:
     def axis_size(self, axis: str) -> algebra.Expr:
         key = ("size", axis)
         if key not in self._memo:
-            self._memo[key] = bind(self.diagram.size(axis), self.sizes)
+            if axis in self.parts:  # the number of parts of a split axis
+                split, size = self.parts[axis]
+                self._memo[key] = trips(self.axis_size(split), smaller(bind(size, self.sizes), self.axis_size(split)))
+            else:
+                self._memo[key] = bind(self.diagram.size(axis), self.sizes)
         return self._memo[key]
 
     def extent(self, axis: str, level: str) -> algebra.Expr:
@@ -159,7 +166,10 @@ class Schedule:
         extent = self.axis_size(axis)
         for name in self.levels[1 : self.levels.index(level) + 1]:
             for p in self.partitions_at(name):
-                if p.axis == axis:
+                if axis in self.parts and p.kind == "split" and p.axis == self.parts[axis][0]:
+                    extent = algebra.Integer(1)  # below its split, a tile holds one part
+                elif p.axis == axis and p.kind != "split":
+                    # a split's part is the stream's range, not a tile: the tile is the stream's chunk
                     extent = smaller(bind(p.size, self.sizes), extent)
         self._memo[key] = extent
         return extent
@@ -188,6 +198,24 @@ def trips(extent, tile):
     if extent.is_number and tile.is_number:
         return algebra.Integer(-(-int(extent) // int(tile)))
     return extent / tile
+
+
+def part_axis(axis: str) -> str:
+    """The axis that numbers the parts of a split of ``axis`` (``x#``): not a name the notation
+    can spell, so it never meets a kernel's own axis."""
+    return f"{axis}#"
+
+
+def split_of(schedule: Schedule, launch: Launch) -> Partition | None:
+    """The split partition that applies to ``launch`` (``schedule``: its view), or None."""
+    axes = set(launch.axes)
+    return next((p for p in schedule.partitions if p.kind == "split" and p.axis in axes and p.applies_to(launch.index)), None)
+
+
+# What a consumer of a split axis merges by, per stream role: the parts' states combine because
+# these accumulators are associative (sums add, max and min fold, the online softmax merges its
+# running max and sum with the outputs it rescales; a log-sum-exp is read off that merged state).
+MERGEABLE_ROLES = ("accumulate", "online", "rescaled", "lse")
 
 
 def size_expr(value) -> algebra.Expr:
@@ -310,6 +338,66 @@ def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[s
     return StreamRoles(axis, roles, sources)
 
 
+# ---- splits --------------------------------------------------------------------------------
+
+
+def split_errors(p: Partition, partitions: list, split: list, compute_level: str) -> list[RelabelError]:
+    """What is wrong with split partition ``p`` before its streams are classified: its level, an
+    axis nothing consumes, a second split or a stream of another axis in the same launch."""
+    errors = []
+    if p.level != compute_level:
+        errors.append(RelabelError(
+            f"split partitions run at the compute level ({compute_level}); {p.axis!r} is split at {p.level}",
+            p.span, f"write it on the {compute_level}: line"))
+        return errors
+    launches = [(i, statements) for i, (statements, _, _) in enumerate(split)
+                if p.applies_to(i) and p.axis in {a for s in statements for a in s.iteration_axes}]
+    if not any(p.axis in s.consumed for _, statements in launches for s in statements):
+        errors.append(RelabelError(
+            f"cannot split {p.axis}: no statement consumes it; a split cuts a reduced, contracted or streamed axis "
+            f"into parts whose states merge", p.span, f"did you mean 'group {p.axis} {p.size}'?"))
+        return errors
+    for index, statements in launches:
+        others = [q for q in partitions if q is not p and q.applies_to(index) and q.level == p.level
+                  and ((q.kind == "split") or (q.kind == "stream" and q.axis != p.axis
+                                               and q.axis in {a for s in statements for a in s.iteration_axes}))]
+        if others:
+            q = others[0]
+            errors.append(RelabelError(
+                f"cannot split {p.axis}: the launch computing {', '.join(s.target for s in statements)} also "
+                f"{'splits' if q.kind == 'split' else 'streams'} {q.axis}; napkin splits one axis per launch, and streams "
+                f"within its parts only that axis", q.span, f"stream {p.axis} within the split, or split {q.axis} instead"))
+    return errors
+
+
+def merge_errors(p: Partition, statements, roles: StreamRoles, diagram: Diagram) -> list[RelabelError]:
+    """Why the parts of split ``p`` cannot merge in the launch of ``statements``: a consumer of
+    the axis without an associative merge, or a statement after the merge that reads a value the
+    parts computed and did not merge."""
+    errors = []
+    merged = set()
+    for s in statements:
+        role = roles.roles[s.index]
+        if p.axis in s.consumed and role not in MERGEABLE_ROLES:
+            errors.append(RelabelError(
+                f"cannot split {p.axis}: {s.target}[{' '.join(s.axes)}] ({line_of(s)}) consumes {p.axis!r} as "
+                f"{role}, which has no merge of its parts' states",
+                s.span or p.span, f"leave {p.axis} unsplit, or stream it: 'stream {p.axis} {p.size}'"))
+        if role in MERGEABLE_ROLES:
+            merged.add(s.target)
+    for s in statements:
+        if roles.roles[s.index] != "post":
+            continue
+        unmerged = [n for n in s.inputs if diagram.producer(n) is not None and n not in merged
+                    and any(n == t.target for t in statements) and roles.roles[diagram.producer(n).index] != "post"]
+        if unmerged:
+            errors.append(RelabelError(
+                f"cannot split {p.axis}: {s.target} ({line_of(s)}) runs after the parts merge and reads {unmerged[0]}, "
+                f"which each part computes on its own and nothing merges",
+                s.span or p.span, f"compute {unmerged[0]} after the merge, or leave {p.axis} unsplit"))
+    return errors
+
+
 # ---- building a schedule ------------------------------------------------------------------
 
 
@@ -378,7 +466,8 @@ def make_schedule(
                 ))
                 continue
         clash = [q for q in seen.get((level, p.axis), [])
-                 if q.launches is None or launches_of is None or q.launches & launches_of]
+                 if (q.launches is None or launches_of is None or q.launches & launches_of)
+                 and {q.kind, p.kind} != {"split", "stream"}]  # a split's parts are streamed by a stream of its axis
         if clash:
             errors.append(RelabelError(f"axis {p.axis!r} is partitioned twice at level {level} for the same launch", p.span,
                                        f"first partitioned at {clash[0].span}"))
@@ -418,6 +507,8 @@ def make_schedule(
                     f"group partitions need an axis the algorithm is woven over",
                     p.span, f"did you mean 'stream {p.axis} {p.size}'?",
                 ))
+        elif p.kind == "split":
+            errors += split_errors(p, partitions, split, compute_level)
         elif p.level != compute_level:
             if p in warp_tiles:
                 errors.append(RelabelError(
@@ -429,6 +520,14 @@ def make_schedule(
                 f"stream partitions run at the compute level ({compute_level}); {p.axis!r} is streamed at {p.level}",
                 p.span, f"write it on the {compute_level}: line",
             ))
+    # A split streams its axis within each part: by the launch's stream of that axis, or by one
+    # napkin adds, of the split's size (each part one chunk).
+    for p in [q for q in partitions if q.kind == "split"]:
+        for index, (statements, _, _) in enumerate(split):
+            if not p.applies_to(index) or p.axis not in {a for s in statements for a in s.iteration_axes}:
+                continue
+            if not any(q.kind == "stream" and q.axis == p.axis and q.applies_to(index) for q in partitions):
+                partitions.append(Partition(p.level, "stream", p.axis, p.size, p.span, launches=frozenset({index}), targets=p.targets))
     reported: set[Span | None] = set()
     for index, (statements, _, _) in enumerate(split):
         axes_here = {a for s in statements for a in s.iteration_axes}
@@ -449,10 +548,20 @@ def make_schedule(
         for p in partitions:
             if p.kind != "stream" or p.axis not in axes_here or not p.applies_to(index):
                 continue
+            cut = next((q for q in partitions if q.kind == "split" and q.axis == p.axis and q.applies_to(index)), None)
             try:
-                roles.append(stream_roles(statements, inputs, outputs, diagram, p.axis, p.span))
+                found = stream_roles(statements, inputs, outputs, diagram, p.axis, p.span)
             except RelabelError as error:
-                errors.append(error)
+                if cut is None:
+                    errors.append(error)
+                else:  # the split's parts could not even stream: say so as the split's refusal
+                    errors.append(RelabelError(
+                        f"cannot split {p.axis}: its parts stream, and {error.message.removeprefix(f'cannot stream {p.axis}: ')}",
+                        error.span, error.hint))
+                continue
+            if cut is not None:
+                errors += merge_errors(cut, statements, found, diagram)
+            roles.append(found)
         launches.append(Launch(index, tuple(statements), tuple(inputs), tuple(outputs), tuple(roles)))
     for statement in diagram.statements:
         if statement.level is not None and not is_top(statement.level, profile):
@@ -468,7 +577,8 @@ def make_schedule(
             f"{producer.target} ({line_of(producer)}) is read by {reader.target} ({line_of(reader)}) after a launch boundary: "
             f"napkin saves it to {top} and loads it there, as if it were written {producer.target}[{' '.join(producer.axes)}] @{top}"
         )
-    schedule = Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, ())
+    parts = {part_axis(p.axis): (p.axis, p.size) for p in partitions if p.kind == "split"}
+    schedule = Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, (), parts)
     for p in partitions:
         if p.derived:
             continue  # napkin's own L2 grouping: its tails are whole groups, not worth a note
@@ -480,4 +590,4 @@ def make_schedule(
                 f"{algebra.ceiling(axis_size / size)} {'groups' if p.kind == 'group' else 'chunks'}, the last one masked "
                 f"({axis_size - (algebra.ceiling(axis_size / size) - 1) * size} of {size})"
             )
-    return Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, tuple(notes))
+    return Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, tuple(notes), parts)

@@ -155,7 +155,7 @@ class BoxDecl:
 
 @dataclass(frozen=True)
 class Partition:
-    kind: str  # "group" or "stream"
+    kind: str  # "group", "stream" or "split"
     axis: str
     size: int | str
     span: Span
@@ -493,7 +493,7 @@ _CURATED: list[tuple[str, str, list[str]]] = [
         ],
     ),
     (
-        "a relabel clause needs a level name, then 'group' or 'stream' with AXIS SIZE pairs",
+        "a relabel clause needs a level name, then 'group' or 'stream' (or 'split') with AXIS SIZE pairs",
         "write for example:  smem: group q 128; stream x 64",
         [
             "relabel k on H100:\n    group q 128\n",
@@ -503,7 +503,7 @@ _CURATED: list[tuple[str, str, list[str]]] = [
         ],
     ),
     (
-        "separate the 'group' and 'stream' lists of a level with ';'",
+        "separate the 'group' and 'stream' lists of a level with ';' (and a 'split' list)",
         "write for example:  smem: group q 128; stream x 64",
         ["relabel k on H100:\n    smem: group q 128 stream x 64\n"],
     ),
@@ -529,7 +529,7 @@ _CURATED: list[tuple[str, str, list[str]]] = [
     ),
     (
         "a reserved word is used as a name",
-        "kernel, relabel, box, on, group, stream, for, and, or and not are reserved",
+        "kernel, relabel, box, on, group, stream, split, for, and, or and not are reserved",
         [
             "kernel k(group: f32[i]) -> B: f32[i]:\n    B[i] = A[i]\n",
             "kernel k(A: f32[on]) -> B: f32[i]:\n    B[i] = A[i]\n",
@@ -704,7 +704,7 @@ _TOKEN_NAMES = {
     "CIRCUMFLEX": "'^'",
     "RARROW": "'->'",
     "LEVEL": "'@level'",
-    "PARTITION_KIND": "'group' or 'stream'",
+    "PARTITION_KIND": "'group', 'stream' or 'split'",
     "_KERNEL": "'kernel'",
     "_RELABEL": "'relabel'",
     "_BOX": "'box'",
@@ -720,7 +720,7 @@ _TOKEN_NAMES = {
 # boundary, so a keyword glued to a name (`kernelfoo`, `forY`, `groupi`) lexes as a name.
 _KEYWORDS = {"_KERNEL": ("kernel",), "_RELABEL": ("relabel",), "_BOX": ("box",), "_ON": ("on",), "_FOR": ("for",),
              "_AND": ("and",), "_OR": ("or",), "_NOT": ("not",),
-             "PARTITION_KIND": ("group", "stream")}
+             "PARTITION_KIND": ("group", "stream", "split")}
 # Lines that can only be a declaration with its keyword glued to the name: no statement's
 # target is followed by '(' and none holds the reserved word 'on'.
 _GLUED_DECLARATION = re.compile(r"\s*(?:(kernel|box)(\w+)\s*\(|(relabel)(\w+)(?:\s+\w+)?\s+on(?!\w))")

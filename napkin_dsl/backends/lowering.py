@@ -430,9 +430,19 @@ class LoweredProgram:
     kernels: list = field(default_factory=list)
 
 
+def refuse_split(program: Program) -> None:
+    """A split relabelling (``split AXIS SIZE``) is not printed yet: its parts' launch and its
+    combine launch run on the NumPy backend only. Raised before anything is printed."""
+    split = next((launch.combine for launch in program.launches if launch.combine is not None), None)
+    if split is not None:
+        raise LoweringError(f"split {split}: the parts' partial states and the combine launch are not printed for CUDA/OpenCL yet",
+                            hint="run it with the NumPy backend (--backend numpy), or leave the axis unsplit")
+
+
 class Printer:
     def __init__(self, program: Program, launch, dialect: Dialect, threads: int = THREADS,
                  accumulators: dict | None = None):
+        refuse_split(program)
         self.program = program
         self.schedule = launch.schedule  # the launch's view: only the partitions that apply to it
         self.diagram = program.diagram
@@ -1268,6 +1278,10 @@ class Printer:
         # or it would round the values kept (then the barrier is not needed: one a step).
         self.staged(self.per_thread_rows(rows, (axis,)), lambda: self.row_loop(rows, body),
                     lambda write: self.row_loop(rows, lambda: self.lane_loop((axis,), write)), s.target, all_axes)
+
+    def step_merge(self, step: Step):
+        refuse_split(self.program)  # a merge step exists only in a split's combine launch
+        raise LoweringError(f"napkin bug: a merge step of {step.array} outside a split's combine launch")
 
     def step_rescale(self, step: Step):
         s = step.statement

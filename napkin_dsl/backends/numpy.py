@@ -321,6 +321,8 @@ class Interpreter:
         self.levels = program.levels
         self.top = self.levels[0]
         self.sizes = {axis: _integer(schedule.axis_size(axis), f"axis {axis}") for axis in self.diagram.axes}
+        # A split's part axes (x#): the number of parts, which the parts' saved states carry.
+        self.sizes |= {part: _integer(schedule.axis_size(part), f"the parts of {part}") for part in schedule.parts}
         # The current tile: per axis, the [start, stop) its enclosing loops have narrowed it to.
         self.ranges = {axis: (0, size) for axis, size in self.sizes.items()}
         self.values: dict[str, dict[str, np.ndarray]] = {level: {} for level in self.levels}
@@ -407,9 +409,12 @@ class Interpreter:
         if loop.mask is not None:
             return self.masked_loop(loop, body, tile, trips)
         block = id(loop) in self.block_loops
+        part = loop.part  # a split's loop also numbers its parts along the part axis
 
         def run_loop():
             start, stop = ranges[axis]
+            if part is not None:
+                held = ranges[part]
             for trip in range(trips):
                 first = min(start + trip * tile, stop)
                 last = min(first + tile, stop)
@@ -418,6 +423,8 @@ class Interpreter:
                     self.counts.empty_tiles += 1
                     self.empty_depth += 1
                 ranges[axis] = (first, last)
+                if part is not None:
+                    ranges[part] = (start // tile + trip, start // tile + trip + 1)
                 for node in body:
                     node()
                 if empty:
@@ -425,6 +432,8 @@ class Interpreter:
                 if block:
                     self.block_done()
             ranges[axis] = (start, stop)
+            if part is not None:
+                ranges[part] = held
 
         return run_loop
 
@@ -509,17 +518,22 @@ class Interpreter:
 
     def step_save(self, step: Step) -> Callable[[], None]:
         name, axes, source, dest, level = step.array, step.axes, step.source, step.dest, step.level
-        array = self.diagram.arrays[name]
+        held_name = step.reads[0][1]  # a split's part saves a state (O.acc) as its part array (O.acc.part)
         dtype = numpy_dtype(step.dtype)
         nbytes = DTYPE_BYTES[step.dtype]
         lower_values = self.values[source]
         upper_values, upper_starts = self.values[dest], self.starts[dest]
-        held = self.launch.buffers[(source, name)].axes  # a computed tile is in its statement's axis order
+        held = self.launch.buffers[(source, held_name)].axes  # a computed tile is in its statement's axis order
+        # a part's state lacks the part axis, one part long here: put it in front
+        missing = tuple(a for a in axes if a not in held)
+        held = missing + tuple(held)
         order = None if tuple(held) == tuple(axes) else [held.index(a) for a in axes]
-        full_shape = tuple(self.sizes[a] for a in array.axes)
+        full_shape = tuple(self.sizes[a] for a in self.launch.buffers[(dest, name)].axes)
 
         def save():
-            tile = lower_values[name]
+            tile = lower_values[held_name]
+            if missing:
+                tile = tile.reshape((1,) * len(missing) + tile.shape)
             if order is not None:
                 tile = tile.transpose(order)
             if name not in upper_values:  # the top level: the whole array, at its first save
@@ -869,6 +883,61 @@ class Interpreter:
             self.store(level, s.target, out.axes, align_out(result).astype(dtype))
 
         return finalise
+
+    def step_merge(self, step: Step) -> Callable[[], None]:
+        """One part's states merged into the running ones (the combine launch of a split)."""
+        s, level = step.statement, step.level
+        values, count = self.values[level], self.count
+        role = self.roles[s.index]
+        buffers = self.launch.buffers
+
+        def squeeze(name: str) -> np.ndarray:
+            return values[name].reshape(values[name].shape[1:])  # the part axis, one part long here
+
+        if role == "accumulate":
+            (_, acc), (_, incoming) = step.reads
+            fold = ELEMENTWISE["add" if isinstance(s.box, Contract) or reduction(s.box.op).divides else reduction(s.box.op).combine]
+            align = _aligner(buffers[(level, incoming)].axes[1:], buffers[(level, acc)].axes)
+
+            def merge():
+                values[acc] = np.asarray(fold(values[acc], align(squeeze(incoming))), dtype=values[acc].dtype)
+                count("fma", values[acc].size)
+
+            return merge
+        if role == "online":
+            (_, m_name), (_, l_name), (_, m_part), (_, l_part) = step.reads
+            _, _, (_, scale), (_, scale_part) = step.writes
+            m_axes = buffers[(level, m_name)].axes
+            align = _aligner(buffers[(level, m_part)].axes[1:], m_axes)
+
+            def merge():
+                m, l_ = values[m_name], values[l_name]
+                mp, lp = align(squeeze(m_part)), align(squeeze(l_part))
+                m_new = np.maximum(m, mp)
+                # a side that saw only masked entries (max -inf) weighs 0, not exp(-inf + inf)
+                a = np.where(m == -np.inf, 0.0, np.exp(m - m_new)).astype(m.dtype)
+                b = np.where(mp == -np.inf, 0.0, np.exp(mp - m_new)).astype(m.dtype)
+                values[l_name] = (l_ * a + lp * b).astype(l_.dtype)
+                values[m_name] = m_new
+                self.store(level, scale, m_axes, a)
+                self.store(level, scale_part, m_axes, b)
+                count("fma", 6 * m.size)  # the max, two differences, l a + l_p b
+                count("special", 2 * m.size)  # the two factors
+
+            return merge
+        # an output the online softmax rescales: O = O a + O_p b
+        (_, acc), (_, incoming), (_, scale), (_, scale_part) = step.reads
+        acc_axes = buffers[(level, acc)].axes
+        align_in = _aligner(buffers[(level, incoming)].axes[1:], acc_axes)
+        align_a = _aligner(buffers[(level, scale)].axes, acc_axes)
+        align_b = _aligner(buffers[(level, scale_part)].axes, acc_axes)
+
+        def merge():
+            o = values[acc]
+            values[acc] = (o * align_a(values[scale]) + align_in(squeeze(incoming)) * align_b(values[scale_part])).astype(o.dtype)
+            count("fma", 3 * o.size)
+
+        return merge
 
     def lse_finalise(self, step: Step) -> Callable[[], None]:
         """L = P.max + log(P.sum): the log-sum-exp from the online softmax's state after the
