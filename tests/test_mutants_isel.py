@@ -111,3 +111,40 @@ def test_a_tile_no_grid_of_eight_warps_holds_is_refused():
     chosen = matmul_plan(256, 256)
     assert chosen.path == "fma"
     assert chosen.reason.startswith("no warp grid of whole fragments splits the 256 x 256 tile")
+
+
+def test_mlp_shared_memory_layout_by_hand():
+    # mlp on H100: group b 128, n 128; stream k 32. X[b k] and W[k n] stream (two cp.async stages
+    # each, swizzled, 128-byte aligned); bias[n] is read elementwise: one plain row-major tile.
+    from napkin_dsl.cost import columns
+
+    (kernel,) = napkin.load(EXAMPLES / "mlp.napkin").values()
+    program = kernel.gpu_program(None, b=256, k=64, n=256)
+    plan = isel.selection(program, program.launches[0]).plan
+    assert plan.plain == ("bias",)
+    slots, total = isel.smem_layout(plan, isel.launch_tiles(program.launches[0])[0], program.diagram)
+    bf16 = 2
+    w = x = 32 * 128 * bf16
+    assert {n: (s.offset, s.stage_bytes, s.stages) for n, s in slots.items()} == {
+        "W": (0, w, 2), "X": (2 * w, x, 2), "bias": (2 * w + 2 * x, 128 * bf16, 1)}
+    assert total == 2 * w + 2 * x + 128 * bf16
+    shown = {row["resident"].get("smem") for row in columns(program)}
+    assert shown == {"W[32 128] x2 + X[128 32] x2 + bias[128]"}
+
+
+MATVEC = """
+kernel mv(A: f32[a b], v: f32[b]) -> y: f32[a]:
+    y[a] = A[a b] * v[b]
+"""
+
+
+def test_register_blocks_need_a_free_axis_of_each_operand():
+    # C[m n] = A[m k] B[k n]: m only in A, n only in B -> register blocks over (m, n);
+    # y[a] = A[a b] v[b]: v has no free axis -> no register block (single outputs per thread)
+    (matmul,) = napkin.load(EXAMPLES / "matmul.napkin").values()
+    (s,) = matmul.diagram.statements
+    assert isel.register_tile_axes(s.box, s.axes, {"m": 64, "n": 64, "k": 32}) == ("m", "n")
+    assert isel.register_tile_axes(s.box, s.axes, {"m": 1, "n": 64, "k": 32}) is None  # m not tiled
+    (mv,) = napkin.load(MATVEC).values()
+    (s,) = mv.diagram.statements
+    assert isel.register_tile_axes(s.box, s.axes, {"a": 64, "b": 32}) is None
