@@ -103,8 +103,10 @@ class Configuration:
         for level, targets in dict.fromkeys((k.level, k.targets) for k in knobs):
             mine = [k for k in knobs if (k.level, k.targets) == (level, targets) and self.size_of(k) is not None]
             groups = [f"{k.axis} {self.size_of(k)}" for k in mine if k.kind == "group"]
+            splits = [f"{k.axis} {self.size_of(k)}" for k in mine if k.kind == "split"]
             streams = [f"{k.axis} {self.size_of(k)}" for k in mine if k.kind == "stream"]
-            parts = ([f"group {', '.join(groups)}"] if groups else []) + ([f"stream {', '.join(streams)}"] if streams else [])
+            parts = (([f"group {', '.join(groups)}"] if groups else []) + ([f"split {', '.join(splits)}"] if splits else [])
+                     + ([f"stream {', '.join(streams)}"] if streams else []))
             scope = f" for {', '.join(targets)}" if targets else ""
             lines.append(f"{level}{scope}: " + "; ".join(parts))
         return lines
@@ -472,7 +474,18 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
                                             knobs, values, origin="as written"))
         except RelabelError:
             pass  # the written relabelling does not fit these sizes: the search may find one that does
-        ranked = search.ranked(diagram, block)
+        unsplit = _without_splits(block)
+        if unsplit != block and unsplit.levels:  # the written one with no split: a base for other splits
+            try:
+                report = cost_of(plan(diagram, profile, unsplit, sizes))
+                partitions = [(c.level, p) for c in unsplit.levels for p in c.partitions]
+                knobs = [Knob(level, p.kind, p.axis, p.targets) for level, p in partitions]
+                values = {k: p.size for k, (_, p) in zip(knobs, partitions, strict=False)}
+                candidates.append(Configuration({k.axis: v for k, v in values.items()}, report.time.get("overlapped_s"),
+                                                report, knobs, values, origin="as written, unsplit"))
+            except RelabelError:
+                pass  # the search sizes groups and streams; splits are tried after it
+        ranked = search.ranked(diagram, unsplit) if unsplit.levels else None
         if ranked is not None:
             spaces.append(search.space(diagram, ranked, "resized"))
     choices = [written]
@@ -501,6 +514,7 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     written_time = min((c.time_s for c in candidates if c.time_s is not None), default=math.inf)
     found, optimality = search.branch_and_bound(spaces, written_time, MAX_COSTED)
     candidates += found
+    candidates += split_candidates(diagram, profile, sizes, candidates)
     compute_level = profile.compute_level.name
     # Ties in predicted time go to the configuration that moves fewer bytes into the compute level.
     candidates.sort(key=lambda c: (c.time_s if c.time_s is not None else math.inf,
@@ -520,6 +534,65 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
                       _time.perf_counter() - started, {a: tuple(sorted(ms)) for a, ms in search.required.items() if ms != {1}},
                       fusion_choices=len(choices),
                       written=written, curves=_curves(searched or []), optimality=optimality)
+
+
+def _without_splits(block: syn.RelabelBlock) -> syn.RelabelBlock:
+    """``block`` without its split partitions (a level left with none is dropped)."""
+    levels = []
+    for clause in block.levels:
+        kept = tuple(p for p in clause.partitions if p.kind != "split")
+        if kept:
+            levels.append(dataclasses.replace(clause, partitions=kept))
+    return dataclasses.replace(block, levels=tuple(levels))
+
+
+# How many of the best configurations the tuner tries splits on, and the most parts a split may
+# have: beyond a few thousand parts the combine launch's loads outweigh what the split gains.
+SPLIT_BASES = 3
+MAX_PARTS = 4096
+
+
+def split_candidates(diagram: Diagram, profile: Hardware, sizes: dict, candidates: list) -> list:
+    """Configurations that split the streamed axis of one of the best few candidates: each part
+    size a power of two times the stream's chunk, from two chunks to half the axis, costed
+    exactly (the model counts the parts' launch and the combine launch). The candidates
+    themselves are the unsplit choice; the caller sorts all of them by predicted time."""
+    bases = sorted((c for c in candidates if c.time_s is not None and not any(k.kind == "split" for k in c.knobs)),
+                   key=lambda c: c.time_s)[:SPLIT_BASES]
+    # Splitting restores the parallelism that larger tiles give up: on the best base, also try its
+    # groups two and four times larger (capped at the axis).
+    if bases:
+        best = bases[0]
+        groups = [k for k in best.knobs if k.kind == "group" and isinstance(best.size_of(k), int) and k.axis in sizes]
+        for factors in itertools.product((1, 2, 4), repeat=len(groups)) if len(groups) <= 3 else ():
+            if all(f == 1 for f in factors):
+                continue
+            values = dict(best.values or {k: best.size_of(k) for k in best.knobs})
+            values |= {k: min(best.size_of(k) * f, sizes[k.axis]) for k, f in zip(groups, factors, strict=True)}
+            bases.append(dataclasses.replace(best, values=values, sizes={k.axis: v for k, v in values.items()}))
+    out = []
+    for base in bases:
+        variant = base.diagram if base.diagram is not None else diagram
+        for stream in [k for k in base.knobs if k.kind == "stream"]:
+            chunk, length = base.size_of(stream), sizes.get(stream.axis)
+            if not isinstance(chunk, int) or not isinstance(length, int):
+                continue
+            part = 2 * chunk
+            while part <= length // 2:
+                if -(-length // part) <= MAX_PARTS:
+                    knob = Knob(stream.level, "split", stream.axis, stream.targets)
+                    knobs = [k for k in base.knobs if k != stream] + [knob, stream]
+                    values = dict(base.values or {k: base.size_of(k) for k in base.knobs}) | {knob: part}
+                    try:
+                        report = cost_of(plan(variant, profile, _block(variant, profile, knobs, values), sizes))
+                    except RelabelError:
+                        part *= 2
+                        continue
+                    by_axis = {k.axis: v for k, v in values.items() if k.kind != "split"}  # an axis's size: its stream's
+                    out.append(Configuration(by_axis, report.time.get("overlapped_s"), report,
+                                             knobs, values, origin="split", materialised=base.materialised, diagram=base.diagram))
+                part *= 2
+    return out
 
 
 def knob_label(knob: Knob) -> str:
