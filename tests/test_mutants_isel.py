@@ -148,3 +148,18 @@ def test_register_blocks_need_a_free_axis_of_each_operand():
     (mv,) = napkin.load(MATVEC).values()
     (s,) = mv.diagram.statements
     assert isel.register_tile_axes(s.box, s.axes, {"a": 64, "b": 32}) is None
+
+
+def test_a_warp_grid_holding_exactly_the_fragment_budget_is_taken():
+    # registers: group m 16, n 320 -> each warp holds 16 x 320 f32 accumulators over 32 lanes:
+    # 160 a thread, the budget exactly (isel.FRAGMENT_BUDGET); 32 x 256 would hold 256 and is refused
+    source = (EXAMPLES / "matmul.napkin").read_text().replace("group m 128, n 128", "group m 64, n 320")
+    (kernel,) = napkin.load(source + "    registers: group m 16, n 320\n").values()
+    program = kernel.gpu_program(None, m=512, n=640, k=64)
+    chosen = isel.selection(program, program.launches[0])
+    assert chosen.path == "mma.sync", chosen.reason
+    assert 16 * 320 // 32 == isel.FRAGMENT_BUDGET
+    source = (EXAMPLES / "matmul.napkin").read_text().replace("group m 128, n 128", "group m 64, n 256")
+    (kernel,) = napkin.load(source + "    registers: group m 32, n 256\n").values()
+    program = kernel.gpu_program(None, m=512, n=640, k=64)
+    assert isel.selection(program, program.launches[0]).path == "fma"
