@@ -84,6 +84,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "napkin_dsl/pseudocode.py",
         [
             "tests/test_mutants_pseudocode.py",
+            "tests/test_independent_counts.py",
             "tests/test_pseudocode_golden.py",
             "tests/test_steps.py",
             "tests/test_cost.py",
@@ -95,6 +96,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "napkin_dsl/cost.py",
         [
             "tests/test_mutants_cost.py",
+            "tests/test_independent_counts.py",
             "tests/test_cost.py",
             "tests/test_statement_columns.py",
             "tests/test_model_paths.py",
@@ -117,6 +119,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "napkin_dsl/layouts.py",
         [
             "tests/test_mutants_layouts.py",
+            "tests/test_layouts.py",
+            "tests/test_ptx_asm.py",
             "tests/test_tensorcore.py",
         ],
     ),
@@ -125,6 +129,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         [
             "tests/test_mutants_numpy.py",
             "tests/test_numpy_backend.py",
+            "tests/test_numerical_stress.py",
             "tests/test_steps.py",
             "tests/test_flops.py",
             "tests/test_logsumexp.py",
@@ -134,6 +139,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "napkin_dsl/backends/tensorcore.py",
         [
             "tests/test_mutants_tensorcore.py",
+            "tests/test_ptx_asm.py",
             "tests/test_tensorcore.py",
             "tests/test_cuda_codegen.py",
         ],
