@@ -647,6 +647,25 @@ def _masked_loop(launch):
     return next((lp for _, loops in walk(launch.body) for lp in loops if lp.mask is not None), None)
 
 
+# An SM of sm_80 and sm_90 has 4 sub-partitions, each with its own warp scheduler and a quarter of
+# the SM's tensor cores, FP32 lanes and MUFU units (CUDA C++ Programming Guide, compute capability
+# 8.x and 9.0: "4 warp schedulers"); a block's warps stay on the sub-partition they start on.
+SUBPARTITIONS = 4
+
+
+def subpartition_balance(warps: int, resident: int) -> float:
+    """The fraction of an SM's compute units a launch's blocks of ``warps`` warps can keep busy:
+    its warps spread over 4 sub-partitions, the busiest holds ceil(k warps / 4) of the k blocks'
+    warps; the best k from 1 to ``resident`` blocks per SM (6 warps: 0.75 alone, 1 two at once)."""
+    return max(k * warps / (SUBPARTITIONS * -(-k * warps // SUBPARTITIONS)) for k in range(1, max(resident, 1) + 1))
+
+
+def loaded_bytes(program: Program, launch, level: str) -> algebra.Expr:
+    """Bytes one launch loads into ``level`` (the copies that fill its tiles), tails included."""
+    return _total(step_total(program, step, loops) * _bytes(step.dtype)
+                  for step, loops in walk(launch.body) if step.op == "load" and step.level == level)
+
+
 def busy_fraction(blocks, units: int) -> float:
     """The fraction of the time a launch's blocks keep the compute units busy. The block
     scheduler spreads blocks over the SMs before it doubles any up, and blocks sharing an SM
@@ -759,12 +778,24 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
         if not occupancy and as_number(launch_levels[launch.index][schedule.compute_level].M_bytes) is not None:
             resident = blocks_per_unit(schedule, launch_levels[launch.index][schedule.compute_level].M_bytes)
         seconds = compute[launch.index]
+        own, efficiency = launch_levels[launch.index], 1.0
+        if entry is not None and entry[1] and resident is not None:
+            seconds /= subpartition_balance(-(-entry[1] // 32), resident[0])
         if blocks and resident is not None:
             efficiency = busy_fraction(blocks, units)
             unequal = masked_wave_efficiency(sub, units)  # masked query groups do unequal work
             if unequal is not None:
                 efficiency = time["masked_wave_efficiency"] = unequal
             seconds /= efficiency
+        if "registers" in moved and as_number(own["registers"].H_bytes):
+            # Shared memory's port, one per SM, carries both the ldmatrix reads (H at registers)
+            # and the copies that fill the tiles (loads into the compute level), at the registers
+            # level's bandwidth (shared memory to registers) over the SMs the blocks keep busy:
+            # one overlapped term, as the SASS ceiling (backends/sass.py) prices it.
+            port = float((own["registers"].H_bytes + loaded_bytes(program, launch, schedule.compute_level))
+                         / own["registers"].bandwidth) / efficiency
+            transfer["registers"] += port - moved["registers"]
+            moved["registers"] = port
             residents.append(resident)
             most_blocks = blocks if most_blocks is None else max(most_blocks, blocks)
         per_launch[launch.index] = (seconds, moved)

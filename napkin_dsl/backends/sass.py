@@ -17,7 +17,15 @@ kernel and of each innermost loop, and instructions per tensor instruction in ea
 :class:`NoDisassembler` (a :class:`~napkin_dsl.errors.NapkinError`) says what to install.
 No GPU is needed.
 
-Deliberately not here: timing or any claim about speed (static instruction counts weigh an
+The one claim about speed is a *ceiling*: :func:`loop_ceiling` prices each hot loop's
+instructions against the per-SM rates of the resources they occupy (tensor cores at the hardware
+profile's per-path rate, issue slots, shared-memory bandwidth, MUFU, the FP32 pipe), names the
+resource that binds, and :func:`launch_ceiling` turns that into the TFLOP/s no run of the launch
+can beat, beside the model's prediction for the same launch (``sass_report``'s ``ceiling``).
+It is an upper bound, never an estimate: every instruction costs its best case (one issue slot,
+no bank conflict, no stall, no latency).
+
+Deliberately not here: timing or any estimate of speed (static instruction counts weigh an
 instruction once however often it runs, and say nothing about latency or stalls: that is a
 profiler's job), register liveness and dependency analysis, control flow beyond backward
 branches (loops are address ranges, not a CFG), PTX (it is not what runs), and any assertion
@@ -37,7 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..cost import busy_fraction, flops_by_unit
 from ..errors import NapkinError
+from ..pseudocode import blocks_per_unit, walk
 
 if TYPE_CHECKING:
     from .compiled import CompiledKernel
@@ -319,6 +329,247 @@ def innermost_loops(instructions: list[Instruction]) -> list[list[Instruction]]:
     return [[i for i in instructions if start <= i.address <= end] for start, end in innermost]
 
 
+# ---- the static ceiling -------------------------------------------------------------------------
+
+# An SM of sm_80 and sm_90 has four sub-partitions (SMSPs), each with one warp scheduler that
+# issues one warp instruction per clock (CUDA C++ Programming Guide, "Compute Capability 8.x" and
+# "9.0": "4 warp schedulers" per SM). A block's warps are assigned to the sub-partitions when it
+# starts and stay there (NVIDIA's forum answer on SMSPs, forums.developer.nvidia.com/t/259827), and
+# each sub-partition has its own quarter of the tensor cores, FP32 lanes and MUFU units.
+SUBPARTITIONS = 4
+ISSUE_PER_CLOCK = 1  # warp instructions per clock per sub-partition
+WARP_LANES = 32
+# Shared memory: 32 banks of 4 bytes, each serving one 4-byte word per clock (Programming Guide,
+# "Shared Memory", compute capability 5.x and later): 128 B/clk/SM. The GPU profiles encode it as
+# the registers level's bandwidth (32 x 4 B x SMs x clock); this is the fallback for one that does not.
+SHARED_BYTES_PER_CLOCK = 128
+# ldmatrix moves 8x8 matrices of 16-bit values, 128 bytes each (PTX ISA, "ldmatrix"): .x1, .x2, .x4.
+LDSM_MATRIX_BYTES = 128
+# HMMA shapes as the SASS opcode names them (HMMA.16816: m16n8k16) -> (m, n, k).
+HMMA_SHAPES = {"16816": (16, 8, 16), "1688": (16, 8, 8), "1684": (16, 8, 4), "884": (8, 8, 4), "16832": (16, 8, 32)}
+_GMMA_SHAPE = re.compile(r"^(\d+)x(\d+)x(\d+)$")  # HGMMA.64x128x16
+_OPERAND_DTYPES = {"BF16": "bf16", "TF32": "f32", "E4M3": "fp8e4m3", "E5M2": "fp8e5m2"}
+FP32_PIPE = frozenset({"FFMA", "FMUL", "FADD"})  # one FP32 lane each (FFMA: 2 FLOPs)
+# FP32 FLOPs per lane, as the model counts them (a max is one FLOP, an FMA two).
+FP32_FLOPS = {"FFMA": 2, "FMUL": 1, "FADD": 1, "FMNMX": 1}
+RESOURCES = ("tensor", "issue", "shared", "mufu", "fp32")
+
+
+def tensor_work(opcode: str) -> tuple[int, str, str] | None:
+    """(FLOPs of one warp's instruction, PTX instruction, operand dtype) of a tensor-core opcode,
+    None for anything else (or a shape this table does not know).
+
+    >>> tensor_work("HMMA.16816.F32.BF16"), tensor_work("HMMA.1688.F32.TF32")
+    ((4096, 'mma.sync', 'bf16'), (2048, 'mma.sync', 'f32'))
+
+    A warpgroup MMA (HGMMA, wgmma) is issued by each of its four warps, each for 16 of its 64 rows:
+
+    >>> tensor_work("HGMMA.64x128x16.F32.BF16")
+    (65536, 'wgmma', 'bf16')
+    """
+    base, *modifiers = opcode.split(".")
+    dtype = next((_OPERAND_DTYPES[m] for m in modifiers if m in _OPERAND_DTYPES), "f16")
+    if base == "HMMA" and modifiers and modifiers[0] in HMMA_SHAPES:
+        m, n, k = HMMA_SHAPES[modifiers[0]]
+        return 2 * m * n * k, "mma.sync", dtype
+    if base == "HGMMA" and modifiers and _GMMA_SHAPE.match(modifiers[0]):
+        m, n, k = (int(g) for g in _GMMA_SHAPE.match(modifiers[0]).groups())
+        return 2 * m * n * k // 4, "wgmma", dtype
+    return None
+
+
+def shared_bytes(opcode: str) -> int:
+    """Bytes one warp's instruction moves through shared memory: ``ldmatrix`` (LDSM, and STSM)
+    128 B per matrix (``.4``: 512 B); LDS, STS and the shared side of ``cp.async`` (LDGSTS) their
+    width times 32 lanes (LDS.128: 512 B). 0 for anything else.
+
+    >>> [shared_bytes(op) for op in ("LDSM.16.M88.4", "LDSM.16.MT88.2", "LDS.U16", "LDS", "STS.128", "LDGSTS.E.BYPASS.128", "FFMA")]
+    [512, 256, 64, 128, 512, 512, 0]
+    """
+    base, *modifiers = opcode.split(".")
+    if base in ("LDSM", "STSM"):
+        matrices = next((int(m) for m in modifiers if m in ("1", "2", "4")), 1)
+        return LDSM_MATRIX_BYTES * matrices
+    if base in ("LDS", "STS", "LDGSTS"):
+        width = next((_LDS_WIDTHS[m] for m in modifiers if m in _LDS_WIDTHS), 32)
+        return width // 8 * WARP_LANES
+    return 0
+
+
+@dataclass(frozen=True)
+class SMRates:
+    """What one SM does per clock, read off a GPU's hardware profile (the model's own numbers):
+    tensor FLOPs per instruction path and dtype (``hardware.peak``), shared-memory bytes (the
+    registers level's bandwidth: shared memory to registers), MUFU results (``special``) and FP32
+    lanes (``fma`` f32 / 2 FLOPs)."""
+
+    hardware: object
+    clock_hz: float
+    sms: int
+    shared_bytes: float
+    mufu: float
+    fp32: float
+
+    def tensor(self, instruction: str, dtype: str) -> float | None:
+        rate = self.hardware.peak(instruction, dtype)
+        return None if rate is None else rate / (self.sms * self.clock_hz)
+
+
+def sm_rates(hardware) -> SMRates:
+    """The per-SM, per-clock rates of a GPU profile (a :class:`~napkin_dsl.hardware.Hardware`)."""
+    if hardware.symbolic or not hardware.clock_hz:
+        raise NapkinError(f"{hardware.name} is not a GPU profile with a clock: the ceiling prices instructions per clock",
+                          hint="compile for a GPU profile (A100, H100, H200)")
+    clock = float(hardware.clock_hz)
+    sms = next(level.units for level in hardware.levels if level.compute)
+    per_sm = clock * sms
+    registers = next((level for level in hardware.levels if level.name == "registers"), None)
+    shared = (float(registers.bandwidth) / per_sm if registers is not None and isinstance(registers.bandwidth, (int, float))
+              else SHARED_BYTES_PER_CLOCK)
+    special = hardware.peak("special", "f32")
+    fma = hardware.peak("fma", "f32")
+    return SMRates(hardware, clock, sms, shared,
+                   mufu=special / per_sm if special else float("inf"),
+                   fp32=fma / 2 / per_sm if fma else float("inf"))
+
+
+def _least_imbalance(warps: int, blocks_per_sm: int) -> float:
+    """How much longer the busiest sub-partition works than the average, at the best residency
+    from 1 to ``blocks_per_sm`` blocks of ``warps`` warps (a block's warps spread evenly)."""
+    return min(-(-k * warps // SUBPARTITIONS) / (k * warps / SUBPARTITIONS) for k in range(1, max(blocks_per_sm, 1) + 1))
+
+
+def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per_sm: int = 1, unit: str = "tensor") -> dict:
+    """The clocks one iteration of a loop takes on each resource of an SM, for every warp of a
+    block running it once, and the FLOP rate that implies.
+
+    Per warp: ``tensor`` is its MMAs' FLOPs at the profile's per-path rate; ``issue`` one slot
+    per instruction; ``mufu`` 32 results per MUFU instruction; ``fp32`` 32 lanes per FFMA, FMUL
+    or FADD. Those four run on the warp's sub-partition, a quarter of the SM, and the busiest
+    sub-partition holds ``ceil(warps / 4)`` of a block's warps (:func:`_least_imbalance`).
+    ``shared`` is every warp's shared-memory bytes (:func:`shared_bytes`) at the SM's bytes per
+    clock. The binding resource is the one with the most clocks; ``unit`` says which FLOPs the
+    rate counts: ``tensor`` (the MMAs') or ``fp32`` (2 per FFMA, 1 per FMUL, FADD, FMNMX, times
+    32 lanes: an FMA-path launch).
+
+    Each count is a best case (one issue slot an instruction, no bank conflict, no stall; an
+    instruction under a predicate costs only its issue slot, and one under ``@!PT`` nothing), so
+    the rate is an upper bound on what the loop can run at, never an estimate of it.
+    """
+    tensor_clocks = 0.0
+    tensor_flops = 0
+    unpriced = collections.Counter()
+    counts = collections.Counter()
+    nbytes = 0
+    issued = 0
+    for instruction in body:
+        if instruction.predicate == "@!PT":
+            continue  # never executes: the compiler's padding (`@!PT LDS RZ, [RZ]` beside cp.async)
+        issued += 1
+        if instruction.predicate:
+            continue  # may not execute: an upper bound charges it only its issue slot
+        base = instruction.base
+        work = tensor_work(instruction.opcode)
+        if work is not None:
+            flops, path, dtype = work
+            rate = rates.tensor(path, dtype)
+            if rate is None:
+                unpriced[instruction.opcode] += 1
+            else:
+                tensor_flops += flops
+                tensor_clocks += flops / (rate / SUBPARTITIONS)
+        elif instruction.kind == "tensor":
+            unpriced[instruction.opcode] += 1
+        nbytes += shared_bytes(instruction.opcode)
+        counts["mufu"] += base == "MUFU"
+        counts["fp32"] += base in FP32_PIPE
+        counts["fp32_flops"] += FP32_FLOPS.get(base, 0)
+    imbalance = _least_imbalance(warps, blocks_per_sm)
+    per_partition = warps / SUBPARTITIONS * imbalance  # warps of a block on the busiest sub-partition, on average
+    clocks = {
+        "tensor": per_partition * tensor_clocks,
+        "issue": per_partition * issued / ISSUE_PER_CLOCK,
+        "shared": warps * nbytes / rates.shared_bytes,
+        "mufu": per_partition * counts["mufu"] * WARP_LANES / (rates.mufu / SUBPARTITIONS),
+        "fp32": per_partition * counts["fp32"] * WARP_LANES / (rates.fp32 / SUBPARTITIONS),
+    }
+    flops = warps * (tensor_flops if unit == "tensor" else counts["fp32_flops"] * WARP_LANES)
+    binding = max(RESOURCES, key=lambda r: clocks[r])
+    longest = clocks[binding]
+    rate = flops / longest * rates.sms * rates.clock_hz if flops and longest else None
+    return {
+        "start": body[0].address if body else None,
+        "end": body[-1].address if body else None,
+        "warps": warps,
+        "blocks_per_sm": blocks_per_sm,
+        "imbalance": round(imbalance, 4),
+        "unit": unit,
+        "flops": flops,
+        "shared_bytes": warps * nbytes,
+        "clocks": {r: round(c, 2) for r, c in clocks.items()},
+        "binding": binding,
+        "tflops": None if rate is None else rate / 1e12,
+        "unpriced": dict(unpriced),
+    }
+
+
+def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction] | None,
+                   function: list[Instruction], rates: SMRates | None = None) -> dict:
+    """The static ceiling of one launch of a compiled kernel beside the model's prediction.
+
+    The hot loop's rate (:func:`loop_ceiling`, at the blocks per SM its compiled resources allow)
+    is applied to all of the launch's work on the loop's unit, the Program's FLOPs on tensor
+    cores (a tensor-core launch) or on the FMA pipe (an FMA launch), spread over the SMs as its
+    blocks allow (the busiest SM runs ceil(blocks / SMs) of them; a masked launch, whose blocks
+    do unequal work, is given every SM). That is ``floor_s``, the least time the launch can take
+    in its hot loop's code (the whole function where no loop holds the unit's instructions: a fully
+    unrolled launch); ``tflops`` is the launch's FLOPs (every unit) over it, the same
+    measure as ``model_tflops``, the model's FLOPs over its time for the launch (the roofline,
+    without the fixed costs). Code outside the hot loop, latency and stalls only add time.
+    """
+    program, report = compiled.program, compiled.cost
+    rates = rates or sm_rates(program.hardware)
+    kernel = compiled.launches[index]
+    launch = program.launches[index]
+    row = compiled.launch_table()[index]
+    warps = -(-kernel.block // WARP_LANES)
+    resident = blocks_per_unit(program.schedule, row["shared_bytes"], kernel.block, row["registers"])
+    blocks_per_sm = resident[0] if resident else 1
+    unit = "fp32" if kernel.path == "fma" else "tensor"
+    _, priced = flops_by_unit(program, compiled.arch)
+    mine = [(rate, float(amount)) for at, rate, _, amount in priced if at == launch.index]
+    total = sum(amount for _, amount in mine)
+    on_unit = sum(amount for rate, amount in mine if (rate == "fma") == (unit == "fp32") and rate != "special")
+    time = report.time
+    if "launch_s" in time:
+        model_s = time["launch_s"][index]
+    else:
+        model_s = time["overlapped_s"] - sum((time.get("fixed_s") or {}).values()) if time.get("overlapped_s") else None
+    out = {"unit": unit, "loop": None, "binding": None, "busy": None, "floor_s": None, "tflops": None,
+           "model_s": model_s, "model_tflops": total / model_s / 1e12 if model_s and total else None,
+           "flops": total, "unit_flops": on_unit,
+           "tensor_in_loop": sum(i.kind == "tensor" for i in body or []),
+           "tensor_in_kernel": sum(i.kind == "tensor" for i in function), "whole_function": False}
+    def works(code):
+        return any((i.kind == "tensor") if unit == "tensor" else (i.base in FP32_FLOPS) for i in code or [])
+
+    if not works(body) and works(function):
+        # the MMAs (or FP32 math) are in no loop, unrolled: the function is the one iteration
+        body, out["whole_function"] = function, True
+    if not body:
+        return out
+    loop = loop_ceiling(body, rates, warps, blocks_per_sm, unit)
+    out["loop"] = loop
+    out["binding"] = loop["binding"]
+    if loop["tflops"] is None or not on_unit:
+        return out
+    masked = any(lp.mask is not None for _, loops in walk(launch.body) for lp in loops)
+    busy = 1.0 if masked else busy_fraction(kernel.grid, rates.sms)
+    floor_s = on_unit / (loop["tflops"] * 1e12 * busy)
+    out.update(busy=round(busy, 4), floor_s=floor_s, tflops=total / floor_s / 1e12)
+    return out
+
+
 # ---- the report ---------------------------------------------------------------------------------
 
 
@@ -338,9 +589,10 @@ def _ordered(counts: collections.Counter) -> dict:
     return {key: counts[key] for key in sorted(counts, key=_key_order)}
 
 
-def sass_report(compiled: CompiledKernel) -> dict:
+def sass_report(compiled: CompiledKernel, ceiling: bool = True) -> dict:
     """Per launch of a compiled kernel: the class histogram of the whole function and of each
-    innermost loop, and each loop's instructions per tensor-core instruction (None without any).
+    innermost loop, each loop's instructions per tensor-core instruction (None without any), and
+    (``ceiling``) the static ceiling of its hot loop beside the model (:func:`launch_ceiling`).
 
     Counts are static: an instruction counts once however many times it runs.
     """
@@ -349,20 +601,30 @@ def sass_report(compiled: CompiledKernel) -> dict:
                           hint="compile without ptx=True (drop --ptx)")
     functions = disassemble(compiled.image)
     launches = []
-    for launch in compiled.launches:
+    rates = None if not ceiling else sm_rates(compiled.program.hardware)
+    for index, launch in enumerate(compiled.launches):
         if launch.entry not in functions:
             raise RuntimeError(f"nvdisasm listed no function {launch.entry!r} (it listed {sorted(functions)}): a napkin bug")
         instructions = functions[launch.entry]
         used = compiled.resources.get(launch.entry, {})
-        launches.append({
+        bodies = [body for body in innermost_loops(instructions) if body]
+        entry = {
             "entry": launch.entry,
             "registers": used.get("registers"),
             "spill_bytes": used.get("spill_bytes"),
             "instructions": len(instructions),
             "whole": _ordered(histogram(instructions)),
-            "loops": [_loop_summary(body) for body in innermost_loops(instructions) if body],
-        })
-    return {"kernel": compiled.name, "arch": compiled.arch, "launches": launches}
+            "loops": [_loop_summary(body) for body in bodies],
+        }
+        if ceiling:
+            hottest = hot_loop(entry)
+            body = bodies[entry["loops"].index(hottest)] if hottest is not None else None
+            entry["ceiling"] = launch_ceiling(compiled, index, body, instructions, rates)
+        launches.append(entry)
+    out = {"kernel": compiled.name, "arch": compiled.arch, "launches": launches}
+    if ceiling:
+        out["hardware"] = compiled.program.hardware.name
+    return out
 
 
 def hot_loop(report_entry: dict) -> dict | None:
@@ -406,4 +668,34 @@ def format_sass_report(report: dict) -> str:
             lines.append("  " + "  ".join(cells).rstrip())
         if hottest is not None:
             lines.append("  * the hot loop: the innermost loop with the most tensor, then FFMA, instructions")
+        if entry.get("ceiling") is not None:
+            lines.extend(format_ceiling(entry["ceiling"], report.get("hardware")))
     return "\n".join(lines)
+
+
+def _tflops(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def format_ceiling(ceiling: dict, hardware: str | None = None) -> list[str]:
+    """The lines ``napkin cuda --sass`` prints for one launch's :func:`launch_ceiling`: clocks per
+    iteration on each resource, the binding one (``*``), and the ceiling beside the model."""
+    loop = ceiling["loop"]
+    on = f" on {hardware}" if hardware else ""
+    if loop is None:
+        return [f"  static ceiling{on}: none (no loop, and no {ceiling['unit']} instructions to price)"]
+    where = "the whole function (no loop holds them)" if ceiling["whole_function"] else f"loop {loop['start']:04x}-{loop['end']:04x}"
+    lines = [f"  static ceiling{on}, {where}: clocks per iteration of the block's {loop['warps']} warps on one SM "
+             f"({loop['blocks_per_sm']} block{'s' if loop['blocks_per_sm'] != 1 else ''} per SM"
+             + (f", busiest sub-partition {loop['imbalance']:.2f}x the mean" if loop["imbalance"] != 1 else "") + ")"]
+    for resource in RESOURCES:
+        mark = "*" if resource == loop["binding"] else " "
+        lines.append(f"   {mark}{resource:<7}{loop['clocks'][resource]:>10.1f}")
+    flops = f"{loop['flops']:,} {'tensor' if loop['unit'] == 'tensor' else 'FP32'} FLOPs an iteration"
+    lines.append(f"    bound by {loop['binding']}: {flops}, {_tflops(loop['tflops'])} TFLOP/s in this code")
+    if ceiling["tflops"] is not None:
+        lines.append(f"    the launch: at most {_tflops(ceiling['tflops'])} TFLOP/s ({ceiling['busy']:.2f} of the SMs busy); "
+                     f"the model predicts {_tflops(ceiling['model_tflops'])}")
+    if loop["unpriced"]:
+        lines.append(f"    not priced (no rate in the profile): {', '.join(f'{n} {op}' for op, n in loop['unpriced'].items())}")
+    return lines
