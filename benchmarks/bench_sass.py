@@ -7,7 +7,10 @@ relabel block: group q 128, stream x 64) and examples/matmul.napkin at m=n=k=819
 n 128, stream k 32), for sm_90 and sm_80, disassembles each cubin with nvdisasm
 (``napkin_dsl.backends.sass``) and prints one row per launch: the hot loop's instructions, its
 tensor-core instructions and instructions per tensor instruction ('-' without any), its FFMAs,
-LDSMs and LDGSTSs, and, for the whole kernel, local-memory instructions and ptxas's spill bytes.
+LDSMs and LDGSTSs, and, for the whole kernel, local-memory instructions and ptxas's spill bytes;
+then the static ceiling of each launch (``sass.launch_ceiling``: the hot loop priced at the
+profile's per-SM rates, sm_80 on A100 and sm_90 on H100): its binding resource, the TFLOP/s it
+allows the launch, and the model's prediction for the same launch.
 
 The hot loop is :func:`~napkin_dsl.backends.sass.hot_loop`: the innermost loop with the most
 tensor, then FFMA, instructions. Counts are static (each instruction once, however often it
@@ -32,6 +35,7 @@ CASES = [
     ("matmul", "matmul.napkin", "matmul", {"m": 8192, "n": 8192, "k": 8192}),
 ]
 ARCHES = ("sm_90", "sm_80")
+GPU = {"sm_80": "A100", "sm_90": "H100"}  # the profile each arch is priced on
 
 
 def rows(arches) -> list[list[str]]:
@@ -42,7 +46,7 @@ def rows(arches) -> list[list[str]]:
     for label, file, name, sizes in CASES:
         kernel = napkin.load(EXAMPLES / file)[name]
         for arch in arches:
-            report = sass_report(kernel.compile(arch, **sizes))
+            report = sass_report(kernel.compile(arch, GPU.get(arch), **sizes))
             for entry in report["launches"]:
                 loop = hot_loop(entry) or {"instructions": 0, "classes": {}, "per_tensor": None}
                 classes = loop["classes"]
@@ -57,6 +61,9 @@ def rows(arches) -> list[list[str]]:
                     str(classes.get("ldgsts", 0)),
                     str(entry["whole"].get("local", 0)),
                     "?" if entry["spill_bytes"] is None else str(entry["spill_bytes"]),
+                    entry["ceiling"]["binding"] or "-",
+                    "-" if entry["ceiling"]["tflops"] is None else f"{entry['ceiling']['tflops']:.1f}",
+                    "-" if entry["ceiling"]["model_tflops"] is None else f"{entry['ceiling']['model_tflops']:.1f}",
                 ])
     return out
 
@@ -67,13 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     header = ["kernel", "arch", "hot-loop instrs", "tensor", "instrs/tensor", "FFMA", "LDSM", "LDGSTS",
-              "local ops (kernel)", "spill B"]
+              "local ops (kernel)", "spill B", "binding", "ceiling TFLOP/s", "model TFLOP/s"]
     table = [header, *rows(args.arch or ARCHES)]
     widths = [max(len(row[c]) for row in table) for c in range(len(header))]
     for row in table:
         print("  ".join([row[0].ljust(widths[0]), row[1].ljust(widths[1])] + [cell.rjust(w) for cell, w in zip(row[2:], widths[2:], strict=False)]))
     print()
     print("hot-loop columns count the innermost loop with the most tensor, then FFMA, instructions; static counts")
+    print("ceiling: the hot loop's binding resource and the launch's TFLOP/s at it (an upper bound); model: the"
+          " cost model's prediction for the built kernel")
     for label, _, _, sizes in CASES:
         print(f"  {label}: " + " ".join(f"{axis}={size}" for axis, size in sizes.items()))
     return 0

@@ -587,7 +587,9 @@ def add_cuda_command(subparsers) -> None:
     cuda.add_argument("--ptx", action="store_true", help="emit PTX instead of the CUDA source")
     cuda.add_argument("--resources", action="store_true", help="print registers, shared memory and spills per launch")
     cuda.add_argument("--sass", action="store_true",
-                      help="disassemble the cubin (nvdisasm) and print instruction classes per launch and innermost loop")
+                      help="disassemble the cubin (nvdisasm) and print instruction classes per launch and innermost loop, "
+                           "and each launch's static ceiling: its hot loop's clocks per resource, the binding one, "
+                           "and the TFLOP/s it allows beside the model's")
     cuda.add_argument("--json", action="store_true", help="with --resources or --sass: one JSON object")
     cuda.set_defaults(run=cmd_cuda)
 

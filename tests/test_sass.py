@@ -224,6 +224,11 @@ def test_napkin_cuda_sass_cli(monkeypatch, capsys):
     data = json.loads(capsys.readouterr().out)
     (entry,) = data["kernels"]["matmul"]["launches"]
     assert entry["entry"] == "napkin_matmul_0" and entry["instructions"] > 0
+    # the static ceiling: the binding resource's clocks are the most, and the text names it
+    ceiling = entry["ceiling"]
+    clocks = ceiling["loop"]["clocks"]
+    assert clocks[ceiling["binding"]] == max(clocks.values()) and ceiling["tflops"] > 0 and ceiling["model_tflops"] > 0
+    assert f"bound by {ceiling['binding']}" in text and "the model predicts" in text
     assert main(args + ["--resources", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)["kernels"]["matmul"]
     assert data["launches"][0]["registers"] == data["sass"]["launches"][0]["registers"]
