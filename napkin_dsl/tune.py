@@ -514,7 +514,10 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     written_time = min((c.time_s for c in candidates if c.time_s is not None), default=math.inf)
     found, optimality = search.branch_and_bound(spaces, written_time, MAX_COSTED)
     candidates += found
-    candidates += split_candidates(diagram, profile, sizes, candidates)
+    # Code generation tunes with keep_written, and the printers do not print a split yet
+    # (backends/lowering.refuse_split): it is offered none.
+    if not keep_written:
+        candidates += split_candidates(diagram, profile, sizes, candidates)
     compute_level = profile.compute_level.name
     # Ties in predicted time go to the configuration that moves fewer bytes into the compute level.
     candidates.sort(key=lambda c: (c.time_s if c.time_s is not None else math.inf,
