@@ -90,3 +90,14 @@ def test_ldmatrix_phases_move_with_the_fragment_origin(operand, trans, outer, k)
     assert all(0 <= a < tile.bytes for phase in moved for a in phase)
     if col_shift:
         assert all(a != b for pm, pz in zip(moved, at_zero, strict=True) for a, b in zip(pm, pz, strict=True))
+
+
+@pytest.mark.parametrize(
+    "cols, element_bytes, covered",
+    [(8, 2, True), (16, 2, True), (32, 2, True), (64, 2, True), (128, 2, True), (192, 2, True),
+     (4, 4, True), (24, 2, False), (48, 2, False), (96, 2, False), (4, 2, False), (0, 2, False)],
+)
+def test_the_swizzle_covers_rows_of_16_32_64_or_a_multiple_of_128_bytes(cols, element_bytes, covered):
+    pitch = cols * element_bytes
+    assert covered == (pitch in (16, 32, 64) or (pitch > 0 and pitch % 128 == 0))  # the rule, on this row
+    assert layouts.SwizzledTile.supports(cols, element_bytes) is covered
