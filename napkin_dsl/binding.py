@@ -20,7 +20,8 @@ parameter, its declared axes and the array's shape and dtype, with a summary of 
 Arrays of other frameworks come in through DLPack: the DLPack dtype code (bf16 is code 4,
 fp8 e4m3fn 10, e5m2 12) maps to the ml_dtypes type napkin's CPU backends store, and the values
 are copied out of the producer's memory, so a torch bf16 tensor needs no ``cast=True``. A tensor
-that requires grad is refused (napkin kernels have no backward). Arrays on a CUDA device are
+that requires grad is read through its values (``detach()``): ``Kernel.__call__`` records
+the call for torch.autograd, or, under ``torch.no_grad()``, runs it on the values. Arrays on a CUDA device are
 kept in place for the CUDA backend (``keep_on_device=True``: the kernel reads them through
 their device pointers, zero-copy) and refused by the host backends, which cannot read them.
 :meth:`Binding.deliver` gives the outputs back in the caller's array type and on its device:
@@ -425,7 +426,7 @@ def _foreign_scalar(name: str, value):
     if problem is not None:
         return problem
     if _requires_grad(value):
-        return f"scalar {name} requires grad: napkin kernels have no backward; pass {name}.item() or {name}.detach()"
+        value = value.detach()  # the kernel records the call for autograd (kernel.py), or runs it on the value
     try:
         host = np.asarray(value)  # host memory: DLPack or __array__; CPU jax and torch
     except (TypeError, ValueError, RuntimeError):
@@ -464,8 +465,7 @@ def _foreign_array(name: str, value, target: np.dtype, keep_on_device: bool) -> 
     :class:`DeviceArray` for memory on a CUDA device when ``keep_on_device``.
     """
     if _requires_grad(value):
-        return (f"{name} requires grad: napkin kernels have no backward, so autograd could not follow this call; "
-                f"pass {name}.detach()")
+        value = value.detach()  # the kernel records the call for autograd (kernel.py), or runs it on the values
     where = f"{name} ({' '.join(filter(None, (type(value).__name__, _shape_text(value))))})"
     if hasattr(value, "__dlpack__") and hasattr(value, "__dlpack_device__"):
         try:

@@ -356,6 +356,13 @@ def cmd_pseudo(args) -> int:
     return 0
 
 
+def cmd_grad(args) -> int:
+    kernels = [k for _, k in _load_all([args.file], args.kernel, None)]
+    for i, k in enumerate(kernels):
+        print(("\n" if i else "") + k.grad(rewrite_d=args.rewrite_d).source, end="")
+    return 0
+
+
 def cmd_cost(args) -> int:
     sizes = parse_sets(args.set)
     kernels = _selected(args)
@@ -677,6 +684,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(pseudo, hardware=True)
     pseudo.add_argument("--format", choices=["text", "markdown"], default="text")
     pseudo.set_defaults(run=cmd_pseudo)
+
+    grad = sub.add_parser("grad", help="the backward kernel, derived from the diagram, as napkin text")
+    grad.add_argument("file", metavar="FILE")
+    grad.add_argument("--kernel", metavar="K", help="the kernel of the file to differentiate (default: every kernel)")
+    grad.add_argument("--rewrite-d", action="store_true",
+                      help="compute a softmax's row sum as FA2's D = sum[d](dO * O), from the saved output")
+    grad.set_defaults(run=cmd_grad)
 
     cost = sub.add_parser("cost", help="transfers H, memory M, groups N, FLOPs and predicted time per level")
     _common(cost, hardware=True)

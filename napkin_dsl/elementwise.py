@@ -14,7 +14,8 @@ keyed by the name, which is also its ``Apply.fn``) says in one place:
 * **its spelling in C**, one template for both dialects and both C types
   (:meth:`Elementwise.spell`), which ``backends/lowering.py``'s ``Dialect.math`` prints;
 * **its derivative**, given NumPy: the partial derivatives by each argument, from the
-  arguments and the result, which a backward pass (issue 24) reads.
+  arguments and the result; and the same partials as notation templates (``grad``), which the
+  derived backward kernels (``grad.py``) are written with.
 
 A new elementwise function is one entry here: ``tests/test_elementwise_table.py`` checks every
 entry against formulas of its own and adds one (``softplus``) at run time, end to end.
@@ -53,6 +54,10 @@ class Elementwise:
     slow on it (None: the float64 one, which keeps it).
     ``derivative``: given NumPy, ``(*args, result) -> (d result / d arg, ...)``, one partial per
     argument, each a function of float64 arrays.
+    ``grad``: the same partials as notation text, one template per argument, of ``{x}`` (the
+    first argument), ``{y}`` (the second) and ``{r}`` (the result), each already parenthesised
+    by the caller: what a derived backward kernel (``grad.py``) writes, so that the backward is
+    a napkin kernel like any other. ``tests/test_grad.py`` checks each against ``derivative``.
     ``domain``: the open interval of arguments where it is finite and smooth enough to
     differentiate (the fuzzer keeps its arguments there; the test of derivatives samples it)."""
 
@@ -65,6 +70,7 @@ class Elementwise:
     derivative: Definition
     domain: tuple[float, float] = (-math.inf, math.inf)
     tile: Definition | None = None
+    grad: tuple[str, ...] = ()
 
     def spell(self, args: list[str], float_suffix: str, real: str) -> str:
         """The C expression of this function of ``args`` in C type ``real`` (float or double),
@@ -157,25 +163,38 @@ _POSITIVE = (0.0, math.inf)
 # sigmoid and silu are printed as 1 / (1 + exp(-x)): the GPU's exp overflows to inf, which
 # gives the right limit, 0.
 FUNCTIONS: dict[str, Elementwise] = {e.name: e for e in (
-    Elementwise("exp", 1, "special", 1, "exp{f}({x})", lambda np: np.exp, lambda np: lambda x, y: (y,)),
-    Elementwise("log", 1, "special", 1, "log{f}({x})", lambda np: np.log, lambda np: lambda x, y: (1.0 / x,), _POSITIVE),
-    Elementwise("sqrt", 1, "special", 1, "sqrt{f}({x})", lambda np: np.sqrt, lambda np: lambda x, y: (0.5 / y,), _POSITIVE),
+    Elementwise("exp", 1, "special", 1, "exp{f}({x})", lambda np: np.exp, lambda np: lambda x, y: (y,),
+                grad=("{r}",)),
+    Elementwise("log", 1, "special", 1, "log{f}({x})", lambda np: np.log, lambda np: lambda x, y: (1.0 / x,), _POSITIVE,
+                grad=("1 / {x}",)),
+    Elementwise("sqrt", 1, "special", 1, "sqrt{f}({x})", lambda np: np.sqrt, lambda np: lambda x, y: (0.5 / y,), _POSITIVE,
+                grad=("0.5 / {r}",)),
     Elementwise("rsqrt", 1, "special", 1, "rsqrt{f}({x})", lambda np: lambda x: 1.0 / np.sqrt(x),
-                lambda np: lambda x, y: (-0.5 * y / x,), _POSITIVE),
-    Elementwise("tanh", 1, "special", 1, "tanh{f}({x})", lambda np: np.tanh, lambda np: lambda x, y: (1.0 - y * y,)),
+                lambda np: lambda x, y: (-0.5 * y / x,), _POSITIVE,
+                grad=("-0.5 * {r} / {x}",)),
+    Elementwise("tanh", 1, "special", 1, "tanh{f}({x})", lambda np: np.tanh, lambda np: lambda x, y: (1.0 - y * y,),
+                grad=("1 - {r} * {r}",)),
     Elementwise("sigmoid", 1, "special", 1, "(1.0{c} / (1.0{c} + exp{f}(-({x}))))", _sigmoid,
-                lambda np: lambda x, y: (y * (1.0 - y),)),
+                lambda np: lambda x, y: (y * (1.0 - y),),
+                grad=("{r} * (1 - {r})",)),
     Elementwise("gelu", 1, "special", 1, "(0.5{c} * ({x}) * erfc{f}(({x}) * -0.70710678118654752{c}))", _gelu,
-                _gelu_derivative, tile=_gelu_tile),
-    Elementwise("silu", 1, "special", 1, "(({x}) / (1.0{c} + exp{f}(-({x}))))", _silu, _silu_derivative),
+                _gelu_derivative, tile=_gelu_tile,
+                grad=("where({x} == 0, 0.5, {r} / where({x} == 0, 1, {x})) + {x} * exp(-0.5 * {x} * {x}) * 0.3989422804014327",)),
+    Elementwise("silu", 1, "special", 1, "(({x}) / (1.0{c} + exp{f}(-({x}))))", _silu, _silu_derivative,
+                grad=("sigmoid({x}) * (1 + {x} * (1 - sigmoid({x})))",)),
     Elementwise("relu", 1, "fma", 1, "fmax{f}({x}, 0.0{c})", lambda np: lambda x: np.maximum(x, 0.0),
-                lambda np: lambda x, y: (np.where(x > 0, 1.0, 0.0),)),
-    Elementwise("abs", 1, "fma", 1, "fabs{f}({x})", lambda np: np.abs, lambda np: lambda x, y: (np.sign(x),)),
-    Elementwise("neg", 1, "fma", 1, "(-({x}))", lambda np: np.negative, lambda np: lambda x, y: (np.full_like(x, -1.0),)),
+                lambda np: lambda x, y: (np.where(x > 0, 1.0, 0.0),),
+                grad=("where({x} > 0, 1, 0)",)),
+    Elementwise("abs", 1, "fma", 1, "fabs{f}({x})", lambda np: np.abs, lambda np: lambda x, y: (np.sign(x),),
+                grad=("where({x} > 0, 1, where({x} < 0, -1, 0))",)),
+    Elementwise("neg", 1, "fma", 1, "(-({x}))", lambda np: np.negative, lambda np: lambda x, y: (np.full_like(x, -1.0),),
+                grad=("-1",)),
     Elementwise("max", 2, "fma", 1, "fmax{f}({x}, {y})", lambda np: np.maximum,
-                lambda np: lambda a, b, y: (np.where(a >= b, 1.0, 0.0), np.where(a >= b, 0.0, 1.0))),
+                lambda np: lambda a, b, y: (np.where(a >= b, 1.0, 0.0), np.where(a >= b, 0.0, 1.0)),
+                grad=("where({x} >= {y}, 1, 0)", "where({x} >= {y}, 0, 1)")),
     Elementwise("min", 2, "fma", 1, "fmin{f}({x}, {y})", lambda np: np.minimum,
-                lambda np: lambda a, b, y: (np.where(a <= b, 1.0, 0.0), np.where(a <= b, 0.0, 1.0))),
+                lambda np: lambda a, b, y: (np.where(a <= b, 1.0, 0.0), np.where(a <= b, 0.0, 1.0)),
+                grad=("where({x} <= {y}, 1, 0)", "where({x} <= {y}, 0, 1)")),
 )}
 
 

@@ -283,6 +283,22 @@ class Kernel:
                 f"<p>{html.escape(relabelling)}</p>{cost}"
                 f'<div style="max-width: 100%; overflow-x: auto">{drawing}</div></div>')
 
+    def grad(self, rewrite_d: bool = False) -> Kernel:
+        """The backward kernel, derived from the diagram (``grad.py``): a Kernel of its own, parsed
+        back from its text (``.source``) through the normal front end. Its parameters are the
+        forward's inputs it reads, the forward outputs it reads (saved) and one cotangent per
+        output (``dO``); its outputs, ``dX`` per float input. ``rewrite_d=True`` uses FA2's
+        ``D = sum[d](dO * O)`` for a softmax contracted into an output."""
+        key = ("grad", rewrite_d)
+        if key not in self._cache:
+            from .grad import backward_with_relabel
+
+            derived = backward_with_relabel(self.diagram, self.relabel, self.hardware, rewrite_d)
+            kernel = load(derived.text, hardware=self.hardware)[derived.name]
+            kernel.derivation = derived
+            self._cache[key] = kernel
+        return self._cache[key]
+
     def __call__(self, *arrays, backend: str = "numpy", cast: bool = False, hardware: str | None = None,
                  impls: dict | None = None, sizes: dict | None = None, **named):
         """Run the kernel on NumPy arrays; return the output array (a dict of them for several outputs).
@@ -644,6 +660,8 @@ def _call(kernel: Kernel, arrays: tuple, named: dict, backend: str, cast: bool, 
     if backend not in ("numpy", "cuda", "opencl", "auto"):
         raise NapkinError(f"unknown backend {backend!r}", hint="use numpy, cuda, opencl or auto")
     array_args, scalar_args = arguments(diagram, arrays, named)
+    if _records_grad(array_args, scalar_args):
+        return _call_with_autograd(kernel, array_args, scalar_args, backend, cast, hardware, impls, sizes)
     # sizes= may bind axes (checked by bind) and the relabel block's symbolic group/stream sizes.
     symbols = {p.size for level in (kernel.relabel.levels if kernel.relabel else ()) for p in level.partitions if isinstance(p.size, str)}
     sizes = dict(sizes or {})
@@ -664,3 +682,81 @@ def _call(kernel: Kernel, arrays: tuple, named: dict, backend: str, cast: bool, 
         outputs, _ = run_program(backend, program, binding.inputs, binding.scalars, impls, progress)
     outputs = binding.deliver(outputs)
     return outputs[diagram.outputs[0]] if len(diagram.outputs) == 1 else outputs
+
+
+# ---- torch.autograd ------------------------------------------------------------------------------
+
+
+def _requires_grad(value) -> bool:
+    return getattr(value, "requires_grad", False) is True
+
+
+def _records_grad(array_args: dict, scalar_args: dict) -> bool:
+    """Whether this call is recorded for torch.autograd: a torch tensor that requires grad, with
+    gradients enabled (under ``torch.no_grad()`` the call just runs, on the tensors' values)."""
+    if not any(_requires_grad(v) for v in (*array_args.values(), *scalar_args.values())):
+        return False
+    import torch
+
+    return torch.is_grad_enabled()
+
+
+def _call_with_autograd(kernel: Kernel, array_args: dict, scalar_args: dict, backend, cast, hardware, impls, sizes):
+    """Run the kernel inside a ``torch.autograd.Function`` whose backward runs the derived
+    backward kernel (:meth:`Kernel.grad`) on the same backend, from the inputs, the saved
+    outputs it reads and the output cotangents. Gradients come back in the inputs' dtypes; the
+    backward kernel accumulates in f32 (every napkin intermediate is f32 on chip)."""
+    import torch
+
+    diagram = kernel.diagram
+    for name, value in scalar_args.items():
+        if _requires_grad(value):
+            raise NotImplementedError(f"scalar {name} requires grad: napkin derives no gradient for scalar parameters; "
+                                      f"pass {name}.item() or {name}.detach()")
+    names = list(array_args)
+    backward_kernel = kernel.grad()
+    derivation = backward_kernel.derivation
+    options = {"backend": backend, "cast": cast, "hardware": hardware, "impls": impls, "sizes": sizes}
+
+    class NapkinCall(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *tensors):
+            detached = {name: t.detach() if isinstance(t, torch.Tensor) else t for name, t in zip(names, tensors, strict=True)}
+            result = _call(kernel, (), {**detached, **scalar_args}, **options)
+            outputs = result if len(diagram.outputs) > 1 else {diagram.outputs[0]: result}
+            ctx.save_for_backward(*tensors, *(outputs[o] for o in diagram.outputs))
+            return tuple(outputs[o] for o in diagram.outputs)
+
+        @staticmethod
+        def backward(ctx, *cotangents):
+            saved = ctx.saved_tensors
+            inputs = dict(zip(names, saved[:len(names)], strict=True))
+            outputs = dict(zip(diagram.outputs, saved[len(names):], strict=True))
+            wanted = set(backward_kernel.diagram.params)
+            call = {name: value.detach() for name, value in inputs.items() if name in wanted}
+            call.update({name: value for name, value in scalar_args.items() if name in wanted})
+            call.update({name: outputs[name].detach() for name in derivation.saved})
+            for output, cotangent in zip(diagram.outputs, cotangents, strict=True):
+                parameter = derivation.cotangents.get(output)
+                if parameter is not None:
+                    dtype = outputs[output].dtype
+                    call[parameter] = (torch.zeros_like(outputs[output]) if cotangent is None
+                                       else cotangent.detach().to(dtype).contiguous())
+            result = _call(backward_kernel, (), call, **options)
+            result = result if len(backward_kernel.diagram.outputs) > 1 else {backward_kernel.diagram.outputs[0]: result}
+            grads = []
+            for name, value in inputs.items():
+                gradient = derivation.gradients.get(name)
+                if gradient is None or not ctx.needs_input_grad[names.index(name)]:
+                    grads.append(None)
+                else:
+                    grads.append(result[gradient].to(value.dtype))
+            return tuple(grads)
+
+    tensors = [value for value in array_args.values()]
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        foreign = [n for n, t in array_args.items() if not isinstance(t, torch.Tensor)]
+        raise NapkinError(f"a call recorded for torch.autograd takes torch tensors only; {', '.join(foreign)} "
+                          f"{'is' if len(foreign) == 1 else 'are'} not", hint="pass torch.as_tensor(...) of them")
+    outputs = NapkinCall.apply(*tensors)
+    return outputs[0] if len(diagram.outputs) == 1 else dict(zip(diagram.outputs, outputs, strict=True))

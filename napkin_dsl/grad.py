@@ -1,0 +1,505 @@
+"""Reverse mode on diagrams: a checked kernel -> its backward kernel, as napkin text.
+
+:func:`backward_text` derives, from a forward :class:`~napkin_dsl.diagram.Diagram`, the text of
+a napkin kernel ``NAME_grad`` that computes a cotangent for every float array input of the
+forward. Its parameters are the forward's inputs (those the backward reads), the forward
+outputs it reads (**saved**: the forward computed and stored them anyway), and one cotangent
+per output (``dO`` for an output ``O``; ``dL`` for an ``lse`` output ``L``). Its outputs are
+``dX`` for each float input ``X``, in ``X``'s dtype (computed in f32 on chip, as every napkin
+intermediate, and rounded where it is saved). The text then goes through the normal front end
+(``napkin.load``), so the backward checks, prices, draws, tunes and runs like any kernel.
+
+The rules, one per kind of box (the box table's kinds, ``diagram.py``):
+
+* a **contraction** gives contractions: the cotangent of each operand is the product of the
+  output cotangent with the other operands (and the scalar factor), contracted over the axes
+  the operand lacks;
+* a **map** gives a map: reverse mode through the expression tree, each elementwise function's
+  partials read from the table of elementwise functions (``elementwise.Elementwise.grad``,
+  notation templates), the operators' and ``where``'s written here (``where`` masks its
+  cotangent; a condition has none);
+* **sum** broadcasts its cotangent, **mean** divides it by the reduced size, **max** and
+  **min** route it through the arg-max (``where(E == M, dM, 0)``: ties all receive it),
+  **lse** gives its softmax (``dE = dL * exp(E - L)``);
+* **softmax** gives ``dS = P * (dP - sum[x](dP * P))``;
+* an operand missing an axis of its statement (broadcast) gets the cotangent summed along it;
+* an **opaque box** has no backward: a :class:`~napkin_dsl.errors.NapkinError` names it.
+
+Saving and recomputation are a fixed rule here: forward outputs the backward reads are saved
+(parameters of the backward), every intermediate it reads is recomputed by re-emitting its
+forward statement; and a softmax ``P = softmax[x](E)`` beside an output ``L = lse[x](E)`` of
+the same operand is recomputed as ``P = exp(E - L)``, from the saved L (FlashAttention's
+recomputation), with no max or sum over x. With ``rewrite_d=True`` a softmax whose only
+consumer is a contraction ``O = P * V`` into a forward output uses FA2's identity
+``sum[x](dP * P) = sum[d](dO * O)`` (the saved O) instead of contracting over x.
+
+Deliberately not here: gradients of scalar parameters (a :class:`NotImplementedError` names
+them when asked), the choice between saving and recomputing as a priced tuner decision (issue
+24 item 2; the rule above is fixed), and the backward's schedule beyond the forward's groups:
+the emitted relabel block keeps the forward's group partitions on axes every backward
+statement is woven over (batch and heads for attention) and leaves keys, queries and the dQ
+split over keys to ``napkin tune`` (a comment in the text says so). Integer inputs get no
+cotangent.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from . import algebra, elementwise
+from . import syntax as syn
+from .check import check_module
+from .diagram import (
+    Apply, Const, Contract, Diagram, Expression, Index, INTEGER_DTYPES, Map, Opaque, Read, Reduce, ScalarParam,
+    Softmax, Statement, reads,
+)
+from .errors import NapkinError
+from .relabel import make_schedule
+
+# ---- notation text of expressions -----------------------------------------------------------
+
+_OPERATOR_TEXT = {"add": "+", "sub": "-", "mul": "*", "div": "/", "ge": ">=", "gt": ">", "le": "<=", "lt": "<",
+                  "eq": "==", "ne": "!=", "and": "and", "or": "or"}
+
+
+def _number_text(value) -> str:
+    if isinstance(value, Fraction):
+        return f"({value.numerator}/{value.denominator})" if value.denominator != 1 else str(value.numerator)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def size_notation(value: algebra.Expr) -> str:
+    """A size expression in the notation, every size spelled ``len(x)`` (valid in any statement,
+    whether or not it iterates over x) and powers with ``^``."""
+    if value in (algebra.oo, -algebra.oo):
+        return "inf" if value > 0 else "-inf"
+    terms = []
+    for monomial, coefficient in value.terms.items():
+        factors = [] if coefficient == 1 and monomial else [_number_text(coefficient)]
+        for atom, exponent in monomial:
+            factors.append(_atom_text(atom) + ("" if exponent == 1 else f"^{_number_text(Fraction(exponent))}"))
+        terms.append(" * ".join(factors) if factors else "1")
+    return "(" + " + ".join(terms) + ")" if len(terms) > 1 else (terms[0] if terms else "0")
+
+
+def _atom_text(atom) -> str:
+    if isinstance(atom, algebra.Symbol):
+        return f"len({atom.name})"
+    if isinstance(atom, algebra.Root):
+        return str(atom.base)
+    if isinstance(atom, algebra.Group):
+        return f"({size_notation(atom.base)})"
+    raise NotImplementedError(f"the backward cannot spell the size expression {atom} in the notation")
+
+
+def notation(expr: Expression) -> str:
+    """An elementwise expression as notation text, fully parenthesised."""
+    if isinstance(expr, Read):
+        return f"{expr.array}[{' '.join(expr.axes)}]"
+    if isinstance(expr, Const):
+        return size_notation(expr.value)
+    if isinstance(expr, ScalarParam):
+        return expr.name
+    if isinstance(expr, Index):
+        return expr.axis
+    args = [notation(a) for a in expr.args]
+    if expr.fn in _OPERATOR_TEXT and len(args) == 2:
+        return f"({args[0]} {_OPERATOR_TEXT[expr.fn]} {args[1]})"
+    if expr.fn == "pow":
+        return f"({args[0]} ^ {args[1]})"
+    if expr.fn == "not":
+        return f"(not {args[0]})"
+    return f"{expr.fn}({', '.join(args)})"
+
+
+def statement_text(s: Statement, dtype: str | None = None, body: str | None = None) -> str:
+    """A forward statement as notation (``body`` replaces its right-hand side)."""
+    box = s.box
+    if body is None:
+        if isinstance(box, Contract):
+            body = " * ".join(notation(r) for r in box.operands)
+            if box.scale is not None:
+                body += f" * {notation(box.scale)}"
+        elif isinstance(box, Map):
+            body = notation(box.expr)
+        elif isinstance(box, Reduce):
+            body = f"{box.op}[{' '.join(box.axes)}]({notation(box.operand)})"
+        elif isinstance(box, Softmax):
+            body = f"softmax[{box.axis}]({notation(box.operand)})"
+        else:
+            raise NapkinError(f"opaque box {box.box.name} has no declared backward", s.span,
+                              "napkin derives backward kernels of contractions, maps, reductions and softmax only")
+    level = f" @{s.level} {dtype}" if s.level and dtype else (f" @{s.level}" if s.level else "")
+    return f"{s.target}[{' '.join(s.axes)}]{level} = {body}"
+
+
+# ---- reverse mode through an expression tree -----------------------------------------------------
+
+
+def _expression_partials(expr: Expression, g: str) -> list[tuple[Read, str]]:
+    """(leaf read, its cotangent as text) for every array read of ``expr``, given the cotangent
+    ``g`` of the whole expression (a text over the statement's iteration axes)."""
+    if isinstance(expr, Read):
+        return [(expr, g)]
+    if not isinstance(expr, Apply) or not reads(expr):
+        return []  # constants, scalars, indices: no array below
+    fn, args = expr.fn, expr.args
+    a = args[0]
+    if fn == "add":
+        return _expression_partials(a, g) + _expression_partials(args[1], g)
+    if fn == "sub":
+        return _expression_partials(a, g) + _expression_partials(args[1], f"(-{g})")
+    if fn == "mul":
+        b = args[1]
+        return _expression_partials(a, f"({g} * {notation(b)})") + _expression_partials(b, f"({g} * {notation(a)})")
+    if fn == "div":
+        b = args[1]
+        return (_expression_partials(a, f"({g} / {notation(b)})")
+                + _expression_partials(b, f"((-{g}) * {notation(a)} / ({notation(b)} * {notation(b)}))"))
+    if fn == "pow":
+        b = args[1]
+        found = _expression_partials(a, f"({g} * {notation(b)} * ({notation(a)} ^ ({notation(b)} - 1)))")
+        return found + _expression_partials(b, f"({g} * log({notation(a)}) * {notation(expr)})")
+    if fn == "where":
+        condition = notation(a)
+        return (_expression_partials(args[1], f"where({condition}, {g}, 0)")
+                + _expression_partials(args[2], f"where({condition}, 0, {g})"))
+    if fn in ("eq", "ne", "ge", "gt", "le", "lt", "and", "or", "not"):
+        return []  # a condition has no cotangent
+    entry = elementwise.function(fn)
+    if entry is None:
+        raise NotImplementedError(f"the backward has no rule for the elementwise operation {fn!r}")
+    if len(entry.grad) != len(args):
+        raise NotImplementedError(f"the elementwise function {fn} has no derivative in the notation "
+                                  f"(elementwise.Elementwise.grad) for the backward to use")
+    texts = {"x": notation(args[0]), "y": notation(args[-1]), "r": notation(expr)}
+    found = []
+    for arg, template in zip(args, entry.grad, strict=True):
+        found += _expression_partials(arg, f"({g} * ({template.format(**texts)}))")
+    return found
+
+
+# ---- the backward kernel ----------------------------------------------------------------------
+
+
+@dataclass
+class _Contribution:
+    """One term of an array's cotangent: a map expression over the array's own axes
+    (``kind == "map"``) or a whole right-hand side (a reduction or contraction)."""
+
+    kind: str
+    text: str
+
+
+@dataclass
+class Backward:
+    """A derived backward kernel: its text, and what it saves, recomputes and returns."""
+
+    text: str
+    name: str
+    saved: tuple[str, ...]  # forward outputs read by the backward (its parameters)
+    recomputed: tuple[str, ...]  # forward intermediates the backward recomputes
+    cotangents: dict = field(default_factory=dict)  # forward output -> its cotangent's parameter name
+    gradients: dict = field(default_factory=dict)  # forward input -> the backward output holding its cotangent
+
+
+def _names(diagram: Diagram):
+    taken = set(diagram.arrays) | set(diagram.scalars) | set(diagram.axes)
+
+    def fresh(base: str) -> str:
+        name, n = base, 1
+        while name in taken:
+            name, n = f"{base}_{n}", n + 1
+        taken.add(name)
+        return name
+
+    return fresh
+
+
+def _lse_of(diagram: Diagram, softmax: Statement) -> Statement | None:
+    """An lse output over the same axis and operand as this softmax, whose value recomputes it."""
+    for s in diagram.statements:
+        if (isinstance(s.box, Reduce) and s.box.op == "lse" and s.box.axes == (softmax.box.axis,)
+                and s.box.operand == softmax.box.operand and s.target in diagram.outputs):
+            return s
+    return None
+
+
+def backward(diagram: Diagram, rewrite_d: bool = False) -> Backward:
+    """The backward kernel of ``diagram`` (see the module docstring)."""
+    for s in diagram.statements:
+        if isinstance(s.box, Opaque):
+            raise NapkinError(f"opaque box {s.box.box.name} has no declared backward, so {diagram.name} has no derived "
+                              f"backward", s.span, "napkin derives the backward of contractions, maps, reductions and "
+                              "softmax; write the kernel without the opaque box to differentiate it")
+    fresh = _names(diagram)
+    cotangent = {}  # forward array -> the backward array holding its cotangent
+    contributions: dict[str, list[_Contribution]] = {}
+    lines: list[str] = []  # backward statements, in order
+    cotangent_params = {}
+    for output in diagram.outputs:
+        name = fresh(f"d{output}")
+        cotangent_params[output] = name
+        if diagram.arrays[output].dtype not in INTEGER_DTYPES:
+            array = diagram.arrays[output]
+            contributions.setdefault(output, []).append(_Contribution("map", f"{name}[{' '.join(array.axes)}]"))
+
+    def add(array: str, kind: str, text: str) -> None:
+        if diagram.arrays[array].dtype in INTEGER_DTYPES:
+            return
+        contributions.setdefault(array, []).append(_Contribution(kind, text))
+
+    def finish(array: str, name: str | None = None) -> str | None:
+        """Emit the statements of ``array``'s cotangent; its name, or None when it has none."""
+        terms = contributions.get(array, [])
+        if not terms:
+            return None
+        if name is None and array in cotangent_params and len(terms) == 1:
+            cotangent[array] = cotangent_params[array]  # an output read by nothing: its cotangent as given
+            return cotangent[array]
+        name = name or fresh(f"d{array}")
+        axes = " ".join(diagram.arrays[array].axes)
+        if all(t.kind == "map" for t in terms):
+            lines.append(f"{name}[{axes}] = " + " + ".join(t.text for t in terms))
+        elif len(terms) == 1:
+            lines.append(f"{name}[{axes}] = {terms[0].text}")
+        else:
+            parts = []
+            for term in terms:
+                if term.kind == "map":
+                    parts.append(term.text)
+                else:
+                    part = fresh(f"{name}_part")
+                    lines.append(f"{part}[{axes}] = {term.text}")
+                    parts.append(f"{part}[{axes}]")
+            lines.append(f"{name}[{axes}] = " + " + ".join(parts))
+        cotangent[array] = name
+        return name
+
+    def add_leaves(partials: list[tuple[Read, str]], iteration: tuple[str, ...]) -> None:
+        for read, text in partials:
+            missing = [a for a in iteration if a not in read.axes]
+            if missing:
+                add(read.array, "sum", f"sum[{' '.join(missing)}]({text})")
+            else:
+                add(read.array, "map", text)
+
+    uses_saved_o: set[str] = set()
+    for s in reversed(diagram.statements):
+        if finish(s.target) is None:
+            continue  # nothing downstream depends on this value
+        g = f"{cotangent[s.target]}[{' '.join(s.axes)}]"
+        box = s.box
+        if isinstance(box, Map):
+            add_leaves(_expression_partials(box.expr, g), s.axes)
+        elif isinstance(box, Reduce):
+            operand = notation(box.operand)
+            value = f"{s.target}[{' '.join(s.axes)}]"
+            if box.op == "sum":
+                g_operand = g
+            elif box.op == "mean":
+                g_operand = f"({g} / {size_notation(algebra.Mul(*(diagram.size(a) for a in box.axes)))})"
+            elif box.op in ("max", "min"):
+                g_operand = f"where({operand} == {value}, {g}, 0)"
+            elif box.op == "lse":
+                g_operand = f"({g} * exp({operand} - {value}))"
+            else:
+                raise NotImplementedError(f"the backward has no rule for the reduction {box.op}[...]")
+            add_leaves(_expression_partials(box.operand, g_operand), s.iteration_axes)
+        elif isinstance(box, Softmax):
+            kept = [a for a in s.axes if a != box.axis]
+            value = f"{s.target}[{' '.join(s.axes)}]"
+            d_name = fresh("D" if s.target == "P" else f"D{s.target}")
+            fa2 = _fa2_rewrite(diagram, s) if rewrite_d else None
+            if fa2 is not None:
+                out = diagram.arrays[fa2]
+                contracted = [a for a in out.axes if a not in kept]
+                lines.append(f"{d_name}[{' '.join(kept)}] = sum[{' '.join(contracted)}]"
+                             f"({cotangent_params[fa2]}[{' '.join(out.axes)}] * {fa2}[{' '.join(out.axes)}])")
+                uses_saved_o.add(fa2)
+            else:
+                lines.append(f"{d_name}[{' '.join(kept)}] = sum[{box.axis}]({g} * {value})")
+            g_operand = f"({value} * ({g} - {d_name}[{' '.join(kept)}]))"
+            add_leaves(_expression_partials(box.operand, g_operand), s.axes)
+        elif isinstance(box, Contract):
+            for i, operand in enumerate(box.operands):
+                if diagram.arrays[operand.array].dtype in INTEGER_DTYPES:
+                    continue
+                factors = [(g, s.axes)] + [(notation(o), o.axes) for j, o in enumerate(box.operands) if j != i]
+                # An axis summed away that only one factor carries is summed on that factor first
+                # (a contraction joins two wires: it cannot cap a wire that only one array has).
+                for k, (text, axes) in enumerate(factors):
+                    lonely = [a for a in axes if a not in operand.axes
+                              and sum(a in other for _, other in factors) == 1]
+                    if lonely:
+                        kept_axes = [a for a in axes if a not in lonely]
+                        reduced = fresh("t")
+                        lines.append(f"{reduced}[{' '.join(kept_axes)}] = sum[{' '.join(lonely)}]({text})")
+                        factors[k] = (f"{reduced}[{' '.join(kept_axes)}]", tuple(kept_axes))
+                others = [text for text, _ in factors]
+                if box.scale is not None:
+                    others.append(notation(box.scale))
+                add(operand.array, "contract", " * ".join(others))
+        else:  # pragma: no cover - refused above
+            raise AssertionError(box)
+
+    gradients = {}
+    for name in diagram.params:
+        if name in diagram.scalars:
+            continue
+        array = diagram.arrays[name]
+        if array.dtype in INTEGER_DTYPES:
+            continue
+        grad_name = fresh(f"d{name}")
+        if finish(name, grad_name) is None:
+            lines.append(f"{grad_name}[{' '.join(array.axes)}] = 0")
+        gradients[name] = grad_name
+
+    # What the backward reads of the forward: saved outputs, recomputed intermediates.
+    referenced = set(re.findall(r"[^\W\d]\w*", "\n".join(lines)))
+    recompute: list[Statement] = []
+    saved: list[str] = sorted(uses_saved_o)
+    needed = {n for n in referenced if n in diagram.arrays and diagram.arrays[n].role == "intermediate"}
+    needed_outputs = {n for n in referenced if n in diagram.outputs}
+    lse_for = {}
+    # Close the recomputed set under the forward statements' reads.
+    changed = True
+    while changed:
+        changed = False
+        for s in diagram.statements:
+            if s.target not in needed:
+                continue
+            lse = _lse_of(diagram, s) if isinstance(s.box, Softmax) else None
+            reads_ = set(s.inputs) | ({lse.target} if lse is not None else set())
+            if lse is not None:
+                lse_for[s.target] = lse
+            for r in reads_:
+                array = diagram.arrays.get(r)
+                if array is None:
+                    continue
+                if array.role == "intermediate" and r not in needed:
+                    needed.add(r)
+                    changed = True
+                elif array.role == "output" and r not in needed_outputs:
+                    needed_outputs.add(r)
+                    changed = True
+    recompute_lines = []
+    for s in diagram.statements:
+        if s.target not in needed:
+            continue
+        recompute.append(s)
+        array = diagram.arrays[s.target]
+        if s.target in lse_for:
+            lse = lse_for[s.target]
+            body = f"exp({notation(s.box.operand)} - {lse.target}[{' '.join(lse.axes)}])"
+            recompute_lines.append(statement_text(s, array.dtype, body)
+                                   + f"    # recomputed from the saved {lse.target}: no max or sum over {s.box.axis}")
+        else:
+            recompute_lines.append(statement_text(s, array.dtype) + "    # recomputed")
+    saved = [o for o in diagram.outputs if o in needed_outputs or o in uses_saved_o]
+
+    used = referenced | {n for s in recompute for n in s.inputs} | set(saved)
+    params = []
+    for name in diagram.params:
+        if name in diagram.arrays and name in used:
+            array = diagram.arrays[name]
+            params.append(f"{name}: {array.dtype}[{' '.join(array.axes)}]")
+        elif name in diagram.scalars and (name in used or any(
+                isinstance(leaf, ScalarParam) and leaf.name == name for leaf in _scalar_leaves(recompute))):
+            params.append(f"{name}: {diagram.scalars[name].dtype}")
+    for name in saved:
+        array = diagram.arrays[name]
+        params.append(f"{name}: {array.dtype}[{' '.join(array.axes)}]")
+    cotangents = {}
+    for output, name in cotangent_params.items():
+        if name in referenced:
+            array = diagram.arrays[output]
+            params.append(f"{name}: {array.dtype}[{' '.join(array.axes)}]")
+            cotangents[output] = name
+    outputs = [f"{g}: {diagram.arrays[x].dtype}[{' '.join(diagram.arrays[x].axes)}]" for x, g in gradients.items()]
+    if not outputs:
+        raise NapkinError(f"{diagram.name} has no float array input to differentiate")
+    kernel_name = fresh(f"{diagram.name}_grad")
+    header = [
+        f"# The backward of {diagram.name}, derived by `napkin grad` (reverse mode on the diagram).",
+        "# saved by the forward (read here): " + (", ".join(saved) if saved else "nothing beyond the inputs"),
+        "# recomputed here: " + (", ".join(s.target for s in recompute) if recompute else "nothing"),
+        f"kernel {kernel_name}({', '.join(params)}) -> ({', '.join(outputs)}):",
+    ]
+    body = ["    " + line for line in recompute_lines + lines]
+    return Backward("\n".join(header + body) + "\n", kernel_name, tuple(saved), tuple(s.target for s in recompute),
+                    cotangents, gradients)
+
+
+def backward_with_relabel(diagram: Diagram, relabel: syn.RelabelBlock | None, hardware: str | None,
+                          rewrite_d: bool = False) -> Backward:
+    """:func:`backward`, with a relabel block when the forward has one: the forward's group
+    partitions on axes that every statement of the backward is woven over (batch and heads for
+    attention), at the same levels, on the same hardware. Streams and splits are not derived
+    (the text says so; ``napkin tune`` sizes the backward). The block is kept only if the
+    backward accepts it (:func:`~napkin_dsl.relabel.make_schedule`)."""
+    derived = backward(diagram, rewrite_d)
+    if relabel is None:
+        return derived
+    checked = check_module(syn.parse(derived.text, "<backward>"), hardware=hardware)[derived.name]
+    woven = set(checked.diagram.axes)
+    for s in checked.diagram.statements:
+        woven &= set(s.woven)
+    clauses = []
+    for level in relabel.levels:
+        groups = [p for p in level.partitions if p.kind == "group" and p.axis in woven and p.targets is None]
+        if groups:
+            clauses.append(f"    {level.level}: group " + ", ".join(f"{p.axis} {p.size}" for p in groups))
+    note = ("# relabelling: the forward's groups on the axes every backward statement is woven over; grouping keys, "
+            "streaming queries and splitting dQ over keys are not derived yet (napkin tune sizes the backward)")
+    if clauses:
+        block = f"\nrelabel {derived.name} on {relabel.hardware}:\n" + "\n".join(clauses) + "\n"
+        try:
+            with_block = check_module(syn.parse(derived.text + block, "<backward>"), hardware=hardware)[derived.name]
+            make_schedule(with_block.diagram, with_block.relabel.hardware, with_block.relabel)
+        except NapkinError:
+            block = ""
+    else:
+        block = ""
+    if not block:
+        note = ("# relabelling: none derived (no group of the forward is woven over by every backward statement); "
+                "napkin tune sizes the backward")
+    lines = derived.text.splitlines()
+    text = "\n".join(lines[:3] + [note] + lines[3:]) + "\n" + block
+    return Backward(text, derived.name, derived.saved, derived.recomputed, derived.cotangents, derived.gradients)
+
+
+def _scalar_leaves(statements):
+    found = []
+    for s in statements:
+        box = s.box
+        exprs = {Map: lambda b: [b.expr], Reduce: lambda b: [b.operand], Softmax: lambda b: [b.operand],
+                 Contract: lambda b: [b.scale] if b.scale is not None else []}[type(box)](box)
+        for e in exprs:
+            found += _leaves_of(e)
+    return found
+
+
+def _leaves_of(expr):
+    if isinstance(expr, Apply):
+        return [leaf for a in expr.args for leaf in _leaves_of(a)]
+    return [expr]
+
+
+def _fa2_rewrite(diagram: Diagram, softmax: Statement) -> str | None:
+    """The forward output O when ``softmax``'s only consumer is ``O = P * V`` (a contraction over
+    the softmax axis into an output): then sum[x](dP * P) = sum[d](dO * O), FA2's D."""
+    consumers = diagram.consumers(softmax.target)
+    if len(consumers) != 1:
+        return None
+    c = consumers[0]
+    if not (isinstance(c.box, Contract) and c.target in diagram.outputs and softmax.box.axis in c.box.contracted
+            and c.box.scale is None and len(c.box.operands) == 2
+            and sum(o.array == softmax.target for o in c.box.operands) == 1
+            and diagram.arrays[c.target].dtype not in INTEGER_DTYPES):
+        return None
+    return c.target
