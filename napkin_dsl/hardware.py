@@ -81,8 +81,10 @@ class InstructionPath:
         """Whether ``arch`` has this path. An arch-specific target (``sm_90a``: sm_90 with the
         features only that GPU has, wgmma among them) is the same GPU as its plain arch, so a
         path listed for ``sm_90a`` is there to price on ``sm_90``: napkin prices such a path as
-        a what-if and builds none."""
-        return arch in self.archs or f"{arch}a" in self.archs
+        a what-if and builds none there (it builds wgmma for ``sm_90a`` itself, isel). And the
+        arch-specific target keeps every instruction of its plain arch: a path listed for
+        ``sm_90`` runs on ``sm_90a``."""
+        return arch in self.archs or f"{arch}a" in self.archs or (arch.endswith("a") and arch[:-1] in self.archs)
 
     def describe(self) -> str:
         """``mma.sync m16n8k16 (bf16, f16) on sm_80, sm_90``, as messages name a path."""

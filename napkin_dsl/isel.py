@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
-from .layouts import SwizzledTile
+from .layouts import WGMMA_K, WGMMA_M, WGMMA_MAX_N, CanonicalTile, SwizzledTile
 from .pseudocode import LaunchProgram, Program, liveness, released_by, walk
 from .relabel import bind
 
@@ -94,6 +94,9 @@ class TensorPlan:
     # products, operands by ldmatrix) or "wgmma" (sm_90a's warpgroup products, priced only: four
     # warps share one read of the B tile from shared memory).
     instruction: str = "mma.sync"
+    # A plan napkin builds on wgmma (sm_90a, ``backends/wgmma.py``): the instruction's shape,
+    # ``m64n128k16``; "" for mma.sync and for the wgmma what-if, which lays fragments out as mma.sync.
+    shape: str = ""
 
     @property
     def row_warps(self) -> int:
@@ -133,6 +136,7 @@ class Selection:
 
     plan: TensorPlan | None
     reason: str = ""
+    declined: str = ""  # why a tensor-core plan is not on wgmma where the target has it (sm_90a)
 
     @property
     def path(self) -> str:
@@ -172,9 +176,16 @@ def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles
     same register level priced as that instruction, whose fragments must fit the register
     file's 255 registers per thread (``MAX_REGISTERS``), not napkin's budget."""
     try:
-        return Selection(_plan(launch, arch, tile, sizes, dict(warp_tiles or {}), path))
+        plan = _plan(launch, arch, tile, sizes, dict(warp_tiles or {}), path)
     except _Refuse as refusal:
         return Selection(None, str(refusal))
+    found = launch.schedule.hardware.find_path("wgmma", plan.dtype, arch)
+    if path is not None or found is None or arch not in found.archs:
+        return Selection(plan)  # wgmma is built only where the target itself has it (sm_90a), not for the what-if on sm_90
+    try:
+        return Selection(_wgmma_plan(plan, launch, tile, sizes, dict(warp_tiles or {})))
+    except _Refuse as refusal:
+        return Selection(plan, declined=str(refusal))
 
 
 def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict, path: str | None = None) -> TensorPlan:
@@ -327,6 +338,41 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
     return plan
 
 
+def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict, warp_tiles: dict) -> TensorPlan:
+    """The mma.sync ``plan`` of a launch rebuilt on ``wgmma.mma_async.m64nNk16`` (sm_90a), or a
+    refusal naming what napkin's wgmma printer (``backends/wgmma.py``) does not take: one
+    contraction ``out[row, n] = A[row, k] B[k, n]`` with both operands in shared memory (read by
+    descriptor, in the canonical swizzled layouts of ``layouts.CanonicalTile``), 64 or 128 rows
+    (one or two warpgroups of 64; each of their warps holds 16 rows of the N-wide accumulator), N a
+    multiple of 8 up to 256, the k chunk a multiple of 16."""
+    statements = launch.launch.statements
+    if len(statements) != 1 or len(plan.mmas) != 1:
+        raise _Refuse("wgmma is built for a launch of one contraction and nothing else")
+    if warp_tiles:
+        raise _Refuse(f"a relabelling asks for warp tiles ({', '.join(warp_tiles)}): they are mma.sync's")
+    (target, mma), = plan.mmas.items()
+    if mma.a_in_registers:
+        raise _Refuse(f"{mma.a} in registers: wgmma's A from registers is not built")
+    if tile[plan.row] not in (WGMMA_M, 2 * WGMMA_M):
+        raise _Refuse(f"the {plan.row} tile ({tile[plan.row]}) is not one or two warpgroups of {WGMMA_M} rows")
+    n = tile[mma.n]
+    if n % 8 or n > WGMMA_MAX_N:
+        raise _Refuse(f"the {mma.n} tile ({n}) is not a multiple of 8 up to {WGMMA_MAX_N} (m64nNk16)")
+    if tile[mma.k] % WGMMA_K:
+        raise _Refuse(f"the contracted {mma.k} tile ({tile[mma.k]}) is not a multiple of {WGMMA_K}")
+    for name in (mma.a, mma.b):
+        op = plan.operands[name]
+        eb = DTYPE_BYTES[launch.schedule.diagram.arrays[name].dtype]
+        if not CanonicalTile.supports(tile[op.cols], eb):
+            raise _Refuse(f"{name}'s tile rows ({tile[op.cols] * eb} bytes) are not 32, 64 or a multiple of 128: no wgmma swizzle atom covers them")
+    fragments = plan.fragments[target]
+    if fragments.col != mma.n:
+        raise _Refuse(f"{target} is not laid out along {mma.n}")
+    rows = tile[plan.row]
+    return replace(plan, warp_rows=MMA_M, split=None, col_tile=0, warp_cols=0, instruction="wgmma",
+                   shape=f"m{WGMMA_M}n{n}k{WGMMA_K}", row_tile=rows)
+
+
 def _column_split(statements, fragments: dict, mmas: dict, stream: str | None) -> str | None:
     """The column axis warps may split too: one shared by every 2-D fragment, along which nothing
     reduces (softmax, max, sum need a whole row in one warp's quads) and which no fragment
@@ -446,15 +492,19 @@ def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSl
     """Offsets of the plan's shared-memory tiles and the arena's size in bytes.
 
     Swizzled tiles start on 128-byte boundaries: the swizzle permutes 16-byte units within
-    128-byte lines, which are the banks' period only when the tile's base is one.
+    128-byte lines, which are the banks' period only when the tile's base is one. A wgmma plan's
+    canonical tiles start where their swizzle pattern repeats (1024 bytes for 128B), so that
+    every descriptor's base offset is 0; the arena itself is aligned to 1024 by the printer.
     """
     slots: dict[str, SmemSlot] = {}
     offset = 0
     for name, op in plan.operands.items():
         array = diagram.arrays[name]
-        swizzled = SwizzledTile(tile[op.rows], tile[op.cols], DTYPE_BYTES[array.dtype])
+        canonical = plan.shape != ""  # wgmma's canonical layouts, each on its swizzle's period
+        swizzled = (CanonicalTile if canonical else SwizzledTile)(tile[op.rows], tile[op.cols], DTYPE_BYTES[array.dtype])
         stages = plan.stages if op.streamed else 1
-        offset = -(-offset // 128) * 128
+        align = swizzled.alignment if canonical else 128
+        offset = -(-offset // align) * align
         slots[name] = SmemSlot(name, offset, swizzled.bytes, stages, swizzled)
         offset += swizzled.bytes * stages
     # Plain tiles after the swizzled ones, widest values first: no padding between them.
@@ -500,13 +550,18 @@ def describe(selection_: Selection, launch: LaunchProgram) -> list[str]:
     plan = selection_.plan
     if plan is None:
         return [f"{s.target}: fma ({selection_.reason})" for s in launch.launch.statements]
-    lines = []
+    lines = [f"not wgmma: {selection_.declined}"] if selection_.declined else []
     for s in launch.launch.statements:
         mma = plan.mmas.get(s.target)
         if mma is None:
             lines.append(f"{s.target}: fma on {plan.row} x {plan.fragments[s.target].col or '1'} fragments in registers")
             continue
         a = f"{mma.a} from registers (packed to {mma.dtype})" if mma.a_in_registers else f"{mma.a} by ldmatrix{'.trans' if mma.a_trans else ''}"
+        if plan.shape:
+            major = lambda trans: "MN-major" if trans else "K-major"
+            lines.append(f"{s.target}: wgmma.mma_async.{plan.shape} {mma.dtype} -> f32, A = {mma.a} by descriptor "
+                         f"({major(mma.a_trans)}), B = {mma.b} by descriptor ({major(mma.b_trans)}), staged by cp.async")
+            continue
         if plan.instruction == "wgmma":
             lines.append(f"{s.target}: wgmma (priced, not built) {mma.dtype} -> f32, A = {mma.a} from "
                          f"{'registers' if mma.a_in_registers else 'shared memory'}, B = {mma.b} from shared memory")
@@ -528,6 +583,9 @@ def warp_line(plan: TensorPlan) -> str:
     """The register level as a line of pseudocode: a parallel loop over the block's warps."""
     held = ", ".join(plan.fragments)
     shape = f"{plan.warp_rows} {plan.row}" + (f" x {plan.warp_cols} {plan.split}" if plan.split else " rows")
+    if plan.shape:
+        return (f"parallel for warpgroup in {plan.warps // 4} warpgroups of {4 * plan.warp_rows} {plan.row} @registers:"
+                f"  # wgmma {plan.shape}; {held} in registers")
     return (f"parallel for warp in {plan.warps} warps of {shape} @registers:"
             f"  # mma.sync m16n8k16; {held} in registers")
 

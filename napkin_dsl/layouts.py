@@ -1,4 +1,4 @@
-"""Layouts as data: swizzled shared-memory tiles and the mma.sync m16n8k16 fragments.
+"""Layouts as data: swizzled shared-memory tiles, the mma.sync m16n8k16 fragments, and wgmma's.
 
 Where every value of a fragment or shared tile lives, in the manner of CuTe. A
 :class:`Layout` maps named integer inputs (a lane and a value index; a row and a column) to
@@ -28,11 +28,15 @@ The objects:
   ``ldmatrix`` phase reads, and the 16-byte chunks one ``cp.async`` wavefront writes, fall in
   eight different bank groups; its :attr:`SwizzledTile.layout` is the (row, col) -> byte map;
 * :func:`wavefronts`: how many 128-byte shared-memory wavefronts a set of addresses takes,
-  the measure the bank-conflict test uses.
+  the measure the bank-conflict test uses;
+* for ``wgmma.mma_async`` (sm_90a): :func:`wgmma_d`, the m64nN f32 accumulator fragment;
+  :class:`CanonicalTile`, the canonical 128B/64B/32B-swizzled shared layouts (K-major or
+  MN-major); :class:`MatrixDescriptor`, the 64-bit matrix descriptor encoder.
 
 Deliberately not here: CuTe's full algebra (hierarchical shapes, complements, divides:
 napkin's layouts are flat bit fields, and composition is functional), the printers' loops and
-origins (``backends/tensorcore.py``), wgmma layouts (sm_90a) and 8-bit fragments.
+origins (``backends/tensorcore.py``), wgmma's A from registers, the no-swizzle and interleaved
+layouts, and 8-bit fragments.
 """
 
 from __future__ import annotations
@@ -530,3 +534,144 @@ def ldmatrix_offset_expr(tile: SwizzledTile, row0: str, u0: str, base: str, x: s
     mask = (1 << tile.bits) - 1
     shift = _log2(UNIT)
     return f"(({row0}) * {tile.pitch} + {base} + ((({u0}) & {~mask & 0xFFFF}) << {shift}) + (((({u0}) & {mask}) ^ {x}) << {shift}))"
+
+
+# ---- wgmma (sm_90a): the D fragment, the canonical shared layouts, the matrix descriptor ----
+# PTX ISA 9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate": a warpgroup of four
+# consecutive warps (128 threads) computes a 64 x N tile, N a multiple of 8 up to 256, K = 16 for
+# 16-bit operands; B (and here A) is read from shared memory through a 64-bit matrix descriptor.
+
+WGMMA_M, WGMMA_K = 64, 16  # m64nNk16 for .f16/.bf16 (PTX ISA 9.7.15.5.1, "Matrix Shape")
+WGMMA_MAX_N = 256
+WARPGROUP_THREADS = 128
+
+
+def wgmma_d(n: int) -> Layout:
+    """(thread of the warpgroup, value v) -> (row, col) of the f32 accumulator of
+    ``wgmma.mma_async.m64nNk16`` (PTX ISA 9.7.15.5.1.1.1, "Matrix Fragments for
+    wgmma.mma_async.m64nNk16", the accumulator D figure): N/2 values a thread, row
+    16 * (warp % 4) + groupID (+ 8 for v % 4 in 2, 3), column 8 * (v // 4) + 2 * threadID_in_group
+    + v % 2. Warp w of the group holds rows 16w..16w+15 as mma.sync's C fragments of its N/8
+    n-tiles in order (value 4 nt + i is c_i of n-tile nt): tests/test_wgmma.py holds both."""
+    assert n % 8 == 0 and 8 <= n <= WGMMA_MAX_N, n
+    return Layout(("thread", "v"), ("row", "col"),
+                  (Mode(0, 32, 4, (16, 0), "warp"), Mode(0, 4, 8, (1, 0), "g"), Mode(0, 1, 4, (0, 2), "t"),
+                   Mode(1, 1, 2, (0, 1)), Mode(1, 2, 2, (8, 0)), Mode(1, 4, n // 8, (0, 8))))
+
+
+# The descriptor's swizzling modes (PTX ISA 9.7.15.5.1.2.2, "Matrix Descriptor Format", bits 62-63)
+# by the swizzle width in bytes; 0 is no swizzle, which napkin does not lay out.
+SWIZZLE_MODE = {128: 1, 64: 2, 32: 3}
+
+
+@dataclass(frozen=True)
+class CanonicalTile:
+    """A rows x cols tile of ``element_bytes`` values in a canonical swizzled layout of wgmma
+    (PTX ISA 9.7.15.5.1.2, "Shared Memory Matrix Layout"): the columns (the contiguous
+    dimension: K of a K-major operand, M or N of an MN-major one) are cut into swizzle atoms
+    ``width`` bytes wide (128, 64 or 32, the widest that divides a row); atom column j holds every
+    row, ``width`` bytes a row, at ``j * rows * width``; within it the 16-byte unit u of row r sits
+    at unit ``u ^ ((r >> log2(128 / width)) % (width / 16))``, the XOR of address bits [4, 4+b)
+    with bits [7, 7+b) that the swizzle mode names, when the tile starts on a multiple of 8 rows x
+    ``width`` bytes (1024 for 128B: the ``base offset`` is then 0).
+
+    The same object serves either major-ness: a K-major operand's rows are M or N, an MN-major
+    one's rows are K. cp.async writes it 16 bytes at a time, as the mma.sync tiles."""
+
+    rows: int
+    cols: int
+    element_bytes: int
+
+    @staticmethod
+    def supports(cols: int, element_bytes: int) -> bool:
+        pitch = cols * element_bytes
+        return pitch >= 32 and (pitch in (32, 64) or pitch % LINE == 0)
+
+    @property
+    def width(self) -> int:
+        """The swizzle width in bytes: 128 when rows are a multiple of 128 bytes, else 64 or 32."""
+        return min(LINE, self.cols * self.element_bytes)
+
+    @property
+    def mode(self) -> int:
+        return SWIZZLE_MODE[self.width]
+
+    @property
+    def pitch(self) -> int:
+        """Bytes from one row to the next within an atom column (the copy loops step rows by it)."""
+        return self.width
+
+    @property
+    def units_per_row(self) -> int:
+        return self.cols * self.element_bytes // UNIT
+
+    @property
+    def atoms(self) -> int:
+        return self.cols * self.element_bytes // self.width
+
+    @property
+    def bytes(self) -> int:
+        return self.rows * self.cols * self.element_bytes
+
+    @property
+    def alignment(self) -> int:
+        """Where the swizzle's repeating pattern starts (PTX ISA, the table under "Matrix
+        Descriptor Format"): 8 rows of ``width`` bytes; a tile based there has base offset 0."""
+        return 8 * self.width
+
+    @cached_property
+    def layout(self) -> Layout:
+        """(row, col) -> byte offset."""
+        bits = _log2(self.width // UNIT)
+        modes = (Mode(0, 1, self.rows, (self.width,)), Mode(1, UNIT, self.width // UNIT, (UNIT,), "unit"),
+                 Mode(1, 1, UNIT, (1,), "byte"), Mode(1, self.width, self.atoms, (self.rows * self.width,), "atom"))
+        swizzle = Swizzle(src=0, shift=_log2(LINE // self.width), bits=bits, dst=1)
+        return Layout(("row", "col"), ("offset",), modes, scale=(1, self.element_bytes), swizzle=swizzle)
+
+    def offset(self, row: int, col: int) -> int:
+        return self.layout(row, col)
+
+    def start(self, row: int, col: int) -> int:
+        """The unswizzled byte offset of (row, col), a descriptor's start address for a
+        sub-matrix there (row a multiple of 8): the hardware swizzles the addresses it forms."""
+        cb = col * self.element_bytes
+        return (cb // self.width) * self.rows * self.width + row * self.width + cb % self.width
+
+    def strides(self, k_major: bool) -> tuple[int, int]:
+        """(leading, stride) dimension byte offsets of a descriptor over this tile (PTX ISA
+        9.7.15.5.1.2.1, "Strides"): the stride dimension byte offset steps 8 rows (one 8-row group
+        of core matrices, 8 x ``width`` bytes here) in either major-ness; the leading dimension
+        byte offset steps one atom column along the contiguous dimension for an MN-major operand,
+        and is unused for a swizzled K-major one (an instruction's 16 values of K lie within one
+        atom), where the ISA says it is assumed 1: encoded as 1."""
+        sbo = 8 * self.width
+        return (1 << 4 if k_major else self.rows * self.width), sbo
+
+
+def _descriptor_field(x: int) -> int:
+    """matrix-descriptor-encode(x) = (x & 0x3FFFF) >> 4 (PTX ISA 9.7.15.5.1.2.2)."""
+    return (x & 0x3FFFF) >> 4
+
+
+@dataclass(frozen=True)
+class MatrixDescriptor:
+    """The 64-bit wgmma matrix descriptor (PTX ISA 9.7.15.5.1.2.2, "Matrix Descriptor Format"):
+    bits 0-13 the start address, 16-29 the leading dimension byte offset, 32-45 the stride
+    dimension byte offset (each through matrix-descriptor-encode), 49-51 the base offset, 62-63
+    the swizzle mode (1: 128B, 2: 64B, 3: 32B)."""
+
+    start: int
+    leading: int
+    stride: int
+    swizzle: int
+    base_offset: int = 0
+
+    def encode(self) -> int:
+        return (_descriptor_field(self.start) | _descriptor_field(self.leading) << 16
+                | _descriptor_field(self.stride) << 32 | (self.base_offset & 7) << 49 | (self.swizzle & 3) << 62)
+
+
+def descriptor(tile: CanonicalTile, k_major: bool, start: int = 0) -> MatrixDescriptor:
+    """The descriptor of a sub-matrix of ``tile`` whose (unswizzled) byte address is ``start``."""
+    leading, stride = tile.strides(k_major)
+    return MatrixDescriptor(start, leading, stride, tile.mode)

@@ -142,7 +142,7 @@ STAGES = (
     ("cost",),
     ("plan",),
     ("tune", "render", "backends", "backends.compiled", "backends.driver", "backends.nvrtc", "backends.sass",
-     "backends.lowering", "backends.tensorcore", "backends.translate", "backends.numpy", "backends.cuda",
+     "backends.lowering", "backends.tensorcore", "backends.wgmma", "backends.translate", "backends.numpy", "backends.cuda",
      "backends.opencl"),
     ("kernel",),
     ("cli",),

@@ -171,7 +171,7 @@ def _selection(hardware: str, arch: str, path: str | None = None):
 def test_an_arch_the_profile_gives_no_path_stays_on_the_fma_path_naming_the_paths_it_has(tmp_path):
     """An arch numerically above sm_90 gets neither mma.sync nor wgmma unless the profile lists it
     for that path: wgmma is sm_90a's (PTX ISA), priced as a what-if on sm_90 only."""
-    hw = _h100_variant(tmp_path, "H100_plus", ('archs = ["sm_80", "sm_90"]\ncounts', 'archs = ["sm_80", "sm_90", "sm_100"]\ncounts'))
+    hw = _h100_variant(tmp_path, "H100_plus", ('archs = ["sm_80", "sm_90", "sm_90a"]\ncounts', 'archs = ["sm_80", "sm_90", "sm_90a", "sm_100"]\ncounts'))
     assert _selection(hw, "sm_90").path == "mma.sync"
     assert _selection(hw, "sm_90", "wgmma").path == "wgmma"
     for path, instruction in ((None, "mma.sync m16n8k16"), ("wgmma", "wgmma")):

@@ -29,7 +29,7 @@ import pytest
 
 import napkin_dsl as napkin
 from napkin_dsl import layouts
-from napkin_dsl.backends import cuda, tensorcore
+from napkin_dsl.backends import cuda, tensorcore, wgmma
 
 from .conftest import EXAMPLES
 
@@ -72,7 +72,28 @@ ISA = {
     "cp.async.commit_group": [],
     "cp.async.wait_group": [("N", 1, "n")],
     "ex2.approx.ftz.f32": [("d", 1, "=f"), ("a", 1, "f")],
+    # PTX ISA 9.7.15: fence.proxy.async (9.7.13.4 membar/fence), wgmma.fence, commit_group, wait_group N
+    "fence.proxy.async.shared::cta": [],
+    "wgmma.fence.sync.aligned": [],
+    "wgmma.commit_group.sync.aligned": [],
+    "wgmma.wait_group.sync.aligned": [("N", 1, "n")],
 }
+# wgmma.mma_async.sync.aligned.m64nNk16.f32.atype.btype d, a-desc, b-desc, scale-d, imm-scale-a,
+# imm-scale-b, imm-trans-a, imm-trans-b (PTX ISA 9.7.15.5.2): d is N/2 .f32 registers, the
+# descriptors 64-bit, the rest immediates. The shapes the printer's wrapper is printed for here:
+WGMMA_SHAPES = [(128, "bf16", False, True), (8, "f16", False, False), (256, "bf16", True, True)]
+for _n, _dtype, _ta, _tb in WGMMA_SHAPES:
+    ISA[f"wgmma.mma_async.sync.aligned.m64n{_n}k16.f32.{_dtype}.{_dtype}"] = [
+        ("d", _n // 2, "+f"), ("a-desc", 1, "l"), ("b-desc", 1, "l"), ("scale-d", 1, "imm"), ("imm-scale-a", 1, "imm"),
+        ("imm-scale-b", 1, "imm"), ("imm-trans-a", 1, "imm"), ("imm-trans-b", 1, "imm")]
+
+
+class _Shape:
+    def __init__(self, shape):
+        self.wgmma = shape
+
+
+WGMMA_PRELUDE = wgmma.prelude("cuda", [_Shape(shape) for shape in WGMMA_SHAPES])
 
 
 # ---- parsing the asm statements of the C source ------------------------------------------------
@@ -158,12 +179,14 @@ def enclosing_function(source: str, at: int) -> tuple[str, list[str]] | None:
 def all_asm() -> list[dict]:
     statements = []
     for path in sorted(BACKENDS.glob("*.py")):
-        for s in asm_statements(path.read_text()):
+        # wgmma.py prints its wrappers per shape (an f-string in its source): read them printed
+        text = WGMMA_PRELUDE if path.name == "wgmma.py" else path.read_text()
+        for s in asm_statements(text):
             statements.append({**s, "file": path.name})
     return statements
 
 
-CUDA_ASM = asm_statements(tensorcore.CUDA_PRELUDE)
+CUDA_ASM = asm_statements(tensorcore.CUDA_PRELUDE) + asm_statements(WGMMA_PRELUDE)
 
 
 def by_function(name: str) -> dict:
@@ -182,7 +205,7 @@ def test_every_inline_asm_is_an_instruction_this_test_checks():
     """A new asm (wgmma, TMA, ...) fails here until its ISA operand list is written above."""
     statements = all_asm()
     assert {s["instruction"] for s in statements} == set(ISA), sorted({s["instruction"] for s in statements})
-    assert all(s["file"] == "tensorcore.py" for s in statements)  # where CUDA_ASM reads them from
+    assert all(s["file"] in ("tensorcore.py", "wgmma.py") for s in statements)  # where CUDA_ASM reads them from
     assert len(CUDA_ASM) == len(statements)
 
 
@@ -246,6 +269,22 @@ def test_cp_async_copies_16_bytes_to_the_shared_address_zero_filling_the_masked_
     assert macros(tensorcore.CUDA_PRELUDE)["NK_CP16"] == "nk_cp16(nk_sbase + (off), (src), (valid))"  # dst: the shared window
     waits = [s for s in CUDA_ASM if s["instruction"] == "cp.async.wait_group"]
     assert [s["operands"] for s in waits] == [[("n", "n")]]  # an immediate: the groups left in flight
+
+
+@pytest.mark.parametrize("shape", WGMMA_SHAPES, ids=str)
+def test_wgmma_binds_d_in_order_the_descriptors_and_the_transposes_it_was_printed_for(shape):
+    n, dtype, trans_a, trans_b = shape
+    (s,) = [s for s in asm_statements(wgmma.cuda_wrapper(*shape))]
+    (_, d, _), (_, a, _), (_, b, _), (_, _, scale_d), (_, _, scale_a), (_, _, scale_b), (_, _, ta), (_, _, tb) = s["groups"]
+    expr = [e for _, e in s["operands"]]
+    assert [expr[i] for i in d] == [f"d[{v}]" for v in range(n // 2)]  # value v of the D fragment (layouts.wgmma_d)
+    assert [expr[i] for i in a] == ["da"] and [expr[i] for i in b] == ["db"]
+    assert s["function"] == (wgmma.wrapper_name(*shape), ["d", "da", "db"])
+    assert (scale_d, scale_a, scale_b) == ("1", "1", "1")  # D = A B + D, no negation
+    assert (ta, tb) == (str(int(trans_a)), str(int(trans_b)))  # 1: the operand is MN-major in shared memory
+    assert f".f32.{dtype}.{dtype}" in s["instruction"] and f".m64n{n}k16." in s["instruction"]
+    waits = [s for s in CUDA_ASM if s["instruction"] == "wgmma.wait_group.sync.aligned"]
+    assert [s["operands"] for s in waits] == [[("n", "n")]]
 
 
 def test_ex2_writes_its_result_and_reads_its_argument():

@@ -64,8 +64,10 @@ def opencl_available() -> bool:
         return False
 
 
-def generate(program: Program, report=None) -> tuple[str, list]:
-    lowered = lower(program, OpenCLDialect(), report)
+def generate(program: Program, report=None, arch: str | None = None) -> tuple[str, list]:
+    """OpenCL C of ``program`` with the instruction paths isel picks for ``arch`` (default: the
+    profile's): ``sm_90a`` prints the wgmma lowering, wgmma emulated (``backends/wgmma.py``)."""
+    lowered = lower(program, OpenCLDialect(), report, arch=arch)
     return lowered.source, lowered.kernels
 
 
@@ -97,12 +99,13 @@ def check_fits(kernel, k, device) -> None:
                           f"takes at most {largest} for it")
 
 
-def run(program: Program, inputs: dict, scalars: dict | None = None) -> dict:
-    """Run every launch of ``program`` on the OpenCL device; returns the outputs (NumPy)."""
+def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str | None = None) -> dict:
+    """Run every launch of ``program`` on the OpenCL device, printed for ``arch`` (:func:`generate`);
+    returns the outputs (NumPy)."""
     import pyopencl as cl
 
     ctx, queue = context()
-    source, kernels = generate(program)
+    source, kernels = generate(program, arch=arch)
     built = _built(source)
     diagram = program.diagram
     sizes = {a: int(program.schedule.axis_size(a)) for a in diagram.axes}

@@ -17,6 +17,8 @@ from ..isel import FMA_THREADS, describe, fma_launch_accumulators, plan_summary,
 from ..pseudocode import Program
 from .lowering import THREADS, Dialect, LoweredProgram, Printer, bound_sizes, ident
 from .tensorcore import PRELUDES, TensorPrinter
+from .wgmma import WgmmaPrinter
+from .wgmma import prelude as wgmma_prelude
 
 
 def header_comment(program: Program, report, kernels=()) -> str:
@@ -57,7 +59,8 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
         chosen = selection(program, launch, arch)
         if chosen.plan is not None:
             tensor = True
-            kernel = TensorPrinter(program, launch, dialect, chosen.plan).print(entry)
+            printer = WgmmaPrinter if chosen.plan.shape else TensorPrinter  # wgmma: a plan isel built for sm_90a
+            kernel = printer(program, launch, dialect, chosen.plan).print(entry)
             kernel.paths = [plan_summary(chosen.plan)] + describe(chosen, launch)
         else:
             # Register accumulators are dealt to FMA_THREADS threads, as the model counts them.
@@ -68,7 +71,8 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
         kernels.append(kernel)
     double = any(buffer.dtype == "f64" for launch in program.launches for buffer in launch.buffers.values())
     parts = [header_comment(program, report, kernels),
-             dialect.prelude + (dialect.prelude_f64 if double else "") + (PRELUDES[dialect.name] if tensor else ""),
+             dialect.prelude + (dialect.prelude_f64 if double else "") + (PRELUDES[dialect.name] if tensor else "")
+             + (wgmma_prelude(dialect.name, kernels) if any(getattr(k, "wgmma", None) for k in kernels) else ""),
              f"#define NK_THREADS {threads}"]
     for k in kernels:
         if dialect.name == "opencl":
