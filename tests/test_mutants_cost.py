@@ -191,3 +191,27 @@ def test_capacity_hint_suggests_the_largest_power_of_two_that_fits(b, group):
     with pytest.raises(RelabelError) as caught:
         kernel.cost("H100", a=1024, b=b)
     assert re.search(rf"try 'group a {group}'", caught.value.hint or ""), caught.value.hint
+
+
+HOISTED_READER = """
+kernel k(X: f32[a b], W: f32[a]) -> Y: f32[a]:
+    S[a b] = X[a b] * W[a]
+    T[a] = exp(W[a])
+    U[a] = sum[b](S[a b])
+    Y[a] = U[a] * T[a]
+
+relabel k on two_level:
+    l1: group a 8; stream b 16
+"""
+
+
+def test_a_load_belongs_to_the_next_statement_that_reads_it_in_program_order():
+    # T carries no b, so it runs before the stream loop over b, and the load of W before it is
+    # T's, though S comes first in the diagram: S owns X's load (a x b values), T owns W's (a),
+    # Y its save (a), U (accumulated on chip) nothing.
+    from napkin_dsl.cost import statement_columns
+
+    a, b = 64, 64
+    program = napkin.load(HOISTED_READER)["k"].program(a=a, b=b)
+    moved = {c["label"]: c["H"]["l1"] for c in statement_columns(program)}
+    assert moved == {"S": a * b, "T": a, "U": 0, "Y": a}
