@@ -137,7 +137,7 @@ STAGES = (
     ("types",),
     ("check", "binding"),
     ("relabel",),
-    ("pseudocode", "reference"),
+    ("pseudocode", "reference", "grad"),  # grad: the backward kernel as text, checked and relabelled
     ("isel",),  # cost prices the launches instruction selection puts on tensor cores
     ("cost",),
     ("plan",),

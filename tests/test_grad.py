@@ -1,0 +1,282 @@
+"""Derived backward kernels (napkin_dsl/grad.py) against torch's autograd in float64.
+
+Each example is run through a ``Kernel`` call with torch tensors that require grad, and
+``loss = (out * W).sum(); loss.backward()`` runs the derived backward kernel on the NumPy
+backend. The oracle is torch's autograd of the same computation written here in torch, in
+float64. The examples' dtypes are replaced (bf16 by f32, or every dtype by f64) so that the
+comparison has a tolerance the dtypes give: ``backends.numpy.tolerance`` of the forward and of
+the backward Program. Every elementwise function's notation derivative (``Elementwise.grad``)
+is checked against central finite differences and its float64 derivative.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import re
+
+import numpy as np
+import pytest
+
+import napkin_dsl as napkin
+from napkin_dsl import cli, elementwise
+from napkin_dsl.backends.numpy import tolerance
+from napkin_dsl.errors import NapkinError
+
+from .conftest import EXAMPLES
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def _attention(Q, K, V, mask=None):
+    S = Q @ K.transpose(-1, -2) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        S = S.masked_fill(~mask, -math.inf)
+    return torch.softmax(S, -1) @ V
+
+
+def _causal(Q, K, V):
+    q, x = Q.shape[-2], K.shape[-2]
+    return _attention(Q, K, V, torch.arange(q)[:, None] >= torch.arange(x)[None, :])
+
+
+def _attention_lse(Q, K, V):
+    S = Q @ K.transpose(-1, -2) / math.sqrt(Q.shape[-1])
+    return {"O": torch.softmax(S, -1) @ V, "L": torch.logsumexp(S, -1)}
+
+
+def _gqa(Q, K, V):  # Q[b kv r q d], K and V [b kv x d]: shared by the r heads
+    return _attention(Q, K[:, :, None], V[:, :, None])
+
+
+def _swiglu(X, W1, W3, W2):
+    return (F.silu(X @ W1) * (X @ W3)) @ W2
+
+
+def _rmsnorm(X, G, eps):
+    return X * torch.rsqrt((X * X).mean(-1, keepdim=True) + eps) * G
+
+
+SIZES = {"b": 1, "h": 2, "kv": 2, "r": 2, "q": 5, "x": 7, "d": 4, "m": 5, "k": 6, "n": 3,
+         "t": 6, "f": 5, "e": 3, "c": 9}
+# example file -> (the torch forward, its scalar arguments)
+EXAMPLE_FORWARDS = {
+    "attention": (_attention, {}),
+    "causal_attention": (_causal, {}),
+    "attention_lse": (_attention_lse, {}),
+    "gqa": (_gqa, {}),
+    "matmul": (lambda A, B: A @ B, {}),
+    "mlp": (lambda X, W, bias: F.gelu(X @ W + bias), {}),
+    "swiglu": (_swiglu, {}),
+    "rmsnorm": (_rmsnorm, {"eps": 1e-6}),
+    "softmax": (lambda X: torch.softmax(X, -1), {}),
+}
+TORCH_DTYPES = {"f32": torch.float32, "f64": torch.float64}
+
+
+def _kernel(example: str, dtype: str) -> napkin.Kernel:
+    """The example with its dtypes replaced: bf16 by f32 (dtype "f32"), or every float by f64."""
+    text = (EXAMPLES / f"{example}.napkin").read_text()
+    text = re.sub(r"\bbf16\b", "f32", text)
+    if dtype == "f64":
+        text = re.sub(r"\bf32\b", "f64", text)
+    (kernel,) = napkin.load(text).values()
+    return kernel
+
+
+def _random_inputs(kernel, dtype, generator):
+    arrays = {}
+    for array in kernel.diagram.input_arrays:
+        shape = tuple(SIZES[a] for a in array.axes)
+        values = torch.randn(shape, dtype=torch.float64, generator=generator)
+        arrays[array.name] = values.to(TORCH_DTYPES[dtype]).requires_grad_()
+    return arrays
+
+
+@pytest.mark.parametrize("dtype", ["f64", "f32"])
+@pytest.mark.parametrize("example", sorted(EXAMPLE_FORWARDS))
+def test_gradients_through_a_kernel_call_match_torch_autograd(example, dtype):
+    forward, scalars = EXAMPLE_FORWARDS[example]
+    kernel = _kernel(example, dtype)
+    generator = torch.Generator().manual_seed(24)
+    inputs = _random_inputs(kernel, dtype, generator)
+    out = kernel(**inputs, **scalars)
+    outputs = out if isinstance(out, dict) else {kernel.diagram.outputs[0]: out}
+    weights = {name: torch.randn(value.shape, dtype=torch.float64, generator=generator) for name, value in outputs.items()}
+    loss = sum((value * weights[name].to(value.dtype)).sum() for name, value in outputs.items())
+    loss.backward()
+
+    reference = {name: value.detach().double().requires_grad_() for name, value in inputs.items()}
+    expected = forward(*reference.values(), **scalars)
+    expected = expected if isinstance(expected, dict) else {kernel.diagram.outputs[0]: expected}
+    sum((expected[name] * weights[name]).sum() for name in outputs).backward()
+
+    sizes = {axis: SIZES[axis] for axis in kernel.diagram.axes}
+    backward = kernel.grad()
+    allowed = 4 * (tolerance(kernel.program(**sizes)) + tolerance(backward.program(**sizes)))
+    for name, value in inputs.items():
+        assert value.grad is not None, f"{name} got no gradient"
+        assert value.grad.dtype == value.dtype, "a gradient has its input's dtype"
+        got, want = value.grad.double().numpy(), reference[name].grad.numpy()
+        error = np.abs(got - want).max() / np.abs(want).max()
+        assert error <= allowed, f"d{name}: relative error {error:.3g} > {allowed:.3g}"
+
+
+def test_the_bf16_example_trains_with_bf16_gradients():
+    (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
+    generator = torch.Generator().manual_seed(0)
+    Q, K, V = (torch.randn(1, 2, 5, 8, generator=generator).bfloat16().requires_grad_() for _ in range(3))
+    kernel(Q, K, V).float().sum().backward()
+    reference = [t.detach().double().requires_grad_() for t in (Q, K, V)]
+    _attention(*reference).sum().backward()
+    for got, want in zip((Q, K, V), reference, strict=True):
+        assert got.grad.dtype == torch.bfloat16
+        error = (got.grad.double() - want.grad).abs().max() / want.grad.abs().max()
+        assert error < 0.05  # bf16 inputs, cotangent and gradients: a few of bf16's 2^-8 steps
+
+
+def test_under_no_grad_a_tensor_that_requires_grad_just_runs():
+    kernel = _kernel("matmul", "f32")
+    A = torch.randn(5, 6, requires_grad=True)
+    B = torch.randn(6, 3, requires_grad=True)
+    with torch.no_grad():
+        C = kernel(A, B)
+    assert not C.requires_grad and C.grad_fn is None
+    np.testing.assert_allclose(C.numpy(), (A @ B).detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert kernel(A, B).grad_fn is not None  # with gradients enabled, the call is recorded
+
+
+def test_only_the_inputs_that_require_grad_get_one():
+    kernel = _kernel("matmul", "f32")
+    A = torch.randn(5, 6, requires_grad=True)
+    B = torch.randn(6, 3)
+    kernel(A, B).sum().backward()
+    assert B.grad is None
+    np.testing.assert_allclose(A.grad.numpy(), torch.ones(5, 3) @ B.T, rtol=1e-5)
+
+
+# ---- the elementwise table ---------------------------------------------------------------------
+
+
+def _samples(entry, n=11):
+    low, high = entry.domain
+    low, high = max(low, -2.0), min(high, 2.0)
+    if low == 0.0:
+        low = 0.3
+    values = np.linspace(low, high, n)
+    return values[np.abs(values) > 0.05]  # away from the kinks of abs and relu at 0
+
+
+@pytest.mark.parametrize("name", list(elementwise.FUNCTIONS))
+def test_every_table_entry_has_a_notation_derivative_that_matches_finite_differences(name):
+    entry = elementwise.FUNCTIONS[name]
+    assert len(entry.grad) == entry.arity
+    x = _samples(entry)
+    args = [x] if entry.arity == 1 else [x, np.linspace(1.9, -1.7, len(x))]  # max/min: a != b
+    arguments = ", ".join(["X", "Z"][: entry.arity])
+    params = ", ".join(f"{p}: f64[i]" for p in ["X", "Z"][: entry.arity])
+    kernel = napkin.load(f"kernel k({params}) -> Y: f64[i]:\n    Y[i] = {name}({arguments})\n")["k"]
+    backward = kernel.grad()
+    given = dict(zip(["X", "Z"], args, strict=False)) | {"dY": np.ones_like(x)}
+    got = backward(**{p: v for p, v in given.items() if p in backward.diagram.params})
+    got = got if isinstance(got, dict) else {backward.diagram.outputs[0]: got}
+    f = elementwise.float64(entry)
+    derivative = elementwise.derivative(entry)(*args, f(*args))
+    step = 1e-6
+    for i, parameter in enumerate(["X", "Z"][: entry.arity]):
+        plus = [a + step if j == i else a for j, a in enumerate(args)]
+        minus = [a - step if j == i else a for j, a in enumerate(args)]
+        finite = (f(*plus) - f(*minus)) / (2 * step)
+        np.testing.assert_allclose(got[f"d{parameter}"], finite, rtol=1e-6, atol=1e-7, err_msg=f"{name}: d{parameter}")
+        np.testing.assert_allclose(got[f"d{parameter}"], derivative[i], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("expression,derivative", [
+    ("X * X - X / (X + 3)", lambda x: 2 * x - 3 / (x + 3) ** 2),
+    ("X ^ 3", lambda x: 3 * x ** 2),
+    ("-X + where(X > 0, X, 2 * X)", lambda x: np.where(x > 0, 0.0, 1.0)),
+])
+def test_operator_rules(expression, derivative):
+    kernel = napkin.load(f"kernel k(X: f64[i]) -> Y: f64[i]:\n    Y[i] = {expression}\n")["k"]
+    x = np.array([-1.5, -0.4, 0.7, 1.9])
+    np.testing.assert_allclose(kernel.grad()(x, np.ones_like(x)), derivative(x), rtol=1e-12)
+
+
+def test_max_reduction_routes_through_the_arg_max_and_mean_divides():
+    text = ("kernel k(X: f64[r c]) -> (M: f64[r], A: f64[r]):\n"
+            "    M[r] = max[c](X)\n    A[r] = mean[c](X)\n")
+    backward = napkin.load(text)["k"].grad()
+    X = np.array([[0.1, 2.0, -1.0], [3.0, 0.5, 0.2]])
+    dX = backward(X, X.max(1), np.array([1.0, 10.0]), np.array([3.0, 6.0]))
+    np.testing.assert_allclose(dX, [[1.0, 2.0, 1.0], [12.0, 2.0, 2.0]])
+
+
+# ---- the text, its CLI and its errors ------------------------------------------------------------
+
+
+def _grad_cli(path) -> str:
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert cli.main(["grad", str(path)]) == 0
+    return stdout.getvalue()
+
+
+def test_napkin_grad_prints_a_kernel_that_checks_and_says_what_is_saved():
+    text = _grad_cli(EXAMPLES / "attention.napkin")
+    backward = napkin.load(text)["attention_grad"]
+    assert backward.diagram.outputs == ("dQ", "dK", "dV")
+    assert "# recomputed here: S, P" in text
+    assert "softmax[x](S[b h q x])" in text  # no lse saved: P is recomputed with its softmax
+    assert backward.relabel is not None and backward.relabel.hardware == "H100"
+    report = backward.cost(b=1, h=2, q=64, x=64, d=64)  # whole rows per head: it fits at these sizes only
+    assert report.to_dict()
+
+
+def test_the_attention_backward_does_2_5_times_the_forward_tensor_flops():
+    # FA convention: S is recomputed, and dP, dQ, dK, dV are four more contractions of q x d.
+    (forward,) = napkin.load(EXAMPLES / "attention.napkin").values()
+
+    def tensor(kernel):
+        return sum(s.flops.get("tensor", 0) for s in kernel.diagram.statements).subs(SIZES)
+
+    assert tensor(forward.grad()) == 2.5 * tensor(forward)
+
+
+def test_with_an_lse_p_is_recomputed_from_the_saved_l():
+    text = _grad_cli(EXAMPLES / "attention_lse.napkin")
+    assert "# saved by the forward (read here): L" in text
+    assert "P[b h q x] = exp(S[b h q x] - L[b h q])" in text
+    pseudocode = napkin.load(text)["attention_lse_grad"].pseudocode(b=1, h=2, q=256, x=256, d=64)
+    assert "load L[b h q] gmem" in pseudocode
+    assert "P[b h q x] = exp((S[b h q x] - L[b h q]))" in pseudocode
+    assert "softmax" not in pseudocode
+
+
+def test_fa2_d_rewrite_reads_the_saved_output_and_gives_the_same_gradients():
+    (kernel,) = napkin.load((EXAMPLES / "attention.napkin").read_text().replace("bf16", "f64")).values()
+    rewritten = kernel.grad(rewrite_d=True)
+    assert "D[b h q] = sum[d](dO[b h q d] * O[b h q d])" in rewritten.source
+    rng = np.random.default_rng(3)
+    Q, K, V, dO = (rng.standard_normal((1, 2, 5, 4)) for _ in range(4))
+    O = kernel(Q, K, V)
+    plain = kernel.grad()(Q, K, V, dO)
+    other = rewritten(Q, K, V, O, dO)
+    for name in ("dQ", "dK", "dV"):
+        np.testing.assert_allclose(other[name], plain[name], rtol=1e-10, atol=1e-12)
+
+
+def test_an_opaque_box_without_a_backward_is_a_napkin_error():
+    (kernel,) = napkin.load(EXAMPLES / "paper" / "fig11.napkin").values() if (EXAMPLES / "paper" / "fig11.napkin").exists() \
+        else napkin.load("box F(f32[x], f32[w]) -> f32[y]\nkernel k(X: f32[a x], W: f32[w]) -> Y: f32[a y]:\n"
+                         "    Y[a y] = F(X, W)\n").values()
+    with pytest.raises(NapkinError, match=r"opaque box F has no declared backward"):
+        kernel.grad()
+
+
+def test_a_scalar_that_requires_grad_is_not_differentiated_silently():
+    kernel = _kernel("rmsnorm", "f32")
+    X, G = torch.randn(6, 4, requires_grad=True), torch.randn(4)
+    with pytest.raises(NotImplementedError, match="scalar eps requires grad"):
+        kernel(X, G, torch.tensor(1e-6, requires_grad=True))
