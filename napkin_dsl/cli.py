@@ -504,11 +504,19 @@ def cmd_run(args) -> int:
         from .backends.driver import cuda_available
 
         backend = "cuda" if cuda_available() else "numpy"
+    if args.arch is not None:
+        if backend != "opencl":
+            raise NapkinError(f"--arch {args.arch} applies to --backend opencl, not {backend}",
+                              hint="the OpenCL emulation prints the instruction paths of --arch; the cuda backend compiles "
+                                   "for the GPU it runs on, and numpy runs the Program itself")
+        for k in kernels:
+            load_hardware(k._target(args.hardware)).check_arch(args.arch)
     results = {}
     for k in kernels:
         try:
             with Progress(f"run {k.name} on {backend}", enabled=wanted(args.json)) as progress:  # drawn on a terminal after ~1 s
-                results[k.name] = numpy_backend.check_run(k, args.hardware, given, args.seed, backend, progress=progress)
+                results[k.name] = numpy_backend.check_run(k, args.hardware, given, args.seed, backend, progress=progress,
+                                                          arch=args.arch)
         except NotImplementedError as error:  # a backend that is not written yet: the user's choice, not a napkin bug
             raise NapkinError(str(error), hint="use --backend numpy") from None
         if not args.json:
@@ -534,6 +542,8 @@ def add_run_command(subparsers) -> None:
     run.add_argument("--kernel", metavar="K", help="only this kernel of the file")
     run.add_argument("--backend", choices=["numpy", "cuda", "opencl", "auto"], default="numpy")
     run.add_argument("--hardware", metavar="HW", help=f"a profile ({', '.join(hardware_names())}) or a .toml file")
+    run.add_argument("--arch", help="with --backend opencl: emulate the code built for this architecture, one the profile "
+                                    "runs (sm_90a: wgmma where selection takes it); default: the profile's own")
     add_set(run, "bind a size (axis or group/stream size)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument("--json", action="store_true", help="print one JSON object")

@@ -1250,14 +1250,15 @@ def reference_error(got, want) -> tuple[float, float]:
 
 
 def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, seed: int = 0, backend: str = "numpy",
-              impls: dict | None = None, progress=None) -> dict:
+              impls: dict | None = None, progress=None, arch: str | None = None) -> dict:
     """Run ``kernel`` on seeded random inputs and compare with the reference and the report.
 
     Returns a dict: ``hardware``, ``sizes``, ``backend``, ``max_abs_error``, ``max_rel_error``
     (max |error| / max |reference|, over every output), ``tolerance``, ``counted`` and
     ``predicted`` (per level below the top: ``H``; the compute level also has ``flops``, the
     total), ``count_differences``, ``wall_s`` (the backend run alone) and ``ok``. ``progress``,
-    a ``(done, total)`` callback, hears of the NumPy backend's blocks as :func:`execute` runs them.
+    a ``(done, total)`` callback, hears of the NumPy backend's blocks as :func:`execute` runs them;
+    ``arch`` goes to :func:`run_program` (the OpenCL emulation's instruction paths).
     """
     from ..cost import cost_of
     from ..reference import evaluate
@@ -1279,7 +1280,7 @@ def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, se
     arrays, scalars = random_arguments(diagram, axis_sizes, seed)
     expected = evaluate(diagram, arrays, scalars, axis_sizes, impls, keep_float64=True)
     started = time.perf_counter()
-    outputs, counts = run_program(backend, program, arrays, scalars, impls, progress)
+    outputs, counts = run_program(backend, program, arrays, scalars, impls, progress, arch)
     wall = time.perf_counter() - started
     report = cost_of(program, check=False)
     max_abs, scale = 0.0, 0.0
@@ -1319,10 +1320,12 @@ def _json_number(value):
 
 
 def run_program(backend: str, program: Program, inputs: dict, scalars: dict, impls: dict | None = None,
-                progress=None) -> tuple[dict, Counts | None]:
+                progress=None, arch: str | None = None) -> tuple[dict, Counts | None]:
     """Run a Program on a backend: ``(outputs, Counts)`` here with NumPy, ``(outputs, None)`` through
     ``napkin_dsl.backends.cuda.run`` or ``napkin_dsl.backends.opencl.run``. ``progress`` goes to
-    :func:`execute` (the GPU backends say nothing of how far they are).
+    :func:`execute` (the GPU backends say nothing of how far they are). ``arch`` picks the
+    instruction paths the OpenCL emulation prints (``sm_90a``: wgmma where selection takes it);
+    the CUDA backend compiles for the GPU it runs on, and NumPy runs the Program itself.
 
     A missing GPU backend raises NotImplementedError naming what is missing; ``cuda`` without a
     GPU raises :class:`~napkin_dsl.backends.driver.NoCudaDevice`.
@@ -1345,7 +1348,7 @@ def run_program(backend: str, program: Program, inputs: dict, scalars: dict, imp
     run = getattr(module, "run", None)
     if run is None:
         raise NotImplementedError(f"the {backend} backend is not available: napkin_dsl.backends.{backend} has no run(program, inputs, scalars)")
-    result = run(program, inputs, scalars)
+    result = run(program, inputs, scalars, arch=arch) if arch is not None else run(program, inputs, scalars)
     outputs = result[0] if isinstance(result, tuple) else result
     return {name: np.asarray(value) for name, value in outputs.items()}, None
 
