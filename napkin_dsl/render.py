@@ -21,7 +21,10 @@
   saved after its last reader there);
 * ``relabelled=True`` marks the partitions of the relabel block on on-chip wires: a group
   partition boxes the wire's label (``q g=128``), a stream partition dashes the wire
-  (``x s=64``);
+  (``x s=64``), a split names its parts (``x p=1024 s=64``) and its combine launch is drawn
+  as columns (``drawn_diagram``): each part's accumulator leaves its statement (``O.acc``), the
+  parts' states (``O.acc.part[x# ...]``) are saved and loaded again into a ``merge x#`` box per
+  result the combine forms;
 * ``costs=True`` adds rows of memory M and transfers H per column under the boxes, as in
   the paper's Figures 9, 11 and 12, read off the Program (``cost.statement_columns``) at the
   compute level of the kernel's hardware (or ``hardware=``, with ``sizes=`` bound): the
@@ -54,15 +57,17 @@ True
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
 from . import algebra
-from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from .diagram import Apply, Array, BoxSignature, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .diagram import size_text as diagram_size_text
 from .errors import NapkinError
 from .hardware import hardware_names, load_hardware
-from .pseudocode import Program, walk
+from .pseudocode import Loop, Program, walk
 
 # ---- look ------------------------------------------------------------------------------------
 
@@ -276,13 +281,14 @@ class Levels:
         return "load" if self.order.index(source) < self.order.index(destination) else "save"
 
 
-def plan_levels(kernel, program, hardware: str | None = None) -> Levels:
+def plan_levels(kernel, program, hardware: str | None = None, diagram: Diagram | None = None) -> Levels:
     """Levels of the drawing, read off ``program`` (the Program the drawing shows): its top and
     compute levels, and each array's home, the top level for the kernel's parameters and for
     every array the Program moves (loads or saves), the compute level for the rest. Named after
     ``hardware``'s levels when the drawing names one; otherwise as "top level" and "on chip"
-    (a top level the kernel writes, ``@gmem`` or ``@l0``, keeps its name)."""
-    diagram: Diagram = kernel.diagram
+    (a top level the kernel writes, ``@gmem`` or ``@l0``, keeps its name). ``diagram``: the
+    diagram drawn, when it is not the kernel's (``drawn_diagram``: a split's part arrays)."""
+    diagram = diagram or kernel.diagram
     if hardware is not None:
         order = tuple(program.hardware.level_names())
         top, compute = program.levels[0], program.schedule.compute_level
@@ -370,6 +376,11 @@ def axis_text(diagram: Diagram, axis: str) -> str:
     return name if size == axis else f"{name}={truncate(size, 10)}"
 
 
+# A wire's label names its partitions by a letter: g(roup), s(tream), and p(arts) for a split,
+# whose initial would be a stream's.
+PARTITION_LETTERS = {"group": "g", "stream": "s", "split": "p"}
+
+
 @dataclass(frozen=True)
 class Partitions:
     """The relabel block's partitions by axis, when the drawing shows them."""
@@ -377,7 +388,7 @@ class Partitions:
     by_axis: dict  # axis -> list of (kind, size)
 
     def mark(self, axis: str) -> str:
-        return " ".join(f"{kind[0]}={size}" for kind, size in self.by_axis.get(axis, ()))
+        return " ".join(f"{PARTITION_LETTERS[kind]}={size}" for kind, size in self.by_axis.get(axis, ()))
 
     def grouped(self, axis: str) -> bool:
         return any(kind == "group" for kind, _ in self.by_axis.get(axis, ()))
@@ -393,6 +404,143 @@ def plan_partitions(kernel, relabelled: bool) -> Partitions:
             for partition in clauses.partitions:
                 by_axis.setdefault(partition.axis, []).append((partition.kind, partition.size))
     return Partitions(by_axis)
+
+
+# ---- a split: the combine launch drawn as columns ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class DrawnDiagram:
+    """The diagram the drawing lays out: the kernel's, or, for a Program with a split, one with
+    the combine launch's columns in it (``drawn_diagram``).
+
+    ``column_of`` maps (launch, statement index) of the Program to the column that draws that
+    statement's steps in that launch; ``spawned`` are the part arrays, whose bundles begin in the
+    gap before their first reader (the parts launch leaves them on chip and saves them there).
+    """
+
+    diagram: Diagram
+    column_of: dict
+    spawned: frozenset = frozenset()
+    statements: dict = field(default_factory=dict)  # column -> the kernel's statement it draws (costs)
+
+    def column(self, launch: int, statement: Statement) -> int:
+        return self.column_of.get((launch, statement.index), statement.index)
+
+    def first_column(self, launch) -> int:
+        """The first column drawing a launch (a ``LaunchProgram``)."""
+        drawn = [column for (index, _), column in self.column_of.items() if index == launch.index]
+        return min(drawn) if drawn else launch.launch.statements[0].index
+
+
+def _named_states(diagram: Diagram, steps, statement: Statement) -> set:
+    """The statements whose state buffers (``P.max``, ``P.scale``) a statement's steps read."""
+    prefixes = {s.target + ".": s for s in diagram.statements}
+    used = {statement.index}
+    for step in steps:
+        for _, name in step.reads:
+            used |= {s.index for prefix, s in prefixes.items() if name.startswith(prefix)}
+    return used
+
+
+def drawn_diagram(diagram: Diagram, program: Program) -> DrawnDiagram:
+    """The diagram as the drawing shows a Program with splits.
+
+    The parts launch keeps its statements' columns, but a statement whose result the combine
+    forms (a sum, a contraction) leaves its column as its accumulator (``O.acc``: each part's
+    alone, which nothing after reads). The part arrays the parts launch saves (``O.acc.part``,
+    ``P.max.part``, with the part axis ``x#``) are saved in the gap after the parts' columns and
+    loaded by a ``merge x#`` box per result the combine forms (the states merged part by part,
+    the woven axes passing over the box), which the combine launch saves; the statements after
+    the merge follow in their own columns. Without a split, the kernel's diagram.
+    """
+    combines = [lp for lp in program.launches if lp.combine is not None]
+    if not combines:
+        return DrawnDiagram(diagram, {})
+    compute = program.schedule.compute_level
+    arrays, axes = dict(diagram.arrays), dict(diagram.axes)
+    order: list = []  # (kind, statement, launch index, part reads) in drawing order
+    column_of: dict = {}
+    spawned: set = set()
+    combined = {lp.index: lp for lp in combines}
+    for lp in program.launches:
+        if lp.index in combined:
+            continue
+        if lp.index + 1 not in combined:  # a launch without a split: its statements as written
+            order += [("plain", s, lp.index, ()) for s in lp.launch.statements]
+            continue
+        combine = combined[lp.index + 1]
+        part = next(node.part for node in _loops(lp.body) if node.part is not None)
+        trips = next(node.trips for node in _loops(combine.body) if node.axis == part)
+        axes[part] = dataclasses.replace(diagram.axes[combine.combine], name=part, size=algebra.as_expr(trips))
+        parts_steps = [step for step, _ in walk(lp.body)]
+        combine_steps = [step for step, _ in walk(combine.body)]
+        saved = {}  # statement index -> its part arrays, as the parts launch saves them
+        for step in parts_steps:
+            if step.op == "save" and step.level == compute and step.statement is not None:
+                saved.setdefault(step.statement.index, []).append(step.array)
+                arrays[step.array] = Array(step.array, step.dtype, tuple(step.axes), "intermediate")
+                spawned.add(step.array)
+        in_parts = {step.statement.index for step in parts_steps if step.statement is not None}
+        formed = [s for s in lp.launch.statements if any(step.op == "finalise" and step.statement is s for step in combine_steps)]
+        merged = {step.statement.index for step in combine_steps if step.op == "merge"}
+        post = [s for s in lp.launch.statements if s.index not in in_parts and s.index not in merged and s not in formed]
+        for s in lp.launch.statements:
+            if s.index not in in_parts:
+                continue
+            if s in formed:  # each part's accumulator: the combine forms the result
+                acc = f"{s.target}.acc"
+                arrays[acc] = Array(acc, next(step.dtype for step in parts_steps if step.statement is s), s.axes, "intermediate")
+                order.append(("acc", s, lp.index, ()))
+            else:
+                order.append(("plain", s, lp.index, ()))
+        readers: dict = {}
+        for s in formed:
+            needs = _named_states(diagram, [step for step in combine_steps if step.statement is s], s)
+            reads = [name for index in sorted(needs) for name in saved.get(index, [])]
+            readers[s.index] = reads
+        unread = [name for index in sorted(saved) for name in saved[index] if not any(name in r for r in readers.values())]
+        if formed and unread:
+            readers[formed[-1].index] = readers[formed[-1].index] + unread
+        for s in formed:
+            order.append(("merge", s, combine.index, tuple(readers[s.index])))
+        # the merged statements the combine forms nothing of: their merge steps are drawn by
+        # the merge box that reads their states
+        for index in sorted(merged - {s.index for s in formed}):
+            reader = next((s for s in formed if any(name in readers[s.index] for name in saved.get(index, []))), formed[-1] if formed else None)
+            if reader is not None:
+                column_of[(combine.index, index)] = ("merge", reader.index)
+        order += [("plain", s, combine.index, ()) for s in post]
+    statements, drawn = [], {}
+    keys = {}
+    for column, (kind, s, launch, reads) in enumerate(order):
+        keys[(kind if kind == "merge" else "statement", s.index, launch)] = column
+        drawn[column] = s
+        if kind == "acc":
+            statements.append(dataclasses.replace(s, index=column, target=f"{s.target}.acc"))
+        elif kind == "merge":
+            part = arrays[reads[0]].axes[0] if reads else ""
+            signature = BoxSignature(f"merge {part}", tuple((arrays[r].dtype, (part,)) for r in reads), ((s.dtype, ()),))
+            box = Opaque(signature, tuple(Read(r, arrays[r].axes) for r in reads))
+            statements.append(dataclasses.replace(s, index=column, box=box, woven=s.axes, consumed=(part,), inputs=tuple(reads),
+                                                  flops={}, level=None))
+        else:
+            statements.append(dataclasses.replace(s, index=column))
+    for (_, index, launch), column in keys.items():
+        column_of[(launch, index)] = column
+    for key, target in list(column_of.items()):
+        if isinstance(target, tuple):
+            column_of[key] = keys[("merge", target[1], key[0])]
+    # a statement's result formed by its merge box: the Program saves it from the combine launch
+    drawn_view = dataclasses.replace(diagram, axes=axes, arrays=arrays, statements=tuple(statements))
+    return DrawnDiagram(drawn_view, column_of, frozenset(spawned), drawn)
+
+
+def _loops(body):
+    for node in body:
+        if isinstance(node, Loop):
+            yield node
+            yield from _loops(node.body)
 
 
 # ---- the plan: which bundles sit where in each column -----------------------------------------
@@ -515,7 +663,7 @@ class Residency:
     right_saves: dict
 
 
-def plan_residency(program: Program, columns: list) -> Residency:
+def plan_residency(program: Program, columns: list, view: DrawnDiagram | None = None) -> Residency:
     """Read the drawing's loads, saves and residency off the Program (one source of truth).
 
     Each load or save step of the Program into or out of the compute level is one mark, in
@@ -527,27 +675,36 @@ def plan_residency(program: Program, columns: list) -> Residency:
     the on-chip copy for those readers; the drawing has one bundle per array): at the result's
     exit when none does, else in the gap after the last reader, or right of the last column.
     An array read again in a later launch passes at its own level after its last reader in a
-    launch: the Program drops the on-chip copy there, and nothing moves.
+    launch: the Program drops the on-chip copy there, and nothing moves. With a split (``view``),
+    steps are placed on the columns that draw them, and a part array's save is drawn in the gap
+    before its first reader, the merge box that loads it.
     """
+    view = view or DrawnDiagram(program.diagram, {})
+    drawn = view.diagram
     compute = program.schedule.compute_level
     count = len(columns)
     residency = Residency([{} for _ in range(count)], [{} for _ in range(count)], [None] * count,
                           [set() for _ in range(count)], [set() for _ in range(count)], {})
     for launch in program.launches:
         sequence = [step for step, _ in walk(launch.body)]
-        first_statement = launch.launch.statements[0].index
+        column = functools.partial(view.column, launch.index)
+        first_statement = view.first_column(launch)
         for position, step in enumerate(sequence):
             if step.op not in ("load", "save") or step.level != compute:
                 continue
             array, here = step.array, launch.index
+            if step.op == "save" and array in view.spawned:
+                reader = min(s.index for s in drawn.statements if array in s.inputs)
+                residency.gap_moves[reader].setdefault(array, []).append(("save", here))
+                continue
             if step.op == "load":
                 readers = []
                 for later in sequence[position + 1:]:
                     if later.op == "load" and later.level == compute and later.array == array:
                         break  # loaded again: later readers read that copy
                     if later.statement is not None and (compute, array) in later.reads:
-                        readers.append(later.statement.index)
-                readers = sorted(set(readers)) or [next((s.index for s in launch.launch.statements if array in s.inputs), first_statement)]
+                        readers.append(column(later.statement))
+                readers = sorted(set(readers)) or [next((column(s) for s in launch.launch.statements if array in s.inputs), first_statement)]
                 first, last = readers[0], readers[-1]
                 if first == last:
                     residency.entry_loads[first][array] = here
@@ -558,10 +715,10 @@ def plan_residency(program: Program, columns: list) -> Residency:
                 for index in range(first, last):
                     residency.chip_out[index].add(array)
                 continue
-            producer = program.diagram.producer(array)
+            producer = drawn.producer(array)
             made = producer.index if producer is not None else first_statement
-            readers = [later.statement.index for later in sequence if later.statement is not None
-                       and later.statement.index != made and (compute, array) in later.reads]
+            readers = [column(later.statement) for later in sequence if later.statement is not None
+                       and column(later.statement) != made and (compute, array) in later.reads]
             last = max(readers, default=made)
             if last == made:
                 residency.exit_saves[made] = here
@@ -596,10 +753,12 @@ class Renderer:
         self.diagram: Diagram = kernel.diagram
         self.relabelled = relabelled
         self.costs = costs
-        self.levels = plan_levels(kernel, program, hardware)
+        self.view = drawn_diagram(kernel.diagram, program)
+        self.diagram = self.view.diagram
+        self.levels = plan_levels(kernel, program, hardware, self.diagram)
         self.partitions = plan_partitions(kernel, relabelled)
         self.columns, self.unused, self.final = plan_columns(self.diagram)
-        self.residency = plan_residency(program, self.columns)
+        self.residency = plan_residency(program, self.columns, self.view)
         residency = self.residency
         self.gap_moves, self.entry_loads, self.exit_saves = residency.gap_moves, residency.entry_loads, residency.exit_saves
         self.chip_in, self.chip_out, self.right_saves = residency.chip_in, residency.chip_out, residency.right_saves
@@ -735,8 +894,22 @@ class Renderer:
         return max(width, MIN_BOX_WIDTH)
 
     def cost_cells(self, index: int) -> list[tuple[str, str]]:
-        """(shown, full) text of a column's cost cells: its label, M, H."""
-        return [] if self.costs is None else self.costs.cells[index]
+        """(shown, full) text of a column's cost cells: its label, M, H. The costs are per
+        statement of the kernel (``cost.statement_columns``, both launches of a split in one):
+        a statement drawn in two columns (its parts', then its merge box) has them under the
+        first, and the merge box says where they are."""
+        if self.costs is None:
+            return []
+        if not self.view.statements:
+            return self.costs.cells[index]
+        statement = self.view.statements[index]
+        first = min(c for c, s in self.view.statements.items() if s.index == statement.index)
+        cells = self.costs.cells[statement.index]
+        if first == index:
+            return cells
+        label = self.columns[index].label
+        where = f"counted in column {first + 1} ({statement.target}), with its parts"
+        return [(truncate(label, MAX_NAME_CHARS), label)] + [("-", where) for _ in cells[1:]]
 
     def transfer_tag(self, source: str, destination: str) -> str:
         return self.levels.transfer(source, destination)
@@ -949,9 +1122,15 @@ class Renderer:
         depth = max(map(len, moves.values()), default=0)
         step, x1 = move_step(depth), column.entry
         after = self.arrival(column)
-        for array, top in self.before(column):
+        before = self.before(column)
+        # A split's part arrays begin here, on chip where the parts left them: saved by the
+        # parts launch, then loaded by the combine's merge box.
+        begun = [(a, t) for a, t in after if a in self.view.spawned and a not in {b for b, _ in before}]
+        for array, top in begun:
+            self.end_caps(array, top, column.gap, self.levels.compute)
+        for array, top in before + begun:
             ends = [t for a, t in after if a == array]
-            level = self.level_leaving(array, index - 1)
+            level = self.levels.compute if (array, top) in begun else self.level_leaving(array, index - 1)
             x0 = column.gap
             for kind, launch in moves.get(array, []):
                 arrives = self.levels.compute if kind == "load" else self.level_of(array)
@@ -1156,6 +1335,8 @@ class Renderer:
             items.append(("group", None, "group partition (g=)"))
         if "stream" in kinds:
             items.append(("stream", None, "stream partition (s=)"))
+        if "split" in kinds:
+            items.append(("split", None, "split into parts (p=), merged by the combine launch"))
         return items
 
     def legend_rows(self, width: float) -> list:
@@ -1204,6 +1385,9 @@ class Renderer:
                                     stroke_width="0.8"))
         elif kind == "stream":
             d.path("marks", straight(x, x + 24, y), stroke=colour, dash="5 3")
+        elif kind == "split":  # the merge box its parts' states meet in
+            d.add("marks", _element("rect", x=fmt(x + 4), y=fmt(y - 6), width=16, height=12, rx=4, fill=BOX_FILL,
+                                    stroke=BOX_STROKE, stroke_width="1.2"))
 
     def caption_lines(self) -> list[tuple[str, str]]:
         """(text, colour) of the cost table's caption and warning, wrapped at words to the picture's width."""

@@ -63,6 +63,26 @@ kernel oddities(X: f32[a b], U: f32[c], A: f32[a k], B: f32[k b], C: f32[k], s: 
 """
 
 
+# Splits: two merged sums read after the merge, and the online softmax with its lse.
+SPLITS = """
+kernel two_sums(X: f32[a c]) -> Y: f32[a], Z: f32[a], W: f32[a]:
+    Y[a] = sum[c](X)
+    Z[a] = max[c](X)
+    W[a] = Y * 2 + Z
+
+relabel two_sums on H100:
+    smem: group a 4; split c 100; stream c 32
+
+kernel split_lse(S: f32[q x], V: f32[x d]) -> O: f32[q d], L: f32[q]:
+    P[q x] = softmax[x](S)
+    O[q d] = P * V
+    L[q] = lse[x](S)
+
+relabel split_lse on H100:
+    smem: group q 16; split x 128; stream x 64
+"""
+
+
 def stress_kernels():
     kernels = {}
     for text in (chain_source(), many_inputs_source(), LONG_NAMES):
@@ -146,12 +166,14 @@ def test_loads_and_saves_are_marked_where_arrays_change_level():
     assert tags.count("save") == 3
 
 
-def program_transfers(kernel) -> Counter:
+def program_transfers(kernel, relabelled: bool = True) -> Counter:
     """(kind, array, launch) of the loads and saves into and out of the compute level in the
-    kernel's Program, one per step (a streamed array is loaded chunk by chunk by one step)."""
+    Program a drawing shows (the kernel's relabelled one, or the diagram planned as written),
+    one per step (a streamed array is loaded chunk by chunk by one step)."""
     from napkin_dsl.pseudocode import walk
+    from napkin_dsl.render import cost_program
 
-    program = kernel.program()
+    program = cost_program(kernel, relabelled)
     compute = program.schedule.compute_level
     return Counter((step.op, step.array, launch.index) for launch in program.launches for step, _ in walk(launch.body)
                    if step.op in ("load", "save") and step.level == compute)
@@ -161,19 +183,47 @@ def hard_kernels() -> dict:
     kernels = stress_kernels()
     kernels.update(napkin.load(ODDITIES))
     kernels["chain"] = napkin.load(chain_source(6))["chain"]
+    kernels.update(napkin.load(SPLITS))
     return kernels
 
 
+@pytest.mark.parametrize("relabelled", [False, True], ids=["plain", "relabelled"])
 @pytest.mark.parametrize("kernel", [k for _, k in EXAMPLE_KERNELS] + list(hard_kernels().values()),
                          ids=IDS + list(hard_kernels()))
-def test_the_drawing_moves_arrays_as_the_program_does(kernel):
+def test_the_drawing_moves_arrays_as_the_program_does(kernel, relabelled):
     """One load per array and launch, at its first reader; a result saved once, after its last
-    reader in its launch: the marks drawn (and their tags) are the Program's transfers."""
-    drawing = layout(kernel)
-    assert Counter((kind, array, launch) for kind, array, launch, _ in drawing.transfers) == program_transfers(kernel)
+    reader in its launch: the marks drawn (and their tags) are the Program's transfers (a
+    split's part states too: saved by the parts launch, loaded by the combine)."""
+    drawing = layout(kernel, relabelled)
+    assert Counter((kind, array, launch) for kind, array, launch, _ in drawing.transfers) == program_transfers(kernel, relabelled)
     tags = [rect[4] for rect in drawing.label_rects]
     for kind in ("load", "save"):
         assert tags.count(kind) == sum(1 for drawn, *_ in drawing.transfers if drawn == kind)
+
+
+def test_a_split_draws_its_parts_saves_and_the_combines_merge_box():
+    """decode (split x 1024; stream x 64): x is labelled with its parts and chunks; each part's
+    O leaves the contraction as O.acc, which nothing reads; the parts' states are saved (launch
+    0), then loaded (launch 1) into one merge box over x#, which forms O, saved by launch 1."""
+    decode = napkin.load(EXAMPLES / "decode.napkin")["decode"]
+    drawing = layout(decode, True)
+    assert "x p=1024 s=64" in texts(render(decode, relabelled=True)).splitlines()
+    boxes = {target: rect for *rect, target in drawing.box_rects}
+    assert list(boxes) == ["S", "P", "O.acc", "O"]
+    merge_left = boxes["O"][0]
+    states = ("P.max.part", "P.sum.part", "O.acc.part")
+    marks = {(kind, array): (launch, x) for kind, array, launch, x in drawing.transfers}
+    for state in states:
+        (saved_by, saved_at), (loaded_by, loaded_at) = marks[("save", state)], marks[("load", state)]
+        assert (saved_by, loaded_by) == (0, 1)
+        assert boxes["O.acc"][2] < saved_at < loaded_at < merge_left
+    assert marks[("save", "O")][0] == 1 and marks[("save", "O")][1] > boxes["O"][2]
+    assert ("save", "O.acc") not in marks
+    assert "merge x#" in texts(render(decode, relabelled=True))
+    # As written, nothing is split: no merge box, O saved by its one launch.
+    plain = layout(decode)
+    assert [target for *_, target in plain.box_rects] == ["S", "P", "O"]
+    assert {(kind, array, launch) for kind, array, launch, _ in plain.transfers if kind == "save"} == {("save", "O", 0)}
 
 
 def test_an_array_read_twice_in_a_launch_is_loaded_once_and_copied_on_chip():
@@ -403,7 +453,15 @@ def test_every_example_draws_its_costs(kernel, relabelled):
     assert svg == render(kernel, relabelled=relabelled, costs=True)
     ET.fromstring(svg)
     rows = cost_rows(svg)
-    assert rows["column"] == [s.target for s in kernel.diagram.statements] + ["total"]
+    # A split draws a merge box per result its combine forms, after the parts' columns: its
+    # costs are its statement's (both launches in one), drawn under the statement's first column.
+    merges = [i for i, label in enumerate(rows["column"]) if label.startswith("merge ")]
+    split = relabelled and any(launch.combine for launch in kernel.program().launches)
+    assert bool(merges) == split
+    assert [label for label in rows["column"] if not label.startswith("merge ")] == [s.target for s in kernel.diagram.statements] + ["total"]
+    for head, cells in rows.items():
+        if head != "column":
+            assert all(cells[i] == "-" for i in merges)
     assert layout_problems(layout(kernel, relabelled, costs=True)) == []
     program = kernel.program()
     level = program.schedule.compute_level
@@ -412,10 +470,11 @@ def test_every_example_draws_its_costs(kernel, relabelled):
         assert drawn in texts(svg), f"level {drawn} is missing from the legend"
 
 
-@pytest.mark.parametrize("name", ["chain", "many", "long_names", "oddities"])
+@pytest.mark.parametrize("name", ["chain", "many", "long_names", "oddities", "two_sums", "split_lse"])
 def test_hard_layouts_with_costs_have_no_overlaps(name):
     kernels = stress_kernels()
     kernels.update(napkin.load(ODDITIES))
+    kernels.update(napkin.load(SPLITS))
     for relabelled in (False, True):
         assert layout_problems(layout(kernels[name], relabelled, costs=True)) == []
 
@@ -442,7 +501,7 @@ def test_columns_must_match_the_statements():
 # ---- golden files and pictures ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["attention.napkin", "matmul.napkin", "paper/fig12.napkin"])
+@pytest.mark.parametrize("path", ["attention.napkin", "matmul.napkin", "paper/fig12.napkin", "decode.napkin"])
 def test_svg_golden(path, golden):
     (kernel,) = napkin.load(EXAMPLES / path).values()
     golden(f"svg/{path.replace('/', '__').replace('.napkin', '')}.relabelled.svg", render(kernel, relabelled=True))
