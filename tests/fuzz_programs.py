@@ -962,6 +962,67 @@ def tensor_core_programs(draw) -> Case:
     return Case("valid", text, sizes, None, draw(st.integers(0, 2**16)), opencl=True, scale=scale)
 
 
+# ---- split relabellings ------------------------------------------------------------------------------
+
+_SPLIT_REDUCE = """kernel red(X: {dt}[a c]) -> {outputs}:
+{body}
+relabel red on H100:
+    smem: group a {ga}; {cut}
+"""
+_SPLIT_CONTRACT = """kernel splitk(A: {dt}[m k], B: {dt}[k n]) -> C: f32[m n]:
+    C[m n] = A * B
+
+relabel splitk on H100:
+    smem: group m {gm}, n {gn}; {cut}
+"""
+_SPLIT_ATTENTION = """kernel decode(S: {dt}[q x], V: {dt}[x d]) -> {outputs}:
+    P[q x] = softmax[x](S)
+    O[q d] = P * V
+{lse}
+relabel decode on H100:
+    smem: group q {gq}; {cut}
+"""
+
+
+@st.composite
+def split_programs(draw) -> Case:
+    """A split relabelling on the NumPy path (the printers refuse splits): one or two reductions of
+    the split axis (sum, max, min, mean; a map of them after the merge half the time), a split-K
+    contraction, or the online softmax contracted with V (its lse an output half the time), cut
+    into parts of any size (the last part ragged, a part larger than the axis one part) and each
+    part streamed in chunks that need not divide it, or streamed whole."""
+    dt = draw(st.sampled_from(["f32", "f32", "bf16"]))
+
+    def cut(axis: str, extent: int) -> str:
+        part = draw(st.integers(1, extent + 3))
+        stream = f"; stream {axis} {draw(st.integers(1, part))}" if draw(st.integers(0, 3)) > 0 else ""
+        return f"split {axis} {part}{stream}"
+
+    shape = draw(st.sampled_from(["reduce", "contract", "attention"]))
+    if shape == "reduce":
+        sizes = {"a": draw(st.integers(1, 5)), "c": draw(st.integers(2, 40))}
+        ops = draw(st.lists(st.sampled_from(["sum", "max", "min", "mean"]), min_size=1, max_size=2, unique=True))
+        names = ["Y", "Z"][:len(ops)]
+        body = [f"    {n}[a] = {op}[c](X)" for n, op in zip(names, ops, strict=True)]
+        outputs = [f"{n}: f32[a]" for n in names]
+        if draw(st.booleans()):  # read after the merge: the combine launch computes it
+            body.append(f"    W[a] = {' + '.join(names)} * 2")
+            outputs.append("W: f32[a]")
+        text = _SPLIT_REDUCE.format(dt=dt, outputs=", ".join(outputs), body="\n".join(body) + "\n",
+                                    ga=draw(st.integers(1, sizes["a"])), cut=cut("c", sizes["c"]))
+    elif shape == "contract":
+        sizes = {"m": draw(st.integers(1, 6)), "n": draw(st.integers(1, 6)), "k": draw(st.integers(2, 40))}
+        text = _SPLIT_CONTRACT.format(dt=dt, gm=draw(st.integers(1, sizes["m"])), gn=draw(st.integers(1, sizes["n"])),
+                                      cut=cut("k", sizes["k"]))
+    else:
+        sizes = {"q": draw(st.integers(1, 5)), "x": draw(st.integers(2, 40)), "d": draw(st.integers(1, 4))}
+        lse = draw(st.booleans())
+        outputs = f"(O: {dt}[q d], L: f32[q])" if lse else f"O: {dt}[q d]"
+        text = _SPLIT_ATTENTION.format(dt=dt, outputs=outputs, lse="    L[q] = lse[x](S)\n" if lse else "",
+                                       gq=draw(st.integers(1, sizes["q"])), cut=cut("x", sizes["x"]))
+    return Case("valid", text, sizes, None, draw(st.integers(0, 2**16)), scale=draw(st.sampled_from([1.0, 1.0, 8.0])))
+
+
 # ---- mutants and absurd sizes ------------------------------------------------------------------
 
 _TOKEN = re.compile(r"\\\n|\n|[ \t]+|#[^\n]*|@\w+|->|\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+|\w+|.", re.UNICODE)

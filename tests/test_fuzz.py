@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .conftest import NAPKIN_EXAMPLES
-from .fuzz_programs import Case, absurd_sizes, attention_programs, check_case_within, known_item, mutants, mutate, programs, tokens
+from .fuzz_programs import (Case, absurd_sizes, attention_programs, check_case_within, kernel_sizes, known_item, mutants, mutate,
+                            programs, split_programs, tokens)
 
 # Failures of issue 13's list that the fast profile still meets, excluded by item (the pattern
 # each item matches is fuzz_programs.known_item's) until its fix lands; then the entry goes and
@@ -56,6 +57,23 @@ def test_valid_programs_run_right_on_numpy_and_count_what_the_model_says(case):
 @given(attention_programs(max_size=5, opencl=False))
 def test_masked_attention_with_its_lse_streamed_runs_right_on_numpy(case):
     assert_keeps_invariants(case)
+
+
+@settings(max_examples=16, **PROFILE)
+@given(split_programs())
+def test_split_relabellings_merge_their_parts_right_on_numpy(case):
+    """Sums, max, min, mean, split-K and the online softmax with its lse, cut into ragged parts
+    and chunks: the parts and the combine launch against the reference, counts equal to the
+    model. None may be refused: each is a split the notation allows."""
+    import napkin_dsl as napkin
+
+    (kernel,) = napkin.load(case.text).values()
+    program = kernel.program(None, **kernel_sizes(kernel, case))
+    assert [launch.combine for launch in program.launches][-1] is not None  # the parts, then their combine
+    outcome = check_case_within(case, TIME_LIMIT, False)
+    assert outcome.rejected is None, outcome.message
+    assert "numpy" in outcome.stages
+    assert_keeps_invariants(case, opencl=False)
 
 
 @settings(max_examples=200, **PROFILE)
