@@ -30,7 +30,8 @@ Deliberately not here: deciding whether a launch qualifies (``isel.py``), the FM
 from __future__ import annotations
 
 from ..boxes import reduction
-from ..diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
+from .. import algebra
+from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Read, Reduce, Softmax, reads
 from ..isel import TensorPlan, smem_layout
 from ..layouts import (
     LDMATRIX_DELIVERS,
@@ -53,6 +54,7 @@ from ..layouts import (
     p_to_a_registers,
 )
 from ..pseudocode import Loop, Step, walk
+from ..reference import ReferenceFailure, constant_value
 from .lowering import KernelSource, LoweringError, Printer, ident, literal, print_expression, scalar_ctype, state_start
 
 CUDA_PRELUDE = r"""
@@ -213,6 +215,7 @@ OPENCL_PRELUDE = (_OPENCL_HEAD + _opencl_emulation()
 PRELUDES = {"cuda": CUDA_PRELUDE, "opencl": OPENCL_PRELUDE}
 UNIT = 16
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 
 
 def _var(name: str) -> str:
@@ -228,6 +231,19 @@ class TensorPrinter(Printer):
         self.smem, self.arena = smem_layout(plan, self.tile, self.diagram)
         self.stage: dict[str, str] = {}  # streamed operand -> current stage expression
         self.pending = False  # cp.async groups issued and not yet waited for
+        # A contraction's positive constant scale (S *= d^-0.5) that only softmaxes read: it is
+        # not applied to the fragment but folded, with log2(e), into the one FFMA of each exp2
+        # argument (FlashAttention-2's scale_log2). target -> the scale.
+        self.folded: dict[str, float] = {}
+        # Online softmaxes whose running max is kept in the log2 domain (max(v) * c, c the
+        # exponent's multiplier) and whose rescale leaves this chunk's shift, with a row masked so
+        # far (max -inf) shifted by 0, in nk_top_<P>: -inf is tested once per row and chunk.
+        self.tops: set[str] = set()
+        self.tops_ready: set[str] = set()
+        # Running sums each thread keeps over its own columns only: the quad reduces them once,
+        # after the stream, when first read (the scale that multiplies them is the same in the
+        # four lanes of a quad, so the sum of partial sums is the row's sum).
+        self.partial: set[str] = set()
 
     # -- the kernel
     def print(self, entry: str) -> KernelSource:
@@ -264,12 +280,64 @@ class TensorPrinter(Printer):
         self.lane_constants()
         self.copy_constants()
         self.free_after = self.saves_after_shared_reads()
+        self.fold_scales()
         for name in plan.fragments:
             self.emit(f"float {_var(name)}{self.dims(name)};")
+        for name in sorted(self.tops):
+            self.emit(f"float nk_top_{ident(name)}[{plan.m_tiles}][{MMA_C_PAIR.extent('h')}];  // {name}'s shift this chunk (log2 domain)")
         self.nodes(self.launch.body)
         self.depth = 0
         self.emit("}")
         return KernelSource(entry, "\n".join(self.lines) + "\n", grid, plan.threads, self.arena, arrays, scalars)
+
+    def fold_scales(self):
+        """Find the scales to fold (``self.folded``) and the online softmaxes (``self.tops``).
+
+        A scale folds when it is a positive constant (so max(c v) = c max(v)) and every later
+        step that reads the scaled array is a softmax of it, of ``S`` or ``where(COND, S, -inf)``:
+        the softmax then takes its max over the unscaled values and multiplies by the scale
+        where it already multiplies by log2(e)."""
+        sequence = [step for step, _ in walk(self.launch.body) if step.level == self.level]
+        for index, step in enumerate(sequence):
+            s = step.statement
+            if step.op == "rescale" and isinstance(s.box, Softmax):
+                self.tops.add(s.target)
+            if step.op != "compute" or not isinstance(s.box, Contract) or (step.level, s.target) not in step.reads:
+                continue
+            scale = self.positive_constant(s.box.scale)
+            later = [t for t in sequence[index + 1:] if any(ref[1] == s.target for ref in t.reads)]
+            if scale is not None and later and all(self.softmax_of(t) == s.target for t in later):
+                self.folded[s.target] = scale
+
+    def positive_constant(self, expr) -> float | None:
+        if not isinstance(expr, Const) or expr.value in (algebra.oo, -algebra.oo):
+            return None
+        try:
+            value = constant_value(expr.value, self.sizes)
+        except ReferenceFailure:
+            return None
+        return value if value > 0 else None
+
+    @staticmethod
+    def softmax_of(step: Step) -> str | None:
+        """The array a softmax step exponentiates as ``S`` or ``where(COND, S, -inf)``, else None."""
+        box = step.statement.box if step.statement is not None else None
+        if step.op not in ("rescale", "online", "compute") or not isinstance(box, Softmax):
+            return None
+        operand = box.operand
+        if (isinstance(operand, Apply) and operand.fn == "where" and isinstance(operand.args[2], Const)
+                and operand.args[2].value == -algebra.oo):
+            operand = operand.args[1]
+        return operand.array if isinstance(operand, Read) else None
+
+    def exponent_scale(self, operand) -> float:
+        """c in exp(v - max) = 2^(v c - max c): log2(e), times the folded scale of the array read."""
+        operand_read = operand
+        if isinstance(operand, Apply) and operand.fn == "where":
+            operand_read = operand.args[1]
+        if isinstance(operand_read, Read) and operand_read.array in self.folded:
+            return LOG2E * self.folded[operand_read.array]
+        return LOG2E
 
     def saves_after_shared_reads(self) -> set[int]:
         """Saves no later step of the launch follows with a read of shared memory."""
@@ -645,6 +713,7 @@ class TensorPrinter(Printer):
             self.stage[name] = str(stage)
         self.nodes(node.body)
         self.unmasked = {}
+        self.tops_ready.clear()  # the next chunk's rescale writes them again
         for name in streamed:
             del self.stage[name]
         self.valid = saved_valid
@@ -737,6 +806,9 @@ class TensorPrinter(Printer):
         col = self.plan.fragments[target].col
         if isinstance(box, Contract):
             if (step.level, target) in step.reads:  # the scalar factor, in place
+                if target in self.folded:
+                    self.emit("// folded into the softmax's exp2 argument: one FFMA a value")
+                    return
                 scale = self.value(box.scale, col)
                 self.each_element(col, lambda: self.emit(f"{self.element(target, col is None)} *= {scale};"))
                 return
@@ -766,14 +838,16 @@ class TensorPrinter(Printer):
 
             def per_row():
                 self.row_reduce("max", box.operand, col, "top")()
-                # exp(v - max) = 2^(v log2 e - max log2 e); a fully masked row (max -inf) subtracts 0
-                self.emit(f"top = (top == -NK_INF) ? 0.0f : top * {LOG2E!r}f;")
-                self.exponentials(target, box.operand, col, "top", "total")
+                c = self.exponent_scale(box.operand)
+                # exp(v - max) = 2^(v c - max c); a fully masked row (max -inf) subtracts 0
+                self.emit(f"top = (top == -NK_INF) ? 0.0f : top * {c!r}f;")
+                self.exponentials(target, box.operand, col, "top", "total", c)
+                # one reciprocal per row; a fully masked row is 0, as in the reference (its total is 0)
+                self.emit("const float inv = (total == 0.0f) ? 0.0f : 1.0f / total;")
 
                 def scale():
                     self.emit(f"const int i = {self.value_index('e')};")
-                    # a fully masked row is 0, as in the reference (its total is 0)
-                    self.emit(f"{self.element(target, False)} = (total == 0.0f) ? 0.0f : {self.element(target, False)} / total;")
+                    self.emit(f"{self.element(target, False)} *= inv;")
 
                 self.loop("nt", self.tile[col] // MMA_N, lambda: self.loop("e", MMA_C_VALUE.extent("e"), scale))
 
@@ -791,21 +865,23 @@ class TensorPrinter(Printer):
             self.row_reduce("max", operand, col, "top")()
             # 2^(v log2 e - max log2 e) as the softmax computes it; a masked row (max -inf) subtracts 0
             self.emit(f"const float shift = (top == -NK_INF) ? 0.0f : top * {LOG2E!r}f;")
-            self.exponentials(None, operand, col, "shift", "total")
+            self.exponentials(None, operand, col, "shift", "total", LOG2E)
             log = self.dialect.math("log", ["total"])
             self.emit(f"{self.element(target, True)} = (top == -NK_INF) ? -NK_INF : top + {log};")
 
         self.each_element(None, per_row)
 
-    def exponentials(self, target: str | None, operand, col: str, top: str, total: str):
-        """``target = exp(operand - max)`` along one fragment row (``top`` is max log2 e), summed
-        into ``total`` across the quad; masked columns are 0. One FFMA and one MUFU.EX2 each.
-        Without a target (a log-sum-exp) only the sum is kept."""
+    def exponentials(self, target: str | None, operand, col: str, top: str, total: str, c: float,
+                     quad: bool = True):
+        """``target = exp(operand - max)`` along one fragment row (``top`` is max c, c the
+        exponent's multiplier: log2(e), times a folded scale), summed into ``total``, across the
+        quad unless ``quad`` is False (the thread's own columns); masked columns are 0. One FFMA
+        and one MUFU.EX2 each. Without a target (a log-sum-exp) only the sum is kept."""
         self.emit(f"float {total} = 0.0f;")
 
         def per_element():
             self.emit(f"const int i = {self.value_index('e')};")
-            value = f"nk_exp2({self.value(operand, col)} * {LOG2E!r}f - {top})"
+            value = f"nk_exp2({self.value(operand, col)} * {c!r}f - {top})"
             valid = self.col_valid(col)
             self.emit(f"const float p = {f'{valid} ? {value} : 0.0f' if valid else value};")
             if target is not None:
@@ -813,8 +889,9 @@ class TensorPrinter(Printer):
             self.emit(f"{total} += p;")
 
         self.loop("nt", self.tile[col] // MMA_N, lambda: self.loop("e", MMA_C_VALUE.extent("e"), per_element))
-        for mask in (1, 2):
-            self.emit(f"{total} += NK_SHFL_XOR({total}, {mask});")
+        if quad:
+            for mask in (1, 2):
+                self.emit(f"{total} += NK_SHFL_XOR({total}, {mask});")
 
     def reduced_col(self, operand) -> str:
         cols = {self.plan.fragments[r.array].col for r in reads(operand) if r.array in self.plan.fragments}
@@ -830,14 +907,22 @@ class TensorPrinter(Printer):
             col = s.box.axis
             m, scale = f"{s.target}.max", f"{s.target}.scale"
 
+            c = self.exponent_scale(s.box.operand)
+
             def per_row():
                 self.row_reduce("max", s.box.operand, col, "chunk")()
+                # the max is kept times c (the log2 domain of the exponent's argument)
                 self.emit(f"const float old = {self.element(m, True)};")
-                self.emit(f"const float fresh = {d.math('max', ['old', 'chunk'])};")
-                self.emit(f"{self.element(scale, True)} = (old == -NK_INF) ? 0.0f : {d.math('exp', ['old - fresh'])};")
+                self.emit(f"const float fresh = {d.math('max', ['old', f'chunk * {c!r}f'])};")
+                # -inf once per row: a row masked so far shifts by 0, and 2^(-inf - 0) = 0 rescales
+                # its (zero) sum and accumulator without a NaN
+                self.emit("const float top = (fresh == -NK_INF) ? 0.0f : fresh;")
+                self.emit(f"{self.element(scale, True)} = nk_exp2(old - top);")
                 self.emit(f"{self.element(m, True)} = fresh;")
+                self.emit(f"nk_top_{ident(s.target)}[mt][h] = top;")
 
             self.each_element(None, per_row)
+            self.tops_ready.add(s.target)
             return
         acc = f"{s.target}.acc"
         scale_ref = f"{step.online}.scale"  # the online softmax the Program links it to
@@ -849,13 +934,20 @@ class TensorPrinter(Printer):
         col = s.box.axis
         m, total, scale = f"{s.target}.max", f"{s.target}.sum", f"{s.target}.scale"
 
+        c = self.exponent_scale(s.box.operand)
+
         def per_row():
-            # exp(v - max) = 2^(v log2 e - max log2 e); a row masked so far (max -inf) subtracts 0: its entries are 0
-            self.emit(f"const float top = ({self.element(m, True)} == -NK_INF) ? 0.0f : {self.element(m, True)} * {LOG2E!r}f;")
-            self.exponentials(s.target, s.box.operand, col, "top", "part")
+            # exp(v - max) = 2^(v c - max c), the max already times c (tc_rescale), and 0 for a
+            # row masked so far: its entries are 2^-inf = 0
+            if s.target in self.tops_ready:
+                self.emit(f"const float top = nk_top_{ident(s.target)}[mt][h];")
+            else:
+                self.emit(f"const float top = ({self.element(m, True)} == -NK_INF) ? 0.0f : {self.element(m, True)};")
+            self.exponentials(s.target, s.box.operand, col, "top", "part", c, quad=False)
             self.emit(f"{self.element(total, True)} = {self.element(total, True)} * {self.element(scale, True)} + part;")
 
         self.each_element(None, per_row)
+        self.partial.add(total)
 
     def tc_accumulate(self, step: Step):
         s = step.statement
@@ -882,16 +974,28 @@ class TensorPrinter(Printer):
         col = self.plan.fragments[s.target].col
         in_rows = col is None
         denominators = [f"{step.online}.sum"] if step.online is not None else []  # a rescaled contraction's
+        for _, name in step.reads:
+            if name in self.partial:  # the thread's own columns' sum: the quad's sum, once, after the stream
+                self.partial.discard(name)
+                self.each_element(None, lambda name=name: [self.emit(f"{self.element(name, True)} += NK_SHFL_XOR({self.element(name, True)}, {mask});")
+                                                          for mask in (1, 2)])
         if isinstance(box, Reduce) and reduction(box.op).combine is None:  # the log-sum-exp
             (_, m), (_, total) = step.reads  # L = P.max + log(P.sum), -inf for a fully masked row
-            value = lambda: (f"({self.element(m, in_rows)} == -NK_INF) ? -NK_INF : "
-                             f"{self.element(m, in_rows)} + {self.dialect.math('log', [self.element(total, in_rows)])}")
+            # an online softmax keeps its max times log2(e) (tc_rescale: c times the unscaled
+            # values, c = log2(e) times a folded scale): back to base e
+            top = self.element(m, in_rows)
+            shown = f"{top} * {LN2!r}f" if step.online in self.tops else top
+            value = lambda: (f"({top} == -NK_INF) ? -NK_INF : "
+                             f"{shown} + {self.dialect.math('log', [self.element(total, in_rows)])}")
             self.each_element(col, lambda: self.emit(f"{self.element(s.target, in_rows)} = {value()};"))
             return
         if isinstance(box, Contract) and denominators:
-            # a fully masked row summed nothing: 0, as in the reference (not 0 / 0)
-            value = lambda: (f"({self.element(denominators[0], False)} == 0.0f) ? 0.0f : "
-                             f"{self.element(acc, False)} / {self.element(denominators[0], False)}")
+            # one reciprocal per row; a fully masked row summed nothing: 0, as in the reference (not 0 / 0)
+            self.emit(f"float nk_inv{self.dims(denominators[0])};")
+            self.each_element(None, lambda: self.emit(
+                f"{self.element(denominators[0], True).replace(_var(denominators[0]), 'nk_inv', 1)} = "
+                f"({self.element(denominators[0], True)} == 0.0f) ? 0.0f : 1.0f / {self.element(denominators[0], True)};"))
+            value = lambda: f"{self.element(acc, False)} * {self.element(denominators[0], False).replace(_var(denominators[0]), 'nk_inv', 1)}"
         elif isinstance(box, Reduce) and reduction(box.op).divides:
             count = 1
             for axis in box.axes:
