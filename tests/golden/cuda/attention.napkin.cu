@@ -149,6 +149,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     float f_P__scale[1][2];
     float f_P[1][8][4];
     float f_O[1][16][4];
+    float nk_top_P[1][2];  // P's shift this chunk (log2 domain)
     // load Q[b h q d] l2 -> smem
     NK_UNROLL
     for (int v = 0; v < 8; ++v) {
@@ -245,16 +246,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
             }
             // S *= 1/sqrt(d)
             {
-                NK_UNROLL
-                for (int mt = 0; mt < 1; ++mt) {
-                    NK_UNROLL
-                    for (int nt = 0; nt < 8; ++nt) {
-                        NK_UNROLL
-                        for (int i = 0; i < 4; ++i) {
-                            f_S[mt][nt][i] *= 0.08838834764831845f;
-                        }
-                    }
-                }
+                // folded into the softmax's exp2 argument: one FFMA a value
             }
             // m' = max(P.max, max[x](S[b h q x])); P.scale[b h q] = exp(P.max - m'); P.max = m'
             {
@@ -274,9 +266,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                         chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 1));
                         chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 2));
                         const float old = f_P__max[mt][h];
-                        const float fresh = fmaxf(old, chunk);
-                        f_P__scale[mt][h] = (old == -NK_INF) ? 0.0f : expf(old - fresh);
+                        const float fresh = fmaxf(old, chunk * 0.12751743082459868f);
+                        const float top = (fresh == -NK_INF) ? 0.0f : fresh;
+                        f_P__scale[mt][h] = nk_exp2(old - top);
                         f_P__max[mt][h] = fresh;
+                        nk_top_P[mt][h] = top;
                     }
                 }
             }
@@ -286,20 +280,18 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                 for (int mt = 0; mt < 1; ++mt) {
                     NK_UNROLL
                     for (int h = 0; h < 2; ++h) {
-                        const float top = (f_P__max[mt][h] == -NK_INF) ? 0.0f : f_P__max[mt][h] * 1.4426950408889634f;
+                        const float top = nk_top_P[mt][h];
                         float part = 0.0f;
                         NK_UNROLL
                         for (int nt = 0; nt < 8; ++nt) {
                             NK_UNROLL
                             for (int e = 0; e < 2; ++e) {
                                 const int i = 2 * h + e;
-                                const float p = ((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? nk_exp2(f_S[mt][nt][i] * 1.4426950408889634f - top) : 0.0f;
+                                const float p = ((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? nk_exp2(f_S[mt][nt][i] * 0.12751743082459868f - top) : 0.0f;
                                 f_P[mt][nt][i] = p;
                                 part += p;
                             }
                         }
-                        part += NK_SHFL_XOR(part, 1);
-                        part += NK_SHFL_XOR(part, 2);
                         f_P__sum[mt][h] = f_P__sum[mt][h] * f_P__scale[mt][h] + part;
                     }
                 }
@@ -392,16 +384,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
             }
             // S *= 1/sqrt(d)
             {
-                NK_UNROLL
-                for (int mt = 0; mt < 1; ++mt) {
-                    NK_UNROLL
-                    for (int nt = 0; nt < 8; ++nt) {
-                        NK_UNROLL
-                        for (int i = 0; i < 4; ++i) {
-                            f_S[mt][nt][i] *= 0.08838834764831845f;
-                        }
-                    }
-                }
+                // folded into the softmax's exp2 argument: one FFMA a value
             }
             // m' = max(P.max, max[x](S[b h q x])); P.scale[b h q] = exp(P.max - m'); P.max = m'
             {
@@ -421,9 +404,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                         chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 1));
                         chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 2));
                         const float old = f_P__max[mt][h];
-                        const float fresh = fmaxf(old, chunk);
-                        f_P__scale[mt][h] = (old == -NK_INF) ? 0.0f : expf(old - fresh);
+                        const float fresh = fmaxf(old, chunk * 0.12751743082459868f);
+                        const float top = (fresh == -NK_INF) ? 0.0f : fresh;
+                        f_P__scale[mt][h] = nk_exp2(old - top);
                         f_P__max[mt][h] = fresh;
+                        nk_top_P[mt][h] = top;
                     }
                 }
             }
@@ -433,20 +418,18 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                 for (int mt = 0; mt < 1; ++mt) {
                     NK_UNROLL
                     for (int h = 0; h < 2; ++h) {
-                        const float top = (f_P__max[mt][h] == -NK_INF) ? 0.0f : f_P__max[mt][h] * 1.4426950408889634f;
+                        const float top = nk_top_P[mt][h];
                         float part = 0.0f;
                         NK_UNROLL
                         for (int nt = 0; nt < 8; ++nt) {
                             NK_UNROLL
                             for (int e = 0; e < 2; ++e) {
                                 const int i = 2 * h + e;
-                                const float p = ((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? nk_exp2(f_S[mt][nt][i] * 1.4426950408889634f - top) : 0.0f;
+                                const float p = ((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? nk_exp2(f_S[mt][nt][i] * 0.12751743082459868f - top) : 0.0f;
                                 f_P[mt][nt][i] = p;
                                 part += p;
                             }
                         }
-                        part += NK_SHFL_XOR(part, 1);
-                        part += NK_SHFL_XOR(part, 2);
                         f_P__sum[mt][h] = f_P__sum[mt][h] * f_P__scale[mt][h] + part;
                     }
                 }
@@ -496,10 +479,26 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
         NK_UNROLL
         for (int mt = 0; mt < 1; ++mt) {
             NK_UNROLL
+            for (int h = 0; h < 2; ++h) {
+                f_P__sum[mt][h] += NK_SHFL_XOR(f_P__sum[mt][h], 1);
+                f_P__sum[mt][h] += NK_SHFL_XOR(f_P__sum[mt][h], 2);
+            }
+        }
+        float nk_inv[1][2];
+        NK_UNROLL
+        for (int mt = 0; mt < 1; ++mt) {
+            NK_UNROLL
+            for (int h = 0; h < 2; ++h) {
+                nk_inv[mt][h] = (f_P__sum[mt][h] == 0.0f) ? 0.0f : 1.0f / f_P__sum[mt][h];
+            }
+        }
+        NK_UNROLL
+        for (int mt = 0; mt < 1; ++mt) {
+            NK_UNROLL
             for (int nt = 0; nt < 16; ++nt) {
                 NK_UNROLL
                 for (int i = 0; i < 4; ++i) {
-                    f_O[mt][nt][i] = (f_P__sum[mt][i >> 1] == 0.0f) ? 0.0f : f_O__acc[mt][nt][i] / f_P__sum[mt][i >> 1];
+                    f_O[mt][nt][i] = f_O__acc[mt][nt][i] * nk_inv[mt][i >> 1];
                 }
             }
         }
