@@ -660,6 +660,147 @@ def subpartition_balance(warps: int, resident: int) -> float:
     return max(k * warps / (SUBPARTITIONS * -(-k * warps // SUBPARTITIONS)) for k in range(1, max(resident, 1) + 1))
 
 
+# ---- the FMA path's issue slots and shared-memory port (docs/method.md, "The FMA path") -------
+#
+# Without tensor cores a launch's products are FFMAs, one instruction each, beside the loads of
+# their operands from shared memory and the integer work that addresses them. On sm_90 the FP32
+# lanes (128 per SM) match the issue rate (4 schedulers x 1 warp instruction a clock x 32 lanes),
+# so every instruction that is not an FFMA takes a slot from one; on sm_80 (64 lanes) an FFMA
+# loop with fewer than one other instruction per FFMA still binds on FP32. The counts below are
+# read off the Program's steps and the FMA printer's code for them (backends/lowering.py), in
+# thread instructions; backends/sass.py's static ceiling counts the same on the compiled loops.
+
+# Thread instructions an SM issues per clock: 4 sub-partitions, one warp instruction each.
+ISSUE_LANES = SUBPARTITIONS * 32
+# Per operand value a product loads from shared memory where its tile is ragged (a size the
+# tile does not divide: the printer spells the extent at run time, `n_m = min(128, m - o_m)`),
+# the printer writes `a[u] = (i_m < n_m) ? nk_f(s_A[(i_m) * 32 + i_k]) : 0.0f` with
+# `i_m = b_m + u * stride`: the index (IADD), the compare (ISETP), the element offset and byte
+# address (IMAD, LEA) and the select (SEL) are 5 integer instructions beside the LDS. Where the
+# tile divides the size every extent is a constant: the compare and select fold, the k loop
+# unrolls and the offsets become the LDS's immediates (fig9's 256 x 256 x 64 product loop: 4
+# integer instructions per 160 FFMA), so nothing is charged.
+OPERAND_GUARD = 5
+# A 16-bit operand (bf16, f16) is widened to f32 by one instruction per value (nk_f: a shift or
+# PRMT for bf16, HADD2.F32 for f16) before its FFMAs.
+NARROW_CONVERT = 1
+# A k loop whose trip count is set at run time (a ragged stream chunk, `i_k < n_k`) does not
+# unroll: each k step of a register block costs its counter, compare and branch.
+LOOP_STEP = 3
+# A step other than a product (an elementwise map, a reduction, a softmax's passes) runs a flat
+# loop over its elements, splitting the flat index into each axis (`i_d = r % 250; r /= 250`:
+# a multiply-high, a shift and a multiply-subtract for a constant divisor) ...
+INDEX_PER_AXIS = 3
+# ... but a ragged axis's extent is a run-time value (`i_f = r % (n_f); r /= (n_f)`), and an
+# integer division by a variable is the compiler's reciprocal sequence (I2F, MUFU.RCP, F2I and
+# about 15 IMAD, IADD, ISETP and SEL for the quotient's correction, one IMAD for the remainder):
+# 20 instructions. swiglu's `H = silu(G) * U` at t=100, f=130 issues 63 an element, 38 of them integer.
+RUNTIME_DIVIDE = 20
+# The flat loop's bound test and branch per element (`if (t >= n) break` in an unrolled copy).
+ELEMENT_LOOP = 2
+# ... and reads each operand from shared memory at its offset (`s_X[(i_t) * 250 + i_d]`: an
+# IMAD and a LEA beside the LDS), then issues one instruction per FLOP (FMUL, FADD, FMNMX; an
+# FFMA that fuses two is counted as two, so this side errs long).
+READ_ADDRESS = 2
+
+
+def _products(step) -> bool:
+    return any(unit == "tensor" for unit, _ in step.flops)
+
+
+def fma_issue(program: Program, launch, arch: str | None = None, path: str | None = None) -> tuple[int, int] | None:
+    """(thread instructions, shared-memory bytes read) of an FMA-path launch's computing steps,
+    from the Program's steps and the register blocks the printer gives its products
+    (``isel.register_tile_axes``, ``REGISTER_TILE``); None for a launch on tensor cores, on a
+    profile without a clock, or with a symbolic size.
+
+    A product (one FFMA) of a thread's ``rm x rn`` register block reads ``1/rn`` of a value of
+    its first operand and ``1/rm`` of its second (each loaded value serves a row or a column of
+    the block); a launch whose contraction has no register blocks reads both per product. Each
+    value loaded costs its LDS, the guard of a ragged tile (``OPERAND_GUARD``) and the widening
+    of a 16-bit operand (``NARROW_CONVERT``); a ragged k loop ``LOOP_STEP`` per k step of a block.
+    Any other step costs, per element, ``INDEX_PER_AXIS`` per axis it spans, an LDS and
+    ``READ_ADDRESS`` per operand it reads from shared memory (plus the widening) and one
+    instruction per FLOP."""
+    from .isel import REGISTER_TILE, launch_tiles, register_tile_axes
+
+    hardware = program.hardware
+    if hardware.symbolic or not hardware.clock_hz or instruction_path(program, launch, arch, path) != "fma":
+        return None
+    bound = launch_tiles(launch)
+    if bound is None:
+        return None
+    tile, sizes = bound
+    level = launch.schedule.compute_level
+    diagram = program.diagram
+
+    def ragged(axes) -> bool:
+        return any(a in tile and sizes[a] % tile[a] for a in axes)  # a split's part axis (k#) is no tile
+
+    def narrow(name) -> int:
+        return NARROW_CONVERT if DTYPE_BYTES[diagram.arrays[name].dtype] < 4 else 0
+
+    slots = nbytes = 0.0
+    for step, loops in walk(launch.body):
+        s = step.statement
+        if s is None or step.level != level:
+            continue
+        elements = as_number(step_total(program, step, loops, step.flop_space))
+        if elements is None:
+            return None
+        if _products(step) and len(getattr(s.box, "operands", ())) == 2:
+            products = elements
+            contracted = [a for a in step.flop_space if a not in s.axes]
+            axes = register_tile_axes(s.box, s.axes, tile)
+            first, second = s.box.operands
+            if axes is None:  # one output a thread: both operands per product
+                shares = [(op.array, 1.0, [a for a in s.axes if a in op.axes]) for op in (first, second)]
+                block = 1
+            else:
+                am, an = axes
+                rm, rn = min(REGISTER_TILE, tile[am]), min(REGISTER_TILE, tile[an])
+                shares = [(first.array, 1 / rn, [am]), (second.array, 1 / rm, [an])]
+                block = rm * rn
+            per_product = 1.0  # the FFMA
+            for name, share, guarded in shares:
+                per_product += share * (1 + (OPERAND_GUARD if ragged(guarded) else 0) + narrow(name))
+                nbytes += products * share * DTYPE_BYTES[diagram.arrays[name].dtype]
+            if ragged(contracted):
+                per_product += LOOP_STEP / block
+            slots += products * per_product
+            continue
+        work = sum(n for unit, n in step.flops if unit in ("fma", "special"))
+        read = [name for lv, name in step.reads if lv == level and name in diagram.arrays]
+        written = [name for lv, name in step.writes if lv == level and name in diagram.arrays]
+        if not work and not read:
+            continue
+        per_element = ELEMENT_LOOP + work + sum(RUNTIME_DIVIDE if ragged([a]) else INDEX_PER_AXIS for a in step.axes)
+        for name in read + written:  # an LDS (or the STS of the result) at its address
+            per_element += 1 + READ_ADDRESS + narrow(name)
+            nbytes += elements * DTYPE_BYTES[diagram.arrays[name].dtype]
+        slots += elements * per_element
+    return int(math.ceil(slots)), int(math.ceil(nbytes))
+
+
+def fma_issue_seconds(program: Program, launch, arch: str | None = None, path: str | None = None) -> tuple[float, float] | None:
+    """(issue seconds, shared-port seconds) of an FMA-path launch (:func:`fma_issue`): its thread
+    instructions at ``ISSUE_LANES`` a clock per SM, its operand reads plus the copies that fill
+    its tiles at the registers level's bandwidth (shared memory to registers), as the tensor
+    path's port term; None where :func:`fma_issue` is."""
+    counted = fma_issue(program, launch, arch, path)
+    if counted is None:
+        return None
+    hardware = program.hardware
+    slots, nbytes = counted
+    sms = hardware.level(program.schedule.compute_level).units
+    issue = slots / (ISSUE_LANES * sms * float(hardware.clock_hz))
+    port = 0.0
+    if "registers" in hardware.level_names() and isinstance(hardware.level("registers").bandwidth, (int, float)):
+        copied = as_number(loaded_bytes(program, launch, program.schedule.compute_level)) or 0
+        port = (nbytes + copied) / hardware.level("registers").bandwidth
+    return issue, port
+
+
 def loaded_bytes(program: Program, launch, level: str) -> algebra.Expr:
     """Bytes one launch loads into ``level`` (the copies that fill its tiles), tails included."""
     return _total(step_total(program, step, loops) * _bytes(step.dtype)
@@ -730,12 +871,14 @@ def tiles_of(mask, program: Program, axis: str) -> range:
 
 
 def predict_time(program: Program, levels: dict, priced: list, occupancy: dict | None = None,
-                 launch_levels: dict | None = None) -> dict:
+                 launch_levels: dict | None = None, fma: dict | None = None) -> dict:
     """Roofline prediction; None entries where a rate, bandwidth or size is unknown.
 
     Launches run one after another, each on its own roofline: its compute (over its own busy
     fraction) against its own transfers, then the fixed costs. ``launch_levels`` maps each
-    launch's index to its level costs (one launch: ``levels`` itself)."""
+    launch's index to its level costs (one launch: ``levels`` itself). ``fma`` maps an FMA-path
+    launch to its (issue, shared-port) seconds (:func:`fma_issue_seconds`): its FMA pipe's time
+    is the longest of its FLOPs at the FP32 rate and those two, which run at once."""
     hardware = program.hardware
     schedule = program.schedule
     time: dict = {"overlapped_s": None, "serial_s": None, "compute_s": None}
@@ -747,12 +890,19 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
     if hardware.symbolic:
         return time
     compute = {launch.index: 0.0 for launch in program.launches}
+    pipe = {launch.index: 0.0 for launch in program.launches}  # FLOPs on the FMA pipe, seconds
     for launch_of, unit, dtype, amount in priced:
         amount = algebra.as_expr(amount)
         rate = hardware.peak(unit, dtype)
         if not amount.is_number or rate is None:
             return time
-        compute[launch_of] += float(amount) / rate
+        if unit == "fma" and launch_of in (fma or {}):
+            pipe[launch_of] += float(amount) / rate
+        else:
+            compute[launch_of] += float(amount) / rate
+    for launch_of, seconds in pipe.items():
+        # The FP32 lanes, the schedulers and shared memory's port work at once: the slowest binds.
+        compute[launch_of] += max(seconds, *fma[launch_of]) if launch_of in (fma or {}) else seconds
     launch_levels = launch_levels or {program.launches[0].index: levels}
     transfer: dict = {}  # level -> seconds over every launch
     per_launch: dict = {}  # launch -> (compute seconds over its busy fraction, {level: seconds})
@@ -1044,7 +1194,9 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
         check_capacity(program, levels, rows)
     flops, priced = flops_by_unit(program, arch, path)
     occupancy = launch_occupancy(program, rows, arch, resources, path) if not hardware.symbolic else None
-    time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, arch, path))
+    fma = {launch.index: seconds for launch in program.launches
+           if (seconds := fma_issue_seconds(program, launch, arch, path)) is not None}
+    time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, arch, path), fma)
     schedule = program.schedule
     notes = list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program) + accumulator_notes(program, arch, path)
     if path is not None:

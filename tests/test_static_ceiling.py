@@ -4,8 +4,9 @@ Every runnable example (test_cuda_codegen.SIZES) is compiled for sm_80 on A100 a
 ``sass.launch_ceiling`` prices its hot loop's instructions at the profile's per-SM rates. The model's
 prediction for the built kernel (``compiled.cost``, with ptxas's resources) must not promise more
 than that code can run at, wherever the ceiling is a bound: launches on tensor cores whose MMAs
-run in a loop. (Straight-line code with branches, a fully unrolled launch, counts code a run may
-skip; an FMA launch's ceiling is reported, and the model does not yet price its issue slots.)
+run in a loop, and launches on the FMA path whose FP32 work runs in a loop (the model prices their
+issue slots and shared-memory port: ``cost.fma_issue``). Straight-line code with branches, a fully
+unrolled launch, counts code a run may skip, and is reported only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 import napkin_dsl as napkin
 from napkin_dsl.backends.sass import (
+    hot_loop,
     RESOURCES,
     Instruction,
     format_sass_report,
@@ -23,7 +25,16 @@ from napkin_dsl.backends.sass import (
     sm_rates,
     tensor_work,
 )
-from napkin_dsl.cost import subpartition_balance
+from napkin_dsl.cost import (
+    LOOP_STEP,
+    OPERAND_GUARD,
+    cost_of,
+    fma_issue,
+    fma_issue_seconds,
+    subpartition_balance,
+)
+from napkin_dsl.isel import REGISTER_TILE
+from napkin_dsl.pseudocode import walk
 
 from .conftest import EXAMPLES, needs_nvdisasm
 from .test_cuda_codegen import CASES, SIZES
@@ -103,14 +114,23 @@ def test_the_model_never_promises_more_than_the_code_that_was_built(name, which,
     report = sass_report(built)
     assert report["hardware"] == hardware
     bounded = 0
-    for launch, entry in zip(built.launches, report["launches"], strict=True):
+    fma_bounded = []
+    for index, (launch, entry) in enumerate(zip(built.launches, report["launches"], strict=True)):
         ceiling = entry["ceiling"]
         assert ceiling["unit"] == ("fp32" if launch.path == "fma" else "tensor")
         assert ceiling["model_tflops"] is not None and ceiling["model_tflops"] > 0
         loop = ceiling["loop"]
         if loop is not None:
             assert loop["binding"] in RESOURCES and loop["clocks"][loop["binding"]] == max(loop["clocks"].values())
-        if launch.path == "fma" or ceiling["whole_function"] or ceiling["tflops"] is None:
+        if ceiling["whole_function"] or ceiling["tflops"] is None:
+            continue
+        if launch.path == "fma":
+            if products_elsewhere(built.program.launches[index], entry):
+                continue
+            # an FMA launch whose FP32 work runs in a loop: its issue slots and port are priced
+            assert ceiling["model_s"] >= ceiling["floor_s"] * (1 - 1e-9), (entry["entry"], ceiling)
+            assert ceiling["model_tflops"] <= ceiling["tflops"] * (1 + 1e-9)
+            fma_bounded.append(entry["entry"])
             continue
         # a tensor-core launch whose MMAs run in its hot loop: the ceiling is a bound
         assert ceiling["tensor_in_loop"] > 0 and not loop["unpriced"]
@@ -121,5 +141,61 @@ def test_the_model_never_promises_more_than_the_code_that_was_built(name, which,
         bounded += 1
     if any(k.path != "fma" for k in built.launches) and name not in ("attention_unfused.napkin",) and which == 0:
         assert bounded, "every large tensor-core example has a hot loop that bounds it"
+    if all(k.path == "fma" for k in built.launches) and name in ("matmul.napkin", "rmsnorm.napkin", "softmax.napkin"):
+        assert fma_bounded, "an example on the FMA path alone is held under its ceiling"
     text = format_sass_report(report)
     assert text.count("static ceiling on " + hardware) == len(built.launches)
+
+
+def products_elsewhere(launch, entry) -> bool:
+    """The ceiling prices all of a launch's FP32 FLOPs at its hot loop's rate (the loop with the
+    most FFMAs). Where the launch has products but that loop stores to shared memory, it is an
+    epilogue (``H = silu(G) * U``, GELU) unrolled past the products' loop (which keeps its sums in
+    registers and, ragged, does not unroll): the products run at another loop's rate, and the
+    ceiling is no bound on them (swiglu and mlp at their ragged sizes)."""
+    has_products = any(unit == "tensor" for step, _ in walk(launch.body) for unit, _ in step.flops)
+    return has_products and hot_loop(entry)["classes"].get("sts", 0) > 0
+
+
+# ---- the FMA path's issue slots, by hand --------------------------------------------------------
+
+MATMUL_F32 = """
+kernel mm(A: f32[m k], B: f32[k n]) -> C: f32[m n]:
+    C[m n] = A[m k] * B[k n]
+
+relabel mm on H100:
+    smem: group m 64, n 64; stream k 32
+"""
+
+
+@pytest.mark.parametrize("m, n, k", [(128, 128, 64), (120, 128, 48)], ids=["full", "ragged"])
+def test_the_fma_issue_term_is_the_product_loop_counted_by_hand(m, n, k):
+    (kernel,) = napkin.load(MATMUL_F32).values()
+    program = kernel.program(m=m, n=n, k=k)
+    (launch,) = program.launches
+    # f32 operands stay on the FMA path: each thread owns 4 x 4 register blocks of C's 64 x 64
+    # tile (256 threads, 4 blocks each); per k step a block loads 4 values of A (a column of its
+    # rows) and 4 of B (a row of its columns) for its 16 FFMAs.
+    rm = rn = REGISTER_TILE
+    products = m * n * k
+    per_product = 1 + 1 / rn + 1 / rm  # the FFMA, and its share of the two operands' LDS
+    if m % 64:  # A's rows are ragged: each value of A is guarded, indexed and addressed at run time
+        per_product += OPERAND_GUARD / rn
+    if n % 64:
+        per_product += OPERAND_GUARD / rm
+    if k % 32:  # a ragged k chunk: the k loop does not unroll
+        per_product += LOOP_STEP / (rm * rn)
+    slots, nbytes = fma_issue(program, launch, "sm_90")
+    assert slots == pytest.approx(products * per_product, abs=1)
+    assert nbytes == products * (1 / rn + 1 / rm) * 4
+    # the model's compute takes at least the issue slots at 4 x 32 thread instructions a clock
+    hardware = program.hardware
+    sms = hardware.level("smem").units
+    issue_s, port_s = fma_issue_seconds(program, launch, "sm_90")
+    assert issue_s == pytest.approx(products * per_product / (128 * sms * hardware.clock_hz), rel=1e-6)
+    report = cost_of(program, arch="sm_90")
+    assert report.time["compute_s"] >= issue_s * (1 - 1e-9)
+    assert report.time["compute_s"] >= port_s * (1 - 1e-9)
+    # on H100 the FP32 lanes match the issue rate, so any LDS makes issue, not FLOPs, bind
+    assert issue_s > 2 * products / hardware.peak("fma", "f32")
+
