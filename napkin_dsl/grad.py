@@ -205,6 +205,7 @@ class Backward:
     recomputed: tuple[str, ...]  # forward intermediates the backward recomputes
     cotangents: dict = field(default_factory=dict)  # forward output -> its cotangent's parameter name
     gradients: dict = field(default_factory=dict)  # forward input -> the backward output holding its cotangent
+    schedule: "KeySchedule | None" = None  # FA2's launches, when derived (_keys_schedule)
 
 
 def _names(diagram: Diagram):
@@ -468,9 +469,189 @@ def backward_with_relabel(diagram: Diagram, relabel: syn.RelabelBlock | None, ha
     if not block:
         note = ("# relabelling: none derived (no group of the forward is woven over by every backward statement); "
                 "napkin tune sizes the backward")
+    keyed = _keys_schedule(derived, relabel, hardware)
+    if keyed is not None:
+        return keyed
     lines = derived.text.splitlines()
     text = "\n".join(lines[:3] + [note] + lines[3:]) + "\n" + block
     return Backward(text, derived.name, derived.saved, derived.recomputed, derived.cotangents, derived.gradients)
+
+
+# ---- FA2's schedule: group the keys, stream the queries ---------------------------------------
+
+
+@dataclass(frozen=True)
+class KeySchedule:
+    """How :func:`_keys_schedule` split a backward into launches: the grouped key axis, the
+    streamed query axis, and the targets of each launch (row statistics, keys, queries)."""
+
+    keys: str
+    queries: str
+    statistics: tuple[str, ...]  # statements each in a launch of its own (FA2's D), saved @gmem
+    key_outputs: tuple[str, ...]  # gradients woven over the keys (dK, dV): grouped over keys
+    query_outputs: tuple[str, ...]  # gradients contracting the keys (dQ): grouped over queries
+    renamed: dict = field(default_factory=dict)  # statement recomputed in the query launch -> its name there
+
+
+def _key_axes(diagram: Diagram, prefer=()) -> tuple[str, str] | None:
+    """(keys, queries): an axis ``x`` that some gradients contract and the others are woven over,
+    those others all contracting one axis ``q`` that the first ones are woven over (attention:
+    dQ contracts x; dK and dV are woven over x and contract q). ``prefer``: axes tried first as
+    the keys (the forward's streamed axes: the keys of attention's forward)."""
+    outputs = [s for s in diagram.statements if s.target in diagram.outputs]
+    for x in [*(a for a in prefer if a in diagram.axes), *(a for a in diagram.axes if a not in prefer)]:
+        contracting = [s for s in outputs if x in s.consumed]
+        woven = [s for s in outputs if x in s.woven]
+        if not contracting or not woven or len(contracting) + len(woven) != len(outputs):
+            continue
+        common = set.intersection(*(set(s.consumed) for s in woven))
+        for q in diagram.axes:
+            if q in common and all(q in s.woven for s in contracting):
+                return x, q
+    return None
+
+
+def _needed(diagram: Diagram, targets, stop=frozenset()) -> list[Statement]:
+    """The statements ``targets`` depend on (themselves included), in order; ``stop``: arrays
+    loaded from the top level instead of computed."""
+    wanted, frontier = set(), list(targets)
+    while frontier:
+        name = frontier.pop()
+        if name in wanted or name in stop:
+            continue
+        producer = diagram.producer(name)
+        if producer is None:
+            continue
+        wanted.add(name)
+        frontier += list(producer.inputs)
+    return [s for s in diagram.statements if s.target in wanted]
+
+
+def _rename(text: str, names: dict) -> str:
+    if not names:
+        return text
+    pattern = re.compile(r"(?<![\w])(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")(?=\[)")
+    return pattern.sub(lambda m: names[m.group(1)], text)
+
+
+def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str | None) -> Backward | None:
+    """FA2's schedule of a backward whose gradients split into those woven over a key axis and
+    those contracting it (:func:`_key_axes`), as launches the front end accepts, or None.
+
+    * each statement that the key gradients read and that contracts the keys (D when it is
+      ``sum[x](dP * P)``) or only reads parameters (FA2's ``D = sum[d](dO * O)``) is saved
+      ``@gmem`` in a launch of its own, grouped over the queries (and streaming the keys when
+      it contracts them): FA2's preprocess;
+    * the key launch computes the key gradients (dK, dV) grouped over the keys and streaming the
+      queries: each key group accumulates its gradients over every query chunk;
+    * dQ contracts the keys, so no key group can own it: relabel.py refuses ``group x`` in a
+      launch that consumes x, and a ``split x`` beside the stream of q (napkin splits one axis
+      per launch and streams only that one within its parts). It gets a launch of its own that
+      recomputes what it reads (renamed ``S_1``...) grouped over the queries and streaming the
+      keys, as the forward does; FA2 instead adds each key group's dQ into device memory
+      atomically, which the notation does not express.
+
+    The sizes are the forward's: its group size of the queries groups the keys, its stream size
+    streams the queries; ``napkin tune`` resizes them. None when the forward has no block, the
+    gradients do not split so, or the front end refuses the block (a softmax that must see whole
+    rows, as attention's without a saved lse)."""
+    checked = check_module(syn.parse(derived.text, "<backward>"), hardware=hardware)[derived.name]
+    diagram = checked.diagram
+    found = _key_axes(diagram, [p.axis for lv in relabel.levels for p in lv.partitions if p.kind == "stream"])
+    if found is None:
+        return None
+    x, q = found
+    key_outputs = [s.target for s in diagram.statements if s.target in diagram.outputs and x in s.woven]
+    query_outputs = [s.target for s in diagram.statements if s.target in diagram.outputs and x in s.consumed]
+    params = set(diagram.params)
+    statistics = [s for s in _needed(diagram, key_outputs)
+                  if s.target not in diagram.outputs and len(s.woven) < len(diagram.axes)
+                  and (x in s.consumed or set(s.inputs) <= params) and x not in s.woven]
+    stats = {s.target for s in statistics}
+    # the forward's sizes, and its level for the stream
+    levels = [level for level in relabel.levels if level.partitions]
+    if not levels:
+        return None
+    level = next((lv.level for lv in levels if any(p.kind == "stream" for p in lv.partitions)), levels[-1].level)
+    forward = {(p.kind, p.axis): p.size for lv in relabel.levels for p in lv.partitions if p.targets is None}
+    group_size = forward.get(("group", q), 128)
+    stream_size = forward.get(("stream", x), 64)
+    unit = [(p.axis, p.size) for lv in relabel.levels for p in lv.partitions
+            if p.kind == "group" and p.targets is None and p.axis not in (x, q)
+            and all(p.axis in s.woven for s in diagram.statements)]
+
+    comments, written = {}, {}
+    for text in derived.text.splitlines():
+        match = re.match(r"    (\w+)(\[.*?)(    # .*)?$", text)
+        if match:
+            written[match.group(1)] = match.group(1) + match.group(2)
+            comments[match.group(1)] = match.group(3) or ""
+    fresh = _names(diagram)
+
+    def line(s: Statement, names: dict, at_top: bool, first: str | None = None, note: str = "") -> str:
+        box = s.box
+        text = written[s.target]
+        if isinstance(box, Contract) and first is not None and first not in box.operands[0].axes:
+            # the first operand carries the group axis: the tensor-core path takes its rows from it (isel.py)
+            operands = sorted(box.operands, key=lambda o: first not in o.axes)
+            text = statement_text(s, body=" * ".join(notation(o) for o in operands)
+                                  + (f" * {notation(box.scale)}" if box.scale is not None else ""))
+        if at_top:
+            head, rest = text.split(" = ", 1)
+            dtype = "" if s.target in diagram.outputs else f" {diagram.arrays[s.target].dtype}"
+            text = f"{head} @gmem{dtype} = {rest}"
+        return _rename(text, names) + (note or comments.get(s.target, ""))
+
+    units = ", ".join(f"{a} {n}" for a, n in unit)
+    unit_prefix = f"group {units}, " if units else "group "
+    body: list[str] = []
+    clauses: list[str] = []
+    for s in statistics:
+        body.append(f"# launch: {s.target}, FA2's preprocess, saved for the key launch to load")
+        chain = _needed(diagram, [s.target], stop=frozenset())
+        names = {c.target: fresh(c.target) for c in chain if c is not s}
+        for c in chain:
+            body.append(line(c, names, c is s))
+        clause = f"    {level} for {s.target}: {unit_prefix}{q} {group_size}"
+        if x in s.consumed:
+            clause += f"; stream {x} {stream_size}"
+        clauses.append(clause)
+    key_chain = _needed(diagram, key_outputs, stop=frozenset(stats))
+    body.append(f"# launch: {', '.join(key_outputs)}, grouped over the keys {x}, streaming the queries {q}")
+    for c in key_chain:
+        body.append(line(c, {}, c is key_chain[-1], first=x))
+    clauses.append(f"    {level} for {', '.join(key_outputs)}: {unit_prefix}{x} {group_size}; stream {q} {stream_size}")
+    query_chain = _needed(diagram, query_outputs, stop=frozenset(stats))
+    computed = {c.target for c in key_chain}
+    renamed = {c.target: fresh(c.target) for c in query_chain if c.target in computed and c.target not in diagram.outputs}
+    body.append(f"# launch: {', '.join(query_outputs)}, grouped over the queries {q}, streaming the keys {x}; "
+                f"it contracts {x}, so it recomputes what it reads")
+    for c in query_chain:
+        note = "    # recomputed for " + ", ".join(query_outputs) if c.target in renamed else ""
+        body.append(line(c, renamed, False, note=note))
+    clauses.append(f"    {level} for {', '.join(query_outputs)}: {unit_prefix}{q} {group_size}; stream {x} {stream_size}")
+    placed = {c.target for c in key_chain} | {c.target for c in query_chain} | stats
+    if placed != {s.target for s in diagram.statements}:
+        return None  # a statement none of the launches needs: keep the plain text
+
+    lines = derived.text.splitlines()
+    header = lines[:3] + [
+        f"# schedule (FA2's): {', '.join(key_outputs)} in groups of the keys {x} streaming the queries {q}; "
+        f"{', '.join(query_outputs)} contracts {x}, so it has a launch of its own grouped over {q} (relabel.py refuses "
+        f"group {x} in a launch that consumes {x}, and split {x} beside a stream of {q})",
+        lines[3],
+    ]
+    text = "\n".join(header + ["    " + b for b in body]) + "\n"
+    block = f"\nrelabel {derived.name} on {relabel.hardware}:\n" + "\n".join(clauses) + "\n"
+    try:
+        with_block = check_module(syn.parse(text + block, "<backward>"), hardware=hardware)[derived.name]
+        make_schedule(with_block.diagram, with_block.relabel.hardware, with_block.relabel)
+    except NapkinError:
+        return None
+    schedule = KeySchedule(x, q, tuple(sorted(stats, key=list(diagram.arrays).index)), tuple(key_outputs),
+                           tuple(query_outputs), renamed)
+    return Backward(text + block, derived.name, derived.saved, derived.recomputed, derived.cotangents,
+                    derived.gradients, schedule)
 
 
 def _scalar_leaves(statements):
