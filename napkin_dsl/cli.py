@@ -359,7 +359,7 @@ def cmd_pseudo(args) -> int:
 def cmd_grad(args) -> int:
     kernels = [k for _, k in _load_all([args.file], args.kernel, None)]
     for i, k in enumerate(kernels):
-        print(("\n" if i else "") + k.grad(rewrite_d=args.rewrite_d).source, end="")
+        print(("\n" if i else "") + k.grad(rewrite_d=True if args.rewrite_d else None).source, end="")
     return 0
 
 

@@ -230,8 +230,15 @@ def _lse_of(diagram: Diagram, softmax: Statement) -> Statement | None:
     return None
 
 
-def backward(diagram: Diagram, rewrite_d: bool = False) -> Backward:
-    """The backward kernel of ``diagram`` (see the module docstring)."""
+def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = ()) -> Backward:
+    """The backward kernel of ``diagram`` (see the module docstring). ``save``: forward
+    intermediates the forward is taken to have saved at the top level (in their dtypes): the
+    backward reads them as parameters instead of recomputing them (``P``: save the
+    probabilities rather than recompute them from L)."""
+    for name in save:
+        if name not in diagram.arrays or diagram.arrays[name].role != "intermediate":
+            raise NapkinError(f"save={name!r}: {diagram.name} has no intermediate {name!r} to save "
+                              f"(intermediates: {', '.join(a for a, v in diagram.arrays.items() if v.role == 'intermediate')})")
     for s in diagram.statements:
         if isinstance(s.box, Opaque):
             raise NapkinError(f"opaque box {s.box.box.name} has no declared backward, so {diagram.name} has no derived "
@@ -364,7 +371,8 @@ def backward(diagram: Diagram, rewrite_d: bool = False) -> Backward:
     referenced = set(re.findall(r"[^\W\d]\w*", "\n".join(lines)))
     recompute: list[Statement] = []
     saved: list[str] = sorted(uses_saved_o)
-    needed = {n for n in referenced if n in diagram.arrays and diagram.arrays[n].role == "intermediate"}
+    kept = set(save)
+    needed = {n for n in referenced if n in diagram.arrays and diagram.arrays[n].role == "intermediate" and n not in kept}
     needed_outputs = {n for n in referenced if n in diagram.outputs}
     lse_for = {}
     # Close the recomputed set under the forward statements' reads.
@@ -382,7 +390,7 @@ def backward(diagram: Diagram, rewrite_d: bool = False) -> Backward:
                 array = diagram.arrays.get(r)
                 if array is None:
                     continue
-                if array.role == "intermediate" and r not in needed:
+                if array.role == "intermediate" and r not in needed and r not in kept:
                     needed.add(r)
                     changed = True
                 elif array.role == "output" and r not in needed_outputs:
@@ -402,6 +410,7 @@ def backward(diagram: Diagram, rewrite_d: bool = False) -> Backward:
         else:
             recompute_lines.append(statement_text(s, array.dtype) + "    # recomputed")
     saved = [o for o in diagram.outputs if o in needed_outputs or o in uses_saved_o]
+    saved += [n for n in save if n in referenced or any(n in s.inputs for s in recompute)]
 
     used = referenced | {n for s in recompute for n in s.inputs} | set(saved)
     params = []
@@ -437,13 +446,13 @@ def backward(diagram: Diagram, rewrite_d: bool = False) -> Backward:
 
 
 def backward_with_relabel(diagram: Diagram, relabel: syn.RelabelBlock | None, hardware: str | None,
-                          rewrite_d: bool = False) -> Backward:
+                          rewrite_d: bool = False, save: tuple[str, ...] = ()) -> Backward:
     """:func:`backward`, with a relabel block when the forward has one: the forward's group
     partitions on axes that every statement of the backward is woven over (batch and heads for
     attention), at the same levels, on the same hardware. Streams and splits are not derived
     (the text says so; ``napkin tune`` sizes the backward). The block is kept only if the
     backward accepts it (:func:`~napkin_dsl.relabel.make_schedule`)."""
-    derived = backward(diagram, rewrite_d)
+    derived = backward(diagram, rewrite_d, save)
     if relabel is None:
         return derived
     checked = check_module(syn.parse(derived.text, "<backward>"), hardware=hardware)[derived.name]

@@ -283,21 +283,70 @@ class Kernel:
                 f"<p>{html.escape(relabelling)}</p>{cost}"
                 f'<div style="max-width: 100%; overflow-x: auto">{drawing}</div></div>')
 
-    def grad(self, rewrite_d: bool = False) -> Kernel:
+    def grad(self, rewrite_d: bool | None = None, save: tuple[str, ...] = (), hardware: str | None = None,
+             **sizes: int) -> Kernel:
         """The backward kernel, derived from the diagram (``grad.py``): a Kernel of its own, parsed
         back from its text (``.source``) through the normal front end. Its parameters are the
         forward's inputs it reads, the forward outputs it reads (saved) and one cotangent per
-        output (``dO``); its outputs, ``dX`` per float input. ``rewrite_d=True`` uses FA2's
-        ``D = sum[d](dO * O)`` for a softmax contracted into an output."""
-        key = ("grad", rewrite_d)
+        output (``dO``); its outputs, ``dX`` per float input.
+
+        ``rewrite_d``: FA2's ``D = sum[d](dO * O)`` for a softmax contracted into an output (True),
+        or ``sum[x](dP * P)`` (False). None (the default) is the model's pick: with every axis
+        bound in ``sizes``, both backward kernels are priced (:meth:`backward_options`) and the
+        cheaper is returned; without sizes, the rewrite (which never costs more FLOPs, and lets
+        dK and dV group the keys). ``save``: forward intermediates read from device memory
+        rather than recomputed (``("P",)``)."""
+        if rewrite_d is None:
+            if sizes and set(self.diagram.axes) <= set(sizes):
+                best = self.backward_options(hardware, saves=(tuple(save),), **sizes)[0]
+                rewrite_d = best.rewrite_d
+            else:
+                rewrite_d = True
+        key = ("grad", rewrite_d, tuple(save))
         if key not in self._cache:
             from .grad import backward_with_relabel
 
-            derived = backward_with_relabel(self.diagram, self.relabel, self.hardware, rewrite_d)
+            derived = backward_with_relabel(self.diagram, self.relabel, self.hardware, rewrite_d, tuple(save))
             kernel = load(derived.text, hardware=self.hardware)[derived.name]
             kernel.derivation = derived
             self._cache[key] = kernel
         return self._cache[key]
+
+    def backward_options(self, hardware: str | None = None, saves=None, **sizes: int) -> list[BackwardOption]:
+        """The backward's choices priced by the model at ``sizes``, cheapest first: FA2's D rewrite
+        or not, and what the forward saves (``saves``: tuples of intermediates; default: nothing
+        beyond the outputs, or each softmax's probabilities). A saved intermediate costs the
+        forward its write to device memory at the bandwidth into the level below (a lower
+        bound: the forward's own schedule may also change) on top of the backward's predicted
+        time; a backward the front end cannot fit (a level overflows) is priced at infinity."""
+        from .diagram import DTYPE_BYTES, Softmax
+        from .hardware import load_hardware
+
+        if saves is None:
+            saves = [()] + [(s.target,) for s in self.diagram.statements if isinstance(s.box, Softmax)]
+        profile = load_hardware(hardware or self.hardware or "H100")
+        bandwidth = profile.levels[1].bandwidth
+        options = []
+        for save in saves:
+            for rewrite_d in (True, False):
+                backward = self.grad(rewrite_d=rewrite_d, save=tuple(save))
+                if not rewrite_d and backward.source == self.grad(rewrite_d=True, save=tuple(save)).source:
+                    continue  # no softmax to rewrite: one kernel
+                try:
+                    seconds = float(backward.cost(hardware, **{a: sizes[a] for a in backward.diagram.axes}).time["overlapped_s"])
+                except NapkinError as error:
+                    seconds, why = float("inf"), error.message
+                else:
+                    why = ""
+                forward_s = 0.0
+                for name in save:
+                    array = self.diagram.arrays[name]
+                    count = 1
+                    for axis in array.axes:
+                        count *= sizes[axis]
+                    forward_s += count * DTYPE_BYTES[array.dtype] / float(bandwidth)
+                options.append(BackwardOption(seconds + forward_s, seconds, forward_s, rewrite_d, tuple(save), why))
+        return sorted(options, key=lambda o: (o.seconds, not o.rewrite_d, len(o.save)))
 
     def __call__(self, *arrays, backend: str = "numpy", cast: bool = False, hardware: str | None = None,
                  impls: dict | None = None, sizes: dict | None = None, **named):
@@ -315,6 +364,19 @@ class Kernel:
     def __repr__(self) -> str:
         n = len(self.diagram.statements)
         return f"<napkin kernel {self.signature()}, {n} statement{'s' if n != 1 else ''}, {self.relabel_text()}>"
+
+
+@dataclass(frozen=True)
+class BackwardOption:
+    """One priced choice of :meth:`Kernel.backward_options`: the predicted seconds (backward plus
+    the forward's extra saves), the D rewrite, what the forward saves, and why it does not fit."""
+
+    seconds: float
+    backward_s: float
+    forward_s: float
+    rewrite_d: bool
+    save: tuple[str, ...]
+    refused: str = ""
 
 
 def _block_text(block: syn.RelabelBlock, kernel: str) -> str:
