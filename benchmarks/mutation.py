@@ -84,6 +84,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "napkin_dsl/pseudocode.py",
         [
             "tests/test_mutants_pseudocode.py",
+            "tests/test_split.py",
             "tests/test_independent_counts.py",
             "tests/test_pseudocode_golden.py",
             "tests/test_steps.py",
