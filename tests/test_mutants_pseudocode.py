@@ -103,3 +103,11 @@ def test_chunk_span_counts_the_elements_of_chunks_first_to_stop(first, stop, til
     from napkin_dsl.pseudocode import chunk_span
 
     assert chunk_span(first, stop, tile, length) == span == len(range(first * tile, min(stop * tile, length)))
+
+
+@pytest.mark.parametrize("condition", ["not (q < x)", "q >= x or q < 5"])
+def test_a_condition_that_is_not_a_conjunction_of_comparisons_leaves_the_stream_unmasked(condition):
+    # napkin decides per tile only conjunctions of linear comparisons; `not` and `or` are tested
+    # on every element of every chunk, so the stream visits every chunk
+    program = napkin.load(masked_attention(condition))["ca"].program("H100", b=1, h=1, q=130, x=128, d=16)
+    assert the_mask(program) is None
