@@ -20,6 +20,7 @@ not choose sizes (``tune.py``), and it never looks at the diagram except through
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -338,6 +339,8 @@ class CostReport:
     counts: str = "bytes"
     notes: list = field(default_factory=list)
     launches: list = field(default_factory=list)
+    device: dict | None = None  # cost.device_cost: what crosses the links of a node of GPUs
+    ring: dict | None = None  # cost.ring_condition, on a node of GPUs
 
     @property
     def total_flops(self) -> algebra.Expr:
@@ -423,6 +426,7 @@ class CostReport:
                 lines.append(f"  predicted throughput: {float(self.total_flops) / t['overlapped_s'] / 1e12:.1f} TFLOP/s")
         elif self.time.get("weighted_H") is not None:
             lines.append(f"  bandwidth-weighted transfers: {self.time['weighted_H']}")
+        lines += device_lines(self.device, self.ring, self.ring and self.ring.get("held"))
         for note in self.notes:
             lines.append(f"  note: {note}")
         return "\n".join(lines)
@@ -1209,6 +1213,13 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
                 notes.append(f"launch {launch.index} stays on the FMA path under {path}: {chosen.reason}")
     if any(lp.derived for launch in program.launches for _, loops in walk(launch.body) for lp in loops):
         notes.append("the l2 groups are derived: co-resident thread blocks in a swizzled launch order share L2 (docs: method, the L2 level)")
+    device = ring = None
+    if hardware.device is not None:
+        device = device_cost(schedule)
+        ring = ring_condition(program, flops, device["axis"] if device and device["kind"] == "split" else None)
+        if ring is not None:  # the rows each GPU holds: fewer where the device partition groups a row axis
+            cut = device["parts"] if device and device["kind"] == "group" and device["axis"] in ring["rows_axes"] else 1
+            ring["held"] = -(-ring["rows"] // cut)
     return CostReport(
         kernel=schedule.diagram.name,
         hardware=schedule.hardware.name,
@@ -1218,4 +1229,154 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
         time=time,
         counts=schedule.hardware.counts,
         notes=notes,
+        device=device,
+        ring=ring,
     )
+
+
+# ---- the device level: a node of GPUs (hardware.Hardware.device, docs/method.md) --------------
+
+
+def device_block(block, profile, partition):
+    """``block`` (relabel syntax) as one GPU of the node runs it: without its clause at the top
+    level, and, for a split across the GPUs, with ``split AXIS SIZE`` at the compute level, so
+    that each GPU's Program streams its parts and saves their states as a split on one GPU does
+    (the combine launch merges them on GPU 0)."""
+    from . import syntax as syn
+
+    top, compute = profile.top.name, profile.compute_level.name
+    levels = [c for c in (block.levels if block is not None else ()) if c.level != top]
+    if partition is not None and partition.kind == "split":
+        if any(p.kind == "split" for c in levels for p in c.partitions):
+            raise NotImplementedError(f"a split of {partition.axis} across the GPUs beside a split on each GPU: "
+                                      "napkin splits one axis per launch")
+        span = partition.span
+        extra = syn.Partition("split", partition.axis, int(partition.size), span)
+        at = next((i for i, c in enumerate(levels) if c.level == compute and c.partitions and c.partitions[0].targets is None), None)
+        if at is None:
+            levels.append(syn.LevelClauses(compute, (extra,), span))
+        else:
+            levels[at] = dataclasses.replace(levels[at], partitions=(extra,) + tuple(levels[at].partitions))
+    if block is None:
+        return syn.RelabelBlock(None, profile.name, tuple(levels), partition.span) if levels else None
+    return dataclasses.replace(block, levels=tuple(levels))
+
+
+def device_parts(partition, size: int, devices: int) -> list[tuple[int, int, int]]:
+    """The parts of a device partition of an axis of ``size``: (unit, start, stop) each, part p
+    on unit p mod ``devices`` (GPU 0 holds the inputs and merges)."""
+    tile = int(partition.size)
+    return [(p % devices, start, min(start + tile, size)) for p, start in enumerate(range(0, size, tile))]
+
+
+def device_cost(schedule, devices: int | None = None) -> dict | None:
+    """What crosses the links between the GPUs of a node (NVLink), for the device partition of
+    ``block`` (a clause at the top level): None on one GPU or without one. GPU 0 holds the inputs
+    and the outputs: each other GPU receives the inputs of its parts (a slice along the axis where
+    an input has it, else the whole input, once per GPU, as a group loads what it reads), and
+    sends back its outputs (a group) or its parts' states (a split: the arrays the parts launch
+    saves along the part axis, ``O.acc.part``, ``P.max.part``, ``P.sum.part``), which GPU 0's
+    combine launch merges. ``H`` is their sum in bytes; ``link_s`` the time through GPU 0's link,
+    each way at the device level's bandwidth."""
+    from .pseudocode import elaborate
+    from .relabel import Partition, make_schedule, part_axis
+
+    diagram, profile, sizes = schedule.diagram, schedule.hardware, schedule.sizes
+    if profile.device is None or not schedule.device or any(not isinstance(sizes.get(a), int) for a in diagram.axes):
+        return None
+    partition = schedule.device[0]
+    devices = profile.device.units if devices is None else devices
+    axis = partition.axis
+    parts = device_parts(partition, int(sizes[axis]), devices)
+
+    def nbytes(axes, dtype, length=None) -> int:
+        return math.prod(length if a == axis and length is not None else int(sizes[a]) for a in axes) * DTYPE_BYTES[dtype]
+
+    sent = received = 0
+    for unit in sorted({u for u, _, _ in parts} - {0}):
+        mine = [(start, stop) for u, start, stop in parts if u == unit]
+        for array in diagram.input_arrays:
+            if axis in array.axes:
+                sent += sum(nbytes(array.axes, array.dtype, stop - start) for start, stop in mine)
+            else:
+                sent += nbytes(array.axes, array.dtype)
+    states = {}
+    if partition.kind == "split":
+        # One GPU's Program: its partitions, and the split at the compute level (as device_block writes it).
+        split = Partition(profile.compute_level.name, "split", axis, partition.size, partition.span)
+        own = tuple(p for p in schedule.partitions if not p.derived)
+        program = elaborate(make_schedule(diagram, profile, None, sizes, extra_partitions=(split,) + own))
+        top = profile.top.name
+        states = {step.array: (step.axes, step.dtype) for launch in program.launches if launch.combine is None
+                  for step, _ in walk(launch.body) if step.op == "save" and step.dest == top and part_axis(axis) in step.axes}
+        per_part = sum(nbytes([a for a in axes if a != part_axis(axis)], dtype) for axes, dtype in states.values())
+        received = per_part * sum(1 for u, _, _ in parts if u != 0)
+    else:
+        for u, start, stop in parts:
+            if u != 0:
+                received += sum(nbytes(a.axes, a.dtype, stop - start if axis in a.axes else None) for a in (diagram.arrays[n] for n in diagram.outputs))
+    bandwidth = profile.device.bandwidth
+    return {
+        "level": profile.device.name, "partition": f"{profile.top.name}: {partition.kind} {axis} {partition.size}",
+        "kind": partition.kind, "axis": axis, "size": int(partition.size), "parts": len(parts),
+        "devices": devices, "units": profile.device.units, "bandwidth": bandwidth,
+        "sent": sent, "received": received, "H": sent + received, "states": sorted(states),
+        "link_s": max(sent, received) / bandwidth,
+    }
+
+
+def ring_condition(program: Program, flops: dict, axis: str | None = None) -> dict | None:
+    """The ring-attention condition, read off the kernel: with the keys of ``axis`` (the axis a
+    device split cuts, else the one the kernel's softmax or contraction consumes) passing from
+    GPU to GPU, a GPU hides a block of c keys' transfer under its compute when its rows (the
+    output's axes that no input woven over ``axis`` has: the queries) take at least as long to
+    attend to them: ``rows x c x F_pair / F >= c x B_key / BW``, so at least
+    ``B_key x F / (BW x F_pair)`` rows per GPU, with F_pair the tensor FLOPs per (row, key),
+    B_key the input bytes per key (K and V), F the tensor peak of their dtype and BW the device
+    level's bandwidth. For attention that is ``s F h_kv / (2 BW h)``. None where the kernel has
+    no such axis, or the sizes are unbound."""
+    diagram, profile, sizes = program.diagram, program.hardware, program.schedule.sizes
+    if profile.device is None:
+        return None
+    if axis is None:
+        consumed = [a for s in diagram.statements for a in s.consumed]
+        axis = next((a for a in consumed if any(a in arr.axes for arr in diagram.input_arrays)), None)
+    if axis is None or any(not isinstance(sizes.get(a), int) for a in diagram.axes):
+        return None
+    keyed = [a for a in diagram.input_arrays if axis in a.axes]
+    rows_axes = sorted({a for out in diagram.outputs for a in diagram.arrays[out].axes if all(a not in k.axes for k in keyed)})
+    if not keyed or not rows_axes:
+        return None
+    unit = "tensor" if as_number(flops.get("tensor", 0)) else "fma"  # where the Program's contractions run
+    tensor = as_number(flops.get(unit, 0)) or 0
+    if not tensor:
+        return None
+    rows = math.prod(sizes[a] for a in rows_axes)
+    pair_flops = tensor / (rows * sizes[axis])
+    key_bytes = sum(math.prod(sizes[a] for a in k.axes) * DTYPE_BYTES[k.dtype] for k in keyed) / sizes[axis]
+    dtype = keyed[0].dtype
+    peak = profile.peak(unit, dtype)
+    bandwidth = profile.device.bandwidth
+    need = key_bytes * peak / (bandwidth * pair_flops)
+    return {"axis": axis, "unit": unit, "rows_axes": rows_axes, "pair_flops": pair_flops, "key_bytes": key_bytes, "peak": peak,
+            "dtype": dtype, "bandwidth": bandwidth, "rows_needed": need, "rows": rows}
+
+
+def device_lines(report_device: dict | None, ring: dict | None, rows_per_gpu: int | None = None) -> list[str]:
+    """What ``napkin cost`` prints of the device level."""
+    lines = []
+    if report_device is not None:
+        d = report_device
+        lines.append(f"  device level ({d['level']}, {d['devices']} of {d['units']} GPUs, {d['bandwidth'] / 1e9:g} GB/s each way): "
+                     f"{d['partition']}, {d['parts']} part{'s' if d['parts'] != 1 else ''}; H {d['H']:,} bytes over the links "
+                     f"({d['sent']:,} to the GPUs, {d['received']:,} back to GPU 0"
+                     + (f": {', '.join(d['states'])}" if d["states"] else "") + f"), {_fmt_time(d['link_s'])} through GPU 0's link")
+    if ring is not None:
+        r = ring
+        rows = " ".join(r["rows_axes"])
+        held = rows_per_gpu if rows_per_gpu is not None else r["rows"]
+        verdict = "hidden" if held >= r["rows_needed"] else "not hidden"
+        lines.append(f"  ring condition ({r['axis']} passing between GPUs): {rows} >= B_key F / (BW F_pair) = "
+                     f"{r['key_bytes']:g} B x {r['peak'] / 1e12:g} TFLOP/s / ({r['bandwidth'] / 1e9:g} GB/s x {r['pair_flops']:g} FLOP) "
+                     f"= {r['rows_needed']:,.0f} per GPU; {held:,} per GPU here: {verdict} under compute")
+    return lines

@@ -103,6 +103,11 @@ class Hardware:
     paths: dict = field(default_factory=dict)  # table name -> InstructionPath, in the profile's order
     clock_hz: float | None = None
     fixed: dict = field(default_factory=dict)  # fixed costs in seconds: launch_s
+    # The device level of a node of GPUs (H100x8): a ``[[level]]`` with ``per = "node"`` above the
+    # top, whose units are the GPUs and whose bandwidth is the link between them (NVLink, each
+    # way per GPU). Not in ``levels``: each GPU's chain is one GPU's, and a relabel clause at the
+    # top level (``gmem: split x 4096``) partitions across the units (relabel.device_partitions).
+    device: Level | None = None
 
     @property
     def launch_s(self) -> float:
@@ -255,6 +260,10 @@ def _load_hardware(name: str) -> Hardware:
 
 
 def _profile(data: dict) -> Hardware:
+    entries = list(data["level"])
+    device = entries.pop(0) if entries and entries[0].get("per") == "node" else None
+    if any(entry.get("per") == "node" for entry in entries):
+        raise ValueError("a level per node must be the first [[level]] (the device level, above each GPU's top)")
     levels = tuple(
         Level(
             name=entry["name"],
@@ -268,7 +277,7 @@ def _profile(data: dict) -> Hardware:
             blocks_per_unit=entry.get("blocks_per_unit"),
             reserved_per_block=int(entry.get("reserved_per_block", 0)),
         )
-        for entry in data["level"]
+        for entry in entries
     )
     if not levels:
         raise ValueError("it has no [[level]] entries")
@@ -291,7 +300,18 @@ def _profile(data: dict) -> Hardware:
         paths=paths,
         clock_hz=data.get("clock_hz"),
         fixed=dict(data.get("fixed", {})),
+        device=None if device is None else _device_level(device),
     )
+
+
+def _device_level(entry: dict) -> Level:
+    """The ``per = "node"`` level: its units (GPUs, 2 or more) and the bandwidth between them."""
+    units, bandwidth = int(entry.get("units", 1)), entry.get("bandwidth")
+    if units < 2 or not isinstance(bandwidth, (int, float)) or bandwidth <= 0:
+        raise ValueError(f"the device level {entry.get('name')!r} needs units >= 2 (GPUs) and a bandwidth in bytes/s "
+                         f"(the link between them), got units = {units}, bandwidth = {bandwidth!r}")
+    return Level(name=entry["name"], per="node", capacity=_size_value(entry.get("capacity")),
+                 bandwidth=float(bandwidth), units=units)
 
 
 def _path(key: str, entry: dict, archs: tuple[str, ...]) -> InstructionPath:

@@ -114,6 +114,10 @@ class Schedule:
     # The parts of each split axis: part axis (`x#`) -> (the axis, the split size). Kept by
     # every launch's view, so that the combine launch (which has no split) still sizes them.
     parts: dict = field(default_factory=dict)
+    # Partitions across the GPUs of a node (hardware.Hardware.device), from clauses at the top
+    # level: one group or split at most. Each GPU runs this Schedule's Program on its share
+    # (backends/distributed.py); cost.device_cost prices what crosses the links.
+    device: tuple[Partition, ...] = ()
     # extent() is called for every buffer of every column: memoise it.
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -422,6 +426,7 @@ def make_schedule(
     split = split_launches(diagram, profile)
     launch_of = {s.target: index for index, (statements, _, _) in enumerate(split) for s in statements}
     clauses = [(c.level, p) for c in (block.levels if block else ()) for p in c.partitions]
+    device: list[Partition] = []  # clauses at the device level (profile.device): across the GPUs
     unknown_levels: set[str] = set()
     for level, p in clauses:
         if level not in profile.level_names():
@@ -442,9 +447,18 @@ def make_schedule(
                 p.span, f"did you mean {' or '.join(close)}?" if close else None,
             ))
             continue
+        if level == top and profile.device is not None:
+            # A clause at the top level of a node of GPUs partitions across its GPUs (the device level).
+            error = device_partition_error(p, device, profile)
+            if error is not None:
+                errors.append(RelabelError(error[0], p.span, error[1]))
+            else:
+                device.append(Partition(level, p.kind, p.axis, size_expr(p.size), p.span))
+            continue
         if level == top:
             errors.append(RelabelError(f"cannot partition at the top level {top!r}: it holds whole arrays", p.span,
-                                       f"partition at a level below, e.g. {profile.levels[1].name}"))
+                                       f"partition at a level below, e.g. {profile.levels[1].name}"
+                                       + "; or plan on a node of GPUs (H100x8), where a clause at gmem partitions across them"))
             continue
         launches_of = None
         if p.targets is not None:
@@ -590,4 +604,23 @@ def make_schedule(
                 f"{algebra.ceiling(axis_size / size)} {'groups' if p.kind == 'group' else 'chunks'}, the last one masked "
                 f"({axis_size - (algebra.ceiling(axis_size / size) - 1) * size} of {size})"
             )
-    return Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, tuple(notes), parts)
+    return Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, tuple(notes), parts,
+                    device=tuple(device))
+
+
+def device_partition_error(p, device: list, profile: Hardware) -> tuple[str, str] | None:
+    """Why clause ``p`` (at the top level of ``profile``, a node of GPUs) cannot partition across
+    its GPUs, as (message, hint); None where it can: one ``group`` (tensor parallelism: each GPU
+    holds SIZE of the axis) or one ``split`` (context parallelism: each GPU streams a part of a
+    consumed axis, and the parts' states merge on GPU 0)."""
+    top = profile.top.name
+    if p.kind not in ("group", "split"):
+        return (f"cannot {p.kind} {p.axis} at {top} on {profile.name}: a clause at {top} partitions across the "
+                f"{profile.device.units} GPUs of the {profile.device.name}, in parallel; a {p.kind} runs in sequence",
+                f"'{top}: group {p.axis} SIZE' (each GPU holds SIZE of {p.axis}) or '{top}: split {p.axis} SIZE'")
+    if device:
+        return (f"{profile.name} partitions one axis across its GPUs; {top} already has {device[0].kind} {device[0].axis}",
+                f"keep one clause at {top}, and partition further at {profile.levels[1].name} or below")
+    if isinstance(p.size, int) and p.size <= 0:
+        return f"{p.kind} size of {p.axis!r} must be positive, got {p.size}", "a positive size"
+    return None
