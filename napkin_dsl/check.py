@@ -40,6 +40,7 @@ from . import syntax as syn
 from .boxes import REDUCTION_OPS, box_kind, statement_flops, work_axes
 from .diagram import (
     COMPARISONS,
+    FP8_DTYPES,
     OPERATORS,
     Apply,
     Array,
@@ -377,7 +378,20 @@ class _KernelChecker:
             ok = True
             for axis in missing:
                 holders = [r for r in operands if axis in r.axes]
-                if len(holders) < 2:
+                scaled = [r for r in operands if self.arrays[r.array].dtype in FP8_DTYPES and axis not in r.axes]
+                if len(holders) < 2 and scaled and self.arrays[holders[0].array].dtype not in FP8_DTYPES:
+                    # A scale read beside a quantized array it does not fit: say so, not "contraction".
+                    scale, data = holders[0], scaled[0]
+                    self.out.error(
+                        f"{scale.array}{_axes_text(scale.axes)} scales the {self.arrays[data.array].dtype} array "
+                        f"{data.array}{_axes_text(data.axes)}, which has no axis {axis!r}; a scale's axes are axes of the array it scales",
+                        scale.span or stmt.span,
+                        f"a scale is a scalar (per tensor) or an array over some of {data.array}'s axes: per row "
+                        f"(every axis but the one a row runs along) or per block of rows (the block axis of a split, "
+                        f"{data.array}: {self.arrays[data.array].dtype}[... qb qi ...] with its scale over qb)",
+                    )
+                    ok = False
+                elif len(holders) < 2:
                     self.out.error(
                         f"axis {axis!r} is contracted but appears only in {holders[0].array}{_axes_text(holders[0].axes)}; "
                         f"a contraction joins the same axis of two arrays",

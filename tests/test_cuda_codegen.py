@@ -38,6 +38,9 @@ CASES = [(name, i) for name in SIZES for i in range(2)]
 NOT_PRINTED = {
     "decode.napkin": (dict(b=1, kv=8, r=4, x=32768, d=128), "split x: the parts' partial states and the combine launch are not printed"),
     "splitk.napkin": (dict(m=512, n=512, k=65536), "split k: the parts' partial states and the combine launch are not printed"),
+    # fp8 runs on the NumPy backend; the printers (mma.sync m16n8k32, wgmma e4m3) come with issue 23 item 2
+    "fp8_attention.napkin": (dict(b=1, h=2, qb=4, qi=128, x=1024, d=128), "array Q is fp8e4m3; the GPU backends do not support fp8e4m3 yet"),
+    "fp8_matmul.napkin": (dict(m=512, n=512, k=512), "array A is fp8e4m3; the GPU backends do not support fp8e4m3 yet"),
 }
 
 

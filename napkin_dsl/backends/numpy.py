@@ -19,7 +19,8 @@ How the steps run:
   valid elements only;
 * ``load`` copies a tile down, converting to the array's dtype; ``save`` copies it up,
   converting to the array's dtype (for outputs that is the declared dtype, so this is where
-  bf16 and fp8 results are rounded; ml_dtypes rounds to nearest even); ``alloc`` makes an
+  bf16 and fp8 results are rounded; ml_dtypes rounds to nearest even, fp8 saturating as
+  ``reference.convert`` says: the largest finite value, never NaN or inf); ``alloc`` makes an
   empty tile (filled with NaN, so a tile some save forgot would show);
 * ``compute`` evaluates one box on the tiles of the compute level in the step's dtype (f32,
   or f64 when an input is f64): contractions as batched matrix products (BLAS, accumulating
@@ -100,7 +101,7 @@ from ..diagram import (
 from .. import elementwise
 from ..errors import NapkinCallError, NapkinError
 from ..pseudocode import Loop, Program, Step, walk, compute_dtype
-from ..reference import ELEMENTWISE, logsumexp, masked_softmax
+from ..reference import ELEMENTWISE, convert, logsumexp, masked_softmax
 from ..reference import Evaluator as _Evaluator
 from ..reference import NamedArray as _Named
 from ..reference import ReferenceFailure as _Failure
@@ -539,9 +540,11 @@ class Interpreter:
             if name not in upper_values:  # the top level: the whole array, at its first save
                 upper_values[name] = _empty(full_shape, dtype)
                 upper_starts[name] = (0,) * len(axes)
-            if dtype.kind in "iu" and tile.dtype.kind == "f":
-                tile = np.rint(tile)  # as the reference: f32 rounding error must not truncate 2.9999 to 2
-            upper_values[name][self.window(axes, upper_starts[name])] = tile.astype(dtype, copy=False)
+            if dtype != tile.dtype:
+                # as the reference converts: integers rounded (f32 rounding error must not truncate
+                # 2.9999 to 2), fp8 saturating (the largest finite value, never NaN or inf)
+                tile = convert(tile, step.dtype)
+            upper_values[name][self.window(axes, upper_starts[name])] = tile
             self.count_transfer(level, tile.size, nbytes)
 
         return save
