@@ -435,12 +435,21 @@ def test_opencl_masks_on_random_sizes(kind, q, x, gq, sx, opencl_device):
 def test_tensor_core_source_tests_each_lanes_fragment_indices_and_bounds_the_stream():
     kernel = napkin.load(EXAMPLES / "causal_attention.napkin")["causal_attention"]
     source = kernel.compile("sm_90", b=1, h=2, q=256, x=256, d=64).source
-    # the predicate reads the lane's fragment row (groupID, + 8 for the upper half) and column
-    assert "(float)(o_q + (nk_wrow + mt * 16 + nk_g + (i >> 1) * 8))) >= ((float)(o_x + (nt * 8 + 2 * nk_t + (i & 1))))" in source
-    assert "for (int c_x = nk_first_x; c_x < nk_stop_x; c_x += 2)" in source
-    # a chunk below the diagonal (its first query at or after its last key) takes S without the test
-    assert "const int nk_full_x = (0.0 + 1.0 * (double)(o_q) + -1.0 * (double)((o_x + 64 - 1)) >= 0.0)" in source
-    assert "(nk_full_x ? (f_S[mt][nt][i]) : (" in source
+    # the predicate reads the lane's fragment row (groupID, + 8 for the upper half) and column, in
+    # integers: no index is converted to floating point, and no bound is computed in double
+    assert "((o_q + (nk_wrow + mt * 16 + nk_g + (i >> 1) * 8)) >= (o_x + (nt * 8 + 2 * nk_t + (i & 1))))" in source
+    assert "(float)(o_" not in source and "(double)" not in source
+    # the chunks below the diagonal (a chunk's last key at or before the tile's first query):
+    # floor((o_q - 63) / 64) + 1 of them, bounded in integers, run first in a loop of their own
+    assert "nk_fhi_x = min(nk_fhi_x, (int)(" in source and "(1 * (long)(o_q)) - 0) - 63)" in source
+    full = source.index("for (int c_x = nk_flo_x; c_x < nk_fhi_x; c_x += 2) {")
+    after = source.index("for (int c_x = nk_fhi_x; c_x < nk_stop_x; ++c_x) {", full)
+    assert ">= (o_x" not in source[full:after] and "-NK_INF)))" not in source[full:after]
+    assert ">= (o_x" in source[after:]  # the diagonal chunks test each element
+    # one barrier a chunk: the unrolled full loop passes two, one per buffer
+    assert source[full:after].count("NK_SYNC()") == 2
+    # the longest rows first: q tiles in reverse
+    assert "const int grp_q = 1 - (" in source
 
 
 def test_a_softmax_chain_through_a_masked_map_streams_and_skips_alike():

@@ -325,9 +325,40 @@ def print_expression(expr, sizes: dict, dialect: Dialect, read, index=None, real
         # ``scalars``: each scalar's declared C type (scalar_ctype), where it may differ.
         declared = (scalars or {}).get(expr.name, "float")
         return f"p_{ident(expr.name)}" if declared == real else f"(({real})p_{ident(expr.name)})"
+    if isinstance(expr, Apply) and expr.fn in COMPARISON_FNS:
+        # An index compared with an index (q >= x, q - x < 256): both sides are integers, so the
+        # test is integer arithmetic, exact at any size, with no conversion to floating point.
+        sides = [integer_expression(a, sizes, index) for a in expr.args]
+        if all(side is not None for side in sides):
+            return dialect.math(expr.fn, sides, real)
     if isinstance(expr, Apply):
         return dialect.math(expr.fn, [print_expression(a, sizes, dialect, read, index, real, scalars) for a in expr.args], real)
     raise AssertionError(f"napkin bug: expression {expr!r}")
+
+
+COMPARISON_FNS = frozenset(("ge", "gt", "le", "lt", "eq", "ne"))
+INTEGER_FNS = {"add": "+", "sub": "-", "mul": "*"}
+
+
+def integer_expression(expr, sizes: dict, index) -> str | None:
+    """An expression of indices and integer constants joined by +, - and * as a C int
+    expression, or None when it is anything else (a read, a fraction, a function)."""
+    if isinstance(expr, Index):
+        return None if index is None else f"({index(expr.axis)})"
+    if isinstance(expr, Const):
+        if expr.value in (algebra.oo, -algebra.oo):
+            return None
+        try:
+            value = constant_value(expr.value, sizes)
+        except _Failure:
+            return None
+        return str(int(value)) if value == int(value) and abs(value) < 2 ** 31 else None
+    if isinstance(expr, Apply) and (expr.fn in INTEGER_FNS or expr.fn == "neg"):
+        args = [integer_expression(a, sizes, index) for a in expr.args]
+        if any(a is None for a in args):
+            return None
+        return f"(-{args[0]})" if expr.fn == "neg" else f"({args[0]} {INTEGER_FNS[expr.fn]} {args[1]})"
+    return None
 
 
 # ---- shared-memory arena --------------------------------------------------------------------
@@ -439,6 +470,18 @@ def refuse_split(program: Program) -> None:
                             hint="run it with the NumPy backend (--backend numpy), or leave the axis unsplit")
 
 
+def floor_div(n: str, d: int) -> str:
+    """floor(n / d) in C for a positive constant ``d`` (C's division truncates toward zero)."""
+    if d == 1:
+        return f"({n})"
+    return f"((({n}) >= 0) ? ({n}) / {d} : (({n}) - {d - 1}) / {d})"
+
+
+def ceil_div(n: str, d: int) -> str:
+    """ceil(n / d) in C for a positive constant ``d``: -floor(-n / d)."""
+    return f"({n})" if d == 1 else f"(-{floor_div(f'-({n})', d)})"
+
+
 class Printer:
     def __init__(self, program: Program, launch, dialect: Dialect, threads: int = THREADS,
                  accumulators: dict | None = None):
@@ -509,18 +552,42 @@ class Printer:
         divide the group counts (plan.py), so the grid has no holes."""
         sides = self.l2_sides()
         inner = math.prod(sides.values()) if sides else 1
+        heavy = self.heavy_last()
         if inner > 1:
             self.emit(f"int nk_inner = nk_block % {inner}; nk_block /= {inner};  // the block within its L2 group")
         for axis in reversed(self.grouped):
             side = sides.get(axis, 1)
             outer = self.groups(axis) // side if side > 1 else self.groups(axis)
             if side > 1:
-                self.emit(f"const int grp_{ident(axis)} = (nk_block % {outer}) * {side} + nk_inner % {side}; "
-                          f"nk_block /= {outer}; nk_inner /= {side};")
+                group = f"(nk_block % {outer}) * {side} + nk_inner % {side}"
+                tail = f" nk_block /= {outer}; nk_inner /= {side};"
             else:
-                self.emit(f"const int grp_{ident(axis)} = nk_block % {outer}; nk_block /= {outer};")
+                group, tail = f"nk_block % {outer}", f" nk_block /= {outer};"
+            if axis in heavy:  # the heaviest blocks first: the last wave is the lightest
+                self.emit(f"const int grp_{ident(axis)} = {self.groups(axis) - 1} - ({group});{tail}  // longest rows first")
+            else:
+                self.emit(f"const int grp_{ident(axis)} = {group};{tail}")
             self.emit(f"const int o_{ident(axis)} = grp_{ident(axis)} * {self.tile[axis]};")
             self.set_origin(axis, f"o_{ident(axis)}")
+
+    def heavy_last(self) -> set[str]:
+        """Grouped axes whose later tiles visit more chunks of a masked stream: those with a
+        positive coefficient in an inequality that bounds the streamed index from above (causal
+        q >= x: a later q tile sees more keys). Their blocks run in reverse, longest first."""
+        heavy: set[str] = set()
+
+        def visit(nodes):
+            for node in nodes:
+                if isinstance(node, Loop):
+                    if node.mask is not None:
+                        for constraint in node.mask.constraints:
+                            coefficients = dict(constraint.coefficients)
+                            if coefficients.get(node.mask.axis, 0) < 0:
+                                heavy.update(a for a, k in coefficients.items() if k > 0 and a in self.grouped)
+                    visit(node.body)
+
+        visit(self.launch.body)
+        return heavy
 
     def extent_expr(self, axis: str) -> str:
         """The valid extent of an axis in the current tile (a constant when the tile divides it)."""
@@ -567,23 +634,39 @@ class Printer:
         worst element: Mask.status's "full") and note the where it lets skip; the flag's name."""
         tests = []
         for constraint in mask.constraints:
-            try:
-                constant = constant_value(constraint.constant, self.sizes) if constraint.constant.free_symbols else float(constraint.constant)
-            except _Failure as failure:
-                raise LoweringError(failure.message, hint=failure.hint) from None
-            terms = [repr(constant)]
-            for axis, k in constraint.coefficients:
-                first = self.origin.get(axis, "0")
-                last = f"({first} + {self.extent_expr(axis) if axis in self.origin else self.sizes[axis]} - 1)"
-                terms.append(f"{k}.0 * (double)({first if k > 0 else last})")
-            tests.append(f"({' + '.join(terms)} {'>' if constraint.strict else '>='} 0.0)")
+            terms = [f"{k} * (long)({self.axis_end(axis, k < 0)})" for axis, k in constraint.coefficients]
+            tests.append(f"({' + '.join(terms) or '0'} >= {self.threshold(constraint)})")
         flag = f"nk_full_{ident(mask.axis)}"
         self.emit(f"const int {flag} = {' && '.join(tests)};  // no element of this chunk is masked")
-        tested = self.diagram.producer(mask.tested) if mask.tested is not None else None
-        if tested is not None:
-            where = tested.box.expr if isinstance(tested.box, Map) else tested.box.operand
+        where = self.mask_where(mask)
+        if where is not None:
             self.unmasked[where] = flag
         return flag
+
+    def mask_where(self, mask):
+        """The where(COND, A, -inf) expression the mask tests in this loop, or None."""
+        tested = self.diagram.producer(mask.tested) if mask.tested is not None else None
+        if tested is None:
+            return None
+        return tested.box.expr if isinstance(tested.box, Map) else tested.box.operand
+
+    def threshold(self, constraint) -> int:
+        """The least integer the constraint's index terms must reach: with integer indices and
+        coefficients, ``sum(k i) + constant >= 0`` is ``sum(k i) >= ceil(-constant)`` and the
+        strict form ``sum(k i) >= floor(-constant) + 1``, so every mask bound is integer
+        arithmetic (no conversion to floating point)."""
+        try:
+            constant = constant_value(constraint.constant, self.sizes) if constraint.constant.free_symbols else float(constraint.constant)
+        except _Failure as failure:
+            raise LoweringError(failure.message, hint=failure.hint) from None
+        return math.floor(-constant) + 1 if constraint.strict else math.ceil(-constant)
+
+    def axis_end(self, axis: str, last: bool) -> str:
+        """The tile's first or last index along ``axis`` (the whole axis where it has no origin)."""
+        first = self.origin.get(axis, "0")
+        if not last:
+            return first
+        return f"({first} + {self.extent_expr(axis) if axis in self.origin else self.sizes[axis]} - 1)"
 
     def index(self, axis: str) -> str:
         """The whole array's index of the current element along ``axis``: the tile's origin
@@ -685,37 +768,52 @@ class Printer:
         tile, size = self.tile[x], self.sizes[x]
         self.emit(f"int nk_first_{ident(x)} = 0, nk_stop_{ident(x)} = {chunks};  // masked by {mask.condition}")
         for constraint in mask.constraints:
-            try:
-                constant = constant_value(constraint.constant, self.sizes) if constraint.constant.free_symbols else float(constraint.constant)
-            except _Failure as failure:
-                raise LoweringError(failure.message, hint=failure.hint) from None
             coefficients = dict(constraint.coefficients)
             a_x = coefficients.pop(x, 0)
-            terms = [repr(constant)]
-            for axis, k in coefficients.items():
-                first = self.origin.get(axis, "0")
-                last = f"({first} + {self.extent_expr(axis) if axis in self.origin else self.sizes[axis]} - 1)"
-                terms.append(f"{k}.0 * (double)({last if k > 0 else first})")
-            best = " + ".join(terms)  # the other axes' best: the inequality reads a_x * x + best >= 0
+            # the other axes' best: the inequality reads a_x * x + best >= t, all integers
+            best = " + ".join(f"{k} * (long)({self.axis_end(axis, k > 0)})" for axis, k in coefficients.items()) or "0"
+            t = self.threshold(constraint)
             if a_x == 0:  # the block's rows alone decide: all chunks or none
-                fails = "<=" if constraint.strict else "<"
-                self.emit(f"if ({best} {fails} 0.0) nk_stop_{ident(x)} = 0;")
+                self.emit(f"if ({best} < {t}) nk_stop_{ident(x)} = 0;")
                 continue
-            bound = f"({best}) / {float(-a_x)!r}"  # a_x * x >= -best: x >= bound (a_x > 0), x <= bound (a_x < 0)
             if a_x > 0:
-                # the chunk's last index reaches the bound: x_last >= ceil(bound), or > bound when strict
-                least = f"(long)floor({bound}) + 1" if constraint.strict else f"(long)ceil({bound})"
-                self.emit(f"{{ const long nk_least = {least};")
+                # the chunk's last index reaches x >= ceil((t - best) / a_x)
+                self.emit(f"{{ const long nk_least = {ceil_div(f'{t} - ({best})', a_x)};")
                 self.emit(f"  if (nk_least > {size - 1}) nk_stop_{ident(x)} = 0;")
                 # chunk c ends at c * tile + tile - 1 >= nk_least from c = floor(nk_least / tile) on
                 self.emit(f"  else if (nk_least > 0) nk_first_{ident(x)} = max(nk_first_{ident(x)}, (int)(nk_least / {tile})); }}")
             else:
-                # the chunk's first index stays within the bound: x_first <= floor(bound), or < bound
-                most = f"(long)ceil({bound}) - 1" if constraint.strict else f"(long)floor({bound})"
+                # the chunk's first index stays within x <= floor((best - t) / -a_x)
+                most = floor_div(f"({best}) - {t}", -a_x)
                 self.emit(f"{{ const long nk_most = {most};")
                 self.emit(f"  if (nk_most < 0) nk_stop_{ident(x)} = 0;")
                 self.emit(f"  else nk_stop_{ident(x)} = min(nk_stop_{ident(x)}, (int)(nk_most / {tile}) + 1); }}")
         return f"nk_first_{ident(x)}", f"nk_stop_{ident(x)}"
+
+    def full_chunks(self, mask, first: str, stop: str) -> tuple[str, str]:
+        """The chunks of [first, stop) the mask holds in full, [lo, hi), in integers: each
+        inequality at the chunk's worst element (its first index along x for a positive
+        coefficient, the chunk's last, counted as a whole tile, for a negative one; the other
+        axes' worst ends as in held_in_full) bounds the chunk index from one side. A chunk left
+        out is run masked, which is always right: the bounds only decide which body runs."""
+        x = ident(mask.axis)
+        tile = self.tile[mask.axis]
+        lo, hi = f"nk_flo_{x}", f"nk_fhi_{x}"
+        self.emit(f"int {lo} = {first}, {hi} = {stop};  // the chunks no element of which is masked")
+        for constraint in mask.constraints:
+            coefficients = dict(constraint.coefficients)
+            a_x = coefficients.pop(mask.axis, 0)
+            worst = " + ".join(f"{k} * (long)({self.axis_end(axis, k < 0)})" for axis, k in coefficients.items()) or "0"
+            t = self.threshold(constraint)
+            if a_x == 0:
+                self.emit(f"if ({worst} < {t}) {hi} = {lo};")
+            elif a_x > 0:  # a_x * c * tile + worst >= t
+                self.emit(f"{lo} = max({lo}, (int)({ceil_div(f'{t} - ({worst})', a_x * tile)}));")
+            else:  # -a_x * (c * tile + tile - 1) <= worst - t
+                last = floor_div(f"({worst}) - {t}", -a_x)
+                self.emit(f"{hi} = min({hi}, (int)({floor_div(f'{last} - {tile - 1}', tile)}) + 1);")
+        self.emit(f"{lo} = min({lo}, {stop}); {hi} = max({lo}, min({hi}, {stop}));")
+        return lo, hi
 
     # -- steps
     def step(self, step: Step):

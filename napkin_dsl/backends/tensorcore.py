@@ -423,8 +423,8 @@ class TensorPrinter(Printer):
             return print_expression(e, self.sizes, self.dialect, read, lambda axis: self.lane_index(axis, col),
                                     scalars=self.scalar_types)
 
-        if expr in self.unmasked:  # a chunk the mask holds in full skips the test
-            return f"({self.unmasked[expr]} ? ({printed(expr.args[1])}) : ({printed(expr)}))"
+        if expr in self.unmasked:  # a chunk the mask holds in full: the where's value, untested
+            return f"({printed(expr.args[1])})"
         return printed(expr)
 
     def lane_index(self, axis: str, col: str | None) -> str:
@@ -655,62 +655,120 @@ class TensorPrinter(Printer):
         return index or "0"
 
     def stream_loop(self, node: Loop):
-        """The streamed loop as a ``stages``-deep cp.async pipeline.
+        """The streamed loop as a ``stages``-deep cp.async pipeline with one barrier a chunk.
 
-        The loop is unrolled by ``stages`` so that every chunk's stage is a constant: the
-        ldmatrix and cp.async addresses then fold the stage into their immediate offsets."""
+        The prologue issues the first ``stages - 1`` chunks, a commit group each. Chunk c waits
+        until its own group has landed (at most ``stages - 2`` later ones pending) and passes
+        the chunk's one barrier, which also says that every warp is done with chunk c - 1; only
+        then does it issue chunk c + stages - 1 into the buffer chunk c - 1 was read from, so
+        no second barrier guards the refill. The buffer a chunk reads is a running index
+        (``nk_stage_<x>``), so a masked stream runs as up to three loops, one body each: the
+        chunks before the ones its mask holds in full, those (with no mask code), and those
+        after (the diagonal), with the copies of the next chunk in flight across them."""
         axis = node.axis
+        x = ident(axis)
         streamed = [s.array for s, _ in walk(node.body) if s.op == "load" and s.level == self.level
                     and s.array in self.plan.operands]
         chunks = -(-self.sizes[axis] // self.tile[axis])
         stages = self.plan.stages
-        self.emit(f"// for {axis} in {chunks} chunks of {self.tile[axis]}, {stages} stages: chunk c + 1 loads while chunk c computes")
+        tile = self.tile[axis]
+        ahead = "chunk c + 1 loads" if stages == 2 else f"chunks c + 1 .. c + {stages - 1} load"
+        self.emit(f"// for {axis} in {chunks} chunks of {tile}, {stages} stages: {ahead} while chunk c computes")
         first, stop = "0", str(chunks)
         if node.mask is not None:  # the chunks the mask does not hide in full: bounds per block
             first, stop = self.visited_chunks(node.mask, chunks)
-        if node.mask is not None and streamed:  # a block that visits no chunk loads none (no copy left pending)
-            self.emit(f"if ({first} < {stop}) {{")
-            self.depth += 1
-        for name in streamed:
-            self.load(name, origin=f"{first} * {self.tile[axis]}" if node.mask is not None else "0", stage="0", commit=False)
-        if node.mask is not None and streamed:
-            self.depth -= 1
-            self.emit("}")
-        if streamed:
+        for ahead in range(stages - 1 if streamed else 0):
+            guard = f"{first} + {ahead} < {stop}" if ahead or node.mask is not None or chunks <= ahead else None
+            if guard:  # a block that visits fewer chunks loads none past its last
+                self.emit(f"if ({guard}) {{")
+                self.depth += 1
+            for name in streamed:
+                self.load(name, origin=f"({first} + {ahead}) * {tile}" if first != "0" else f"{ahead * tile}", stage=str(ahead), commit=False)
+            if guard:
+                self.depth -= 1
+                self.emit("}")
             self.emit("NK_CP_COMMIT();")
-        self.emit(f"for (int c_{ident(axis)} = {first}; c_{ident(axis)} < {stop}; c_{ident(axis)} += {stages}) {{")
+        if node.mask is None:
+            self.unrolled(node, axis, streamed, first, stop, chunks % stages != 0)
+        else:
+            lo, hi = self.full_chunks(node.mask, first, stop)
+            # the chunks before the full ones are run masked up to a multiple of the stages, so
+            # that the full loop starts on buffer 0 and unrolls with constant buffers
+            self.emit(f"{lo} = min({first} + ({lo} - {first} + {stages - 1}) / {stages} * {stages}, {hi});")
+            if streamed:
+                self.emit(f"int nk_stage_{x} = 0;  // the buffer of chunk c in a masked loop: (c - {first}) mod {stages}")
+            self.runtime_loop(node, axis, streamed, first, lo, stop, "before the ones the mask holds in full")
+            self.unrolled(node, axis, streamed, lo, hi, True, stop=stop)
+            if streamed:
+                self.emit(f"nk_stage_{x} = ({hi} - {first}) % {stages};")
+            self.runtime_loop(node, axis, streamed, hi, stop, stop, "after them (the diagonal)")
+        if streamed:
+            # every copy has landed (the last groups are empty) and no warp still reads a buffer
+            # that a later copy into the arena (a staged output, another stream) would overwrite
+            self.emit("NK_CP_WAIT(0);")
+            self.emit("NK_SYNC();")
+            self.pending = False
+
+    def unrolled(self, node: Loop, axis: str, streamed: list, lo: str, hi: str, guarded: bool, stop: str | None = None):
+        """Chunks [lo, hi) with no mask test, unrolled by the stages so that each chunk's
+        buffer is a constant (lo is on buffer 0): its ldmatrix and cp.async offsets fold into
+        immediates. ``stop`` bounds the prefetch (the loop after this one continues it)."""
+        x = ident(axis)
+        stages = self.plan.stages
+        masked = node.mask is not None
+        self.emit(f"for (int c_{x} = {lo}; c_{x} < {hi}; c_{x} += {stages}) {{{'  // chunks the mask holds in full: no test' if masked else ''}")
         self.depth += 1
         for stage in range(stages):
-            guard = f"if (c_{ident(axis)} + {stage} < {stop}) " if stage and (chunks % stages or node.mask is not None) else ""
-            self.emit(f"{guard}{{  // stage {stage}")
+            index = f"(c_{x} + {stage})" if stage else f"c_{x}"
+            self.emit(f"{f'if ({index} < {hi}) ' if stage and guarded else ''}{{  // buffer {stage}")
             self.depth += 1
-            # the next chunk is prefetched only when the block visits it (stop: past its last chunk)
-            self.chunk(node, axis, streamed, stop, stage, f"(c_{ident(axis)} + {stage})" if stage else f"c_{ident(axis)}")
+            self.chunk(node, axis, streamed, stop or hi, index, masked, str(stage))
             self.depth -= 1
             self.emit("}")
         self.depth -= 1
         self.emit("}")
 
-    def chunk(self, node: Loop, axis: str, streamed: list, chunks: int, stage: int, index: str):
+    def runtime_loop(self, node: Loop, axis: str, streamed: list, lo: str, hi: str, stop: str, what: str):
+        """Chunks [lo, hi) that the mask cuts, tested per element, one a trip, on buffer nk_stage."""
+        x = ident(axis)
         stages = self.plan.stages
-        self.emit(f"const int o_{ident(axis)} = {index} * {self.tile[axis]};")
+        self.emit(f"for (int c_{x} = {lo}; c_{x} < {hi}; ++c_{x}) {{  // chunks the mask cuts, {what}: tested per element")
+        self.depth += 1
+        self.chunk(node, axis, streamed, stop, f"c_{x}", False, f"nk_stage_{x}")
         if streamed:
-            self.emit(f"if ({index} + 1 < {chunks}) {{")
+            self.emit(f"nk_stage_{x} = (nk_stage_{x} == {stages - 1}) ? 0 : nk_stage_{x} + 1;")
+        self.depth -= 1
+        self.emit("}")
+
+    def chunk(self, node: Loop, axis: str, streamed: list, stop: str, index: str, full: bool, stage: str):
+        stages = self.plan.stages
+        x = ident(axis)
+        constant = stage.isdigit()
+        refill = str((int(stage) + stages - 1) % stages) if constant else f"({stage} + {stages - 1}) % {stages}"
+        self.emit(f"const int o_{x} = {index} * {self.tile[axis]};")
+        if streamed:
+            self.emit(f"NK_CP_WAIT({stages - 2});  // this chunk's group has landed")
+            self.emit("NK_SYNC();  // ... for every thread, and every warp is done with the previous chunk's buffers")
+            self.emit(f"if ({index} + {stages - 1} < {stop}) {{")
             self.depth += 1
             for name in streamed:
-                self.load(name, origin=f"(o_{ident(axis)} + {self.tile[axis]})", stage=str((stage + 1) % stages), commit=False)
+                self.load(name, origin=f"(o_{x} + {(stages - 1) * self.tile[axis]})",
+                          stage=refill, commit=False)
             self.depth -= 1
             self.emit("}")
-            self.emit("NK_CP_COMMIT();  // one group per chunk, empty on the last: wait_group counts them")
-            self.emit(f"NK_CP_WAIT({stages - 1});")
-            self.emit("NK_SYNC();")
+            self.emit("NK_CP_COMMIT();  // one group per chunk, empty near the end: wait_group counts them")
             self.pending = False
         saved_valid = dict(self.valid)
-        self.set_origin(axis, f"o_{ident(axis)}")
-        if node.mask is not None:
-            self.held_in_full(node.mask)
+        self.set_origin(axis, f"o_{x}")
+        if node.mask is not None and full:
+            where = self.mask_where(node.mask)
+            if where is not None:
+                self.unmasked[where] = None  # held in full: the where's value, untested
         for name in streamed:
-            self.stage[name] = str(stage)
+            self.stage[name] = stage
+        for (name, _, _), lane in self.lanes.items():
+            if name in streamed and not constant:  # a running buffer joins the lane's row once a chunk
+                self.emit(f"const int nk_lbs{lane} = nk_lb{lane} + {stage} * {self.smem[name].stage_bytes};")
         self.nodes(node.body)
         self.unmasked = {}
         self.tops_ready.clear()  # the next chunk's rescale writes them again
@@ -718,7 +776,6 @@ class TensorPrinter(Printer):
             del self.stage[name]
         self.valid = saved_valid
         del self.origin[axis]
-        self.emit("NK_SYNC();  // every warp is done with this stage before it is refilled")
 
     def tc_save(self, step: Step):
         name = step.array
@@ -1076,9 +1133,9 @@ class TensorPrinter(Printer):
         index = self.lanes[(name, operand, trans)]
         row0, col0 = (k, outer) if trans else (outer, k)
         u0 = f"((({col0}) * {slot.tile.element_bytes}) >> 4)"
-        offset = ldmatrix_offset_expr(slot.tile, row0, u0, f"nk_lb{index}", f"nk_lx{index}")
-        base = f"{slot.offset}"
         stage = self.stage.get(name)
-        if stage is not None:
-            base = f"{slot.offset} + ({stage}) * {slot.stage_bytes}"
+        # a running buffer is in the lane's row already (chunk(): nk_lbs); a constant one is an immediate
+        lane = f"nk_lbs{index}" if stage is not None and not stage.isdigit() else f"nk_lb{index}"
+        offset = ldmatrix_offset_expr(slot.tile, row0, u0, lane, f"nk_lx{index}")
+        base = f"{slot.offset} + ({stage}) * {slot.stage_bytes}" if stage is not None and stage.isdigit() else f"{slot.offset}"
         return f"{base} + {offset}"
