@@ -197,8 +197,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     }
     NK_CP_COMMIT();
     for (int c_x = 0; c_x < 3; c_x += 2) {
-        {  // stage 0
+        {  // buffer 0
             const int o_x = c_x * 64;
+            NK_CP_WAIT(0);  // this chunk's group has landed
+            NK_SYNC();  // ... for every thread, and every warp is done with the previous chunk's buffers
             if (c_x + 1 < 3) {
                 NK_UNROLL
                 for (int v = 0; v < 4; ++v) {
@@ -209,9 +211,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                     NK_CP16(65536 + (1) * 16384 + nk_cs_V + v * 4096, g_V + nk_cg_V + ((o_x + 64)) * 128 + v * 2048, ((o_x + 64) + nk_cr_V + v * 16 < 150));
                 }
             }
-            NK_CP_COMMIT();  // one group per chunk, empty on the last: wait_group counts them
-            NK_CP_WAIT(1);
-            NK_SYNC();
+            NK_CP_COMMIT();  // one group per chunk, empty near the end: wait_group counts them
             const int n_x = min(64, 150 - o_x);
             // S[b h q x] = Q[b h q d] * K[b h x d]
             {
@@ -333,10 +333,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                     }
                 }
             }
-            NK_SYNC();  // every warp is done with this stage before it is refilled
         }
-        if (c_x + 1 < 3) {  // stage 1
+        if ((c_x + 1) < 3) {  // buffer 1
             const int o_x = (c_x + 1) * 64;
+            NK_CP_WAIT(0);  // this chunk's group has landed
+            NK_SYNC();  // ... for every thread, and every warp is done with the previous chunk's buffers
             if ((c_x + 1) + 1 < 3) {
                 NK_UNROLL
                 for (int v = 0; v < 4; ++v) {
@@ -347,9 +348,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                     NK_CP16(65536 + (0) * 16384 + nk_cs_V + v * 4096, g_V + nk_cg_V + ((o_x + 64)) * 128 + v * 2048, ((o_x + 64) + nk_cr_V + v * 16 < 150));
                 }
             }
-            NK_CP_COMMIT();  // one group per chunk, empty on the last: wait_group counts them
-            NK_CP_WAIT(1);
-            NK_SYNC();
+            NK_CP_COMMIT();  // one group per chunk, empty near the end: wait_group counts them
             const int n_x = min(64, 150 - o_x);
             // S[b h q x] = Q[b h q d] * K[b h x d]
             {
@@ -471,9 +470,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
                     }
                 }
             }
-            NK_SYNC();  // every warp is done with this stage before it is refilled
         }
     }
+    NK_CP_WAIT(0);
+    NK_SYNC();
     // O = O.acc / P.sum
     {
         NK_UNROLL
