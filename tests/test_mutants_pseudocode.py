@@ -75,8 +75,16 @@ def visits(source: str, q: int, x: int = 128):
 def test_mask_tiles_are_masked_partial_or_full_as_their_elements_say(condition, keep, q):
     # q = 65: the last group is the single query 64, whose chunk [64, 128) has q - x <= 0 throughout:
     # masked under q > x, held in part under q >= x. q = 66: the group [64, 66) holds the bound exactly.
-    _, got = visits(masked_attention(condition), q)
+    mask, got = visits(masked_attention(condition), q)
     assert got == brute_force_visits(keep, q, 128)
+    # Mask.status, which the NumPy backend's masked loop asks per chunk, says the same per tile
+    constants = mask.constants(lambda a: {"q": q, "x": 128, "b": 1, "h": 1, "d": 16}[a])
+    for q0 in range(0, q, 64):
+        for x0 in range(0, 128, 64):
+            rows, keys = range(q0, min(q0 + 64, q)), range(x0, x0 + 64)
+            cells = [keep(i, j) for i in rows for j in keys]
+            expected = "full" if all(cells) else "partial" if any(cells) else "masked"
+            assert mask.status({"q": (rows.start, rows.stop), "x": (keys.start, keys.stop)}, constants) == expected, (q0, x0)
 
 
 def test_a_mask_in_its_own_statement_masks_the_stream_too():
