@@ -104,6 +104,10 @@ TENSOR_CASES = {
     "gqa.napkin": [dict(b=1, kv=2, r=2, q=130, x=70, d=32)],
     "matmul.napkin": [dict(m=300, n=200, k=104), dict(m=256, n=256, k=128)],
     "mlp.napkin": [dict(b=256, k=48, n=136)],
+    # masked streams: full chunks in their own loop, the diagonal and the window's edge masked
+    "causal_attention.napkin": [dict(b=1, h=1, q=200, x=150, d=32)],
+    "sliding_window.napkin": [dict(b=1, h=1, q=330, x=400, d=32)],
+    "attention_lse.napkin": [dict(b=1, h=1, q=130, x=150, d=32)],
 }
 
 
@@ -127,6 +131,46 @@ def test_tensor_core_kernels_match_the_reference_on_pocl(name, sizes, opencl_dev
     inputs, scalars = random_inputs(kernel.diagram, sizes)
     outputs = opencl.run(program, inputs, scalars)
     assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), name)
+
+
+def test_the_softmax_folds_its_scale_and_reduces_its_sum_once():
+    """FlashAttention-2's loop: d^-0.5 and log2(e) in the one FFMA of each exp2 argument, the
+    rescale on ex2.approx with -inf tested once per row, the running sum per thread with the
+    quad's shuffles after the stream, one reciprocal per row in the epilogue."""
+    (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
+    source = kernel.compile("sm_90", b=1, h=2, q=256, x=256, d=64).source
+    loop = source[source.index("for (int c_x"):source.index("// O = O.acc / P.sum")]
+    scale_log2 = 64 ** -0.5 * 1.4426950408889634
+    assert f"* {scale_log2!r}f - top)" in loop and "*= 0.125f" not in loop
+    assert "expf(" not in source and "nk_exp2(old - top)" in loop
+    assert loop.count("== -NK_INF") == 2  # one test per row and chunk: one in each of the two unrolled chunk bodies
+    assert "NK_SHFL_XOR(part" not in loop and "NK_SHFL_XOR(f_P__sum" in source
+    epilogue = source[source.index("// O = O.acc / P.sum"):]
+    assert "1.0f / f_P__sum" in epilogue and "/ f_P__sum[mt][i" not in epilogue
+
+
+def test_fully_masked_rows_are_zero_on_tensor_cores(opencl_device):
+    """Rows whose every key is masked (x >= q + 100 leaves queries 50 and on with none): -inf max
+    through the rescale and the exponent, a zero sum, and 0 out, as in the reference; the stream
+    starts past the first chunk for the early rows (the masked loop before the full ones)."""
+    from napkin_dsl.backends import opencl
+
+    (kernel,) = napkin.load("""
+kernel late(Q: bf16[h q d], K: bf16[h x d], V: bf16[h x d]) -> O: bf16[h q d]:
+    S[h q x] = Q * K * d^-0.5
+    P[h q x] = softmax[x](where(x >= q + 100, S, -inf))
+    O[h q d] = P * V
+
+relabel late on H100:
+    smem: group h 1, q 32; stream x 16
+""").values()
+    sizes = dict(h=1, q=96, x=150, d=32)
+    program = kernel.gpu_program(None, **sizes)
+    assert [isel.selection(program, launch).path for launch in program.launches] == ["mma.sync"]
+    inputs, scalars = random_inputs(kernel.diagram, sizes)
+    outputs = opencl.run(program, inputs, scalars)
+    assert not np.isnan(outputs["O"]).any() and np.all(outputs["O"][:, 50:] == 0)
+    assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "late")
 
 
 ATTENTION = """
