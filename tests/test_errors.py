@@ -142,6 +142,10 @@ AXES = [
     case("axes-on-plain-function", KIJ + "    B[i j] = exp[i](A)\n", NapkinTypeError, 2, 14, "exp takes no axis list"),
     case("binary-function-arity", KIJ + "    B[i j] = max(A)\n", NapkinTypeError, 2, 14, "max(a, b) takes two arguments, got 1", "max[AXIS]"),
     case("unary-function-arity", KIJ + "    B[i j] = exp(A, A)\n", NapkinTypeError, 2, 14, "exp takes one argument, got 2"),
+    # a scale over an axis its fp8 array lacks (sK's keys on Q's blocks), named as a scale, not a contraction
+    case("fp8-scale-wrong-axis", "kernel k(Q: fp8e4m3[qb qi d], sK: f32[xb]) -> Qf: f32[qb qi d]:\n    Qf[qb qi d] = Q * sK\n",
+         NapkinTypeError, 2, 23, ["sK[xb] scales the fp8e4m3 array Q[qb qi d], which has no axis 'xb'", "a scale's axes are axes of the array it scales"],
+         ["per row", "per block of rows"]),
 ]
 
 CONSTANTS = [

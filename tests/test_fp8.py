@@ -1,0 +1,178 @@
+"""fp8: the OCP formats' values and napkin's saturating conversion, scales in kernels, the fp8
+examples on the NumPy backend, and the accuracy ordering of the quantization schemes.
+
+The fp8 values are written here from the OCP 8-bit floating point spec (v1.0), not read from
+ml_dtypes: E4M3 has exponent bias 7, three mantissa bits, no infinity and NaN only at S.1111.111
+(largest 448); E5M2 has bias 15, two mantissa bits, infinity at S.11111.00, NaN at S.11111.xx
+(largest finite 57344)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+
+import napkin_dsl as napkin
+from napkin_dsl.backends.numpy import check_run, tolerance
+from napkin_dsl.reference import convert, reference
+from napkin_dsl.types import numpy_dtype
+
+from .conftest import EXAMPLES, ROOT
+
+SPEC = {"fp8e4m3": dict(exponent=4, mantissa=3, bias=7, inf=False), "fp8e5m2": dict(exponent=5, mantissa=2, bias=15, inf=True)}
+
+
+def spec_value(bits: int, exponent: int, mantissa: int, bias: int, inf: bool) -> float:
+    """The value of one fp8 bit pattern, from the spec's formula."""
+    sign = -1.0 if bits >> 7 else 1.0
+    e = (bits >> mantissa) & ((1 << exponent) - 1)
+    m = bits & ((1 << mantissa) - 1)
+    top = (1 << exponent) - 1
+    if inf and e == top:
+        return sign * math.inf if m == 0 else math.nan
+    if not inf and e == top and m == (1 << mantissa) - 1:
+        return math.nan
+    if e == 0:
+        return sign * m / (1 << mantissa) * 2.0 ** (1 - bias)
+    return sign * (1 + m / (1 << mantissa)) * 2.0 ** (e - bias)
+
+
+def finite_values(dtype: str) -> np.ndarray:
+    values = np.array([spec_value(b, **SPEC[dtype]) for b in range(256)])
+    return np.unique(values[np.isfinite(values)])
+
+
+def saturating_round(x: float, dtype: str) -> float:
+    """Round to the nearest finite value, ties to the even mantissa (even bit pattern), then
+    saturate: what napkin's conversion is specified to do."""
+    if math.isnan(x):
+        return math.nan
+    grid = finite_values(dtype)
+    largest = grid[-1]
+    x = min(max(x, -largest), largest)
+    below = grid[grid <= x].max()
+    above = grid[grid >= x].min()
+    if below == above:
+        return float(below)
+    if x - below != above - x:
+        return float(below if x - below < above - x else above)
+    patterns = {spec_value(b, **SPEC[dtype]): b for b in range(256) if b >> 7 == (x < 0)}
+    return float(below if patterns[below] % 2 == 0 else above)
+
+
+@pytest.mark.parametrize("dtype, largest, least", [("fp8e4m3", 448.0, 2.0**-9), ("fp8e5m2", 57344.0, 2.0**-16)])
+def test_spec_values_are_the_ml_dtypes_bit_patterns(dtype, largest, least):
+    from napkin_dsl.diagram import FP8_MAX
+
+    grid = finite_values(dtype)
+    assert grid[-1] == largest == FP8_MAX[dtype]
+    assert grid[grid > 0].min() == least
+    decoded = np.arange(256, dtype=np.uint8).view(numpy_dtype(dtype))
+    want = np.array([spec_value(b, **SPEC[dtype]) for b in range(256)])
+    got = decoded.astype(np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+    assert np.isinf(want).any() == SPEC[dtype]["inf"]
+
+
+@pytest.mark.parametrize("dtype", ["fp8e4m3", "fp8e5m2"])
+def test_conversion_rounds_to_nearest_even_and_saturates(dtype):
+    largest = finite_values(dtype)[-1]
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.standard_normal(400) * largest / 8, rng.standard_normal(100) * 1e-3,
+                        [largest, largest * 1.03, largest * 1.0625, largest * 1.2, 1e30, -1e30, math.inf, -math.inf]])
+    grid = finite_values(dtype)
+    midpoints = (grid[1:] + grid[:-1]) / 2  # every tie: the even pattern wins
+    x = np.concatenate([x, midpoints[::7]])
+    got = convert(x, dtype).astype(np.float64)
+    want = np.array([saturating_round(v, dtype) for v in x])
+    assert np.array_equal(got, want)
+    assert np.all(np.isfinite(got)) and np.abs(got).max() == largest
+    assert np.isnan(convert(np.array([math.nan]), dtype).astype(np.float64)).all()
+    # a plain cast does not saturate: this is why napkin clips first
+    plain = np.array([largest * 1.2]).astype(numpy_dtype(dtype)).astype(np.float64)
+    assert not np.isfinite(plain).all()
+
+
+def test_a_stored_fp8_output_saturates_in_the_reference_and_the_numpy_backend():
+    text = ("kernel scaled(X: f32[n]) -> (A: fp8e4m3[n], B: fp8e5m2[n]):\n"
+            "    A[n] = X * 1000\n    B[n] = X * 1e6\n")
+    kernel = napkin.load(text)["scaled"]
+    X = np.array([-3.0, -0.5, 0.0, 0.25, 0.44, 0.5, 2.0], np.float32)
+    for outputs in (kernel(X), reference(kernel, X)):
+        a = outputs["A"].astype(np.float64)
+        b = outputs["B"].astype(np.float64)
+        assert np.array_equal(a, [saturating_round(float(v) * 1000, "fp8e4m3") for v in X])
+        assert np.array_equal(b, [saturating_round(float(v) * 1e6, "fp8e5m2") for v in X])
+        assert a.min() == -448 and a.max() == 448 and b.max() == 57344
+
+
+QUANTIZE = """
+kernel quantize_blocks(X: f32[nb ni d]) -> (X8: fp8e4m3[nb ni d], sX: f32[nb]):
+    amax[nb] = max[ni d](abs(X))
+    sX[nb] = amax / 448
+    X8[nb ni d] = X / sX
+"""
+
+
+def test_block_scales_are_amax_over_448_and_the_cast_fills_the_range():
+    kernel = napkin.load(QUANTIZE)["quantize_blocks"]
+    rng = np.random.default_rng(1)
+    X = (rng.standard_normal((4, 16, 32)) * np.array([0.01, 1.0, 30.0, 1e4])[:, None, None]).astype(np.float32)
+    out = kernel(X)
+    amax = np.abs(X.astype(np.float64)).max(axis=(1, 2))
+    assert np.allclose(out["sX"], amax / 448, rtol=1e-6)
+    x8 = out["X8"].astype(np.float64)
+    assert np.array_equal(np.abs(x8).max(axis=(1, 2)), [448.0] * 4)  # each block's largest value is e4m3's largest
+    want = np.vectorize(lambda v: saturating_round(v, "fp8e4m3"))(X / out["sX"][:, None, None].astype(np.float32))
+    assert np.array_equal(x8, want)
+    # dequantized, every value is within half an e4m3 ulp (2^-4 relative) of the input, or of 0 below the subnormals
+    error = np.abs(x8 * out["sX"][:, None, None] - X)
+    assert np.all(error <= 2.0**-4 * np.abs(X) + 2.0**-10 * out["sX"][:, None, None] * (1 + 1e-6))
+
+
+def test_tolerance_counts_an_fp8_rounding():
+    fp8 = napkin.load(QUANTIZE)["quantize_blocks"]
+    wide = napkin.load(QUANTIZE.replace("fp8e4m3", "f32"))["quantize_blocks"]
+    sizes = dict(nb=3, ni=16, d=32)
+    assert tolerance(wide.program(None, **sizes)) < 1e-4
+    assert tolerance(fp8.program(None, **sizes)) >= 2 * 2.0**-4  # twice e4m3's unit roundoff
+
+
+@pytest.mark.parametrize("name, sizes", [("fp8_attention.napkin", dict(b=1, h=2, qb=2, qi=64, x=99, d=32)),
+                                         ("fp8_matmul.napkin", dict(m=150, n=131, k=99))])
+def test_fp8_examples_run_on_numpy_within_tolerance_with_the_model_counts(name, sizes):
+    (kernel,) = napkin.load(EXAMPLES / name).values()
+    result = check_run(kernel, sizes=sizes, seed=2)
+    assert result["ok"], result
+    assert not result["count_differences"]
+    assert result["max_rel_error"] <= result["tolerance"]
+    # fp8 operands count one byte a value: the same kernel in bf16 moves as many values, more bytes
+    (wide,) = napkin.load((EXAMPLES / name).read_text().replace("fp8e4m3", "bf16")).values()
+    fp8_level, bf16_level = kernel.cost("H100", **sizes).levels["l2"], wide.cost("H100", **sizes).levels["l2"]
+    assert fp8_level.H == bf16_level.H
+    assert fp8_level.H_bytes < bf16_level.H_bytes
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("fp8_accuracy", ROOT / "benchmarks" / "fp8_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hadamard_matrix_is_orthonormal():
+    h = _benchmark().hadamard(64).astype(np.float64)
+    assert np.allclose(h @ h.T, np.eye(64), atol=1e-6)
+    assert np.allclose(np.abs(h), 1 / 8)
+
+
+def test_accuracy_ordering_hadamard_below_block_below_tensor():
+    bench = _benchmark()
+    results = bench.measure(seed=0, heads=2, length=256, dim=64, block=64)
+    tensor, block, rotated = (results[s] for s in ("fp8 per-tensor", "fp8 per-block", "fp8 per-block + Hadamard"))
+    assert rotated < block <= tensor, results
+    assert results["bf16 (no quantization)"] < rotated  # fp8 costs accuracy; bf16 is the floor
+    assert 1e-3 < rotated and tensor < 1e-1  # the scale of FA3's 9.1e-3 and 2.4e-2
