@@ -76,6 +76,31 @@ class Mma:
 
 
 @dataclass(frozen=True)
+class TmaLoad:
+    """One operand a wgmma plan copies by TMA (``cp.async.bulk.tensor.2d``): its tile of ``rows``
+    x ``cols`` (``cols`` contiguous in memory and in the box), as ``boxes`` boxes of
+    ``box_rows`` x ``box_cols`` elements (``CanonicalTile.tma_boxes``) with the tensor map's
+    ``swizzle`` span in bytes. The host's tensor map and the OpenCL emulation read it."""
+
+    array: str
+    rows: str
+    cols: str
+    box_rows: int
+    box_cols: int
+    boxes: int
+    swizzle: int
+    element_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        """The bytes one stage of this operand brings (the boxes whole: TMA fills out-of-bounds)."""
+        return self.boxes * self.box_rows * self.box_cols * self.element_bytes
+
+
+MAX_TMA_BOX = 256  # cuTensorMapEncodeTiled: every boxDim at most 256
+
+
+@dataclass(frozen=True)
 class TensorPlan:
     row: str
     row_tile: int
@@ -97,6 +122,10 @@ class TensorPlan:
     # A plan napkin builds on wgmma (sm_90a, ``backends/wgmma.py``): the instruction's shape,
     # ``m64n128k16``; "" for mma.sync and for the wgmma what-if, which lays fragments out as mma.sync.
     shape: str = ""
+    # A wgmma plan's TMA copies (``TmaLoad`` per streamed operand, the stream's ring of
+    # ``stages`` stages behind mbarriers); () where the operands go by cp.async, and why.
+    tma: tuple = ()
+    tma_declined: str = ""
 
     @property
     def row_warps(self) -> int:
@@ -369,8 +398,44 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
     if fragments.col != mma.n:
         raise _Refuse(f"{target} is not laid out along {mma.n}")
     rows = tile[plan.row]
-    return replace(plan, warp_rows=MMA_M, split=None, col_tile=0, warp_cols=0, instruction="wgmma",
-                   shape=f"m{WGMMA_M}n{n}k{WGMMA_K}", row_tile=rows)
+    built = replace(plan, warp_rows=MMA_M, split=None, col_tile=0, warp_cols=0, instruction="wgmma",
+                    shape=f"m{WGMMA_M}n{n}k{WGMMA_K}", row_tile=rows)
+    try:
+        return replace(built, tma=_tma_loads(built, launch, tile, sizes))
+    except _Refuse as refusal:
+        return replace(built, tma_declined=str(refusal))
+
+
+def _tma_loads(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict) -> tuple:
+    """The TMA copies of a wgmma plan's streamed operands, or a refusal (cp.async stays) naming
+    what napkin's TMA ring does not take: a stream, unmasked, whose every operand is a 2-D array
+    in memory, its tile's rows at most 256 (a box dimension's limit) and its rows in memory a
+    multiple of 16 bytes (a tensor map's global stride)."""
+    if plan.stream is None:
+        raise _Refuse("no streamed axis: TMA is built for the stream's ring of stages")
+    if plan.stages < 2:
+        raise _Refuse(f"{plan.stages} stage: the TMA ring needs at least 2")
+    level = launch.schedule.compute_level
+    for _, loops in walk(launch.body):
+        if any(lp.kind == "stream" and lp.level == level and lp.mask is not None for lp in loops):
+            raise _Refuse(f"the {plan.stream} stream is masked: the TMA ring is built for unmasked streams")
+    diagram = launch.schedule.diagram
+    loads = []
+    for name, op in plan.operands.items():
+        if not op.streamed:
+            raise _Refuse(f"{name} is not streamed: the TMA ring copies streamed operands only")
+        array = diagram.arrays[name]
+        eb = DTYPE_BYTES[array.dtype]
+        if len(array.axes) != 2:
+            raise _Refuse(f"{name} has {len(array.axes)} axes in memory: napkin's TMA copies are 2-D")
+        if tile[op.rows] > MAX_TMA_BOX:
+            raise _Refuse(f"{name}'s tile has {tile[op.rows]} rows: a TMA box dimension is at most {MAX_TMA_BOX}")
+        if sizes[op.cols] * eb % 16:
+            raise _Refuse(f"{name}'s rows in memory ({sizes[op.cols] * eb} bytes) are not a multiple of 16: a tensor map's stride must be")
+        canonical = CanonicalTile(tile[op.rows], tile[op.cols], eb)
+        (first, *rest) = canonical.tma_boxes()
+        loads.append(TmaLoad(name, op.rows, op.cols, first.rows, first.cols, 1 + len(rest), canonical.tma_swizzle, eb))
+    return tuple(loads)
 
 
 def _column_split(statements, fragments: dict, mmas: dict, stream: str | None) -> str | None:
@@ -560,7 +625,8 @@ def describe(selection_: Selection, launch: LaunchProgram) -> list[str]:
         if plan.shape:
             major = lambda trans: "MN-major" if trans else "K-major"
             lines.append(f"{s.target}: wgmma.mma_async.{plan.shape} {mma.dtype} -> f32, A = {mma.a} by descriptor "
-                         f"({major(mma.a_trans)}), B = {mma.b} by descriptor ({major(mma.b_trans)}), staged by cp.async")
+                         f"({major(mma.a_trans)}), B = {mma.b} by descriptor ({major(mma.b_trans)}), staged by "
+                         + (f"TMA ({plan.stages}-stage mbarrier ring)" if plan.tma else f"cp.async (not TMA: {plan.tma_declined})"))
             continue
         if plan.instruction == "wgmma":
             lines.append(f"{s.target}: wgmma (priced, not built) {mma.dtype} -> f32, A = {mma.a} from "
@@ -573,7 +639,8 @@ def describe(selection_: Selection, launch: LaunchProgram) -> list[str]:
 def plan_summary(plan: TensorPlan) -> str:
     """The register level in one line: warp tiles, warps, pipeline stages."""
     streamed = [name for name, op in plan.operands.items() if op.streamed]
-    pipeline = f"; cp.async {plan.stages} stages for {', '.join(streamed)}" if streamed else "; cp.async, 1 stage"
+    copier = "TMA" if plan.tma else "cp.async"
+    pipeline = f"; {copier} {plan.stages} stages for {', '.join(streamed)}" if streamed else "; cp.async, 1 stage"
     tiles = f"group {plan.row} {plan.warp_rows}" + (f", {plan.split} {plan.warp_cols}" if plan.split else "")
     shape = f"{plan.warp_rows} {plan.row}" + (f" x {plan.warp_cols} {plan.split}" if plan.split else " rows")
     return f"registers: {tiles} ({plan.warps} warps of {shape}){pipeline}"

@@ -647,6 +647,42 @@ class CanonicalTile:
         sbo = 8 * self.width
         return (1 << 4 if k_major else self.rows * self.width), sbo
 
+    # -- the same tile as TMA writes it (cp.async.bulk.tensor with a tensor map's swizzle)
+    @property
+    def tma_swizzle(self) -> int:
+        """The tensor map's swizzle span in bytes: the atom's width. A TMA box whose inner
+        dimension is that many bytes, written with that swizzle at an address on the pattern's
+        period (``alignment``), lands as this tile's atom column."""
+        return self.width
+
+    def tma_boxes(self) -> list[TmaBox]:
+        """The TMA copies that fill this tile: one box per atom column, ``rows`` rows (the outer
+        box dimension) of ``width`` bytes (the inner one, at most the swizzle span as the driver
+        API requires), atom column j from column ``j * width / element_bytes`` at byte ``j * rows *
+        width`` of the tile."""
+        inner = self.width // self.element_bytes
+        return [TmaBox(j * self.rows * self.width, j * inner, inner, self.rows) for j in range(self.atoms)]
+
+    def tma_offset(self, row: int, col: int) -> int:
+        """The byte TMA writes element (row, col) to, from the box's side: box j of
+        :meth:`tma_boxes` is dense (inner dimension fastest, a row ``width`` bytes), then the
+        shared address is swizzled by the tensor map's span (bits [4, 4+b) XOR [7, 7+b))."""
+        box = self.tma_boxes()[col * self.element_bytes // self.width]
+        linear = box.offset + row * self.width + (col - box.col) * self.element_bytes
+        bits = self.width // UNIT - 1
+        return linear ^ (((linear >> 7) & bits) << 4)
+
+
+@dataclass(frozen=True)
+class TmaBox:
+    """One TMA copy into a :class:`CanonicalTile`: ``rows`` x ``cols`` elements from the tile's
+    (0, ``col``), written at byte ``offset`` of the tile."""
+
+    offset: int
+    col: int
+    cols: int
+    rows: int
+
 
 def _descriptor_field(x: int) -> int:
     """matrix-descriptor-encode(x) = (x & 0x3FFFF) >> 4 (PTX ISA 9.7.15.5.1.2.2)."""

@@ -77,7 +77,21 @@ ISA = {
     "wgmma.fence.sync.aligned": [],
     "wgmma.commit_group.sync.aligned": [],
     "wgmma.wait_group.sync.aligned": [("N", 1, "n")],
+    # PTX ISA 9.7.13.15 mbarrier: mbarrier.init.shared::cta.b64 [addr], count;
+    # mbarrier.arrive.expect_tx.shared::cta.b64 state, [addr], txCount (state the sink _);
+    # mbarrier.try_wait.parity.shared::cta.b64 waitComplete, [addr], phaseParity (a predicate,
+    # which the block's selp.u32 d, 1, 0, p turns into a register); fence.mbarrier_init.release.cluster
+    "mbarrier.init.shared::cta.b64": [("addr", 1, "r"), ("count", 1, "r")],
+    "mbarrier.arrive.expect_tx.shared::cta.b64": [("state", 1, "imm"), ("addr", 1, "r"), ("txCount", 1, "r")],
+    "mbarrier.try_wait.parity.shared::cta.b64": [("waitComplete", 1, "pred"), ("addr", 1, "r"), ("phaseParity", 1, "r")],
+    "selp.u32": [("d", 1, "=r"), ("a", 1, "imm"), ("b", 1, "imm"), ("c", 1, "pred")],
+    "fence.mbarrier_init.release.cluster": [],
+    # PTX ISA 9.7.9.25 cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
+    # [dstMem], [tensorMap, {tensorCoords}], [mbar]: the map a 64-bit generic address, two 32-bit coordinates
+    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes": [
+        ("dst", 1, "r"), ("tensor", 3, ("l", "r", "r")), ("mbar", 1, "r")],
 }
+ADDRESSES = ("addr", "dst", "src", "mbar", "tensor")  # operands written [in brackets]
 # wgmma.mma_async.sync.aligned.m64nNk16.f32.atype.btype d, a-desc, b-desc, scale-d, imm-scale-a,
 # imm-scale-b, imm-trans-a, imm-trans-b (PTX ISA 9.7.15.5.2): d is N/2 .f32 registers, the
 # descriptors 64-bit, the rest immediates. The shapes the printer's wrapper is printed for here:
@@ -91,6 +105,7 @@ for _n, _dtype, _ta, _tb in WGMMA_SHAPES:
 class _Shape:
     def __init__(self, shape):
         self.wgmma = shape
+        self.tma = True  # the TMA and mbarrier wrappers too
 
 
 WGMMA_PRELUDE = wgmma.prelude("cuda", [_Shape(shape) for shape in WGMMA_SHAPES])
@@ -153,17 +168,24 @@ def asm_statements(source: str) -> list[dict]:
                 if item:
                     constraint, expression = re.fullmatch(r'"([^"]*)"\s*\((.*)\)', item, re.S).groups()
                     operands.append((constraint, " ".join(expression.split())))
-        instruction, _, rest = template.partition(" ")
-        groups = []
-        for part in top_level_split(rest, ","):
-            part = part.strip()
-            if not part:
+        # A { scoped block } (a predicate declared and turned into a register) is its instructions,
+        # each a statement of the block's operands; the .reg declarations are not instructions.
+        block = template.startswith("{")
+        instructions = [t.strip() for t in template.strip("{}").split(";")] if block else [template]
+        for text in instructions:
+            if not text or text.startswith(".reg"):
                 continue
-            indices = [int(n) for n in re.findall(r"%(\d+)", part)]
-            kind = "addr" if part.startswith("[") else ("vector" if part.startswith("{") else ("imm" if not indices else "scalar"))
-            groups.append((kind, indices, part))
-        found.append({"instruction": instruction, "groups": groups, "operands": operands, "template": template,
-                      "function": enclosing_function(source, match.start())})
+            instruction, _, rest = text.partition(" ")
+            groups = []
+            for part in top_level_split(rest, ","):
+                part = part.strip()
+                if not part:
+                    continue
+                indices = [int(n) for n in re.findall(r"%(\d+)", part)]
+                kind = "addr" if part.startswith("[") else ("vector" if part.startswith("{") else ("imm" if not indices else "scalar"))
+                groups.append((kind, indices, part))
+            found.append({"instruction": instruction, "groups": groups, "operands": operands, "template": text,
+                          "block": template if block else None, "function": enclosing_function(source, match.start())})
     return found
 
 
@@ -220,11 +242,17 @@ def test_operands_have_the_isas_groups_and_register_classes(statement):
         if constraint == "imm":
             assert kind == "imm" and not indices, (name, text)
             continue
+        if constraint == "pred":  # the block's own predicate register
+            assert statement["block"] and ".reg .pred p;" in statement["block"] and text == "p", (name, text)
+            continue
         assert len(indices) == count, (name, text)
-        assert kind == ("vector" if count > 1 else ("addr" if name in ("addr", "dst", "src") else "scalar")), (name, text)
-        for index in indices:
-            assert operands[index][0] == constraint, (name, index, operands[index])
+        assert kind == ("addr" if name in ADDRESSES else "vector" if count > 1 else "scalar"), (name, text)
+        constraints = constraint if isinstance(constraint, tuple) else (constraint,) * count
+        for index, wanted in zip(indices, constraints, strict=True):
+            assert operands[index][0] == wanted, (name, index, operands[index])
         used.update(indices)
+    if statement["block"]:  # the block's instructions share its operands: together they bind them all
+        used = {int(n) for n in re.findall(r"%(\d+)", statement["block"])}
     assert used == set(range(len(operands))), "every bound operand appears in the template"
 
 
@@ -436,3 +464,17 @@ def test_the_emulation_sees_a_swapped_operand():
     mine = [(regs[0], regs[1]) for regs in b_regs]
     assert np.array_equal(read_back(mma_warp(statement, a_regs, mine, zero)), A @ B)
     assert not np.array_equal(read_back(mma_warp(swapped, a_regs, mine, zero)), A @ B)
+
+
+def test_tma_and_mbarrier_wrappers_bind_the_isas_operands_in_order():
+    """cp.async.bulk.tensor.2d [dst], [map, {c0, c1}], [mbar]: the wrapper's shared destination,
+    the tensor map's address, the innermost coordinate first, and the mbarrier; try_wait.parity
+    tests the barrier's address with the parity argument, and its predicate becomes the output."""
+    copy = by_function("nk_tma_2d")
+    assert [copy["operands"][i][1] for i in copy["groups"][0][1] + copy["groups"][1][1] + copy["groups"][2][1]] == [
+        "dst", "reinterpret_cast<unsigned long long>(map)", "c0", "c1", "bar"]
+    wait = [s for s in CUDA_ASM if s["instruction"] == "mbarrier.try_wait.parity.shared::cta.b64"][0]
+    assert [wait["operands"][i][1] for _, indices, _ in wait["groups"] for i in indices] == ["bar", "parity"]
+    assert wait["operands"][0] == ("=r", "done")
+    expect = by_function("nk_mbar_arrive_expect_tx")
+    assert [expect["operands"][i][1] for _, indices, _ in expect["groups"] for i in indices] == ["bar", "bytes"]

@@ -116,6 +116,25 @@ def _host_array(name: str, value, dtype: str, shape: tuple) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
+def tensor_map_arguments(program: Program, arch: str) -> list[list]:
+    """Per launch, the (array, ``driver.TiledTensorMap``) pairs its kernel takes after the scalars,
+    as ``const __grid_constant__ CUtensorMap`` parameters: a wgmma plan's TMA operands
+    (``plan.tma``, in order; ``wgmma.tensor_maps``), [] for every other launch."""
+    from ..isel import selection
+    from .wgmma import tensor_maps
+
+    sizes = {a: int(program.schedule.axis_size(a)) for a in program.diagram.axes}
+    out = []
+    for launch in program.launches:
+        plan = selection(program, launch, arch).plan
+        if plan is None or not plan.tma:
+            out.append([])
+            continue
+        maps = tensor_maps(plan, program.diagram, sizes)
+        out.append([(load.array, maps[load.array]) for load in plan.tma])
+    return out
+
+
 def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None) -> dict:
     """Run ``program`` on the GPU; returns the outputs as NumPy arrays.
 
@@ -125,6 +144,7 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
     here. Raises NoCudaDevice without a GPU, NapkinCallError for a missing or mismatched input.
     """
     from ..errors import NapkinCallError
+    from .driver import encode_tiled
 
     device = _device()
     compiled = compile_program(program, device.arch)
@@ -161,17 +181,27 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
         held[name] = buffer
         return buffer
 
+    maps = tensor_map_arguments(program, compiled.arch)
+    if len(maps) != len(compiled.launches):
+        raise NotImplementedError("napkin bug: a compiled kernel's launches are not the Program's")
     try:
-        for k in compiled.launches:
+        for k, tensor_maps in zip(compiled.launches, maps, strict=True):
             function = device.function(module, k.entry)
             args = [argument(name) for name, _, _ in k.arrays]
             args += [(np.float64 if scalar_ctype(diagram, name) == "double" else np.float32)(scalars[name]) for name in k.scalars]
+            # TMA operands: the driver encodes each tensor map over the operand's device memory
+            args += [encode_tiled(tensor_map, _address(argument(name))) for name, tensor_map in tensor_maps]
             device.launch(function, k.grid, k.block, args, shared_bytes=k.shared_bytes, stream=stream)
         device.synchronize(stream)
         return {name: device.copy_to_host(held[name], host) for name, host in host_outputs.items()}
     finally:
         for buffer in owned:
             device.free(buffer)
+
+
+def _address(value) -> int:
+    """The device address of a launch argument: a DeviceBuffer, or a caller's pointer (c_uint64)."""
+    return int(value.value) if isinstance(value, ctypes.c_uint64) else int(value)
 
 
 _modules: dict = {}

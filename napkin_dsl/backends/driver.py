@@ -157,6 +157,104 @@ def _dims(shape: int | Sequence[int], what: str) -> tuple[int, int, int]:
     return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))  # type: ignore[return-value]
 
 
+# ---- tensor maps (TMA) ---------------------------------------------------------------------
+# The enums of cuTensorMapEncodeTiled as the driver API numbers them (cuda.h; cuda.bindings.driver
+# spells the same values), so that the arguments can be built and checked without libcuda.
+TENSOR_MAP_DATA_TYPE = {"u8": 0, "u16": 1, "u32": 2, "i32": 3, "u64": 4, "i64": 5, "f16": 6, "f32": 7, "f64": 8, "bf16": 9}
+_ELEMENT_BYTES = {"u8": 1, "u16": 2, "u32": 4, "i32": 4, "u64": 8, "i64": 8, "f16": 2, "f32": 4, "f64": 8, "bf16": 2}
+TENSOR_MAP_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}  # span in bytes -> CU_TENSOR_MAP_SWIZZLE_{NONE,32B,64B,128B}
+INTERLEAVE_NONE = 0  # CU_TENSOR_MAP_INTERLEAVE_NONE
+L2_PROMOTION = {0: 0, 64: 1, 128: 2, 256: 3}  # bytes -> CU_TENSOR_MAP_L2_PROMOTION_{NONE,L2_64B,L2_128B,L2_256B}
+OOB_FILL_ZEROS = 0  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: out-of-bounds elements read as zeros
+TENSOR_MAP_BYTES = 128  # sizeof(CUtensorMap), aligned to 64
+
+
+@dataclass(frozen=True)
+class TiledTensorMap:
+    """The arguments of ``cuTensorMapEncodeTiled`` but the global address, innermost dimension
+    first as the driver API takes them: ``global_dim`` elements per dimension, ``global_strides``
+    the bytes between consecutive indices of dimensions 1 .. rank-1, ``box_dim`` the elements a
+    copy moves per dimension, ``element_strides`` its traversal step, and the enums."""
+
+    data_type: int
+    global_dim: tuple
+    global_strides: tuple
+    box_dim: tuple
+    element_strides: tuple
+    interleave: int
+    swizzle: int
+    l2_promotion: int
+    oob_fill: int
+
+    @property
+    def rank(self) -> int:
+        return len(self.global_dim)
+
+    def words(self) -> tuple[int, ...]:
+        """The arguments flat, in the call's order (data type, rank, dims, strides, box, element
+        strides, interleave, swizzle, L2 promotion, OOB fill): what the OpenCL emulation decodes."""
+        return (self.data_type, self.rank, *self.global_dim, *self.global_strides, *self.box_dim, *self.element_strides,
+                self.interleave, self.swizzle, self.l2_promotion, self.oob_fill)
+
+
+def tiled_tensor_map(dtype: str, shape: Sequence[int], box: Sequence[int], swizzle: int, l2_promotion: int = 128) -> TiledTensorMap:
+    """The tensor map of a C-contiguous ``dtype`` array of ``shape`` (outermost first, as NumPy)
+    copied by boxes of ``box`` elements (outermost first) with a ``swizzle`` span of 0, 32, 64 or
+    128 bytes; checked against the driver API's rules for cuTensorMapEncodeTiled (rank 1..5,
+    dims 1..2^32, strides multiples of 16 below 2^40, boxes 1..256 with an inner extent a
+    multiple of 16 bytes and at most the swizzle span). Zeros fill the out-of-bounds."""
+    if dtype not in TENSOR_MAP_DATA_TYPE:
+        raise ValueError(f"no tensor map data type for {dtype}")
+    eb = _ELEMENT_BYTES[dtype]
+    dims = tuple(int(d) for d in reversed(shape))
+    boxes = tuple(int(b) for b in reversed(box))
+    if not 1 <= len(dims) <= 5 or len(boxes) != len(dims):
+        raise ValueError(f"a tiled tensor map has rank 1 to 5 and a box of the same rank, not {shape} by {box}")
+    if swizzle not in TENSOR_MAP_SWIZZLE or l2_promotion not in L2_PROMOTION:
+        raise ValueError(f"no tensor map with swizzle {swizzle} and L2 promotion {l2_promotion}")
+    if any(not 1 <= d <= 1 << 32 for d in dims):
+        raise ValueError(f"globalDim {dims} must be 1 .. 2^32")
+    strides, step = [], eb
+    for d in dims[:-1]:
+        step *= d
+        strides.append(step)
+    if any(s % 16 or s >= 1 << 40 for s in strides):
+        raise ValueError(f"globalStrides {strides} (bytes) must be multiples of 16 below 2^40")
+    if any(not 1 <= b <= 256 for b in boxes) or boxes[0] * eb % 16:
+        raise ValueError(f"boxDim {boxes} must be 1 .. 256 with boxDim[0] * {eb} bytes a multiple of 16")
+    if swizzle and boxes[0] * eb > swizzle:
+        raise ValueError(f"the box's inner dimension ({boxes[0] * eb} bytes) exceeds the {swizzle}-byte swizzle span")
+    return TiledTensorMap(TENSOR_MAP_DATA_TYPE[dtype], dims, tuple(strides), boxes, (1,) * len(dims),
+                          INTERLEAVE_NONE, TENSOR_MAP_SWIZZLE[swizzle], L2_PROMOTION[l2_promotion], OOB_FILL_ZEROS)
+
+
+class TensorMap:
+    """A ``CUtensorMap`` the driver encoded (64-byte aligned, 128 bytes), passed to a kernel as a
+    ``const __grid_constant__ CUtensorMap`` parameter by value."""
+
+    def __init__(self, handle: Any):
+        self.handle = handle  # cuda.bindings.driver.CUtensorMap (owns its aligned storage)
+
+    @property
+    def address(self) -> int:
+        return int(self.handle.getPtr())
+
+
+def encode_tiled(tensor_map: TiledTensorMap, address: int) -> TensorMap:
+    """``cuTensorMapEncodeTiled`` of ``tensor_map`` over the device memory at ``address`` (16-byte
+    aligned). Needs the driver (libcuda): on a machine without one it raises NoCudaDevice."""
+    if address % 16:
+        raise ValueError(f"a tensor map's global address must be 16-byte aligned, not {address:#x}")
+    driver = _driver_module()
+    m = tensor_map
+    handle = _call("cuTensorMapEncodeTiled", driver.CUtensorMapDataType(m.data_type), m.rank, address,
+                   [driver.cuuint64_t(d) for d in m.global_dim], [driver.cuuint64_t(s) for s in m.global_strides],
+                   [driver.cuuint32_t(b) for b in m.box_dim], [driver.cuuint32_t(e) for e in m.element_strides],
+                   driver.CUtensorMapInterleave(m.interleave), driver.CUtensorMapSwizzle(m.swizzle),
+                   driver.CUtensorMapL2promotion(m.l2_promotion), driver.CUtensorMapFloatOOBfill(m.oob_fill))
+    return TensorMap(handle)
+
+
 def _kernel_parameters(args: Sequence[Any]) -> tuple[ctypes.Array, list]:
     """The void*[] cuLaunchKernel reads, and the values it points at (keep them alive).
 
@@ -165,7 +263,10 @@ def _kernel_parameters(args: Sequence[Any]) -> tuple[ctypes.Array, list]:
     """
     values: list = []
     for index, arg in enumerate(args):
-        if isinstance(arg, DeviceBuffer):
+        if isinstance(arg, TensorMap):  # the driver copies its 128 bytes from the encoded map
+            value = (ctypes.c_uint64 * (TENSOR_MAP_BYTES // 8)).from_address(arg.address)
+            values.append(value)
+        elif isinstance(arg, DeviceBuffer):
             values.append(ctypes.c_uint64(arg.ptr))
         elif isinstance(arg, ctypes._SimpleCData):
             values.append(arg)

@@ -18,6 +18,17 @@ Level Matrix Multiply-Accumulate"):
   the async proxy wgmma reads through), ``wgmma.fence`` (the accumulator registers were written
   by other instructions), one wgmma per 16 values of k, ``wgmma.commit_group`` and
   ``wgmma.wait_group 0`` before the stage may be refilled.
+* where the plan has TMA copies (``plan.tma``, ``isel._tma_loads``), the streamed operands come
+  instead by ``cp.async.bulk.tensor.2d`` (PTX ISA 9.7.9.25), one box per atom column of the
+  canonical tile (``CanonicalTile.tma_boxes``: the tensor map's swizzle span is the atom's
+  width, so TMA writes the bytes the descriptor's swizzle reads), issued by thread 0 into an
+  s-stage ring whose stages each have an mbarrier (``mbarrier.init`` count 1,
+  ``mbarrier.arrive.expect_tx`` of the stage's bytes, the copies' ``complete_tx``); every thread
+  waits with ``mbarrier.try_wait.parity`` on the stage's phase (one parity bit a trip of the
+  unrolled ring). The tensor maps are ``const __grid_constant__ CUtensorMap`` parameters after
+  the scalars, one per TMA operand in ``plan.tma`` order, that the host encodes from
+  :func:`tensor_maps` (``driver.encode_tiled``). TMA and wgmma both go through the async proxy:
+  no ``fence.proxy.async`` in that loop.
 
 OpenCL prints the same kernel; its prelude emulates wgmma per work-item by decoding the
 descriptors' bit fields and the canonical layouts' address swizzle as the PTX ISA defines them,
@@ -25,17 +36,21 @@ written here apart from ``layouts.py``'s encoder, so that a CPU run through PoCL
 encoding.
 
 Deliberately not here: choosing the path (``isel.py``), A from registers, more than one
-contraction a launch (attention), TMA, mbarriers, warp specialization and ``setmaxnreg`` (issue
+contraction a launch (attention), a producer warp and consumers' "empty" mbarriers, clusters and
+TMA multicast, TMA stores, warp specialization and ``setmaxnreg`` (issue
 27, later steps); the mma.sync printer (``tensorcore.py``), whose node walk, pipeline, copies and
 epilogue this printer inherits.
 """
 
 from __future__ import annotations
 
-from ..isel import TensorPlan
+from ..isel import TensorPlan, TmaLoad
 from ..layouts import WARPGROUP_THREADS, WGMMA_K, WGMMA_M, descriptor
+from .driver import TiledTensorMap, tiled_tensor_map
 from .lowering import KernelSource, ident
 from .tensorcore import TensorPrinter
+
+MBARRIER_BYTES = 16  # one mbarrier's slot at the arena's end (the object is 8 bytes; the emulation keeps 4 counters)
 
 _CUDA_HEAD = r"""
 // ---- wgmma primitives (PTX ISA 9.7.15: wgmma.mma_async, wgmma.fence, commit_group, wait_group;
@@ -107,6 +122,117 @@ inline void nk_wgmma(float* d, ulong da, ulong db, int n, int trans_a, int trans
 """
 
 
+_CUDA_TMA = r"""
+// ---- TMA and mbarriers (PTX ISA 9.7.9.25 cp.async.bulk.tensor; 9.7.13.15 mbarrier) ----
+// The tensor map is opaque: 128 bytes, 64-byte aligned, encoded on the host (cuTensorMapEncodeTiled).
+struct __align__(64) CUtensorMap { unsigned long long opaque[16]; };
+__device__ __forceinline__ void nk_mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void nk_mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void nk_mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void nk_tma_2d(const CUtensorMap* map, unsigned dst, int c0, int c1, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+#define NK_MBAR_INIT(bar, count) nk_mbar_init(nk_sbase + (bar), (count))
+#define NK_FENCE_MBAR_INIT() asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory")
+#define NK_MBAR_EXPECT_TX(bar, bytes) nk_mbar_arrive_expect_tx(nk_sbase + (bar), (bytes))
+#define NK_MBAR_WAIT(bar, parity) nk_mbar_wait(nk_sbase + (bar), (parity))
+#define NK_TMA_2D(map, g, dst, c0, c1, bar) nk_tma_2d(&(map), nk_sbase + (dst), (c0), (c1), nk_sbase + (bar))
+"""
+
+_OPENCL_TMA = r"""
+/* ---- TMA and mbarriers emulated, written from the PTX ISA (9.7.9.25 cp.async.bulk.tensor, 9.7.13.15
+   mbarrier) and the driver API (cuTensorMapEncodeTiled), apart from napkin's encoder. A tensor map
+   is the words of that call in its order: data type, rank, globalDim[rank] (elements, innermost
+   first), globalStrides[rank - 1] (bytes), boxDim[rank], elementStrides[rank], interleave, swizzle,
+   l2Promotion, oobFill, with the enums' values of cuda.h. */
+inline int nk_tmap_element_bytes(ulong type) {  /* CUtensorMapDataType: UINT8 .. TFLOAT32_FTZ */
+    switch (type) { case 0: return 1; case 1: case 6: case 9: return 2; case 4: case 5: case 8: return 8; default: return 4; }
+}
+/* An mbarrier in 16 bytes: completed phases, pending arrivals, tx-count, expected arrivals. A
+   phase completes when its pending arrivals and its tx-count are both zero. */
+inline void nk_mbar_init(__local uchar* smem, int bar, int count) {
+    __local int* m = (__local int*)(smem + bar);
+    m[0] = 0; m[1] = count; m[2] = 0; m[3] = count;
+}
+inline void nk_mbar_step(__local int* m) {
+    if (m[1] == 0 && m[2] == 0) { m[0] += 1; m[1] = m[3]; }
+}
+inline void nk_mbar_arrive_expect_tx(__local uchar* smem, int bar, int bytes) {
+    __local int* m = (__local int*)(smem + bar);
+    m[2] += bytes;  /* expect-tx, then arrive-on */
+    m[1] -= 1;
+    nk_mbar_step(m);
+}
+inline void nk_mbar_complete_tx(__local uchar* smem, int bar, int bytes) {
+    __local int* m = (__local int*)(smem + bar);
+    m[2] -= bytes;
+    nk_mbar_step(m);
+}
+/* try_wait.parity P succeeds once the phase of parity P has completed: the current phase's parity
+   ((completed phases) & 1) is not P. The emulation copies when a copy is issued, and every wait
+   follows a barrier after its stage's copies: a wait that would block (a wrong parity, bytes still
+   expected) poisons the arena with 0xFF bytes (NaN) so the run's result is wrong. */
+inline void nk_mbar_wait(__local uchar* smem, int bar, int parity) {
+    __local int* m = (__local int*)(smem + bar);
+    if ((m[0] & 1) == parity || m[2] != 0) for (int i = 0; i < bar; ++i) smem[i] = (uchar)0xFF;
+}
+/* cp.async.bulk.tensor.2d: the box at tensor coordinates (c0, c1) (innermost first) to shared
+   byte dst, dense (boxDim[0] elements a row), each address then swizzled by the map's span
+   (bits [4, 4 + b) XOR bits [7, 7 + b), b = log2(span / 16)); elements outside globalDim read as
+   zeros (oobFill NONE) or NaN (NAN_REQUEST_ZERO_FMA); complete_tx of the box's bytes on bar. A map
+   the emulation does not take (not rank 2, interleaved, another swizzle) poisons the arena. */
+inline void nk_tma_2d(__local uchar* smem, __constant const ulong* map, __global const uchar* base,
+                      int dst, int c0, int c1, int bar) {
+    const int eb = nk_tmap_element_bytes(map[0]);
+    const long dim0 = (long)map[2], dim1 = (long)map[3], stride1 = (long)map[4];
+    const int box0 = (int)map[5], box1 = (int)map[6], step1 = (int)map[8];
+    const int interleave = (int)map[9], swizzle = (int)map[10], oob = (int)map[12];
+    const int span = swizzle == 1 ? 32 : swizzle == 2 ? 64 : swizzle == 3 ? 128 : 0;
+    if (map[1] != 2 || interleave != 0 || swizzle > 3) { for (int i = 0; i < bar; ++i) smem[i] = (uchar)0xFF; return; }
+    const int rows = (box1 + step1 - 1) / step1, pitch = box0 * eb;
+    for (int r = 0; r < rows; ++r) {
+        const long y = (long)c1 + (long)r * step1;
+        for (int i = 0; i < box0; ++i) {
+            const long x = (long)c0 + i;
+            const int inside = x >= 0 && x < dim0 && y >= 0 && y < dim1;
+            int addr = dst + r * pitch + i * eb;
+            if (span) addr ^= ((addr >> 7) & (span / 16 - 1)) << 4;
+            for (int b = 0; b < eb; ++b)
+                smem[addr + b] = inside ? base[y * stride1 + x * eb + b] : (oob ? (uchar)0xFF : (uchar)0);
+        }
+    }
+    nk_mbar_complete_tx(smem, bar, rows * pitch);
+}
+#define NK_MBAR_INIT(bar, count) nk_mbar_init(nk_smem, (bar), (count))
+#define NK_FENCE_MBAR_INIT()
+#define NK_MBAR_EXPECT_TX(bar, bytes) nk_mbar_arrive_expect_tx(nk_smem, (bar), (bytes))
+#define NK_MBAR_WAIT(bar, parity) nk_mbar_wait(nk_smem, (bar), (parity))
+#define NK_TMA_2D(map, g, dst, c0, c1, bar) nk_tma_2d(nk_smem, (map), (__global const uchar*)(g), (dst), (c0), (c1), (bar))
+"""
+
+
+def tensor_maps(plan: TensorPlan, diagram, sizes: dict) -> dict[str, TiledTensorMap]:
+    """The tensor map of each TMA operand of ``plan`` (``plan.tma`` order), over the whole array
+    in memory at ``sizes``: what the host encodes and the OpenCL emulation is given."""
+    maps = {}
+    for load in plan.tma:
+        array = diagram.arrays[load.array]
+        shape = tuple(int(sizes[a]) for a in array.axes)
+        maps[load.array] = tiled_tensor_map(array.dtype, shape, (load.box_rows, load.box_cols), load.swizzle)
+    return maps
+
+
 def wrapper_name(n: int, dtype: str, trans_a: bool, trans_b: bool) -> str:
     return f"nk_wgmma_m64n{n}k16_{dtype}_{int(trans_a)}{int(trans_b)}"
 
@@ -130,10 +256,11 @@ def cuda_wrapper(n: int, dtype: str, trans_a: bool, trans_b: bool) -> str:
 
 def prelude(dialect: str, kernels) -> str:
     """The wgmma primitives the wgmma kernels of a translation unit use."""
+    tma = any(getattr(k, "tma", False) for k in kernels)
     if dialect != "cuda":
-        return _OPENCL_HEAD
+        return _OPENCL_HEAD + (_OPENCL_TMA if tma else "")
     shapes = sorted({k.wgmma for k in kernels if getattr(k, "wgmma", None)})
-    return _CUDA_HEAD + "".join(cuda_wrapper(*shape) for shape in shapes)
+    return _CUDA_HEAD + (_CUDA_TMA if tma else "") + "".join(cuda_wrapper(*shape) for shape in shapes)
 
 
 class WgmmaPrinter(TensorPrinter):
@@ -145,19 +272,118 @@ class WgmmaPrinter(TensorPrinter):
         super().__init__(program, launch, dialect, plan)
         (self.target, self.m), = plan.mmas.items()
         self.n = self.tile[self.m.n]
+        self.tma: dict[str, TmaLoad] = {load.array: load for load in plan.tma}
+        if self.tma:  # the ring's mbarriers after the tiles, one a stage
+            self.bars = -(-self.arena // MBARRIER_BYTES) * MBARRIER_BYTES
+            self.arena = self.bars + MBARRIER_BYTES * plan.stages
+            self.maps = tensor_maps(plan, self.diagram, self.sizes)
 
     def print(self, entry: str) -> KernelSource:
+        self.entry = entry
         kernel = super().print(entry)
         # The canonical tiles' swizzle repeats every 8 rows x width bytes from the shared window's
         # address (isel.smem_layout places each on a multiple of 1024 from the arena's base).
         kernel.text = kernel.text.replace("__align__(128)", "__align__(1024)", 1)
         kernel.wgmma = (self.n, self.m.dtype, self.m.a_trans, self.m.b_trans)
+        kernel.tma = bool(self.tma)
+        if self.tma:
+            head, sep, rest = kernel.text.partition(f" {entry}(")
+            params, close, body = rest.partition(") {\n")
+            if self.dialect.name == "cuda":  # the tensor maps follow the arrays and scalars
+                maps = "".join(f", const __grid_constant__ CUtensorMap {self.map_name(name)}" for name in self.tma)
+                kernel.text = f"{head}{sep}{params}{maps}{close}{body}"
+            else:  # OpenCL: the encoder's words as program-scope constants, which the emulation decodes
+                words = "".join(f"__constant ulong {self.map_name(name)}[{len(m.words())}] = {{{', '.join(map(str, m.words()))}}};\n"
+                                for name, m in self.maps.items())
+                kernel.text = words + kernel.text
         return kernel
 
+    def map_name(self, name: str) -> str:
+        return f"nk_tmap_{ident(name)}" if self.dialect.name == "cuda" else f"nk_tmap_{self.entry}_{ident(name)}"
+
     def lane_constants(self):
-        """No ldmatrix: the tensor cores read both operands by descriptor. The warpgroup's first row."""
+        """No ldmatrix: the tensor cores read both operands by descriptor. The warpgroup's first
+        row; with TMA, the ring's mbarriers initialised (one arrival each: thread 0's
+        arrive.expect_tx) and made visible to the async proxy before any copy."""
         self.lanes = {}
         self.emit(f"const int nk_wg = nk_warp >> 2;  // this thread's warpgroup: rows {WGMMA_M} * nk_wg of the {self.plan.row} tile")
+        if self.tma:
+            inits = " ".join(f"NK_MBAR_INIT({self.bar(str(s))}, 1);" for s in range(self.plan.stages))
+            self.emit(f"if (nk_tid == 0) {{ {inits} NK_FENCE_MBAR_INIT(); }}")
+            self.emit("NK_SYNC();  // the mbarriers are initialised before any thread waits on one")
+
+    def copy_constants(self):
+        """With TMA every operand comes by tensor map: no thread's cp.async constants."""
+        if self.tma:
+            self.copies = {}
+            return
+        super().copy_constants()
+
+    def bar(self, stage: str) -> str:
+        return f"{self.bars + MBARRIER_BYTES * int(stage)}" if stage.isdigit() else f"{self.bars} + {MBARRIER_BYTES} * ({stage})"
+
+    # -- the TMA ring
+    def stream_loop(self, node):
+        if not self.tma:
+            return super().stream_loop(node)
+        if node.mask is not None:
+            raise NotImplementedError("napkin bug: isel plans TMA for unmasked streams only")
+        axis, x = node.axis, ident(node.axis)
+        stages, tile = self.plan.stages, self.tile[node.axis]
+        chunks = -(-self.sizes[axis] // tile)
+        self.emit(f"// for {axis} in {chunks} chunks of {tile}: a {stages}-stage TMA ring, chunk c + {stages - 1} in flight "
+                  f"into stage (c - 1) mod {stages} while chunk c computes")
+        self.emit("if (nk_tid == 0) {")
+        self.depth += 1
+        for ahead in range(min(stages - 1, chunks)):
+            self.tma_issue(str(ahead), str(ahead * tile))
+        self.depth -= 1
+        self.emit("}")
+        self.emit(f"unsigned nk_phase_{x} = 0;  // the parity of the ring's current phase: one trip of the loop is one phase of every stage")
+        self.emit(f"for (int c_{x} = 0; c_{x} < {chunks}; c_{x} += {stages}) {{")
+        self.depth += 1
+        for stage in range(stages):
+            index = f"(c_{x} + {stage})" if stage else f"c_{x}"
+            self.emit(f"{f'if ({index} < {chunks}) ' if stage and chunks % stages else ''}{{  // stage {stage}")
+            self.depth += 1
+            self.emit(f"const int o_{x} = {index} * {tile};")
+            self.emit(f"NK_SYNC();  // every warpgroup is done with the previous chunk's stage ({(stage + stages - 1) % stages}): it may be refilled")
+            self.emit(f"if (nk_tid == 0 && {index} + {stages - 1} < {chunks}) {{")
+            self.depth += 1
+            self.tma_issue(str((stage + stages - 1) % stages), f"o_{x} + {(stages - 1) * tile}")
+            self.depth -= 1
+            self.emit("}")
+            self.emit(f"NK_MBAR_WAIT({self.bar(str(stage))}, nk_phase_{x});  // this chunk's boxes have landed")
+            saved_valid = dict(self.valid)
+            self.set_origin(axis, f"o_{x}")
+            for name in self.tma:
+                self.stage[name] = str(stage)
+            self.nodes(node.body)
+            for name in self.tma:
+                del self.stage[name]
+            self.valid = saved_valid
+            del self.origin[axis]
+            self.depth -= 1
+            self.emit("}")
+        self.emit(f"nk_phase_{x} ^= 1u;")
+        self.depth -= 1
+        self.emit("}")
+        self.emit("NK_SYNC();  // no warp still reads a stage that a later use of the arena would overwrite")
+
+    def tma_issue(self, stage: str, origin: str):
+        """Thread 0 fills ``stage`` with the chunk at ``origin`` of the stream: the stage's
+        mbarrier expects every box's bytes, then one copy per box of each TMA operand."""
+        total = sum(load.bytes for load in self.tma.values())
+        bar = self.bar(stage)
+        self.emit(f"NK_MBAR_EXPECT_TX({bar}, {total});  // the boxes' bytes, out-of-bounds fill included")
+        for name, load in self.tma.items():
+            slot = self.smem[name]
+            coord = {a: (origin if a == self.plan.stream else self.origin.get(a, "0")) for a in (load.rows, load.cols)}
+            for box in slot.tile.tma_boxes():
+                dst = slot.offset + int(stage) * slot.stage_bytes + box.offset
+                col = coord[load.cols] if not box.col else f"{coord[load.cols]} + {box.col}"
+                self.emit(f"NK_TMA_2D({self.map_name(name)}, g_{ident(name)}, {dst}, {col}, {coord[load.rows]}, {bar});"
+                          f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})")
 
     def descriptor_expr(self, name: str, k_major: bool, row0: str, k0: int) -> str:
         """The descriptor of the 64 (A) or N (B) rows from ``row0`` (a C expression, M or N) at k
@@ -187,7 +413,8 @@ class WgmmaPrinter(TensorPrinter):
         k_steps = self.tile[m.k] // WGMMA_K
         # A: this warpgroup's 64 rows; B: all N columns (K-major unless stored with k as rows)
         a_row = f"nk_wg * {WGMMA_M}"
-        self.emit("NK_FENCE_PROXY_ASYNC();  // the cp.async writes, seen by the async proxy wgmma reads through")
+        if not self.tma:  # TMA writes through the async proxy, as wgmma reads
+            self.emit("NK_FENCE_PROXY_ASYNC();  // the cp.async writes, seen by the async proxy wgmma reads through")
         self.emit("NK_WG_FENCE();  // the accumulator registers were written by other instructions")
         for kk in range(k_steps):
             da = self.descriptor_expr(m.a, not m.a_trans, a_row, kk * WGMMA_K)
@@ -202,4 +429,4 @@ class WgmmaPrinter(TensorPrinter):
         self.emit("NK_WG_WAIT(0);  // done reading this stage before any thread refills it")
 
 
-__all__ = ["WgmmaPrinter", "prelude", "cuda_wrapper", "wrapper_name"]
+__all__ = ["WgmmaPrinter", "prelude", "cuda_wrapper", "wrapper_name", "tensor_maps"]
