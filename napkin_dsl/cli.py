@@ -511,6 +511,8 @@ def cmd_run(args) -> int:
                                    "for the GPU it runs on, and numpy runs the Program itself")
         for k in kernels:
             load_hardware(k._target(args.hardware)).check_arch(args.arch)
+    if args.devices is not None:
+        return _run_devices(args, kernels, given, backend)
     results = {}
     for k in kernels:
         try:
@@ -525,6 +527,34 @@ def cmd_run(args) -> int:
         keys = ("max_abs_error", "max_rel_error", "counted", "predicted", "wall_s", "tolerance", "ok", "sizes", "hardware", "backend")
         print(json.dumps({"kernels": {name: {key: r[key] for key in keys} for name, r in results.items()}}, indent=2))
     return 0 if all(r["ok"] for r in results.values()) else 1
+
+
+def _run_devices(args, kernels, given: dict, backend: str) -> int:
+    """``napkin run --devices N``: each kernel across N processes (backends/distributed.py)."""
+    from .backends import distributed
+    from .backends import numpy as numpy_backend
+
+    if backend not in ("numpy", "opencl"):
+        raise NapkinError(f"--devices runs on --backend numpy or opencl, not {backend}",
+                          hint="NCCL on GPUs: call kernel.distributed() inside a torchrun job")
+    results = {}
+    for k in kernels:
+        sizes = numpy_backend.default_sizes(k, given)
+        try:
+            results[k.name] = r = distributed.launch(k, args.devices, args.hardware, sizes, args.seed, backend)
+        except NotImplementedError as error:
+            raise NapkinError(str(error), hint="use --backend numpy") from None
+        if not args.json:
+            print(f"{k.name} on {r['devices']} processes ({r['hardware']}, {r['partition']}, {r['parts']} parts, {backend}): "
+                  f"max relative error {r['max_rel_error']:.3g} (tolerance {r['tolerance']:.3g}) "
+                  f"{'ok' if r['ok'] else 'FAILED'}; sent {r['transfers']:,} bytes between processes, "
+                  f"model NVLink H {r['predicted_transfers']:,}")
+            if r["chosen"]:
+                print(f"  {r['chosen']}")
+    if args.json:
+        print(json.dumps({"kernels": results}, indent=2))
+    ok = all(r["ok"] and r["transfers"] == r["predicted_transfers"] for r in results.values())
+    return 0 if ok else 1
 
 
 def add_run_command(subparsers) -> None:
@@ -546,6 +576,9 @@ def add_run_command(subparsers) -> None:
                                     "runs (sm_90a: wgmma where selection takes it); default: the profile's own")
     add_set(run, "bind a size (axis or group/stream size)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--devices", type=_positive_count, metavar="N",
+                     help="run across N processes (torch.distributed, gloo) as the GPUs of a node profile (--hardware H100x8): "
+                          "the relabel block's gmem clause, else napkin's best partition for N; rank 0 compares")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.set_defaults(run=cmd_run)
 
