@@ -229,15 +229,37 @@ def tiled_tensor_map(dtype: str, shape: Sequence[int], box: Sequence[int], swizz
 
 
 class TensorMap:
-    """A ``CUtensorMap`` the driver encoded (64-byte aligned, 128 bytes), passed to a kernel as a
-    ``const __grid_constant__ CUtensorMap`` parameter by value."""
+    """A ``CUtensorMap`` the driver encoded: 128 bytes at a 64-byte aligned address of host memory
+    this object owns, passed to a kernel as a ``const __grid_constant__ CUtensorMap`` parameter
+    by value. (cuda-python's own ``CUtensorMap`` objects are not 64-byte aligned, which the
+    driver API requires of the map it encodes into: napkin calls the C entry point with its own.)"""
 
-    def __init__(self, handle: Any):
-        self.handle = handle  # cuda.bindings.driver.CUtensorMap (owns its aligned storage)
+    def __init__(self):
+        self._storage = (ctypes.c_uint64 * (TENSOR_MAP_BYTES // 8 + 8))()
+        base = ctypes.addressof(self._storage)
+        self.address = base + (-base) % 64
 
     @property
-    def address(self) -> int:
-        return int(self.handle.getPtr())
+    def words(self) -> ctypes.Array:
+        return (ctypes.c_uint64 * (TENSOR_MAP_BYTES // 8)).from_address(self.address)
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda():
+    """The driver library's ``cuTensorMapEncodeTiled`` (NoCudaDevice where there is no driver)."""
+    try:
+        library = ctypes.CDLL("libcuda.so.1")
+    except OSError as error:
+        raise NoCudaDevice(f"no libcuda ({error})") from None
+    encode = library.cuTensorMapEncodeTiled
+    u32, u64p, u32p = ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    # CUresult cuTensorMapEncodeTiled(CUtensorMap*, CUtensorMapDataType, cuuint32_t rank, void* globalAddress,
+    #   const cuuint64_t* globalDim, const cuuint64_t* globalStrides, const cuuint32_t* boxDim,
+    #   const cuuint32_t* elementStrides, interleave, swizzle, l2Promotion, oobFill) (enums: int)
+    encode.argtypes = [ctypes.c_void_p, ctypes.c_int, u32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    encode.restype = ctypes.c_int
+    return encode
 
 
 def encode_tiled(tensor_map: TiledTensorMap, address: int) -> TensorMap:
@@ -245,14 +267,15 @@ def encode_tiled(tensor_map: TiledTensorMap, address: int) -> TensorMap:
     aligned). Needs the driver (libcuda): on a machine without one it raises NoCudaDevice."""
     if address % 16:
         raise ValueError(f"a tensor map's global address must be 16-byte aligned, not {address:#x}")
-    driver = _driver_module()
     m = tensor_map
-    handle = _call("cuTensorMapEncodeTiled", driver.CUtensorMapDataType(m.data_type), m.rank, address,
-                   [driver.cuuint64_t(d) for d in m.global_dim], [driver.cuuint64_t(s) for s in m.global_strides],
-                   [driver.cuuint32_t(b) for b in m.box_dim], [driver.cuuint32_t(e) for e in m.element_strides],
-                   driver.CUtensorMapInterleave(m.interleave), driver.CUtensorMapSwizzle(m.swizzle),
-                   driver.CUtensorMapL2promotion(m.l2_promotion), driver.CUtensorMapFloatOOBfill(m.oob_fill))
-    return TensorMap(handle)
+    out = TensorMap()
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    result = _libcuda()(out.address, m.data_type, m.rank, address, (u64 * m.rank)(*m.global_dim),
+                        (u64 * max(m.rank - 1, 1))(*m.global_strides), (u32 * m.rank)(*m.box_dim),
+                        (u32 * m.rank)(*m.element_strides), m.interleave, m.swizzle, m.l2_promotion, m.oob_fill)
+    if result != 0:
+        check((_driver_module().CUresult(result),), "cuTensorMapEncodeTiled")
+    return out
 
 
 def _kernel_parameters(args: Sequence[Any]) -> tuple[ctypes.Array, list]:
@@ -264,8 +287,7 @@ def _kernel_parameters(args: Sequence[Any]) -> tuple[ctypes.Array, list]:
     values: list = []
     for index, arg in enumerate(args):
         if isinstance(arg, TensorMap):  # the driver copies its 128 bytes from the encoded map
-            value = (ctypes.c_uint64 * (TENSOR_MAP_BYTES // 8)).from_address(arg.address)
-            values.append(value)
+            values.append(arg.words)
         elif isinstance(arg, DeviceBuffer):
             values.append(ctypes.c_uint64(arg.ptr))
         elif isinstance(arg, ctypes._SimpleCData):
