@@ -357,16 +357,14 @@ def _gather(value, group):
     return out
 
 
-def _worker(rank: int, world: int, init: str, source: str, name: str, hardware, sizes, seed, backend, result_path) -> None:
+def _worker(rank: int, world: int, init: str, kernel, hardware, sizes, seed, backend, result_path) -> None:
     import json
 
     import torch.distributed as dist
 
-    from ..kernel import load
-
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        result = run_rank(load(source)[name], hardware, sizes, seed, backend)
+        result = run_rank(kernel, hardware, sizes, seed, backend)
         if rank == 0:
             result = {k: v for k, v in result.items() if k != "outputs"}
             with open(result_path, "w", encoding="utf-8") as f:
@@ -389,7 +387,7 @@ def launch(kernel, devices: int, hardware: str | None = None, sizes: dict | None
     with tempfile.TemporaryDirectory(prefix="napkin-dist-") as folder:
         init = "file://" + os.path.join(folder, "rendezvous")
         result_path = os.path.join(folder, "result.json")
-        mp.spawn(_worker, args=(devices, init, kernel.source, kernel.name, hardware, dict(sizes or {}), seed, backend,
+        mp.spawn(_worker, args=(devices, init, kernel, hardware, dict(sizes or {}), seed, backend,
                                 result_path), nprocs=devices, join=True)
         with open(result_path, encoding="utf-8") as f:
             return json.load(f)
