@@ -361,6 +361,18 @@ class Kernel:
         """
         return _call(self, arrays, named, backend, cast, hardware, impls, sizes)
 
+    def distributed(self, hardware: str | None = None, seed: int = 0, backend: str = "numpy", group=None,
+                    **sizes: int) -> dict | None:
+        """Run this kernel across the processes of an initialised torch.distributed group (inside a
+        torchrun job: gloo on CPUs, NCCL on GPUs), each rank one GPU of a node profile
+        (``hardware="H100x8"``), as ``napkin run --devices N`` does: the relabel block's ``gmem``
+        clause, else napkin's best partition for the group's size. Every rank calls it; rank 0
+        gets the result (errors against the reference, bytes sent against the model's NVLink H),
+        the others None (backends/distributed.py)."""
+        from .backends.distributed import run_rank
+
+        return run_rank(self, hardware, sizes, seed, backend, group)
+
     def __repr__(self) -> str:
         n = len(self.diagram.statements)
         return f"<napkin kernel {self.signature()}, {n} statement{'s' if n != 1 else ''}, {self.relabel_text()}>"

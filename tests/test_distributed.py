@@ -67,3 +67,19 @@ def test_two_processes_match_the_reference_and_the_model(device):
     assert result["transfers"] == result["received"] == want == result["predicted_transfers"]
     assert result["counted"]["smem"] == result["predicted"]["smem"]
     assert result["counted"]["registers"] == result["predicted"]["registers"]
+
+
+def test_kernel_distributed_inside_a_process_group(tmp_path):
+    """kernel.distributed() in a process group of one (gloo): no device clause, so napkin takes
+    its best partition for 1 GPU and says which; nothing crosses a link."""
+    import torch.distributed as dist
+
+    kernel = napkin.load(ATTENTION.replace("    gmem: {device}\n", ""))["attention"]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        result = kernel.distributed("H100x8", **SIZES)
+    finally:
+        dist.destroy_process_group()
+    assert result["chosen"].startswith("the relabel block has no gmem clause: napkin takes gmem:")
+    assert result["transfers"] == result["predicted_transfers"] == 0
+    assert result["max_rel_error"] <= result["tolerance"]

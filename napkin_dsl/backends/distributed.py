@@ -46,22 +46,24 @@ class _Link:
         import torch.distributed as dist
 
         self.dist, self.group = dist, group
+        # NCCL moves CUDA tensors only (a path run only where there are GPUs); gloo moves CPU ones.
+        self.device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
         self.sent = self.received = 0  # bytes this rank sent, received
 
     def send(self, array: np.ndarray, dtype: str, to: int) -> None:
         import torch
 
         data = np.ascontiguousarray(np.asarray(array).astype(numpy_dtype(dtype), copy=False)).reshape(-1).view(np.uint8)
-        self.dist.send(torch.from_numpy(data.copy()), dst=to, group=self.group)
+        self.dist.send(torch.from_numpy(data.copy()).to(self.device), dst=to, group=self.group)
         self.sent += data.size
 
     def recv(self, shape, dtype: str, source: int) -> np.ndarray:
         import torch
 
-        data = torch.empty(math.prod(shape) * DTYPE_BYTES[dtype], dtype=torch.uint8)
+        data = torch.empty(math.prod(shape) * DTYPE_BYTES[dtype], dtype=torch.uint8, device=self.device)
         self.dist.recv(data, src=source, group=self.group)
         self.received += data.numel()
-        return data.numpy().view(numpy_dtype(dtype)).reshape(tuple(shape))
+        return data.cpu().numpy().view(numpy_dtype(dtype)).reshape(tuple(shape))
 
 
 def _with_device_clause(block, profile, kind: str, axis: str, size: int):
