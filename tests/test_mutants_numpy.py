@@ -26,3 +26,31 @@ def test_the_counted_flops_total_is_the_sum_over_units():
     _, counts = execute(program, {"X": np.zeros(1000)}, {}, None)
     assert counts.flops == {"fma": 2000}
     assert counts.total_flops == 2000
+
+
+SPLIT_WITH_AN_EMPTY_ROW = """kernel decode(Q: f32[b kv r d], K: f32[b kv x d], V: f32[b kv x d]) -> O: f32[b kv r d]:
+    S[b kv r x] = Q * K * d^-0.5
+    P[b kv r x] = softmax[x](where(x < r, S, -inf))
+    O[b kv r d] = P * V
+
+relabel decode on H100:
+    smem: group b 1, kv 1; split x 300; stream x 64
+"""
+
+
+def test_a_row_every_part_of_a_split_masks_merges_to_zero_weight():
+    # query r = 0 sees no key (x < 0 never holds): every part's running max stays -inf, and the
+    # merge must weigh each part 0 rather than exp(-inf - -inf) = NaN; the reference gives 0
+    from napkin_dsl.backends.numpy import random_arguments, tolerance
+    from napkin_dsl.reference import evaluate
+
+    kernel = napkin.load(SPLIT_WITH_AN_EMPTY_ROW)["decode"]
+    sizes = dict(b=1, kv=1, r=3, x=1000, d=16)  # 4 parts of 300, the last 100
+    program = kernel.program("H100", **sizes)
+    arrays, scalars = random_arguments(kernel.diagram, sizes, 0)
+    outputs, _ = execute(program, arrays, scalars)
+    expected = evaluate(kernel.diagram, arrays, scalars, sizes, None, keep_float64=True)
+    assert np.array_equal(outputs["O"][:, :, 0], np.zeros((1, 1, 16)))
+    assert np.array_equal(expected["O"][:, :, 0], np.zeros((1, 1, 16)))
+    scale = np.max(np.abs(expected["O"]))
+    assert np.max(np.abs(outputs["O"] - expected["O"])) <= tolerance(program) * scale
