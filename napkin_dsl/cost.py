@@ -1340,7 +1340,9 @@ def ring_condition(program: Program, flops: dict, axis: str | None = None) -> di
         return None
     if axis is None:
         consumed = [a for s in diagram.statements for a in s.consumed]
-        axis = next((a for a in consumed if any(a in arr.axes for arr in diagram.input_arrays)), None)
+        # The keys: a consumed axis some inputs have and others (the queries) lack; not d, which all have.
+        axis = next((a for a in consumed if any(a in arr.axes for arr in diagram.input_arrays)
+                     and not all(a in arr.axes for arr in diagram.input_arrays)), None)
     if axis is None or any(not isinstance(sizes.get(a), int) for a in diagram.axes):
         return None
     keyed = [a for a in diagram.input_arrays if axis in a.axes]

@@ -1126,6 +1126,13 @@ def render_text(program: Program, warps: dict | None = None) -> str:
     compute-level body then runs inside that parallel loop over warps."""
     schedule = program.schedule
     lines = [f"kernel {program.diagram.name} on {schedule.hardware.name}: levels {' > '.join(schedule.levels)}"]
+    device = schedule.hardware.device
+    for d in schedule.device:  # across the GPUs of a node: each runs the launches below on its parts
+        shown = "groups" if d.kind == "group" else "parts"
+        lines.append(f"parallel for {d.axis} in {shown} of {d.size} @{device.name} ({device.units} GPUs, "
+                     f"{device.bandwidth / 1e9:g} GB/s each way):  # {d.kind} across the GPUs: "
+                     + ("each GPU runs the launches below on its groups" if d.kind == "group" else
+                        "each GPU streams its parts; their states move to GPU 0, whose combine launch merges them"))
     for note in schedule.notes:
         lines.append(f"# note: {note}")
     for launch in program.launches:

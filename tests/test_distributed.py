@@ -83,3 +83,10 @@ def test_kernel_distributed_inside_a_process_group(tmp_path):
     assert result["chosen"].startswith("the relabel block has no gmem clause: napkin takes gmem:")
     assert result["transfers"] == result["predicted_transfers"] == 0
     assert result["max_rel_error"] <= result["tolerance"]
+
+
+def test_pseudocode_and_ring_under_a_group():
+    kernel = napkin.load(ATTENTION.format(device="group h 2"))["attention"]
+    assert "parallel for h in groups of 2 @node (8 GPUs, 450 GB/s each way)" in kernel.pseudocode(hardware="H100x8", **SIZES)
+    ring = kernel.cost("H100x8", **SIZES).ring
+    assert ring["axis"] == "x" and ring["rows_axes"] == ["q"]  # the keys pass; the queries stay
