@@ -54,3 +54,21 @@ def test_a_row_every_part_of_a_split_masks_merges_to_zero_weight():
     assert np.array_equal(expected["O"][:, :, 0], np.zeros((1, 1, 16)))
     scale = np.max(np.abs(expected["O"]))
     assert np.max(np.abs(outputs["O"] - expected["O"])) <= tolerance(program) * scale
+
+
+INTEGER_ROW_SUMS = """kernel k(X: i32[a b]) -> Y: i32[a]:
+    Y[a] = sum[b](X[a b])
+
+relabel k on three_level:
+    l1: group a 4
+    l2: group a 2; stream b 8
+"""
+
+
+def test_integer_tiles_run_and_sum_exactly():
+    # three levels: Y's tile is allocated at l1 between the two group loops, and saved exactly
+    program = napkin.load(INTEGER_ROW_SUMS)["k"].program(None, a=8, b=20)
+    x = np.arange(160, dtype=np.int32).reshape(8, 20)
+    outputs, _ = execute(program, {"X": x}, {}, None)
+    assert outputs["Y"].dtype == np.int32
+    assert outputs["Y"].tolist() == [sum(range(20 * row, 20 * row + 20)) for row in range(8)]
