@@ -72,3 +72,24 @@ def test_integer_tiles_run_and_sum_exactly():
     outputs, _ = execute(program, {"X": x}, {}, None)
     assert outputs["Y"].dtype == np.int32
     assert outputs["Y"].tolist() == [sum(range(20 * row, 20 * row + 20)) for row in range(8)]
+
+
+MAP_THEN_SUM = """
+kernel rows(X: f32[a b]) -> Y: f32[a]:
+    S[a b] = exp(X[a b])
+    Y[a] = sum[b](S[a b])
+
+relabel rows on two_level:
+    l1: group a 8; stream b 16
+"""
+
+
+def test_the_memory_estimate_is_the_whole_arrays_and_twice_the_tiles():
+    # whole arrays at l0: X[64 64] and Y[64] in f32; tiles at l1: X and S [8 16], Y.acc and Y [8]
+    from napkin_dsl.backends.numpy import estimate_bytes
+
+    program = napkin.load(MAP_THEN_SUM)["rows"].program(a=64, b=64)
+    whole = (64 * 64 + 64) * 4
+    tiles = (8 * 16 + 8 * 16 + 8 + 8) * 4
+    assert estimate_bytes(program, tiles=False) == whole
+    assert estimate_bytes(program, tiles=True) == whole + 2 * tiles
