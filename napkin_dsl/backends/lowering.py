@@ -61,7 +61,7 @@ from ..diagram import (
 )
 from ..errors import NapkinError
 from ..isel import FMA_THREADS, REGISTER_TILE, FmaAccumulator, register_tile_axes
-from ..pseudocode import Loop, Program, Step, liveness, released_by
+from ..pseudocode import Loop, Program, Step, liveness, released_by, walk
 from ..reference import ReferenceFailure as _Failure
 from ..reference import constant_value
 from .compiled import KernelSource
@@ -274,7 +274,7 @@ def ident(name: str) -> str:
     """
     if "." in name:
         array, state = name.split(".", 1)
-        return f"{ident(array)}__{state}"
+        return f"{ident(array)}__{state.replace('.', '_')}"  # a part's state (O.acc.part): O__acc_part
     plain = name[:1].isascii() and name[:1].isalpha() and "__" not in name and all(
         c.isascii() and (c.isalnum() or c == "_") for c in name)
     if plain:
@@ -461,13 +461,50 @@ class LoweredProgram:
     kernels: list = field(default_factory=list)
 
 
-def refuse_split(program: Program) -> None:
-    """A split relabelling (``split AXIS SIZE``) is not printed yet: its parts' launch and its
-    combine launch run on the NumPy backend only. Raised before anything is printed."""
-    split = next((launch.combine for launch in program.launches if launch.combine is not None), None)
-    if split is not None:
-        raise LoweringError(f"split {split}: the parts' partial states and the combine launch are not printed for CUDA/OpenCL yet",
-                            hint="run it with the NumPy backend (--backend numpy), or leave the axis unsplit")
+def split_loop(launch) -> Loop | None:
+    """The parallel loop over the parts of a split axis in a split's parts launch, or None."""
+    def find(nodes):
+        for node in nodes:
+            if isinstance(node, Loop):
+                if node.part is not None:
+                    return node
+                found = find(node.body)
+                if found is not None:
+                    return found
+        return None
+
+    return find(launch.body)
+
+
+def walk_steps(body):
+    """The steps of a body in program order."""
+    return (step for step, _ in walk(body))
+
+
+def is_split(launch) -> bool:
+    """Whether ``launch`` is a split's parts launch or its combine launch."""
+    return launch.combine is not None or split_loop(launch) is not None
+
+
+def global_arrays(program: Program) -> dict[str, tuple[tuple[str, ...], str]]:
+    """Every array a kernel of ``program`` may take in device memory -> (axes, dtype): the
+    diagram's arrays and a split's part arrays (``O.acc.part[x# ...]``), which the parts launch
+    saves and the combine launch loads (the runners allocate them)."""
+    out = {name: (tuple(a.axes), a.dtype) for name, a in program.diagram.arrays.items()}
+    top = program.levels[0]
+    for launch in program.launches:
+        for (level, name), buffer in launch.buffers.items():
+            if level == top and name not in out:
+                out[name] = (tuple(buffer.axes), buffer.dtype)
+    return out
+
+
+def global_sizes(program: Program) -> dict[str, int]:
+    """Every axis a device-memory array has, as an integer: the diagram's and the part axes."""
+    sizes = bound_sizes(program)
+    for part in program.schedule.parts:
+        sizes[part] = int(as_number(program.schedule.axis_size(part)))
+    return sizes
 
 
 def floor_div(n: str, d: int) -> str:
@@ -485,7 +522,6 @@ def ceil_div(n: str, d: int) -> str:
 class Printer:
     def __init__(self, program: Program, launch, dialect: Dialect, threads: int = THREADS,
                  accumulators: dict | None = None):
-        refuse_split(program)
         self.program = program
         self.schedule = launch.schedule  # the launch's view: only the partitions that apply to it
         self.diagram = program.diagram
@@ -495,12 +531,19 @@ class Printer:
         self.level = self.schedule.compute_level
         self.lines: list[str] = []
         self.depth = 1
-        self.sizes = bound_sizes(program)
+        self.sizes = global_sizes(program)  # with a split's part axes (x#): the number of parts
         # Streamed contractions' running sums this thread keeps in registers from init to
         # finalise (isel.fma_accumulators): name -> FmaAccumulator; the rest are in the arena.
         self.accumulators: dict[str, FmaAccumulator] = dict(accumulators or {})
         self.slots, self.arena = plan_arena(program, launch, set(self.accumulators))
-        self.tile = {axis: int(self.schedule.extent(axis, self.level)) for axis in self.diagram.axes}
+        self.tile = {axis: int(self.schedule.extent(axis, self.level)) for axis in self.sizes}
+        # A split's parts launch: its parallel loop over the parts (one block per part and group),
+        # the axis it cuts -> the part size; the part's origin and valid extent along that axis.
+        self.cut = split_loop(launch)
+        self.part_tile = {self.cut.axis: int(as_number(self.cut.tile))} if self.cut is not None else {}
+        self.part_origin: dict[str, str] = {}
+        self.part_valid: dict[str, str] = {}
+        self.globals = global_arrays(program)
         self.grouped = self._grouped_axes()
         self.origin: dict[str, str] = {}
         self.valid: dict[str, str] = {}
@@ -530,10 +573,12 @@ class Printer:
             for p in self.schedule.partitions_at(name, "group"):
                 if p.axis not in axes and p.axis in self.launch.launch.axes:
                     axes.append(p.axis)
+        if self.cut is not None:  # the parts: innermost, as the Program nests them
+            axes.append(self.cut.axis)
         return axes
 
     def groups(self, axis: str) -> int:
-        return -(-self.sizes[axis] // self.tile[axis])
+        return -(-self.sizes[axis] // self.part_tile.get(axis, self.tile[axis]))
 
     def l2_sides(self) -> dict[str, int]:
         """Blocks per derived L2 group along each grouped axis (1 where there is none)."""
@@ -567,8 +612,27 @@ class Printer:
                 self.emit(f"const int grp_{ident(axis)} = {self.groups(axis) - 1} - ({group});{tail}  // longest rows first")
             else:
                 self.emit(f"const int grp_{ident(axis)} = {group};{tail}")
+            if axis in self.part_tile:
+                self.part_block(axis)
+                continue
             self.emit(f"const int o_{ident(axis)} = grp_{ident(axis)} * {self.tile[axis]};")
             self.set_origin(axis, f"o_{ident(axis)}")
+
+    def part_block(self, axis: str):
+        """The part of a split axis this block streams: its number is the block's origin along
+        the part axis (``x#``, one part a block), its range [origin, origin + valid) along the
+        axis the stream loop walks in chunks (the last part may be ragged)."""
+        size, tile = self.sizes[axis], self.part_tile[axis]
+        part = self.cut.part
+        self.origin[part] = f"grp_{ident(axis)}"
+        self.valid[part] = "1"
+        self.emit(f"const int op_{ident(axis)} = grp_{ident(axis)} * {tile};  // this block's part of {axis}")
+        self.part_origin[axis] = f"op_{ident(axis)}"
+        if size % tile == 0:
+            self.part_valid[axis] = str(tile)
+        else:
+            self.emit(f"const int np_{ident(axis)} = {self.dialect.fmin}({tile}, {size} - op_{ident(axis)});")
+            self.part_valid[axis] = f"np_{ident(axis)}"
 
     def heavy_last(self) -> set[str]:
         """Grouped axes whose later tiles visit more chunks of a masked stream: those with a
@@ -602,7 +666,7 @@ class Printer:
         return index or "0"
 
     def global_index(self, array: str) -> str:
-        axes = self.diagram.arrays[array].axes
+        axes = self.globals[array][0]
         index = ""
         for axis in axes:
             term = f"{self.origin[axis]} + i_{ident(axis)}" if axis in self.origin else f"i_{ident(axis)}"
@@ -688,8 +752,9 @@ class Printer:
     # -- the kernel
     def print(self, entry: str) -> KernelSource:
         d = self.dialect
-        arrays = [(n, self.diagram.arrays[n].dtype, "in") for n in self.launch.launch.inputs]
-        arrays += [(n, self.diagram.arrays[n].dtype, "out") for n in self.launch.launch.outputs]
+        inputs, outputs = self.launch_arrays()
+        arrays = [(n, self.globals[n][1], "in") for n in inputs]
+        arrays += [(n, self.globals[n][1], "out") for n in outputs]
         for name, dtype, _ in arrays:
             if dtype not in d.storage:
                 raise LoweringError(f"array {name} is {dtype}; the GPU backends do not support {dtype} yet",
@@ -721,6 +786,20 @@ class Printer:
         self.emit("}")
         return KernelSource(entry, "\n".join(self.lines) + "\n", grid, self.threads, self.arena, arrays, scalars)
 
+    def launch_arrays(self) -> tuple[list[str], list[str]]:
+        """The arrays the kernel takes: the launch's inputs and outputs, or, for a split's parts
+        or combine launch, what it loads from and saves to device memory (the part arrays)."""
+        if not is_split(self.launch):
+            return list(self.launch.launch.inputs), list(self.launch.launch.outputs)
+        top = self.schedule.levels[0]
+        inputs, outputs = [], []
+        for step in walk_steps(self.launch.body):
+            if step.op == "load" and step.source == top and step.array not in inputs:
+                inputs.append(step.array)
+            if step.op == "save" and step.dest == top and step.array not in outputs:
+                outputs.append(step.array)
+        return inputs, outputs
+
     def set_origin(self, axis: str, origin: str):
         self.origin[axis] = origin
         if self.sizes[axis] % self.tile[axis] == 0:
@@ -737,6 +816,9 @@ class Printer:
                     continue
                 if node.level != self.level:
                     raise LoweringError(f"stream partitions at {node.level} cannot be printed; stream at {self.level}")
+                if node.axis in self.part_origin:
+                    self.part_stream(node)
+                    continue
                 chunks = -(-self.sizes[node.axis] // self.tile[node.axis])
                 first, stop = "0", str(chunks)
                 if node.mask is not None:
@@ -756,6 +838,32 @@ class Printer:
                 self.emit("}")
                 continue
             self.step(node)
+
+    def part_stream(self, node: Loop):
+        """A split's stream loop: the chunks of this block's part (part_block), from the part's
+        origin; a chunk ends at the part's end (the Program's ranges: a part that the chunk size
+        does not divide ends in a short chunk, as does the last part of a ragged axis). The trip
+        count is the block's own, so every thread reaches the same barriers."""
+        axis, tile = node.axis, self.tile[node.axis]
+        x = ident(axis)
+        origin, valid = self.part_origin[axis], self.part_valid[axis]
+        exact = valid == str(self.part_tile[axis]) and self.part_tile[axis] % tile == 0
+        stop = str(self.part_tile[axis] // tile) if exact else f"(({valid}) + {tile - 1}) / {tile}"
+        self.emit(f"for (int c_{x} = 0; c_{x} < {stop}; ++c_{x}) {{")
+        self.depth += 1
+        self.emit(f"const int o_{x} = {origin} + c_{x} * {tile};")
+        saved_valid = dict(self.valid)
+        self.origin[axis] = f"o_{x}"
+        if exact:
+            self.valid[axis] = str(tile)
+        else:
+            self.emit(f"const int n_{x} = {self.dialect.fmin}({tile}, {origin} + ({valid}) - o_{x});")
+            self.valid[axis] = f"n_{x}"
+        self.nodes(node.body)
+        self.valid = saved_valid
+        del self.origin[axis]
+        self.depth -= 1
+        self.emit("}")
 
     def visited_chunks(self, mask, chunks: int) -> tuple[str, str]:
         """The first and past-the-last chunk of the streamed axis this block visits, as the
@@ -848,10 +956,9 @@ class Printer:
 
     def step_load(self, step: Step):
         name = step.array
-        array = self.diagram.arrays[name]
-        axes = array.axes
+        axes, dtype = self.globals[name]
         d = self.dialect
-        vector = 16 // DTYPE_BYTES[array.dtype]
+        vector = 16 // DTYPE_BYTES[dtype]
         last = axes[-1] if axes else None
         can_vector = (
             last is not None and d.vector_copy("a", "b") is not None
@@ -887,7 +994,7 @@ class Printer:
         for axis in reversed(axes):
             self.emit(f"const int i_{ident(axis)} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
         valid = " && ".join(f"i_{ident(a)} < {self.extent_expr(a)}" for a in axes if self.extent_expr(a) != str(self.tile[a])) or "true"
-        value = d.load(f"g_{ident(name)}", self.global_index(name), array.dtype, self.real)
+        value = d.load(f"g_{ident(name)}", self.global_index(name), dtype, self.real)
         self.emit(f"const {self.real} v = ({valid}) ? {value} : {self.zero};")
         self.emit(self.write(name, axes, "v"))
         self.depth -= 1
@@ -895,10 +1002,19 @@ class Printer:
 
     def step_save(self, step: Step):
         name = step.array
-        array = self.diagram.arrays[name]
+        axes, dtype = self.globals[name]
+        held = step.reads[0][1]  # a split's part saves a state (O.acc) as its part array (O.acc.part)
         d = self.dialect
-        self.flat_loop(array.axes, lambda: self.emit(
-            d.store(f"g_{ident(name)}", self.global_index(name), self.read(name, array.axes), array.dtype, self.real)))
+        if held in self.accumulators:  # straight from this thread's registers, one part long
+            acc = self.accumulators[held]
+            for axis in axes:
+                if axis not in step.statement.axes:
+                    self.emit(f"const int i_{ident(axis)} = 0;")
+            self.owned_outputs(acc, step.statement.axes, lambda r: self.emit(
+                d.store(f"g_{ident(name)}", self.global_index(name), r, dtype, self.real)))
+            return
+        self.flat_loop(axes, lambda: self.emit(
+            d.store(f"g_{ident(name)}", self.global_index(name), self.read(held, axes), dtype, self.real)))
 
     def step_init(self, step: Step):
         s = step.statement
@@ -1378,8 +1494,55 @@ class Printer:
                     lambda write: self.row_loop(rows, lambda: self.lane_loop((axis,), write)), s.target, all_axes)
 
     def step_merge(self, step: Step):
-        refuse_split(self.program)  # a merge step exists only in a split's combine launch
-        raise LoweringError(f"napkin bug: a merge step of {step.array} outside a split's combine launch")
+        """One part's states, loaded along the part axis (one part long here), merged into the
+        running ones, as the Program's merge step says (pseudocode._LaunchElaborator.merge): a
+        fold for sums, max and min; for the online softmax m' = max(m, m_p), each side's factor
+        exp(m - m') and exp(m_p - m') (0 for a side that saw only masked entries), l = l a + l_p b;
+        an output it rescales O = O a + O_p b. Every element is its own: no barrier inside."""
+        s = step.statement
+        d = self.dialect
+        if len(step.reads) == 2:  # an accumulator: acc = fold(acc, acc.part)
+            (_, acc), (_, incoming) = step.reads
+            box = s.box
+            fn = "add" if isinstance(box, Contract) or reduction(box.op).divides else reduction(box.op).combine
+
+            def folded(current: str) -> str:
+                value = self.read(incoming, s.axes)
+                return f"{current} + {value}" if fn == "add" else d.math(fn, [current, value], self.real)
+
+            if acc in self.accumulators:
+                self.owned_outputs(self.accumulators[acc], s.axes, lambda r: self.emit(f"{r} = {folded(r)};"))
+                return
+            self.flat_loop(s.axes, lambda: self.emit(self.write(acc, s.axes, folded(self.read(acc, s.axes)))))
+            return
+        if step.online is None:  # the online softmax's (max, sum)
+            (_, m), (_, total), (_, m_part), (_, total_part) = step.reads
+            _, _, (_, scale), (_, scale_part) = step.writes
+            rows = s.woven
+
+            def row():
+                self.emit(f"const {self.real} m = {self.read(m, rows)}, mp = {self.read(m_part, rows)};")
+                self.emit(f"const {self.real} fresh = {d.math('max', ['m', 'mp'], self.real)};")
+                self.emit(f"const {self.real} a = (m == -NK_INF) ? {self.zero} : {d.math('exp', ['m - fresh'], self.real)};")
+                self.emit(f"const {self.real} b = (mp == -NK_INF) ? {self.zero} : {d.math('exp', ['mp - fresh'], self.real)};")
+                self.emit(self.write(total, rows, f"{self.read(total, rows)} * a + {self.read(total_part, rows)} * b"))
+                self.emit(self.write(m, rows, "fresh"))
+                self.emit(self.write(scale, rows, "a"))
+                self.emit(self.write(scale_part, rows, "b"))
+
+            self.flat_loop(rows, row)
+            return
+        # an output the online softmax rescales
+        (_, acc), (_, incoming), (_, scale), (_, scale_part) = step.reads
+
+        def rescaled(current: str) -> str:
+            return (f"{current} * {self.read(scale, s.axes)} + "
+                    f"{self.read(incoming, s.axes)} * {self.read(scale_part, s.axes)}")
+
+        if acc in self.accumulators:
+            self.owned_outputs(self.accumulators[acc], s.axes, lambda r: self.emit(f"{r} = {rescaled(r)};"))
+            return
+        self.flat_loop(s.axes, lambda: self.emit(self.write(acc, s.axes, rescaled(self.read(acc, s.axes)))))
 
     def step_rescale(self, step: Step):
         s = step.statement

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import NapkinError
 from ..pseudocode import Program
 from ..types import numpy_dtype
-from .lowering import OpenCLDialect, scalar_ctype
+from .lowering import OpenCLDialect, global_arrays, global_sizes, scalar_ctype
 from .translate import lower
 
 
@@ -108,7 +108,8 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
     source, kernels = generate(program, arch=arch)
     built = _built(source)
     diagram = program.diagram
-    sizes = {a: int(program.schedule.axis_size(a)) for a in diagram.axes}
+    sizes = global_sizes(program)  # with a split's part axes (x#)
+    arrays = global_arrays(program)  # with a split's part arrays, which the parts launch saves
     scalars = dict(scalars or {})
     buffers: dict[str, object] = {}
     hosts: dict[str, np.ndarray] = {}
@@ -117,15 +118,15 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
     def buffer(name: str):
         if name in buffers:
             return buffers[name]
-        array = diagram.arrays[name]
-        dtype = numpy_dtype(array.dtype)
+        axes, array_dtype = arrays[name]
+        dtype = numpy_dtype(array_dtype)
         if name in inputs:
             host = np.ascontiguousarray(inputs[name], dtype=dtype)
-            if array.dtype == "bf16":
+            if array_dtype == "bf16":
                 host = host.view(np.uint16)
             buffers[name] = cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=host)
         else:
-            shape = tuple(sizes[a] for a in array.axes)
+            shape = tuple(sizes[a] for a in axes)
             hosts[name] = np.empty(shape, dtype)
             buffers[name] = cl.Buffer(ctx, flags.READ_WRITE, size=max(hosts[name].nbytes, 1))
         return buffers[name]

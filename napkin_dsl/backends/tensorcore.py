@@ -55,7 +55,7 @@ from ..layouts import (
 )
 from ..pseudocode import Loop, Step, walk
 from ..reference import ReferenceFailure, constant_value
-from .lowering import KernelSource, LoweringError, Printer, ident, literal, print_expression, scalar_ctype, state_start
+from .lowering import KernelSource, LoweringError, Printer, ident, literal, print_expression, scalar_ctype, split_loop, state_start
 
 CUDA_PRELUDE = r"""
 // ---- tensor-core primitives (PTX ISA: ldmatrix, mma.m16n8k16, cp.async) ----
@@ -226,6 +226,11 @@ class TensorPrinter(Printer):
     """Prints one launch on the tensor-core path of ``plan``."""
 
     def __init__(self, program, launch, dialect, plan: TensorPlan):
+        cut = split_loop(launch)
+        if cut is not None:
+            raise LoweringError(f"split {cut.axis}: the parts launch on the tensor-core path (mma.sync, wgmma) "
+                                "is not printed yet (its epilogue saving the accumulator fragments as the part states)",
+                                hint="run it with --backend numpy, or on OpenCL/CUDA at sizes where isel keeps the launch on the FMA path")
         super().__init__(program, launch, dialect, plan.threads)
         self.plan = plan
         self.smem, self.arena = smem_layout(plan, self.tile, self.diagram)
