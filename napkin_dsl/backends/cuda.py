@@ -28,7 +28,7 @@ from ..hardware import DEFAULT_ARCH
 from ..pseudocode import Program
 from ..types import numpy_dtype
 from .compiled import CompiledKernel, KernelSource
-from .lowering import CudaDialect, bound_sizes, ident, scalar_ctype
+from .lowering import CudaDialect, bound_sizes, global_arrays, global_sizes, ident, scalar_ctype
 from .translate import lower
 
 
@@ -152,7 +152,9 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
     diagram = program.diagram
     scalars = dict(scalars or {})
     sizes = {a: int(program.schedule.axis_size(a)) for a in diagram.axes}
-    produced = {s.target for s in diagram.statements}
+    arrays = global_arrays(program)  # with a split's part arrays (O.acc.part[x# ...])
+    sizes = global_sizes(program)
+    produced = {s.target for s in diagram.statements} | (set(arrays) - set(diagram.arrays))
     for name in diagram.params:
         if name in diagram.arrays and name not in inputs:
             raise NapkinCallError(f"input {name} of {diagram.name} is missing")
@@ -165,18 +167,18 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
     def argument(name: str):
         if name in held:
             return held[name]
-        array = diagram.arrays[name]
-        shape = tuple(sizes[a] for a in array.axes)
+        axes, dtype = arrays[name]
+        shape = tuple(sizes[a] for a in axes)
         value = inputs.get(name)
         if name not in produced and hasattr(value, "__cuda_array_interface__"):
-            held[name] = _device_pointer(name, value, array.dtype, shape)
+            held[name] = _device_pointer(name, value, dtype, shape)
             return held[name]
         if name not in produced:
-            buffer = device.to_device(_host_array(name, value, array.dtype, shape))
-        else:  # an output, or an intermediate materialised in device memory
-            buffer = device.alloc(int(np.prod(shape)) * numpy_dtype(array.dtype).itemsize)
+            buffer = device.to_device(_host_array(name, value, dtype, shape))
+        else:  # an output, an intermediate materialised in device memory, a split's part states
+            buffer = device.alloc(int(np.prod(shape)) * numpy_dtype(dtype).itemsize)
             if name in diagram.outputs:
-                host_outputs[name] = np.empty(shape, numpy_dtype(array.dtype))
+                host_outputs[name] = np.empty(shape, numpy_dtype(dtype))
         owned.append(buffer)
         held[name] = buffer
         return buffer
