@@ -93,3 +93,22 @@ def test_the_memory_estimate_is_the_whole_arrays_and_twice_the_tiles():
     tiles = (8 * 16 + 8 * 16 + 8 + 8) * 4
     assert estimate_bytes(program, tiles=False) == whole
     assert estimate_bytes(program, tiles=True) == whole + 2 * tiles
+
+
+DEFAULTS = """
+kernel rows(X: f32[a b c]) -> Y: f32[a c]:
+    Y[a c] = sum[b](X[a b c])
+
+relabel rows on two_level:
+    l1: group a 8, c g_c; stream b 1
+"""
+
+
+def test_default_check_sizes_follow_the_documented_rule():
+    # a partitioned by 8: 8 + 8 // 2 + 3 = 15 (two tiles, the second a tail of 7); b by 1: 2;
+    # c only by a symbol: 64; the symbol g_c: 16; a given size wins
+    from napkin_dsl.backends.numpy import default_sizes
+
+    kernel = napkin.load(DEFAULTS)["rows"]
+    assert default_sizes(kernel) == {"a": 15, "b": 2, "c": 64, "g_c": 16}
+    assert default_sizes(kernel, {"a": 5}) == {"a": 5, "b": 2, "c": 64, "g_c": 16}
