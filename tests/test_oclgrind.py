@@ -76,6 +76,8 @@ SIZES = {
     "sliding_window.napkin": {"b": 1, "h": 1, "q": 32, "x": 300, "d": 16},
     "attention_lse.napkin": {"b": 1, "h": 1, "q": 32, "x": 80, "d": 16},
     "swiglu.napkin": {"t": 32, "m": 64, "f": 32, "e": 32},
+    # a split (issue 28): 2 parts of x (the second 76 long, its last chunk short) and the combine
+    "decode.napkin": {"b": 1, "kv": 1, "r": 4, "x": 1100, "d": 16},
 }
 TENSOR_CORES = {"attention.napkin", "gqa.napkin", "matmul.napkin", "mlp.napkin", "causal_attention.napkin",
                 "sliding_window.napkin", "attention_lse.napkin", "swiglu.napkin"}
