@@ -182,6 +182,9 @@ class _Problems:
     def add(self, line: str):
         self.lines.append(line)
 
+    def extend(self, lines):
+        self.lines.extend(lines)
+
     def raise_if_any(self, diagram: Diagram, arrays: dict, scalars: dict):
         if not self.lines:
             return
@@ -533,172 +536,314 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
     raises NotImplementedError here, before anything runs.
 
     Raises :class:`~napkin_dsl.errors.NapkinCallError` listing every problem at once.
+
+    The steps, in order: the arguments against the signature (:func:`_argument_problems`); the
+    sizes the kernel fixes; each array read (:func:`_readable_array`), checked and copied, its
+    axes bound (:func:`_bind_array`); ``sizes=`` (:func:`_bind_given_sizes`); axes left unbound
+    (:func:`_unbound_axis_problems`); each scalar (:func:`_bind_scalar`). Each check returns its
+    reasons and this function raises once, with the whole call; then whether the caller's
+    library can hold the outputs (:func:`_output_refusal`).
     """
     diagram = diagram_of(diagram)
     scalars = dict(scalars or {})
     arrays = dict(arrays)
     sizes = dict(sizes or {})
     problems = _Problems()
+    problems.extend(_argument_problems(diagram, arrays, scalars))
 
-    array_params = [p for p in diagram.params if p in diagram.arrays]
-    scalar_params = [p for p in diagram.params if p in diagram.scalars]
+    # Axis sizes: the first argument carrying an axis binds it; every later one must agree.
+    bound = _sizes_the_kernel_fixes(diagram)
+    converted: dict[str, Any] = {}
+    caller: _Caller | None = None
+    for name in _array_params(diagram):
+        if name not in arrays:
+            continue
+        argument = _readable_array(name, arrays[name], diagram.arrays[name], cast, keep_on_device)
+        if isinstance(argument, str):
+            problems.add(argument)
+            continue
+        if argument.foreign:
+            caller = caller or _Caller.of(arrays[name])
+        copy, array_problems = _bind_array(name, argument, diagram.arrays[name], cast, bound)
+        problems.extend(array_problems)
+        if copy is not None:
+            converted[name] = copy
+        del argument  # with it its keepalive (a DLPack capsule): the producer may release its memory
+
+    problems.extend(_bind_given_sizes(diagram, sizes, bound))
+    problems.extend(_unbound_axis_problems(diagram, bound))
+
+    bound_scalars: dict[str, np.generic] = {}
+    for name in _scalar_params(diagram):
+        if name not in scalars:
+            continue
+        scalar = _bind_scalar(name, scalars[name], diagram.scalars[name], cast)
+        if isinstance(scalar, _Refused):
+            problems.add(scalar.reason)
+        else:
+            bound_scalars[name] = scalar
+
+    problems.raise_if_any(diagram, arrays, scalars)
+    if caller is not None and (refusal := _output_refusal(diagram, caller)) is not None:
+        raise refusal
+    ordered = {axis: bound[axis][0] for axis in diagram.axes}
+    return Binding(ordered, converted, bound_scalars, caller)
+
+
+def _array_params(diagram: Diagram) -> list[str]:
+    return [p for p in diagram.params if p in diagram.arrays]
+
+
+def _scalar_params(diagram: Diagram) -> list[str]:
+    return [p for p in diagram.params if p in diagram.scalars]
+
+
+def _argument_problems(diagram: Diagram, arrays: dict, scalars: dict) -> list[str]:
+    """Which parameters the call leaves out, and which arguments the kernel does not take.
+
+    A parameter passed in the wrong one of ``arrays`` and ``scalars`` is named as such, so the
+    fix is plain; an unknown name gets its close matches."""
+    array_params, scalar_params = _array_params(diagram), _scalar_params(diagram)
+    problems = []
     for name in array_params:
         if name not in arrays:
             where = " (it was passed as a scalar)" if name in scalars else ""
-            problems.add(f"missing array {name}: {diagram.arrays[name].dtype}[{' '.join(diagram.arrays[name].axes)}]{where}")
+            problems.append(f"missing array {name}: {diagram.arrays[name].dtype}[{' '.join(diagram.arrays[name].axes)}]{where}")
     for name in scalar_params:
         if name not in scalars:
             where = " (it was passed as an array)" if name in arrays else ""
-            problems.add(f"missing scalar {name}: {diagram.scalars[name].dtype}{where}")
-    for name in arrays:
-        if name not in array_params and name not in scalar_params:
-            problems.add(f"unexpected argument {name!r}: {diagram.name} takes {', '.join(diagram.params)}"
-                         + _did_you_mean(name, diagram.params))
-    for name in scalars:
-        if name not in array_params and name not in scalar_params:
-            problems.add(f"unexpected scalar {name!r}: {diagram.name} takes {', '.join(diagram.params)}"
-                         + _did_you_mean(name, diagram.params))
+            problems.append(f"missing scalar {name}: {diagram.scalars[name].dtype}{where}")
+    for kind, given in (("argument", arrays), ("scalar", scalars)):
+        for name in given:
+            if name not in array_params and name not in scalar_params:
+                problems.append(f"unexpected {kind} {name!r}: {diagram.name} takes {', '.join(diagram.params)}"
+                                + _did_you_mean(name, diagram.params))
+    return problems
 
-    # Axis sizes: the first argument carrying an axis binds it; every later one must agree.
-    bound: dict[str, tuple[int, str]] = {}  # axis -> (size, where it came from)
+
+def _sizes_the_kernel_fixes(diagram: Diagram) -> dict[str, tuple[int, str]]:
+    """axis -> (size, where it came from) for the axes the kernel fixes to an integer: the
+    start of the binding, so that an argument disagreeing with the kernel is reported."""
+    bound: dict[str, tuple[int, str]] = {}
     for axis in diagram.axes:
         fixed = _fixed_size(diagram, axis)
         if fixed is not None:
             bound[axis] = (fixed, "the kernel")
+    return bound
 
-    converted: dict[str, Any] = {}
-    caller: _Caller | None = None
-    for name in array_params:
-        if name not in arrays:
-            continue
-        declared = diagram.arrays[name]
-        target = numpy_dtype(declared.dtype)
-        value = arrays[name]
-        keepalive = None  # what keeps a foreign array's memory valid until it is copied
-        foreign = None if isinstance(value, np.ndarray) else _traced(name, value) or _foreign_array(name, value, target, keep_on_device)
-        if isinstance(foreign, str):
-            problems.add(foreign)
-            continue
-        if foreign is not None:
-            caller = caller or _Caller.of(value)
-            value, keepalive = foreign
-        if not isinstance(value, (np.ndarray, DeviceArray)) or isinstance(value, np.ma.MaskedArray):
-            if isinstance(value, np.ma.MaskedArray):
-                problems.add(f"{name} is a masked array; napkin would drop its mask. Pass numpy.ma.filled({name}) instead")
-                continue
-            if not cast:
-                problems.add(f"{name} must be a numpy.ndarray of {_dtype_text(declared.dtype)}, got {type(value).__name__}; "
-                             f"pass cast=True to convert array-likes")
-                continue
-            try:
-                value = np.asarray(value)
-            except (TypeError, ValueError) as exc:  # an array-like that cannot become an array (e.g. a GPU array)
-                problems.add(f"cannot convert {name} ({type(value).__name__}) to an array: {exc}")
-                continue
-        if len(value.shape) != len(declared.axes):
-            problems.add(f"{name} is declared {declared.dtype}[{' '.join(declared.axes)}] ({len(declared.axes)} axes) "
-                         f"but got an array of shape {tuple(value.shape)} ({len(value.shape)} axes)")
-            continue
-        convertible = True
-        if not _same_dtype(value.dtype, target):
-            if isinstance(value, DeviceArray):
-                problems.add(f"{name} is {value.dtype} in CUDA device memory but is declared {_dtype_text(declared.dtype)}; "
-                             f"napkin does not convert on the device: convert it there first")
-                convertible = False
-            elif not cast:
-                how = "with .astype(...)" if foreign is None else "first"
-                problems.add(f"{name} must be {_dtype_text(declared.dtype)}, got {value.dtype}; convert it {how} or pass cast=True")
-                convertible = False
-            elif refusal := _conversion_problem(value.dtype, target):
-                problems.add(f"{name}: {refusal} ({name} is declared {_dtype_text(declared.dtype)})")
-                convertible = False
-        for dim, (axis, size) in enumerate(zip(declared.axes, value.shape, strict=False)):
-            if size == 0:
-                problems.add(f"axis {axis} has size 0 in {name} (dim {dim}); napkin kernels need at least one element along every axis")
-                continue
-            if axis in bound and bound[axis][0] != size:
-                problems.add(f"axis {axis} is {bound[axis][0]} in {bound[axis][1]} but {size} in {name} (dim {dim})")
-            else:
-                bound.setdefault(axis, (int(size), f"{name} (dim {dim})"))
-        if convertible and isinstance(value, DeviceArray):
-            converted[name] = value  # read in place by the CUDA backend: zero-copy
-        elif convertible:
-            # Always a fresh C-contiguous copy: never a view of, nor a reference to, the user's array.
-            converted[name] = np.array(value, dtype=target, order="C", copy=True)
-        del keepalive  # a DLPack capsule: the producer may release its memory from here on
 
+@dataclass(frozen=True)
+class _Readable:
+    """An array argument napkin can read: a NumPy array or a :class:`DeviceArray`.
+
+    ``foreign``: it came from another library (its outputs go back as that library's arrays);
+    ``keepalive`` keeps a foreign array's memory valid until it is copied."""
+
+    value: Any
+    foreign: bool
+    keepalive: Any = None
+
+
+def _readable_array(name: str, value, declared, cast: bool, keep_on_device: bool) -> _Readable | str:
+    """The argument as an array napkin can read, or why it is not one.
+
+    A foreign array is read through DLPack or ``__cuda_array_interface__``; a masked array is
+    refused (its mask would be dropped silently); any other array-like only with ``cast=True``."""
+    target = numpy_dtype(declared.dtype)
+    foreign = None if isinstance(value, np.ndarray) else _traced(name, value) or _foreign_array(name, value, target, keep_on_device)
+    if isinstance(foreign, str):
+        return foreign
+    if foreign is not None:
+        array, keepalive = foreign
+        return _Readable(array, True, keepalive)
+    if isinstance(value, np.ma.MaskedArray):
+        return f"{name} is a masked array; napkin would drop its mask. Pass numpy.ma.filled({name}) instead"
+    if not isinstance(value, (np.ndarray, DeviceArray)):
+        if not cast:
+            return (f"{name} must be a numpy.ndarray of {_dtype_text(declared.dtype)}, got {type(value).__name__}; "
+                    f"pass cast=True to convert array-likes")
+        try:
+            value = np.asarray(value)
+        except (TypeError, ValueError) as exc:  # an array-like that cannot become an array (e.g. a GPU array)
+            return f"cannot convert {name} ({type(value).__name__}) to an array: {exc}"
+    return _Readable(value, False)
+
+
+def _rank_problem(name: str, value, declared) -> str | None:
+    """Why the array's rank does not match its declared axes, or None."""
+    if len(value.shape) != len(declared.axes):
+        return (f"{name} is declared {declared.dtype}[{' '.join(declared.axes)}] ({len(declared.axes)} axes) "
+                f"but got an array of shape {tuple(value.shape)} ({len(value.shape)} axes)")
+    return None
+
+
+def _dtype_problem(name: str, argument: _Readable, declared, cast: bool) -> str | None:
+    """Why the array cannot be bound in its declared dtype, or None.
+
+    Without ``cast`` it must already have that dtype (a silent conversion would hide a float32
+    array passed to a bf16 kernel); device memory is never converted; with ``cast`` the
+    conversion must not lose meaning (:func:`_conversion_problem`)."""
+    value, target = argument.value, numpy_dtype(declared.dtype)
+    if _same_dtype(value.dtype, target):
+        return None
+    if isinstance(value, DeviceArray):
+        return (f"{name} is {value.dtype} in CUDA device memory but is declared {_dtype_text(declared.dtype)}; "
+                f"napkin does not convert on the device: convert it there first")
+    if not cast:
+        how = "with .astype(...)" if not argument.foreign else "first"
+        return f"{name} must be {_dtype_text(declared.dtype)}, got {value.dtype}; convert it {how} or pass cast=True"
+    if refusal := _conversion_problem(value.dtype, target):
+        return f"{name}: {refusal} ({name} is declared {_dtype_text(declared.dtype)})"
+    return None
+
+
+def _agreement_problem(axis: str, size: int, where: str, bound: dict) -> str | None:
+    """Why ``axis`` cannot be ``size`` as ``where`` says: an earlier argument (or the kernel)
+    bound it to another size. None when it agrees or is not bound yet."""
+    if axis in bound and bound[axis][0] != size:
+        return f"axis {axis} is {bound[axis][0]} in {bound[axis][1]} but {size} in {where}"
+    return None
+
+
+def _bind_array(name: str, argument: _Readable, declared, cast: bool, bound: dict) -> tuple[Any, list[str]]:
+    """One readable array checked, its axes bound into ``bound``: (its private copy, or the
+    device array itself; None when refused) and the problems found.
+
+    A rank mismatch stops there (its dims name no axis); a dtype problem still lets the sizes be
+    checked and bound, so that one call reports both."""
+    rank = _rank_problem(name, argument.value, declared)
+    if rank is not None:
+        return None, [rank]
+    dtype = _dtype_problem(name, argument, declared, cast)
+    problems = [dtype] if dtype is not None else []
+    value = argument.value
+    for dim, (axis, size) in enumerate(zip(declared.axes, value.shape, strict=False)):
+        if size == 0:
+            problems.append(f"axis {axis} has size 0 in {name} (dim {dim}); napkin kernels need at least one element along every axis")
+            continue
+        where = f"{name} (dim {dim})"
+        disagreement = _agreement_problem(axis, size, where, bound)
+        if disagreement is not None:
+            problems.append(disagreement)
+        else:
+            bound.setdefault(axis, (int(size), where))
+    if dtype is not None:
+        return None, problems
+    if isinstance(value, DeviceArray):
+        return value, problems  # read in place by the CUDA backend: zero-copy
+    # Always a fresh C-contiguous copy: never a view of, nor a reference to, the user's array.
+    return np.array(value, dtype=numpy_dtype(declared.dtype), order="C", copy=True), problems
+
+
+def _given_size_problem(diagram: Diagram, axis: str, size) -> str | None:
+    """Why ``sizes[axis] = size`` is not a size of one of the kernel's axes, or None."""
+    if axis not in diagram.axes:
+        return (f"sizes= names axis {axis!r}, which {diagram.name} does not have; its axes are "
+                f"{' '.join(diagram.axes)}" + _did_you_mean(axis, diagram.axes))
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+        return f"sizes[{axis!r}] must be an integer, got {_describe_value(size)}"
+    if size <= 0:
+        return f"sizes[{axis!r}] is {size}; napkin kernels need at least one element along every axis"
+    return None
+
+
+def _bind_given_sizes(diagram: Diagram, sizes: dict, bound: dict) -> list[str]:
+    """``sizes=`` bound into ``bound`` after the arrays (so a disagreement names the array);
+    the problems found."""
+    problems = []
     for axis, size in sizes.items():
-        if axis not in diagram.axes:
-            problems.add(f"sizes= names axis {axis!r}, which {diagram.name} does not have; its axes are "
-                         f"{' '.join(diagram.axes)}" + _did_you_mean(axis, diagram.axes))
-            continue
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
-            problems.add(f"sizes[{axis!r}] must be an integer, got {_describe_value(size)}")
-            continue
-        if size <= 0:
-            problems.add(f"sizes[{axis!r}] is {size}; napkin kernels need at least one element along every axis")
-            continue
-        if axis in bound and bound[axis][0] != size:
-            problems.add(f"axis {axis} is {bound[axis][0]} in {bound[axis][1]} but {size} in sizes=")
+        problem = _given_size_problem(diagram, axis, size) or _agreement_problem(axis, size, "sizes=", bound)
+        if problem is not None:
+            problems.append(problem)
         else:
             bound.setdefault(axis, (int(size), "sizes="))
+    return problems
 
-    # Axes of an input that failed above are reported with that input, not as unbound here.
-    input_axes = {axis for name in array_params for axis in diagram.arrays[name].axes}
+
+def _unbound_axis_problems(diagram: Diagram, bound: dict) -> list[str]:
+    """The axes that neither an input nor ``sizes=`` gave a size, each with where it appears.
+
+    Axes of an input that failed are reported with that input, not as unbound here."""
+    input_axes = {axis for name in _array_params(diagram) for axis in diagram.arrays[name].axes}
+    problems = []
     for axis in diagram.axes:
         if axis not in bound and axis not in input_axes:
             holders = [a.name for a in diagram.arrays.values() if axis in a.axes]
             where = f"only in {', '.join(holders)}" if holders else "in no array (an opaque box's axis)"
-            problems.add(f"axis {axis} is not carried by any input (it appears {where}); "
-                         f"give its size with sizes={{{axis!r}: N}}")
+            problems.append(f"axis {axis} is not carried by any input (it appears {where}); "
+                            f"give its size with sizes={{{axis!r}: N}}")
+    return problems
 
-    bound_scalars: dict[str, np.generic] = {}
-    for name in scalar_params:
-        if name not in scalars:
-            continue
-        value = scalars[name]
-        declared = diagram.scalars[name]
-        target = numpy_dtype(declared.dtype)
-        if isinstance(value, np.ndarray) and value.ndim == 0:
-            value = value[()]
-        elif not isinstance(value, np.generic) and getattr(value, "shape", None) == () and hasattr(value, "item"):
-            value = _foreign_scalar(name, value)
-            if isinstance(value, str):
-                problems.add(value)
-                continue
-        real = isinstance(value, (int, float, np.integer, np.floating)) or (
-            isinstance(value, np.generic) and _is_real_numeric(np.dtype(type(value))))
-        if isinstance(value, (bool, np.bool_)) or not real:
-            problems.add(f"scalar {name} must be a real number ({_dtype_text(declared.dtype)}), got {_describe_value(value)}")
-            continue
-        if target.kind in "iu":
-            # cast=True accepts 3.0 for an integer scalar, never 2.5: truncating would change the kernel's result.
-            integral = isinstance(value, (int, np.integer)) or (cast and float(value).is_integer())
-            if not integral:
-                problems.add(f"scalar {name} is {_dtype_text(declared.dtype)} but got {_describe_value(value)}; pass an integer")
-                continue
-            info = np.iinfo(target)
-            if not info.min <= int(value) <= info.max:
-                problems.add(f"scalar {name} = {value!r} does not fit {_dtype_text(declared.dtype)}")
-                continue
-            value = int(value)
-        bound_scalars[name] = target.type(value)
 
-    problems.raise_if_any(diagram, arrays, scalars)
-    if caller is not None:
-        for output in diagram.outputs:
-            dtype = numpy_dtype(diagram.arrays[output].dtype)
-            if caller.framework == "jax" and dtype.itemsize == 8 and not _jax_x64():
-                # jax.device_put would silently halve the output to 32 bits.
-                raise NapkinCallError(f"{diagram.name}'s output {output} is {_dtype_text(diagram.arrays[output].dtype)}, "
-                                      f"but JAX runs without 64-bit types and would return it as 32 bits",
-                                      hint="jax.config.update('jax_enable_x64', True), or pass NumPy arrays")
-            if _cannot_hold(caller.framework, dtype):
-                raise NotImplementedError(f"returning {diagram.name}'s output {output} ({_dtype_text(diagram.arrays[output].dtype)}) "
-                                          f"as a {caller.framework} array: {caller.framework} has no {dtype.name} type; "
-                                          f"pass NumPy arrays to get NumPy outputs")
-    ordered = {axis: bound[axis][0] for axis in diagram.axes}
-    return Binding(ordered, converted, bound_scalars, caller)
+@dataclass(frozen=True)
+class _Refused:
+    """Why a scalar argument was refused (a class, not a bare string, so that no argument value
+    can be mistaken for a reason)."""
+
+    reason: str
+
+
+def _scalar_value(name: str, value):
+    """A 0-d array (NumPy's, or another library's) as its one value; other values as they are;
+    a :class:`_Refused` for a 0-d array napkin cannot read."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return value[()]
+    if not isinstance(value, np.generic) and getattr(value, "shape", None) == () and hasattr(value, "item"):
+        value = _foreign_scalar(name, value)
+        if isinstance(value, str):
+            return _Refused(value)
+    return value
+
+
+def _scalar_problem(name: str, value, declared, cast: bool) -> str | None:
+    """Why ``value`` cannot be the scalar ``name`` of its declared dtype, or None.
+
+    Booleans are refused (a flag is not a number); an integer scalar takes 3.0 with ``cast``,
+    never 2.5 (truncating would change the kernel's result), and only values its dtype holds."""
+    target = numpy_dtype(declared.dtype)
+    real = isinstance(value, (int, float, np.integer, np.floating)) or (
+        isinstance(value, np.generic) and _is_real_numeric(np.dtype(type(value))))
+    if isinstance(value, (bool, np.bool_)) or not real:
+        return f"scalar {name} must be a real number ({_dtype_text(declared.dtype)}), got {_describe_value(value)}"
+    if target.kind in "iu":
+        integral = isinstance(value, (int, np.integer)) or (cast and float(value).is_integer())
+        if not integral:
+            return f"scalar {name} is {_dtype_text(declared.dtype)} but got {_describe_value(value)}; pass an integer"
+        info = np.iinfo(target)
+        if not info.min <= int(value) <= info.max:
+            return f"scalar {name} = {value!r} does not fit {_dtype_text(declared.dtype)}"
+    return None
+
+
+def _bind_scalar(name: str, value, declared, cast: bool) -> np.generic | _Refused:
+    """The scalar as a NumPy scalar of its declared dtype, or why it is refused."""
+    value = _scalar_value(name, value)
+    if isinstance(value, _Refused):
+        return value
+    problem = _scalar_problem(name, value, declared, cast)
+    if problem is not None:
+        return _Refused(problem)
+    target = numpy_dtype(declared.dtype)
+    return target.type(int(value) if target.kind in "iu" else value)
+
+
+def _output_refusal(diagram: Diagram, caller: _Caller) -> Exception | None:
+    """Why the outputs cannot go back as the caller's arrays (the error to raise), or None.
+
+    Checked before anything runs, so that a long kernel is not run for outputs that cannot be
+    returned: JAX without 64-bit types would silently halve a 64-bit output, and a library with
+    no array type of an output's dtype (CuPy and bf16) cannot hold it at all."""
+    for output in diagram.outputs:
+        dtype = numpy_dtype(diagram.arrays[output].dtype)
+        if caller.framework == "jax" and dtype.itemsize == 8 and not _jax_x64():
+            return NapkinCallError(f"{diagram.name}'s output {output} is {_dtype_text(diagram.arrays[output].dtype)}, "
+                                   f"but JAX runs without 64-bit types and would return it as 32 bits",
+                                   hint="jax.config.update('jax_enable_x64', True), or pass NumPy arrays")
+        if _cannot_hold(caller.framework, dtype):
+            return NotImplementedError(f"returning {diagram.name}'s output {output} ({_dtype_text(diagram.arrays[output].dtype)}) "
+                                       f"as a {caller.framework} array: {caller.framework} has no {dtype.name} type; "
+                                       f"pass NumPy arrays to get NumPy outputs")
+    return None
 
 
 # ---- the memory guard of the NumPy reference ---------------------------------------------------

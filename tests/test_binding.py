@@ -392,3 +392,91 @@ def test_cuda_array_interface_objects():
     text = error_text(kernel, {"X": CudaInterfaceOnly((3, 5), "<V2", strides=(2, 6))}, keep_on_device=True)
     assert "not C-contiguous" in text
     assert "host backends (numpy, opencl) cannot read" in error_text(kernel, {"X": CudaInterfaceOnly((3, 5), "<V2")})
+
+
+# ---- the legality steps of bind(), one at a time: each returns its reason, or None -------------
+
+from napkin_dsl.binding import (  # noqa: E402 - the private steps, tested apart from bind()
+    _agreement_problem,
+    _argument_problems,
+    _bind_scalar,
+    _Caller,
+    _dtype_problem,
+    _given_size_problem,
+    _output_refusal,
+    _rank_problem,
+    _Readable,
+    _readable_array,
+    _Refused,
+    _scalar_problem,
+)
+
+
+def test_argument_problems_name_the_missing_and_the_unexpected(attention):
+    diagram = attention.diagram
+    arrays = qkv()
+    assert _argument_problems(diagram, arrays, {}) == []
+    del arrays["V"]
+    arrays["Kk"] = arrays["K"]
+    assert _argument_problems(diagram, arrays, {}) == [
+        "missing array V: bf16[b h x d]",
+        "unexpected argument 'Kk': attention takes Q, K, V (did you mean 'K'?)",
+    ]
+
+
+def test_readable_array_says_why_an_argument_is_not_an_array(attention):
+    declared = attention.diagram.arrays["Q"]
+    readable = _readable_array("Q", qkv()["Q"], declared, cast=False, keep_on_device=False)
+    assert isinstance(readable, _Readable) and not readable.foreign
+    assert "pass cast=True" in _readable_array("Q", [[1.0]], declared, cast=False, keep_on_device=False)
+    assert isinstance(_readable_array("Q", [[1.0]], declared, cast=True, keep_on_device=False), _Readable)
+    masked = np.ma.masked_array(np.ones(2, BF16))
+    assert "masked array" in _readable_array("Q", masked, declared, cast=True, keep_on_device=False)
+
+
+def test_rank_and_dtype_problems(attention):
+    declared = attention.diagram.arrays["Q"]
+    good = qkv()["Q"]
+    assert _rank_problem("Q", good, declared) is None
+    assert "(4 axes) but got an array of shape (2, 3) (2 axes)" in _rank_problem("Q", np.ones((2, 3), BF16), declared)
+    assert _dtype_problem("Q", _Readable(good, False), declared, cast=False) is None
+    wrong = _Readable(good.astype(np.float32), False)
+    assert "convert it with .astype(...) or pass cast=True" in _dtype_problem("Q", wrong, declared, cast=False)
+    assert _dtype_problem("Q", wrong, declared, cast=True) is None
+    complex_values = _Readable(np.ones(good.shape, np.complex64), False)
+    assert "cannot convert complex64 values to numbers" in _dtype_problem("Q", complex_values, declared, cast=True)
+
+
+def test_agreement_and_given_size_problems():
+    diagram = load("paper/fig11.napkin").diagram
+    bound = {"a": (2, "X (dim 0)")}
+    assert _agreement_problem("a", 2, "sizes=", bound) is None
+    assert _agreement_problem("y", 7, "sizes=", bound) is None  # not bound yet
+    assert _agreement_problem("a", 3, "sizes=", bound) == "axis a is 2 in X (dim 0) but 3 in sizes="
+    assert _given_size_problem(diagram, "y", 6) is None
+    assert _given_size_problem(diagram, "y", np.int64(6)) is None
+    assert _given_size_problem(diagram, "y", 0) == "sizes['y'] is 0; napkin kernels need at least one element along every axis"
+    assert _given_size_problem(diagram, "y", True) == "sizes['y'] must be an integer, got bool True"
+    assert _given_size_problem(diagram, "z", 1).startswith("sizes= names axis 'z', which fig11 does not have")
+
+
+def test_scalar_problems_and_binding():
+    (kernel,) = napkin.load("kernel s(X: f32[a], n: i32) -> Y: f32[a]:\n    Y[a] = X * n\n").values()
+    declared = kernel.diagram.scalars["n"]
+    assert _scalar_problem("n", 3, declared, cast=False) is None
+    assert _scalar_problem("n", 3.0, declared, cast=True) is None
+    assert "pass an integer" in _scalar_problem("n", 3.0, declared, cast=False)
+    assert "pass an integer" in _scalar_problem("n", 2.5, declared, cast=True)
+    assert "must be a real number" in _scalar_problem("n", True, declared, cast=False)
+    assert "does not fit i32" in _scalar_problem("n", 2**40, declared, cast=False)
+    assert _bind_scalar("n", np.array(3.0), declared, cast=True) == np.int32(3)
+    # A text argument is refused with its reason, never taken for a reason itself.
+    refused = _bind_scalar("n", "three", declared, cast=False)
+    assert isinstance(refused, _Refused) and refused.reason.startswith("scalar n must be a real number")
+
+
+def test_output_refusal_when_the_caller_cannot_hold_an_output(attention):
+    # CuPy has no bf16: attention's bf16 output could not go back as a CuPy array.
+    refusal = _output_refusal(attention.diagram, _Caller("cupy", 0))
+    assert isinstance(refusal, NotImplementedError) and "cupy has no bfloat16 type" in str(refusal)
+    assert _output_refusal(load("softmax.napkin").diagram, _Caller("cupy", 0)) is None
