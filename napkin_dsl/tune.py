@@ -944,13 +944,18 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
            launch_index: int | None = None):
     """Predicted time of every candidate of one knob set, fast: the Program is elaborated once
     with symbolic partition sizes and its costs become Python functions of them. With
-    ``launch_index``, only that launch is priced."""
-    schedule = make_schedule(diagram, profile, _block(diagram, profile, knobs, {}), sizes)
-    program = elaborate(schedule)
-    if launch_index is not None:
-        program = Program(schedule, (program.launches[launch_index],))
+    ``launch_index``, only that launch is priced.
+
+    The steps: the symbolic Program (:func:`_symbolic_program`); what each candidate must not
+    exceed, memory per level (:func:`_memory_exprs`); the transfers into the compute level
+    (:func:`_traffic_expr`); compute per launch and path (:func:`_fma_only_reason`,
+    :func:`_compute_terms`); blocks and first tiles per launch (:func:`_block_and_tile_exprs`);
+    the compulsory transfers under device memory (:func:`_compulsory_seconds`); these compiled
+    into one :class:`_Estimate`, which scores every candidate (:func:`_scored_candidates`).
+    Returns (the fitting candidates as (estimate, combo), best first; how many were evaluated;
+    the multiple each axis must be; the estimate)."""
+    schedule, program = _symbolic_program(diagram, profile, knobs, sizes, launch_index)
     required = divisibility(diagram, knobs, program.launches[0].launch.statements if launch_index is not None else None)
-    rows = columns(program)
     # With symbolic tiles the visited chunks of a masked stream have no closed form, and the
     # Program counts every chunk (cost.step_total): more than the exact model, which skips the
     # chunks the mask hides. Its steps are counted at a lower bound instead (_at_least).
@@ -958,41 +963,98 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
     priced = _masked_priced(program, unmasked) if unmasked else flops_by_unit(program)[1]
     symbols = [k.symbol for k in knobs]
     compute_level = schedule.compute_level
-    # The shared L2 is grouped after the fact (plan.py), so its capacity is not a constraint here.
+    n_levels, memory_exprs, capacity = _memory_exprs(profile, schedule, columns(program))
+    traffic_expr = _traffic_expr(profile, program, compute_level, unmasked)
+    fma_launches = {launch.index for launch in program.launches
+                    if _fma_only_reason(diagram, launch, compute_level) is not None}
+    terms = _compute_terms(profile, priced, fma_launches)
+    launch_indices = sorted({launch for launch, _ in terms})
+    compute_keys = [(index, on_fma) for index in launch_indices for on_fma in (False, True)]
+    blocks_exprs, tile_exprs = _block_and_tile_exprs(program, compute_level)
+    compulsory = _compulsory_seconds(diagram, profile, program, compute_level, sizes)
+    # One compiled function per knob set: memory per level, compute per launch and path, traffic,
+    # blocks per launch.
+    evaluate = algebra.lambdify(symbols, memory_exprs + [algebra.Add(*terms[key]) for key in compute_keys] + [traffic_expr]
+                                + blocks_exprs)
+    estimate = _Estimate(profile, evaluate, capacity, n_levels, launch_indices, [launch.index for launch in program.launches],
+                         bool(unmasked), algebra.lambdify(symbols, blocks_exprs + tile_exprs), compulsory)
+    options = [_candidates(int(sizes[k.axis]), required.get(k.axis, 1)) for k in knobs]
+    scored, evaluated = _scored_candidates(estimate, options, max_candidates)
+    return scored, evaluated, required, estimate
+
+
+def _symbolic_program(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict,
+                      launch_index: int | None) -> tuple:
+    """(schedule, Program) with every knob a symbol: elaborated once, so that a candidate is
+    priced by evaluating expressions, not by elaborating again. With ``launch_index``, the
+    Program holds that launch alone."""
+    schedule = make_schedule(diagram, profile, _block(diagram, profile, knobs, {}), sizes)
+    program = elaborate(schedule)
+    if launch_index is not None:
+        program = Program(schedule, (program.launches[launch_index],))
+    return schedule, program
+
+
+def _memory_exprs(profile: Hardware, schedule, rows: list) -> tuple[int, list, list]:
+    """(how many levels are constrained, each one's memory expression, each one's capacity):
+    what a candidate must not exceed.
+
+    M is read off the same columns as cost.level_costs, but stays the columns' expressions
+    whose largest is taken per candidate in Python: a symbolic Max of them is most of the cost
+    of a search. The shared L2 is grouped after the fact (plan.py), so its capacity is not a
+    constraint here; nor is a level of unbounded capacity."""
     shared = shared_cache_level(schedule)
-    # M and H read off the same columns and steps as cost.level_costs, but M stays a list of the
-    # columns' expressions whose largest is taken per candidate in Python: a symbolic Max of
-    # them is most of the cost of a search.
-    level_names, memory_exprs, capacity = [], [], []
+    memory_exprs, capacity = [], []
     for level in profile.levels[1:]:
         if level.capacity is None or level.name == shared:
             continue
         exprs = list(dict.fromkeys(algebra.as_expr(r["M_bytes"].get(level.name, 0)) for r in rows))
-        level_names.append(level.name)
         memory_exprs.append(algebra.Max(tuple(exprs)) if len(exprs) > 1 else exprs[0])  # unsimplified: max() per candidate
         capacity.append(as_number(bind(level.capacity, schedule.sizes)))
+    return len(memory_exprs), memory_exprs, capacity
+
+
+def _traffic_expr(profile: Hardware, program: Program, compute_level: str, unmasked: dict) -> algebra.Expr:
+    """Seconds of the loads and saves into the compute level (a masked stream's at their lower
+    bound, _at_least), at that level's bandwidth; 0 for a level the profile gives none."""
     moved = algebra.Add(*[_at_least(program, step, loops, step.axes, unmasked) * DTYPE_BYTES[step.dtype]
                         for launch in program.launches for step, loops in walk(launch.body)
                         if step.op in ("load", "save") and step.level == compute_level])
     bandwidth = profile.level(compute_level).bandwidth
-    traffic_expr = moved / bandwidth if bandwidth else algebra.Integer(0)
-    # While tiles are symbolic the contractions are priced at the tensor-core path napkin builds
-    # (mma.sync): a lower bound of the time, as the FMA path is slower. A launch with a contraction
-    # operand it loads into the compute level that is not 16-bit stays on the FMA path whatever its
-    # tiles (isel.TENSOR_DTYPES: instruction selection refuses such a tile, as A or B). An operand
-    # the launch computes (attention's P, f32) is a register fragment that tensor cores take
-    # converted, as the exact model prices it (cost.flops_by_unit): it does not decide the path.
-    # The tile-dependent rules of instruction selection are checked lazily (_Search.ranked), and a
-    # candidate they refuse is re-priced on the FMA path (``rescore``).
-    fma_launches = set()
-    for launch in program.launches:
-        loaded = {step.array for step, _ in walk(launch.body) if step.op == "load" and step.level == compute_level}
-        if any(isinstance(s.box, Contract) and len(s.box.operands) >= 2
-               and any(r.array in loaded and diagram.arrays[r.array].dtype not in TENSOR_DTYPES for r in s.box.operands[:2])
-               for s in launch.launch.statements):
-            fma_launches.add(launch.index)
+    return moved / bandwidth if bandwidth else algebra.Integer(0)
+
+
+def _fma_only_reason(diagram: Diagram, launch, compute_level: str) -> str | None:
+    """Why ``launch`` stays on the FMA path whatever its tiles, or None when tensor cores may
+    take it.
+
+    While tiles are symbolic the contractions are priced at the tensor-core path napkin builds
+    (mma.sync): a lower bound of the time, as the FMA path is slower. A contraction operand the
+    launch loads into the compute level that is not 16-bit keeps it on the FMA path
+    (isel.TENSOR_DTYPES: instruction selection refuses such a tile, as A or B). An operand the
+    launch computes (attention's P, f32) is a register fragment that tensor cores take
+    converted, as the exact model prices it (cost.flops_by_unit): it does not decide the path.
+    The tile-dependent rules of instruction selection are checked lazily (_Search.ranked), and
+    a candidate they refuse is re-priced on the FMA path (``rescore``)."""
+    loaded = {step.array for step, _ in walk(launch.body) if step.op == "load" and step.level == compute_level}
+    for s in launch.launch.statements:
+        if not (isinstance(s.box, Contract) and len(s.box.operands) >= 2):
+            continue
+        for r in s.box.operands[:2]:
+            if r.array in loaded and (dtype := diagram.arrays[r.array].dtype) not in TENSOR_DTYPES:
+                return (f"{s.target}'s operand {r.array} is {dtype}, loaded into {compute_level}; tensor cores take "
+                        f"{', '.join(sorted(TENSOR_DTYPES))}")
+    return None
+
+
+def _compute_terms(profile: Hardware, priced: list, fma_launches: set) -> dict[tuple, list]:
+    """(launch, on the FMA path) -> the launch's compute time terms, each amount over its rate.
+
+    Every launch is priced both ways, so that a candidate instruction selection refuses can be
+    re-priced on the FMA path without compiling again; a launch in ``fma_launches`` is on the
+    FMA path either way. A rate the profile lacks is the user's profile's gap: a NapkinError."""
     built = "mma.sync" if "mma.sync" in profile.tensor_paths() else "tensor"
-    terms: dict[tuple, list] = {}  # (launch, on the FMA path) -> compute time terms
+    terms: dict[tuple, list] = {}
     for launch_of, unit, dtype, amount in priced:
         for on_fma in (False, True):
             path, path_dtype = unit, dtype
@@ -1002,10 +1064,13 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
             if rate is None:
                 raise NapkinError(f"{profile.name} has no {path} rate for {path_dtype}")
             terms.setdefault((launch_of, on_fma), []).append(algebra.as_expr(amount) / rate)
-    launch_indices = sorted({launch for launch, _ in terms})
-    compute_keys = [(index, on_fma) for index in launch_indices for on_fma in (False, True)]
-    # Blocks per launch as the exact model counts them (cost.launch_blocks), and the bytes of the
-    # first and last tiles a block moves (cost.block_tiles), for the fixed costs' lower bound.
+    return terms
+
+
+def _block_and_tile_exprs(program: Program, compute_level: str) -> tuple[list, list]:
+    """Per launch, its blocks as the exact model counts them (cost.launch_blocks) and the bytes
+    of the first and last tiles a block moves (cost.block_tiles): the fixed costs' lower bound
+    and the launches' occupancy read them."""
     blocks_exprs, tile_exprs = [], []
     for launch in program.launches:
         blocks_exprs.append(_blocks(program, launch))
@@ -1015,32 +1080,49 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
                 seen.add((step.op, step.array))
                 moved_tiles += tile_values(launch.schedule, compute_level, step.axes) * DTYPE_BYTES[step.dtype]
         tile_exprs.append(moved_tiles)
-    # Every element a launch loads from device memory, or saves there, crosses the link below it
-    # at least once (the exact model's first level under device memory counts at least that,
-    # whatever its L2 grouping): a bound that splitting a kernel into launches pays, and the
-    # transfers into the compute level miss. A masked launch may never load some elements (a
-    # band of keys no query sees), so it is left out.
+    return blocks_exprs, tile_exprs
+
+
+def _compulsory_skip_reason(launch) -> str | None:
+    """Why a launch's elements are not counted as crossing the link under device memory, or None.
+
+    A masked launch may never load some elements (a band of keys no query sees), so counting
+    every element would not be a lower bound."""
+    if any(loop.mask is not None for _, loops in walk(launch.body) for loop in loops):
+        return "a masked loop may skip elements"
+    return None
+
+
+def _compulsory_seconds(diagram: Diagram, profile: Hardware, program: Program, compute_level: str, sizes: dict) -> float:
+    """Seconds on the link under device memory that no tiling avoids.
+
+    Every element a launch loads from device memory, or saves there, crosses that link at least
+    once (the exact model's first level under device memory counts at least that, whatever its
+    L2 grouping): a bound that splitting a kernel into launches pays, and that the transfers
+    into the compute level miss. 0 when the compute level is that link's level or its
+    bandwidth is symbolic."""
     top_link = profile.levels[1]
     compulsory = 0.0
-    if top_link.name != compute_level and isinstance(top_link.bandwidth, (int, float)):
-        for launch in program.launches:
-            if any(loop.mask is not None for _, loops in walk(launch.body) for loop in loops):
-                continue
-            computed = {s.target for s in launch.launch.statements}
-            moved = {(step.op, step.array): step.dtype for step, _ in walk(launch.body)
-                     if step.op in ("load", "save") and step.level == compute_level
-                     and (step.op == "save" or step.array not in computed)}
-            for (_, name), dtype in moved.items():
-                array = diagram.arrays[name]
-                width = min(DTYPE_BYTES[dtype], DTYPE_BYTES.get(array.dtype, DTYPE_BYTES[dtype]))
-                compulsory += math.prod(int(sizes[a]) for a in array.axes) * width / top_link.bandwidth
-    # One compiled function per knob set: memory per level, compute per launch and path, traffic,
-    # blocks per launch.
-    evaluate = algebra.lambdify(symbols, memory_exprs + [algebra.Add(*terms[key]) for key in compute_keys] + [traffic_expr]
-                                + blocks_exprs)
-    estimate = _Estimate(profile, evaluate, capacity, len(level_names), launch_indices, [launch.index for launch in program.launches],
-                         bool(unmasked), algebra.lambdify(symbols, blocks_exprs + tile_exprs), compulsory)
-    options = [_candidates(int(sizes[k.axis]), required.get(k.axis, 1)) for k in knobs]
+    if top_link.name == compute_level or not isinstance(top_link.bandwidth, (int, float)):
+        return compulsory
+    for launch in program.launches:
+        if _compulsory_skip_reason(launch) is not None:
+            continue
+        computed = {s.target for s in launch.launch.statements}
+        moved = {(step.op, step.array): step.dtype for step, _ in walk(launch.body)
+                 if step.op in ("load", "save") and step.level == compute_level
+                 and (step.op == "save" or step.array not in computed)}
+        for (_, name), dtype in moved.items():
+            array = diagram.arrays[name]
+            width = min(DTYPE_BYTES[dtype], DTYPE_BYTES.get(array.dtype, DTYPE_BYTES[dtype]))
+            compulsory += math.prod(int(sizes[a]) for a in array.axes) * width / top_link.bandwidth
+    return compulsory
+
+
+def _scored_candidates(estimate: _Estimate, options: list, max_candidates: int) -> tuple[list, int]:
+    """(every candidate that fits as (estimate, combo), best first; how many were evaluated):
+    the product of the options in order, stopping after ``max_candidates``. Each one's parts
+    are kept in ``estimate.details`` for the branch and bound."""
     scored = []
     evaluated = 0
     for combo in itertools.product(*options):
@@ -1052,7 +1134,7 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
             scored.append((parts[0], combo))
             estimate.details[combo] = parts
     scored.sort(key=lambda item: item[0])
-    return scored, evaluated, required, estimate
+    return scored, evaluated
 
 
 def _blocks(program: Program, launch) -> algebra.Expr:
@@ -1479,7 +1561,9 @@ def _masked_priced(program: Program, unmasked: dict) -> list:
         launches.append(dataclasses.replace(launch, body=tuple(chains)))
     _, alone = flops_by_unit(Program(program.schedule, tuple(launches)))
     if len(alone) != len(parts):
-        raise NapkinError(f"napkin bug: {len(alone)} priced entries for {len(parts)} terms of masked steps")
+        # Each part was priced alone, so flops_by_unit gives one entry per part: otherwise the
+        # parts and their prices would pair wrongly. A napkin bug, not the user's.
+        raise AssertionError(f"napkin bug: {len(alone)} priced entries for {len(parts)} terms of masked steps")
     for (launch_of, unit, dtype, _), (step, loops, n, axes) in zip(alone, parts, strict=True):
         n = algebra.as_expr(n)
         count = _at_least(program, step, loops, axes, unmasked) if n.is_nonnegative else step_total(program, step, loops, axes)
