@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import napkin_dsl as napkin
 from napkin_dsl.backends.numpy import execute
@@ -112,3 +113,22 @@ def test_default_check_sizes_follow_the_documented_rule():
     kernel = napkin.load(DEFAULTS)["rows"]
     assert default_sizes(kernel) == {"a": 15, "b": 2, "c": 64, "g_c": 16}
     assert default_sizes(kernel, {"a": 5}) == {"a": 5, "b": 2, "c": 64, "g_c": 16}
+
+
+SOFTMAX_TO_BF16 = """kernel sm(S: f32[q x]) -> P: bf16[q x]:
+    P[q x] = softmax[x](S)
+"""
+
+ROW_SUM_TO_BF16 = """kernel rs(X: f32[a b]) -> Y: bf16[a]:
+    Y[a] = sum[b](X[a b])
+"""
+
+
+def test_the_tolerance_of_an_f32_computation_rounded_to_bf16():
+    # computed in f32: max(the f32 floor 1e-5, 2 u_f32 sqrt(n) = 2^-23 x 8 for the sum over 64)
+    # plus one rounding of the output to bf16, 2 u_bf16 = 2^-7, reaching no exponential (x 1)
+    from napkin_dsl.backends.numpy import tolerance
+
+    expected = max(1e-5, 2 * 2.0**-24 * 8) + 2 * 2.0**-8
+    assert tolerance(napkin.load(SOFTMAX_TO_BF16)["sm"].program(None, q=8, x=16)) == pytest.approx(expected, rel=1e-12)
+    assert tolerance(napkin.load(ROW_SUM_TO_BF16)["rs"].program(None, a=8, b=64)) == pytest.approx(expected, rel=1e-12)
