@@ -132,3 +132,17 @@ def test_the_tolerance_of_an_f32_computation_rounded_to_bf16():
     expected = max(1e-5, 2 * 2.0**-24 * 8) + 2 * 2.0**-8
     assert tolerance(napkin.load(SOFTMAX_TO_BF16)["sm"].program(None, q=8, x=16)) == pytest.approx(expected, rel=1e-12)
     assert tolerance(napkin.load(ROW_SUM_TO_BF16)["rs"].program(None, a=8, b=64)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_check_run_reports_the_error_relative_to_the_largest_reference_value():
+    from napkin_dsl.backends.numpy import check_run, random_arguments
+    from napkin_dsl.reference import evaluate
+
+    kernel = napkin.load(ROW_SUM_TO_BF16.replace("bf16", "f32"))["rs"]
+    sizes = {"a": 8, "b": 64}
+    result = check_run(kernel, None, sizes)
+    arrays, scalars = random_arguments(kernel.diagram, sizes, 0)  # check_run's default seed
+    scale = float(np.max(np.abs(evaluate(kernel.diagram, arrays, scalars, sizes, None, keep_float64=True)["Y"])))
+    assert scale > 1.0  # a sum of 64 unit-normal values: about 8
+    assert result["max_abs_error"] > 0  # f32 sums of f32 values differ from the f64 reference
+    assert result["max_rel_error"] == pytest.approx(result["max_abs_error"] / scale, rel=1e-12)
