@@ -173,8 +173,9 @@ SWEEP_TIMING_BUDGET_S = 1.5  # per point; the medians need far less than this at
 SMALL_SIZES = {
     "attention": {"b": 1, "h": 2, "q": 200, "x": 200, "d": 128},
     "matmul": {"m": 200, "k": 104, "n": 200},
+    "matmul_sm90a_ragged": {"m": 200, "k": 72, "n": 136},  # wgmma's 64-row warpgroups and TMA boxes, all ragged
 }
-SANITIZER_CASES = ("attention", "matmul")
+SANITIZER_CASES = ("attention", "matmul", "matmul_sm90a_ragged")  # the Hopper kernel: TMA, mbarriers, wgmma
 SANITIZER_TOOLS = ("memcheck", "racecheck")
 SANITIZER_DEADLINE_S = 60.0
 SANITIZER_ERROR_EXIT = 86  # --error-exitcode: the tool found something
@@ -203,6 +204,7 @@ class Case:
     baseline: str | None  # key of TORCH_BASELINES
     scalars: dict = field(default_factory=dict)
     relabel: str | None = None  # the relabel block's lines, in place of the file's (";;" between lines)
+    arch: str | None = None  # compile for this arch instead of the GPU's (sm_90a: wgmma, TMA), where the GPU runs it
 
 
 CASES: list[Case] = [
@@ -214,6 +216,10 @@ CASES: list[Case] = [
     Case("gqa", "gqa.napkin", "gqa", {"b": 4, "kv": 4, "r": 4, "q": 4096, "x": 4096, "d": 128},
          {"b": 2, "q": 32}, "sdpa_gqa"),
     Case("matmul", "matmul.napkin", "matmul", {"m": 8192, "k": 8192, "n": 8192}, {"m": 64}, "matmul"),
+    # The Hopper path: wgmma by descriptor, TMA into an mbarrier ring (sm_90a), at a ragged size and at 8192 cubed.
+    Case("matmul_sm90a_ragged", "matmul.napkin", "matmul", {"m": 200, "k": 72, "n": 136}, {"m": 200}, "matmul",
+         arch="sm_90a"),
+    Case("matmul_sm90a", "matmul.napkin", "matmul", {"m": 8192, "k": 8192, "n": 8192}, {"m": 64}, "matmul", arch="sm_90a"),
     Case("mlp", "mlp.napkin", "mlp", {"b": 8192, "k": 4096, "n": 4096}, {"b": 64}, "mlp"),
     # group r 16 keeps 16 whole f32 rows in shared memory: c = 2048 is 128 KiB of the 227
     Case("softmax", "softmax.napkin", "softmax_rows", {"r": 32768, "c": 2048}, {"r": 128}, "softmax"),
@@ -229,6 +235,9 @@ CASES: list[Case] = [
          {"b": 2, "h": 2}, "sdpa_causal"),
     Case("sliding_window", "sliding_window.napkin", "sliding_window", {"b": 4, "h": 16, "q": 2048, "x": 2048, "d": 128},
          {"b": 2, "h": 2}, "sdpa_window"),
+    # Flash-decoding: one query per head, the keys split into parts whose states a combine launch merges
+    # (two launches); the reference alone checks it (no torch baseline of this layout).
+    Case("decode", "decode.napkin", "decode", {"b": 1, "kv": 8, "r": 4, "x": 32768, "d": 128}, {"kv": 2}, None),
     # Two outputs: O against torch's attention, and L (the log-sum-exp) against the reference only.
     Case("attention_lse", "attention_lse.napkin", "attention_lse", {"b": 4, "h": 16, "q": 2048, "x": 2048, "d": 128},
          {"b": 2, "q": 32}, "sdpa"),
@@ -613,6 +622,8 @@ def dry_run_case(case: Case, arch: str, profile: str) -> Row:
     try:
         kernel = load_case(case)
         check_sample_axes(kernel, case)
+        arch = case.arch or arch
+        row.arch = arch
         compiled = kernel.compile(arch, hardware=profile, **case.sizes)
         describe_compiled(row, compiled)
         describe_sass(row, compiled)
@@ -654,6 +665,16 @@ def _arch_version(arch: str) -> tuple[int, int]:
     """sm_89 -> (8, 9); sm_90a -> (9, 0)."""
     digits = arch.removeprefix("sm_").rstrip("af")
     return int(digits[:-1]), int(digits[-1])
+
+
+def case_arch(case: Case, profile: str, device_arch: str) -> str:
+    """The arch a case compiles for on a GPU of ``device_arch``: the case's own (sm_90a) where that
+    GPU is its plain arch and the profile runs it, else :func:`compile_arch`'s."""
+    from napkin_dsl.hardware import load_hardware
+
+    if case.arch and case.arch.rstrip("a") == device_arch and case.arch in load_hardware(profile).archs:
+        return case.arch
+    return compile_arch(profile, device_arch)
 
 
 def compile_arch(profile: str, arch: str) -> str:
@@ -934,7 +955,9 @@ def gpu_case(case: Case, profile_override: str | None, timing_budget_s: float, c
             row.notes.append(how)
         kernel = load_case(case)
         check_sample_axes(kernel, case)
-        compiled = kernel.compile(compile_arch(row.profile, device.arch), hardware=row.profile, **case.sizes)
+        arch = case_arch(case, row.profile, device.arch)
+        row.arch = arch
+        compiled = kernel.compile(arch, hardware=row.profile, **case.sizes)
         program = kernel.gpu_program(row.profile, **case.sizes)
         describe_compiled(row, compiled)
         if not check_only:
@@ -944,7 +967,7 @@ def gpu_case(case: Case, profile_override: str | None, timing_budget_s: float, c
         scalars = dict(case.scalars)
 
         # correctness, through the backend's own run()
-        outputs = cuda.run(program, inputs, scalars)
+        outputs = cuda.run(program, inputs, scalars, arch=arch)
         indices = sample_indices(case)
         row.checked = {a: len(i) for a, i in indices.items()}
         row.max_error, row.tolerance = compare_with_reference(kernel, program, inputs, scalars, outputs, indices)

@@ -109,10 +109,13 @@ def test_dry_run_compiles_every_example_and_prints_one_table(tmp_path):
         assert row["measured_s"] is None and row["torch_s"] is None and row["max_error"] is None
         assert all(launch["spill_bytes"] == 0 for launch in row["launches"])
         assert len(row["paths"]) == len(row["launches"]) and row["bound"]
-        assert all(p["path"] in ("mma.sync", "fma") and (p["path"] == "mma.sync") == (p["reason"] == "") for p in row["paths"])
+        assert all(p["path"] in ("mma.sync", "wgmma", "fma") and (p["path"] != "fma") == (p["reason"] == "") for p in row["paths"])
     rows = {row["kernel"]: row for row in data["rows"]}
     assert [p["path"] for p in rows["attention"]["paths"]] == ["mma.sync"]
     assert [p["path"] for p in rows["matmul"]["paths"]] == ["mma.sync"]
+    # The Hopper cases compile for sm_90a, where matmul takes wgmma.
+    for label in ("matmul_sm90a_ragged", "matmul_sm90a"):
+        assert rows[label]["arch"] == "sm_90a" and [p["path"] for p in rows[label]["paths"]] == ["wgmma"], rows[label]
     if _has_nvdisasm():  # static hot-loop instructions per HMMA: a number on the tensor-core path
         assert rows["attention"]["instr_per_tensor"][0] > 1 and rows["attention"]["sass"] == ""
     else:
@@ -154,10 +157,12 @@ def test_the_sanitizers_small_cases_take_the_tensor_core_path_with_tails(label):
     case = next(c for c in gpu_check.sanitizer_cases() if c.label == label)
     assert case.sizes == gpu_check.SMALL_SIZES[label]
     assert all(case.sample[a] == case.sizes[a] for a in case.sample)  # every row checked
-    compiled = gpu_check.load_case(case).compile("sm_90", hardware="H200", **case.sizes)
-    assert [selection(compiled.program, k, "sm_90").path for k in compiled.program.launches] == ["mma.sync"]
+    arch = case.arch or "sm_90"
+    path = "wgmma" if arch == "sm_90a" else "mma.sync"
+    compiled = gpu_check.load_case(case).compile(arch, hardware="H200", **case.sizes)
+    assert [selection(compiled.program, k, arch).path for k in compiled.program.launches] == [path]
     row = gpu_check.dry_run_case(case, "sm_90", "H200")
-    assert row.status == "compiled" and row.path_text == "mma.sync"
+    assert row.status == "compiled" and row.path_text == path and row.arch == arch
 
 
 def test_a_sweep_point_the_table_measured_reuses_its_row():
@@ -258,12 +263,18 @@ def test_the_sanitizer_runs_the_small_cases_in_one_child_per_tool(tmp_path, monk
 
 
 def test_no_runnable_example_is_left_out():
-    """Every example file's kernels are cases, except the opaque-box figures."""
+    """Every example file's kernels are cases, except the opaque-box figures and the examples the
+    printers refuse yet (tests/test_cuda_codegen.py holds each to its refusal)."""
+    from .test_cuda_codegen import NOT_PRINTED
+
     covered = {(c.path, c.kernel) for c in gpu_check.CASES}
     for path in sorted((ROOT / "examples").rglob("*.napkin")):
         relative = str(path.relative_to(ROOT / "examples"))
         for name, kernel in napkin.load(path).items():
             opaque = any(type(s.box).__name__ == "Opaque" for s in kernel.diagram.statements)
+            if relative in NOT_PRINTED:
+                assert (relative, name) not in covered, f"{relative} is not printed yet: gpu_check.py cannot run it"
+                continue
             assert opaque or (relative, name) in covered, f"{relative}:{name} is not checked by gpu_check.py"
 
 
@@ -403,7 +414,7 @@ def test_gpu_case_flow_with_a_stand_in_device(label, monkeypatch):
         writes[k.entry] = {i: outputs[name] for i, (name, _, _) in enumerate(k.arrays) if name in outputs}
     monkeypatch.setattr(_StandInDevice, "writes", writes)
     monkeypatch.setattr(driver, "Device", _StandInDevice)
-    monkeypatch.setattr(cuda, "run", lambda program, inputs, scalars: execute(program, inputs, scalars)[0])
+    monkeypatch.setattr(cuda, "run", lambda program, inputs, scalars, arch=None: execute(program, inputs, scalars)[0])
     real_timer = gpu_check.EventTimer
     monkeypatch.setattr(gpu_check, "EventTimer", lambda device, handle=0: real_timer(device, handle, driver=_StandInDriver()))
 

@@ -135,8 +135,9 @@ def tensor_map_arguments(program: Program, arch: str) -> list[list]:
     return out
 
 
-def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None) -> dict:
-    """Run ``program`` on the GPU; returns the outputs as NumPy arrays.
+def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None, arch: str | None = None) -> dict:
+    """Run ``program`` on the GPU; returns the outputs as NumPy arrays. ``arch`` is what to
+    compile for (default: the GPU's own; ``sm_90a`` on an sm_90 GPU takes wgmma and TMA).
 
     ``inputs`` maps each array the kernel reads to a NumPy array of the declared dtype and
     shape, or to a device array (``__cuda_array_interface__``: CuPy, PyTorch CUDA tensors)
@@ -147,7 +148,7 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
     from .driver import encode_tiled
 
     device = _device()
-    compiled = compile_program(program, device.arch)
+    compiled = compile_program(program, arch or device.arch)
     module = _loaded(device, compiled)
     diagram = program.diagram
     scalars = dict(scalars or {})
