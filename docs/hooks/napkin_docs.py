@@ -609,11 +609,16 @@ def hardware_section() -> str:
         if header:
             out += [f"Sources and notes, from the file: {header}", ""]
         out += ["| level | per | capacity | bandwidth into it | units | compute | source |", "|---|---|---|---|---|---|---|"]
-        for index, level in enumerate(hw.levels):
+        # A node profile's device level (the GPUs, NVLink between them) is the file's first [[level]].
+        levels = ([hw.device] if hw.device is not None else []) + list(hw.levels)
+        for index, level in enumerate(levels):
             notes = [comments.get((f"level{index}", key)) for key in ("capacity", "bandwidth", "units", "threads_per_unit")]
-            capacity = "unbounded (top)" if index == 0 and level.capacity is None else _capacity(level.capacity, hw.symbolic)
+            top = index == (1 if hw.device is not None else 0)
+            capacity = "unbounded (top)" if top and level.capacity is None else _capacity(level.capacity, hw.symbolic)
             bandwidth = _quantity(level.bandwidth, "values/s" if hw.symbolic else "B/s")
-            if level.threads_per_unit:
+            if level is hw.device:
+                units, capacity, bandwidth = f"{level.units} GPUs", "-", f"{bandwidth} each way (between GPUs)"
+            elif level.threads_per_unit:
                 units = f"{level.threads_per_unit:,} threads per SM"
             elif level.units > 1:
                 units = f"{level.units} SMs" if level.per == "block" else str(level.units)
