@@ -204,3 +204,32 @@ def test_attribute_comments_are_read_as_docstrings():
     assert module.trailing_comment(lines, 4, 6) == "a dict"
     assert module.trailing_comment(lines, 7, 7) is None
     assert module.trailing_comment(lines, 8, 8) == "w, aligned under it"
+
+
+# Two shapes of a two-stage cp.async loop, as tc_stream_skeleton prints them (four spaces a level).
+_COMPUTE_THEN_WAIT = """for (int c_x = 0; c_x < 8; c_x += 1) {
+    NK_CP_WAIT(0);
+    NK_SYNC();
+    if (c_x + 1 < 8) {
+        NK_CP16(...);
+    }
+    NK_CP_COMMIT();
+    NK_MMA_BF16(...);
+}""".splitlines()
+_WAIT_THEN_COMPUTE = """for (int c_x = 0; c_x < 8; c_x += 1) {
+    if (c_x + 1 < 8) {
+        NK_CP16(...);
+    }
+    NK_CP_COMMIT();
+    NK_CP_WAIT(0);
+    NK_SYNC();
+    NK_MMA_BF16(...);
+}""".splitlines()
+
+
+def test_the_pipeline_summary_tells_an_overlapping_loop_from_one_that_waits_for_its_prefetch():
+    """The tensor-cores page reads the pipeline off the printed loop: a chunk that computes before
+    the next wait overlaps the copies it just issued; one that waits for everything first does not."""
+    summary = _hook().tc_pipeline_summary
+    assert "in flight while it computes" in summary(_COMPUTE_THEN_WAIT)
+    assert "does not yet overlap copies with compute" in summary(_WAIT_THEN_COMPUTE)

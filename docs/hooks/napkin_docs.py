@@ -913,20 +913,25 @@ def _depth(line: str) -> int:
 
 def tc_pipeline_summary(skeleton: list[str]) -> str:
     """What the skeleton's commit groups and wait leave in flight while a chunk computes."""
-    try:
-        prefetch = next(i for i, s in enumerate(skeleton) if re.match(r"\s*if \(\(?c_", s))
-        wait = next(i for i in range(prefetch, len(skeleton)) if skeleton[i].strip().startswith("NK_CP_WAIT"))
-    except StopIteration:
+    prefetch = next((i for i, s in enumerate(skeleton) if re.match(r"\s*if \(\(?c_", s)), None)
+    waits = [i for i, s in enumerate(skeleton) if s.strip().startswith("NK_CP_WAIT")]
+    if prefetch is None or not waits:
         return "This launch streams no operand through cp.async."
+    # The wait the copies just issued meet next: later in the body, or at the top of the next trip.
+    wait = next((i for i in waits if i > prefetch), len(skeleton))
     depth = _depth(skeleton[prefetch])  # the chunk's own level
     after = sum(1 for s in skeleton[prefetch:wait] if s.strip().startswith("NK_CP_COMMIT"))
-    pending = int(re.search(r"NK_CP_WAIT\((\d+)\)", skeleton[wait])[1])
+    pending = int(re.search(r"NK_CP_WAIT\((\d+)\)", skeleton[wait if wait < len(skeleton) else waits[0]])[1])
     barriers = 0
     for s in skeleton[prefetch:]:
         if _depth(s) < depth:
             break
         barriers += _depth(s) == depth and s.strip().startswith("NK_SYNC")
-    if after <= pending:
+    computes = next((i for i in range(prefetch, wait) if skeleton[i].strip().startswith(("NK_MMA", "NK_WGMMA"))), None)
+    if computes is not None:  # the chunk computes before the next wait: the copies just issued are in flight meanwhile
+        verdict = ("and this chunk computes before that wait, so the next chunk's copies are in flight while it "
+                   "computes")
+    elif after <= pending:
         verdict = "so the next chunk's copies are still in flight while this chunk computes"
     else:
         verdict = ("so `cp.async.wait_group` also waits for the next chunk's copies before this chunk computes: "
