@@ -116,10 +116,19 @@ def test_a_split_of_a_woven_axis_or_above_the_compute_level_is_refused(tmp_path)
         kernel_of(source, tmp_path).program("H100", b=1, kv=2, r=4, x=100, d=16)
 
 
-def test_the_printers_refuse_a_split_naming_the_combine(tmp_path):
+def test_a_split_compiles_to_its_parts_and_combine_launches(tmp_path):
+    """The FMA printer prints both launches: one block per part and group, then one per group."""
     kernel = kernel_of(DECODE, tmp_path)
-    with pytest.raises(LoweringError, match="split x: the parts' partial states and the combine launch are not printed"):
-        kernel.compile("sm_90", b=1, kv=2, r=4, x=1024, d=64)
+    compiled = kernel.compile("sm_90", b=1, kv=2, r=4, x=1000, d=64)
+    parts = -(-1000 // 300)  # the example's split x 300, the last part ragged
+    assert [row["grid"][0] for row in compiled.launch_table()] == [1 * 2 * parts, 1 * 2]
+    assert all(row["spill_bytes"] == 0 for row in compiled.launch_table())
+
+
+def test_a_split_whose_parts_take_tensor_cores_is_refused_naming_what_is_missing():
+    (kernel,) = napkin.load(EXAMPLES / "splitk.napkin").values()
+    with pytest.raises(LoweringError, match="the parts launch on the tensor-core path .* is not printed yet"):
+        kernel.compile("sm_90", m=512, n=512, k=65536)
 
 
 DONE = dict(b=1, kv=8, r=4, x=32768, d=128)
