@@ -941,6 +941,8 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
             if unequal is not None:
                 efficiency = time["masked_wave_efficiency"] = unequal
             seconds /= efficiency
+            residents.append(resident)
+            most_blocks = blocks if most_blocks is None else max(most_blocks, blocks)
         if "registers" in moved and as_number(own["registers"].H_bytes):
             # Shared memory's port, one per SM, carries both the ldmatrix reads (H at registers)
             # and the copies that fill the tiles (loads into the compute level), at the registers
@@ -950,8 +952,6 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
                          / own["registers"].bandwidth) / efficiency
             transfer["registers"] += port - moved["registers"]
             moved["registers"] = port
-            residents.append(resident)
-            most_blocks = blocks if most_blocks is None else max(most_blocks, blocks)
         per_launch[launch.index] = (seconds, moved)
     if residents:
         per_sm, limit = min(residents)

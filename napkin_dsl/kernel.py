@@ -320,11 +320,11 @@ class Kernel:
         bound: the forward's own schedule may also change) on top of the backward's predicted
         time; a backward the front end cannot fit (a level overflows) is priced at infinity."""
         from .diagram import DTYPE_BYTES, Softmax
-        from .hardware import load_hardware
+        from .hardware import DEFAULT_GPU, load_hardware
 
         if saves is None:
             saves = [()] + [(s.target,) for s in self.diagram.statements if isinstance(s.box, Softmax)]
-        profile = load_hardware(hardware or self.hardware or "H100")
+        profile = load_hardware(hardware or self.hardware or DEFAULT_GPU)
         bandwidth = profile.levels[1].bandwidth
         options = []
         for save in saves:
