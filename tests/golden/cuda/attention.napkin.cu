@@ -28,9 +28,9 @@
  *   smem       block   384,000     768,000    49,152      98,304     232,448     6    61.0    0.0768 us
  *   registers  thread  2,073,600   4,147,200  102         408        1,020       256  11.3    0.134 us
  *   FLOPs: tensor 46,080,000, fma 674,400, special 91,800  (total 46,846,200)
- *   predicted time: 4.99 us overlapped (compute-bound), 5.36 us serial; compute 2.81 us, 1 wave of 132 blocks (1 per SM, bound by registers)
+ *   predicted time: 5.57 us overlapped (registers transfer-bound), 8.62 us serial; compute 2.81 us, 1 wave of 132 blocks (1 per SM, bound by registers)
  *   fixed costs (in the time above): launch 2 us, fill 0.117 us, drain 0.0587 us
- *   predicted throughput: 9.4 TFLOP/s
+ *   predicted throughput: 8.4 TFLOP/s
  *   note: group q 128 does not divide q = 200: 2 groups, the last one masked (72 of 128)
  *   note: stream x 64 does not divide x = 150: 3 chunks, the last one masked (22 of 64)
  *   note: the l2 groups are derived: co-resident thread blocks in a swizzled launch order share L2 (docs: method, the L2 level)

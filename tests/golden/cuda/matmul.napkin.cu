@@ -21,9 +21,9 @@
  *   smem       block   180,000     480,000    16,384      65,536     232,448     6    25.0    0.048 us
  *   registers  thread  0           0          64          256        1,020       256  -       0 us
  *   FLOPs: fma 12,000,000  (total 12,000,000)
- *   predicted time: 6.42 us overlapped (compute-bound), 6.57 us serial; compute 4.27 us, 1 wave of 396 blocks (3 per SM, bound by shared memory)
+ *   predicted time: 22.2 us overlapped (compute-bound), 22.3 us serial; compute 20 us, 1 wave of 396 blocks (3 per SM, bound by shared memory)
  *   fixed costs (in the time above): launch 2 us, fill 0.0293 us, drain 0.117 us
- *   predicted throughput: 1.9 TFLOP/s
+ *   predicted throughput: 0.5 TFLOP/s
  *   note: group m 128 does not divide m = 300: 3 groups, the last one masked (44 of 128)
  *   note: group n 128 does not divide n = 200: 2 groups, the last one masked (72 of 128)
  *   note: stream k 32 does not divide k = 100: 4 chunks, the last one masked (4 of 32)
