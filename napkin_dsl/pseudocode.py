@@ -174,7 +174,8 @@ class Program:
     def __repr__(self) -> str:
         # Short (issue 26): the dataclass repr of a Program of attention was 36,131 characters.
         # The pseudocode itself is kernel.pseudocode() or render_text(program).
-        return f"<Program {self.schedule.summary()}; {_steps(b for launch in self.launches for b in launch.body)}>"
+        summary = self.schedule.summary([launch.launch for launch in self.launches])
+        return f"<Program {summary}; {_steps(b for launch in self.launches for b in launch.body)}>"
 
 
 def _steps(body) -> str:

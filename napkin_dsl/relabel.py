@@ -124,12 +124,14 @@ class Schedule:
     def __repr__(self) -> str:
         return f"<Schedule {self.summary()}; {self.partitions_text() or 'no partitions'}>"
 
-    def summary(self) -> str:
+    def summary(self, launches=None) -> str:
         """One line: kernel, hardware, bound sizes, the statements of each launch and the levels
-        (the reprs of the Schedule and of the Program built from it)."""
+        (the reprs of the Schedule and of the Program built from it: ``launches``, the Program's,
+        has a split's combine launch too)."""
         sizes = f" with {' '.join(f'{k}={v}' for k, v in self.sizes.items())}" if self.sizes else ""
-        n = len(self.launches)
-        launches = " ".join(f"[{' '.join(s.target for s in launch.statements)}]" for launch in self.launches)
+        launches = self.launches if launches is None else launches
+        n = len(launches)
+        launches = " ".join(f"[{' '.join(s.target for s in launch.statements)}]" for launch in launches)
         return (f"{self.diagram.name} on {self.hardware.name}{sizes}: {n} launch{'es' if n != 1 else ''} {launches}, "
                 f"levels {' > '.join(self.levels)}")
 

@@ -178,7 +178,7 @@ LEVELS = [
     case("level-not-of-hardware", K + "    T[i] @l0 = A\n    B[i] = T\n\nrelabel k on H100:\n    smem: group i 128\n",
          NapkinTypeError, 2, 10, ["unknown level @l0", "hardware H100 has levels gmem, l2, smem, registers"], "T[...] @gmem"),
     case("unknown-hardware", REL + "relabel k on H101:\n    smem: group i 128\n", NapkinTypeError, 4, 14,
-         "unknown hardware 'H101'", "did you mean 'H100'?"),
+         "unknown hardware 'H101'", "did you mean 'H100' or 'H100x8'?"),
     case("unknown-hardware-no-match", REL + "relabel k on TPU:\n    smem: group i 128\n", NapkinTypeError, 4, 14,
          "unknown hardware 'TPU'", ["known hardware", "H100", "two_level"]),
     case("relabel-unknown-kernel", REL + "relabel kk on H100:\n    smem: group i 128\n", NapkinTypeError, 4, 15,
