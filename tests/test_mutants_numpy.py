@@ -167,3 +167,14 @@ def test_only_the_masks_own_test_is_skipped_on_chunks_it_holds_in_full():
     result = check_run(napkin.load(ANOTHER_WHERE_IN_A_MASKED_STREAM)["ca"], "H100", dict(b=1, h=1, q=200, x=200, d=16))
     assert result["ok"], result
     assert result["max_rel_error"] <= result["tolerance"]
+
+
+def test_the_tolerance_of_a_long_f64_sum_is_its_arithmetic_above_the_floor():
+    # f64 throughout, nothing rounded: 2 u_f64 sqrt(n) over n = 10^8 terms, 2^-52 x 10^4, is above
+    # the f64 floor of 1e-12 (tolerance reads sizes only: nothing of this size is allocated)
+    from napkin_dsl.backends.numpy import tolerance
+
+    program = napkin.load(ROW_SUM_TO_BF16.replace("bf16", "f64").replace("f32", "f64"))["rs"].program(None, a=2, b=10**8)
+    expected = 2 * 2.0**-53 * 10**4
+    assert expected > 1e-12
+    assert tolerance(program) == pytest.approx(expected, rel=1e-12)
