@@ -178,3 +178,19 @@ def test_the_tolerance_of_a_long_f64_sum_is_its_arithmetic_above_the_floor():
     expected = 2 * 2.0**-53 * 10**4
     assert expected > 1e-12
     assert tolerance(program) == pytest.approx(expected, rel=1e-12)
+
+
+SUM_THEN_EXP = """kernel se(X: f64[a b]) -> Z: f64[a]:
+    Y[a] = sum[b](X[a b])
+    Z[a] = exp(Y[a])
+"""
+
+
+def test_an_exponential_amplifies_the_error_of_the_sum_it_reads():
+    # Y sums 10^8 unit-normal terms: |Y| ~ 10^4, and exp turns Y's absolute error into Z's relative
+    # error, so Y's 2 u sqrt(n) counts 10^4 times; Z's own exp adds 2 u (no reduction, nothing after)
+    from napkin_dsl.backends.numpy import tolerance
+
+    program = napkin.load(SUM_THEN_EXP)["se"].program(None, a=2, b=10**8)
+    u = 2.0**-53
+    assert tolerance(program) == pytest.approx(2 * u * 10**4 * 10**4 + 2 * u, rel=1e-12)
