@@ -194,3 +194,29 @@ def test_an_exponential_amplifies_the_error_of_the_sum_it_reads():
     program = napkin.load(SUM_THEN_EXP)["se"].program(None, a=2, b=10**8)
     u = 2.0**-53
     assert tolerance(program) == pytest.approx(2 * u * 10**4 * 10**4 + 2 * u, rel=1e-12)
+
+
+SOFTMAX_SUM_EXP = """kernel sse(X: f64[a b]) -> Z: f64[a]:
+    P[a b] = softmax[b](X[a b])
+    T[a] = sum[b](P[a b])
+    Z[a] = exp(T[a])
+"""
+
+SUM_THEN_DOUBLE = """kernel sd(X: f64[a b]) -> Z: f64[a]:
+    Y[a] = sum[b](X[a b])
+    Z[a] = Y[a] * 2
+"""
+
+
+def test_a_softmax_is_of_magnitude_one_and_a_value_reaching_no_exponential_is_not_amplified():
+    from napkin_dsl.backends.numpy import tolerance
+
+    u, n = 2.0**-53, 10**8
+    # P = softmax is at most 1; T sums n of them, |T| ~ sqrt(n) = 10^4, and exp(T) amplifies T's
+    # error 10^4 times and P's through T. The softmax reduces over b (its sum of n exponentials),
+    # as T does: 2u sqrt(n) 10^4 (P) + 2u sqrt(n) 10^4 (T) + 2u (Z)
+    program = napkin.load(SOFTMAX_SUM_EXP)["sse"].program(None, a=2, b=n)
+    assert tolerance(program) == pytest.approx(2 * u * (10**4 * 10**4 * 2 + 1), rel=1e-12)
+    # without an exponential after it the sum's error counts once: 2u sqrt(n) + 2u (the product)
+    program = napkin.load(SUM_THEN_DOUBLE)["sd"].program(None, a=2, b=n)
+    assert tolerance(program) == pytest.approx(2 * u * 10**4 + 2 * u, rel=1e-12)
