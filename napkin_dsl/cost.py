@@ -615,13 +615,17 @@ def flops_by_unit(program: Program, arch: str | None = None, path: str | None = 
 
 def bookkeeping_flops(program: Program) -> dict:
     """FLOPs by unit of the streamed steps' own work (Step.bookkeeping: rescaling the running
-    state, an operand evaluated again, the output divided instead of every entry): the difference
+    state, an operand evaluated again, the output divided instead of every entry; a split's
+    merges of its parts' states): the difference
     between the Program's FLOPs and the diagram's (check.py) where no mask skips a chunk."""
     totals: dict = {}
     for launch in program.launches:
         for step, loops in walk(launch.body):
             for unit, n, axes in step.bookkeeping:
                 totals[unit] = totals.get(unit, 0) + n * step_total(program, step, loops, axes)
+            if step.op == "merge":  # a split's parts merged: state the diagram does not have
+                for unit, n in step.flops:
+                    totals[unit] = totals.get(unit, 0) + n * step_total(program, step, loops, step.flop_space)
             if step.op == "online" and step.test_flops:
                 # the operand evaluated again tests the mask again, on the chunks it holds in part
                 tested = step_total(program, step, loops, step.flop_space, partial=True)

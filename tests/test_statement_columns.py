@@ -34,6 +34,10 @@ BOUND = {
     "fig9": {"q": 300, "x": 200, "d": 64},
     "fig11": {"a": 1000, "x": 8, "y": 16, "w": 32, "g_a": 64},
     "fig12": {"a": 100, "b": 70, "x": 8, "y": 16, "w": 32, "g_a": 16, "g_b": 32},
+    "decode": {"b": 1, "kv": 8, "r": 4, "x": 32768, "d": 128},  # a split: its parts and combine launches
+    "splitk": {"m": 512, "n": 512, "k": 65536},
+    "fp8_attention": {"b": 1, "h": 2, "qb": 4, "qi": 128, "x": 1024, "d": 128},
+    "fp8_matmul": {"m": 512, "n": 512, "k": 512},
 }
 
 def same(expr, text: str) -> bool:
