@@ -178,6 +178,21 @@ class Program:
         return f"<Program {summary}; {_steps(b for launch in self.launches for b in launch.body)}>"
 
 
+def split_loop(launch: LaunchProgram) -> Loop | None:
+    """The parallel loop over the parts of a split axis in a split's parts launch, or None."""
+    def find(nodes):
+        for node in nodes:
+            if isinstance(node, Loop):
+                if node.part is not None:
+                    return node
+                found = find(node.body)
+                if found is not None:
+                    return found
+        return None
+
+    return find(launch.body)
+
+
 def _steps(body) -> str:
     """How many steps a body holds, and how many of them move data (loads and saves)."""
     steps = [step for step, _ in walk(body)]

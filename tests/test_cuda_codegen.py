@@ -33,12 +33,12 @@ SIZES = {
     "swiglu.napkin": [dict(t=512, m=1024, f=2816, e=1024), dict(t=100, m=70, f=130, e=90)],
     # a split (issue 28): the parts launch and the combine launch; ragged parts and chunks
     "decode.napkin": [dict(b=1, kv=8, r=4, x=32768, d=128), dict(b=2, kv=2, r=4, x=5000, d=48)],
+    # split-K: its parts launch stays on the FMA path (selection declines tensor cores for it)
+    "splitk.napkin": [dict(m=512, n=512, k=65536), dict(m=200, n=136, k=20000)],
 }
 CASES = [(name, i) for name in SIZES for i in range(2)]
-# Examples that run on NumPy but are not printed for CUDA/OpenCL yet, and the refusal they get
-# (issue 28: a split's parts launch on tensor cores has no epilogue saving its part states).
+# Examples that run on NumPy but are not printed for CUDA/OpenCL yet, and the refusal they get.
 NOT_PRINTED = {
-    "splitk.napkin": (dict(m=512, n=512, k=65536), "split k: the parts launch on the tensor-core path (mma.sync, wgmma) is not printed yet"),
     # fp8 runs on the NumPy backend; the printers (mma.sync m16n8k32, wgmma e4m3) come with issue 23 item 2
     "fp8_attention.napkin": (dict(b=1, h=2, qb=4, qi=128, x=1024, d=128), "array Q is fp8e4m3; the GPU backends do not support fp8e4m3 yet"),
     "fp8_matmul.napkin": (dict(m=512, n=512, k=512), "array A is fp8e4m3; the GPU backends do not support fp8e4m3 yet"),

@@ -9,7 +9,6 @@ import pytest
 
 import napkin_dsl as napkin
 from napkin_dsl.backends import opencl
-from napkin_dsl.backends.lowering import LoweringError
 from napkin_dsl.reference import evaluate
 
 from .conftest import EXAMPLES, assert_matches_reference
@@ -86,7 +85,14 @@ relabel splitk on H100:
     run_split(kernel, dict(m=32, n=16, k=600), seed=3)
 
 
-def test_a_split_parts_launch_on_tensor_cores_is_refused_naming_it():
+def test_a_bf16_split_keeps_its_parts_launch_on_the_fma_path_with_the_reason():
+    """Selection never puts a split's parts launch on tensor cores, whose epilogue is not written:
+    it says why, and the FMA printer prints it (the combine launch after it)."""
+    from napkin_dsl.isel import selection
+
     (kernel,) = napkin.load(EXAMPLES / "splitk.napkin").values()
-    with pytest.raises(LoweringError, match="split k: the parts launch on the tensor-core path"):
-        opencl.generate(kernel.gpu_program(None, m=512, n=512, k=65536))
+    program = kernel.gpu_program(None, m=512, n=512, k=65536)
+    parts = selection(program, program.launches[0], "sm_90")
+    assert parts.plan is None and "printed on the FMA path only" in parts.reason
+    source, kernels = opencl.generate(program)
+    assert len(kernels) == 2 and "nk_mma(" not in source

@@ -61,7 +61,7 @@ from ..diagram import (
 )
 from ..errors import NapkinError
 from ..isel import FMA_THREADS, REGISTER_TILE, FmaAccumulator, register_tile_axes
-from ..pseudocode import Loop, Program, Step, liveness, released_by, walk
+from ..pseudocode import Loop, Program, Step, liveness, released_by, split_loop, walk
 from ..reference import ReferenceFailure as _Failure
 from ..reference import constant_value
 from .compiled import KernelSource
@@ -459,21 +459,6 @@ class LoweredProgram:
     dialect: str
     source: str
     kernels: list = field(default_factory=list)
-
-
-def split_loop(launch) -> Loop | None:
-    """The parallel loop over the parts of a split axis in a split's parts launch, or None."""
-    def find(nodes):
-        for node in nodes:
-            if isinstance(node, Loop):
-                if node.part is not None:
-                    return node
-                found = find(node.body)
-                if found is not None:
-                    return found
-        return None
-
-    return find(launch.body)
 
 
 def walk_steps(body):

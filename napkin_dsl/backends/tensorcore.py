@@ -53,9 +53,9 @@ from ..layouts import (
     offset_expr,
     p_to_a_registers,
 )
-from ..pseudocode import Loop, Step, walk
+from ..pseudocode import Loop, Step, split_loop, walk
 from ..reference import ReferenceFailure, constant_value
-from .lowering import KernelSource, LoweringError, Printer, ident, literal, print_expression, scalar_ctype, split_loop, state_start
+from .lowering import KernelSource, LoweringError, Printer, ident, literal, print_expression, scalar_ctype, state_start
 
 CUDA_PRELUDE = r"""
 // ---- tensor-core primitives (PTX ISA: ldmatrix, mma.m16n8k16, cp.async) ----
