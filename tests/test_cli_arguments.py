@@ -152,7 +152,8 @@ def test_top_must_be_a_positive_count(top):
 
 def test_each_gpu_profile_lists_the_architectures_it_runs_and_its_default_is_one():
     archs = {name: load_hardware(name).archs for name in hardware_names()}
-    assert archs == {"A100": ("sm_80",), "H100": ("sm_80", "sm_90", "sm_90a"), "H200": ("sm_80", "sm_90", "sm_90a"),
+    hopper = ("sm_80", "sm_90", "sm_90a")
+    assert archs == {"A100": ("sm_80",), "H100": hopper, "H200": hopper, "H100x8": hopper, "H200x8": hopper,
                      "three_level": (), "two_level": ()}
     for name in ("A100", "H100", "H200"):
         assert load_hardware(name).arch in archs[name]
@@ -178,7 +179,7 @@ def test_cuda_refuses_an_arch_the_hardware_cannot_run_naming_its_archs():
 
 def test_cuda_help_lists_the_archs_of_each_profile():
     text = " ".join(build_parser()._subparsers._group_actions[0].choices["cuda"].format_help().split())
-    assert "A100: sm_80; H100: sm_80, sm_90, sm_90a; H200: sm_80, sm_90, sm_90a" in text
+    assert "A100: sm_80; H100: sm_80, sm_90, sm_90a;" in text and "H200: sm_80, sm_90, sm_90a" in text
     assert "sm_80 or sm_90" not in text
 
 

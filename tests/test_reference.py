@@ -84,7 +84,8 @@ def check(kernel, arrays, expected: dict, *, scalars=None, sizes=None, impls=Non
 def test_every_example_is_covered():
     covered = {"attention.napkin", "attention_unfused.napkin", "gqa.napkin", "matmul.napkin", "mlp.napkin",
                "rmsnorm.napkin", "softmax.napkin", "paper/fig9.napkin", "paper/fig11.napkin", "paper/fig12.napkin",
-               "causal_attention.napkin", "sliding_window.napkin", "attention_lse.napkin", "swiglu.napkin"}
+               "causal_attention.napkin", "sliding_window.napkin", "attention_lse.napkin", "swiglu.napkin",
+               "decode.napkin", "splitk.napkin", "fp8_attention.napkin", "fp8_matmul.napkin"}
     assert {str(p.relative_to(EXAMPLES)) for p in NAPKIN_EXAMPLES} == covered
 
 
@@ -97,6 +98,48 @@ def test_attention():
     for b in range(2):
         for h in range(3):
             O[b, h] = softmax_rows(Q[b, h] @ K[b, h].T / math.sqrt(8)) @ V[b, h]
+    check(kernel, arrays, {"O": O})
+
+
+def test_decode():
+    """One query per head, r query heads sharing each key/value head (the split is a schedule:
+    the reference computes the diagram whole)."""
+    kernel = load("decode.napkin")
+    arrays = random_inputs(kernel, {"b": 2, "kv": 2, "r": 3, "x": 9, "d": 8}, seed=31)
+    Q, K, V = (f64(arrays[n]) for n in "QKV")
+    O = np.empty((2, 2, 3, 8))
+    for b in range(2):
+        for g in range(2):
+            O[b, g] = softmax_rows(Q[b, g] @ K[b, g].T / math.sqrt(8)) @ V[b, g]
+    check(kernel, arrays, {"O": O})
+
+
+def test_splitk():
+    kernel = load("splitk.napkin")
+    arrays = random_inputs(kernel, {"m": 5, "k": 40, "n": 6}, seed=32)
+    check(kernel, arrays, {"C": f64(arrays["A"]) @ f64(arrays["B"])})
+
+
+def test_fp8_matmul():
+    """The e4m3 product in f32, dequantized by a scale per row of A and per column of B."""
+    kernel = load("fp8_matmul.napkin")
+    arrays = random_inputs(kernel, {"m": 5, "k": 12, "n": 6}, seed=33)
+    A, sA, B, sB = (f64(arrays[n]) for n in ("A", "sA", "B", "sB"))
+    check(kernel, arrays, {"C": (A @ B) * sA[:, None] * sB[None, :]})
+
+
+def test_fp8_attention():
+    """Q scaled per block of qi queries, K and V per key: S's scales before the softmax, V's on V."""
+    kernel = load("fp8_attention.napkin")
+    sizes = {"b": 1, "h": 2, "qb": 2, "qi": 3, "x": 5, "d": 4}
+    arrays = random_inputs(kernel, sizes, seed=34)
+    Q, sQ, K, sK, V, sV = (f64(arrays[n]) for n in ("Q", "sQ", "K", "sK", "V", "sV"))
+    O = np.empty((1, 2, 2, 3, 4))
+    for h in range(2):
+        for qb in range(2):
+            S = Q[0, h, qb] @ K[0, h].T / math.sqrt(4) * sQ[0, h, qb] * sK[0, h][None, :]
+            E = np.exp(S - S.max(axis=-1, keepdims=True))
+            O[0, h, qb] = E / E.sum(axis=-1, keepdims=True) @ (V[0, h] * sV[0, h][:, None])
     check(kernel, arrays, {"O": O})
 
 
