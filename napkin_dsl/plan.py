@@ -24,10 +24,10 @@ import dataclasses
 from . import syntax as syn
 from .check import check_size_bounds
 from .cost import as_number, columns, max_of
-from .diagram import Diagram, intermediate_dtype, source_dtypes
+from .diagram import DTYPE_BYTES, Diagram, intermediate_dtype, source_dtypes
 from .errors import NapkinError
 from .hardware import Hardware, load_hardware
-from .pseudocode import Program, co_resident_blocks, elaborate, l2_candidates
+from .pseudocode import LaunchProgram, Program, co_resident_blocks, elaborate, l2_candidates
 from .relabel import Partition, Schedule, is_top, make_schedule
 
 
@@ -93,9 +93,9 @@ def shared_cache_level(schedule: Schedule) -> str | None:
     return None
 
 
-def l2_traffic(view: Schedule, launch, candidate: tuple[Partition, ...]) -> tuple[int, int]:
-    """(bytes moved into and out of L2, bytes resident in L2 per group) of one launch under a
-    candidate L2 grouping; ``view`` is the schedule as that launch sees it.
+def l2_traffic(view: Schedule, launch: LaunchProgram, candidate: tuple[Partition, ...]) -> tuple[int, int]:
+    """(bytes moved into and out of L2, bytes resident in L2 per group) of one launch of a
+    Program under a candidate L2 grouping; ``view`` is the schedule as that launch sees it.
 
     A closed form, kept because :func:`plan` weighs every candidate grouping of every launch
     (up to a few hundred) and elaborating each costs 10 to 20 times as much. It is the
@@ -106,15 +106,21 @@ def l2_traffic(view: Schedule, launch, candidate: tuple[Partition, ...]) -> tupl
     the co-resident blocks hold only the chunks in flight (the Program's L2 columns hold whole
     tiles; a cache holds what is in use). tests/test_one_source.py proves both equal to the
     Program's on every example, GPU profile and candidate.
+
+    The arrays are the launch's own, read off its buffers at the top level: a split's parts
+    launch saves its part states (``O.acc.part``, along the part axis) instead of the outputs
+    it merges into, and its combine launch loads them; neither has the schedule launch's
+    inputs and outputs.
     """
-    diagram = view.diagram
     streamed = {p.axis: int(view.extent(p.axis, view.compute_level)) for p in view.partitions_at(view.compute_level, "stream")}
-    here = set(launch.axes)
+    here = set(launch.launch.axes)
     parts = [p for p in candidate if p.axis in here]
     moved = resident = 0
-    for name in tuple(launch.inputs) + tuple(launch.outputs):
-        array = diagram.arrays[name]
-        size = tile = array.bytes_per_value
+    top = view.levels[0]
+    for (level, _), array in launch.buffers.items():
+        if level != top:
+            continue
+        size = tile = DTYPE_BYTES[array.dtype]
         for axis in array.axes:
             full = int(view.axis_size(axis))
             size *= full
@@ -130,6 +136,16 @@ def l2_traffic(view: Schedule, launch, candidate: tuple[Partition, ...]) -> tupl
         moved += size
         resident += tile
     return moved, resident
+
+
+def scoped(partitions, program: Program, launch: LaunchProgram) -> list[Partition]:
+    """``partitions`` scoped to one launch of ``program``. Partitions name the schedule's
+    launches; a split launch of the schedule is two of the Program (its parts, then their
+    combine, which see the same schedule launch), so they also name which of the two."""
+    several = len(program.schedule.launches) > 1
+    shared = sum(other.launch.index == launch.launch.index for other in program.launches) > 1
+    return [dataclasses.replace(p, launches=frozenset({launch.launch.index}) if several else None,
+                                combine=(launch.combine is not None) if shared else None) for p in partitions]
 
 
 def plan(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | None = None, sizes: dict | None = None) -> Program:
@@ -157,7 +173,7 @@ def plan(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
         blocks = co_resident_blocks(launch.schedule, smem_bytes)
         best = smallest = None
         for candidate in (l2_candidates(launch.schedule, level, blocks) if blocks else []):
-            moved, resident = l2_traffic(launch.schedule, launch.launch, candidate)
+            moved, resident = l2_traffic(launch.schedule, launch, candidate)
             if smallest is None or (resident, moved) < smallest[0]:
                 smallest = ((resident, moved), candidate)
             if isinstance(capacity, int) and resident > capacity:
@@ -173,8 +189,7 @@ def plan(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
                          f"{launch.index}: the smallest working set is {smallest[0][0]:,} B; no reuse through {level} "
                          f"is assumed, each block's loads are charged from {profile.top.name}")
         if best is not None:
-            scope = frozenset({launch.index}) if len(program.launches) > 1 else None
-            derived += [dataclasses.replace(p, launches=scope) for p in best[1]]
+            derived += scoped(best[1], program, launch)
     if not derived:
         return _with_notes(program, notes)
     return _with_notes(elaborate(make_schedule(diagram, profile, block, sizes, extra_partitions=tuple(derived))), notes)

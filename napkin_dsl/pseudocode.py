@@ -690,7 +690,7 @@ def elaborate(schedule: Schedule) -> Program:
     """Expand a schedule into looped pseudocode, one :class:`LaunchProgram` per launch."""
     launches = []
     for launch in schedule.launches:
-        view = schedule.for_launch(launch.index)
+        view = schedule.for_launch(launch.index, combine=False)  # a split's parts (or an unsplit launch)
         elaborator = _LaunchElaborator(view, launch)
         body = _expand_contract_scales(elaborator.run(), elaborator)
         if elaborator.cut is None:
@@ -699,13 +699,14 @@ def elaborate(schedule: Schedule) -> Program:
         # the whole axis (mask_visits), not per part; every chunk is tested instead.
         launches.append(LaunchProgram(len(launches), launch, body, dict(elaborator.buffers), view))
         if elaborator.cut is not None:
-            launches.append(combine_launch(view, launch, elaborator.cut, len(launches)))
+            launches.append(combine_launch(schedule.for_launch(launch.index, combine=True), launch, elaborator.cut, len(launches)))
     return Program(schedule, tuple(launches))
 
 
 def combine_launch(view: Schedule, launch: Launch, cut: Partition, index: int) -> LaunchProgram:
-    """The launch that merges the parts of split ``cut``: the parts' view without the split and
-    the stream of its axis, streaming the part axis one part at a time instead."""
+    """The launch that merges the parts of split ``cut``: ``view`` (the schedule as the combine
+    launch sees it) without the split and the stream of its axis, streaming the part axis one
+    part at a time instead."""
     part = part_axis(cut.axis)
     partitions = tuple(p for p in view.partitions if p.axis != cut.axis or p.kind == "group")
     partitions += (Partition(view.compute_level, "stream", part, algebra.Integer(1), cut.span),)

@@ -45,14 +45,23 @@ class Partition:
     derived: bool = False  # chosen by napkin (the L2 grouping), not written by the user
     launches: frozenset | None = None  # indices of the launches it applies to; None: all
     targets: tuple[str, ...] | None = None  # as written: `smem for O:`
+    # In a split launch (one launch of the schedule, two of the Program: the parts, then their
+    # combine), the one it applies to: False the parts, True the combine; None: both. A derived
+    # L2 grouping is weighed per Program launch, so it is scoped to one of them.
+    combine: bool | None = None
 
-    def applies_to(self, launch_index: int) -> bool:
-        return self.launches is None or launch_index in self.launches
+    def applies_to(self, launch_index: int, combine: bool | None = None) -> bool:
+        """Whether it applies to schedule launch ``launch_index`` (``combine``: as its parts'
+        launch, False, or its combine launch, True; None: either)."""
+        return ((self.launches is None or launch_index in self.launches)
+                and (self.combine is None or combine is None or self.combine == combine))
 
     def __repr__(self) -> str:
         # As a relabel clause reads: the dataclass repr spelled out the span's whole source line.
         scope = f" for {', '.join(self.targets)}" if self.targets else ""
         launches = f" (launches {', '.join(map(str, sorted(self.launches)))})" if self.launches is not None else ""
+        if self.combine is not None:
+            launches += " (combine launch)" if self.combine else " (parts launch)"
         return f"<Partition {self.level}{scope}: {self.kind} {self.axis} {self.size}{' (derived)' if self.derived else ''}{launches}>"
 
 
@@ -147,9 +156,10 @@ class Schedule:
     def compute_level(self) -> str:
         return self.levels[-1]
 
-    def for_launch(self, index: int) -> "Schedule":
-        """The schedule as one launch sees it: only the partitions that apply to it."""
-        return dataclasses.replace(self, partitions=tuple(p for p in self.partitions if p.applies_to(index)), _memo={})
+    def for_launch(self, index: int, combine: bool | None = None) -> "Schedule":
+        """The schedule as one launch sees it: only the partitions that apply to it (``combine``:
+        of a split launch, as its parts' launch, False, or its combine launch, True)."""
+        return dataclasses.replace(self, partitions=tuple(p for p in self.partitions if p.applies_to(index, combine)), _memo={})
 
     def partitions_at(self, level: str, kind: str | None = None) -> list[Partition]:
         return [p for p in self.partitions if p.level == level and (kind is None or p.kind == kind)]

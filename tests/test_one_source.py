@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 
@@ -22,10 +21,10 @@ from napkin_dsl.cost import columns, level_costs, max_of
 from napkin_dsl.diagram import DTYPE_BYTES
 from napkin_dsl.errors import NapkinError
 from napkin_dsl.hardware import load_hardware
-from napkin_dsl.plan import l2_traffic, plan, shared_cache_level
+from napkin_dsl.plan import l2_traffic, plan, scoped, shared_cache_level
 from napkin_dsl.pseudocode import Program, co_resident_blocks, elaborate, l2_candidates, walk
 from napkin_dsl.relabel import make_schedule
-from napkin_dsl.render import layout
+from napkin_dsl.render import drawn_diagram, layout
 
 from .conftest import EXAMPLES, NAPKIN_EXAMPLES, example_id
 from .fuzz_programs import programs
@@ -95,20 +94,33 @@ def assert_marks_are_the_programs(kernel, program: Program, drawing) -> None:
     each, in its launch, and each sits where the array changes level: a load between the box
     before its first reader in the launch and that reader's box; a save between the box of the
     last statement of its launch that reads the result on chip (or its producer) and the next
-    box, so left of every box of a later launch that reads it."""
+    box, so left of every box of a later launch that reads it.
+
+    The boxes are the drawn diagram's columns (render.drawn_diagram): the kernel's statements,
+    or, with a split, its parts launch's columns and the combine's merge boxes, where a
+    statement's target names it in both launches; a part state the parts launch saves
+    (``O.acc.part``) leaves after the last box of that launch."""
     drawn = Counter((kind, array, launch) for kind, array, launch, _ in drawing.transfers)
     assert drawn == program_transfers(program)
     assert drawing.levels[-1] == program.schedule.compute_level or drawing.levels[-1] == "on chip"
     boxes = list(drawing.box_rects)
-    statements = kernel.diagram.statements
-    launch_of = {s.target: launch.index for launch in program.launches for s in launch.launch.statements}
+    view = drawn_diagram(kernel.diagram, program)
+    statements = view.diagram.statements
+    if view.column_of:
+        launch_of = {column: launch for (launch, _), column in view.column_of.items()}
+    else:
+        by_target = {s.target: launch.index for launch in program.launches for s in launch.launch.statements}
+        launch_of = {s.index: by_target[s.target] for s in statements}
     for kind, array, launch, x in drawing.transfers:
-        readers = [s.index for s in statements if array in s.inputs and launch_of[s.target] == launch]
+        readers = [s.index for s in statements if array in s.inputs and launch_of[s.index] == launch]
         if kind == "load":
             assert readers and x < boxes[readers[0]][0], (array, launch)
             assert readers[0] == 0 or x > boxes[readers[0] - 1][2], (array, launch)
         else:
-            last = max([kernel.diagram.producer(array).index] + readers)
+            if array in view.spawned:
+                last = max(column for column, index in launch_of.items() if index == launch)
+            else:
+                last = max([view.diagram.producer(array).index] + readers)
             assert x > boxes[last][2], array
             assert last + 1 == len(boxes) or x < boxes[last + 1][0], array
 
@@ -173,11 +185,11 @@ L2_SIZES = {"b": 2, "h": 8, "kv": 4, "r": 4, "q": 2048, "x": 2048, "d": 128, "m"
 RAGGED = {**L2_SIZES, "q": 2000, "x": 1999, "m": 4000, "n": 3000, "t": 4001, "a": 4001}
 
 
-def program_l2(diagram, hardware, block, sizes, level, candidate, launch_index, scope) -> tuple[int, int]:
+def program_l2(diagram, hardware, block, sizes, level, extra, launch_index) -> tuple[int, int]:
     """(bytes moved, bytes resident) at ``level`` in one launch, read off the Program elaborated
-    with the candidate grouping: the moved bytes as cost.level_costs counts them; the resident
-    ones as the Program's buffers at that level, streamed axes at their chunk."""
-    extra = tuple(dataclasses.replace(p, launches=scope) for p in candidate)
+    with the candidate grouping ``extra`` (scoped to that launch: plan.scoped): the moved bytes
+    as cost.level_costs counts them; the resident ones as the Program's buffers at that level,
+    streamed axes at their chunk."""
     program = elaborate(make_schedule(diagram, hardware, block, sizes, extra_partitions=extra))
     launch = program.launches[launch_index]
     only = Program(program.schedule, (launch,))
@@ -209,11 +221,11 @@ def test_the_l2_closed_form_is_the_programs_count(kernel, hardware, chosen_sizes
     for launch in base.launches:
         smem = max_of(r["M_bytes"].get(schedule.compute_level, 0) for r in rows if r["launch"] == launch.index)
         blocks = co_resident_blocks(launch.schedule, smem)
-        scope = frozenset({launch.index}) if len(base.launches) > 1 else None
         weighed = []
         for candidate in (l2_candidates(launch.schedule, level, blocks) if blocks else []):
-            closed = l2_traffic(launch.schedule, launch.launch, candidate)
-            assert closed == program_l2(kernel.diagram, hardware, block, sizes, level, candidate, launch.index, scope), candidate
+            closed = l2_traffic(launch.schedule, launch, candidate)
+            extra = tuple(scoped(candidate, base, launch))
+            assert closed == program_l2(kernel.diagram, hardware, block, sizes, level, extra, launch.index), candidate
             weighed.append(closed)
             compared += 1
         if not weighed:
