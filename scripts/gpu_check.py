@@ -238,6 +238,8 @@ CASES: list[Case] = [
     # Flash-decoding: one query per head, the keys split into parts whose states a combine launch merges
     # (two launches); the reference alone checks it (no torch baseline of this layout).
     Case("decode", "decode.napkin", "decode", {"b": 1, "kv": 8, "r": 4, "x": 32768, "d": 128}, {"kv": 2}, None),
+    # Split-K (its parts launch on the FMA path for now) against torch.matmul.
+    Case("splitk", "splitk.napkin", "splitk", {"m": 512, "k": 65536, "n": 512}, {"m": 64}, "matmul"),
     # Two outputs: O against torch's attention, and L (the log-sum-exp) against the reference only.
     Case("attention_lse", "attention_lse.napkin", "attention_lse", {"b": 4, "h": 16, "q": 2048, "x": 2048, "d": 128},
          {"b": 2, "q": 32}, "sdpa"),

@@ -80,6 +80,8 @@ SIZES = {
     "swiglu.napkin": {"t": 32, "m": 64, "f": 32, "e": 32},
     # a split (issue 28): 2 parts of x (the second 76 long, its last chunk short) and the combine
     "decode.napkin": {"b": 1, "kv": 1, "r": 4, "x": 1100, "d": 16},
+    # split-K on the FMA path: 3 parts of k (the last short), a ragged tile of m and n, and the combine
+    "splitk.napkin": {"m": 40, "n": 24, "k": 17000},
 }
 TENSOR_CORES = {"attention.napkin", "gqa.napkin", "matmul.napkin", "mlp.napkin", "causal_attention.napkin",
                 "sliding_window.napkin", "attention_lse.napkin", "swiglu.napkin"}
