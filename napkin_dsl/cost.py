@@ -29,7 +29,7 @@ from .diagram import DTYPE_BYTES
 from .errors import RelabelError
 from .formatting import format_count as _fmt
 from .formatting import json_value
-from .pseudocode import MAX_MASK_GROUPS, Loop, Program, Step, chunk_span, liveness, mask_visits, released_by, walk
+from .pseudocode import MAX_MASK_GROUPS, Loop, Program, Step, chunk_span, liveness, mask_visits, released_by, split_loop, walk
 from .relabel import bind
 
 # ---- small algebra helpers -----------------------------------------------------------------
@@ -742,8 +742,12 @@ def fma_issue(program: Program, launch, arch: str | None = None, path: str | Non
     level = launch.schedule.compute_level
     diagram = program.diagram
 
+    cut = split_loop(launch)
+
     def ragged(axes) -> bool:
-        return any(a in tile and sizes[a] % tile[a] for a in axes)  # a split's part axis (k#) is no tile
+        # A split's part axis (k#) is no tile; the split axis itself is guarded against its part's
+        # end in every chunk (the part's bound is a run-time value), whether or not the tile divides.
+        return any(a in tile and (sizes[a] % tile[a] or (cut is not None and a == cut.axis)) for a in axes)
 
     def narrow(name) -> int:
         return NARROW_CONVERT if DTYPE_BYTES[diagram.arrays[name].dtype] < 4 else 0
