@@ -32,31 +32,12 @@ from napkin_dsl import layouts
 from napkin_dsl.backends import cuda, tensorcore, wgmma
 
 from .conftest import EXAMPLES
+from .test_layouts import isa_a, isa_b, isa_c
 
 BACKENDS = Path(tensorcore.__file__).resolve().parent
 
-# ---- the PTX ISA, written here --------------------------------------------------------------
+# ---- the PTX ISA: its fragment formulas, written out once in tests/test_layouts.py -------------
 # lane = %laneid, g = lane >> 2, t = lane % 4
-
-
-def isa_a(lane, i):
-    """mma.m16n8k16 A (16 x 16, .row), a0..a7 in 4 .b32 registers (a_2j low half of register j)."""
-    g, t = lane >> 2, lane % 4
-    row = g if i in (0, 1, 4, 5) else g + 8
-    col = 2 * t + (i & 1) + (8 if i >= 4 else 0)
-    return row, col
-
-
-def isa_b(lane, i):
-    """B (16 x 8, .col), b0..b3 in 2 .b32 registers: (k, n)."""
-    g, t = lane >> 2, lane % 4
-    return 2 * t + (i & 1) + (8 if i >= 2 else 0), g
-
-
-def isa_c(lane, i):
-    """C/D (16 x 8, .f32), c0..c3: (row, n)."""
-    g, t = lane >> 2, lane % 4
-    return (g if i < 2 else g + 8), 2 * t + (i & 1)
 
 
 # Operand lists: (group name, registers in the group, constraint). A group of 1 without braces is
