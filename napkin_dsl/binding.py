@@ -353,7 +353,7 @@ class _Caller:
         if self.framework == "torch":
             import torch
 
-            host = np.ascontiguousarray(array)
+            host = np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d output 1-d
             if host.dtype.type.__module__.startswith("ml_dtypes"):
                 # torch.from_numpy knows no ml_dtypes type: hand over the bits and view them.
                 bits = torch.from_numpy(host.view(f"u{host.dtype.itemsize}"))

@@ -53,7 +53,7 @@ from . import syntax as syn
 from .check import check_module
 from .diagram import (
     Apply, Const, Contract, Diagram, Expression, Index, INTEGER_DTYPES, Map, Opaque, Read, Reduce, ScalarParam,
-    Softmax, Statement, reads,
+    Softmax, Statement, expression_axes, reads,
 )
 from .errors import NapkinError
 from .relabel import make_schedule
@@ -140,34 +140,43 @@ def statement_text(s: Statement, dtype: str | None = None, body: str | None = No
 # ---- reverse mode through an expression tree -----------------------------------------------------
 
 
-def _expression_partials(expr: Expression, g: str) -> list[tuple[Read, str]]:
-    """(leaf read, its cotangent as text) for every array read of ``expr``, given the cotangent
-    ``g`` of the whole expression (a text over the statement's iteration axes)."""
+def _expression_partials(expr: Expression, g: str, g_axes: tuple[str, ...]) -> list[tuple[Read, str, tuple[str, ...]]]:
+    """(leaf read, its cotangent as text, the axes that text varies along) for every array read
+    of ``expr``, given the cotangent ``g`` of the whole expression, a text varying along
+    ``g_axes``. The axes say where a leaf's cotangent must be summed (an axis it varies along
+    that the read lacks) and where it is constant along an axis the read lacks (it is then
+    scaled by that axis's size: summing an expression along an axis it lacks is no statement
+    the checker accepts)."""
     if isinstance(expr, Read):
-        return [(expr, g)]
+        return [(expr, g, g_axes)]
     if not isinstance(expr, Apply) or not reads(expr):
         return []  # constants, scalars, indices: no array below
+
+    def times(*factors: Expression) -> tuple[str, ...]:  # the axes of g times these factors
+        return _union(g_axes, *(expression_axes(f) for f in factors))
+
     fn, args = expr.fn, expr.args
     a = args[0]
     if fn == "add":
-        return _expression_partials(a, g) + _expression_partials(args[1], g)
+        return _expression_partials(a, g, g_axes) + _expression_partials(args[1], g, g_axes)
     if fn == "sub":
-        return _expression_partials(a, g) + _expression_partials(args[1], f"(-{g})")
+        return _expression_partials(a, g, g_axes) + _expression_partials(args[1], f"(-{g})", g_axes)
     if fn == "mul":
         b = args[1]
-        return _expression_partials(a, f"({g} * {notation(b)})") + _expression_partials(b, f"({g} * {notation(a)})")
+        return (_expression_partials(a, f"({g} * {notation(b)})", times(b))
+                + _expression_partials(b, f"({g} * {notation(a)})", times(a)))
     if fn == "div":
         b = args[1]
-        return (_expression_partials(a, f"({g} / {notation(b)})")
-                + _expression_partials(b, f"((-{g}) * {notation(a)} / ({notation(b)} * {notation(b)}))"))
+        return (_expression_partials(a, f"({g} / {notation(b)})", times(b))
+                + _expression_partials(b, f"((-{g}) * {notation(a)} / ({notation(b)} * {notation(b)}))", times(a, b)))
     if fn == "pow":
         b = args[1]
-        found = _expression_partials(a, f"({g} * {notation(b)} * ({notation(a)} ^ ({notation(b)} - 1)))")
-        return found + _expression_partials(b, f"({g} * log({notation(a)}) * {notation(expr)})")
+        found = _expression_partials(a, f"({g} * {notation(b)} * ({notation(a)} ^ ({notation(b)} - 1)))", times(a, b))
+        return found + _expression_partials(b, f"({g} * log({notation(a)}) * {notation(expr)})", times(a, b))
     if fn == "where":
         condition = notation(a)
-        return (_expression_partials(args[1], f"where({condition}, {g}, 0)")
-                + _expression_partials(args[2], f"where({condition}, 0, {g})"))
+        return (_expression_partials(args[1], f"where({condition}, {g}, 0)", times(a))
+                + _expression_partials(args[2], f"where({condition}, 0, {g})", times(a)))
     if fn in ("eq", "ne", "ge", "gt", "le", "lt", "and", "or", "not"):
         return []  # a condition has no cotangent
     entry = elementwise.function(fn)
@@ -178,9 +187,19 @@ def _expression_partials(expr: Expression, g: str) -> list[tuple[Read, str]]:
                                   f"(elementwise.Elementwise.grad) for the backward to use")
     texts = {"x": notation(args[0]), "y": notation(args[-1]), "r": notation(expr)}
     found = []
+    operands = {"x": args[0], "y": args[-1], "r": expr}
     for arg, template in zip(args, entry.grad, strict=True):
-        found += _expression_partials(arg, f"({g} * ({template.format(**texts)}))")
+        used = [operands[key] for key in operands if "{" + key + "}" in template]
+        found += _expression_partials(arg, f"({g} * ({template.format(**texts)}))", times(*used))
     return found
+
+
+def _union(*axes_lists) -> tuple[str, ...]:
+    """The axes of several factors, in order of first appearance."""
+    seen: list[str] = []
+    for axes in axes_lists:
+        seen += [a for a in axes if a not in seen]
+    return tuple(seen)
 
 
 # ---- the backward kernel ----------------------------------------------------------------------
@@ -288,11 +307,18 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
         cotangent[array] = name
         return name
 
-    def add_leaves(partials: list[tuple[Read, str]], iteration: tuple[str, ...]) -> None:
-        for read, text in partials:
+    def add_leaves(partials: list[tuple[Read, str, tuple[str, ...]]], iteration: tuple[str, ...]) -> None:
+        for read, text, axes in partials:
             missing = [a for a in iteration if a not in read.axes]
-            if missing:
-                add(read.array, "sum", f"sum[{' '.join(missing)}]({text})")
+            # Along an axis the read lacks, its cotangent sums; where the cotangent does not
+            # vary along that axis (abs(c) + X[s] summed over s, for a scalar c), the sum is
+            # the cotangent times the axis's size.
+            constant = [a for a in missing if a not in axes]
+            if constant:
+                text = f"({text} * {size_notation(algebra.Mul(*(diagram.size(a) for a in constant)))})"
+            summed = [a for a in missing if a in axes]
+            if summed:
+                add(read.array, "sum", f"sum[{' '.join(summed)}]({text})")
             else:
                 add(read.array, "map", text)
 
@@ -303,7 +329,7 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
         g = f"{cotangent[s.target]}[{' '.join(s.axes)}]"
         box = s.box
         if isinstance(box, Map):
-            add_leaves(_expression_partials(box.expr, g), s.axes)
+            add_leaves(_expression_partials(box.expr, g, s.axes), s.axes)
         elif isinstance(box, Reduce):
             operand = notation(box.operand)
             value = f"{s.target}[{' '.join(s.axes)}]"
@@ -317,7 +343,9 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
                 g_operand = f"({g} * exp({operand} - {value}))"
             else:
                 raise NotImplementedError(f"the backward has no rule for the reduction {box.op}[...]")
-            add_leaves(_expression_partials(box.operand, g_operand), s.iteration_axes)
+            # where(operand == value, g, 0) and exp(operand - value) vary along the operand's axes too
+            g_axes = s.axes if box.op in ("sum", "mean") else _union(s.axes, expression_axes(box.operand))
+            add_leaves(_expression_partials(box.operand, g_operand, g_axes), s.iteration_axes)
         elif isinstance(box, Softmax):
             kept = [a for a in s.axes if a != box.axis]
             value = f"{s.target}[{' '.join(s.axes)}]"
@@ -332,7 +360,7 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
             else:
                 lines.append(f"{d_name}[{' '.join(kept)}] = sum[{box.axis}]({g} * {value})")
             g_operand = f"({value} * ({g} - {d_name}[{' '.join(kept)}]))"
-            add_leaves(_expression_partials(box.operand, g_operand), s.axes)
+            add_leaves(_expression_partials(box.operand, g_operand, s.axes), s.axes)
         elif isinstance(box, Contract):
             for i, operand in enumerate(box.operands):
                 if diagram.arrays[operand.array].dtype in INTEGER_DTYPES:

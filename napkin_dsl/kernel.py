@@ -791,6 +791,16 @@ def _call_with_autograd(kernel: Kernel, array_args: dict, scalar_args: dict, bac
     backward_kernel = kernel.grad()
     derivation = backward_kernel.derivation
     options = {"backend": backend, "cast": cast, "hardware": hardware, "impls": impls, "sizes": sizes}
+    # The backward's sizes: an axis its inputs may not carry (an input's axis reaches it only
+    # through a gradient output) comes from the forward's shapes; of the forward's partition
+    # sizes, only those of the groups it keeps (grad.py keeps the groups on axes that all its
+    # statements share).
+    known = set(backward_kernel.diagram.axes) | {p.size for level in (backward_kernel.relabel.levels if backward_kernel.relabel else ())
+                                                 for p in level.partitions if isinstance(p.size, str)}
+    carried = {axis: int(extent) for name, value in array_args.items() if name in diagram.arrays
+               for axis, extent in zip(diagram.arrays[name].axes, getattr(value, "shape", ()), strict=False)}
+    backward_sizes = {k: v for k, v in {**carried, **(sizes or {})}.items() if k in known}
+    backward_options = {**options, "sizes": backward_sizes or None}
 
     class NapkinCall(torch.autograd.Function):
         @staticmethod
@@ -816,7 +826,7 @@ def _call_with_autograd(kernel: Kernel, array_args: dict, scalar_args: dict, bac
                     dtype = outputs[output].dtype
                     call[parameter] = (torch.zeros_like(outputs[output]) if cotangent is None
                                        else cotangent.detach().to(dtype).contiguous())
-            result = _call(backward_kernel, (), call, **options)
+            result = _call(backward_kernel, (), call, **backward_options)
             result = result if len(backward_kernel.diagram.outputs) > 1 else {backward_kernel.diagram.outputs[0]: result}
             grads = []
             for name, value in inputs.items():
