@@ -149,10 +149,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "napkin_dsl/backends/lowering.py",
         [
             "tests/test_mutants_lowering.py",
-            "tests/test_cuda_codegen.py",
             "tests/test_lowering_staging.py",
             "tests/test_fma_registers.py",
             "tests/test_opencl_properties.py",
+            "tests/test_cuda_codegen.py",
         ],
     ),
 }
