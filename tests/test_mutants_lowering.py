@@ -7,6 +7,8 @@ float64 reference, or a property of the SASS that NVRTC and nvdisasm make of the
 
 from __future__ import annotations
 
+import re
+
 import napkin_dsl as napkin
 from napkin_dsl.backends import opencl
 from napkin_dsl.reference import evaluate
@@ -63,3 +65,43 @@ relabel big on H100:
     smem: group q 16; stream x 16
 """
     run_on_pocl(source, "big", q=40, x=40, d=8)
+
+
+def test_a_ragged_tile_reads_nothing_past_the_end_of_its_array():
+    """The scalar load of a tile that runs past the end of an axis (rows 16..19 of 20 in the
+    second block, rows of 50 values: not 16-byte units) pads with zeros and reads nothing past
+    the array: oclgrind reports any read out of bounds, and the result is held to the reference."""
+    from .fuzz_programs import Case
+    from .test_oclgrind import case_of, require_oclgrind, run_cases
+
+    require_oclgrind()
+    source = """kernel softmax_rows(X: f32[r c]) -> Y: f32[r c]:
+    Y[r c] = softmax[c](X)
+
+relabel softmax_rows on H100:
+    smem: group r 16
+"""
+    found = run_cases([case_of(Case("valid", source, dict(r=20, c=50), None, 0, opencl=True), "ragged", gpu=True)])
+    assert found["ragged"]["result"] == "ok", found
+
+
+def arena_offsets(source: str) -> dict[str, int]:
+    """Each shared buffer's byte offset in the arena, as the kernel declares its pointer."""
+    return {name: int(offset) for name, offset in re.findall(r"\bs_(\w+) = .*?nk_smem \+ (\d+)\)", source)}
+
+
+def test_a_map_whose_operand_of_its_own_shape_dies_there_takes_its_bytes_in_place(opencl_device):
+    """Y = B + X releases both operands; Y takes the bytes of X, its own shape (element i
+    overwrites element i: no stage in registers, no extra barrier), not the first free offset,
+    which B (a row of its own) holds: there Y would overlap both, and wait in registers."""
+    source = """kernel bias(B: f32[c], X: f32[r c]) -> Y: f32[r c]:
+    Y[r c] = B + X
+
+relabel bias on H100:
+    smem: group r 16
+"""
+    program, _ = run_on_pocl(source, "bias", r=40, c=24)
+    printed, _ = opencl.generate(program)
+    offsets = arena_offsets(printed)
+    assert offsets["Y"] == offsets["X"] != offsets["B"], offsets
+    assert "stage[" not in printed.split("*/", 1)[1]
