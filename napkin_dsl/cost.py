@@ -21,8 +21,10 @@ not choose sizes (``tune.py``), and it never looks at the diagram except through
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from . import algebra
 from .diagram import DTYPE_BYTES
@@ -31,6 +33,9 @@ from .formatting import format_count as _fmt
 from .formatting import json_value
 from .pseudocode import MAX_MASK_GROUPS, Loop, Program, Step, chunk_span, liveness, mask_visits, released_by, split_loop, walk
 from .relabel import bind
+
+if TYPE_CHECKING:
+    from .isel import ProgramSelection
 
 # ---- small algebra helpers -----------------------------------------------------------------
 
@@ -85,20 +90,23 @@ def step_total(program: Program, step: Step, loops: tuple[Loop, ...], axes: tupl
 def masked_elements(program: Program, mask, axes, partial: bool = False) -> int | None:
     """Over the tiles of the mask's axes (a group's tile, a chunk of the streamed axis) that a
     masked stream visits (``partial``: only those it holds in part), the sum of the tiles'
-    elements along those of ``axes`` the mask constrains; None when a size is symbolic.
-    Memoised per launch schedule: every masked step asks, with the same few arguments."""
-    memo = program.schedule._memo
-    key = ("masked elements", mask, tuple(axes), partial)
-    if key not in memo:
-        memo[key] = _masked_elements(program, mask, axes, partial)
-    return memo[key]
+    elements along those of ``axes`` the mask constrains; None when a size is symbolic."""
+    schedule = program.schedule
+    names = set(mask.axes) | {sym.name for c in mask.constraints for sym in c.constant.free_symbols}
+    lengths = tuple((name, schedule.axis_size(name)) for name in sorted(names))
+    if not all(length.is_number for _, length in lengths):
+        return None
+    # Every masked step asks, with the same few arguments: the count is a function of them alone.
+    return _masked_elements(mask, tuple(axes), partial, tuple((name, int(length)) for name, length in lengths))
 
 
-def _masked_elements(program: Program, mask, axes, partial: bool) -> int | None:
-    visits = mask_visits(mask, lambda a: program.schedule.axis_size(a))
+@functools.lru_cache(maxsize=256)
+def _masked_elements(mask, axes: tuple, partial: bool, lengths: tuple) -> int | None:
+    lengths = dict(lengths)
+    visits = mask_visits(mask, lambda a: algebra.Integer(lengths[a]))
     if visits is None:
         return None
-    tile, length = int(dict(mask.tiles)[mask.axis]), int(program.schedule.axis_size(mask.axis))
+    tile, length = int(dict(mask.tiles)[mask.axis]), lengths[mask.axis]
     total = 0
     for group in visits:
         rows = math.prod(stop - start for a, (start, stop) in group.ranges.items() if a in axes)
@@ -129,7 +137,7 @@ def _total(terms) -> algebra.Expr:
     return algebra.Add(*terms)
 
 
-def columns(program: Program, arch: str | None = None, path: str | None = None) -> list[dict]:
+def columns(program: Program, selected: ProgramSelection | None = None) -> list[dict]:
     """The paper's columns: per step, the buffers resident at each level below the top.
 
     At a step that computes, inputs whose last use is this step are released as the output is
@@ -140,18 +148,22 @@ def columns(program: Program, arch: str | None = None, path: str | None = None) 
     (double-buffered where streamed) for the whole launch, as the kernel does. A launch on the
     FMA path keeps its streamed contractions' accumulators in registers too, per thread as the
     register blocks each thread owns (``isel.fma_accumulators``), where they fit.
-    """
-    from .isel import fma_launch_accumulators, fragment_values, smem_layout
 
-    tensor = tensor_launches(program, arch, path)
+    ``selected`` is the selection pass's result (``isel.select_program``) the columns are read
+    for; without one, the pass runs for the profile's own target.
+    """
+    from .isel import fragment_values
+
+    selected = _selected(program, selected)
+    tensor = tensor_launches(program, selected)
     rows = []
     for launch in program.launches:
         schedule = launch.schedule
         compute = schedule.compute_level
         sequence, spans = liveness(launch.body)
         plan, tile = tensor.get(launch.index, (None, None))
-        slots = smem_layout(plan, tile, program.diagram)[0] if plan is not None else {}
-        accumulators = fma_launch_accumulators(program, launch, arch, path)[0]
+        slots = selected[launch.index].slots if plan is not None else {}
+        accumulators = selected[launch.index].kept
         for index, (step, loops) in enumerate(sequence):
             column = _Column(schedule)
             hold = column.hold
@@ -228,7 +240,7 @@ def register_transfers(program: Program, step: Step, loops, plan) -> algebra.Exp
     return moved
 
 
-def statement_columns(program: Program, rows: list[dict] | None = None) -> list[dict]:
+def statement_columns(program: Program, rows: list[dict] | None = None, selected: ProgramSelection | None = None) -> list[dict]:
     """The paper's columns per statement of the diagram (Figs. 9, 11, 12), read off the Program.
 
     One dict per statement, in diagram order: ``{"label": target, "M": {level: expr},
@@ -243,8 +255,9 @@ def statement_columns(program: Program, rows: list[dict] | None = None) -> list[
     """
     schedule = program.schedule
     diagram = program.diagram
-    rows = rows if rows is not None else columns(program)
-    tensor = tensor_launches(program)
+    selected = _selected(program, selected)
+    rows = rows if rows is not None else columns(program, selected)
+    tensor = tensor_launches(program, selected)
     held = any("registers" in r["M"] for r in rows)  # an FMA launch's register accumulators
     levels = schedule.levels[1:] + (("registers",) if tensor or held else ())
     order = [s.target for s in diagram.statements]
@@ -469,32 +482,33 @@ def _fmt_sizes(sizes: dict) -> str:
 # ---- computing the report ------------------------------------------------------------------
 
 
-def tensor_launches(program: Program, arch: str | None = None, path: str | None = None) -> dict:
-    """Launch index -> (TensorPlan, tile) for the launches instruction selection puts on tensor
-    cores (``path``: a what-if instruction path, :func:`napkin_dsl.isel.select`)."""
-    from .isel import launch_tiles, selection
+def _selected(program: Program, selected: ProgramSelection | None) -> ProgramSelection:
+    """``selected``, or the selection pass run for the profile's own target where none is given
+    (the model's entry, :func:`cost_of`, runs it once and hands it down)."""
+    from .isel import select_program
 
+    return selected if selected is not None else select_program(program)
+
+
+def tensor_launches(program: Program, selected: ProgramSelection | None = None) -> dict:
+    """Launch index -> (TensorPlan, tile) for the launches instruction selection
+    (``selected``, :func:`napkin_dsl.isel.select_program`) puts on tensor cores."""
     out = {}
     if program.hardware.symbolic or "registers" not in program.hardware.level_names():
         return out
+    selected = _selected(program, selected)
     for launch in program.launches:
-        chosen = selection(program, launch, arch, path)
+        chosen = selected[launch.index]
         if chosen.plan is not None:
-            out[launch.index] = (chosen.plan, launch_tiles(launch)[0])
+            out[launch.index] = (chosen.plan, chosen.tile)
     return out
 
 
-def fma_register_launches(program: Program, arch: str | None = None, path: str | None = None) -> dict:
+def fma_register_launches(program: Program, selected: ProgramSelection | None = None) -> dict:
     """Launch index -> the accumulators an FMA launch keeps in registers (``isel.fma_accumulators``),
     for launches that keep any: with the tensor launches, what puts a ``registers`` level in the report."""
-    from .isel import fma_launch_accumulators
-
-    out = {}
-    for launch in program.launches:
-        kept = fma_launch_accumulators(program, launch, arch, path)[0]
-        if kept:
-            out[launch.index] = kept
-    return out
+    selected = _selected(program, selected)
+    return {launch.index: selected[launch.index].kept for launch in program.launches if selected[launch.index].kept}
 
 
 def registers_cost(program: Program, tensor: dict, rows: list[dict]) -> LevelCost:
@@ -525,10 +539,13 @@ def registers_cost(program: Program, tensor: dict, rows: list[dict]) -> LevelCos
                      registers.capacity, registers.bandwidth, registers.per, hardware.counts)
 
 
-def level_costs(program: Program, rows: list[dict] | None = None, arch: str | None = None, path: str | None = None) -> dict:
+def level_costs(program: Program, rows: list[dict] | None = None, selected: ProgramSelection | None = None) -> dict:
+    """H, M and N per level below the top (:class:`LevelCost`), from the columns ``rows``
+    (default: :func:`columns` for ``selected``)."""
     schedule = program.schedule
-    rows = rows if rows is not None else columns(program, arch, path)
-    tensor = tensor_launches(program, arch, path)
+    selected = _selected(program, selected)
+    rows = rows if rows is not None else columns(program, selected)
+    tensor = tensor_launches(program, selected)
     costs = {}
     for level in schedule.levels[1:]:
         H = algebra.Integer(0)
@@ -557,30 +574,31 @@ def level_costs(program: Program, rows: list[dict] | None = None, arch: str | No
     return costs
 
 
-def instruction_path(program: Program, launch, arch: str | None = None, path: str | None = None) -> str:
+def instruction_path(program: Program, launch, selected: ProgramSelection | None = None) -> str:
     """The instruction path of a launch's contractions: ``mma.sync`` or ``wgmma`` (a tensor-core
     plan, :mod:`napkin_dsl.isel`), ``fma`` where instruction selection, with every size bound,
     kept the launch on the FMA path (its products are FFMAs and are priced as such), and
     ``tensor`` (the datasheet's tensor peak) while sizes are symbolic and the path undecided."""
-    from .isel import launch_tiles, selection
-
-    if program.hardware.symbolic or program.hardware.arch is None or launch_tiles(launch) is None:
+    if program.hardware.symbolic or program.hardware.arch is None:
         return "tensor"
-    return selection(program, launch, arch, path).path
+    chosen = _selected(program, selected)[launch.index]
+    return "tensor" if chosen.tile is None else chosen.path
 
 
-def contraction_unit(program: Program, launch, arch: str | None = None, path: str | None = None) -> str:
+def contraction_unit(program: Program, launch, selected: ProgramSelection | None = None) -> str:
     """The unit a launch's contractions count against: ``tensor`` or ``fma`` (:func:`instruction_path`)."""
-    return "fma" if instruction_path(program, launch, arch, path) == "fma" else "tensor"
+    return "fma" if instruction_path(program, launch, selected) == "fma" else "tensor"
 
 
-def flops_by_unit(program: Program, arch: str | None = None, path: str | None = None) -> tuple[dict, list]:
+def flops_by_unit(program: Program, selected: ProgramSelection | None = None) -> tuple[dict, list]:
     """FLOPs per unit (tensor, fma, special), and (launch, rate, dtype, flops) entries for
     pricing, where a contraction's rate is its launch's instruction path (:func:`instruction_path`)."""
     totals: dict = {}
     priced = []
+    symbolic = program.hardware.symbolic or program.hardware.arch is None
+    selected = None if symbolic else _selected(program, selected)  # symbolic: every path is "tensor"
     for launch in program.launches:
-        products = instruction_path(program, launch, arch, path)
+        products = instruction_path(program, launch, selected)
         for step, loops in walk(launch.body):
             if not step.flops and not step.test_flops and not step.bookkeeping and not step.flops_over:
                 continue
@@ -716,7 +734,7 @@ def _products(step) -> bool:
     return any(unit == "tensor" for unit, _ in step.flops)
 
 
-def fma_issue(program: Program, launch, arch: str | None = None, path: str | None = None) -> tuple[int, int] | None:
+def fma_issue(program: Program, launch, selected: ProgramSelection | None = None) -> tuple[int, int] | None:
     """(thread instructions, shared-memory bytes read) of an FMA-path launch's computing steps,
     from the Program's steps and the register blocks the printer gives its products
     (``isel.register_tile_axes``, ``REGISTER_TILE``); None for a launch on tensor cores, on a
@@ -730,15 +748,15 @@ def fma_issue(program: Program, launch, arch: str | None = None, path: str | Non
     Any other step costs, per element, ``INDEX_PER_AXIS`` per axis it spans, an LDS and
     ``READ_ADDRESS`` per operand it reads from shared memory (plus the widening) and one
     instruction per FLOP."""
-    from .isel import REGISTER_TILE, launch_tiles, register_tile_axes
+    from .isel import REGISTER_TILE, register_tile_axes
 
     hardware = program.hardware
-    if hardware.symbolic or not hardware.clock_hz or instruction_path(program, launch, arch, path) != "fma":
+    if hardware.symbolic or not hardware.clock_hz:
         return None
-    bound = launch_tiles(launch)
-    if bound is None:
+    chosen = _selected(program, selected)[launch.index]
+    if instruction_path(program, launch, selected) != "fma" or chosen.tile is None:
         return None
-    tile, sizes = bound
+    tile, sizes = chosen.tile, chosen.sizes
     level = launch.schedule.compute_level
     diagram = program.diagram
 
@@ -794,12 +812,12 @@ def fma_issue(program: Program, launch, arch: str | None = None, path: str | Non
     return int(math.ceil(slots)), int(math.ceil(nbytes))
 
 
-def fma_issue_seconds(program: Program, launch, arch: str | None = None, path: str | None = None) -> tuple[float, float] | None:
+def fma_issue_seconds(program: Program, launch, selected: ProgramSelection | None = None) -> tuple[float, float] | None:
     """(issue seconds, shared-port seconds) of an FMA-path launch (:func:`fma_issue`): its thread
     instructions at ``ISSUE_LANES`` a clock per SM, its operand reads plus the copies that fill
     its tiles at the registers level's bandwidth (shared memory to registers), as the tensor
     path's port term; None where :func:`fma_issue` is."""
-    counted = fma_issue(program, launch, arch, path)
+    counted = fma_issue(program, launch, selected)
     if counted is None:
         return None
     hardware = program.hardware
@@ -987,13 +1005,13 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
     return time
 
 
-def launch_level_costs(program: Program, rows: list[dict], levels: dict, arch: str | None = None,
-                       path: str | None = None) -> dict:
+def launch_level_costs(program: Program, rows: list[dict], levels: dict, selected: ProgramSelection | None = None) -> dict:
     """Each launch's level costs (its own transfers, blocks and memory), by launch index: the
     program's own for one launch."""
     if len(program.launches) == 1:
         return {program.launches[0].index: levels}
-    return {launch.index: level_costs(Program(program.schedule, (launch,)), [r for r in rows if r["launch"] == launch.index], arch, path)
+    selected = _selected(program, selected)
+    return {launch.index: level_costs(Program(program.schedule, (launch,)), [r for r in rows if r["launch"] == launch.index], selected)
             for launch in program.launches}
 
 
@@ -1072,8 +1090,8 @@ def fixed_costs(program: Program, occupancy: dict) -> dict:
     return out
 
 
-def launch_occupancy(program: Program, rows: list[dict], arch: str | None = None, resources: dict | None = None,
-                     path: str | None = None) -> dict:
+def launch_occupancy(program: Program, rows: list[dict], selected: ProgramSelection | None = None,
+                     resources: dict | None = None) -> dict:
     """Per launch: (shared bytes, threads, registers per thread) that decide how many of its
     blocks an SM holds. Threads and registers come from ``resources`` (the compiled kernel:
     its block size and ptxas's count) where given; a tensor-core launch otherwise has its
@@ -1082,7 +1100,7 @@ def launch_occupancy(program: Program, rows: list[dict], arch: str | None = None
     from .isel import FMA_THREADS, estimated_registers
 
     level = program.schedule.compute_level
-    tensor = tensor_launches(program, arch, path)
+    tensor = tensor_launches(program, selected)
     out = {}
     for launch in program.launches:
         mine = [r for r in rows if r["launch"] == launch.index]
@@ -1121,14 +1139,13 @@ def cache_warnings(program: Program, levels: dict) -> list[str]:
     return warnings
 
 
-def accumulator_notes(program: Program, arch: str | None = None, path: str | None = None) -> list[str]:
+def accumulator_notes(program: Program, selected: ProgramSelection | None = None) -> list[str]:
     """A note for each accumulator an FMA launch keeps in shared memory rather than registers
     (``isel.fma_accumulators``), saying why: the model counts it at the compute level."""
-    from .isel import fma_launch_accumulators
-
+    selected = _selected(program, selected)
     notes = []
     for launch in program.launches:
-        for name, why in fma_launch_accumulators(program, launch, arch, path)[1].items():
+        for name, why in selected[launch.index].refused.items():
             notes.append(f"launch {launch.index}: {name} stays in shared memory on the FMA path ({why})")
     return notes
 
@@ -1183,13 +1200,17 @@ def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
 
 
 def cost_of(program: Program, *, check: bool = True, arch: str | None = None, resources: dict | None = None,
-            path: str | None = None) -> CostReport:
+            path: str | None = None, selected: ProgramSelection | None = None) -> CostReport:
     """Read the performance model off a Program, for the instruction paths ``arch`` selects
     (default: the hardware profile's architecture). ``resources`` maps a launch index to the
     compiled kernel's (threads per block, registers per thread), which then decide occupancy.
     A third entry, the compiled kernel's shared bytes, replaces the model's in occupancy.
     ``path`` ("mma.sync", "wgmma") prices the tensor-core launches as if they used that
-    instruction, a what-if: napkin builds mma.sync."""
+    instruction, a what-if: napkin builds mma.sync. ``selected``: the selection pass's result for
+    that ``arch`` and ``path`` (``isel.select_program``), where the caller has it (a compile
+    prints the same launches); otherwise it runs here, once, and every term reads it."""
+    from .isel import select_program
+
     hardware = program.hardware
     if path is not None and path not in hardware.tensor_paths():
         from .errors import NapkinError
@@ -1200,23 +1221,25 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
                           hint=f"the paths each profile lists ([path.*] tables): {gpu_paths()}")
     if arch is not None and not hardware.symbolic:
         hardware.check_arch(arch)  # an arch the profile does not describe: say which it does
-    rows = columns(program, arch, path)
-    levels = level_costs(program, rows, arch, path)
+    if selected is None:
+        selected = select_program(program, arch, path)
+    elif (selected.arch, selected.path) != (arch or hardware.arch, path):
+        raise AssertionError(f"napkin bug: a selection for {selected.arch} {selected.path} priced as {arch} {path}")
+    rows = columns(program, selected)
+    levels = level_costs(program, rows, selected)
     if check:
         check_capacity(program, levels, rows)
-    flops, priced = flops_by_unit(program, arch, path)
-    occupancy = launch_occupancy(program, rows, arch, resources, path) if not hardware.symbolic else None
+    flops, priced = flops_by_unit(program, selected)
+    occupancy = launch_occupancy(program, rows, selected, resources) if not hardware.symbolic else None
     fma = {launch.index: seconds for launch in program.launches
-           if (seconds := fma_issue_seconds(program, launch, arch, path)) is not None}
-    time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, arch, path), fma)
+           if (seconds := fma_issue_seconds(program, launch, selected)) is not None}
+    time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, selected), fma)
     schedule = program.schedule
-    notes = list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program) + accumulator_notes(program, arch, path)
+    notes = list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program) + accumulator_notes(program, selected)
     if path is not None:
-        from .isel import selection
-
         notes.append(f"priced as if the contractions ran on {path} (a what-if: napkin builds mma.sync)")
         for launch in program.launches:
-            chosen = selection(program, launch, arch, path)
+            chosen = selected[launch.index]
             if chosen.plan is None and chosen.reason not in ("no contraction", "sizes are symbolic"):
                 notes.append(f"launch {launch.index} stays on the FMA path under {path}: {chosen.reason}")
     if any(lp.derived for launch in program.launches for _, loops in walk(launch.body) for lp in loops):

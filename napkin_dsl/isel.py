@@ -18,6 +18,13 @@ cannot:
   no mma.sync m16n8k16 path for the operands' dtype) stays on the FMA path, whose
   arena and costs are the Program's own columns.
 
+:func:`select_program` is the pass: it selects every launch of a Program once for a target and
+returns a :class:`ProgramSelection`, each launch's :class:`Selection` carrying what the
+consumers read with the plan (its tile extents and sizes, warp tiles, shared-memory layout,
+and on the FMA path the accumulators kept in registers and those refused, with why). They are
+handed that object; none selects again or derives tiles of its own. :func:`selection` decides
+one launch the same way, for a look at it where no pass result is at hand.
+
 It does not print anything and does not price anything; it reads the Program, its hardware
 profile's instruction paths and sizes only.
 """
@@ -161,11 +168,20 @@ class TensorPlan:
 
 @dataclass(frozen=True)
 class Selection:
-    """The path of one launch: a plan for tensor cores, or why the FMA path was kept."""
+    """The path of one launch: a plan for tensor cores, or why the FMA path was kept; and, as
+    the selection pass (:func:`select_program`) fills them in, the tiles it was decided on and
+    what the launch holds where, which every consumer reads rather than derive again."""
 
     plan: TensorPlan | None
     reason: str = ""
     declined: str = ""  # why a tensor-core plan is not on wgmma where the target has it (sm_90a)
+    tile: dict | None = None  # axis -> tile extent at the compute level (launch_tiles); None: a size is symbolic
+    sizes: dict | None = None  # axis -> size (launch_tiles); None with tile
+    warp_tiles: dict = field(default_factory=dict)  # the warp tiles the relabelling asks for (warp_tiles_of)
+    slots: dict = field(default_factory=dict)  # a plan's shared-memory tiles by array (smem_layout)
+    smem_bytes: int = 0  # a plan's shared-memory arena in bytes (smem_layout)
+    kept: dict = field(default_factory=dict)  # an FMA launch's accumulators in registers (fma_accumulators)
+    refused: dict = field(default_factory=dict)  # an FMA launch's accumulators left in shared memory -> why
 
     @property
     def path(self) -> str:
@@ -218,105 +234,205 @@ def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles
 
 
 def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict, path: str | None = None) -> TensorPlan:
+    """The mma.sync plan of ``launch``, step by step; each step refuses (:class:`_Refuse`) with
+    the reason the launch stays on the FMA path, the first that fails deciding the text."""
     hardware = launch.schedule.hardware
     _target_path(hardware, arch, path)  # before anything else: a target without the instruction says so
+    _refuse_if(_launch_refusal(launch))
+    site = _Site(launch, tile, sizes)
+    row = _row_axis(site)
+    warp_rows, warp_tiles = _warp_rows(site, row, warp_tiles)
+    stream, loaded = _stream_and_loaded(launch)
+    fragments = _fragments(site, row, loaded)
+    operands, mmas, dtype = _products(site, row, fragments, loaded, stream)
+    plain = _plain_tiles(site, row, operands, loaded, stream)
+    _target_path(hardware, arch, path, dtype)
     statements = launch.launch.statements
-    contractions = [s for s in statements if isinstance(s.box, Contract)]
-    if not contractions:
-        raise _Refuse("no contraction")
+    split = _column_split(statements, fragments, mmas, stream)
+    _refuse_if(_warp_tiles_refusal(row, split, warp_tiles))
+    budget = FRAGMENT_BUDGET if path is None else MAX_REGISTERS
+    if split is None:
+        plan = TensorPlan(row, tile[row], warp_rows or _default_warp_rows(tile[row]), dtype, operands, plain,
+                          fragments, mmas, stream)
+    else:
+        plan = _grid(row, split, tile, warp_rows, warp_tiles.get(split), launch, budget, dtype, operands, plain,
+                     fragments, mmas, stream)
+    plan = replace(plan, instruction=path or "mma.sync")
+    _refuse_if(_budget_refusal(plan, launch, tile, budget, path))
+    return plan
+
+
+def _refuse_if(reason: str | None) -> None:
+    if reason is not None:
+        raise _Refuse(reason)
+
+
+class _Site:
+    """What every step of :func:`_plan` reads: the launch, its tile extents at the compute level
+    and the axes' sizes."""
+
+    def __init__(self, launch: LaunchProgram, tile: dict, sizes: dict):
+        self.launch, self.tile, self.sizes = launch, tile, sizes
+        self.statements = launch.launch.statements
+        self.contractions = [s for s in self.statements if isinstance(s.box, Contract)]
+        self.diagram = launch.schedule.diagram
+        self.level = launch.schedule.compute_level
+
+    def wide(self, axes) -> list[str]:
+        """The axes of ``axes`` the tile does not hold at one value."""
+        return [a for a in axes if self.tile[a] > 1]
+
+
+def _launch_refusal(launch: LaunchProgram) -> str | None:
+    """What keeps the whole launch off tensor cores before its tiles are looked at."""
+    statements = launch.launch.statements
+    if not any(isinstance(s.box, Contract) for s in statements):
+        return "no contraction"
+    return _split_parts_refusal(launch) or _box_refusal(statements) or _f64_refusal(launch)
+
+
+def _split_parts_refusal(launch: LaunchProgram) -> str | None:
+    """A split's parts launch stays on the FMA path: selection never chooses what the printers
+    cannot print (tests/test_fuzz_reproducers.py). Lifted once the tensor-core epilogue saves
+    the accumulator fragments as part states."""
     cut = split_loop(launch)
-    if cut is not None:  # selection never chooses what the printers cannot print (tests/test_fuzz_reproducers.py)
-        raise _Refuse(f"the parts launch of split {cut.axis} is printed on the FMA path only: the tensor-core "
-                      f"epilogue that saves the accumulator fragments as part states is not written yet")
+    if cut is None:
+        return None
+    return (f"the parts launch of split {cut.axis} is printed on the FMA path only: the tensor-core "
+            f"epilogue that saves the accumulator fragments as part states is not written yet")
+
+
+def _box_refusal(statements) -> str | None:
     for s in statements:
         if not isinstance(s.box, (Contract, Map, Reduce, Softmax)):
-            raise _Refuse(f"{s.target} is a {s.box.kind} box")
+            return f"{s.target} is a {s.box.kind} box"
+    return None
+
+
+def _f64_refusal(launch: LaunchProgram) -> str | None:
     doubles = sorted(name for (_, name), buffer in launch.buffers.items() if buffer.dtype == "f64")
     if doubles:  # the Program computes these in f64 (pseudocode.compute_dtype); fragments are f32
-        raise _Refuse(f"{doubles[0]} is f64; the tensor-core path computes in f32")
-    diagram = launch.schedule.diagram
-    level = launch.schedule.compute_level
+        return f"{doubles[0]} is f64; the tensor-core path computes in f32"
+    return None
 
-    def wide(axes) -> list[str]:
-        return [a for a in axes if tile[a] > 1]
 
-    common = set(wide(statements[0].axes))
+def _row_axis(site: _Site) -> str:
+    """The row axis: woven through every statement, read by the first contraction's first
+    operand, its tile whole fragments of MMA_M rows."""
+    statements = site.statements
+    common = set(site.wide(statements[0].axes))
     for s in statements[1:]:
-        common &= set(wide(s.axes))
-    first = contractions[0].box.operands[0]
-    rows = [a for a in wide(statements[0].axes) if a in common and a in first.axes]
+        common &= set(site.wide(s.axes))
+    first = site.contractions[0].box.operands[0]
+    rows = [a for a in site.wide(statements[0].axes) if a in common and a in first.axes]
     if not rows:
         raise _Refuse("no axis is woven through every statement and read by the first contraction's first operand")
     row = rows[0]
-    if tile[row] % MMA_M:
-        raise _Refuse(f"the {row} tile ({tile[row]}) is not a multiple of {MMA_M}")
+    if site.tile[row] % MMA_M:
+        raise _Refuse(f"the {row} tile ({site.tile[row]}) is not a multiple of {MMA_M}")
+    return row
+
+
+def _warp_rows(site: _Site, row: str, warp_tiles: dict) -> tuple[int | None, dict]:
+    """The rows of a warp the relabelling asks for (None: chosen later), and its other warp tiles."""
+    tile = site.tile
     # A warp tile larger than the block's (a size smaller than its partition) is clipped, as tiles are.
     warp_tiles = {axis: min(size, tile[axis]) for axis, size in warp_tiles.items()}
     warp_rows = warp_tiles.pop(row, None)
     if warp_rows is not None and (warp_rows % MMA_M or tile[row] % warp_rows or tile[row] // warp_rows > MAX_WARPS):
         raise _Refuse(f"warp tiles of {warp_rows} rows do not split the {row} tile of {tile[row]} into at most {MAX_WARPS} warps of whole fragments")
+    return warp_rows, warp_tiles
 
+
+def _stream_and_loaded(launch: LaunchProgram) -> tuple[str | None, set]:
+    """The axis streamed at the compute level (None), and the arrays loaded into it."""
+    level = launch.schedule.compute_level
     stream = None
     for _, loops in walk(launch.body):
         for lp in loops:
             if lp.kind == "stream" and lp.level == level:
                 stream = lp.axis
     loaded = {step.array for step, _ in walk(launch.body) if step.op == "load" and step.level == level}
+    return stream, loaded
 
-    # Register fragments: everything computed at the compute level.
+
+def _fragments(site: _Site, row: str, loaded: set) -> dict[str, Fragment]:
+    """Register fragments: everything computed at the compute level, each a tile of rows by at
+    most one other axis of whole 16-column fragment pairs."""
     fragments: dict[str, Fragment] = {}
-    for (lvl, name), buffer in launch.buffers.items():
-        if lvl != level or name in loaded:
+    for (lvl, name), buffer in site.launch.buffers.items():
+        if lvl != site.level or name in loaded:
             continue
-        axes = wide(buffer.axes)
+        axes = site.wide(buffer.axes)
         if row not in axes or len(axes) > 2:
             raise _Refuse(f"{name}[{' '.join(buffer.axes)}] is not a tile of {row} rows by at most one other axis")
         col = next((a for a in axes if a != row), None)
-        if col is not None and tile[col] % (2 * MMA_N):
-            raise _Refuse(f"the {col} tile of {name} ({tile[col]}) is not a multiple of {2 * MMA_N}")
+        if col is not None and site.tile[col] % (2 * MMA_N):
+            raise _Refuse(f"the {col} tile of {name} ({site.tile[col]}) is not a multiple of {2 * MMA_N}")
         fragments[name] = Fragment(name, col)
+    return fragments
 
+
+def _operand_refusal(site: _Site, name: str, role: str, loaded: set) -> str | None:
+    """Why array ``name`` cannot be a contraction's ``role`` operand read by ldmatrix from a
+    swizzled shared tile."""
+    array = site.diagram.arrays[name]
+    tile, sizes = site.tile, site.sizes
+    if name not in loaded:
+        return f"{role} operand {name} is not loaded into shared memory"
+    if array.dtype not in TENSOR_DTYPES:
+        return f"{name} is {array.dtype}; tensor cores here take {' or '.join(TENSOR_DTYPES)}"
+    axes = site.wide(array.axes)
+    if len(axes) != 2 or array.axes[-1] != axes[-1]:
+        return f"{name} is not a two-dimensional tile whose fastest axis is its last"
+    if not SwizzledTile.supports(tile[axes[1]], DTYPE_BYTES[array.dtype]):
+        return (f"{name}'s tile rows ({tile[axes[1]]} values of {axes[1]}, "
+                f"{tile[axes[1]] * DTYPE_BYTES[array.dtype]} bytes) are not 32, 64 or a multiple of 128 bytes: no swizzle covers them")
+    if sizes[axes[1]] % (16 // DTYPE_BYTES[array.dtype]):
+        return (f"{name}'s rows in memory ({axes[1]} = {sizes[axes[1]]}) are not a multiple of 16 bytes: "
+                f"cp.async copies 16-byte units")
+    return None
+
+
+def _contraction_axes(site: _Site, s, row: str):
+    """(A, B, k, n) of contraction ``s`` as ``out[row, n] = A[row, k] B[k, n]``, or a refusal."""
+    reads_ = s.box.operands
+    if len(reads_) != 2:
+        raise _Refuse(f"{s.target} contracts {len(reads_)} operands; mma takes two")
+    contracted = site.wide(s.box.contracted)
+    if len(contracted) != 1:
+        raise _Refuse(f"{s.target} contracts {len(contracted)} tiled axes; mma contracts one")
+    k = contracted[0]
+    if site.tile[k] % MMA_K:
+        raise _Refuse(f"the contracted {k} tile ({site.tile[k]}) is not a multiple of {MMA_K}")
+    with_row = [r for r in reads_ if row in r.axes]
+    if len(with_row) != 1:
+        raise _Refuse(f"{s.target}: exactly one operand must carry {row}")
+    a, b = with_row[0], next(r for r in reads_ if r is not with_row[0])
+    out = site.wide(s.axes)
+    n = next((x for x in out if x != row), None)
+    if n is None or set(site.wide(b.axes)) != {k, n} or set(site.wide(a.axes)) != {row, k}:
+        raise _Refuse(f"{s.target} is not (rows x {k}) times ({k} x columns)")
+    return a, b, k, n
+
+
+def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str | None) -> tuple[dict, dict, str]:
+    """The contractions as mma.sync products: (shared operands by array, in the order they are
+    first read, B before A; mma by statement target; the one operand dtype they run in)."""
     operands: dict[str, Operand] = {}
     mmas: dict[str, Mma] = {}
     dtypes = set()
 
     def operand(name: str, role: str) -> Operand:
-        array = diagram.arrays[name]
-        if name not in loaded:
-            raise _Refuse(f"{role} operand {name} is not loaded into shared memory")
-        if array.dtype not in TENSOR_DTYPES:
-            raise _Refuse(f"{name} is {array.dtype}; tensor cores here take {' or '.join(TENSOR_DTYPES)}")
-        axes = wide(array.axes)
-        if len(axes) != 2 or array.axes[-1] != axes[-1]:
-            raise _Refuse(f"{name} is not a two-dimensional tile whose fastest axis is its last")
-        if not SwizzledTile.supports(tile[axes[1]], DTYPE_BYTES[array.dtype]):
-            raise _Refuse(f"{name}'s tile rows ({tile[axes[1]]} values of {axes[1]}, "
-                          f"{tile[axes[1]] * DTYPE_BYTES[array.dtype]} bytes) are not 32, 64 or a multiple of 128 bytes: no swizzle covers them")
-        if sizes[axes[1]] % (16 // DTYPE_BYTES[array.dtype]):
-            raise _Refuse(f"{name}'s rows in memory ({axes[1]} = {sizes[axes[1]]}) are not a multiple of 16 bytes: "
-                          f"cp.async copies 16-byte units")
+        _refuse_if(_operand_refusal(site, name, role, loaded))
+        array = site.diagram.arrays[name]
+        axes = site.wide(array.axes)
         found = Operand(name, axes[0], axes[1], stream is not None and stream in array.axes)
         operands[name] = found
         return found
 
-    for s in contractions:
-        reads = s.box.operands
-        if len(reads) != 2:
-            raise _Refuse(f"{s.target} contracts {len(reads)} operands; mma takes two")
-        contracted = wide(s.box.contracted)
-        if len(contracted) != 1:
-            raise _Refuse(f"{s.target} contracts {len(contracted)} tiled axes; mma contracts one")
-        k = contracted[0]
-        if tile[k] % MMA_K:
-            raise _Refuse(f"the contracted {k} tile ({tile[k]}) is not a multiple of {MMA_K}")
-        with_row = [r for r in reads if row in r.axes]
-        if len(with_row) != 1:
-            raise _Refuse(f"{s.target}: exactly one operand must carry {row}")
-        a, b = with_row[0], next(r for r in reads if r is not with_row[0])
-        out = wide(s.axes)
-        n = next((x for x in out if x != row), None)
-        if n is None or set(wide(b.axes)) != {k, n} or set(wide(a.axes)) != {row, k}:
-            raise _Refuse(f"{s.target} is not (rows x {k}) times ({k} x columns)")
+    for s in site.contractions:
+        a, b, k, n = _contraction_axes(site, s, row)
         b_tile = operand(b.array, "B")
         if a.array in fragments:
             if fragments[a.array].col != k:
@@ -325,13 +441,19 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
         else:
             a_tile = operand(a.array, "A")
             a_trans, a_regs = a_tile.cols == row, False
-            dtypes.add(diagram.arrays[a.array].dtype)
-        dtype = diagram.arrays[b.array].dtype
+            dtypes.add(site.diagram.arrays[a.array].dtype)
+        dtype = site.diagram.arrays[b.array].dtype
         dtypes.add(dtype)
         mmas[s.target] = Mma(a.array, a_regs, a_trans, b.array, b_tile.rows == k, k, n, dtype)
     if len(dtypes) != 1:
         raise _Refuse(f"contractions mix {' and '.join(sorted(dtypes))} operands")
+    return operands, mmas, dtypes.pop()
 
+
+def _plain_tiles(site: _Site, row: str, operands: dict, loaded: set, stream: str | None) -> tuple:
+    """The loaded arrays read elementwise (row-major shared tiles), after checking that every
+    reduction runs along a row's columns and every elementwise read stays within the tile."""
+    diagram = site.diagram
     plain = []
     for name in sorted(loaded):
         if name in operands:
@@ -339,36 +461,36 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
         if stream is not None and stream in diagram.arrays[name].axes:
             raise _Refuse(f"{name} is streamed but is not a contraction operand")
         plain.append(name)
-    for s in statements:
+    for s in site.statements:
         if isinstance(s.box, (Reduce, Softmax)):
-            reduced = wide(s.box.axes if isinstance(s.box, Reduce) else (s.box.axis,))
+            reduced = site.wide(s.box.axes if isinstance(s.box, Reduce) else (s.box.axis,))
             if len(reduced) > 1 or any(a == row for a in reduced):
                 raise _Refuse(f"{s.target} reduces along {' '.join(reduced)}, not along the columns of a row")
         for r in _reads(s):
-            if r.array in plain and not set(wide(diagram.arrays[r.array].axes)) <= set(wide(s.iteration_axes)):
+            if r.array in plain and not set(site.wide(diagram.arrays[r.array].axes)) <= set(site.wide(s.iteration_axes)):
                 raise _Refuse(f"{s.target} reads {r.array} across axes it does not iterate")
-    dtype = dtypes.pop()
-    _target_path(hardware, arch, path, dtype)
-    split = _column_split(statements, fragments, mmas, stream)
-    if warp_tiles and (split is None or set(warp_tiles) != {split}):
-        axis = next(iter(warp_tiles))
-        raise _Refuse(f"warp tiles split {row}{f' and {split}' if split else ''} here, not {axis}"
-                      + ("" if split else ": a row reduction or a fragment fed to mma needs whole rows in one warp"))
-    budget = FRAGMENT_BUDGET if path is None else MAX_REGISTERS
-    if split is None:
-        plan = TensorPlan(row, tile[row], warp_rows or _default_warp_rows(tile[row]), dtype, operands, tuple(plain),
-                          fragments, mmas, stream)
-    else:
-        plan = _grid(row, split, tile, warp_rows, warp_tiles.get(split), launch, budget, dtype, operands, tuple(plain),
-                     fragments, mmas, stream)
-    plan = replace(plan, instruction=path or "mma.sync")
+    return tuple(plain)
+
+
+def _warp_tiles_refusal(row: str, split: str | None, warp_tiles: dict) -> str | None:
+    """Warp tiles the relabelling asks for beyond the rows split a column axis warps may split."""
+    if not warp_tiles or (split is not None and set(warp_tiles) == {split}):
+        return None
+    axis = next(iter(warp_tiles))
+    return (f"warp tiles split {row}{f' and {split}' if split else ''} here, not {axis}"
+            + ("" if split else ": a row reduction or a fragment fed to mma needs whole rows in one warp"))
+
+
+def _budget_refusal(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: int, path: str | None) -> str | None:
+    """Fragments one thread would hold at once over ``budget``: napkin's (what its printer compiles
+    without spills), or for a what-if path the register file's."""
     held = live_fragment_values(plan, launch, tile)
-    if held > budget:
-        what = (f"budget {FRAGMENT_BUDGET}" if path is None
-                else f"the register file's {MAX_REGISTERS} registers per thread")
-        raise _Refuse(f"a thread would hold {held} fragment registers at once with {plan.warp_rows}-row warp tiles "
-                      f"({what}); use smaller tiles")
-    return plan
+    if held <= budget:
+        return None
+    what = (f"budget {FRAGMENT_BUDGET}" if path is None
+            else f"the register file's {MAX_REGISTERS} registers per thread")
+    return (f"a thread would hold {held} fragment registers at once with {plan.warp_rows}-row warp tiles "
+            f"({what}); use smaller tiles")
 
 
 def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict, warp_tiles: dict) -> TensorPlan:
@@ -519,23 +641,69 @@ def warp_tiles_of(launch: LaunchProgram) -> dict:
     return tiles
 
 
-def selection(program: Program, launch: LaunchProgram, arch: str | None = None, path: str | None = None) -> Selection:
-    """The path of ``launch`` for ``arch`` (default: the Program's hardware profile's); ``path``
-    prices a what-if instruction path (:func:`select`)."""
+@dataclass(frozen=True)
+class ProgramSelection:
+    """Instruction selection for every launch of a Program on one target: the pass's result
+    (:func:`select_program`). ``arch`` is the target it was decided for (the profile's where
+    none was asked for), ``path`` the what-if instruction path it prices (None: what napkin
+    builds), ``launches`` the :class:`Selection` of each launch by its index in the Program."""
+
+    arch: str | None
+    path: str | None
+    launches: dict = field(default_factory=dict)
+
+    def __getitem__(self, index: int) -> Selection:
+        if index not in self.launches:
+            raise AssertionError(f"napkin bug: the selection has no launch {index} (it has {sorted(self.launches)})")
+        return self.launches[index]
+
+    def tensor(self) -> dict[int, Selection]:
+        """The launches on tensor cores, by index."""
+        return {index: chosen for index, chosen in self.launches.items() if chosen.plan is not None}
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Each launch's path ("mma.sync", "wgmma", "fma"), in launch order."""
+        return tuple(self.launches[index].path for index in sorted(self.launches))
+
+
+def select_program(program: Program, arch: str | None = None, path: str | None = None) -> ProgramSelection:
+    """Instruction selection as one pass: the :class:`Selection` of every launch of ``program``
+    for ``arch`` (default: its hardware profile's), with its tiles, shared-memory layout and FMA
+    register accumulators. ``path`` prices a what-if instruction path (:func:`select`). The model,
+    the printers, the NumPy counts and the kernel header read the result; none asks again."""
     arch = arch or program.hardware.arch
+    return ProgramSelection(arch, path, {launch.index: _select_launch(program, launch, arch, path)
+                                         for launch in program.launches})
+
+
+def selection(program: Program, launch: LaunchProgram, arch: str | None = None, path: str | None = None) -> Selection:
+    """The :class:`Selection` of one launch, decided afresh (as :func:`select_program` decides it):
+    for a look at one launch, where no pass result is at hand."""
+    return _select_launch(program, launch, arch or program.hardware.arch, path)
+
+
+def _select_launch(program: Program, launch: LaunchProgram, arch: str | None, path: str | None) -> Selection:
+    bound = launch_tiles(launch)
+    tile, sizes = bound if bound is not None else (None, None)
+    warp_tiles = warp_tiles_of(launch)
     if arch is None:
-        return Selection(None, "the hardware profile names no architecture")
-    # The printers, the columns, the prices and the occupancy all ask: decide once per launch.
-    memo = launch.schedule._memo
-    key = ("isel", arch, launch.index, path)
-    if key not in memo:
-        bound = launch_tiles(launch)
-        memo[key] = (Selection(None, "sizes are symbolic") if bound is None
-                     else select(launch, arch, *bound, warp_tiles=warp_tiles_of(launch), path=path))
-    return memo[key]
+        chosen = Selection(None, "the hardware profile names no architecture")
+    elif bound is None:
+        chosen = Selection(None, "sizes are symbolic")
+    else:
+        chosen = select(launch, arch, tile, sizes, warp_tiles=warp_tiles, path=path)
+    slots, smem_bytes = smem_layout(chosen.plan, tile, program.diagram) if chosen.plan is not None else ({}, 0)
+    kept, refused = {}, {}
+    hardware = program.hardware
+    # An FMA launch's accumulators count at the registers level: a profile without one has none.
+    if chosen.plan is None and bound is not None and not hardware.symbolic and "registers" in hardware.level_names():
+        kept, refused = fma_accumulators(launch, tile)
+    return replace(chosen, tile=tile, sizes=sizes, warp_tiles=warp_tiles, slots=slots, smem_bytes=smem_bytes,
+                   kept=kept, refused=refused)
 
 
-__all__ = ["Fragment", "Mma", "Operand", "Selection", "TensorPlan", "select", "selection"]
+__all__ = ["Fragment", "Mma", "Operand", "ProgramSelection", "Selection", "TensorPlan", "select", "select_program", "selection"]
 
 
 # ---- what the plan occupies -----------------------------------------------------------------
@@ -753,24 +921,6 @@ def fma_accumulators(launch: LaunchProgram, tile: dict, threads: int = FMA_THREA
             continue
         kept[name] = found
     return kept, refused
-
-
-def fma_launch_accumulators(program: Program, launch: LaunchProgram, arch: str | None = None,
-                            path: str | None = None) -> tuple[dict, dict]:
-    """:func:`fma_accumulators` of a launch instruction selection keeps on the FMA path, for
-    every consumer (the printers, the columns, occupancy); empty where the launch runs on tensor
-    cores, sizes are symbolic, or the hardware has no ``registers`` level to count them at."""
-    hardware = program.hardware
-    if hardware.symbolic or "registers" not in hardware.level_names():
-        return {}, {}
-    bound = launch_tiles(launch)
-    if bound is None or selection(program, launch, arch, path).plan is not None:
-        return {}, {}
-    memo = launch.schedule._memo
-    key = ("fma-acc", launch.index)
-    if key not in memo:
-        memo[key] = fma_accumulators(launch, bound[0])
-    return memo[key]
 
 
 def thread_line(kept: dict, refused: dict, threads: int = FMA_THREADS) -> str | None:

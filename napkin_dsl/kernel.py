@@ -102,17 +102,18 @@ class Kernel:
     def pseudocode(self, format: str = "text", hardware: str | None = None, **sizes: int) -> str:
         """The paper's looped pseudocode as text (``format="text"``) or a Markdown table of columns."""
         from .cost import columns
-        from .isel import fma_launch_accumulators, selection, thread_line, warp_line
+        from .isel import select_program, thread_line, warp_line
         from .pseudocode import render_markdown, render_text
 
         program = self.program(hardware, **sizes)
+        selected = select_program(program)
         if format == "markdown":
-            return render_markdown(program, columns(program))
+            return render_markdown(program, columns(program, selected))
         if format == "text":
-            plans = {launch.index: selection(program, launch).plan for launch in program.launches}
-            lines = {index: warp_line(plan) for index, plan in plans.items() if plan is not None}
+            lines = {index: warp_line(chosen.plan) for index, chosen in selected.tensor().items()}
             for launch in program.launches:  # FMA launches: where their accumulators live
-                line = thread_line(*fma_launch_accumulators(program, launch))
+                chosen = selected[launch.index]
+                line = thread_line(chosen.kept, chosen.refused)
                 if launch.index not in lines and line is not None:
                     lines[launch.index] = line
             return render_text(program, lines)

@@ -710,7 +710,7 @@ def combine_launch(view: Schedule, launch: Launch, cut: Partition, index: int) -
     part = part_axis(cut.axis)
     partitions = tuple(p for p in view.partitions if p.axis != cut.axis or p.kind == "group")
     partitions += (Partition(view.compute_level, "stream", part, algebra.Integer(1), cut.span),)
-    combined = dataclasses.replace(view, partitions=partitions, _memo={})
+    combined = dataclasses.replace(view, partitions=partitions)
     elaborator = _LaunchElaborator(combined, launch, combine=True)
     body = _expand_contract_scales(elaborator.run(), elaborator)
     return LaunchProgram(index, launch, body, dict(elaborator.buffers), combined, combine=cut.axis)

@@ -25,6 +25,7 @@ What this pass deliberately does not do: decide loop bodies, residency or costs
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 from . import algebra
@@ -127,8 +128,6 @@ class Schedule:
     # level: one group or split at most. Each GPU runs this Schedule's Program on its share
     # (backends/distributed.py); cost.device_cost prices what crosses the links.
     device: tuple[Partition, ...] = ()
-    # extent() is called for every buffer of every column: memoise it.
-    _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __repr__(self) -> str:
         return f"<Schedule {self.summary()}; {self.partitions_text() or 'no partitions'}>"
@@ -159,26 +158,40 @@ class Schedule:
     def for_launch(self, index: int, combine: bool | None = None) -> "Schedule":
         """The schedule as one launch sees it: only the partitions that apply to it (``combine``:
         of a split launch, as its parts' launch, False, or its combine launch, True)."""
-        return dataclasses.replace(self, partitions=tuple(p for p in self.partitions if p.applies_to(index, combine)), _memo={})
+        return dataclasses.replace(self, partitions=tuple(p for p in self.partitions if p.applies_to(index, combine)))
 
     def partitions_at(self, level: str, kind: str | None = None) -> list[Partition]:
         return [p for p in self.partitions if p.level == level and (kind is None or p.kind == kind)]
 
+    # extent() is asked for every buffer of every column, and axis_size() for every step: both
+    # read tables built once per Schedule (a replaced Schedule, as for_launch makes, builds its
+    # own), since the fields they derive from are frozen.
+
+    @functools.cached_property
+    def axis_sizes(self) -> dict[str, algebra.Expr]:
+        """Every axis's size, bound where ``sizes`` binds it, and each split's number of parts
+        (its part axis, ``x#``)."""
+        table = {axis: bind(self.diagram.size(axis), self.sizes) for axis in self.diagram.axes}
+        for part, (split, size) in self.parts.items():
+            table[part] = trips(table[split], smaller(bind(size, self.sizes), table[split]))
+        return table
+
+    @functools.cached_property
+    def tile_extents(self) -> dict[tuple[str, str], algebra.Expr]:
+        """(axis, level) -> the tile extent of the axis at the level, for every axis of
+        :attr:`axis_sizes` and every level of the schedule (:meth:`extent`)."""
+        return {(axis, level): self._extent(axis, level) for axis in self.axis_sizes for level in self.levels}
+
     def axis_size(self, axis: str) -> algebra.Expr:
-        key = ("size", axis)
-        if key not in self._memo:
-            if axis in self.parts:  # the number of parts of a split axis
-                split, size = self.parts[axis]
-                self._memo[key] = trips(self.axis_size(split), smaller(bind(size, self.sizes), self.axis_size(split)))
-            else:
-                self._memo[key] = bind(self.diagram.size(axis), self.sizes)
-        return self._memo[key]
+        found = self.axis_sizes.get(axis)
+        return found if found is not None else bind(self.diagram.size(axis), self.sizes)
 
     def extent(self, axis: str, level: str) -> algebra.Expr:
         """The tile extent of an axis at a level: its innermost partition at or above it."""
-        key = ("extent", axis, level)
-        if key in self._memo:
-            return self._memo[key]
+        found = self.tile_extents.get((axis, level))
+        return found if found is not None else self._extent(axis, level)
+
+    def _extent(self, axis: str, level: str) -> algebra.Expr:
         extent = self.axis_size(axis)
         for name in self.levels[1 : self.levels.index(level) + 1]:
             for p in self.partitions_at(name):
@@ -187,7 +200,6 @@ class Schedule:
                 elif p.axis == axis and p.kind != "split":
                     # a split's part is the stream's range, not a tile: the tile is the stream's chunk
                     extent = smaller(bind(p.size, self.sizes), extent)
-        self._memo[key] = extent
         return extent
 
 
@@ -427,133 +439,193 @@ def make_schedule(
     """Check a relabelling of ``diagram`` on ``hardware`` and build its :class:`Schedule`.
 
     ``sizes`` binds symbols (axes and partition sizes) to integers. All problems are
-    reported together as :class:`RelabelError`.
+    reported together as :class:`RelabelError`, in the order of the steps below.
     """
     profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     sizes = dict(sizes or {})
-    errors: list[RelabelError] = []
-    top = profile.top.name
-    partitions: list[Partition] = []
-    seen: dict[tuple[str, str], list[Partition]] = {}
     split = split_launches(diagram, profile)
+    partitions, device, errors = _clause_partitions(diagram, profile, block, split)
+    partitions += list(extra_partitions)
+    levels, warp_tiles = _levels_involved(profile, partitions)
+    for p in partitions:
+        errors += _partition_errors(p, partitions, split, levels[-1], warp_tiles)
+    partitions += _split_streams(partitions, split)
+    errors += _stream_count_errors(partitions, split)
+    launches, launch_errors = _launches(diagram, partitions, split)
+    errors += launch_errors
+    errors += _materialisation_errors(diagram, profile)
+    raise_collected(errors)
+    parts = {part_axis(p.axis): (p.axis, p.size) for p in partitions if p.kind == "split"}
+    notes = _carried_notes(diagram, profile, split) + _ragged_notes(diagram, partitions, sizes)
+    return Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, tuple(notes), parts,
+                    device=tuple(device))
+
+
+def _clause_partitions(diagram: Diagram, profile: Hardware, block, split: list) -> tuple[list, list, list]:
+    """The relabel block's clauses as partitions: (partitions below the top, partitions across
+    the GPUs of a node, errors), each clause held to the checks below in turn."""
     launch_of = {s.target: index for index, (statements, _, _) in enumerate(split) for s in statements}
     clauses = [(c.level, p) for c in (block.levels if block else ()) for p in c.partitions]
+    partitions: list[Partition] = []
+    seen: dict[tuple[str, str], list[Partition]] = {}
     device: list[Partition] = []  # clauses at the device level (profile.device): across the GPUs
+    errors: list[RelabelError] = []
     unknown_levels: set[str] = set()
     for level, p in clauses:
         if level not in profile.level_names():
-            if level in unknown_levels:
-                continue
-            unknown_levels.add(level)
-            errors.append(RelabelError(
-                f"the relabelling names level {level!r}, which {profile.name} does not have (levels: {', '.join(profile.level_names())})",
-                p.span, f"relabel the kernel for {profile.name}, or plan it on {block.hardware}",
-            ))
+            if level not in unknown_levels:  # one error per level the profile lacks
+                unknown_levels.add(level)
+                errors.append(RelabelError(
+                    f"the relabelling names level {level!r}, which {profile.name} does not have (levels: {', '.join(profile.level_names())})",
+                    p.span, f"relabel the kernel for {profile.name}, or plan it on {block.hardware}",
+                ))
             continue
-        if p.axis not in diagram.axes:
-            import difflib
-
-            close = difflib.get_close_matches(p.axis, list(diagram.axes), n=2)
-            errors.append(RelabelError(
-                f"cannot {p.kind}-partition {p.axis!r}: kernel {diagram.name} has no such axis (axes: {' '.join(diagram.axes)})",
-                p.span, f"did you mean {' or '.join(close)}?" if close else None,
-            ))
-            continue
-        if level == top and profile.device is not None:
+        error = _unknown_axis_error(diagram, p)
+        if error is None and level == profile.top.name and profile.device is not None:
             # A clause at the top level of a node of GPUs partitions across its GPUs (the device level).
-            error = device_partition_error(p, device, profile)
-            if error is not None:
-                errors.append(RelabelError(error[0], p.span, error[1]))
-            else:
+            reason = device_partition_error(p, device, profile)
+            if reason is None:
                 device.append(Partition(level, p.kind, p.axis, size_expr(p.size), p.span))
-            continue
-        if level == top:
-            errors.append(RelabelError(f"cannot partition at the top level {top!r}: it holds whole arrays", p.span,
-                                       f"partition at a level below, e.g. {profile.levels[1].name}"
-                                       + "; or plan on a node of GPUs (H100x8), where a clause at gmem partitions across them"))
-            continue
+                continue
+            error = RelabelError(reason[0], p.span, reason[1])
+        error = error or _top_clause_error(level, p, profile)
         launches_of = None
-        if p.targets is not None:
-            unknown = [t for t in p.targets if t not in launch_of]
-            if unknown:
-                import difflib
-
-                close = difflib.get_close_matches(unknown[0], list(launch_of), n=2)
-                errors.append(RelabelError(
-                    f"'{level} for {', '.join(p.targets)}' names {unknown[0]!r}, which no statement of {diagram.name} computes",
-                    p.span, f"did you mean {' or '.join(close)}?" if close else f"name arrays the kernel computes: {', '.join(launch_of)}",
-                ))
-                continue
-            launches_of = frozenset(launch_of[t] for t in p.targets)
-            if not any(p.axis in {a for s in split[i][0] for a in s.iteration_axes} for i in launches_of):
-                errors.append(RelabelError(
-                    f"cannot {p.kind}-partition {p.axis!r} for {', '.join(p.targets)}: the launch computing it has no axis {p.axis!r}",
-                    p.span, "scope the clause to a launch that has the axis",
-                ))
-                continue
-        clash = [q for q in seen.get((level, p.axis), [])
-                 if (q.launches is None or launches_of is None or q.launches & launches_of)
-                 and {q.kind, p.kind} != {"split", "stream"}]  # a split's parts are streamed by a stream of its axis
-        if clash:
-            errors.append(RelabelError(f"axis {p.axis!r} is partitioned twice at level {level} for the same launch", p.span,
-                                       f"first partitioned at {clash[0].span}"))
+        if error is None and p.targets is not None:
+            error = _targets_error(diagram, level, p, launch_of, split)
+            launches_of = frozenset(launch_of[t] for t in p.targets) if error is None else None
+        error = error or _twice_error(level, p, seen.get((level, p.axis), []), launches_of) or _size_error(p)
+        if error is not None:
+            errors.append(error)
             continue
-        size = size_expr(p.size)
-        if isinstance(p.size, int) and p.size <= 0:
-            errors.append(RelabelError(f"{p.kind} size of {p.axis!r} must be positive, got {p.size}", p.span))
-            continue
-        partition = Partition(level, p.kind, p.axis, size, p.span, launches=launches_of, targets=p.targets)
+        partition = Partition(level, p.kind, p.axis, size_expr(p.size), p.span, launches=launches_of, targets=p.targets)
         seen.setdefault((level, p.axis), []).append(partition)
         partitions.append(partition)
-    partitions += list(extra_partitions)
+    return partitions, device, errors
 
-    # Levels involved: the top, every level down to the compute level or the lowest
-    # partitioned level, whichever is lower.
-    # A group partition at a per-thread level below the compute level (`registers: group q 16`)
-    # is the warp tile of the tensor-core path (isel.py): it splits a block's rows among warps
-    # and does not move the compute level.
+
+def _unknown_axis_error(diagram: Diagram, p) -> RelabelError | None:
+    """A clause partitions an axis the kernel has."""
+    if p.axis in diagram.axes:
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(p.axis, list(diagram.axes), n=2)
+    return RelabelError(
+        f"cannot {p.kind}-partition {p.axis!r}: kernel {diagram.name} has no such axis (axes: {' '.join(diagram.axes)})",
+        p.span, f"did you mean {' or '.join(close)}?" if close else None,
+    )
+
+
+def _top_clause_error(level: str, p, profile: Hardware) -> RelabelError | None:
+    """On one GPU nothing partitions the top level: it holds whole arrays."""
+    top = profile.top.name
+    if level != top:
+        return None
+    return RelabelError(f"cannot partition at the top level {top!r}: it holds whole arrays", p.span,
+                        f"partition at a level below, e.g. {profile.levels[1].name}"
+                        + "; or plan on a node of GPUs (H100x8), where a clause at gmem partitions across them")
+
+
+def _targets_error(diagram: Diagram, level: str, p, launch_of: dict, split: list) -> RelabelError | None:
+    """A scoped clause (`smem for O:`) names arrays the kernel computes, in a launch that has its axis."""
+    unknown = [t for t in p.targets if t not in launch_of]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], list(launch_of), n=2)
+        return RelabelError(
+            f"'{level} for {', '.join(p.targets)}' names {unknown[0]!r}, which no statement of {diagram.name} computes",
+            p.span, f"did you mean {' or '.join(close)}?" if close else f"name arrays the kernel computes: {', '.join(launch_of)}",
+        )
+    launches_of = frozenset(launch_of[t] for t in p.targets)
+    if not any(p.axis in {a for s in split[i][0] for a in s.iteration_axes} for i in launches_of):
+        return RelabelError(
+            f"cannot {p.kind}-partition {p.axis!r} for {', '.join(p.targets)}: the launch computing it has no axis {p.axis!r}",
+            p.span, "scope the clause to a launch that has the axis",
+        )
+    return None
+
+
+def _twice_error(level: str, p, earlier: list, launches_of) -> RelabelError | None:
+    """An axis is partitioned once per level and launch (a split's parts are streamed by a
+    stream of its axis, which is not a clash)."""
+    clash = [q for q in earlier
+             if (q.launches is None or launches_of is None or q.launches & launches_of)
+             and {q.kind, p.kind} != {"split", "stream"}]
+    if not clash:
+        return None
+    return RelabelError(f"axis {p.axis!r} is partitioned twice at level {level} for the same launch", p.span,
+                        f"first partitioned at {clash[0].span}")
+
+
+def _size_error(p) -> RelabelError | None:
+    if isinstance(p.size, int) and p.size <= 0:
+        return RelabelError(f"{p.kind} size of {p.axis!r} must be positive, got {p.size}", p.span)
+    return None
+
+
+def _levels_involved(profile: Hardware, partitions: list) -> tuple[tuple[str, ...], list]:
+    """The levels involved (the top, every level down to the compute level or the lowest
+    partitioned level, whichever is lower) and the warp tiles among the partitions.
+
+    A group partition at a per-thread level below the compute level (`registers: group q 16`)
+    is the warp tile of the tensor-core path (isel.py): it splits a block's rows among warps
+    and does not move the compute level."""
     names = profile.level_names()
     below_compute = set(names[names.index(profile.compute_level.name) + 1:])
     warp_tiles = [p for p in partitions if p.level in below_compute and profile.level(p.level).per == "thread"]
     lowest = max([names.index(profile.compute_level.name)] + [names.index(p.level) for p in partitions if p not in warp_tiles])
-    levels = tuple(names[: lowest + 1])
-    compute_level = levels[-1]
+    return tuple(names[: lowest + 1]), warp_tiles
 
-    for p in partitions:
-        if p.kind == "group":
-            consumers = [s for i, (statements, _, _) in enumerate(split) if p.applies_to(i)
-                         for s in statements if p.axis in s.consumed]
-            if consumers:
-                described = ", ".join(
-                    f"{s.box.kind if not isinstance(s.box, Softmax) else f'softmax[{s.box.axis}]'} {s.target} ({line_of(s)})"
-                    for s in consumers
-                )
-                errors.append(RelabelError(
-                    f"cannot group-partition {p.axis}: it is consumed by {described}; "
-                    f"group partitions need an axis the algorithm is woven over",
-                    p.span, f"did you mean 'stream {p.axis} {p.size}'?",
-                ))
-        elif p.kind == "split":
-            errors += split_errors(p, partitions, split, compute_level)
-        elif p.level != compute_level:
-            if p in warp_tiles:
-                errors.append(RelabelError(
-                    f"{p.level} takes warp tiles (group partitions) only; streams run at the compute level ({compute_level})",
-                    p.span, f"stream {p.axis} on the {compute_level}: line",
-                ))
-                continue
-            errors.append(RelabelError(
-                f"stream partitions run at the compute level ({compute_level}); {p.axis!r} is streamed at {p.level}",
-                p.span, f"write it on the {compute_level}: line",
-            ))
-    # A split streams its axis within each part: by the launch's stream of that axis, or by one
-    # napkin adds, of the split's size (each part one chunk).
+
+def _partition_errors(p: Partition, partitions: list, split: list, compute_level: str, warp_tiles: list) -> list[RelabelError]:
+    """What is wrong with partition ``p`` by its kind: a group of an axis some statement
+    consumes, a split (:func:`split_errors`), a stream below or above the compute level."""
+    if p.kind == "group":
+        consumers = [s for i, (statements, _, _) in enumerate(split) if p.applies_to(i)
+                     for s in statements if p.axis in s.consumed]
+        if not consumers:
+            return []
+        described = ", ".join(
+            f"{s.box.kind if not isinstance(s.box, Softmax) else f'softmax[{s.box.axis}]'} {s.target} ({line_of(s)})"
+            for s in consumers
+        )
+        return [RelabelError(
+            f"cannot group-partition {p.axis}: it is consumed by {described}; "
+            f"group partitions need an axis the algorithm is woven over",
+            p.span, f"did you mean 'stream {p.axis} {p.size}'?",
+        )]
+    if p.kind == "split":
+        return split_errors(p, partitions, split, compute_level)
+    if p.level == compute_level:
+        return []
+    if p in warp_tiles:
+        return [RelabelError(
+            f"{p.level} takes warp tiles (group partitions) only; streams run at the compute level ({compute_level})",
+            p.span, f"stream {p.axis} on the {compute_level}: line",
+        )]
+    return [RelabelError(
+        f"stream partitions run at the compute level ({compute_level}); {p.axis!r} is streamed at {p.level}",
+        p.span, f"write it on the {compute_level}: line",
+    )]
+
+
+def _split_streams(partitions: list, split: list) -> list[Partition]:
+    """A split streams its axis within each part: by the launch's stream of that axis, or by one
+    napkin adds, of the split's size (each part one chunk). Returns the streams it adds."""
+    added: list[Partition] = []
     for p in [q for q in partitions if q.kind == "split"]:
         for index, (statements, _, _) in enumerate(split):
             if not p.applies_to(index) or p.axis not in {a for s in statements for a in s.iteration_axes}:
                 continue
-            if not any(q.kind == "stream" and q.axis == p.axis and q.applies_to(index) for q in partitions):
-                partitions.append(Partition(p.level, "stream", p.axis, p.size, p.span, launches=frozenset({index}), targets=p.targets))
+            if not any(q.kind == "stream" and q.axis == p.axis and q.applies_to(index) for q in partitions + added):
+                added.append(Partition(p.level, "stream", p.axis, p.size, p.span, launches=frozenset({index}), targets=p.targets))
+    return added
+
+
+def _stream_count_errors(partitions: list, split: list) -> list[RelabelError]:
+    """A launch streams one axis per level: one error per second stream, once per clause."""
+    errors = []
     reported: set[Span | None] = set()
     for index, (statements, _, _) in enumerate(split):
         axes_here = {a for s in statements for a in s.iteration_axes}
@@ -566,8 +638,14 @@ def make_schedule(
                 streams[1].span, "keep one stream and group or leave unpartitioned the others, or scope them to different launches "
                                  f"(e.g. '{streams[0].level} for {statements[-1].target}: ...')",
             ))
+    return errors
 
-    launches = []
+
+def _launches(diagram: Diagram, partitions: list, split: list) -> tuple[list[Launch], list[RelabelError]]:
+    """Each launch with the roles its statements play in its streams (:func:`stream_roles`),
+    and why a stream cannot run (as its split's refusal where the stream is a split's) or a
+    split's parts cannot merge (:func:`merge_errors`)."""
+    launches, errors = [], []
     for index, (statements, inputs, outputs) in enumerate(split):
         axes_here = {a for s in statements for a in s.iteration_axes}
         roles = []
@@ -589,26 +667,35 @@ def make_schedule(
                 errors += merge_errors(cut, statements, found, diagram)
             roles.append(found)
         launches.append(Launch(index, tuple(statements), tuple(inputs), tuple(outputs), tuple(roles)))
-    for statement in diagram.statements:
-        if statement.level is not None and not is_top(statement.level, profile):
-            errors.append(RelabelError(
-                f"{statement.target} is materialised at @{statement.level}; napkin materialises only at the top level {top!r}",
-                statement.span, f"write @{top}, or drop the @level to keep {statement.target} on chip",
-            ))
-    raise_collected(errors)
+    return launches, errors
 
-    notes = []
-    for producer, reader in carried_across(diagram, profile, split):
-        notes.append(
-            f"{producer.target} ({line_of(producer)}) is read by {reader.target} ({line_of(reader)}) after a launch boundary: "
+
+def _materialisation_errors(diagram: Diagram, profile: Hardware) -> list[RelabelError]:
+    """napkin materialises at the top level only (``@gmem``)."""
+    top = profile.top.name
+    return [RelabelError(
+        f"{statement.target} is materialised at @{statement.level}; napkin materialises only at the top level {top!r}",
+        statement.span, f"write @{top}, or drop the @level to keep {statement.target} on chip",
+    ) for statement in diagram.statements if statement.level is not None and not is_top(statement.level, profile)]
+
+
+def _carried_notes(diagram: Diagram, profile: Hardware, split: list) -> list[str]:
+    """A note for each array a later launch reads that napkin saves to the top level for it."""
+    top = profile.top.name
+    return [f"{producer.target} ({line_of(producer)}) is read by {reader.target} ({line_of(reader)}) after a launch boundary: "
             f"napkin saves it to {top} and loads it there, as if it were written {producer.target}[{' '.join(producer.axes)}] @{top}"
-        )
-    parts = {part_axis(p.axis): (p.axis, p.size) for p in partitions if p.kind == "split"}
-    schedule = Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, (), parts)
+            for producer, reader in carried_across(diagram, profile, split)]
+
+
+def _ragged_notes(diagram: Diagram, partitions: list, sizes: dict) -> list[str]:
+    """A note for each partition of the user's whose size does not divide its axis (one of the
+    kernel's: partitions of a split's part axis are the combine launch's, made in pseudocode.py):
+    the last group or chunk is masked."""
+    notes = []
     for p in partitions:
         if p.derived:
             continue  # napkin's own L2 grouping: its tails are whole groups, not worth a note
-        axis_size = schedule.axis_size(p.axis)
+        axis_size = bind(diagram.size(p.axis), sizes)
         size = bind(p.size, sizes)
         if axis_size.is_number and size.is_number and axis_size % size != 0:
             notes.append(
@@ -616,8 +703,7 @@ def make_schedule(
                 f"{algebra.ceiling(axis_size / size)} {'groups' if p.kind == 'group' else 'chunks'}, the last one masked "
                 f"({axis_size - (algebra.ceiling(axis_size / size) - 1) * size} of {size})"
             )
-    return Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, tuple(notes), parts,
-                    device=tuple(device))
+    return notes
 
 
 def device_partition_error(p, device: list, profile: Hardware) -> tuple[str, str] | None:

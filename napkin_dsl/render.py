@@ -1545,12 +1545,14 @@ def cost_table(kernel, relabelled: bool, program: Program) -> CostTable:
     """M and H per column at the compute level, from ``cost.statement_columns`` of the Program."""
     from .cost import as_number, level_costs, max_of, statement_columns
     from .cost import columns as program_columns
+    from .isel import select_program
 
     schedule = program.schedule
     level = schedule.compute_level
     per = schedule.hardware.level(level).per or "unit"
-    rows = program_columns(program)
-    columns = statement_columns(program, rows)
+    selected = select_program(program)  # the columns, their statements' share and the report read one selection
+    rows = program_columns(program, selected)
+    columns = statement_columns(program, rows, selected)
     # A tensor-core launch adds the register level: fragments per thread, ldmatrix traffic.
     shown = [level] + (["registers"] if columns and "registers" in columns[0]["M"] else [])
     cells = [[(truncate(c["label"], MAX_NAME_CHARS), c["label"])]
@@ -1563,7 +1565,7 @@ def cost_table(kernel, relabelled: bool, program: Program) -> CostTable:
         cost_text(max_of(c["M"][lv] for c in columns)) if key == "M" else cost_text(algebra.Add(*(c["H"][lv] for c in columns)))
         for lv in shown for key in ("M", "H"))
     # The drawing does not refuse what cost_of would: it says so.
-    report = level_costs(program, rows)[level]
+    report = level_costs(program, rows, selected)[level]
     counts_values = schedule.hardware.counts == "values"
     used, capacity = as_number(report.M if counts_values else report.M_bytes), as_number(report.capacity)
     warning = ""

@@ -46,7 +46,7 @@ from .diagram import DTYPE_BYTES, Contract, Diagram
 from .errors import NapkinError, RelabelError
 from .formatting import format_count, json_value
 from .hardware import Hardware, load_hardware
-from .isel import TENSOR_DTYPES
+from .isel import TENSOR_DTYPES, select_program
 from .plan import materialise, materialised, plan, shared_cache_level, split_points
 from .pseudocode import Loop, Mask, Program, elaborate, walk
 from .relabel import bind, make_schedule, split_launches
@@ -710,7 +710,8 @@ class _Search:
         if index is not None:
             program = Program(schedule, (program.launches[index],))
         shared = shared_cache_level(schedule)  # grouped after the fact (plan.py), as in _score
-        rows = columns(program)
+        selected = select_program(program)  # the columns and the paths below read one selection
+        rows = columns(program, selected)
         # M per level, as cost.level_costs reads it off the columns (no H or N needed here).
         for name in {level for row in rows for level in row["M_bytes"]} - {shared}:
             capacity = self.profile.level(name).capacity
@@ -720,7 +721,7 @@ class _Search:
                 return None
         return frozenset(launch.index for launch in program.launches
                          if any(isinstance(s.box, Contract) for s in launch.launch.statements)
-                         and instruction_path(program, launch) == "fma")
+                         and instruction_path(program, launch, selected) == "fma")
 
     def parts(self, item) -> tuple:
         """_Estimate.parts of a ranked candidate (lower bound, compute at full occupancy, transfers

@@ -11,6 +11,7 @@ import pytest
 import napkin_dsl as napkin
 from napkin_dsl.backends.lowering import LoweringError, smem_bytes_by_launch
 from napkin_dsl.cost import fma_register_launches, tensor_launches
+from napkin_dsl.isel import select_program
 from napkin_dsl.cli import main
 from napkin_dsl.errors import RelabelError
 from napkin_dsl.isel import MAX_REGISTERS, live_fragment_values
@@ -58,8 +59,9 @@ def test_every_example_compiles_without_spills_and_its_shared_memory_is_the_mode
     assert compiled.image[:4] == b"\x7fELF"
     table = compiled.launch_table()
     assert len(table) == len(compiled.program.launches)
-    tensor = tensor_launches(compiled.program, arch)
-    held = fma_register_launches(compiled.program, arch)
+    selected = select_program(compiled.program, arch)
+    tensor = tensor_launches(compiled.program, selected)
+    held = fma_register_launches(compiled.program, selected)
     per_unit = compiled.program.hardware.level("registers").registers_per_unit
     for index, row in enumerate(table):
         assert row["spill_bytes"] == 0, row

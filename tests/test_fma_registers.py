@@ -91,7 +91,7 @@ def test_the_accumulator_counts_per_thread_at_registers_not_in_shared_memory():
 def test_f64_accumulators_take_two_registers_each():
     program = kernel_of(matmul(64, 128, 16).replace("f32", "f64")).gpu_program(m=100, n=150, k=40)
     (launch,) = program.launches
-    (acc,) = isel.fma_launch_accumulators(program, launch)[0].values()
+    (acc,) = isel.select_program(program)[launch.index].kept.values()
     assert (acc.values, acc.registers) == (accumulator_values(64, 128), 2 * accumulator_values(64, 128))
     registers = cost_of(program).levels["registers"]
     assert (registers.M, registers.M_bytes) == (acc.values, acc.values * 8)
@@ -119,7 +119,8 @@ def test_a_tensor_core_launch_keeps_no_fma_accumulators():
     program = kernel_of((EXAMPLES / "matmul.napkin").read_text()).gpu_program(m=1024, n=1024, k=1024)
     (launch,) = program.launches
     assert isel.selection(program, launch).plan is not None
-    assert isel.fma_launch_accumulators(program, launch) == ({}, {})
+    chosen = isel.select_program(program)[launch.index]
+    assert (chosen.kept, chosen.refused) == ({}, {})
 
 
 # ---- on PoCL, against the reference ------------------------------------------------------------------

@@ -84,8 +84,9 @@ def test_fa3_tile_fits_h100_with_s_p_and_o_in_registers():
     registers = report.levels["registers"]
     assert 0 < registers.M_bytes <= registers.capacity
     from napkin_dsl.cost import columns
+    from napkin_dsl.isel import select_program
 
-    held = {b.name for row in columns(program, path="wgmma") for b in row["buffers"].get("registers", [])}
+    held = {b.name for row in columns(program, select_program(program, path="wgmma")) for b in row["buffers"].get("registers", [])}
     assert {"S", "P", "O"} <= held
     assert not any("FMA path" in note for note in report.notes)
 

@@ -39,17 +39,22 @@ def _compiler(arch: str, ptx: bool):
     return NvrtcCompiler(arch, ptx=ptx)
 
 
-def generate(program: Program, report: CostReport | None = None, arch: str | None = None) -> tuple[str, list[KernelSource]]:
-    """The CUDA C++ source of a Program (no compile), with the instruction paths ``arch`` selects."""
-    lowered = lower(program, CudaDialect(), report, arch=arch)
+def generate(program: Program, report: CostReport | None = None, arch: str | None = None,
+             selected=None) -> tuple[str, list[KernelSource]]:
+    """The CUDA C++ source of a Program (no compile), with the instruction paths ``arch`` selects
+    (``selected``: that selection, ``isel.select_program``, where the caller has it)."""
+    lowered = lower(program, CudaDialect(), report, arch=arch, selected=selected)
     return lowered.source, lowered.kernels
 
 
 def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = False, report: CostReport | None = None) -> CompiledKernel:
     """Generate and compile ``program`` for ``arch``; cached in memory and on disk by source hash."""
+    from ..isel import select_program
+
     bound_sizes(program)
-    report = report if report is not None else cost_of(program, arch=arch)
-    source, kernels = generate(program, report, arch)
+    selected = select_program(program, arch)  # once: the report, the printers and the compiled report read it
+    report = report if report is not None else cost_of(program, arch=arch, selected=selected)
+    source, kernels = generate(program, report, arch, selected)
     module = _compiler(arch, ptx).compile(source, f"napkin_{ident(program.diagram.name)}.cu")  # ASCII, as the entries
     return CompiledKernel(
         name=program.diagram.name,
@@ -59,21 +64,22 @@ def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = Fals
         launches=kernels,
         resources=module.resources,
         # costed with ptxas's counts only when asked: cuda.run never reads it
-        planned=lambda: (program, compiled_cost(program, arch, kernels, module.resources, report)),
+        planned=lambda: (program, compiled_cost(program, arch, kernels, module.resources, report, selected)),
         ptx=ptx,
     )
 
 
 def compiled_cost(program: Program, arch: str, launches: list[KernelSource], resources: dict,
-                  report: CostReport | None = None) -> CostReport:
+                  report: CostReport | None = None, selected=None) -> CostReport:
     """The cost report of a compiled program: the model before compiling estimated registers;
     the compiled kernel's report counts what ptxas allocated, the threads of each launch and
-    its shared bytes, for occupancy. ``report``: the estimate, when the caller has it."""
+    its shared bytes, for occupancy. ``report``: the estimate, ``selected``: the selection the
+    kernel was printed with (``isel.select_program``), when the caller has them."""
     counted = {index: (k.block, resources[k.entry]["registers"], resources[k.entry].get("shared_bytes", 0) + k.shared_bytes)
                for index, k in enumerate(launches) if resources.get(k.entry, {}).get("registers")}
     if counted and not program.hardware.symbolic:
-        return cost_of(program, arch=arch, resources=counted, check=False)
-    return report if report is not None else cost_of(program, arch=arch, check=False)
+        return cost_of(program, arch=arch, resources=counted, check=False, selected=selected)
+    return report if report is not None else cost_of(program, arch=arch, check=False, selected=selected)
 
 
 # ---- launching --------------------------------------------------------------------------------
@@ -120,13 +126,14 @@ def tensor_map_arguments(program: Program, arch: str) -> list[list]:
     """Per launch, the (array, ``driver.TiledTensorMap``) pairs its kernel takes after the scalars,
     as ``const __grid_constant__ CUtensorMap`` parameters: a wgmma plan's TMA operands
     (``plan.tma``, in order; ``wgmma.tensor_maps``), [] for every other launch."""
-    from ..isel import selection
+    from ..isel import select_program
     from .wgmma import tensor_maps
 
     sizes = {a: int(program.schedule.axis_size(a)) for a in program.diagram.axes}
+    selected = select_program(program, arch)
     out = []
     for launch in program.launches:
-        plan = selection(program, launch, arch).plan
+        plan = selected[launch.index].plan
         if plan is None or not plan.tma:
             out.append([])
             continue

@@ -100,6 +100,7 @@ from ..diagram import (
 )
 from .. import elementwise
 from ..errors import NapkinCallError, NapkinError
+from ..isel import ProgramSelection, select_program
 from ..pseudocode import Loop, Program, Step, walk, compute_dtype
 from ..reference import ELEMENTWISE, convert, logsumexp, masked_softmax
 from ..reference import Evaluator as _Evaluator
@@ -315,8 +316,12 @@ def _aligner(source: tuple[str, ...], target: tuple[str, ...]) -> Callable[[np.n
 class Interpreter:
     """The state of one execution: tile ranges, buffers per level, counts."""
 
-    def __init__(self, program: Program, inputs: dict, scalars: dict, impls: dict | None, progress=None):
+    def __init__(self, program: Program, inputs: dict, scalars: dict, impls: dict | None, progress=None,
+                 selected: ProgramSelection | None = None):
         self.program = program
+        # Instruction selection for the profile's own target, as the model prices it by default:
+        # the registers level and each contraction's unit below are read off it.
+        self.selected = selected if selected is not None else select_program(program)
         self.diagram = program.diagram
         schedule = program.schedule
         self.levels = program.levels
@@ -334,12 +339,12 @@ class Interpreter:
         below = self.levels[1:]
         # Tensor-core launches (isel.py) read contraction operands from shared memory into
         # registers with ldmatrix: counted as transfers at the registers level, as the model does.
-        self.tensor = {} if program.hardware.symbolic else tensor_launches(program)
+        self.tensor = {} if program.hardware.symbolic else tensor_launches(program, self.selected)
         # FMA launches that keep accumulators in registers put the level in the report too (H 0).
-        if self.tensor or fma_register_launches(program):
+        if self.tensor or fma_register_launches(program, self.selected):
             below = below + ("registers",)
         # Contractions count on the unit their launch's instruction path uses, as the model prices them.
-        self.products = {launch.index: contraction_unit(program, launch) for launch in program.launches}
+        self.products = {launch.index: contraction_unit(program, launch, self.selected) for launch in program.launches}
         self.counts = Counts({lv: 0 for lv in below}, {lv: 0 for lv in below}, {}, 0, {lv: 0 for lv in below})
         self.empty_depth = 0  # how many enclosing loop trips are past the end of their axis
         # progress(done, total), if given, hears how many blocks (trips of the innermost group loops) are done.
@@ -996,7 +1001,7 @@ def block_loops(program: Program) -> tuple[set, int]:
 
 
 def execute(program: Program, inputs: dict[str, np.ndarray], scalars: dict | None = None,
-            impls: dict | None = None, progress=None) -> tuple[dict[str, np.ndarray], Counts]:
+            impls: dict | None = None, progress=None, selected: ProgramSelection | None = None) -> tuple[dict[str, np.ndarray], Counts]:
     """Run a Program with NumPy; return ``(outputs by name, Counts)``.
 
     ``program`` must have every size bound (``kernel.program(hardware, q=..., ...)``).
@@ -1006,6 +1011,8 @@ def execute(program: Program, inputs: dict[str, np.ndarray], scalars: dict | Non
     reference's calling convention, on tiles). Outputs are new arrays in their declared dtypes.
     ``progress``, if given, is called as ``progress(done, total)`` with the blocks run so far (a
     :class:`napkin_dsl.progress.Progress` draws it; a Program without group loops reports nothing).
+    ``selected``: the instruction selection the counts follow (``isel.select_program``; default:
+    the profile's own target's, as :func:`~napkin_dsl.cost.cost_of` prices by default).
     """
     diagram = program.diagram
     scalars = dict(scalars or {})
@@ -1022,7 +1029,7 @@ def execute(program: Program, inputs: dict[str, np.ndarray], scalars: dict | Non
     missing = [name for name in diagram.scalars if name not in scalars]
     if missing:
         raise NapkinCallError(f"execute({diagram.name}) is missing scalar {', '.join(missing)}")
-    return Interpreter(program, checked, scalars, impls, progress).run()
+    return Interpreter(program, checked, scalars, impls, progress, selected).run()
 
 
 # ---- memory ------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from ..cost import busy_fraction, flops_by_unit
 from ..errors import NapkinError
+from ..isel import select_program
 from ..pseudocode import blocks_per_unit, walk
 
 if TYPE_CHECKING:
@@ -536,7 +537,7 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
     resident = blocks_per_unit(program.schedule, row["shared_bytes"], kernel.block, row["registers"])
     blocks_per_sm = resident[0] if resident else 1
     unit = "fp32" if kernel.path == "fma" else "tensor"
-    _, priced = flops_by_unit(program, compiled.arch)
+    _, priced = flops_by_unit(program, select_program(program, compiled.arch))
     mine = [(rate, float(amount)) for at, rate, _, amount in priced if at == launch.index]
     total = sum(amount for _, amount in mine)
     on_unit = sum(amount for rate, amount in mine if (rate == "fma") == (unit == "fp32") and rate != "special")

@@ -13,7 +13,7 @@ Deliberately not here: printing a launch (the printers), compiling (``nvrtc.py``
 from __future__ import annotations
 
 from ..cost import cost_of
-from ..isel import FMA_THREADS, describe, fma_launch_accumulators, plan_summary, selection
+from ..isel import FMA_THREADS, ProgramSelection, describe, plan_summary, select_program
 from ..pseudocode import Program
 from .lowering import THREADS, Dialect, LoweredProgram, Printer, bound_sizes, ident
 from .tensorcore import PRELUDES, TensorPrinter
@@ -44,19 +44,23 @@ def header_comment(program: Program, report, kernels=()) -> str:
     return "/*\n" + body.replace("*/", "* /") + "\n */\n"
 
 
-def lower(program: Program, dialect: Dialect, report=None, threads: int = THREADS, arch: str | None = None) -> LoweredProgram:
+def lower(program: Program, dialect: Dialect, report=None, threads: int = THREADS, arch: str | None = None,
+          selected: ProgramSelection | None = None) -> LoweredProgram:
     """Print every launch of ``program`` as a kernel in ``dialect``; one translation unit.
 
     Each launch takes the path instruction selection (``isel.py``) chose for ``arch`` (default:
     the hardware profile's): the tensor-core printer (``tensorcore.py``) or the FMA printer (``lowering.py``).
+    ``selected``: that selection (``isel.select_program``), where the caller has it; else it runs
+    here once, and the report and every launch read it.
     """
     bound_sizes(program)  # before the model and the arena, which need numbers
-    report = report if report is not None else cost_of(program, arch=arch)
+    selected = selected if selected is not None else select_program(program, arch)
+    report = report if report is not None else cost_of(program, arch=arch, selected=selected)
     kernels = []
     tensor = False
     for launch in program.launches:
         entry = f"napkin_{ident(program.diagram.name)}_{launch.index}"
-        chosen = selection(program, launch, arch)
+        chosen = selected[launch.index]
         if chosen.plan is not None:
             tensor = True
             printer = WgmmaPrinter if chosen.plan.shape else TensorPrinter  # wgmma: a plan isel built for sm_90a
@@ -64,7 +68,7 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
             kernel.paths = [plan_summary(chosen.plan)] + describe(chosen, launch)
         else:
             # Register accumulators are dealt to FMA_THREADS threads, as the model counts them.
-            kept = fma_launch_accumulators(program, launch, arch)[0] if threads == FMA_THREADS else {}
+            kept = chosen.kept if threads == FMA_THREADS else {}
             kernel = Printer(program, launch, dialect, threads, kept).print(entry)
             kernel.paths = describe(chosen, launch)
         kernel.path = chosen.path
