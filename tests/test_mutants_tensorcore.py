@@ -8,12 +8,14 @@ reference, or a property of the SASS that NVRTC and nvdisasm make of the CUDA ke
 
 from __future__ import annotations
 
+import pytest
+
 import napkin_dsl as napkin
 from napkin_dsl import isel
 from napkin_dsl.backends import opencl
 from napkin_dsl.reference import evaluate
 
-from .conftest import assert_matches_reference
+from .conftest import EXAMPLES, assert_matches_reference
 from .test_opencl import random_inputs
 
 
@@ -45,3 +47,13 @@ relabel heads on H100:
     smem: group h 1, b 64, n 64; stream k 32
 """
     run_on_pocl(source, "heads", h=3, b=64, k=32, n=64)
+
+
+@pytest.mark.parametrize("name, sizes", [("attention.napkin", dict(b=1, h=1, q=64, x=192, d=32)),
+                                         ("matmul.napkin", dict(m=128, n=128, k=96))])
+def test_a_stream_of_whole_chunks_the_stages_do_not_divide_stops_at_its_last_chunk(name, sizes, opencl_device):
+    """Three whole chunks (x = 3 x 64, k = 3 x 32) through a two-stage pipeline: the loop unrolled
+    by the stages runs one chunk too many unless its second body is guarded, and with no ragged
+    tail no mask would hide that chunk's stale buffer."""
+    program, _ = run_on_pocl((EXAMPLES / name).read_text(), name, **sizes)
+    assert isel.selection(program, program.launches[0]).plan.stages == 2
