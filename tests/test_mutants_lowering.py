@@ -105,3 +105,21 @@ relabel bias on H100:
     offsets = arena_offsets(printed)
     assert offsets["Y"] == offsets["X"] != offsets["B"], offsets
     assert "stage[" not in printed.split("*/", 1)[1]
+
+
+def test_a_softmax_of_a_computed_operand_keeps_its_values_in_the_target_not_in_registers():
+    """P = softmax(S * 2) over rows of 2048 f32 values: the max pass keeps each value of S * 2
+    in P's own element (f32 holds it exactly, and no other thread reads those bytes), so a
+    thread holds no copy of its rows in registers: ptxas needs a few dozen registers, where
+    a per-thread copy of 2 rows x 64 values each would take all 255."""
+    from napkin_dsl.backends.cuda import compile_program
+
+    source = """kernel k(S: f32[q x]) -> P: f32[q x]:
+    P[q x] = softmax[x](S * 2)
+
+relabel k on H100:
+    smem: group q 16
+"""
+    module = compile_program(kernel_of(source).gpu_program(None, q=64, x=2048), "sm_90")
+    (used,) = module.resources.values()
+    assert used["registers"] <= 64 and used["spill_bytes"] == 0, used
