@@ -29,9 +29,12 @@ Saving and recomputation are a fixed rule here: forward outputs the backward rea
 (parameters of the backward), every intermediate it reads is recomputed by re-emitting its
 forward statement; and a softmax ``P = softmax[x](E)`` beside an output ``L = lse[x](E)`` of
 the same operand is recomputed as ``P = exp(E - L)``, from the saved L (FlashAttention's
-recomputation), with no max or sum over x. With ``rewrite_d=True`` a softmax whose only
-consumer is a contraction ``O = P * V`` into a forward output uses FA2's identity
-``sum[x](dP * P) = sum[d](dO * O)`` (the saved O) instead of contracting over x.
+recomputation), with no max or sum over x (``where(L > -inf, ..., 0)`` around it where E is
+masked: a row masked out entirely has ``L = -inf``, and its P is 0, as the forward's). With
+``rewrite_d=True`` a softmax that is no output, whose only consumer is a contraction
+``O = P * V`` into a forward output keeping every other axis of P's, uses FA2's identity
+``sum[x](dP * P) = sum[d](dO * O)`` (the saved O, and O's whole cotangent) instead of
+contracting over x.
 
 Deliberately not here: gradients of scalar parameters (a :class:`NotImplementedError` names
 them when asked), the choice between saving and recomputing as a priced tuner decision (issue
@@ -317,10 +320,16 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
             if constant:
                 text = f"({text} * {size_notation(algebra.Mul(*(diagram.size(a) for a in constant)))})"
             summed = [a for a in missing if a in axes]
-            if summed:
+            if not summed:
+                add(read.array, "map", text)  # a map broadcasts it along any axis of the read it lacks
+                continue
+            kept = [a for a in read.axes if a in axes]
+            if len(kept) == len(read.axes):
                 add(read.array, "sum", f"sum[{' '.join(summed)}]({text})")
-            else:
-                add(read.array, "map", text)
+            else:  # constant along an axis of the read too: sum first, then broadcast (a sum cannot)
+                reduced = fresh("t")
+                lines.append(f"{reduced}[{' '.join(kept)}] = sum[{' '.join(summed)}]({text})")
+                add(read.array, "map", f"{reduced}[{' '.join(kept)}]")
 
     uses_saved_o: set[str] = set()
     for s in reversed(diagram.statements):
@@ -354,8 +363,10 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
             if fa2 is not None:
                 out = diagram.arrays[fa2]
                 contracted = [a for a in out.axes if a not in kept]
-                lines.append(f"{d_name}[{' '.join(kept)}] = sum[{' '.join(contracted)}]"
-                             f"({cotangent_params[fa2]}[{' '.join(out.axes)}] * {fa2}[{' '.join(out.axes)}])")
+                # O's whole cotangent (the given dO plus any reader of O's), finished before P's
+                product = f"{cotangent[fa2]}[{' '.join(out.axes)}] * {fa2}[{' '.join(out.axes)}]"
+                # an output with no axis beyond the softmax's kept ones: D is the product itself
+                lines.append(f"{d_name}[{' '.join(kept)}] = " + (f"sum[{' '.join(contracted)}]({product})" if contracted else product))
                 uses_saved_o.add(fa2)
             else:
                 lines.append(f"{d_name}[{' '.join(kept)}] = sum[{box.axis}]({g} * {value})")
@@ -432,7 +443,12 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
         array = diagram.arrays[s.target]
         if s.target in lse_for:
             lse = lse_for[s.target]
-            body = f"exp({notation(s.box.operand)} - {lse.target}[{' '.join(lse.axes)}])"
+            saved = f"{lse.target}[{' '.join(lse.axes)}]"
+            body = f"exp({notation(s.box.operand)} - {saved})"
+            if _masked(s.box.operand):
+                # a row masked out entirely has L = -inf, and exp(-inf - -inf) is NaN where the
+                # forward's softmax gives that row 0
+                body = f"where({saved} > -inf, {body}, 0)"
             recompute_lines.append(statement_text(s, array.dtype, body)
                                    + f"    # recomputed from the saved {lse.target}: no max or sum over {s.box.axis}")
         else:
@@ -708,16 +724,27 @@ def _leaves_of(expr):
     return [expr]
 
 
+def _masked(expr: Expression) -> bool:
+    """Whether an expression can be -inf: it holds the constant -inf (a mask's fill)."""
+    if isinstance(expr, Const):
+        return expr.value == -algebra.oo
+    return isinstance(expr, Apply) and any(_masked(a) for a in expr.args)
+
+
 def _fa2_rewrite(diagram: Diagram, softmax: Statement) -> str | None:
     """The forward output O when ``softmax``'s only consumer is ``O = P * V`` (a contraction over
-    the softmax axis into an output): then sum[x](dP * P) = sum[d](dO * O), FA2's D."""
+    the softmax axis into an output that keeps every other axis of P's): then
+    sum[x](dP * P) = sum[d](dO * O), FA2's D."""
     consumers = diagram.consumers(softmax.target)
-    if len(consumers) != 1:
-        return None
+    if len(consumers) != 1 or softmax.target in diagram.outputs:
+        return None  # P's cotangent has a term of its own (P an output): D needs sum[x](dP * P)
     c = consumers[0]
     if not (isinstance(c.box, Contract) and c.target in diagram.outputs and softmax.box.axis in c.box.contracted
             and c.box.scale is None and len(c.box.operands) == 2
             and sum(o.array == softmax.target for o in c.box.operands) == 1
             and diagram.arrays[c.target].dtype not in INTEGER_DTYPES):
         return None
+    kept = [a for a in softmax.axes if a != softmax.box.axis]
+    if any(a not in diagram.arrays[c.target].axes for a in kept):
+        return None  # O sums over a row of P's (H[] = X * P): sum[d](dO * O) would mix the rows' D
     return c.target

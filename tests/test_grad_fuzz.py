@@ -32,7 +32,7 @@ from .fuzz_programs import attention_programs, fuzz_inputs, kernel_sizes, progra
 
 torch = pytest.importorskip("torch")
 
-FLOAT_DTYPES = r"\b(bf16|f16|f32|fp8e4m3|fp8e5m2|e4m3|e5m2)\b"
+FLOAT_DTYPES = r"\b(bf16|f16|f32|fp8e4m3|fp8e5m2|fp8)\b"  # every float dtype name and alias (diagram.py)
 STEP = 1e-4
 
 
@@ -42,7 +42,8 @@ def _float64(text: str) -> str:
 
 def _loss(diagram, inputs: dict, scalars: dict, sizes: dict, weights: dict) -> float:
     outputs = evaluate(diagram, inputs, scalars, sizes, keep_float64=True)
-    return float(sum(np.sum(outputs[name] * weights[name]) for name in weights))
+    with np.errstate(invalid="ignore"):  # 0 * inf where an output is weighted 0
+        return float(sum(np.sum(np.where(weights[name] != 0, outputs[name] * weights[name], 0)) for name in weights))
 
 
 def _directional(diagram, inputs, scalars, sizes, weights, direction, step: float) -> float:
@@ -63,6 +64,10 @@ def _check_gradients(case) -> None:
     for kernel in kernels.values():
         diagram = kernel.diagram
         sizes = kernel_sizes(kernel, case)
+        try:
+            kernel.program(case.hardware, **sizes)
+        except NapkinError:
+            continue  # refused where it is planned (a level the hardware lacks): the fuzz suite's rejection
         axis_sizes = {a: sizes[a] for a in diagram.axes}
         inputs, scalars = fuzz_inputs(diagram, axis_sizes, case.seed)
         floats = [a.name for a in diagram.input_arrays if a.dtype == "f64"]
@@ -74,7 +79,10 @@ def _check_gradients(case) -> None:
             assert "opaque box" in str(error), str(error)
             continue
         rng = np.random.default_rng(case.seed + 1)
-        weights = {name: rng.standard_normal(tuple(axis_sizes[a] for a in diagram.arrays[name].axes))
+        # An output that is infinite (the lse of a row masked out entirely) carries no
+        # gradient: it is weighted 0, and the loss leaves it out rather than reading 0 * inf.
+        forward = evaluate(diagram, inputs, scalars, axis_sizes, keep_float64=True)
+        weights = {name: np.where(np.isfinite(forward[name]), rng.standard_normal(forward[name].shape), 0.0)
                    for name in diagram.outputs if diagram.arrays[name].dtype == "f64"}
         if not weights:
             continue
@@ -88,7 +96,8 @@ def _check_gradients(case) -> None:
         args = [tensors[p] if p in tensors else scalars[p] for p in diagram.params]
         result = kernel(*args, backend="numpy", hardware=case.hardware, sizes=extra or None)
         outputs = result if isinstance(result, dict) else {diagram.outputs[0]: result}
-        loss = sum((outputs[name] * torch.from_numpy(w)).sum() for name, w in weights.items())
+        loss = sum(torch.where(torch.from_numpy(np.asarray(w != 0)), outputs[name] * torch.from_numpy(np.asarray(w)), 0).sum()
+                   for name, w in weights.items())
         loss.backward()
 
         terms = sum(float(np.sum(np.abs(tensors[n].grad.numpy() * direction[n])))
@@ -105,7 +114,7 @@ def _check_gradients(case) -> None:
             f"--- backward:\n{kernel.grad().source}")
 
 
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                     suppress_health_check=list(HealthCheck))
 
 
@@ -127,7 +136,8 @@ def test_a_sum_of_an_operand_that_lacks_the_axis_scales_by_the_size(s, t):
     """``sum[s](abs(c) + X[s])`` with a scalar ``c``: c's cotangent is the sum's cotangent times
     len(s) (summing an expression along an axis it lacks is no statement the checker accepts)."""
     (kernel,) = napkin.load("kernel k(c: f64[], X: f64[s], Y: f64[t]) -> O: f64[t]:\n"
-                            "    O[t] = sum[s](abs(c) + X[s]) * Y[t]\n").values()
+                            "    R[] = sum[s](abs(c) + X[s])\n"
+                            "    O[t] = R * Y[t]\n").values()
     c = torch.tensor(-1.5, dtype=torch.float64, requires_grad=True)
     X = torch.randn(s, dtype=torch.float64, requires_grad=True)
     Y = torch.randn(t, dtype=torch.float64, requires_grad=True)
