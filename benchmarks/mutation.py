@@ -43,6 +43,14 @@ tests from the working tree::
     python benchmarks/mutation.py --module cost --sample 40 --seed 1 --rev HEAD --overlay tests/test_mutants_cost.py
 
 ``--only`` takes mutant numbers from ``--list`` (they are stable while the module's source is).
+
+Each module's default ``-k`` (``SELECT``; ``-k`` replaces it, ``--tests`` drops it) leaves out
+tests too slow to run per mutant, and for the two printers (``tensorcore``, ``lowering``) the
+golden-file comparison: a mutant that changes only the printed text must be killed by a test of
+what the kernel does (PoCL against the reference, NVRTC's resources, SASS, the asm operands), not
+by a diff. Their mutants that change every kernel's text make PoCL compile each again, minutes
+on shared cores: pass ``--timeout`` (benchmarks/mutation.md says how much), since a timeout counts
+as a kill.
 """
 
 from __future__ import annotations
