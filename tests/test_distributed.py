@@ -1,5 +1,5 @@
 """The device level (issue 28): a node of GPUs (H100x8), what crosses NVLink, the ring condition,
-and execution over real processes (torch.distributed on gloo, two ranks)."""
+and execution over real processes (torch.distributed on gloo, two and four ranks)."""
 
 import pytest
 
@@ -49,21 +49,25 @@ def test_refused_device_clauses():
         napkin.load(ATTENTION.replace("H100x8", "H100").format(device="split x 64"))["attention"].cost("H100", **SIZES)
 
 
-@pytest.mark.parametrize("device", ["split x 64", "group h 2"])
-def test_two_processes_match_the_reference_and_the_model(device):
+@pytest.mark.parametrize("ranks, device", [(2, "split x 64"), (2, "group h 2"), (4, "split x 32"), (4, "group h 1")])
+def test_processes_match_the_reference_and_the_model(ranks, device):
     from napkin_dsl.backends import distributed
 
     kernel = napkin.load(ATTENTION.format(device=device))["attention"]
-    result = distributed.launch(kernel, 2, "H100x8", SIZES)
-    assert result["partition"] == f"gmem: {device}" and result["parts"] == 2
+    result = distributed.launch(kernel, ranks, "H100x8", SIZES)
+    assert result["partition"] == f"gmem: {device}" and result["parts"] == ranks
     assert result["max_rel_error"] <= result["tolerance"]
     # The bytes the processes sent one another (inputs out from rank 0; states or outputs back),
-    # counted by hand here: Q K V slices for rank 1, and what comes back.
+    # counted by hand here for the ranks 1.. that are not rank 0.
     q, x, h, d = SIZES["q"], SIZES["x"], SIZES["h"], SIZES["d"]
+    others = ranks - 1
+    size = int(device.split()[-1])
     if device.startswith("split"):
-        want = 2 * (h * q * d) + 2 * 2 * (h * (x - 64) * d) + 4 * (h * q * d + 2 * h * q)  # Q whole; K, V rows 64..99; O.acc, max, sum in f32
-    else:
-        want = 2 * (2 * q * d + 2 * 2 * x * d) + 2 * (2 * q * d)  # heads 2, 3: Q K V out, O back
+        # Q whole to each; K and V rows from rank 0's part on; O.acc, max and sum back in f32
+        assert (ranks - 1) * size < x <= ranks * size  # every rank holds rows of x
+        want = others * 2 * (h * q * d) + 2 * 2 * (h * (x - size) * d) + others * 4 * (h * q * d + 2 * h * q)
+    else:  # each rank's heads: Q K V out, O back
+        want = others * (2 * size * (q * d + 2 * x * d) + 2 * size * q * d)
     assert result["transfers"] == result["received"] == want == result["predicted_transfers"]
     assert result["counted"]["smem"] == result["predicted"]["smem"]
     assert result["counted"]["registers"] == result["predicted"]["registers"]
