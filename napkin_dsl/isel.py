@@ -225,9 +225,14 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
     if not contractions:
         raise _Refuse("no contraction")
     cut = split_loop(launch)
-    if cut is not None:  # selection never chooses what the printers cannot print (tests/test_fuzz_reproducers.py)
-        raise _Refuse(f"the parts launch of split {cut.axis} is printed on the FMA path only: the tensor-core "
-                      f"epilogue that saves the accumulator fragments as part states is not written yet")
+    if cut is not None and (  # selection never chooses what the printers cannot print (tests/test_fuzz_reproducers.py)
+            not any(lp.kind == "stream" and lp.axis == cut.axis and lp.mask is None for _, loops in walk(launch.body) for lp in loops)
+            or int(cut.tile) % tile[cut.axis]
+            or any(step.op == "save" and step.level == launch.schedule.compute_level and not isinstance(step.statement.box, Contract)
+                   for step, _ in walk(launch.body))):
+        raise _Refuse(f"the parts launch of split {cut.axis} is printed on tensor cores only where each part streams "
+                      f"{cut.axis} in whole unmasked chunks and saves contractions' sums alone (its tensor-core epilogue "
+                      f"saves accumulator fragments; a softmax's row max and sum are not written yet)")
     for s in statements:
         if not isinstance(s.box, (Contract, Map, Reduce, Softmax)):
             raise _Refuse(f"{s.target} is a {s.box.kind} box")
@@ -379,6 +384,8 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
     (one or two warpgroups of 64; each of their warps holds 16 rows of the N-wide accumulator), N a
     multiple of 8 up to 256, the k chunk a multiple of 16."""
     statements = launch.launch.statements
+    if split_loop(launch) is not None:  # backends/wgmma.py saves no part state: mma.sync's printer does
+        raise _Refuse("a split's parts launch: the wgmma epilogue that saves its part states is not written")
     if len(statements) != 1 or len(plan.mmas) != 1:
         raise _Refuse("wgmma is built for a launch of one contraction and nothing else")
     if warp_tiles:

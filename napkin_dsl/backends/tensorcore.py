@@ -23,8 +23,15 @@ CUDA kernel uses. The primitives are the ``NK_*`` macros of each dialect's prelu
 Outputs leave through a swizzled shared tile and 16-byte stores when the arena is free and
 large enough (matmul's f32 128 x 128 tile is not: it is stored from fragments).
 
+A split's parts launch (issue 28; isel plans it here where each part streams the split axis in
+whole chunks and saves contractions' sums alone) is one block per part and tile: its stream
+runs from the part's origin over the part's chunks (fewer in the short last part of a ragged
+axis), and its epilogue saves the accumulator fragments as the part state the combine launch
+(the FMA printer's) loads, at the part's place along the part axis.
+
 Deliberately not here: deciding whether a launch qualifies (``isel.py``), the FMA lowering
-(``lowering.py``), warp grids over columns (warps split rows only), wgmma.
+(``lowering.py``), what both printers share (``lowering.KernelWriter``), wgmma (``wgmma.py``), a
+split's combine launch (the FMA printer's) and a softmax's part state (its row max and sum).
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ from ..layouts import (
     offset_expr,
     p_to_a_registers,
 )
-from ..pseudocode import Loop, Step, split_loop, walk
+from ..pseudocode import Loop, Step, walk
 from ..reference import ReferenceFailure, constant_value
 from .lowering import KernelSource, KernelWriter, LoweringError, ident, literal, state_start
 
@@ -230,10 +237,11 @@ class TensorPrinter(KernelWriter):
     arena_alignment = 128
 
     def __init__(self, program, launch, dialect, plan: TensorPlan):
-        cut = split_loop(launch)
-        # isel keeps a split's parts launch on the FMA path (isel._plan)
-        assert cut is None, f"napkin bug: the parts launch of split {cut.axis} reached the tensor-core printer"
         super().__init__(program, launch, dialect, plan.threads)
+        # A split's parts launch: isel plans it here only where the part streams its axis in
+        # whole chunks (isel._plan), so that a chunk never crosses into the next part.
+        assert self.cut is None or (self.cut.axis == plan.stream and self.part_tile[self.cut.axis] % self.tile[plan.stream] == 0), \
+            f"napkin bug: the parts of split {self.cut.axis} are not streamed in whole chunks"
         self.plan = plan
         self.smem, self.arena = smem_layout(plan, self.tile, self.diagram)
         # A streamed operand -> the pipeline buffer (stage of the cp.async ring) the current
@@ -663,8 +671,22 @@ class TensorPrinter(KernelWriter):
         stages = self.plan.stages
         tile = self.tile[axis]
         ahead = "chunk c + 1 loads" if stages == 2 else f"chunks c + 1 .. c + {stages - 1} load"
-        self.emit(f"// for {axis} in {chunks} chunks of {tile}, {stages} stages: {ahead} while chunk c computes")
         first, stop = "0", str(chunks)
+        exact = True  # every block runs the same number of chunks, known here
+        if axis in self.part_origin:
+            # A split's part (part_block): its chunks from the part's origin, as many as the part
+            # holds; the last part of a ragged axis holds fewer (the trip count is the block's own,
+            # so every thread reaches the same barriers). Parts are whole chunks (isel), so the
+            # chunk grid is the axis's and only its last chunk is short (set_origin masks it).
+            assert node.mask is None, "napkin bug: isel plans a split's parts on tensor cores for unmasked streams only"
+            chunks = self.part_tile[axis] // tile
+            valid = self.part_valid[axis]
+            exact = valid == str(self.part_tile[axis])
+            stop = str(chunks) if exact else f"(({valid}) + {tile - 1}) / {tile}"
+            self.emit(f"// for {axis} in the {chunks} chunks of {tile} of this block's part (fewer in a short last part), "
+                      f"{stages} stages: {ahead} while chunk c computes")
+        else:
+            self.emit(f"// for {axis} in {chunks} chunks of {tile}, {stages} stages: {ahead} while chunk c computes")
         if node.mask is not None:  # the chunks the mask does not hide in full: bounds per block
             first, stop = self.visited_chunks(node.mask, chunks)
         for ahead in range(stages - 1 if streamed else 0):
@@ -673,13 +695,14 @@ class TensorPrinter(KernelWriter):
                 self.emit(f"if ({guard}) {{")
                 self.depth += 1
             for name in streamed:
-                self.load(name, origin=f"({first} + {ahead}) * {tile}" if first != "0" else f"{ahead * tile}", stage=str(ahead), commit=False)
+                self.load(name, origin=self.chunk_origin(axis, f"({first} + {ahead})" if first != "0" else str(ahead)),
+                          stage=str(ahead), commit=False)
             if guard:
                 self.depth -= 1
                 self.emit("}")
             self.emit("NK_CP_COMMIT();")
         if node.mask is None:
-            self.unrolled(node, axis, streamed, first, stop, chunks % stages != 0)
+            self.unrolled(node, axis, streamed, first, stop, chunks % stages != 0 or not exact)
         else:
             lo, hi = self.full_chunks(node.mask, first, stop)
             # the chunks before the full ones are run masked up to a multiple of the stages, so
@@ -698,6 +721,15 @@ class TensorPrinter(KernelWriter):
             self.emit("NK_CP_WAIT(0);")
             self.emit("NK_SYNC();")
             self.pending = False
+
+    def chunk_origin(self, axis: str, index: str) -> str:
+        """The first index along the streamed ``axis`` of chunk ``index`` (a C expression): from
+        0, or from this block's part's origin in a split's parts launch."""
+        tile = self.tile[axis]
+        part = self.part_origin.get(axis)
+        if index.isdigit():
+            return f"{int(index) * tile}" if part is None else f"{part} + {int(index) * tile}"
+        return f"{index} * {tile}" if part is None else f"{part} + {index} * {tile}"
 
     def unrolled(self, node: Loop, axis: str, streamed: list, lo: str, hi: str, guarded: bool, stop: str | None = None):
         """Chunks [lo, hi) with no mask test, unrolled by the stages so that each chunk's
@@ -735,7 +767,7 @@ class TensorPrinter(KernelWriter):
         x = ident(axis)
         constant = stage.isdigit()
         refill = str((int(stage) + stages - 1) % stages) if constant else f"({stage} + {stages - 1}) % {stages}"
-        self.emit(f"const int o_{x} = {index} * {self.tile[axis]};")
+        self.emit(f"const int o_{x} = {self.chunk_origin(axis, index)};")
         if streamed:
             self.emit(f"NK_CP_WAIT({stages - 2});  // this chunk's group has landed")
             self.emit("NK_SYNC();  // ... for every thread, and every warp is done with the previous chunk's buffers")
@@ -767,10 +799,18 @@ class TensorPrinter(KernelWriter):
         self.valid = saved_valid
         del self.origin[axis]
 
-    def tc_save(self, step: Step):
+    def saved(self, step: Step) -> tuple[str, str, tuple[str, ...], str]:
+        """(array in device memory, the fragment saved into it, the array's axes, its dtype): an
+        output is its own fragment; a split's part array (``C.acc.part[k# m n]``) takes the
+        state the part accumulated (``C.acc``), at the part's place along the part axis (the
+        block's origin there, ``part_block``)."""
         name = step.array
-        array = self.diagram.arrays[name]
-        fragment = self.plan.fragments[name]
+        axes, dtype = self.globals[name]
+        return name, step.reads[0][1], axes, dtype
+
+    def tc_save(self, step: Step):
+        name, held, _, dtype = self.saved(step)
+        fragment = self.plan.fragments[held]
         col = fragment.col
         if self.save_tile(step) is not None:
             self.tiled_save(step)
@@ -781,18 +821,17 @@ class TensorPrinter(KernelWriter):
             coords[col] = self.col_expr(col)
         valid = [f"({self.origin.get(a, '0')} + {coords[a]} < {self.sizes[a]})" for a in coords
                  if self.sizes[a] % self.tile[a] or (a in self.origin and a == self.plan.stream)]
-        store = self.dialect.store(f"g_{ident(name)}", self.global_offset(name, coords, self.origin), self.element(name, in_rows), array.dtype)
+        store = self.dialect.store(f"g_{ident(name)}", self.global_offset(name, coords, self.origin), self.element(held, in_rows), dtype)
         self.each_element(col, lambda: self.emit(f"if ({' && '.join(valid)}) {store}" if valid else store))
 
     def save_tile(self, step: Step) -> SwizzledTile | None:
         """The shared tile an output goes through on its way out, when it can: a (row, col) tile
         whose rows are 16-byte multiples in memory, that fits in the arena, saved after the last
         step that reads shared memory (the arena is free then)."""
-        name = step.array
-        array = self.diagram.arrays[name]
-        col = self.plan.fragments[name].col
-        eb = DTYPE_BYTES[array.dtype]
-        if col is None or array.axes[-1] != col or self.sizes[col] % (16 // eb) or col == self.plan.stream:
+        _, held, axes, dtype = self.saved(step)
+        col = self.plan.fragments[held].col
+        eb = DTYPE_BYTES[dtype]
+        if col is None or axes[-1] != col or self.sizes[col] % (16 // eb) or col == self.plan.stream:
             return None
         if not SwizzledTile.supports(self.tile[col], eb):
             return None
@@ -803,19 +842,18 @@ class TensorPrinter(KernelWriter):
 
     def tiled_save(self, step: Step):
         """Fragments -> a swizzled shared tile (4-byte pairs) -> 16-byte coalesced global stores."""
-        name = step.array
-        array = self.diagram.arrays[name]
-        col = self.plan.fragments[name].col
+        name, held, _, dtype = self.saved(step)
+        col = self.plan.fragments[held].col
         tile = self.save_tile(step)
-        eb = DTYPE_BYTES[array.dtype]
+        eb = DTYPE_BYTES[dtype]
         d = self.dialect
         self.emit("NK_SYNC();  // the arena is free: the last reader of shared memory is done")
 
         def write():
             pair = offset_expr(tile, *self.fragment_expr(True, col))
-            lo, hi = (f"{_var(name)}[mt][nt][{self.value_index(str(e))}]" for e in range(2))
+            lo, hi = (f"{_var(held)}[mt][nt][{self.value_index(str(e))}]" for e in range(2))
             if eb == 2:
-                packed = f"NK_PACK_{'BF16' if array.dtype == 'bf16' else 'F16'}({lo}, {hi})"
+                packed = f"NK_PACK_{'BF16' if dtype == 'bf16' else 'F16'}({lo}, {hi})"
                 self.emit(f"{d.shared_word(pair)} = {packed};")
             else:
                 pointer = d.shared_pointer("float", pair)
