@@ -228,11 +228,12 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
     if cut is not None and (  # selection never chooses what the printers cannot print (tests/test_fuzz_reproducers.py)
             not any(lp.kind == "stream" and lp.axis == cut.axis and lp.mask is None for _, loops in walk(launch.body) for lp in loops)
             or int(cut.tile) % tile[cut.axis]
-            or any(step.op == "save" and step.level == launch.schedule.compute_level and not isinstance(step.statement.box, Contract)
-                   for step, _ in walk(launch.body))):
+            or any(step.op == "save" and step.level == launch.schedule.compute_level and not isinstance(step.statement.box, (Contract, Softmax))
+                   for step, _ in walk(launch.body))
+            or {s.target for s in statements} - {step.statement.target for step, _ in walk(launch.body) if step.statement is not None}):
         raise _Refuse(f"the parts launch of split {cut.axis} is printed on tensor cores only where each part streams "
-                      f"{cut.axis} in whole unmasked chunks and saves contractions' sums alone (its tensor-core epilogue "
-                      f"saves accumulator fragments; a softmax's row max and sum are not written yet)")
+                      f"{cut.axis} in whole unmasked chunks, computes every statement of the launch and saves "
+                      f"contractions' sums and online softmaxes' row max and sum alone (the fragments its epilogue saves)")
     for s in statements:
         if not isinstance(s.box, (Contract, Map, Reduce, Softmax)):
             raise _Refuse(f"{s.target} is a {s.box.kind} box")

@@ -85,17 +85,17 @@ relabel splitk on H100:
     run_split(kernel, dict(m=32, n=16, k=600), seed=3)
 
 
-def test_a_split_attention_keeps_its_parts_launch_on_the_fma_path_with_the_reason():
-    """Selection puts a split's parts launch on tensor cores only where its epilogue saves
-    accumulator fragments alone (tests/test_split_tensorcore.py): a split attention's parts save
-    the online softmax's row max and sum too, so selection says why, and the FMA printer prints
-    it (the combine launch after it)."""
+def test_a_split_lse_keeps_its_parts_launch_on_the_fma_path_with_the_reason():
+    """Selection puts a split's parts launch on tensor cores only where the parts compute every
+    statement of the launch (tests/test_split_tensorcore.py): attention_lse's L is read off the
+    merged state in the combine launch, so selection says why, and the FMA printer prints the
+    parts (the combine launch after them)."""
     from napkin_dsl.isel import selection
 
-    (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
-    split = kernel.relabelled("relabel attention on H100:\n    smem: group b 1, h 1, q 64; split x 256; stream x 64\n")
-    program = split.gpu_program(None, b=1, h=2, q=128, x=1024, d=64)
+    (kernel,) = napkin.load(EXAMPLES / "attention_lse.napkin").values()
+    split = kernel.relabelled("relabel attention_lse on H100:\n    smem: group b 1, h 1, q 32; split x 128; stream x 32\n")
+    program = split.gpu_program(None, b=1, h=2, q=80, x=600, d=64)
     parts = selection(program, program.launches[0], "sm_90")
-    assert parts.plan is None and "a softmax's row max and sum are not written yet" in parts.reason
+    assert parts.plan is None and "computes every statement of the launch" in parts.reason
     source, kernels = opencl.generate(program)
     assert len(kernels) == 2 and "nk_mma(" not in source

@@ -6,8 +6,10 @@ fragments, and saves the fragments as its part state (``C.acc.part[k# m n]``), w
 combine launch (on the FMA path: it has no contraction) loads and adds. Checked here: the
 selection and its reasons, NVRTC's cubins for sm_80 and sm_90 (HMMA in the hot loop, no
 spills, the model under the static ceiling of the code built), the OpenCL emulation of the same
-plan on PoCL against the float64 reference at ragged m, n and k, and what stays on the FMA path
-(a softmax's part state, a part that is not whole chunks of its stream).
+plan on PoCL against the float64 reference at ragged m, n and k; a split attention's parts
+(flash-decoding), which save the online softmax's row max and sum too; and what stays on the
+FMA path (a statement computed after the merge, a part that is not whole chunks of its stream,
+decode's 4 rows).
 """
 
 from __future__ import annotations
@@ -134,14 +136,59 @@ def test_every_part_is_counted_once(opencl_device):
     assert np.allclose(base - without, share, rtol=1e-3, atol=1e-2 * np.abs(share).max())
 
 
-def test_a_softmax_part_state_keeps_the_fma_path_with_the_reason():
-    """The tensor-core epilogue saves accumulator fragments only; a split attention's parts save
-    the online softmax's row max and sum too, so selection keeps them on the FMA path, saying so."""
-    (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
-    split = kernel.relabelled("relabel attention on H100:\n    smem: group b 1, h 1, q 64; split x 256; stream x 64\n")
-    program = split.gpu_program(None, b=1, h=2, q=128, x=1024, d=64)
+def split_attention(name: str, tiles: str):
+    (kernel,) = napkin.load(EXAMPLES / f"{name}.napkin").values()
+    return kernel.relabelled(f"relabel {kernel.diagram.name} on H100:\n    smem: {tiles}\n")
+
+
+@pytest.mark.parametrize("name", ["attention", "causal_attention"])
+def test_a_split_attention_saves_its_softmax_state_from_the_fragments_and_matches_on_pocl(name, opencl_device):
+    """Flash-decoding's parts on mma.sync: each part saves O's accumulator, the online softmax's
+    row max (kept in the log2 domain, times the folded d^-0.5: back to the scaled values' max)
+    and its row sum (each thread's columns, summed over the quad first); the combine merges them.
+    Ragged q (80 = 64 + 16), 3 parts of x (the last 88 long: a chunk of 64 and one of 24)."""
+    kernel = split_attention(name, "group b 1, h 1, q 64; split x 256; stream x 64")
+    sizes = dict(b=1, h=2, q=80, x=600, d=64)
+    program = kernel.gpu_program(None, **sizes)
+    assert selection(program, program.launches[0], "sm_90").path == "mma.sync"
+    source, kernels = opencl.generate(program)
+    parts = kernels[0].text
+    assert "nk_mma(" in source and all(f"g_{state}_part" in parts.split("{")[0] for state in ("P__max", "P__sum", "O__acc"))
+    inputs, scalars = random_inputs(kernel.diagram, sizes, 2)
+    outputs = opencl.run(program, inputs, scalars)
+    assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), f"split {name} on mma.sync")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_a_split_attention_compiles_with_hmma_no_spills_and_the_model_under_its_ceiling(arch):
+    pytest.importorskip("cuda.bindings")
+    from napkin_dsl.backends.sass import hot_loop, sass_report
+
+    kernel = split_attention("attention", "group b 1, h 1, q 64; split x 4096; stream x 64")
+    compiled = kernel.compile(arch, b=1, h=8, q=256, x=32768, d=128)
+    table = compiled.launch_table()
+    assert [row["path"] for row in table] == ["mma.sync", "fma"] and all(row["spill_bytes"] == 0 for row in table)
+    if has_nvdisasm():
+        entry = sass_report(compiled)["launches"][0]
+        assert hot_loop(entry)["classes"].get("tensor", 0) > 0
+        ceiling = entry["ceiling"]
+        assert ceiling["model_s"] >= ceiling["floor_s"] * (1 - 1e-9), ceiling
+
+
+def test_a_statement_computed_after_the_merge_keeps_the_parts_on_the_fma_path_with_the_reason():
+    """attention_lse's L is read off the merged softmax state in the combine launch: the parts
+    launch names it but does not compute it, and the tensor-core plan has no fragment for it."""
+    kernel = split_attention("attention_lse", "group b 1, h 1, q 32; split x 128; stream x 32")
+    program = kernel.gpu_program(None, b=1, h=2, q=80, x=600, d=64)
     chosen = selection(program, program.launches[0], "sm_90")
-    assert chosen.path == "fma" and "a softmax's row max and sum are not written yet" in chosen.reason
+    assert chosen.path == "fma" and "computes every statement of the launch" in chosen.reason
+
+
+def test_decode_keeps_the_fma_path_its_rows_do_not_fill_an_mma():
+    (kernel,) = napkin.load(EXAMPLES / "decode.napkin").values()
+    program = kernel.gpu_program(None, b=1, kv=8, r=4, x=32768, d=128)
+    chosen = selection(program, program.launches[0], "sm_90")
+    assert chosen.path == "fma" and chosen.reason == "the r tile (4) is not a multiple of 16"
 
 
 def test_a_part_of_partial_chunks_keeps_the_fma_path_with_the_reason():

@@ -24,14 +24,15 @@ Outputs leave through a swizzled shared tile and 16-byte stores when the arena i
 large enough (matmul's f32 128 x 128 tile is not: it is stored from fragments).
 
 A split's parts launch (issue 28; isel plans it here where each part streams the split axis in
-whole chunks and saves contractions' sums alone) is one block per part and tile: its stream
-runs from the part's origin over the part's chunks (fewer in the short last part of a ragged
-axis), and its epilogue saves the accumulator fragments as the part state the combine launch
-(the FMA printer's) loads, at the part's place along the part axis.
+whole unmasked chunks and computes every statement of the launch) is one block per part and
+tile: its stream runs from the part's origin over the part's chunks (fewer in the short last
+part of a ragged axis), and its epilogue saves the part state the combine launch (the FMA
+printer's) loads, at the part's place along the part axis: the accumulator fragments, and an
+online softmax's row max (back from the log2 domain) and row sum (summed over the quad).
 
 Deliberately not here: deciding whether a launch qualifies (``isel.py``), the FMA lowering
 (``lowering.py``), what both printers share (``lowering.KernelWriter``), wgmma (``wgmma.py``), a
-split's combine launch (the FMA printer's) and a softmax's part state (its row max and sum).
+split's combine launch (the FMA printer's).
 """
 
 from __future__ import annotations
@@ -816,12 +817,20 @@ class TensorPrinter(KernelWriter):
             self.tiled_save(step)
             return
         in_rows = col is None
+        if held in self.partial:  # a split's part state: the row's sum over the quad, once
+            self.quad_sum(held)
+        value = self.element(held, in_rows)
+        s = step.statement
+        if s is not None and isinstance(s.box, Softmax) and held == f"{s.target}.max" and s.target in self.tops:
+            # the running max is kept times c (tc_rescale: log2(e) times a folded scale); the part
+            # state is the max of the scaled values, as the FMA path's combine merges it
+            value = f"{value} * {LN2!r}f"
         coords = {self.plan.row: self.row_expr(in_rows)}
         if col is not None:
             coords[col] = self.col_expr(col)
         valid = [f"({self.origin.get(a, '0')} + {coords[a]} < {self.sizes[a]})" for a in coords
                  if self.sizes[a] % self.tile[a] or (a in self.origin and a == self.plan.stream)]
-        store = self.dialect.store(f"g_{ident(name)}", self.global_offset(name, coords, self.origin), self.element(held, in_rows), dtype)
+        store = self.dialect.store(f"g_{ident(name)}", self.global_offset(name, coords, self.origin), value, dtype)
         self.each_element(col, lambda: self.emit(f"if ({' && '.join(valid)}) {store}" if valid else store))
 
     def save_tile(self, step: Step) -> SwizzledTile | None:
@@ -1019,6 +1028,13 @@ class TensorPrinter(KernelWriter):
         col = self.plan.fragments[acc].col
         self.each_element(col, lambda: self.emit(f"{self.element(acc, False)} *= {self.element(scale_ref, False)};"))
 
+    def quad_sum(self, name: str):
+        """A running sum each thread kept over its own columns (``partial``) -> the row's sum,
+        across the lanes holding the row (``layouts.ROW_LANE_MASKS``)."""
+        self.partial.discard(name)
+        self.each_element(None, lambda: [self.emit(f"{self.element(name, True)} += NK_SHFL_XOR({self.element(name, True)}, {mask});")
+                                         for mask in ROW_LANE_MASKS])
+
     def tc_online(self, step: Step):
         s = step.statement
         col = s.box.axis
@@ -1066,9 +1082,7 @@ class TensorPrinter(KernelWriter):
         denominators = [f"{step.online}.sum"] if step.online is not None else []  # a rescaled contraction's
         for _, name in step.reads:
             if name in self.partial:  # the thread's own columns' sum: the quad's sum, once, after the stream
-                self.partial.discard(name)
-                self.each_element(None, lambda name=name: [self.emit(f"{self.element(name, True)} += NK_SHFL_XOR({self.element(name, True)}, {mask});")
-                                                          for mask in ROW_LANE_MASKS])
+                self.quad_sum(name)
         if isinstance(box, Reduce) and reduction(box.op).combine is None:  # the log-sum-exp
             (_, m), (_, total) = step.reads  # L = P.max + log(P.sum), -inf for a fully masked row
             # an online softmax keeps its max times log2(e) (tc_rescale: c times the unscaled
