@@ -238,7 +238,7 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
     the reason the launch stays on the FMA path, the first that fails deciding the text."""
     hardware = launch.schedule.hardware
     _target_path(hardware, arch, path)  # before anything else: a target without the instruction says so
-    _refuse_if(_launch_refusal(launch))
+    _refuse_if(_launch_refusal(launch, tile))
     site = _Site(launch, tile, sizes)
     row = _row_axis(site)
     warp_rows, warp_tiles = _warp_rows(site, row, warp_tiles)
@@ -283,23 +283,35 @@ class _Site:
         return [a for a in axes if self.tile[a] > 1]
 
 
-def _launch_refusal(launch: LaunchProgram) -> str | None:
+def _launch_refusal(launch: LaunchProgram, tile: dict) -> str | None:
     """What keeps the whole launch off tensor cores before its tiles are looked at."""
     statements = launch.launch.statements
     if not any(isinstance(s.box, Contract) for s in statements):
         return "no contraction"
-    return _split_parts_refusal(launch) or _box_refusal(statements) or _f64_refusal(launch)
+    return _split_parts_refusal(launch, tile) or _box_refusal(statements) or _f64_refusal(launch)
 
 
-def _split_parts_refusal(launch: LaunchProgram) -> str | None:
-    """A split's parts launch stays on the FMA path: selection never chooses what the printers
-    cannot print (tests/test_fuzz_reproducers.py). Lifted once the tensor-core epilogue saves
-    the accumulator fragments as part states."""
+def _split_parts_refusal(launch: LaunchProgram, tile: dict) -> str | None:
+    """Why a split's parts launch stays on the FMA path, where the tensor-core printer cannot
+    print it (selection never chooses what the printers cannot print, tests/test_fuzz_reproducers.py):
+    its epilogue saves contractions' accumulator fragments and online softmaxes' row max and
+    sum as part states, for parts that stream the split axis in whole unmasked chunks."""
     cut = split_loop(launch)
     if cut is None:
         return None
-    return (f"the parts launch of split {cut.axis} is printed on the FMA path only: the tensor-core "
-            f"epilogue that saves the accumulator fragments as part states is not written yet")
+    steps = list(walk(launch.body))
+    level = launch.schedule.compute_level
+    streams_whole_chunks = (any(lp.kind == "stream" and lp.axis == cut.axis and lp.mask is None for _, loops in steps for lp in loops)
+                            and int(cut.tile) % tile[cut.axis] == 0)
+    saves_fragments = not any(step.op == "save" and step.level == level and not isinstance(step.statement.box, (Contract, Softmax))
+                              for step, _ in steps)
+    computes_every_statement = not ({s.target for s in launch.launch.statements}
+                                    - {step.statement.target for step, _ in steps if step.statement is not None})
+    if streams_whole_chunks and saves_fragments and computes_every_statement:
+        return None
+    return (f"the parts launch of split {cut.axis} is printed on tensor cores only where each part streams "
+            f"{cut.axis} in whole unmasked chunks, computes every statement of the launch and saves "
+            f"contractions' sums and online softmaxes' row max and sum alone (the fragments its epilogue saves)")
 
 
 def _box_refusal(statements) -> str | None:
@@ -501,6 +513,8 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
     (one or two warpgroups of 64; each of their warps holds 16 rows of the N-wide accumulator), N a
     multiple of 8 up to 256, the k chunk a multiple of 16."""
     statements = launch.launch.statements
+    if split_loop(launch) is not None:  # backends/wgmma.py saves no part state: mma.sync's printer does
+        raise _Refuse("a split's parts launch: the wgmma epilogue that saves its part states is not written")
     if len(statements) != 1 or len(plan.mmas) != 1:
         raise _Refuse("wgmma is built for a launch of one contraction and nothing else")
     if warp_tiles:

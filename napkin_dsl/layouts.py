@@ -209,6 +209,15 @@ class Layout:
         (index,) = [i for i, mode in enumerate(self.modes) if mode.name == name]
         return self._digit_expr(index, names)[0]
 
+    def xor_masks(self, digit: str) -> tuple[int, ...]:
+        """The XOR masks of input 0 (a lane) that step through every value of its digit named
+        ``digit`` and change no other digit: the butterfly shuffles that reduce over the lanes
+        that digit tells apart (:data:`ROW_LANE_MASKS`)."""
+        (mode,) = [m for m in self.modes if m.name == digit and m.input == 0]
+        bits = _log2(mode.size)
+        assert bits is not None and _log2(mode.div) is not None, f"napkin bug: digit {digit} is not a bit field"
+        return tuple(mode.div << b for b in range(bits))
+
     def table(self) -> dict:
         """Input tuple -> outputs, over the whole domain."""
         return {xs: self(*xs) for xs in self.domain()}
@@ -313,6 +322,10 @@ MMA_C = Layout(("lane", "i"), ("row", "n"), _lane_modes((1, 0), (0, 2)) + (Mode(
 # The accumulator fragment as two pairs: pair h is c_2h, c_2h+1 (row g + 8h, columns n, n + 1).
 # A row array (one value per fragment row: a softmax's max) keeps one value per pair.
 MMA_C_PAIR = Layout(("lane", "h"), ("row", "n"), _lane_modes((1, 0), (0, 2)) + (Mode(1, 1, 2, (8, 0)),))
+# The lanes holding one accumulator row differ in threadID_in_group only (its row stride is 0):
+# a row reduction across them is a butterfly over that digit's bits (lane ^ 1, lane ^ 2).
+assert MMA_C.modes[1].name == "t" and MMA_C.modes[1].stride[0] == 0
+ROW_LANE_MASKS = MMA_C.xor_masks("t")
 # Which value of a pair: c_i is element e of pair h.
 MMA_C_VALUE = Layout(("h", "e"), ("i",), (Mode(0, 1, 2, (2,), "h"), Mode(1, 1, 2, (1,), "e")))
 # A 16-bit fragment's value i sits in .b32 register i >> 1, the low half for even i.

@@ -3,8 +3,8 @@ launch of a Program once for a target, and the model, the printers and the NumPy
 that result rather than select again or derive tiles of their own.
 
 The examples cover a tensor-core launch with register fragments fed to a second product
-(attention), a 2-D warp grid (matmul) and a split (split-K: a parts launch kept on the FMA path
-with its reason, and a combine launch that merges the parts' states)."""
+(attention), a 2-D warp grid (matmul) and a split (split-K: a parts launch on tensor cores, and
+a combine launch on the FMA path that merges the parts' states)."""
 
 from __future__ import annotations
 
@@ -102,16 +102,15 @@ def test_the_selections_tiles_are_the_schedules(case):
 
 def test_the_paths_the_examples_take():
     # What each case is here to cover: a tensor-core launch with P fed from registers, a 2-D warp
-    # grid, and a split whose parts stay on the FMA path (its epilogue is not written) beside a
-    # combine launch that reads the parts' states, not the operands.
+    # grid, and a split whose parts run on tensor cores (the epilogue saves the accumulator
+    # fragments as part states) beside a combine launch that reads those states, not the operands.
     attention = isel.select_program(_program("attention")[0])
     assert attention.paths == ("mma.sync",)
     assert any(m.a_in_registers for m in attention[0].plan.mmas.values())
     matmul = isel.select_program(_program("matmul")[0])
     assert matmul.paths == ("mma.sync",) and matmul[0].plan.col_warps > 1
     splitk = isel.select_program(_program("splitk")[0])
-    assert splitk.paths == ("fma", "fma")
-    assert splitk[0].reason.startswith("the parts launch of split k is printed on the FMA path only")
+    assert splitk.paths == ("mma.sync", "fma") and splitk[0].reason == ""
     assert splitk[1].reason == "B operand B is not loaded into shared memory"  # the combine adds the parts' states
 
 

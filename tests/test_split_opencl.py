@@ -85,14 +85,17 @@ relabel splitk on H100:
     run_split(kernel, dict(m=32, n=16, k=600), seed=3)
 
 
-def test_a_bf16_split_keeps_its_parts_launch_on_the_fma_path_with_the_reason():
-    """Selection never puts a split's parts launch on tensor cores, whose epilogue is not written:
-    it says why, and the FMA printer prints it (the combine launch after it)."""
+def test_a_split_lse_keeps_its_parts_launch_on_the_fma_path_with_the_reason():
+    """Selection puts a split's parts launch on tensor cores only where the parts compute every
+    statement of the launch (tests/test_split_tensorcore.py): attention_lse's L is read off the
+    merged state in the combine launch, so selection says why, and the FMA printer prints the
+    parts (the combine launch after them)."""
     from napkin_dsl.isel import selection
 
-    (kernel,) = napkin.load(EXAMPLES / "splitk.napkin").values()
-    program = kernel.gpu_program(None, m=512, n=512, k=65536)
+    (kernel,) = napkin.load(EXAMPLES / "attention_lse.napkin").values()
+    split = kernel.relabelled("relabel attention_lse on H100:\n    smem: group b 1, h 1, q 32; split x 128; stream x 32\n")
+    program = split.gpu_program(None, b=1, h=2, q=80, x=600, d=64)
     parts = selection(program, program.launches[0], "sm_90")
-    assert parts.plan is None and "printed on the FMA path only" in parts.reason
+    assert parts.plan is None and "computes every statement of the launch" in parts.reason
     source, kernels = opencl.generate(program)
     assert len(kernels) == 2 and "nk_mma(" not in source

@@ -1,7 +1,12 @@
 """Lowering: a :class:`~napkin_dsl.pseudocode.Program` -> one GPU kernel per launch, as text.
 
 The same lowering prints CUDA C++ and OpenCL C; a :class:`Dialect` supplies the spelling
-(qualifiers, thread ids, barriers, conversions, math functions, row reductions).
+(qualifiers, thread ids, barriers, conversions, math functions, row reductions, the arena and
+pointers into it, and the tensor-core printers' per-dialect pieces), so no printer asks which
+dialect it prints. :class:`KernelWriter` is what the two printers share (lines, the kernel's
+entry, the block order, origins and masks, device-memory indexing, expressions); the FMA
+printer (:class:`Printer`, here) and the tensor-core printer (``tensorcore.TensorPrinter``)
+each derive from it and own their steps.
 
 How a Program maps onto a GPU:
 
@@ -147,7 +152,6 @@ __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float
     thread_id = "threadIdx.x"
     block_id = "blockIdx.x"
     barrier = "__syncthreads();"
-    arena_decl = "extern __shared__ __align__(16) unsigned char nk_smem[];"
     rows_per_pass = "(NK_THREADS / 32)"
     row_start = "(nk_tid / 32)"
     lane_start = "(nk_tid % 32)"
@@ -155,6 +159,12 @@ __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float
     lanes = 32  # threads sharing one row
     # Lanes read the running max before lane 0 overwrites it (independent thread scheduling).
     warp_sync = "__syncwarp();"
+    lane_zero = "(nk_tid % 32) == 0"  # the lane that writes a row's result
+
+    def arena(self, align: int) -> str:
+        """The shared-memory arena's declaration, its base aligned to ``align`` bytes (dynamic:
+        its size is the launch's)."""
+        return f"extern __shared__ __align__({align}) unsigned char nk_smem[];"
 
     def load(self, ptr: str, index: str, dtype: str, real: str = "float") -> str:
         if real == "double":  # f64 as it is; narrower values widened before any arithmetic
@@ -179,6 +189,34 @@ __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float
 
     def arena_pointer(self, t: str, offset: int) -> str:
         return f"reinterpret_cast<{t}*>(nk_smem + {offset})"
+
+    def shared_pointer(self, t: str, offset, const: bool = False) -> str:
+        """A pointer to ``t`` at byte ``offset`` of the arena, as one operand."""
+        return f"reinterpret_cast<{'const ' if const else ''}{t}*>(nk_smem + {offset})"
+
+    def shared_word(self, offset) -> str:
+        """The 32-bit word at byte ``offset`` of the arena, as an lvalue."""
+        return f"*reinterpret_cast<unsigned*>(nk_smem + {offset})"
+
+    def warp_scratch(self, words: str, warps: int) -> list[str]:
+        """What the tensor-core primitives need per thread: the arena's shared-window address
+        (ldmatrix, cp.async and wgmma descriptors take shared addresses). ``words``: the
+        emulation's scratch a warp (OpenCL), unused here."""
+        return ["const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);"]
+
+    def wgmma(self, wrapper: str, accumulators: str, da: str, db: str, n: int, trans_a: bool, trans_b: bool,
+              f16: bool, warpgroup_threads: int) -> str:
+        """One wgmma over descriptors ``da``, ``db`` into ``accumulators``: the inline-PTX wrapper
+        (``wgmma.cuda_wrapper``) named ``wrapper``."""
+        return f"{wrapper}({accumulators}, {da}, {db});"
+
+    def tensor_map_name(self, entry: str, array: str) -> str:
+        return f"nk_tmap_{ident(array)}"  # a kernel parameter: local to its kernel
+
+    def tensor_maps(self, maps: dict) -> tuple[list[str], list[str]]:
+        """The tensor maps (C name -> the encoder's words) as (kernel parameters, lines before
+        the kernel): ``const __grid_constant__`` parameters the host encodes."""
+        return [f"const __grid_constant__ CUtensorMap {name}" for name in maps], []
 
     fmin = "min"
     unroll = "#pragma unroll"
@@ -205,7 +243,6 @@ inline ushort nk_to_bf16(float v) {
     thread_id = "(int)get_local_id(0)"
     block_id = "(int)get_group_id(0)"
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
-    arena_decl = "__local uchar nk_smem[NK_ARENA_BYTES] __attribute__((aligned(16)));"
     # OpenCL has no portable warp shuffles: one work-item per row, reducing serially.
     rows_per_pass = "NK_THREADS"
     row_start = "nk_tid"
@@ -213,6 +250,10 @@ inline ushort nk_to_bf16(float v) {
     lane_step = "1"
     lanes = 1
     warp_sync = ""
+    lane_zero = "true"  # a work-item is its row's only lane
+
+    def arena(self, align: int) -> str:
+        return f"__local uchar nk_smem[NK_ARENA_BYTES] __attribute__((aligned({align})));"
 
     def load(self, ptr, index, dtype, real="float"):
         if dtype == "f64":
@@ -243,6 +284,29 @@ inline ushort nk_to_bf16(float v) {
 
     def arena_pointer(self, t, offset):
         return f"(__local {t}*)(nk_smem + {offset})"
+
+    def shared_pointer(self, t, offset, const=False):
+        return f"((__local {'const ' if const else ''}{t}*)(nk_smem + {offset}))"
+
+    def shared_word(self, offset):
+        return f"*(__local uint*)(nk_smem + {offset})"
+
+    def warp_scratch(self, words, warps):
+        """The emulated primitives exchange lanes' values through a scratch of ``words`` words a
+        warp in local memory (``tensorcore.OPENCL_PRELUDE``)."""
+        return [f"__local uint nk_scratch[{warps} * {words}];", f"__local uint* nk_ws = nk_scratch + nk_warp * {words};"]
+
+    def wgmma(self, wrapper, accumulators, da, db, n, trans_a, trans_b, f16, warpgroup_threads):
+        """The emulation (``wgmma.py``'s OpenCL prelude), one work-item's values of the warpgroup's."""
+        return (f"nk_wgmma({accumulators}, {da}, {db}, {n}, {int(trans_a)}, {int(trans_b)}, {int(f16)}, "
+                f"nk_smem, nk_tid % {warpgroup_threads});")
+
+    def tensor_map_name(self, entry, array):
+        return f"nk_tmap_{entry}_{ident(array)}"  # program scope: one per kernel
+
+    def tensor_maps(self, maps):
+        """Program-scope constants holding the encoder's words, which the emulation decodes."""
+        return [], [f"__constant ulong {name}[{len(words)}] = {{{', '.join(map(str, words))}}};" for name, words in maps.items()]
 
     fmin = "min"
     unroll = ""
@@ -307,8 +371,8 @@ def print_expression(expr, sizes: dict, dialect: Dialect, read, index=None, real
     if isinstance(expr, Read):
         return read(expr)
     if isinstance(expr, Index):
-        if index is None:
-            raise LoweringError(f"the index of axis {expr.axis} has no meaning here")
+        # both printers give every expression its element's indices
+        assert index is not None, f"napkin bug: the index of axis {expr.axis} printed with no element"
         return f"(({real})({index(expr.axis)}))"
     if isinstance(expr, Const) and expr.value in (algebra.oo, -algebra.oo):
         return "NK_INF" if expr.value > 0 else "(-NK_INF)"
@@ -504,9 +568,21 @@ def ceil_div(n: str, d: int) -> str:
     return f"({n})" if d == 1 else f"(-{floor_div(f'-({n})', d)})"
 
 
-class Printer:
-    def __init__(self, program: Program, launch, dialect: Dialect, threads: int = THREADS,
-                 accumulators: dict | None = None):
+class KernelWriter:
+    """What both printers write with: the FMA printer (:class:`Printer`) and the tensor-core
+    printer (``tensorcore.TensorPrinter``) each derive from it and own their steps; neither
+    derives from the other.
+
+    It holds the lines and fresh names of one kernel, its entry and signature (the arrays a
+    launch takes in device memory, a split's part arrays included, and the scalars), the block
+    order (grouped axes, the L2 swizzle, a split's part blocks), the tiles' origins and valid
+    extents, indexing into device memory, the masks of a masked stream (the chunks a block
+    visits, those held in full) and expression printing. Dialect differences are the
+    dialect's (:class:`Dialect`); what a launch computes, and where its values live (the
+    arena, registers, fragments), is each printer's.
+    """
+
+    def __init__(self, program: Program, launch, dialect: Dialect, threads: int):
         self.program = program
         self.schedule = launch.schedule  # the launch's view: only the partitions that apply to it
         self.diagram = program.diagram
@@ -517,10 +593,6 @@ class Printer:
         self.lines: list[str] = []
         self.depth = 1
         self.sizes = global_sizes(program)  # with a split's part axes (x#): the number of parts
-        # Streamed contractions' running sums this thread keeps in registers from init to
-        # finalise (isel.fma_accumulators): name -> FmaAccumulator; the rest are in the arena.
-        self.accumulators: dict[str, FmaAccumulator] = dict(accumulators or {})
-        self.slots, self.arena = plan_arena(program, launch, set(self.accumulators))
         self.tile = {axis: int(self.schedule.extent(axis, self.level)) for axis in self.sizes}
         # A split's parts launch: its parallel loop over the parts (one block per part and group),
         # the axis it cuts -> the part size; the part's origin and valid extent along that axis.
@@ -533,18 +605,57 @@ class Printer:
         self.origin: dict[str, str] = {}
         self.valid: dict[str, str] = {}
         self.counter = 0
-        # Staged results wait in a per-thread array; indexed by the trip numbers of the loops
-        # that fill it (compile-time after unrolling), it stays in registers, not local memory.
-        self.trip_vars: list = []  # (variable, trips) of enclosing loops; None where not counted
-        self.stage_depth: int | None = None
         # In a masked stream: the where(COND, A, -inf) the mask tests -> the flag of a chunk the
         # mask holds in full, where A is taken without the test (as the Program counts it).
         self.unmasked: dict = {}
-        # The C type the current step computes in (real_type): double where the Program says f64.
-        self.real = "float"
         self.scalar_types = {n: scalar_ctype(self.diagram, n) for n in self.diagram.scalars}
 
-    # -- helpers
+    # -- the kernel's entry
+    def kernel_arrays(self) -> tuple[list[tuple[str, str, str]], list[str]]:
+        """(array, dtype, "in" or "out") for every array the kernel takes, in signature order,
+        and the scalars; a LoweringError for an array of a dtype no GPU backend stores."""
+        inputs, outputs = self.launch_arrays()
+        arrays = [(n, self.globals[n][1], "in") for n in inputs]
+        arrays += [(n, self.globals[n][1], "out") for n in outputs]
+        for name, dtype, _ in arrays:
+            if dtype not in self.dialect.storage:
+                raise LoweringError(f"array {name} is {dtype}; the GPU backends do not support {dtype} yet",
+                                    hint="use f32, f16 or bf16")
+        return arrays, [n for n in self.diagram.params if n in self.diagram.scalars]
+
+    def open_kernel(self, entry: str, arrays, scalars, extra=()):
+        """The kernel's first line: qualifiers, entry, the arrays, the scalars and ``extra``
+        parameters (wgmma's tensor maps)."""
+        d = self.dialect
+        params = [f"{(d.global_const if role == 'in' else d.global_mut).format(t=d.storage[dtype])} g_{ident(name)}"
+                  for name, dtype, role in arrays]
+        params += [f"{scalar_ctype(self.diagram, n)} p_{ident(n)}" for n in scalars]
+        params += list(extra)
+        self.lines.append(f"{d.kernel_qualifier.format(threads=self.threads)} {entry}({', '.join(params)}) {{")
+
+    def close_kernel(self, entry: str, arrays, scalars) -> KernelSource:
+        self.depth = 0
+        self.emit("}")
+        grid = math.prod(self.groups(a) for a in self.grouped) if self.grouped else 1
+        return KernelSource(entry, "\n".join(self.lines) + "\n", grid, self.threads, self.arena, arrays, scalars)
+
+    def global_offset(self, name: str, coords: dict, origins: dict) -> str:
+        """The element index into device array ``name`` (row-major over its axes) of the tile
+        element at ``coords`` (axis -> C expression within the tile) from ``origins`` (axis ->
+        the tile's origin); an axis in neither is 0."""
+        index = ""
+        for axis in self.globals[name][0]:
+            parts = [p for p in (origins.get(axis), coords.get(axis)) if p]
+            term = " + ".join(parts) or "0"
+            index = f"({term})" if not index else f"({index}) * {self.sizes[axis]} + ({term})"
+        return index or "0"
+
+    def printed(self, expr, read, index, real: str = "float") -> str:
+        """An elementwise expression in C (``print_expression``): ``read(Read)`` spells a read,
+        ``index(axis)`` the current element's index along an axis."""
+        return print_expression(expr, self.sizes, self.dialect, read, index, real=real, scalars=self.scalar_types)
+
+    # -- blocks, tiles and masks
     def emit(self, line: str = ""):
         self.lines.append(("    " * self.depth + line) if line else "")
 
@@ -642,42 +753,6 @@ class Printer:
         """The valid extent of an axis in the current tile (a constant when the tile divides it)."""
         return self.valid.get(axis, str(self.tile[axis]))
 
-    def buffer_index(self, name: str, axes) -> str:
-        slot = self.slots[name]
-        index = ""
-        for axis in slot.axes:
-            term = f"i_{ident(axis)}" if axis in axes else "0"
-            index = term if not index else f"({index}) * {self.tile[axis]} + {term}"
-        return index or "0"
-
-    def global_index(self, array: str) -> str:
-        axes = self.globals[array][0]
-        index = ""
-        for axis in axes:
-            term = f"{self.origin[axis]} + i_{ident(axis)}" if axis in self.origin else f"i_{ident(axis)}"
-            index = f"({term})" if not index else f"({index}) * {self.sizes[axis]} + ({term})"
-        return index or "0"
-
-    def ptr(self, name: str) -> str:
-        return f"s_{ident(name)}"
-
-    def read(self, name: str, axes) -> str:
-        slot = self.slots[name]
-        return self.dialect.load(self.ptr(name), self.buffer_index(name, axes), slot.dtype, self.real)
-
-    def write(self, name: str, axes, value: str) -> str:
-        slot = self.slots[name]
-        return self.dialect.store(self.ptr(name), self.buffer_index(name, axes), value, slot.dtype, self.real)
-
-    def expression(self, expr, axes) -> str:
-        def printed(e):
-            return print_expression(e, self.sizes, self.dialect, lambda r: self.read(r.array, axes), self.index,
-                                    real=self.real, scalars=self.scalar_types)
-
-        if expr in self.unmasked:  # a chunk held in full skips the test
-            return f"({self.unmasked[expr]} ? ({printed(expr.args[1])}) : ({printed(expr)}))"
-        return printed(expr)
-
     def held_in_full(self, mask) -> str:
         """Declare the flag of a chunk the mask holds in full (every inequality at the tile's
         worst element: Mask.status's "full") and note the where it lets skip; the flag's name."""
@@ -717,60 +792,6 @@ class Printer:
             return first
         return f"({first} + {self.extent_expr(axis) if axis in self.origin else self.sizes[axis]} - 1)"
 
-    def index(self, axis: str) -> str:
-        """The whole array's index of the current element along ``axis``: the tile's origin
-        plus the element's place in the tile (the same sum global_index uses)."""
-        i = f"i_{ident(axis)}"
-        return f"{self.origin[axis]} + {i}" if axis in self.origin else i
-
-    def flat_loop(self, axes, body):
-        """for each valid element of the tile over `axes`, spread over the block: body()."""
-        self.strided_loop(axes, "nk_tid", "NK_THREADS", "t", body)
-
-    def decompose(self, variable: str, axes):
-        rest = self.fresh("r")
-        self.emit(f"int {rest} = {variable};")
-        for axis in reversed(axes):
-            self.emit(f"const int i_{ident(axis)} = {rest} % ({self.extent_expr(axis)}); {rest} /= ({self.extent_expr(axis)});")
-        self.emit(f"(void){rest};")
-
-    # -- the kernel
-    def print(self, entry: str) -> KernelSource:
-        d = self.dialect
-        inputs, outputs = self.launch_arrays()
-        arrays = [(n, self.globals[n][1], "in") for n in inputs]
-        arrays += [(n, self.globals[n][1], "out") for n in outputs]
-        for name, dtype, _ in arrays:
-            if dtype not in d.storage:
-                raise LoweringError(f"array {name} is {dtype}; the GPU backends do not support {dtype} yet",
-                                    hint="use f32, f16 or bf16")
-        for s in self.launch.launch.statements:
-            if isinstance(s.box, Opaque):
-                raise LoweringError(f"box {s.box.box.name} is opaque: it has no body to compile", s.span,
-                                    "opaque boxes are for the cost model; run them with the NumPy backend and impls=")
-        params = [f"{(d.global_const if role == 'in' else d.global_mut).format(t=d.storage[dtype])} g_{ident(name)}"
-                  for name, dtype, role in arrays]
-        scalars = [n for n in self.diagram.params if n in self.diagram.scalars]
-        params += [f"{scalar_ctype(self.diagram, n)} p_{ident(n)}" for n in scalars]
-        grid = math.prod(self.groups(a) for a in self.grouped) if self.grouped else 1
-        self.lines.append(f"{d.kernel_qualifier.format(threads=self.threads)} {entry}({', '.join(params)}) {{")
-        self.emit(d.arena_decl)
-        self.emit(f"const int nk_tid = {d.thread_id};")
-        self.emit(f"int nk_block = {d.block_id};")
-        self.block_order()
-        self.emit("(void)nk_block;")
-        for slot in sorted(self.slots.values(), key=lambda s: s.offset):
-            t = d.storage[slot.dtype]
-            self.emit(f"{d.local_ptr.format(t=t)} {self.ptr(slot.name)} = {d.arena_pointer(t, slot.offset)};")
-        for acc in self.accumulators.values():
-            # Every index into it is a constant once the loops over it are unrolled: registers.
-            self.emit(f"{'double' if acc.dtype == 'f64' else 'float'} {self.register(acc.name)}[{acc.values}];  "
-                      f"// {acc.name}: {acc.blocks} block(s) of {acc.rm} {acc.am} x {acc.rn} {acc.an} a thread, across the stream loop")
-        self.nodes(self.launch.body)
-        self.depth = 0
-        self.emit("}")
-        return KernelSource(entry, "\n".join(self.lines) + "\n", grid, self.threads, self.arena, arrays, scalars)
-
     def launch_arrays(self) -> tuple[list[str], list[str]]:
         """The arrays the kernel takes: the launch's inputs and outputs, or, for a split's parts
         or combine launch, what it loads from and saves to device memory (the part arrays)."""
@@ -792,63 +813,6 @@ class Printer:
         else:
             self.emit(f"const int n_{ident(axis)} = {self.dialect.fmin}({self.tile[axis]}, {self.sizes[axis]} - {origin});")
             self.valid[axis] = f"n_{ident(axis)}"
-
-    def nodes(self, nodes):
-        for node in nodes:
-            if isinstance(node, Loop):
-                if node.kind == "group":
-                    self.nodes(node.body)  # the block index already selected this group
-                    continue
-                if node.level != self.level:
-                    raise LoweringError(f"stream partitions at {node.level} cannot be printed; stream at {self.level}")
-                if node.axis in self.part_origin:
-                    self.part_stream(node)
-                    continue
-                chunks = -(-self.sizes[node.axis] // self.tile[node.axis])
-                first, stop = "0", str(chunks)
-                if node.mask is not None:
-                    first, stop = self.visited_chunks(node.mask, chunks)
-                self.emit(f"for (int c_{ident(node.axis)} = {first}; c_{ident(node.axis)} < {stop}; ++c_{ident(node.axis)}) {{")
-                self.depth += 1
-                self.emit(f"const int o_{ident(node.axis)} = c_{ident(node.axis)} * {self.tile[node.axis]};")
-                saved_valid = dict(self.valid)
-                self.set_origin(node.axis, f"o_{ident(node.axis)}")
-                if node.mask is not None:
-                    self.held_in_full(node.mask)
-                self.nodes(node.body)
-                self.unmasked = {}
-                self.valid = saved_valid
-                del self.origin[node.axis]
-                self.depth -= 1
-                self.emit("}")
-                continue
-            self.step(node)
-
-    def part_stream(self, node: Loop):
-        """A split's stream loop: the chunks of this block's part (part_block), from the part's
-        origin; a chunk ends at the part's end (the Program's ranges: a part that the chunk size
-        does not divide ends in a short chunk, as does the last part of a ragged axis). The trip
-        count is the block's own, so every thread reaches the same barriers."""
-        axis, tile = node.axis, self.tile[node.axis]
-        x = ident(axis)
-        origin, valid = self.part_origin[axis], self.part_valid[axis]
-        exact = valid == str(self.part_tile[axis]) and self.part_tile[axis] % tile == 0
-        stop = str(self.part_tile[axis] // tile) if exact else f"(({valid}) + {tile - 1}) / {tile}"
-        self.emit(f"for (int c_{x} = 0; c_{x} < {stop}; ++c_{x}) {{")
-        self.depth += 1
-        self.emit(f"const int o_{x} = {origin} + c_{x} * {tile};")
-        saved_valid = dict(self.valid)
-        self.origin[axis] = f"o_{x}"
-        if exact:
-            self.valid[axis] = str(tile)
-        else:
-            self.emit(f"const int n_{x} = {self.dialect.fmin}({tile}, {origin} + ({valid}) - o_{x});")
-            self.valid[axis] = f"n_{x}"
-        self.nodes(node.body)
-        self.valid = saved_valid
-        del self.origin[axis]
-        self.depth -= 1
-        self.emit("}")
 
     def visited_chunks(self, mask, chunks: int) -> tuple[str, str]:
         """The first and past-the-last chunk of the streamed axis this block visits, as the
@@ -907,6 +871,154 @@ class Printer:
                 self.emit(f"{hi} = min({hi}, (int)({floor_div(f'{last} - {tile - 1}', tile)}) + 1);")
         self.emit(f"{lo} = min({lo}, {stop}); {hi} = max({lo}, min({hi}, {stop}));")
         return lo, hi
+
+
+class Printer(KernelWriter):
+    """The FMA printer: one launch as per-thread loops over the shared-memory arena
+    (``plan_arena``), with streamed contractions' running sums in registers
+    (``isel.fma_accumulators``) and row reductions a warp (CUDA) or a work-item (OpenCL) a row."""
+
+    def __init__(self, program: Program, launch, dialect: Dialect, threads: int = THREADS,
+                 accumulators: dict | None = None):
+        super().__init__(program, launch, dialect, threads)
+        # Streamed contractions' running sums this thread keeps in registers from init to
+        # finalise (isel.fma_accumulators): name -> FmaAccumulator; the rest are in the arena.
+        self.accumulators: dict[str, FmaAccumulator] = dict(accumulators or {})
+        self.slots, self.arena = plan_arena(program, launch, set(self.accumulators))
+        # Staged results wait in a per-thread array; indexed by the trip numbers of the loops
+        # that fill it (compile-time after unrolling), it stays in registers, not local memory.
+        self.trip_vars: list = []  # (variable, trips) of enclosing loops; None where not counted
+        self.stage_depth: int | None = None
+        # The C type the current step computes in (real_type): double where the Program says f64.
+        self.real = "float"
+    # -- helpers
+    def buffer_index(self, name: str, axes) -> str:
+        slot = self.slots[name]
+        index = ""
+        for axis in slot.axes:
+            term = f"i_{ident(axis)}" if axis in axes else "0"
+            index = term if not index else f"({index}) * {self.tile[axis]} + {term}"
+        return index or "0"
+
+    def global_index(self, array: str) -> str:
+        """The device-memory index of the current element (i_<axis> of every axis) of ``array``."""
+        return self.global_offset(array, {axis: f"i_{ident(axis)}" for axis in self.globals[array][0]}, self.origin)
+
+    def ptr(self, name: str) -> str:
+        return f"s_{ident(name)}"
+
+    def read(self, name: str, axes) -> str:
+        slot = self.slots[name]
+        return self.dialect.load(self.ptr(name), self.buffer_index(name, axes), slot.dtype, self.real)
+
+    def write(self, name: str, axes, value: str) -> str:
+        slot = self.slots[name]
+        return self.dialect.store(self.ptr(name), self.buffer_index(name, axes), value, slot.dtype, self.real)
+
+    def expression(self, expr, axes) -> str:
+        def printed(e):
+            return self.printed(e, lambda r: self.read(r.array, axes), self.index, self.real)
+
+        if expr in self.unmasked:  # a chunk held in full skips the test
+            return f"({self.unmasked[expr]} ? ({printed(expr.args[1])}) : ({printed(expr)}))"
+        return printed(expr)
+
+    def index(self, axis: str) -> str:
+        """The whole array's index of the current element along ``axis``: the tile's origin
+        plus the element's place in the tile (the same sum global_index uses)."""
+        i = f"i_{ident(axis)}"
+        return f"{self.origin[axis]} + {i}" if axis in self.origin else i
+
+    def flat_loop(self, axes, body):
+        """for each valid element of the tile over `axes`, spread over the block: body()."""
+        self.strided_loop(axes, "nk_tid", "NK_THREADS", "t", body)
+
+    def decompose(self, variable: str, axes):
+        rest = self.fresh("r")
+        self.emit(f"int {rest} = {variable};")
+        for axis in reversed(axes):
+            self.emit(f"const int i_{ident(axis)} = {rest} % ({self.extent_expr(axis)}); {rest} /= ({self.extent_expr(axis)});")
+        self.emit(f"(void){rest};")
+
+    # -- the kernel
+    def print(self, entry: str) -> KernelSource:
+        d = self.dialect
+        arrays, scalars = self.kernel_arrays()
+        for s in self.launch.launch.statements:
+            if isinstance(s.box, Opaque):
+                raise LoweringError(f"box {s.box.box.name} is opaque: it has no body to compile", s.span,
+                                    "opaque boxes are for the cost model; run them with the NumPy backend and impls=")
+        self.open_kernel(entry, arrays, scalars)
+        self.emit(d.arena(ALIGN))
+        self.emit(f"const int nk_tid = {d.thread_id};")
+        self.emit(f"int nk_block = {d.block_id};")
+        self.block_order()
+        self.emit("(void)nk_block;")
+        for slot in sorted(self.slots.values(), key=lambda s: s.offset):
+            t = d.storage[slot.dtype]
+            self.emit(f"{d.local_ptr.format(t=t)} {self.ptr(slot.name)} = {d.arena_pointer(t, slot.offset)};")
+        for acc in self.accumulators.values():
+            # Every index into it is a constant once the loops over it are unrolled: registers.
+            self.emit(f"{'double' if acc.dtype == 'f64' else 'float'} {self.register(acc.name)}[{acc.values}];  "
+                      f"// {acc.name}: {acc.blocks} block(s) of {acc.rm} {acc.am} x {acc.rn} {acc.an} a thread, across the stream loop")
+        self.nodes(self.launch.body)
+        return self.close_kernel(entry, arrays, scalars)
+    def nodes(self, nodes):
+        for node in nodes:
+            if isinstance(node, Loop):
+                if node.kind == "group":
+                    self.nodes(node.body)  # the block index already selected this group
+                    continue
+                # the relabel checker puts every stream on the compute level's line
+                assert node.level == self.level, f"napkin bug: a stream partition at {node.level}, not {self.level}"
+                if node.axis in self.part_origin:
+                    self.part_stream(node)
+                    continue
+                chunks = -(-self.sizes[node.axis] // self.tile[node.axis])
+                first, stop = "0", str(chunks)
+                if node.mask is not None:
+                    first, stop = self.visited_chunks(node.mask, chunks)
+                self.emit(f"for (int c_{ident(node.axis)} = {first}; c_{ident(node.axis)} < {stop}; ++c_{ident(node.axis)}) {{")
+                self.depth += 1
+                self.emit(f"const int o_{ident(node.axis)} = c_{ident(node.axis)} * {self.tile[node.axis]};")
+                saved_valid = dict(self.valid)
+                self.set_origin(node.axis, f"o_{ident(node.axis)}")
+                if node.mask is not None:
+                    self.held_in_full(node.mask)
+                self.nodes(node.body)
+                self.unmasked = {}
+                self.valid = saved_valid
+                del self.origin[node.axis]
+                self.depth -= 1
+                self.emit("}")
+                continue
+            self.step(node)
+
+    def part_stream(self, node: Loop):
+        """A split's stream loop: the chunks of this block's part (part_block), from the part's
+        origin; a chunk ends at the part's end (the Program's ranges: a part that the chunk size
+        does not divide ends in a short chunk, as does the last part of a ragged axis). The trip
+        count is the block's own, so every thread reaches the same barriers."""
+        axis, tile = node.axis, self.tile[node.axis]
+        x = ident(axis)
+        origin, valid = self.part_origin[axis], self.part_valid[axis]
+        exact = valid == str(self.part_tile[axis]) and self.part_tile[axis] % tile == 0
+        stop = str(self.part_tile[axis] // tile) if exact else f"(({valid}) + {tile - 1}) / {tile}"
+        self.emit(f"for (int c_{x} = 0; c_{x} < {stop}; ++c_{x}) {{")
+        self.depth += 1
+        self.emit(f"const int o_{x} = {origin} + c_{x} * {tile};")
+        saved_valid = dict(self.valid)
+        self.origin[axis] = f"o_{x}"
+        if exact:
+            self.valid[axis] = str(tile)
+        else:
+            self.emit(f"const int n_{x} = {self.dialect.fmin}({tile}, {origin} + ({valid}) - o_{x});")
+            self.valid[axis] = f"n_{x}"
+        self.nodes(node.body)
+        self.valid = saved_valid
+        del self.origin[axis]
+        self.depth -= 1
+        self.emit("}")
 
     # -- steps
     def step(self, step: Step):
@@ -1042,7 +1154,7 @@ class Printer:
         if isinstance(box, Softmax):
             self.softmax(s, box, staged=self.hazard(step, target))
             return
-        raise LoweringError(f"cannot print box {box!r}")
+        raise AssertionError(f"napkin bug: the FMA printer has no step for box {box!r}")
 
     def hazard(self, step: Step, out: str) -> bool:
         """Does `out` share bytes with an input of the step other than in place, element for element?"""
@@ -1397,9 +1509,6 @@ class Printer:
 
         self.row_loop(rows, body)
 
-    def lane_zero(self) -> str:
-        return "(nk_tid % 32) == 0" if self.dialect.name == "cuda" else "true"
-
     def softmax(self, s, box: Softmax, staged: bool = False):
         """P = softmax[axis](operand), unstreamed, a row to a group of lanes (Printer.row_loop) in
         three passes over the row: its max, the sum of exp(v - max), then exp(v - max) / sum.
@@ -1545,7 +1654,7 @@ class Printer:
                 self.emit(f"const {self.real} fresh = {d.math('max', ['old', 'chunk'], self.real)};")
                 if d.warp_sync:
                     self.emit(d.warp_sync)
-                self.emit(f"if ({self.lane_zero()}) {{")
+                self.emit(f"if ({self.dialect.lane_zero}) {{")
                 self.depth += 1
                 self.emit(self.write(scale, s.woven, f"(old == -NK_INF) ? {self.zero} : {d.math('exp', ['old - fresh'], self.real)}"))
                 self.emit(self.write(m, s.woven, "fresh"))
@@ -1584,7 +1693,7 @@ class Printer:
 
             self.lane_loop((axis,), element)
             self.emit(f"l = {d.row_reduce('add', 'l')};")
-            self.emit(f"if ({self.lane_zero()}) {{ {self.write(total, s.woven, f'{self.read(total, s.woven)} * {self.read(scale, s.woven)} + l')} }}")
+            self.emit(f"if ({self.dialect.lane_zero}) {{ {self.write(total, s.woven, f'{self.read(total, s.woven)} * {self.read(scale, s.woven)} + l')} }}")
 
         if not staged:
             self.row_loop(s.woven, body)
@@ -1604,7 +1713,7 @@ class Printer:
         def finish(total):
             current = self.read(acc, s.axes)
             value = f"{current} + {total}" if fn == "add" else self.dialect.math(fn, [current, total], self.real)
-            self.emit(f"if ({self.lane_zero()}) {{ {self.write(acc, s.axes, value)} }}")
+            self.emit(f"if ({self.dialect.lane_zero}) {{ {self.write(acc, s.axes, value)} }}")
 
         self.row_reduction(s.axes, box.axes, box.op, box.operand, finish)
 

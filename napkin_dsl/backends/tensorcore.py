@@ -23,8 +23,16 @@ CUDA kernel uses. The primitives are the ``NK_*`` macros of each dialect's prelu
 Outputs leave through a swizzled shared tile and 16-byte stores when the arena is free and
 large enough (matmul's f32 128 x 128 tile is not: it is stored from fragments).
 
+A split's parts launch (issue 28; isel plans it here where each part streams the split axis in
+whole unmasked chunks and computes every statement of the launch) is one block per part and
+tile: its stream runs from the part's origin over the part's chunks (fewer in the short last
+part of a ragged axis), and its epilogue saves the part state the combine launch (the FMA
+printer's) loads, at the part's place along the part axis: the accumulator fragments, and an
+online softmax's row max (back from the log2 domain) and row sum (summed over the quad).
+
 Deliberately not here: deciding whether a launch qualifies (``isel.py``), the FMA lowering
-(``lowering.py``), warp grids over columns (warps split rows only), wgmma.
+(``lowering.py``), what both printers share (``lowering.KernelWriter``), wgmma (``wgmma.py``), a
+split's combine launch (the FMA printer's).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from ..layouts import (
     MMA_M,
     MMA_N,
     PACK16,
+    ROW_LANE_MASKS,
     SwizzledTile,
     bare,
     ldmatrix_b_registers,
@@ -53,9 +62,9 @@ from ..layouts import (
     offset_expr,
     p_to_a_registers,
 )
-from ..pseudocode import Loop, Step, split_loop, walk
+from ..pseudocode import Loop, Step, walk
 from ..reference import ReferenceFailure, constant_value
-from .lowering import KernelSource, LoweringError, Printer, ident, literal, print_expression, scalar_ctype, state_start
+from .lowering import KernelSource, KernelWriter, LoweringError, ident, literal, state_start
 
 CUDA_PRELUDE = r"""
 // ---- tensor-core primitives (PTX ISA: ldmatrix, mma.m16n8k16, cp.async) ----
@@ -222,19 +231,23 @@ def _var(name: str) -> str:
     return "f_" + ident(name)
 
 
-class TensorPrinter(Printer):
+class TensorPrinter(KernelWriter):
     """Prints one launch on the tensor-core path of ``plan``."""
 
+    # The arena's base alignment: a 128-byte line holds a swizzled tile's 16-byte units.
+    arena_alignment = 128
+
     def __init__(self, program, launch, dialect, plan: TensorPlan):
-        cut = split_loop(launch)
-        if cut is not None:
-            raise LoweringError(f"split {cut.axis}: the parts launch on the tensor-core path (mma.sync, wgmma) "
-                                "is not printed yet (its epilogue saving the accumulator fragments as the part states)",
-                                hint="run it with --backend numpy, or on OpenCL/CUDA at sizes where isel keeps the launch on the FMA path")
         super().__init__(program, launch, dialect, plan.threads)
+        # A split's parts launch: isel plans it here only where the part streams its axis in
+        # whole chunks (isel._plan), so that a chunk never crosses into the next part.
+        assert self.cut is None or (self.cut.axis == plan.stream and self.part_tile[self.cut.axis] % self.tile[plan.stream] == 0), \
+            f"napkin bug: the parts of split {self.cut.axis} are not streamed in whole chunks"
         self.plan = plan
         self.smem, self.arena = smem_layout(plan, self.tile, self.diagram)
-        self.stage: dict[str, str] = {}  # streamed operand -> current stage expression
+        # A streamed operand -> the pipeline buffer (stage of the cp.async ring) the current
+        # chunk reads it from: a constant, or a running index in a masked stream's loops.
+        self.buffers: dict[str, str] = {}
         self.pending = False  # cp.async groups issued and not yet waited for
         # A contraction's positive constant scale (S *= d^-0.5) that only softmaxes read: it is
         # not applied to the fragment but folded, with log2(e), into the one FFMA of each exp2
@@ -253,18 +266,9 @@ class TensorPrinter(Printer):
     # -- the kernel
     def print(self, entry: str) -> KernelSource:
         d, plan = self.dialect, self.plan
-        arrays = [(n, self.diagram.arrays[n].dtype, "in") for n in self.launch.launch.inputs]
-        arrays += [(n, self.diagram.arrays[n].dtype, "out") for n in self.launch.launch.outputs]
-        params = [f"{(d.global_const if role == 'in' else d.global_mut).format(t=d.storage[dtype])} g_{ident(name)}"
-                  for name, dtype, role in arrays]
-        scalars = [n for n in self.diagram.params if n in self.diagram.scalars]
-        params += [f"{scalar_ctype(self.diagram, n)} p_{ident(n)}" for n in scalars]
-        grid = 1
-        for axis in self.grouped:
-            grid *= self.groups(axis)
-        cuda = d.name == "cuda"
-        self.lines.append(f"{d.kernel_qualifier.format(threads=plan.threads)} {entry}({', '.join(params)}) {{")
-        self.emit(d.arena_decl.replace("__align__(16)", "__align__(128)") if cuda else d.arena_decl.replace("aligned(16)", "aligned(128)"))
+        arrays, scalars = self.kernel_arrays()
+        self.open_kernel(entry, arrays, scalars, self.extra_parameters(entry))
+        self.emit(d.arena(self.arena_alignment))
         self.emit(f"const int nk_tid = {d.thread_id};")
         self.emit("const int nk_warp = nk_tid >> 5, nk_lane = nk_tid & 31;")
         # the lane's digits every fragment reads (layouts.MMA_C: groupID and threadID in group)
@@ -274,11 +278,8 @@ class TensorPrinter(Printer):
             self.emit(f"const int nk_wcol = (nk_warp % {plan.col_warps}) * {plan.warp_cols};  // ... and its first column of {plan.split}")
         else:
             self.emit(f"const int nk_wrow = nk_warp * {plan.warp_rows};  // the warp's first row of the {plan.row} tile")
-        if cuda:
-            self.emit("const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);")
-        else:
-            self.emit(f"__local uint nk_scratch[{plan.warps} * NK_WS];")
-            self.emit("__local uint* nk_ws = nk_scratch + nk_warp * NK_WS;")
+        for line in d.warp_scratch("NK_WS", plan.warps):
+            self.emit(line)
         self.emit(f"int nk_block = {d.block_id};")
         self.block_order()
         self.emit("(void)nk_block; (void)nk_g; (void)nk_t; (void)nk_wrow;")
@@ -291,9 +292,11 @@ class TensorPrinter(Printer):
         for name in sorted(self.tops):
             self.emit(f"float nk_top_{ident(name)}[{plan.m_tiles}][{MMA_C_PAIR.extent('h')}];  // {name}'s shift this chunk (log2 domain)")
         self.nodes(self.launch.body)
-        self.depth = 0
-        self.emit("}")
-        return KernelSource(entry, "\n".join(self.lines) + "\n", grid, plan.threads, self.arena, arrays, scalars)
+        return self.close_kernel(entry, arrays, scalars)
+
+    def extra_parameters(self, entry: str) -> list[str]:
+        """Parameters after the arrays and scalars (wgmma's tensor maps): none here."""
+        return []
 
     def fold_scales(self):
         """Find the scales to fold (``self.folded``) and the online softmaxes (``self.tops``).
@@ -403,12 +406,14 @@ class TensorPrinter(Printer):
         """The current element's column within the block's tile of ``col``."""
         return self.fragment_expr(False, col)[1]
 
-    def element(self, name: str, in_rows: bool) -> str:
-        """The fragment element of ``name`` at the current loop position."""
+    def element(self, name: str, in_rows: bool, var: str | None = None) -> str:
+        """The fragment element of ``name`` at the current loop position; ``var``: the same
+        element of another array shaped as ``name`` (default: ``name``'s own)."""
         fragment = self.plan.fragments[name]
+        var = var or _var(name)
         if fragment.col is None:
-            return f"{_var(name)}[mt][{'h' if in_rows else bare(MMA_C_VALUE.inverse().c_expr('i')[0])}]"
-        return f"{_var(name)}[mt][nt][i]"
+            return f"{var}[mt][{'h' if in_rows else bare(MMA_C_VALUE.inverse().c_expr('i')[0])}]"
+        return f"{var}[mt][nt][i]"
 
     def col_valid(self, col: str) -> str | None:
         """A test that the current column is inside the axis (None when the tile divides it)."""
@@ -425,8 +430,7 @@ class TensorPrinter(Printer):
             return self.smem_element(r.array, in_rows)
 
         def printed(e):
-            return print_expression(e, self.sizes, self.dialect, read, lambda axis: self.lane_index(axis, col),
-                                    scalars=self.scalar_types)
+            return self.printed(e, read, lambda axis: self.lane_index(axis, col))
 
         if expr in self.unmasked:  # a chunk the mask holds in full: the where's value, untested
             return f"({printed(expr.args[1])})"
@@ -467,12 +471,10 @@ class TensorPrinter(Printer):
         return self.dialect.load(pointer, f"({offset}) / {DTYPE_BYTES[dtype]}", dtype)
 
     def typed(self, t: str, offset, name: str) -> str:
-        stage = self.stage.get(name)
-        if stage is not None:
-            offset = f"{offset} + ({stage}) * {self.smem[name].stage_bytes}"
-        if self.dialect.name == "cuda":
-            return f"reinterpret_cast<const {t}*>(nk_smem + {offset})"
-        return f"((__local const {t}*)(nk_smem + {offset}))"
+        buffer = self.buffers.get(name)
+        if buffer is not None:
+            offset = f"{offset} + ({buffer}) * {self.smem[name].stage_bytes}"
+        return self.dialect.shared_pointer(t, offset, const=True)
 
     # -- reductions over a row of fragments
     def row_reduce(self, op: str, operand, col: str, into: str):
@@ -493,7 +495,7 @@ class TensorPrinter(Printer):
                 self.emit(f"{into} = {d.math(entry.combine, [into, value])};")
 
             self.loop("nt", self.tile[col] // MMA_N, lambda: self.loop("e", MMA_C_VALUE.extent("e"), per_element))
-            for mask in (1, 2):  # the four lanes of a quad hold one row's columns
+            for mask in ROW_LANE_MASKS:  # the four lanes of a quad hold one row's columns
                 self.emit(f"{into} = {d.math(entry.combine, [into, f'NK_SHFL_XOR({into}, {mask})'])};")
 
         return per_row
@@ -519,7 +521,7 @@ class TensorPrinter(Printer):
         if step.level != self.level:
             return
         if step.op == "load":
-            if step.array in self.stage:
+            if step.array in self.buffers:
                 return  # a streamed operand: the pipeline issued it
             self.emit(f"// {step.text}")
             self.load(step.array)
@@ -645,19 +647,11 @@ class TensorPrinter(Printer):
         valid = " && ".join(f"(i_{ident(a)} < {self.extent_expr(a)})" for a in array.axes if self.extent_expr(a) != str(self.tile[a])) or "1"
         value = d.load(f"g_{ident(name)}", self.global_offset(name, coords, self.origin), array.dtype)
         t = d.storage[array.dtype]
-        pointer = f"reinterpret_cast<{t}*>(nk_smem + {slot.offset})" if d.name == "cuda" else f"((__local {t}*)(nk_smem + {slot.offset}))"
+        pointer = d.shared_pointer(t, slot.offset)
         self.emit(d.store(pointer, "u", f"(({valid}) ? {value} : 0.0f)", array.dtype))
         self.depth -= 1
         self.emit("}")
         self.emit("NK_SYNC();")
-
-    def global_offset(self, name: str, coords: dict, origins: dict) -> str:
-        index = ""
-        for axis in self.diagram.arrays[name].axes:
-            parts = [p for p in (origins.get(axis), coords.get(axis)) if p]
-            term = " + ".join(parts) or "0"
-            index = f"({term})" if not index else f"({index}) * {self.sizes[axis]} + ({term})"
-        return index or "0"
 
     def stream_loop(self, node: Loop):
         """The streamed loop as a ``stages``-deep cp.async pipeline with one barrier a chunk.
@@ -678,8 +672,22 @@ class TensorPrinter(Printer):
         stages = self.plan.stages
         tile = self.tile[axis]
         ahead = "chunk c + 1 loads" if stages == 2 else f"chunks c + 1 .. c + {stages - 1} load"
-        self.emit(f"// for {axis} in {chunks} chunks of {tile}, {stages} stages: {ahead} while chunk c computes")
         first, stop = "0", str(chunks)
+        exact = True  # every block runs the same number of chunks, known here
+        if axis in self.part_origin:
+            # A split's part (part_block): its chunks from the part's origin, as many as the part
+            # holds; the last part of a ragged axis holds fewer (the trip count is the block's own,
+            # so every thread reaches the same barriers). Parts are whole chunks (isel), so the
+            # chunk grid is the axis's and only its last chunk is short (set_origin masks it).
+            assert node.mask is None, "napkin bug: isel plans a split's parts on tensor cores for unmasked streams only"
+            chunks = self.part_tile[axis] // tile
+            valid = self.part_valid[axis]
+            exact = valid == str(self.part_tile[axis])
+            stop = str(chunks) if exact else f"(({valid}) + {tile - 1}) / {tile}"
+            self.emit(f"// for {axis} in the {chunks} chunks of {tile} of this block's part (fewer in a short last part), "
+                      f"{stages} stages: {ahead} while chunk c computes")
+        else:
+            self.emit(f"// for {axis} in {chunks} chunks of {tile}, {stages} stages: {ahead} while chunk c computes")
         if node.mask is not None:  # the chunks the mask does not hide in full: bounds per block
             first, stop = self.visited_chunks(node.mask, chunks)
         for ahead in range(stages - 1 if streamed else 0):
@@ -688,13 +696,14 @@ class TensorPrinter(Printer):
                 self.emit(f"if ({guard}) {{")
                 self.depth += 1
             for name in streamed:
-                self.load(name, origin=f"({first} + {ahead}) * {tile}" if first != "0" else f"{ahead * tile}", stage=str(ahead), commit=False)
+                self.load(name, origin=self.chunk_origin(axis, f"({first} + {ahead})" if first != "0" else str(ahead)),
+                          stage=str(ahead), commit=False)
             if guard:
                 self.depth -= 1
                 self.emit("}")
             self.emit("NK_CP_COMMIT();")
         if node.mask is None:
-            self.unrolled(node, axis, streamed, first, stop, chunks % stages != 0)
+            self.unrolled(node, axis, streamed, first, stop, chunks % stages != 0 or not exact)
         else:
             lo, hi = self.full_chunks(node.mask, first, stop)
             # the chunks before the full ones are run masked up to a multiple of the stages, so
@@ -713,6 +722,15 @@ class TensorPrinter(Printer):
             self.emit("NK_CP_WAIT(0);")
             self.emit("NK_SYNC();")
             self.pending = False
+
+    def chunk_origin(self, axis: str, index: str) -> str:
+        """The first index along the streamed ``axis`` of chunk ``index`` (a C expression): from
+        0, or from this block's part's origin in a split's parts launch."""
+        tile = self.tile[axis]
+        part = self.part_origin.get(axis)
+        if index.isdigit():
+            return f"{int(index) * tile}" if part is None else f"{part} + {int(index) * tile}"
+        return f"{index} * {tile}" if part is None else f"{part} + {index} * {tile}"
 
     def unrolled(self, node: Loop, axis: str, streamed: list, lo: str, hi: str, guarded: bool, stop: str | None = None):
         """Chunks [lo, hi) with no mask test, unrolled by the stages so that each chunk's
@@ -750,7 +768,7 @@ class TensorPrinter(Printer):
         x = ident(axis)
         constant = stage.isdigit()
         refill = str((int(stage) + stages - 1) % stages) if constant else f"({stage} + {stages - 1}) % {stages}"
-        self.emit(f"const int o_{x} = {index} * {self.tile[axis]};")
+        self.emit(f"const int o_{x} = {self.chunk_origin(axis, index)};")
         if streamed:
             self.emit(f"NK_CP_WAIT({stages - 2});  // this chunk's group has landed")
             self.emit("NK_SYNC();  // ... for every thread, and every warp is done with the previous chunk's buffers")
@@ -770,7 +788,7 @@ class TensorPrinter(Printer):
             if where is not None:
                 self.unmasked[where] = None  # held in full: the where's value, untested
         for name in streamed:
-            self.stage[name] = stage
+            self.buffers[name] = stage
         for (name, _, _), lane in self.lanes.items():
             if name in streamed and not constant:  # a running buffer joins the lane's row once a chunk
                 self.emit(f"const int nk_lbs{lane} = nk_lb{lane} + {stage} * {self.smem[name].stage_bytes};")
@@ -778,36 +796,51 @@ class TensorPrinter(Printer):
         self.unmasked = {}
         self.tops_ready.clear()  # the next chunk's rescale writes them again
         for name in streamed:
-            del self.stage[name]
+            del self.buffers[name]
         self.valid = saved_valid
         del self.origin[axis]
 
-    def tc_save(self, step: Step):
+    def saved(self, step: Step) -> tuple[str, str, tuple[str, ...], str]:
+        """(array in device memory, the fragment saved into it, the array's axes, its dtype): an
+        output is its own fragment; a split's part array (``C.acc.part[k# m n]``) takes the
+        state the part accumulated (``C.acc``), at the part's place along the part axis (the
+        block's origin there, ``part_block``)."""
         name = step.array
-        array = self.diagram.arrays[name]
-        fragment = self.plan.fragments[name]
+        axes, dtype = self.globals[name]
+        return name, step.reads[0][1], axes, dtype
+
+    def tc_save(self, step: Step):
+        name, held, _, dtype = self.saved(step)
+        fragment = self.plan.fragments[held]
         col = fragment.col
-        if self.staging(step) is not None:
-            self.staged_save(step)
+        if self.save_tile(step) is not None:
+            self.tiled_save(step)
             return
         in_rows = col is None
+        if held in self.partial:  # a split's part state: the row's sum over the quad, once
+            self.quad_sum(held)
+        value = self.element(held, in_rows)
+        s = step.statement
+        if s is not None and isinstance(s.box, Softmax) and held == f"{s.target}.max" and s.target in self.tops:
+            # the running max is kept times c (tc_rescale: log2(e) times a folded scale); the part
+            # state is the max of the scaled values, as the FMA path's combine merges it
+            value = f"{value} * {LN2!r}f"
         coords = {self.plan.row: self.row_expr(in_rows)}
         if col is not None:
             coords[col] = self.col_expr(col)
         valid = [f"({self.origin.get(a, '0')} + {coords[a]} < {self.sizes[a]})" for a in coords
                  if self.sizes[a] % self.tile[a] or (a in self.origin and a == self.plan.stream)]
-        store = self.dialect.store(f"g_{ident(name)}", self.global_offset(name, coords, self.origin), self.element(name, in_rows), array.dtype)
+        store = self.dialect.store(f"g_{ident(name)}", self.global_offset(name, coords, self.origin), value, dtype)
         self.each_element(col, lambda: self.emit(f"if ({' && '.join(valid)}) {store}" if valid else store))
 
-    def staging(self, step: Step) -> SwizzledTile | None:
+    def save_tile(self, step: Step) -> SwizzledTile | None:
         """The shared tile an output goes through on its way out, when it can: a (row, col) tile
         whose rows are 16-byte multiples in memory, that fits in the arena, saved after the last
         step that reads shared memory (the arena is free then)."""
-        name = step.array
-        array = self.diagram.arrays[name]
-        col = self.plan.fragments[name].col
-        eb = DTYPE_BYTES[array.dtype]
-        if col is None or array.axes[-1] != col or self.sizes[col] % (16 // eb) or col == self.plan.stream:
+        _, held, axes, dtype = self.saved(step)
+        col = self.plan.fragments[held].col
+        eb = DTYPE_BYTES[dtype]
+        if col is None or axes[-1] != col or self.sizes[col] % (16 // eb) or col == self.plan.stream:
             return None
         if not SwizzledTile.supports(self.tile[col], eb):
             return None
@@ -816,26 +849,24 @@ class TensorPrinter(Printer):
             return None
         return tile
 
-    def staged_save(self, step: Step):
+    def tiled_save(self, step: Step):
         """Fragments -> a swizzled shared tile (4-byte pairs) -> 16-byte coalesced global stores."""
-        name = step.array
-        array = self.diagram.arrays[name]
-        col = self.plan.fragments[name].col
-        tile = self.staging(step)
-        eb = DTYPE_BYTES[array.dtype]
-        cuda = self.dialect.name == "cuda"
+        name, held, _, dtype = self.saved(step)
+        col = self.plan.fragments[held].col
+        tile = self.save_tile(step)
+        eb = DTYPE_BYTES[dtype]
+        d = self.dialect
         self.emit("NK_SYNC();  // the arena is free: the last reader of shared memory is done")
 
         def write():
             pair = offset_expr(tile, *self.fragment_expr(True, col))
-            lo, hi = (f"{_var(name)}[mt][nt][{self.value_index(str(e))}]" for e in range(2))
+            lo, hi = (f"{_var(held)}[mt][nt][{self.value_index(str(e))}]" for e in range(2))
             if eb == 2:
-                packed = f"NK_PACK_{'BF16' if array.dtype == 'bf16' else 'F16'}({lo}, {hi})"
-                target = f"*reinterpret_cast<unsigned*>(nk_smem + {pair})" if cuda else f"*(__local uint*)(nk_smem + {pair})"
-                self.emit(f"{target} = {packed};")
+                packed = f"NK_PACK_{'BF16' if dtype == 'bf16' else 'F16'}({lo}, {hi})"
+                self.emit(f"{d.shared_word(pair)} = {packed};")
             else:
-                pointer = "reinterpret_cast<float*>(nk_smem + {o})" if cuda else "((__local float*)(nk_smem + {o}))"
-                self.emit(f"{pointer.format(o=pair)}[0] = {lo}; {pointer.format(o=pair)}[1] = {hi};")
+                pointer = d.shared_pointer("float", pair)
+                self.emit(f"{pointer}[0] = {lo}; {pointer}[1] = {hi};")
 
         nt = self.plan.cols_per_warp(col, self.tile) // MMA_N
         self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("h", MMA_C_PAIR.extent("h"), write)))
@@ -915,7 +946,7 @@ class TensorPrinter(Printer):
 
             self.each_element(None, per_row)
             return
-        raise LoweringError(f"the tensor-core path cannot print box {box!r}")
+        raise AssertionError(f"napkin bug: isel planned box {box!r} on the tensor-core path, which has no step for it")
 
     def unstreamed_lse(self, target: str, operand):
         """``target = log(sum(exp(operand)))`` over a whole row of fragments, in the stable form
@@ -952,14 +983,20 @@ class TensorPrinter(Printer):
 
         self.loop("nt", self.tile[col] // MMA_N, lambda: self.loop("e", MMA_C_VALUE.extent("e"), per_element))
         if quad:
-            for mask in (1, 2):
+            for mask in ROW_LANE_MASKS:
                 self.emit(f"{total} += NK_SHFL_XOR({total}, {mask});")
 
     def reduced_col(self, operand) -> str:
         cols = {self.plan.fragments[r.array].col for r in reads(operand) if r.array in self.plan.fragments}
         cols.discard(None)
         if len(cols) != 1:
-            raise LoweringError("napkin bug: a row reduction over a fragment needs one column axis")
+            # reachable: isel plans a reduction of a shared-memory operand alone (S[m] = sum[k](A)
+            # beside C = A B) on this path, which reduces rows of fragments only
+            read = ", ".join(sorted({r.array for r in reads(operand)}))
+            raise LoweringError(f"the tensor-core path reduces rows of register fragments along one column axis; "
+                                f"a reduction of {read} reads {'none' if not cols else 'fragments along ' + ' and '.join(sorted(cols))}",
+                                hint="compute the reduction in a launch of its own (relabel it apart), "
+                                     "or run on the NumPy backend")
         return cols.pop()
 
     def tc_rescale(self, step: Step):
@@ -990,6 +1027,13 @@ class TensorPrinter(Printer):
         scale_ref = f"{step.online}.scale"  # the online softmax the Program links it to
         col = self.plan.fragments[acc].col
         self.each_element(col, lambda: self.emit(f"{self.element(acc, False)} *= {self.element(scale_ref, False)};"))
+
+    def quad_sum(self, name: str):
+        """A running sum each thread kept over its own columns (``partial``) -> the row's sum,
+        across the lanes holding the row (``layouts.ROW_LANE_MASKS``)."""
+        self.partial.discard(name)
+        self.each_element(None, lambda: [self.emit(f"{self.element(name, True)} += NK_SHFL_XOR({self.element(name, True)}, {mask});")
+                                         for mask in ROW_LANE_MASKS])
 
     def tc_online(self, step: Step):
         s = step.statement
@@ -1038,9 +1082,7 @@ class TensorPrinter(Printer):
         denominators = [f"{step.online}.sum"] if step.online is not None else []  # a rescaled contraction's
         for _, name in step.reads:
             if name in self.partial:  # the thread's own columns' sum: the quad's sum, once, after the stream
-                self.partial.discard(name)
-                self.each_element(None, lambda name=name: [self.emit(f"{self.element(name, True)} += NK_SHFL_XOR({self.element(name, True)}, {mask});")
-                                                          for mask in (1, 2)])
+                self.quad_sum(name)
         if isinstance(box, Reduce) and reduction(box.op).combine is None:  # the log-sum-exp
             (_, m), (_, total) = step.reads  # L = P.max + log(P.sum), -inf for a fully masked row
             # an online softmax keeps its max times log2(e) (tc_rescale: c times the unscaled
@@ -1055,9 +1097,9 @@ class TensorPrinter(Printer):
             # one reciprocal per row; a fully masked row summed nothing: 0, as in the reference (not 0 / 0)
             self.emit(f"float nk_inv{self.dims(denominators[0])};")
             self.each_element(None, lambda: self.emit(
-                f"{self.element(denominators[0], True).replace(_var(denominators[0]), 'nk_inv', 1)} = "
+                f"{self.element(denominators[0], True, 'nk_inv')} = "
                 f"({self.element(denominators[0], True)} == 0.0f) ? 0.0f : 1.0f / {self.element(denominators[0], True)};"))
-            value = lambda: f"{self.element(acc, False)} * {self.element(denominators[0], False).replace(_var(denominators[0]), 'nk_inv', 1)}"
+            value = lambda: f"{self.element(acc, False)} * {self.element(denominators[0], False, 'nk_inv')}"
         elif isinstance(box, Reduce) and reduction(box.op).divides:
             count = 1
             for axis in box.axes:
@@ -1138,7 +1180,7 @@ class TensorPrinter(Printer):
         index = self.lanes[(name, operand, trans)]
         row0, col0 = (k, outer) if trans else (outer, k)
         u0 = f"((({col0}) * {slot.tile.element_bytes}) >> 4)"
-        stage = self.stage.get(name)
+        stage = self.buffers.get(name)
         # a running buffer is in the lane's row already (chunk(): nk_lbs); a constant one is an immediate
         lane = f"nk_lbs{index}" if stage is not None and not stage.isdigit() else f"nk_lb{index}"
         offset = ldmatrix_offset_expr(slot.tile, row0, u0, lane, f"nk_lx{index}")

@@ -266,9 +266,12 @@ def prelude(dialect: str, kernels) -> str:
 class WgmmaPrinter(TensorPrinter):
     """Prints one launch of a wgmma plan (``plan.shape`` set by ``isel``)."""
 
+    # The canonical tiles' swizzle repeats every 8 rows x width bytes from the shared window's
+    # address (isel.smem_layout places each on a multiple of 1024 from the arena's base).
+    arena_alignment = 1024
+
     def __init__(self, program, launch, dialect, plan: TensorPlan):
-        if not plan.shape or len(plan.mmas) != 1:
-            raise NotImplementedError("napkin bug: the wgmma printer takes the one-contraction plans isel builds on wgmma")
+        assert plan.shape and len(plan.mmas) == 1, "napkin bug: the wgmma printer takes the one-contraction plans isel builds on wgmma"
         super().__init__(program, launch, dialect, plan)
         (self.target, self.m), = plan.mmas.items()
         self.n = self.tile[self.m.n]
@@ -281,25 +284,22 @@ class WgmmaPrinter(TensorPrinter):
     def print(self, entry: str) -> KernelSource:
         self.entry = entry
         kernel = super().print(entry)
-        # The canonical tiles' swizzle repeats every 8 rows x width bytes from the shared window's
-        # address (isel.smem_layout places each on a multiple of 1024 from the arena's base).
-        kernel.text = kernel.text.replace("__align__(128)", "__align__(1024)", 1)
         kernel.wgmma = (self.n, self.m.dtype, self.m.a_trans, self.m.b_trans)
         kernel.tma = bool(self.tma)
-        if self.tma:
-            head, sep, rest = kernel.text.partition(f" {entry}(")
-            params, close, body = rest.partition(") {\n")
-            if self.dialect.name == "cuda":  # the tensor maps follow the arrays and scalars
-                maps = "".join(f", const __grid_constant__ CUtensorMap {self.map_name(name)}" for name in self.tma)
-                kernel.text = f"{head}{sep}{params}{maps}{close}{body}"
-            else:  # OpenCL: the encoder's words as program-scope constants, which the emulation decodes
-                words = "".join(f"__constant ulong {self.map_name(name)}[{len(m.words())}] = {{{', '.join(map(str, m.words()))}}};\n"
-                                for name, m in self.maps.items())
-                kernel.text = words + kernel.text
         return kernel
 
+    def extra_parameters(self, entry: str) -> list[str]:
+        """The tensor maps, one per TMA operand in ``plan.tma`` order, as the dialect passes
+        them: CUDA's follow the arrays and scalars; OpenCL's are program-scope constants of the
+        encoder's words, which the emulation decodes, declared before the kernel."""
+        if not self.tma:
+            return []
+        params, before = self.dialect.tensor_maps({self.map_name(name): m.words() for name, m in self.maps.items()})
+        self.lines[:0] = before
+        return params
+
     def map_name(self, name: str) -> str:
-        return f"nk_tmap_{ident(name)}" if self.dialect.name == "cuda" else f"nk_tmap_{self.entry}_{ident(name)}"
+        return self.dialect.tensor_map_name(self.entry, name)
 
     def lane_constants(self):
         """No ldmatrix: the tensor cores read both operands by descriptor. The warpgroup's first
@@ -326,8 +326,7 @@ class WgmmaPrinter(TensorPrinter):
     def stream_loop(self, node):
         if not self.tma:
             return super().stream_loop(node)
-        if node.mask is not None:
-            raise NotImplementedError("napkin bug: isel plans TMA for unmasked streams only")
+        assert node.mask is None, "napkin bug: isel plans TMA for unmasked streams only"
         axis, x = node.axis, ident(node.axis)
         stages, tile = self.plan.stages, self.tile[node.axis]
         chunks = -(-self.sizes[axis] // tile)
@@ -357,10 +356,10 @@ class WgmmaPrinter(TensorPrinter):
             saved_valid = dict(self.valid)
             self.set_origin(axis, f"o_{x}")
             for name in self.tma:
-                self.stage[name] = str(stage)
+                self.buffers[name] = str(stage)
             self.nodes(node.body)
             for name in self.tma:
-                del self.stage[name]
+                del self.buffers[name]
             self.valid = saved_valid
             del self.origin[axis]
             self.depth -= 1
@@ -393,7 +392,7 @@ class WgmmaPrinter(TensorPrinter):
         fields = descriptor(tile, k_major).encode()
         eb = tile.element_bytes
         base = f"{slot.offset}"
-        stage = self.stage.get(name)
+        stage = self.buffers.get(name)
         if stage is not None:
             base = f"{slot.offset} + ({stage}) * {slot.stage_bytes}"
         if k_major:  # rows are M or N: row0 * width, k0 within its atom column
@@ -419,12 +418,8 @@ class WgmmaPrinter(TensorPrinter):
         for kk in range(k_steps):
             da = self.descriptor_expr(m.a, not m.a_trans, a_row, kk * WGMMA_K)
             db = self.descriptor_expr(m.b, not m.b_trans, "0", kk * WGMMA_K)
-            if d.name == "cuda":
-                self.emit(f"{wrapper_name(self.n, m.dtype, m.a_trans, m.b_trans)}(&{out_var}[0][0][0], {da}, {db});")
-            else:
-                f16 = int(m.dtype == "f16")
-                self.emit(f"nk_wgmma(&{out_var}[0][0][0], {da}, {db}, {self.n}, {int(m.a_trans)}, {int(m.b_trans)}, {f16}, "
-                          f"nk_smem, nk_tid % {WARPGROUP_THREADS});")
+            self.emit(d.wgmma(wrapper_name(self.n, m.dtype, m.a_trans, m.b_trans), f"&{out_var}[0][0][0]", da, db,
+                              self.n, m.a_trans, m.b_trans, m.dtype == "f16", WARPGROUP_THREADS))
         self.emit("NK_WG_COMMIT();")
         self.emit("NK_WG_WAIT(0);  // done reading this stage before any thread refills it")
 
