@@ -203,6 +203,18 @@ def test_report_of_a_compiled_example(reports, name):
 
 
 @needs_nvdisasm
+@pytest.mark.parametrize("arch, hardware", [("sm_90", "H100"), ("sm_80", "A100")])
+def test_rmsnorm_keeps_its_staged_result_in_registers(arch, hardware):
+    """Issue 22: rmsnorm at a model's width (8 tokens of 4096 on a block of 256 threads) writes Y
+    over X's shared bytes, so each thread holds its 128 values until every thread has read X.
+    Held at constant indices they stay in registers: no local memory, no spills."""
+    (kernel,) = napkin.load((EXAMPLES / "rmsnorm.napkin").read_text()).values()
+    (entry,) = sass_report(kernel.compile(arch, hardware, t=16384, d=4096))["launches"]
+    assert entry["whole"].get("local", 0) == 0 and entry["spill_bytes"] == 0
+    assert entry["registers"] <= 255
+
+
+@needs_nvdisasm
 def test_sm80_cubin_disassembles():
     (entry,) = sass_report(compiled("matmul.napkin", "sm_80"))["launches"]
     assert entry["instructions"] > 0 and entry["loops"]

@@ -889,6 +889,7 @@ class Printer(KernelWriter):
         # that fill it (compile-time after unrolling), it stays in registers, not local memory.
         self.trip_vars: list = []  # (variable, trips) of enclosing loops; None where not counted
         self.stage_depth: int | None = None
+        self.stage_values = 0  # the size of the stage being filled or written (staged)
         # The C type the current step computes in (real_type): double where the Program says f64.
         self.real = "float"
     # -- helpers
@@ -1194,10 +1195,12 @@ class Printer(KernelWriter):
         ``k`` that restarts for the write."""
         self.emit(f"{self.real} stage[{size}];")
         self.emit("int k = 0;")
+        self.stage_values = size
         self.staging(fill)
         self.emit(self.dialect.barrier)
         self.emit("k = 0;")
         self.staging(lambda: each(lambda: self.emit(self.write(out, axes, f"stage[{self.stage_index()}]"))))
+        self.stage_values = 0
         self.emit("(void)k;")
 
     def mean(self, total: str, box: Reduce) -> str:
@@ -1418,6 +1421,12 @@ class Printer(KernelWriter):
         self.emit("}")
 
     MAX_UNROLLED_TRIPS = 64
+    # A staged result waits in registers only where its index is a constant: every loop of the
+    # stage counted and unrolled. Every kernel is launch_bounds(threads, 1), so a thread may hold
+    # 255 registers; a stage of up to 128 values leaves room for the rest (rmsnorm's 8 x 4096 f32
+    # tile over 256 threads: 141 registers and no local memory, where a running index had put
+    # its 128 values in local memory).
+    MAX_STAGED_VALUES = 128
 
     def trips(self, axes, step: str) -> int | None:
         """The most trips a strided loop over the tile of `axes` makes, when small and known."""
@@ -1425,7 +1434,8 @@ class Printer(KernelWriter):
         if step not in steps:
             return None
         trips = -(-math.prod(self.tile[a] for a in axes) // steps[step])
-        return trips if trips <= self.MAX_UNROLLED_TRIPS else None
+        staged = self.stage_depth is not None and self.stage_values <= self.MAX_STAGED_VALUES
+        return trips if trips <= (self.MAX_STAGED_VALUES if staged else self.MAX_UNROLLED_TRIPS) else None
 
     def stage_index(self) -> str:
         """Where the current element waits in `stage`: its loops' trip numbers, row-major, or
