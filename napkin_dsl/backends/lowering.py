@@ -65,7 +65,7 @@ from ..diagram import (
     Softmax,
 )
 from ..errors import NapkinError
-from ..isel import FMA_THREADS, REGISTER_TILE, FmaAccumulator, register_tile_axes
+from ..isel import FMA_THREADS, REGISTER_TILE, FmaAccumulator, register_tile_axes, select_program
 from ..pseudocode import Loop, Program, Step, liveness, released_by, split_loop, walk
 from ..reference import ReferenceFailure as _Failure
 from ..reference import constant_value
@@ -1767,6 +1767,7 @@ def smem_bytes_by_launch(program: Program) -> list[int]:
     out = []
     for launch in program.launches:
         single = Program(program.schedule, (launch,))
-        rows = columns(single)
-        out.append(int(as_number(level_costs(single, rows)[program.schedule.compute_level].M_bytes)))
+        selected = select_program(single)  # once, for the columns and the costs alike
+        rows = columns(single, selected)
+        out.append(int(as_number(level_costs(single, rows, selected)[program.schedule.compute_level].M_bytes)))
     return out
