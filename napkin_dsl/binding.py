@@ -67,7 +67,7 @@ import numpy as np
 
 from .diagram import Diagram
 from .errors import NapkinCallError
-from .types import numpy_dtype
+from .types import convert, numpy_dtype
 
 __all__ = [
     "Binding",
@@ -731,8 +731,9 @@ def _bind_array(name: str, argument: _Readable, declared, cast: bool, bound: dic
         return None, problems
     if isinstance(value, DeviceArray):
         return value, problems  # read in place by the CUDA backend: zero-copy
-    # Always a fresh C-contiguous copy: never a view of, nor a reference to, the user's array.
-    return np.array(value, dtype=numpy_dtype(declared.dtype), order="C", copy=True), problems
+    # Always a fresh C-contiguous copy: never a view of, nor a reference to, the user's array;
+    # converted (cast=True) as every napkin backend stores the dtype: an fp8 one saturating.
+    return convert(value, declared.dtype, order="C"), problems
 
 
 def _given_size_problem(diagram: Diagram, axis: str, size) -> str | None:

@@ -80,9 +80,9 @@ from . import algebra, elementwise
 
 from .binding import arguments, bind, check_reference_memory, diagram_of
 from .boxes import reduction
-from .diagram import FP8_MAX, INTEGER_DTYPES, Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from .diagram import INTEGER_DTYPES, Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .errors import NapkinCallError
-from .types import numpy_dtype
+from .types import convert, numpy_dtype
 
 __all__ = ["ELEMENTWISE", "evaluate", "reference"]
 
@@ -365,26 +365,6 @@ def _check_call(diagram: Diagram, inputs: dict, scalars: dict, sizes: dict):
     for name in diagram.scalars:
         if name not in scalars:
             raise NapkinCallError(f"evaluate({diagram.name}) is missing scalar {name}")
-
-
-def convert(values, dtype: str, order: str = "K") -> np.ndarray:
-    """``values`` converted to the napkin dtype ``dtype`` as every napkin backend stores them:
-    round to nearest even (ml_dtypes for bf16 and fp8), an integer dtype rounded to the nearest
-    integer first, and an fp8 dtype **saturating** (``diagram.FP8_MAX``): a value whose rounding
-    would pass the largest finite fp8 value, and an infinity, becomes that value with its sign;
-    NaN stays NaN. Always a new array."""
-    target = numpy_dtype(dtype)
-    values = np.asarray(values)
-    with np.errstate(all="ignore"):
-        if target.kind in "iu" and values.dtype.kind == "f":
-            values = np.rint(values)  # float64 rounding error must not truncate 2.9999999 to 2
-        elif dtype in FP8_MAX:
-            largest = FP8_MAX[dtype]
-            wide = values.astype(np.float32 if values.dtype.itemsize <= 4 else np.float64, copy=False)
-            # Clipping before the cast is saturation: every value in [-max, max] rounds to a finite
-            # fp8 value (max is one), and NaN passes np.clip unchanged.
-            values = np.clip(wide, -largest, largest)
-        return values.astype(target, order=order)  # not ascontiguousarray: it turns a 0-d result into 1-d
 
 
 def _to_declared(values: np.ndarray, dtype: str) -> np.ndarray:

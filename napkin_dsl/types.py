@@ -27,7 +27,7 @@ import functools
 
 import numpy as np
 
-from .diagram import DTYPE_BYTES, canonical_dtype
+from .diagram import DTYPE_BYTES, FP8_MAX, canonical_dtype
 
 
 def numpy_dtype(dtype: str) -> np.dtype:
@@ -115,3 +115,23 @@ fp8 = fp8e4m3
 i32, i64 = _dtype("i32"), _dtype("i64")
 
 assert set(DTYPE_BYTES) == {"f64", "f32", "f16", "bf16", "fp8e4m3", "fp8e5m2", "i32", "i64"}
+
+
+def convert(values, dtype: str, order: str = "K") -> np.ndarray:
+    """``values`` converted to the napkin dtype ``dtype`` as every napkin backend stores them:
+    round to nearest even (ml_dtypes for bf16 and fp8), an integer dtype rounded to the nearest
+    integer first, and an fp8 dtype **saturating** (``diagram.FP8_MAX``): a value whose rounding
+    would pass the largest finite fp8 value, and an infinity, becomes that value with its sign;
+    NaN stays NaN. Always a new array."""
+    target = numpy_dtype(dtype)
+    values = np.asarray(values)
+    with np.errstate(all="ignore"):
+        if target.kind in "iu" and values.dtype.kind == "f":
+            values = np.rint(values)  # float64 rounding error must not truncate 2.9999999 to 2
+        elif dtype in FP8_MAX:
+            largest = FP8_MAX[dtype]
+            wide = values.astype(np.float32 if values.dtype.itemsize <= 4 else np.float64, copy=False)
+            # Clipping before the cast is saturation: every value in [-max, max] rounds to a finite
+            # fp8 value (max is one), and NaN passes np.clip unchanged.
+            values = np.clip(wide, -largest, largest)
+        return values.astype(target, order=order)  # not ascontiguousarray: it turns a 0-d result into 1-d

@@ -96,6 +96,21 @@ def test_conversion_rounds_to_nearest_even_and_saturates(dtype):
     assert not np.isfinite(plain).all()
 
 
+@pytest.mark.parametrize("dtype", ["fp8e4m3", "fp8e5m2"])
+def test_an_input_cast_to_fp8_saturates_as_a_stored_value_does(dtype):
+    """cast=True converts an f64 argument to an fp8 parameter as napkin stores fp8 everywhere
+    (a plain cast gave e4m3 NaN and e5m2 inf for a value past the largest), and leaves the
+    caller's array as it was."""
+    largest = finite_values(dtype)[-1]
+    (kernel,) = napkin.load(f"kernel k(X: {dtype}[i]) -> Y: f32[i]:\n    Y[i] = X * 1\n").values()
+    x = np.array([1.0, 3.3, largest * 1.2, -1e30, math.inf, math.nan])
+    before = x.copy()
+    got = kernel(x, cast=True)
+    want = np.array([saturating_round(v, dtype) if not math.isnan(v) else math.nan for v in x])
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(x, before, equal_nan=True)
+
+
 def test_a_stored_fp8_output_saturates_in_the_reference_and_the_numpy_backend():
     text = ("kernel scaled(X: f32[n]) -> (A: fp8e4m3[n], B: fp8e5m2[n]):\n"
             "    A[n] = X * 1000\n    B[n] = X * 1e6\n")

@@ -20,7 +20,7 @@ How the steps run:
 * ``load`` copies a tile down, converting to the array's dtype; ``save`` copies it up,
   converting to the array's dtype (for outputs that is the declared dtype, so this is where
   bf16 and fp8 results are rounded; ml_dtypes rounds to nearest even, fp8 saturating as
-  ``reference.convert`` says: the largest finite value, never NaN or inf); ``alloc`` makes an
+  ``types.convert`` says: the largest finite value, never NaN or inf); ``alloc`` makes an
   empty tile (filled with NaN, so a tile some save forgot would show);
 * ``compute`` evaluates one box on the tiles of the compute level in the step's dtype (f32,
   or f64 when an input is f64): contractions as batched matrix products (BLAS, accumulating
@@ -102,11 +102,11 @@ from .. import elementwise
 from ..errors import NapkinCallError, NapkinError
 from ..isel import ProgramSelection, select_program
 from ..pseudocode import Loop, Program, Step, walk, compute_dtype
-from ..reference import ELEMENTWISE, convert, logsumexp, masked_softmax
+from ..reference import ELEMENTWISE, logsumexp, masked_softmax
 from ..reference import Evaluator as _Evaluator
 from ..reference import NamedArray as _Named
 from ..reference import ReferenceFailure as _Failure
-from ..types import numpy_dtype
+from ..types import convert, numpy_dtype
 
 __all__ = ["Counts", "check_memory", "check_run", "estimate_bytes", "execute", "gelu", "run_program"]
 
