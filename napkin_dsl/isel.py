@@ -244,6 +244,7 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
     warp_rows, warp_tiles = _warp_rows(site, row, warp_tiles)
     stream, loaded = _stream_and_loaded(launch)
     fragments = _fragments(site, row, loaded)
+    _refuse_if(_reduction_refusal(site, fragments))
     operands, mmas, dtype = _products(site, row, fragments, loaded, stream)
     plain = _plain_tiles(site, row, operands, loaded, stream)
     _target_path(hardware, arch, path, dtype)
@@ -383,6 +384,21 @@ def _fragments(site: _Site, row: str, loaded: set) -> dict[str, Fragment]:
             raise _Refuse(f"the {col} tile of {name} ({site.tile[col]}) is not a multiple of {2 * MMA_N}")
         fragments[name] = Fragment(name, col)
     return fragments
+
+
+def _reduction_refusal(site: _Site, fragments: dict) -> str | None:
+    """A row reduction (a reduce or a softmax) on this path reduces rows of register fragments
+    along one column axis (the printer's quad shuffles): one that reads no such fragment, a
+    shared-memory tile alone (S[m] = sum[k](A) beside C = A B), stays on the FMA path."""
+    for s in site.statements:
+        if not isinstance(s.box, (Reduce, Softmax)):
+            continue
+        cols = {fragments[r.array].col for r in reads(s.box.operand) if r.array in fragments} - {None}
+        if len(cols) != 1:
+            read = ", ".join(sorted({r.array for r in reads(s.box.operand)}))
+            held = "no fragment" if not cols else f"fragments along {' and '.join(sorted(cols))}"
+            return f"{s.target} reduces {read}, which holds {held}: the tensor-core path reduces rows of one fragment's columns"
+    return None
 
 
 def _operand_refusal(site: _Site, name: str, role: str, loaded: set) -> str | None:

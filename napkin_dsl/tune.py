@@ -514,8 +514,9 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     written_time = min((c.time_s for c in candidates if c.time_s is not None), default=math.inf)
     found, optimality = search.branch_and_bound(spaces, written_time, MAX_COSTED)
     candidates += found
-    # Code generation tunes with keep_written, and the printers do not print a split yet
-    # (backends/lowering.refuse_split): it is offered none.
+    # Code generation tunes with keep_written and is offered no split: the printers print one,
+    # but a split adds launches and part arrays that a compile without a relabel block did not
+    # ask for. `napkin tune` offers splits, and its relabel block writes the one it picks.
     if not keep_written:
         candidates += split_candidates(diagram, profile, sizes, candidates)
     compute_level = profile.compute_level.name

@@ -986,7 +986,7 @@ relabel decode on H100:
 
 @st.composite
 def split_programs(draw) -> Case:
-    """A split relabelling on the NumPy path (the printers refuse splits): one or two reductions of
+    """A split relabelling (run on NumPy, and on the printers by the split tests): one or two reductions of
     the split axis (sum, max, min, mean; a map of them after the merge half the time), a split-K
     contraction, or the online softmax contracted with V (its lse an output half the time), cut
     into parts of any size (the last part ragged, a part larger than the axis one part) and each

@@ -34,7 +34,7 @@ SIZES = {
     "swiglu.napkin": [dict(t=512, m=1024, f=2816, e=1024), dict(t=100, m=70, f=130, e=90)],
     # a split (issue 28): the parts launch and the combine launch; ragged parts and chunks
     "decode.napkin": [dict(b=1, kv=8, r=4, x=32768, d=128), dict(b=2, kv=2, r=4, x=5000, d=48)],
-    # split-K: its parts launch stays on the FMA path (selection declines tensor cores for it)
+    # split-K: its parts launch on mma.sync (the epilogue saves the fragments as part states), the combine on FMA
     "splitk.napkin": [dict(m=512, n=512, k=65536), dict(m=200, n=136, k=20000)],
 }
 CASES = [(name, i) for name in SIZES for i in range(2)]

@@ -90,6 +90,18 @@ def test_fragment_layouts_are_the_ptx_isas():
     assert (MMA_A.extent("lane"), MMA_A.extent("i"), MMA_B.extent("i"), MMA_C.extent("i")) == (32, 8, 4, 4)
 
 
+def test_the_row_shuffle_masks_reach_exactly_the_lanes_holding_a_row():
+    """A row reduction over the accumulator XORs lanes by layouts.ROW_LANE_MASKS: by the ISA's C
+    layout (isa_c), the lanes that hold a row's columns are lane's group, all four of them."""
+    for lane in LANES:
+        row = isa_c(lane, 0)[0]
+        holders = {other for other in LANES for i in range(4) if isa_c(other, i)[0] == row}
+        reached = {lane}
+        for mask in layouts.ROW_LANE_MASKS:
+            reached |= {other ^ mask for other in reached}
+        assert reached == holders and len(holders) == 4
+
+
 def test_the_fragments_cover_the_instruction_shape_isel_plans_for():
     m, n, k = isel.MMA_M, isel.MMA_N, isel.MMA_K
     assert (layouts.MMA_M, layouts.MMA_N, layouts.MMA_K) == (m, n, k)

@@ -259,6 +259,19 @@ def test_fma_path_is_kept_with_a_reason():
     assert "has no mma.sync m16n8k16 on sm_75" in isel.selection(program, program.launches[0], "sm_75").reason
 
 
+def test_a_row_reduction_of_a_shared_tile_alone_keeps_the_fma_path():
+    """The tensor-core path reduces rows of register fragments (quad shuffles); S[m] = sum[k](A)
+    beside C = A B reduces an operand tile no fragment holds. Selection keeps the launch on FMA
+    and says why, and it compiles (the printer once raised a LoweringError here)."""
+    text = ("kernel k(A: bf16[m k], B: bf16[k n]) -> (C: f32[m n], S: f32[m]):\n"
+            "    C[m n] = A * B\n    S[m] = sum[k](A)\n\nrelabel k on H100:\n    smem: group m 64, n 64\n")
+    (kernel,) = napkin.load(text).values()
+    program = kernel.gpu_program(None, m=128, n=128, k=64)
+    assert isel.selection(program, program.launches[0]).reason == (
+        "S reduces A, which holds no fragment: the tensor-core path reduces rows of one fragment's columns")
+    assert [launch.path for launch in kernel.compile("sm_90", "H100", m=128, n=128, k=64).launches] == ["fma"]
+
+
 # ---- oclgrind: races and out-of-bounds accesses of the emulated kernels -------------------------
 
 OCLGRIND_CASES = [("examples/attention.napkin", ["b=1", "h=1", "q=32", "x=80", "d=16"]),

@@ -989,14 +989,7 @@ class TensorPrinter(KernelWriter):
     def reduced_col(self, operand) -> str:
         cols = {self.plan.fragments[r.array].col for r in reads(operand) if r.array in self.plan.fragments}
         cols.discard(None)
-        if len(cols) != 1:
-            # reachable: isel plans a reduction of a shared-memory operand alone (S[m] = sum[k](A)
-            # beside C = A B) on this path, which reduces rows of fragments only
-            read = ", ".join(sorted({r.array for r in reads(operand)}))
-            raise LoweringError(f"the tensor-core path reduces rows of register fragments along one column axis; "
-                                f"a reduction of {read} reads {'none' if not cols else 'fragments along ' + ' and '.join(sorted(cols))}",
-                                hint="compute the reduction in a launch of its own (relabel it apart), "
-                                     "or run on the NumPy backend")
+        assert len(cols) == 1, f"napkin bug: isel plans a row reduction over fragments along {sorted(cols)} (isel._reduction_refusal)"
         return cols.pop()
 
     def tc_rescale(self, step: Step):
