@@ -11,25 +11,14 @@ import re
 
 import napkin_dsl as napkin
 from napkin_dsl.backends import opencl
-from napkin_dsl.reference import evaluate
 
-from .conftest import assert_matches_reference, needs_nvdisasm
-from .test_opencl import random_inputs
+from .conftest import needs_nvdisasm
+from .test_opencl import run_on_pocl
 
 
 def kernel_of(source: str):
     (kernel,) = napkin.load(source).values()
     return kernel
-
-
-def run_on_pocl(source: str, name: str, **sizes):
-    """``source``'s kernel on PoCL at ``sizes``, held to the reference; the Program and outputs."""
-    kernel = kernel_of(source)
-    program = kernel.gpu_program(None, **sizes)
-    inputs, scalars = random_inputs(kernel.diagram, sizes)
-    outputs = opencl.run(program, inputs, scalars)
-    assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), name)
-    return program, outputs
 
 
 MATMUL_F32 = """kernel matmul(A: f32[m k], B: f32[k n]) -> C: f32[m n]:

@@ -10,29 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-import napkin_dsl as napkin
 from napkin_dsl import isel
-from napkin_dsl.backends import opencl
-from napkin_dsl.reference import evaluate
 
-from .conftest import EXAMPLES, assert_matches_reference
-from .test_opencl import random_inputs
-
-
-def kernel_of(source: str):
-    (kernel,) = napkin.load(source).values()
-    return kernel
-
-
-def run_on_pocl(source: str, name: str, **sizes):
-    """``source``'s kernel on the tensor-core path on PoCL at ``sizes``, held to the reference."""
-    kernel = kernel_of(source)
-    program = kernel.gpu_program(None, **sizes)
-    assert [isel.selection(program, launch).path for launch in program.launches] == ["mma.sync"]
-    inputs, scalars = random_inputs(kernel.diagram, sizes)
-    outputs = opencl.run(program, inputs, scalars)
-    assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), name)
-    return program, outputs
+from .conftest import EXAMPLES
+from .test_opencl import run_on_pocl
 
 
 def test_an_epilogue_reads_a_shared_tile_and_the_index_of_an_axis_grouped_by_one(opencl_device):
@@ -46,7 +27,7 @@ def test_an_epilogue_reads_a_shared_tile_and_the_index_of_an_axis_grouped_by_one
 relabel heads on H100:
     smem: group h 1, b 64, n 64; stream k 32
 """
-    run_on_pocl(source, "heads", h=3, b=64, k=32, n=64)
+    run_on_pocl(source, "heads", ["mma.sync"], h=3, b=64, k=32, n=64)
 
 
 @pytest.mark.parametrize("name, sizes", [("attention.napkin", dict(b=1, h=1, q=64, x=192, d=32)),
@@ -55,5 +36,5 @@ def test_a_stream_of_whole_chunks_the_stages_do_not_divide_stops_at_its_last_chu
     """Three whole chunks (x = 3 x 64, k = 3 x 32) through a two-stage pipeline: the loop unrolled
     by the stages runs one chunk too many unless its second body is guarded, and with no ragged
     tail no mask would hide that chunk's stale buffer."""
-    program, _ = run_on_pocl((EXAMPLES / name).read_text(), name, **sizes)
+    program, _ = run_on_pocl((EXAMPLES / name).read_text(), name, ["mma.sync"], **sizes)
     assert isel.selection(program, program.launches[0]).plan.stages == 2
