@@ -17,8 +17,8 @@ axis, else the whole input, once); each rank runs its parts on the chosen backen
 The arrays move as their bytes (``uint8`` views of the declared dtype) with send and recv;
 ``transfers`` counts them, which ``cost.device_cost`` predicts (its ``H``). Scalars and the
 per-rank counts travel as Python objects and are not counted: they are no array the model
-moves. Only NumPy runs a split's parts (the printers do not print a split); a group runs on
-NumPy or OpenCL.
+moves. Only NumPy runs a split across GPUs (each GPU runs its own parts of the parts launch, which
+a printed launch, one block per part, cannot be restricted to yet); a group runs on NumPy or OpenCL.
 """
 
 from __future__ import annotations
@@ -259,8 +259,9 @@ def run_rank(kernel, hardware: str | None = None, sizes: dict | None = None, see
                 _add(predicted_counts, cost_of(plan(diagram, profile, one_gpu, sizes | {axis: stop - start}), check=False))
     else:
         if backend != "numpy":
-            raise NotImplementedError(f"a split across GPUs on the {backend} backend: the printers do not print a split's "
-                                      "parts and combine launches yet; run it with --backend numpy")
+            raise NotImplementedError(f"a split across GPUs on the {backend} backend: each GPU runs its own parts of the "
+                                      "parts launch, which the NumPy interpreter restricts itself to and a printed launch "
+                                      "(one block per part) does not yet; run it with --backend numpy")
         program = plan(diagram, profile, device_block(block, profile, partition), sizes)
         top = profile.top.name
         combine = [launch for launch in program.launches if launch.combine == axis]
