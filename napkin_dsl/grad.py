@@ -19,7 +19,9 @@ The rules, one per kind of box (the box table's kinds, ``diagram.py``):
   notation templates), the operators' and ``where``'s written here (``where`` masks its
   cotangent; a condition has none);
 * **sum** broadcasts its cotangent, **mean** divides it by the reduced size, **max** and
-  **min** route it through the arg-max (``where(E == M, dM, 0)``: ties all receive it),
+  **min** route it through the arg-max (``where(E == M, dM, 0)``: ties all receive it; M is
+  the backward's own max of E where the forward's M is saved, since the two kernels may round E
+  differently),
   **lse** gives its softmax (``dE = dL * exp(E - L)``);
 * **softmax** gives ``dS = P * (dP - sum[x](dP * P))``;
 * an operand missing an axis of its statement (broadcast) gets the cotangent summed along it;
@@ -347,6 +349,12 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
             elif box.op == "mean":
                 g_operand = f"({g} / {size_notation(algebra.Mul(*(diagram.size(a) for a in box.axes)))})"
             elif box.op in ("max", "min"):
+                if s.target in diagram.outputs or s.target in save:
+                    # The arg-max test compares the operand as this kernel computes it with a
+                    # max it computes too: the saved M came from the forward's own rounding
+                    # (another order, another fusion), and E == M could then hold nowhere.
+                    value = f"{fresh(f'{s.target}_b')}[{' '.join(s.axes)}]"
+                    lines.append(f"{value} = {box.op}[{' '.join(box.axes)}]({operand})")
                 g_operand = f"where({operand} == {value}, {g}, 0)"
             elif box.op == "lse":
                 g_operand = f"({g} * exp({operand} - {value}))"
