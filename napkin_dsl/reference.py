@@ -82,7 +82,7 @@ from .binding import arguments, bind, check_reference_memory, diagram_of
 from .boxes import reduction
 from .diagram import INTEGER_DTYPES, Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .errors import NapkinCallError
-from .types import convert, numpy_dtype
+from .types import convert
 
 __all__ = ["ELEMENTWISE", "evaluate", "reference"]
 
