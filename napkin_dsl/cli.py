@@ -291,9 +291,7 @@ def size_symbols(k: Kernel, hardware: str | None = None) -> set[str]:
     """The names ``--set`` may bind for ``k`` planned on ``hardware``: its axes, the symbolic group
     and stream sizes of its relabel block, and the symbolic capacities and bandwidths of the
     profile it plans on (the paper's ``M``, ``B_l1``)."""
-    names = set(k.diagram.axes)
-    if k.relabel is not None:
-        names |= {p.size for level in k.relabel.levels for p in level.partitions if isinstance(p.size, str)}
+    names = set(k.diagram.axes) | k.partition_symbols
     for level in load_hardware(k._target(hardware)).levels:
         for value in (level.capacity, level.bandwidth):  # a number, None, or a size expression
             names |= {symbol.name for symbol in getattr(value, "free_symbols", ())}

@@ -131,6 +131,13 @@ class Kernel:
             return self.relabelled(relabel).cost(hardware, path=path, **sizes)
         return cost_of(self.program(hardware, **sizes), path=path)
 
+    @property
+    def partition_symbols(self) -> set[str]:
+        """The symbolic group, stream and split sizes of the relabel block (``group q g``): sizes a
+        call or ``--set`` binds beside the axes."""
+        levels = self.relabel.levels if self.relabel is not None else ()
+        return {p.size for level in levels for p in level.partitions if isinstance(p.size, str)}
+
     def relabelled(self, relabel) -> Kernel:
         """A new Kernel, relabelled: by a :class:`~napkin_dsl.tune.TuneResult` (its best
         configuration, with the intermediates it materialises) or by relabel text (a whole
@@ -738,7 +745,7 @@ def _call(kernel: Kernel, arrays: tuple, named: dict, backend: str, cast: bool, 
     if _records_grad(array_args, scalar_args):
         return _call_with_autograd(kernel, array_args, scalar_args, backend, cast, hardware, impls, sizes)
     # sizes= may bind axes (checked by bind) and the relabel block's symbolic group/stream sizes.
-    symbols = {p.size for level in (kernel.relabel.levels if kernel.relabel else ()) for p in level.partitions if isinstance(p.size, str)}
+    symbols = kernel.partition_symbols
     sizes = dict(sizes or {})
     partition_sizes = {k: v for k, v in sizes.items() if k in symbols and k not in diagram.axes}
     axis_sizes = {k: v for k, v in sizes.items() if k not in partition_sizes}
@@ -796,8 +803,7 @@ def _call_with_autograd(kernel: Kernel, array_args: dict, scalar_args: dict, bac
     # through a gradient output) comes from the forward's shapes; of the forward's partition
     # sizes, only those of the groups it keeps (grad.py keeps the groups on axes that all its
     # statements share).
-    known = set(backward_kernel.diagram.axes) | {p.size for level in (backward_kernel.relabel.levels if backward_kernel.relabel else ())
-                                                 for p in level.partitions if isinstance(p.size, str)}
+    known = set(backward_kernel.diagram.axes) | backward_kernel.partition_symbols
     carried = {axis: int(extent) for name, value in array_args.items() if name in diagram.arrays
                for axis, extent in zip(diagram.arrays[name].axes, getattr(value, "shape", ()), strict=False)}
     backward_sizes = {k: v for k, v in {**carried, **(sizes or {})}.items() if k in known}
