@@ -355,9 +355,12 @@ def cmd_pseudo(args) -> int:
 
 
 def cmd_grad(args) -> int:
+    sizes = parse_sets(args.set)
     kernels = [k for _, k in _load_all([args.file], args.kernel, None)]
+    check_symbols(sizes, kernels)
     for i, k in enumerate(kernels):
-        print(("\n" if i else "") + k.grad(rewrite_d=True if args.rewrite_d else None).source, end="")
+        bound = {a: n for a, n in sizes.items() if a in k.diagram.axes}
+        print(("\n" if i else "") + k.grad(rewrite_d=True if args.rewrite_d else None, **bound).source, end="")
     return 0
 
 
@@ -731,6 +734,8 @@ def build_parser() -> argparse.ArgumentParser:
     grad.add_argument("--kernel", metavar="K", help="the kernel of the file to differentiate (default: every kernel)")
     grad.add_argument("--rewrite-d", action="store_true",
                       help="compute a softmax's row sum as FA2's D = sum[d](dO * O), from the saved output")
+    add_set(grad, "bind an axis; with every axis bound, the model picks FA2's D or not and the key launch's "
+                  "query chunk (Kernel.backward_options)")
     grad.set_defaults(run=cmd_grad)
 
     cost = sub.add_parser("cost", help="transfers H, memory M, groups N, FLOPs and predicted time per level")

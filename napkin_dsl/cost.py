@@ -240,6 +240,29 @@ def register_transfers(program: Program, step: Step, loops, plan) -> algebra.Exp
     return moved
 
 
+def register_vector_reads(program: Program, step: Step, loops, plan, loaded: frozenset) -> list[tuple[algebra.Expr, int]]:
+    """(values, bytes a value) a tensor-core launch's elementwise step reads from plain shared
+    tiles (``loaded``: the arrays the launch loads into shared memory that no contraction reads
+    by ldmatrix, such as the backward's L, D and dL): each fragment element its thread holds reads
+    the value it needs, an upper bound on what the compiler's loads move (it may read a pair of
+    elements at once, or reuse a row's value)."""
+    from .diagram import DTYPE_BYTES
+
+    level = program.schedule.compute_level
+    if step.op != "compute" or step.statement is None or step.statement.target in plan.mmas:
+        return []
+    names = dict.fromkeys(name for lv, name in step.reads if lv == level and name in loaded and name not in plan.operands)
+    if not names:
+        return []
+    elements = step_total(program, step, loops)
+    return [(elements, DTYPE_BYTES[program.diagram.arrays[name].dtype]) for name in names]
+
+
+def plain_tiles(launch, level: str) -> frozenset:
+    """The arrays a launch loads into shared memory (``level``), for :func:`register_vector_reads`."""
+    return frozenset(step.array for step, _ in walk(launch.body) if step.op == "load" and step.level == level)
+
+
 def statement_columns(program: Program, rows: list[dict] | None = None, selected: ProgramSelection | None = None) -> list[dict]:
     """The paper's columns per statement of the diagram (Figs. 9, 11, 12), read off the Program.
 
@@ -285,7 +308,10 @@ def statement_columns(program: Program, rows: list[dict] | None = None, selected
             if step.op in ("load", "save"):
                 moved[owner][step.level] += step_total(program, step, loops)
             if launch.index in tensor:
-                moved[owner]["registers"] += register_transfers(program, step, loops, tensor[launch.index][0])
+                plan = tensor[launch.index][0]
+                moved[owner]["registers"] += register_transfers(program, step, loops, plan)
+                for values, _ in register_vector_reads(program, step, loops, plan, plain_tiles(launch, schedule.compute_level)):
+                    moved[owner]["registers"] += values
     return [{"label": target,
              "M": {level: max_of(memory[target][level]) for level in levels},
              "H": {level: moved[target][level] for level in levels}}
@@ -524,10 +550,14 @@ def registers_cost(program: Program, tensor: dict, rows: list[dict]) -> LevelCos
         if launch.index not in tensor:
             continue
         plan = tensor[launch.index][0]
+        loaded = plain_tiles(launch, program.schedule.compute_level)
         for step, loops in walk(launch.body):
             moved = register_transfers(program, step, loops, plan)
             H += moved
             H_bytes += moved * DTYPE_BYTES[plan.dtype]
+            for values, size in register_vector_reads(program, step, loops, plan, loaded):
+                H += values
+                H_bytes += values * size
     M = max_of(r["M"].get("registers", 0) for r in rows)
     M_bytes = max_of(r["M_bytes"].get("registers", 0) for r in rows)
     # An FMA launch holds only accumulators here (its operand reads from shared memory are

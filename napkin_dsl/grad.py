@@ -498,12 +498,13 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
 
 
 def backward_with_relabel(diagram: Diagram, relabel: syn.RelabelBlock | None, hardware: str | None,
-                          rewrite_d: bool = False, save: tuple[str, ...] = ()) -> Backward:
+                          rewrite_d: bool = False, save: tuple[str, ...] = (), key_stream: int | None = None) -> Backward:
     """:func:`backward`, with a relabel block when the forward has one: the forward's group
     partitions on axes that every statement of the backward is woven over (batch and heads for
     attention), at the same levels, on the same hardware. Streams and splits are not derived
     (the text says so; ``napkin tune`` sizes the backward). The block is kept only if the
-    backward accepts it (:func:`~napkin_dsl.relabel.make_schedule`)."""
+    backward accepts it (:func:`~napkin_dsl.relabel.make_schedule`). ``key_stream`` sizes the
+    query chunks of FA2's key launch (:func:`_keys_schedule`) instead of the forward's stream."""
     derived = backward(diagram, rewrite_d, save)
     if relabel is None:
         return derived
@@ -530,7 +531,7 @@ def backward_with_relabel(diagram: Diagram, relabel: syn.RelabelBlock | None, ha
     if not block:
         note = ("# relabelling: none derived (no group of the forward is woven over by every backward statement); "
                 "napkin tune sizes the backward")
-    keyed = _keys_schedule(derived, relabel, hardware)
+    keyed = _keys_schedule(derived, relabel, hardware, key_stream)
     if keyed is not None:
         return keyed
     lines = derived.text.splitlines()
@@ -552,6 +553,7 @@ class KeySchedule:
     key_outputs: tuple[str, ...]  # gradients woven over the keys (dK, dV): grouped over keys
     query_outputs: tuple[str, ...]  # gradients contracting the keys (dQ): grouped over queries
     renamed: dict = field(default_factory=dict)  # statement recomputed in the query launch -> its name there
+    key_stream: int = 0  # the key launch's query chunk
 
 
 def _key_axes(diagram: Diagram, prefer=()) -> tuple[str, str] | None:
@@ -595,7 +597,8 @@ def _rename(text: str, names: dict) -> str:
     return pattern.sub(lambda m: names[m.group(1)], text)
 
 
-def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str | None) -> Backward | None:
+def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str | None,
+                   key_stream: int | None = None) -> Backward | None:
     """FA2's schedule of a backward whose gradients split into those woven over a key axis and
     those contracting it (:func:`_key_axes`), as launches the front end accepts, or None.
 
@@ -613,7 +616,9 @@ def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str |
       atomically, which the notation does not express.
 
     The sizes are the forward's: its group size of the queries groups the keys, its stream size
-    streams the queries; ``napkin tune`` resizes them. None when the forward has no block, the
+    streams the queries (or ``key_stream``, which :meth:`Kernel.backward_options` prices: the key
+    launch holds dK and dV whole, so its query chunk is what fits the rest of its fragments);
+    ``napkin tune`` resizes them. None when the forward has no block, the
     gradients do not split so, or the front end refuses the block (a softmax that must see whole
     rows, as attention's without a saved lse)."""
     checked = check_module(syn.parse(derived.text, "<backward>"), hardware=hardware)[derived.name]
@@ -637,6 +642,7 @@ def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str |
     forward = {(p.kind, p.axis): p.size for lv in relabel.levels for p in lv.partitions if p.targets is None}
     group_size = forward.get(("group", q), 128)
     stream_size = forward.get(("stream", x), 64)
+    key_chunk = key_stream or stream_size
     unit = [(p.axis, p.size) for lv in relabel.levels for p in lv.partitions
             if p.kind == "group" and p.targets is None and p.axis not in (x, q)
             and all(p.axis in s.woven for s in diagram.statements)]
@@ -681,7 +687,7 @@ def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str |
     body.append(f"# launch: {', '.join(key_outputs)}, grouped over the keys {x}, streaming the queries {q}")
     for c in key_chain:
         body.append(line(c, {}, c is key_chain[-1], first=x))
-    clauses.append(f"    {level} for {', '.join(key_outputs)}: {unit_prefix}{x} {group_size}; stream {q} {stream_size}")
+    clauses.append(f"    {level} for {', '.join(key_outputs)}: {unit_prefix}{x} {group_size}; stream {q} {key_chunk}")
     query_chain = _needed(diagram, query_outputs, stop=frozenset(stats))
     computed = {c.target for c in key_chain}
     renamed = {c.target: fresh(c.target) for c in query_chain if c.target in computed and c.target not in diagram.outputs}
@@ -710,7 +716,7 @@ def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str |
     except NapkinError:
         return None
     schedule = KeySchedule(x, q, tuple(sorted(stats, key=list(diagram.arrays).index)), tuple(key_outputs),
-                           tuple(query_outputs), renamed)
+                           tuple(query_outputs), renamed, key_chunk)
     return Backward(text + block, derived.name, derived.saved, derived.recomputed, derived.cotangents,
                     derived.gradients, schedule)
 

@@ -486,8 +486,6 @@ def _plain_tiles(site: _Site, row: str, operands: dict, loaded: set, stream: str
     for name in sorted(loaded):
         if name in operands:
             continue
-        if stream is not None and stream in diagram.arrays[name].axes:
-            raise _Refuse(f"{name} is streamed but is not a contraction operand")
         plain.append(name)
     for s in site.statements:
         if isinstance(s.box, (Reduce, Softmax)):

@@ -292,7 +292,7 @@ class Kernel:
                 f'<div style="max-width: 100%; overflow-x: auto">{drawing}</div></div>')
 
     def grad(self, rewrite_d: bool | None = None, save: tuple[str, ...] = (), hardware: str | None = None,
-             **sizes: int) -> Kernel:
+             key_stream: int | None = None, **sizes: int) -> Kernel:
         """The backward kernel, derived from the diagram (``grad.py``): a Kernel of its own, parsed
         back from its text (``.source``) through the normal front end. Its parameters are the
         forward's inputs it reads, the forward outputs it reads (saved) and one cotangent per
@@ -303,27 +303,36 @@ class Kernel:
         bound in ``sizes``, both backward kernels are priced (:meth:`backward_options`) and the
         cheaper is returned; without sizes, the rewrite (which never costs more FLOPs, and lets
         dK and dV group the keys). ``save``: forward intermediates read from device memory
-        rather than recomputed (``("P",)``)."""
-        if rewrite_d is None:
-            if sizes and set(self.diagram.axes) <= set(sizes):
-                best = self.backward_options(hardware, saves=(tuple(save),), **sizes)[0]
-                rewrite_d = best.rewrite_d
-            else:
-                rewrite_d = True
-        key = ("grad", rewrite_d, tuple(save))
+        rather than recomputed (``("P",)``). ``key_stream``: the query chunk of FA2's key launch
+        (default: the forward's stream, or with sizes the model's pick, as for ``rewrite_d``)."""
+        if sizes and set(self.diagram.axes) <= set(sizes) and (rewrite_d is None or key_stream is None):
+            choice = ("grad choice", rewrite_d, tuple(save), key_stream, hardware, tuple(sorted(sizes.items())))
+            if choice not in self._cache:  # priced once per shape (an autograd call asks every step)
+                best = self.backward_options(hardware, saves=(tuple(save),), rewrite_d=rewrite_d,
+                                             key_stream=key_stream, **sizes)[0]
+                self._cache[choice] = (best.rewrite_d, best.key_stream)
+            rewrite_d, key_stream = self._cache[choice]
+        elif rewrite_d is None:
+            rewrite_d = True
+        key = ("grad", rewrite_d, tuple(save), key_stream)
         if key not in self._cache:
             from .grad import backward_with_relabel
 
-            derived = backward_with_relabel(self.diagram, self.relabel, self.hardware, rewrite_d, tuple(save))
+            derived = backward_with_relabel(self.diagram, self.relabel, self.hardware, rewrite_d, tuple(save), key_stream)
             kernel = load(derived.text, hardware=self.hardware)[derived.name]
             kernel.derivation = derived
             self._cache[key] = kernel
         return self._cache[key]
 
-    def backward_options(self, hardware: str | None = None, saves=None, **sizes: int) -> list[BackwardOption]:
+    def backward_options(self, hardware: str | None = None, saves=None, rewrite_d: bool | None = None,
+                         key_stream: int | None = None, **sizes: int) -> list[BackwardOption]:
         """The backward's choices priced by the model at ``sizes``, cheapest first: FA2's D rewrite
-        or not, and what the forward saves (``saves``: tuples of intermediates; default: nothing
-        beyond the outputs, or each softmax's probabilities). A saved intermediate costs the
+        or not (``rewrite_d`` fixes it), what the forward saves (``saves``: tuples of
+        intermediates; default: nothing beyond the outputs, or each softmax's probabilities), and
+        the query chunk of FA2's key launch (``key_stream`` fixes it; else the forward's stream
+        and its halvings down to 16, the mma k: the key launch holds dK and dV whole, so a
+        shorter chunk is what lets the rest of its fragments fit the registers and the launch
+        run on tensor cores). A saved intermediate costs the
         forward its write to device memory at the bandwidth into the level below (a lower
         bound: the forward's own schedule may also change) on top of the backward's predicted
         time; a backward the front end cannot fit (a level overflows) is priced at infinity."""
@@ -332,29 +341,34 @@ class Kernel:
 
         if saves is None:
             saves = [()] + [(s.target,) for s in self.diagram.statements if isinstance(s.box, Softmax)]
-        profile = load_hardware(hardware or self.hardware or DEFAULT_GPU)
+        hardware = hardware or self.hardware or DEFAULT_GPU  # a kernel with no relabelling is priced there too
+        profile = load_hardware(hardware)
         bandwidth = profile.levels[1].bandwidth
         options = []
         for save in saves:
-            for rewrite_d in (True, False):
-                backward = self.grad(rewrite_d=rewrite_d, save=tuple(save))
-                if not rewrite_d and backward.source == self.grad(rewrite_d=True, save=tuple(save)).source:
+            forward_s = 0.0
+            for name in save:
+                array = self.diagram.arrays[name]
+                count = 1
+                for axis in array.axes:
+                    count *= sizes[axis]
+                forward_s += count * DTYPE_BYTES[array.dtype] / float(bandwidth)
+            for rewrite in (True, False) if rewrite_d is None else (rewrite_d,):
+                plain = self.grad(rewrite_d=rewrite, save=tuple(save), key_stream=key_stream)
+                if rewrite_d is None and not rewrite and plain.source == self.grad(rewrite_d=True, save=tuple(save), key_stream=key_stream).source:
                     continue  # no softmax to rewrite: one kernel
-                try:
-                    seconds = float(backward.cost(hardware, **{a: sizes[a] for a in backward.diagram.axes}).time["overlapped_s"])
-                except NapkinError as error:
-                    seconds, why = float("inf"), error.message
-                else:
-                    why = ""
-                forward_s = 0.0
-                for name in save:
-                    array = self.diagram.arrays[name]
-                    count = 1
-                    for axis in array.axes:
-                        count *= sizes[axis]
-                    forward_s += count * DTYPE_BYTES[array.dtype] / float(bandwidth)
-                options.append(BackwardOption(seconds + forward_s, seconds, forward_s, rewrite_d, tuple(save), why))
-        return sorted(options, key=lambda o: (o.seconds, not o.rewrite_d, len(o.save)))
+                keyed = plain.derivation.schedule
+                chunks = [key_stream] if key_stream is not None or keyed is None else _halvings(keyed.key_stream)
+                for chunk in chunks:
+                    backward = plain if keyed is None or chunk == keyed.key_stream else self.grad(rewrite_d=rewrite, save=tuple(save), key_stream=chunk)
+                    try:
+                        predicted = backward.cost(hardware, **{a: sizes[a] for a in backward.diagram.axes}).time["overlapped_s"]
+                    except NapkinError as error:
+                        seconds, why = float("inf"), error.message
+                    else:  # a profile with no bandwidths prices no time: the defaults then stand
+                        seconds, why = (float(predicted), "") if predicted is not None else (float("inf"), "no time: the profile has no rates")
+                    options.append(BackwardOption(seconds + forward_s, seconds, forward_s, rewrite, tuple(save), why, chunk))
+        return sorted(options, key=lambda o: (o.seconds, not o.rewrite_d, len(o.save), -(o.key_stream if isinstance(o.key_stream, int) else 0)))
 
     def __call__(self, *arrays, backend: str = "numpy", cast: bool = False, hardware: str | None = None,
                  impls: dict | None = None, sizes: dict | None = None, **named):
@@ -397,6 +411,18 @@ class BackwardOption:
     rewrite_d: bool
     save: tuple[str, ...]
     refused: str = ""
+    key_stream: int | None = None  # the query chunk of FA2's key launch (None: no key launch)
+
+
+def _halvings(size: int, least: int = 16) -> list[int]:
+    """``size`` and its halvings while they stay whole multiples of ``least`` (64: 64, 32, 16);
+    a symbolic size alone (its binding sizes it)."""
+    found = [size]
+    if not isinstance(size, int):
+        return found
+    while found[-1] % 2 == 0 and found[-1] // 2 >= least and (found[-1] // 2) % least == 0:
+        found.append(found[-1] // 2)
+    return found
 
 
 def _block_text(block: syn.RelabelBlock, kernel: str) -> str:
@@ -796,7 +822,11 @@ def _call_with_autograd(kernel: Kernel, array_args: dict, scalar_args: dict, bac
             raise NotImplementedError(f"scalar {name} requires grad: napkin derives no gradient for scalar parameters; "
                                       f"pass {name}.item() or {name}.detach()")
     names = list(array_args)
-    backward_kernel = kernel.grad()
+    carried = {axis: int(extent) for name, value in array_args.items() if name in diagram.arrays
+               for axis, extent in zip(diagram.arrays[name].axes, getattr(value, "shape", ()), strict=False)}
+    forward_sizes = {**carried, **(sizes or {})}
+    # the model's backward at these shapes (priced once per shape): FA2's D, the key launch's chunk
+    backward_kernel = kernel.grad(hardware=hardware, **{a: forward_sizes[a] for a in diagram.axes if a in forward_sizes})
     derivation = backward_kernel.derivation
     options = {"backend": backend, "cast": cast, "hardware": hardware, "impls": impls, "sizes": sizes}
     # The backward's sizes: an axis its inputs may not carry (an input's axis reaches it only
@@ -804,9 +834,7 @@ def _call_with_autograd(kernel: Kernel, array_args: dict, scalar_args: dict, bac
     # sizes, only those of the groups it keeps (grad.py keeps the groups on axes that all its
     # statements share).
     known = set(backward_kernel.diagram.axes) | backward_kernel.partition_symbols
-    carried = {axis: int(extent) for name, value in array_args.items() if name in diagram.arrays
-               for axis, extent in zip(diagram.arrays[name].axes, getattr(value, "shape", ()), strict=False)}
-    backward_sizes = {k: v for k, v in {**carried, **(sizes or {})}.items() if k in known}
+    backward_sizes = {k: v for k, v in forward_sizes.items() if k in known}
     backward_options = {**options, "sizes": backward_sizes or None}
 
     class NapkinCall(torch.autograd.Function):

@@ -248,6 +248,7 @@ class TensorPrinter(KernelWriter):
         # A streamed operand -> the pipeline buffer (stage of the cp.async ring) the current
         # chunk reads it from: a constant, or a running index in a masked stream's loops.
         self.buffers: dict[str, str] = {}
+        self.chunk_loaded: set[str] = set()  # the chunk's vectors, loaded at its top
         self.pending = False  # cp.async groups issued and not yet waited for
         # A contraction's positive constant scale (S *= d^-0.5) that only softmaxes read: it is
         # not applied to the fragment but folded, with log2(e), into the one FFMA of each exp2
@@ -521,8 +522,8 @@ class TensorPrinter(KernelWriter):
         if step.level != self.level:
             return
         if step.op == "load":
-            if step.array in self.buffers:
-                return  # a streamed operand: the pipeline issued it
+            if step.array in self.buffers or step.array in self.chunk_loaded:
+                return  # a streamed operand (the pipeline issued it) or a vector of the chunk (chunk_vectors)
             self.emit(f"// {step.text}")
             self.load(step.array)
             return
@@ -630,15 +631,20 @@ class TensorPrinter(KernelWriter):
         self.depth -= 1
         self.emit("}")
 
-    def plain_load(self, name: str):
+    def plain_load(self, name: str, sync: bool = True):
         array = self.diagram.arrays[name]
         slot = self.smem[name]
         d = self.dialect
         count = 1
         for axis in array.axes:
             count *= self.tile[axis]
-        self.emit(f"for (int u = nk_tid; u < {count}; u += {self.threads}) {{")
-        self.depth += 1
+        if count <= self.threads:  # one value a thread at most: no loop, so a chunk's loop stays innermost
+            self.emit(f"if (nk_tid < {count}) {{")
+            self.depth += 1
+            self.emit("const int u = nk_tid;")
+        else:
+            self.emit(f"for (int u = nk_tid; u < {count}; u += {self.threads}) {{")
+            self.depth += 1
         self.emit("int rest = u;")
         coords = {}
         for axis in reversed(array.axes):
@@ -651,7 +657,22 @@ class TensorPrinter(KernelWriter):
         self.emit(d.store(pointer, "u", f"(({valid}) ? {value} : 0.0f)", array.dtype))
         self.depth -= 1
         self.emit("}")
-        self.emit("NK_SYNC();")
+        if sync:
+            self.emit("NK_SYNC();")
+
+    def chunk_vectors(self, node: Loop):
+        """Load the plain (unswizzled) tiles the chunk reads, a streamed vector each (the
+        backward's L, D and dL over the query chunk), together at the chunk's top behind one
+        barrier, rather than each behind its own where the Program first reads it: the chunk's
+        top barrier has already said every warp is done with the previous chunk's values."""
+        vectors = [s.array for s, _ in walk(node.body) if s.op == "load" and s.level == self.level
+                   and s.array not in self.plan.operands and self.smem[s.array].tile is None]
+        for name in dict.fromkeys(vectors):
+            self.emit(f"// load {name} of this chunk")
+            self.plain_load(name, sync=False)
+            self.chunk_loaded.add(name)
+        if vectors:
+            self.emit("NK_SYNC();  // the chunk's vectors are in shared memory for every warp")
 
     def stream_loop(self, node: Loop):
         """The streamed loop as a ``stages``-deep cp.async pipeline with one barrier a chunk.
@@ -792,7 +813,9 @@ class TensorPrinter(KernelWriter):
         for (name, _, _), lane in self.lanes.items():
             if name in streamed and not constant:  # a running buffer joins the lane's row once a chunk
                 self.emit(f"const int nk_lbs{lane} = nk_lb{lane} + {stage} * {self.smem[name].stage_bytes};")
+        self.chunk_vectors(node)
         self.nodes(node.body)
+        self.chunk_loaded.clear()
         self.unmasked = {}
         self.tops_ready.clear()  # the next chunk's rescale writes them again
         for name in streamed:
