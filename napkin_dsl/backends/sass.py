@@ -150,7 +150,8 @@ _LABEL = re.compile(r"^\s*(?P<label>[A-Za-z_.$][\w.$]*):\s*$")
 _INSTRUCTION = re.compile(
     r"^\s*/\*(?P<address>[0-9a-fA-F]+)\*/\s*"
     r"(?:(?P<predicate>@!?U?P(?:T|\d+))\s+)?"
-    r"(?P<opcode>[A-Z][A-Z0-9_.]*)"
+    # a warpgroup MMA's shape has lowercase x's (HGMMA.64x128x16.F32.BF16): part of the opcode
+    r"(?P<opcode>[A-Z][A-Z0-9_.]*(?:x[0-9][A-Z0-9_.x]*)?)"
     r"\s*(?P<operands>[^;]*?)\s*;"
 )
 # Branch targets are printed as labels, `(.L_x_4)`, in backquotes; a raw address is accepted too.
