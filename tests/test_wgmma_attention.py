@@ -141,6 +141,25 @@ def test_the_model_prices_the_wgmma_plan_at_the_wgmma_rate():
     assert on_wgmma.time["overlapped_s"] < on_mma.time["overlapped_s"]
 
 
+def test_napkin_cost_prices_the_arch_it_is_given(capsys):
+    import json
+
+    from napkin_dsl.cli import main
+    from napkin_dsl.cost import cost_of
+
+    sets = ["--set", *(f"{k}={v}" for k, v in BIG.items())]
+    by_arch = {}
+    for arch in ("sm_90", "sm_90a"):
+        assert main(["cost", str(ATTENTION), "--hardware", "H100", "--arch", arch, "--json", *sets]) == 0
+        by_arch[arch] = json.loads(capsys.readouterr().out)["kernels"]["attention"]
+        assert by_arch[arch] == json.loads(json.dumps(cost_of(_program(**BIG), arch=arch).to_dict()))
+    assert main(["cost", str(ATTENTION), "--hardware", "H100", "--json", *sets]) == 0
+    assert json.loads(capsys.readouterr().out)["kernels"]["attention"] == by_arch["sm_90"]  # the profile's own arch
+    assert by_arch["sm_90a"] != by_arch["sm_90"]
+    assert main(["cost", str(ATTENTION), "--hardware", "A100", "--arch", "sm_90a", *sets]) != 0
+    assert "sm_90a" in capsys.readouterr().err
+
+
 # ---- the compiled kernel --------------------------------------------------------------------
 
 
