@@ -543,10 +543,6 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
         raise _Refuse("wgmma is built for one contraction, or for the two of an online softmax (attention)")
     if len(plan.mmas) == 1 and len(statements) != 1:
         raise _Refuse("wgmma is built for a launch of one contraction and nothing else, or for attention's two")
-    level = launch.schedule.compute_level
-    for _, loops in walk(launch.body):
-        if any(lp.kind == "stream" and lp.level == level and lp.mask is not None for lp in loops):
-            raise _Refuse(f"the {plan.stream} stream is masked: wgmma is built for unmasked streams (masks are not done)")
     if tile[plan.row] not in (WGMMA_M, 2 * WGMMA_M):
         raise _Refuse(f"the {plan.row} tile ({tile[plan.row]}) is not one or two warpgroups of {WGMMA_M} rows")
     shapes = {}

@@ -137,13 +137,13 @@ def test_matmul_is_planned_on_wgmma_for_sm_90a_only():
     assert cost_of(program, arch="sm_90a").time["compute_s"] < 0.6 * cost_of(program, arch="sm_90").time["compute_s"]
 
 
-def test_causal_attention_keeps_mma_sync_on_sm_90a_saying_why():
-    # unmasked attention is on wgmma (tests/test_wgmma_attention.py); masks are not done
-    kernel = napkin.load(EXAMPLES / "causal_attention.napkin")["causal_attention"]
-    program = kernel.gpu_program("H100", b=1, h=1, q=256, x=256, d=64)
+def test_mlp_keeps_mma_sync_on_sm_90a_saying_why():
+    # attention's two products are on wgmma (tests/test_wgmma_attention.py); a product and its epilogue are not
+    kernel = napkin.load(EXAMPLES / "mlp.napkin")["mlp"]
+    program = kernel.gpu_program("H100", b=256, k=64, n=128)
     chosen = selection(program, program.launches[0], "sm_90a")
     assert chosen.path == "mma.sync"
-    assert "masked" in chosen.declined
+    assert "one contraction" in chosen.declined
 
 
 # ---- the compiled kernel --------------------------------------------------------------------

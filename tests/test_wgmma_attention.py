@@ -97,7 +97,9 @@ def test_attention_is_planned_on_wgmma_for_sm_90a_only():
 
 
 @pytest.mark.parametrize("name, sizes", [("gqa", dict(b=1, kv=2, r=2, q=200, x=136, d=64)),
-                                         ("attention_lse", dict(b=1, h=1, q=64, x=100, d=32))])
+                                         ("attention_lse", dict(b=1, h=1, q=64, x=100, d=32)),
+                                         ("causal_attention", dict(b=1, h=1, q=256, x=256, d=64)),
+                                         ("sliding_window", dict(b=1, h=1, q=256, x=512, d=64))])
 def test_the_other_online_softmax_examples_are_on_wgmma(name, sizes):
     program = _program(EXAMPLES / f"{name}.napkin", **sizes)
     built = selection(program, program.launches[0], "sm_90a")
@@ -116,8 +118,8 @@ relabel a on H100:
 
 
 @pytest.mark.parametrize("what, program, reason", [
-    ("causal", lambda: _program(EXAMPLES / "causal_attention.napkin", b=1, h=1, q=256, x=256, d=64), "masked"),
-    ("sliding window", lambda: _program(EXAMPLES / "sliding_window.napkin", b=1, h=1, q=256, x=256, d=64), "masked"),
+    ("warp tiles", lambda: napkin.load(RELABELLED.format(q=128, x=64) + "    registers: group q 16\n")["a"].gpu_program(
+        "H100", q=512, x=256, d=64), "asks for warp tiles"),
     ("four warpgroups", lambda: napkin.load(RELABELLED.format(q=256, x=32))["a"].gpu_program("H100", q=512, x=256, d=64),
      "one or two warpgroups"),
     ("mlp", lambda: _program(EXAMPLES / "mlp.napkin", b=256, k=64, n=128), "or for attention's two"),
@@ -164,8 +166,8 @@ def test_napkin_cost_prices_the_arch_it_is_given(capsys):
 
 
 @pytest.mark.parametrize("name, sizes", [("attention", BIG), ("gqa", dict(b=4, kv=8, r=4, q=8192, x=8192, d=128)),
-                                         ("attention", dict(b=1, h=8, q=4096, x=4096, d=64))],
-                         ids=["attention-d128", "gqa-d128", "attention-d64"])
+                                         ("causal_attention", BIG), ("attention", dict(b=1, h=8, q=4096, x=4096, d=64))],
+                         ids=["attention-d128", "gqa-d128", "causal-d128", "attention-d64"])
 def test_attention_compiles_for_sm_90a_with_hgmma_for_both_products_and_no_spills(name, sizes):
     pytest.importorskip("cuda.bindings")
     from napkin_dsl.backends import sass
@@ -239,6 +241,10 @@ def _run(name, sizes):
     ("attention", dict(b=1, h=1, q=64, x=80, d=128)),    # one warpgroup, two 128-byte atoms of d
     ("gqa", dict(b=1, kv=2, r=2, q=130, x=70, d=64)),
     ("attention_lse", dict(b=1, h=1, q=130, x=150, d=32)),
+    # masked streams: the chunks the mask holds in full in their own loop, on constant stages; the
+    # diagonal and the window's edge masked, on a running stage index in the descriptors
+    ("causal_attention", dict(b=1, h=1, q=200, x=150, d=32)),
+    ("sliding_window", dict(b=1, h=1, q=330, x=400, d=32)),
 ], ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}{n}" for k, n in v.items()))
 def test_the_emulated_sm_90a_attention_matches_the_reference(name, sizes):
     program, outputs, expected = _run(name, sizes)
