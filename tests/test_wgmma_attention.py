@@ -49,8 +49,11 @@ def isa_a(thread: int, i: int) -> tuple[int, int]:
 def test_the_register_a_fragment_covers_64_x_16_and_is_mma_syncs_a_per_warp():
     cells = {isa_a(thread, i) for thread in range(128) for i in range(8)}
     assert cells == {(r, k) for r in range(64) for k in range(16)}
+    a = layouts.wgmma_a()
+    assert a.extent("thread") == 128 and a.extent("i") == 8
     for thread in range(128):
         for i in range(8):
+            assert a(thread, i) == isa_a(thread, i)
             row, k = layouts.mma_a(thread % 32, i)  # napkin's m16n8k16 A fragment
             assert (16 * (thread // 32) + row, k) == isa_a(thread, i)
 

@@ -1,6 +1,7 @@
 """The wgmma lowering (sm_90a): a launch with a wgmma :class:`~napkin_dsl.isel.TensorPlan` -> a kernel.
 
-One contraction ``out[row, n] (+)= A[row, k] B[k, n]`` per launch (matmul's), on
+Contractions ``out[row, n] (+)= A[row, k] B[k, n]``, one a launch (matmul's) or an online
+softmax's two (attention's S = Q K^T and O += P V), on
 ``wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}`` (PTX ISA 9.7.15, "Asynchronous Warpgroup
 Level Matrix Multiply-Accumulate"):
 
@@ -14,10 +15,20 @@ Level Matrix Multiply-Accumulate"):
   immediate set, for one whose fastest axis is m or n), written 16 bytes at a time by
   ``cp.async`` behind the same double-buffered pipeline as the mma.sync path, and read by the
   tensor cores through 64-bit matrix descriptors (``layouts.MatrixDescriptor``);
-* every chunk: ``fence.proxy.async`` (the copies, written through the generic proxy, are seen by
-  the async proxy wgmma reads through), ``wgmma.fence`` (the accumulator registers were written
-  by other instructions), one wgmma per 16 values of k, ``wgmma.commit_group`` and
-  ``wgmma.wait_group 0`` before the stage may be refilled.
+* A from registers (attention's P, ``Mma.a_in_registers``): the ``d, a, b-desc, ...`` form, A
+  four .b32 registers of 16-bit pairs. Its register fragment (``layouts.wgmma_a``) is, per warp,
+  mma.sync's m16n8k16 A fragment of the warp's 16 rows, so the D fragment of S packs into it with
+  no lane crossing (``layouts.p_to_a_registers``), every k step's registers packed before the
+  ``wgmma.fence``; the softmax and the other steps run on the D fragments as the mma.sync printer
+  runs them on C fragments (the quad shuffles included);
+* every product: ``fence.proxy.async`` (the copies, written through the generic proxy, are seen by
+  the async proxy wgmma reads through), ``wgmma.fence`` (the accumulator and A registers were
+  written by other instructions), one wgmma per 16 values of k, ``wgmma.commit_group`` and
+  ``wgmma.wait_group 0`` before anything reads the accumulator (the softmax reads S, the next
+  chunk rescales O) or the stage is refilled; in a two-product launch the accumulator and A
+  registers are then pinned (``NK_WG_PIN_F``/``_R``: an empty asm that reads and writes each), so
+  the compiler neither reads them before the wait nor reuses P's registers while wgmma may read
+  them.
 * where the plan has TMA copies (``plan.tma``, ``isel._tma_loads``), the streamed operands come
   instead by ``cp.async.bulk.tensor.2d`` (PTX ISA 9.7.9.25), one box per atom column of the
   canonical tile (``CanonicalTile.tma_boxes``: the tensor map's swizzle span is the atom's
@@ -32,14 +43,17 @@ Level Matrix Multiply-Accumulate"):
 
 OpenCL prints the same kernel; its prelude emulates wgmma per work-item by decoding the
 descriptors' bit fields and the canonical layouts' address swizzle as the PTX ISA defines them,
-written here apart from ``layouts.py``'s encoder, so that a CPU run through PoCL checks the
+and A from registers by the ISA's register fragment (each work-item reads A(row, k) from the lane,
+register and half the ISA names, through the warp's scratch), written here apart from
+``layouts.py``'s encoder and the printer's packing, so that a CPU run through PoCL checks the
 encoding.
 
-Deliberately not here: choosing the path (``isel.py``), A from registers, more than one
-contraction a launch (attention), a producer warp and consumers' "empty" mbarriers, clusters and
-TMA multicast, TMA stores, warp specialization and ``setmaxnreg`` (issue
-27, later steps); the mma.sync printer (``tensorcore.py``), whose node walk, pipeline, copies and
-epilogue this printer inherits.
+Deliberately not here: choosing the path (``isel.py``), more contractions a launch than
+attention's two, wgmma left in flight across steps (the softmax of one chunk under the products
+of the next), a producer warp and consumers' "empty" mbarriers, clusters and TMA multicast, TMA
+stores, warp specialization, pingpong and ``setmaxnreg`` (issue 27, later steps); the mma.sync
+printer (``tensorcore.py``), whose node walk, pipeline, copies, masks, softmax and epilogue this
+printer inherits.
 """
 
 from __future__ import annotations
