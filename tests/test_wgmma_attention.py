@@ -288,3 +288,16 @@ def test_the_emulation_sees_a_wrong_transpose_immediate(monkeypatch):
     monkeypatch.setattr(isel, "_wgmma_plan", cleared)
     program, outputs, expected = _run("attention", dict(b=1, h=1, q=64, x=64, d=64))
     assert not np.allclose(outputs["O"].astype(np.float64), expected["O"].astype(np.float64), atol=1e-2)
+
+
+@pytest.mark.parametrize("sizes", [["b=1", "h=1", "q=64", "x=80", "d=16"], ["b=1", "h=1", "q=130", "x=70", "d=32"]],
+                         ids=["one-warpgroup", "two-warpgroups-ragged"])
+def test_oclgrind_finds_no_race_or_bad_access_in_the_emulated_sm_90a_attention(sizes):
+    from .test_tensorcore import oclgrind
+
+    result = oclgrind("examples/attention.napkin", sizes, "--arch", "sm_90a")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = result.stdout + result.stderr
+    assert "data race" not in report and "Invalid" not in report and "error" in report, report[-2000:]
+    errors = [float(line.split()[-1]) for line in result.stdout.splitlines() if " error " in line]
+    assert errors and max(errors) < 0.02, result.stdout
