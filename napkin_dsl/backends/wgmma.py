@@ -70,11 +70,12 @@ _CUDA_HEAD = r"""
 // ---- wgmma primitives (PTX ISA 9.7.15: wgmma.mma_async, wgmma.fence, commit_group, wait_group;
 // 9.7.12.15 membar/fence: fence.proxy.async) ----
 // A descriptor's constant fields (leading and stride byte offsets, swizzle mode) with its start
-// address: matrix-descriptor-encode(x) = (x & 0x3FFFF) >> 4 in bits 0-13.
-__device__ __forceinline__ unsigned long long nk_desc(unsigned long long fields, unsigned addr) {
-    return fields | (unsigned long long)((addr & 0x3FFFFu) >> 4);
-}
-#define NK_DESC(fields, off) nk_desc((fields), nk_sbase + (off))
+// address: matrix-descriptor-encode(x) = (x & 0x3FFFF) >> 4 in bits 0-13. The arena's base is
+// encoded once (NK_DESC_BASE); a tile's address is base + off, both multiples of 16 and inside the
+// shared window (under 2^18 bytes), so its field is the base's plus off >> 4 with no carry out of
+// bit 13: one 64-bit add of a constant a descriptor, which ptxas folds into the stage's offsets.
+#define NK_DESC_BASE() const unsigned long long nk_dbase = (unsigned long long)((nk_sbase & 0x3FFFFu) >> 4)
+#define NK_DESC(fields, off) ((unsigned long long)(fields) + nk_dbase + (unsigned long long)((unsigned)(off) >> 4))
 #define NK_FENCE_PROXY_ASYNC() asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory")
 #define NK_WG_FENCE() asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory")
 #define NK_WG_COMMIT() asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory")
@@ -90,6 +91,7 @@ _OPENCL_HEAD = r"""
 /* ---- wgmma emulated per work-item (PTX ISA 9.7.15), written from the ISA apart from napkin's
    encoder: the descriptor's fields are decoded from their bits, each element's byte address is
    formed from the canonical layout's strides and then swizzled as the swizzle mode says. */
+#define NK_DESC_BASE()
 #define NK_DESC(fields, off) ((ulong)(fields) | (ulong)((((uint)(off)) & 0x3FFFFu) >> 4))
 #define NK_FENCE_PROXY_ASYNC()
 #define NK_WG_FENCE()
@@ -372,6 +374,8 @@ class WgmmaPrinter(TensorPrinter):
         arrive.expect_tx) and made visible to the async proxy before any copy."""
         self.lanes = {}
         self.emit(f"const int nk_wg = nk_warp >> 2;  // this thread's warpgroup: rows {WGMMA_M} * nk_wg of the {self.plan.row} tile")
+        assert self.arena < 1 << 18, "napkin bug: a descriptor's start address field holds 18 bits of the shared window"
+        self.emit("NK_DESC_BASE();  // the descriptors' start address field of the arena's base")
         if self.tma:
             inits = " ".join(f"NK_MBAR_INIT({self.bar(str(s))}, 1);" for s in range(self.plan.stages))
             self.emit(f"if (nk_tid == 0) {{ {inits} NK_FENCE_MBAR_INIT(); }}")
