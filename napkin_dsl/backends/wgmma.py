@@ -21,8 +21,9 @@ Level Matrix Multiply-Accumulate"):
   no lane crossing (``layouts.p_to_a_registers``), every k step's registers packed before the
   ``wgmma.fence``; the softmax and the other steps run on the D fragments as the mma.sync printer
   runs them on C fragments (the quad shuffles included);
-* every product: ``fence.proxy.async`` (the copies, written through the generic proxy, are seen by
-  the async proxy wgmma reads through), ``wgmma.fence`` (the accumulator and A registers were
+* every chunk, each thread between its ``cp.async.wait_group`` and the barrier:
+  ``fence.proxy.async`` (its copies, written through the generic proxy, are seen by the async
+  proxy wgmma reads through); every product: ``wgmma.fence`` (the accumulator and A registers were
   written by other instructions), one wgmma per 16 values of k, ``wgmma.commit_group`` and
   ``wgmma.wait_group 0`` before anything reads the accumulator (the softmax reads S, the next
   chunk rescales O) or the stage is refilled; in a two-product launch the accumulator and A
@@ -388,6 +389,12 @@ class WgmmaPrinter(TensorPrinter):
             return
         super().copy_constants()
 
+    def copies_landed(self):
+        """Each thread's cp.async writes (the generic proxy) ordered before the async proxy wgmma
+        reads through, by the writing thread itself and before the barrier that publishes them to
+        the warpgroups (with TMA the copies are the async proxy's already: no cp.async here)."""
+        self.emit("NK_FENCE_PROXY_ASYNC();  // this thread's copies, seen by the async proxy wgmma reads through")
+
     def bar(self, stage: str) -> str:
         return f"{self.bars + MBARRIER_BYTES * int(stage)}" if stage.isdigit() else f"{self.bars} + {MBARRIER_BYTES} * ({stage})"
 
@@ -485,8 +492,6 @@ class WgmmaPrinter(TensorPrinter):
         n = shape[0]
         if m.a_in_registers:
             self.register_a(m)
-        if not self.tma:  # TMA writes through the async proxy, as wgmma reads
-            self.emit("NK_FENCE_PROXY_ASYNC();  // the cp.async writes, seen by the async proxy wgmma reads through")
         self.emit("NK_WG_FENCE();  // the accumulator (and A) registers were written by other instructions")
         # A: this warpgroup's 64 rows; B: all N columns (K-major unless stored with k as rows)
         a_row = f"nk_wg * {WGMMA_M}"
