@@ -301,3 +301,33 @@ def test_oclgrind_finds_no_race_or_bad_access_in_the_emulated_sm_90a_attention(s
     assert "data race" not in report and "Invalid" not in report and "error" in report, report[-2000:]
     errors = [float(line.split()[-1]) for line in result.stdout.splitlines() if " error " in line]
     assert errors and max(errors) < 0.02, result.stdout
+
+
+def test_the_hot_loop_is_the_loop_the_mmas_run_in_around_nested_copy_loops():
+    """With TMA, ptxas puts each UTMALDG in a one-trip ELECT loop inside the chunk loop: the loop
+    holding the HGMMAs is then not innermost, and is the one ``sass.tensor_loops`` finds."""
+    from napkin_dsl.backends.sass import Instruction, innermost_loops, tensor_loops
+
+    code = [Instruction(0x00, "IADD3"),
+            Instruction(0x10, "ELECT"), Instruction(0x20, "UTMALDG.2D"), Instruction(0x30, "BRA.U.ANY", predicate="@P0", target=0x10),
+            Instruction(0x40, "HGMMA.64x128x16.F32.BF16"), Instruction(0x50, "HGMMA.64x128x16.F32.BF16"),
+            Instruction(0x60, "SYNCS.PHASECHK.TRANS64.TRYWAIT"), Instruction(0x70, "BRA", predicate="@!P1", target=0x60),
+            Instruction(0x80, "BRA", predicate="@P2", target=0x00),
+            Instruction(0x90, "HMMA.16816.F32.BF16"), Instruction(0xa0, "BRA", predicate="@P3", target=0x90),
+            Instruction(0xb0, "EXIT")]
+    assert [[i.address for i in body] for body in innermost_loops(code)] == [[0x10, 0x20, 0x30], [0x60, 0x70], [0x90, 0xa0]]
+    # the chunk loop (its nested loops counted once); the HMMA loop is innermost already
+    assert [[i.address for i in body] for body in tensor_loops(code)] == [list(range(0x00, 0x90, 0x10))]
+
+
+def test_an_hgmmas_shape_is_part_of_its_opcode():
+    from napkin_dsl.backends.sass import parse_listing, tensor_work
+
+    listing = ("//--------------------- .text.k --------------------------\n"
+               "        /*0040*/                   HGMMA.64x128x16.F32.BF16 R24, R88, gdesc[UR8].tnspB, R24, gsb0 ;\n"
+               "        /*0050*/              @P0  HGMMA.64x64x16.F32.BF16 R88, gdesc[UR12], RZ, !UPT ;\n")
+    (first, second), = parse_listing(listing).values()
+    assert (first.opcode, first.operands) == ("HGMMA.64x128x16.F32.BF16", "R24, R88, gdesc[UR8].tnspB, R24, gsb0")
+    assert (second.opcode, second.predicate, second.operands) == ("HGMMA.64x64x16.F32.BF16", "@P0", "R88, gdesc[UR12], RZ, !UPT")
+    # a warp's quarter of the warpgroup's 64 x N x 16 product, priced on the wgmma path
+    assert tensor_work(first.opcode) == (2 * 64 * 128 * 16 // 4, "wgmma", "bf16") and first.kind == "tensor"
