@@ -220,7 +220,7 @@ def test_attention_compiles_for_sm_90a_with_hgmma_for_both_products_and_no_spill
 # ---- the emulation: PoCL runs the sm_90a kernel's OpenCL printing ---------------------------
 
 
-def _run(name, sizes):
+def _run(name, sizes, source=None):
     from napkin_dsl.backends import opencl
     from napkin_dsl.reference import evaluate
 
@@ -228,7 +228,7 @@ def _run(name, sizes):
 
     if not opencl.opencl_available():
         pytest.skip("no OpenCL device")
-    (kernel,) = napkin.load(EXAMPLES / f"{name}.napkin").values()
+    (kernel,) = napkin.load(source or EXAMPLES / f"{name}.napkin").values()
     program = kernel.gpu_program("H100", **sizes)
     assert selection(program, program.launches[0], "sm_90a").path == "wgmma"
     source, _ = opencl.generate(program, arch="sm_90a")
@@ -252,6 +252,15 @@ def _run(name, sizes):
 def test_the_emulated_sm_90a_attention_matches_the_reference(name, sizes):
     program, outputs, expected = _run(name, sizes)
     assert_matches_reference(program, outputs, expected, name)
+
+
+def test_the_emulated_sm_90a_attention_in_f16_matches_the_reference():
+    from napkin_dsl.backends import opencl
+
+    source = RELABELLED.format(q=128, x=64).replace("bf16", "f16")
+    program, outputs, expected = _run("a", dict(q=130, x=70, d=64), source)
+    assert "NK_PACK_F16" in opencl.generate(program, arch="sm_90a")[0]  # P packed to f16, read back as f16
+    assert_matches_reference(program, outputs, expected, "f16 attention")
 
 
 def _swapped_rows(registers):
