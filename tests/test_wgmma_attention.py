@@ -242,6 +242,7 @@ def _run(name, sizes, source=None):
 @pytest.mark.parametrize("name, sizes", [
     ("attention", dict(b=1, h=2, q=200, x=150, d=32)),   # ragged q and x, 64-byte swizzle
     ("attention", dict(b=1, h=1, q=64, x=80, d=128)),    # one warpgroup, two 128-byte atoms of d
+    ("attention", dict(b=1, h=1, q=130, x=70, d=128)),   # two warpgroups: the second's Q rows 64 on in each atom
     ("gqa", dict(b=1, kv=2, r=2, q=130, x=70, d=64)),
     ("attention_lse", dict(b=1, h=1, q=130, x=150, d=32)),
     # masked streams: the chunks the mask holds in full in their own loop, on constant stages; the
