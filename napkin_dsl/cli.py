@@ -341,8 +341,8 @@ def _selected(args) -> list[Kernel]:
     return [k for _, k in _load_all([args.file], args.kernel, getattr(args, "hardware", None))]
 
 
-def cost_json(k: Kernel, hardware: str | None, sizes: dict, path: str | None = None) -> dict:
-    return k.cost(hardware, path=path, **sizes).to_dict()
+def cost_json(k: Kernel, hardware: str | None, sizes: dict, path: str | None = None, arch: str | None = None) -> dict:
+    return k.cost(hardware, path=path, arch=arch, **sizes).to_dict()
 
 
 def cmd_pseudo(args) -> int:
@@ -368,11 +368,13 @@ def cmd_cost(args) -> int:
     sizes = parse_sets(args.set)
     kernels = _selected(args)
     check_symbols(sizes, kernels, args.hardware)
+    if args.hardware is not None and args.arch is not None:
+        load_hardware(args.hardware).check_arch(args.arch)  # before any kernel is planned
     if args.json:
-        print(json.dumps({"kernels": {k.name: cost_json(k, args.hardware, sizes, args.path) for k in kernels}}, indent=2))
+        print(json.dumps({"kernels": {k.name: cost_json(k, args.hardware, sizes, args.path, args.arch) for k in kernels}}, indent=2))
         return 0
     for k in kernels:
-        print(k.cost(args.hardware, path=args.path, **sizes).table())
+        print(k.cost(args.hardware, path=args.path, arch=args.arch, **sizes).table())
     return 0
 
 
@@ -746,6 +748,8 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--path", metavar="INSTRUCTION",
                       help=f"price the tensor-core launches on this instruction, one the profile lists ({gpu_paths()}); "
                            "a what-if: napkin builds mma.sync")
+    cost.add_argument("--arch", help=f"price the code built for this architecture, one the profile runs ({gpu_archs()}; "
+                                     "sm_90a: wgmma where selection takes it); default: the profile's own")
     cost.set_defaults(run=cmd_cost)
 
     tune = sub.add_parser("tune", help="choose group/stream sizes minimising predicted time")

@@ -133,6 +133,8 @@ class TensorPlan:
     # ``stages`` stages behind mbarriers); () where the operands go by cp.async, and why.
     tma: tuple = ()
     tma_declined: str = ""
+    # A wgmma plan's shape per product (statement target -> "m64n64k16"); ``shape`` joins them.
+    shapes: dict = field(default_factory=dict)
 
     @property
     def row_warps(self) -> int:
@@ -521,39 +523,46 @@ def _budget_refusal(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget:
 
 def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict, warp_tiles: dict) -> TensorPlan:
     """The mma.sync ``plan`` of a launch rebuilt on ``wgmma.mma_async.m64nNk16`` (sm_90a), or a
-    refusal naming what napkin's wgmma printer (``backends/wgmma.py``) does not take: one
-    contraction ``out[row, n] = A[row, k] B[k, n]`` with both operands in shared memory (read by
-    descriptor, in the canonical swizzled layouts of ``layouts.CanonicalTile``), 64 or 128 rows
-    (one or two warpgroups of 64; each of their warps holds 16 rows of the N-wide accumulator), N a
-    multiple of 8 up to 256, the k chunk a multiple of 16."""
+    refusal naming what napkin's wgmma printer (``backends/wgmma.py``) does not take: 64 or 128
+    rows (one or two warpgroups of 64; each of their warps holds 16 rows of every N-wide
+    accumulator, as mma.sync's 16-row warps do), and each contraction ``out[row, n] (+)= A[row, k]
+    B[k, n]`` with N a multiple of 8 up to 256 and the k chunk a multiple of 16, B in shared memory
+    (by descriptor, in the canonical swizzled layouts of ``layouts.CanonicalTile``) and A there too
+    or in registers (a fragment laid out along k: P of attention, packed to the operands' type as
+    the register A fragment, which is mma.sync's m16n8k16 A fragment per warp). More than one
+    contraction is the online softmax's two (attention, its GQA and log-sum-exp forms): the
+    register level's other steps (softmax, maxima, sums) run on the D fragments as on mma.sync's C."""
     statements = launch.launch.statements
     if split_loop(launch) is not None:  # backends/wgmma.py saves no part state: mma.sync's printer does
         raise _Refuse("a split's parts launch: the wgmma epilogue that saves its part states is not written")
-    if len(statements) != 1 or len(plan.mmas) != 1:
-        raise _Refuse("wgmma is built for a launch of one contraction and nothing else")
     if warp_tiles:
         raise _Refuse(f"a relabelling asks for warp tiles ({', '.join(warp_tiles)}): they are mma.sync's")
-    (target, mma), = plan.mmas.items()
-    if mma.a_in_registers:
-        raise _Refuse(f"{mma.a} in registers: wgmma's A from registers is not built")
+    if len(plan.mmas) > 1 and not any(isinstance(s.box, Softmax) for s in statements):
+        raise _Refuse("wgmma is built for one contraction, or for the two of an online softmax (attention)")
+    if len(plan.mmas) == 1 and len(statements) != 1:
+        raise _Refuse("wgmma is built for a launch of one contraction and nothing else, or for attention's two")
     if tile[plan.row] not in (WGMMA_M, 2 * WGMMA_M):
         raise _Refuse(f"the {plan.row} tile ({tile[plan.row]}) is not one or two warpgroups of {WGMMA_M} rows")
-    n = tile[mma.n]
-    if n % 8 or n > WGMMA_MAX_N:
-        raise _Refuse(f"the {mma.n} tile ({n}) is not a multiple of 8 up to {WGMMA_MAX_N} (m64nNk16)")
-    if tile[mma.k] % WGMMA_K:
-        raise _Refuse(f"the contracted {mma.k} tile ({tile[mma.k]}) is not a multiple of {WGMMA_K}")
-    for name in (mma.a, mma.b):
-        op = plan.operands[name]
-        eb = DTYPE_BYTES[launch.schedule.diagram.arrays[name].dtype]
-        if not CanonicalTile.supports(tile[op.cols], eb):
-            raise _Refuse(f"{name}'s tile rows ({tile[op.cols] * eb} bytes) are not 32, 64 or a multiple of 128: no wgmma swizzle atom covers them")
-    fragments = plan.fragments[target]
-    if fragments.col != mma.n:
-        raise _Refuse(f"{target} is not laid out along {mma.n}")
+    shapes = {}
+    for target, mma in plan.mmas.items():
+        n = tile[mma.n]
+        if n % 8 or n > WGMMA_MAX_N:
+            raise _Refuse(f"the {mma.n} tile ({n}) of {target} is not a multiple of 8 up to {WGMMA_MAX_N} (m64nNk16)")
+        if tile[mma.k] % WGMMA_K:
+            raise _Refuse(f"the contracted {mma.k} tile ({tile[mma.k]}) is not a multiple of {WGMMA_K}")
+        for name in (mma.b,) if mma.a_in_registers else (mma.a, mma.b):
+            op = plan.operands[name]
+            eb = DTYPE_BYTES[launch.schedule.diagram.arrays[name].dtype]
+            if not CanonicalTile.supports(tile[op.cols], eb):
+                raise _Refuse(f"{name}'s tile rows ({tile[op.cols] * eb} bytes) are not 32, 64 or a multiple of 128: no wgmma swizzle atom covers them")
+        if plan.fragments[target].col != mma.n:
+            raise _Refuse(f"{target} is not laid out along {mma.n}")
+        shapes[target] = f"m{WGMMA_M}n{n}k{WGMMA_K}"
     rows = tile[plan.row]
     built = replace(plan, warp_rows=MMA_M, split=None, col_tile=0, warp_cols=0, instruction="wgmma",
-                    shape=f"m{WGMMA_M}n{n}k{WGMMA_K}", row_tile=rows)
+                    shape=", ".join(dict.fromkeys(shapes.values())), shapes=shapes, row_tile=rows)
+    # each warp of a warpgroup holds N/2 f32 of a 64 x N accumulator: mma.sync's 16-row warp tiles
+    _refuse_if(_budget_refusal(built, launch, tile, FRAGMENT_BUDGET, None))
     try:
         return replace(built, tma=_tma_loads(built, launch, tile, sizes))
     except _Refuse as refusal:
@@ -824,8 +833,10 @@ def describe(selection_: Selection, launch: LaunchProgram) -> list[str]:
         a = f"{mma.a} from registers (packed to {mma.dtype})" if mma.a_in_registers else f"{mma.a} by ldmatrix{'.trans' if mma.a_trans else ''}"
         if plan.shape:
             major = lambda trans: "MN-major" if trans else "K-major"
-            lines.append(f"{s.target}: wgmma.mma_async.{plan.shape} {mma.dtype} -> f32, A = {mma.a} by descriptor "
-                         f"({major(mma.a_trans)}), B = {mma.b} by descriptor ({major(mma.b_trans)}), staged by "
+            a_from = (f"A = {mma.a} from registers (packed to {mma.dtype})" if mma.a_in_registers
+                      else f"A = {mma.a} by descriptor ({major(mma.a_trans)})")
+            lines.append(f"{s.target}: wgmma.mma_async.{plan.shapes.get(s.target, plan.shape)} {mma.dtype} -> f32, {a_from}, "
+                         f"B = {mma.b} by descriptor ({major(mma.b_trans)}), staged by "
                          + (f"TMA ({plan.stages}-stage mbarrier ring)" if plan.tma else f"cp.async (not TMA: {plan.tma_declined})"))
             continue
         if plan.instruction == "wgmma":

@@ -119,17 +119,20 @@ class Kernel:
             return render_text(program, lines)
         raise NapkinError(f"unknown pseudocode format {format!r}", hint="use 'text' or 'markdown'")
 
-    def cost(self, hardware: str | None = None, relabel=None, path: str | None = None, **sizes: int):
+    def cost(self, hardware: str | None = None, relabel=None, path: str | None = None, arch: str | None = None,
+             **sizes: int):
         """The :class:`~napkin_dsl.cost.CostReport` read off the pseudocode; raises if a level overflows.
 
         ``relabel`` (a :class:`~napkin_dsl.tune.TuneResult` or relabel text) costs that relabelling
         instead of the kernel's own: ``kernel.cost(relabel=kernel.tune(...))``. ``path``
-        ("mma.sync", "wgmma") prices the tensor-core launches on that instruction, a what-if."""
+        ("mma.sync", "wgmma") prices the tensor-core launches on that instruction, a what-if.
+        ``arch`` prices the code built for that architecture (``sm_90a``: wgmma where isel takes
+        it), default the profile's own."""
         from .cost import cost_of
 
         if relabel is not None:
-            return self.relabelled(relabel).cost(hardware, path=path, **sizes)
-        return cost_of(self.program(hardware, **sizes), path=path)
+            return self.relabelled(relabel).cost(hardware, path=path, arch=arch, **sizes)
+        return cost_of(self.program(hardware, **sizes), path=path, arch=arch)
 
     @property
     def partition_symbols(self) -> set[str]:

@@ -30,13 +30,14 @@ The objects:
 * :func:`wavefronts`: how many 128-byte shared-memory wavefronts a set of addresses takes,
   the measure the bank-conflict test uses;
 * for ``wgmma.mma_async`` (sm_90a): :func:`wgmma_d`, the m64nN f32 accumulator fragment;
+  :func:`wgmma_a`, the register fragment of A (attention's P);
   :class:`CanonicalTile`, the canonical 128B/64B/32B-swizzled shared layouts (K-major or
   MN-major); :class:`MatrixDescriptor`, the 64-bit matrix descriptor encoder.
 
 Deliberately not here: CuTe's full algebra (hierarchical shapes, complements, divides:
 napkin's layouts are flat bit fields, and composition is functional), the printers' loops and
-origins (``backends/tensorcore.py``), wgmma's A from registers, the no-swizzle and interleaved
-layouts, and 8-bit fragments.
+origins (``backends/tensorcore.py``), the no-swizzle and interleaved layouts, and 8-bit
+fragments.
 """
 
 from __future__ import annotations
@@ -570,6 +571,18 @@ def wgmma_d(n: int) -> Layout:
     return Layout(("thread", "v"), ("row", "col"),
                   (Mode(0, 32, 4, (16, 0), "warp"), Mode(0, 4, 8, (1, 0), "g"), Mode(0, 1, 4, (0, 2), "t"),
                    Mode(1, 1, 2, (0, 1)), Mode(1, 2, 2, (8, 0)), Mode(1, 4, n // 8, (0, 8))))
+
+
+def wgmma_a() -> Layout:
+    """(thread of the warpgroup, value i) -> (row, k) of the 64 x 16 A operand of
+    ``wgmma.mma_async.m64nNk16`` read from registers, .f16/.bf16 (PTX ISA 9.7.15.5.1.1.1, Figure
+    148): a0..a7 in four .b32 registers, row 16 * (warp % 4) + groupID (+ 8 for a2, a3, a6, a7),
+    k 2 * threadID_in_group + i % 2 (+ 8 for a4..a7). Warp w's part is mma.sync's m16n8k16 A
+    fragment (:data:`MMA_A`) of rows 16w..16w+15, so an accumulator pair of :func:`wgmma_d` packs
+    into it as on mma.sync (:func:`p_to_a_registers`): tests/test_wgmma_attention.py holds both."""
+    return Layout(("thread", "i"), ("row", "k"),
+                  (Mode(0, 32, 4, (16, 0), "warp"), Mode(0, 4, 8, (1, 0), "g"), Mode(0, 1, 4, (0, 2), "t"),
+                   Mode(1, 1, 2, (0, 1)), Mode(1, 2, 2, (8, 0)), Mode(1, 4, 2, (0, 8))))
 
 
 # The descriptor's swizzling modes (PTX ISA 9.7.15.5.1.2.2, "Matrix Descriptor Format", bits 62-63)

@@ -174,8 +174,10 @@ SMALL_SIZES = {
     "attention": {"b": 1, "h": 2, "q": 200, "x": 200, "d": 128},
     "matmul": {"m": 200, "k": 104, "n": 200},
     "matmul_sm90a_ragged": {"m": 200, "k": 72, "n": 136},  # wgmma's 64-row warpgroups and TMA boxes, all ragged
+    "attention_sm90a": {"b": 1, "h": 2, "q": 200, "x": 200, "d": 128},  # wgmma with P from registers, ragged q and x
 }
-SANITIZER_CASES = ("attention", "matmul", "matmul_sm90a_ragged")  # the Hopper kernel: TMA, mbarriers, wgmma
+# the Hopper kernels: TMA, mbarriers, wgmma (matmul); wgmma with A from registers (attention)
+SANITIZER_CASES = ("attention", "matmul", "matmul_sm90a_ragged", "attention_sm90a")
 SANITIZER_TOOLS = ("memcheck", "racecheck")
 SANITIZER_DEADLINE_S = 60.0
 SANITIZER_ERROR_EXIT = 86  # --error-exitcode: the tool found something
@@ -220,6 +222,9 @@ CASES: list[Case] = [
     Case("matmul_sm90a_ragged", "matmul.napkin", "matmul", {"m": 200, "k": 72, "n": 136}, {"m": 200}, "matmul",
          arch="sm_90a"),
     Case("matmul_sm90a", "matmul.napkin", "matmul", {"m": 8192, "k": 8192, "n": 8192}, {"m": 64}, "matmul", arch="sm_90a"),
+    # attention on wgmma (S = Q K^T by descriptors, O += P V with P from registers), at the headline sizes
+    Case("attention_sm90a", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
+         {"b": 2, "q": 32}, "sdpa", arch="sm_90a"),
     Case("mlp", "mlp.napkin", "mlp", {"b": 8192, "k": 4096, "n": 4096}, {"b": 64}, "mlp"),
     # group r 16 keeps 16 whole f32 rows in shared memory: c = 2048 is 128 KiB of the 227
     Case("softmax", "softmax.napkin", "softmax_rows", {"r": 32768, "c": 2048}, {"r": 128}, "softmax"),

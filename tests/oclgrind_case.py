@@ -19,6 +19,7 @@ def main() -> int:
     parser.add_argument("example")
     parser.add_argument("sizes", nargs="+")
     parser.add_argument("--drop-staging-barrier", action="store_true")
+    parser.add_argument("--arch", help="emulate the code built for this architecture (sm_90a: wgmma)")
     args = parser.parse_args()
     import napkin_dsl as napkin
     from napkin_dsl.backends import opencl, tensorcore
@@ -36,7 +37,7 @@ def main() -> int:
     (kernel,) = napkin.load(args.example).values()
     sizes = {k: int(v) for k, v in (item.split("=") for item in args.sizes)}
     inputs, scalars = random_inputs(kernel.diagram, sizes)
-    outputs = opencl.run(kernel.gpu_program(None, **sizes), inputs, scalars)
+    outputs = opencl.run(kernel.gpu_program(None, **sizes), inputs, scalars, arch=args.arch)
     expected = evaluate(kernel.diagram, inputs, scalars, sizes)
     for name, want in expected.items():
         error = float(np.max(np.abs(outputs[name].astype(np.float64) - want))) / max(1.0, float(np.max(np.abs(want))))

@@ -113,8 +113,8 @@ def test_dry_run_compiles_every_example_and_prints_one_table(tmp_path):
     rows = {row["kernel"]: row for row in data["rows"]}
     assert [p["path"] for p in rows["attention"]["paths"]] == ["mma.sync"]
     assert [p["path"] for p in rows["matmul"]["paths"]] == ["mma.sync"]
-    # The Hopper cases compile for sm_90a, where matmul takes wgmma.
-    for label in ("matmul_sm90a_ragged", "matmul_sm90a"):
+    # The Hopper cases compile for sm_90a, where matmul and attention take wgmma.
+    for label in ("matmul_sm90a_ragged", "matmul_sm90a", "attention_sm90a"):
         assert rows[label]["arch"] == "sm_90a" and [p["path"] for p in rows[label]["paths"]] == ["wgmma"], rows[label]
     if _has_nvdisasm():  # static hot-loop instructions per HMMA: a number on the tensor-core path
         assert rows["attention"]["instr_per_tensor"][0] > 1 and rows["attention"]["sass"] == ""

@@ -82,6 +82,14 @@ for _n, _dtype, _ta, _tb in WGMMA_SHAPES:
         ("d", _n // 2, "+f"), ("a-desc", 1, "l"), ("b-desc", 1, "l"), ("scale-d", 1, "imm"), ("imm-scale-a", 1, "imm"),
         ("imm-scale-b", 1, "imm"), ("imm-trans-a", 1, "imm"), ("imm-trans-b", 1, "imm")]
 
+# With A from registers (P of attention): d, a, b-desc, scale-d, imm-scale-a, imm-scale-b,
+# imm-trans-b; a is four .b32 registers of 16-bit pairs, and A has no transpose.
+WGMMA_RS_SHAPES = [(64, "bf16", False, True, True), (16, "f16", False, False, True)]
+for _n, _dtype, _ta, _tb, _ in WGMMA_RS_SHAPES:
+    ISA[f"wgmma.mma_async.sync.aligned.m64n{_n}k16.f32.{_dtype}.{_dtype}"] = [
+        ("d", _n // 2, "+f"), ("a", 4, "r"), ("b-desc", 1, "l"), ("scale-d", 1, "imm"), ("imm-scale-a", 1, "imm"),
+        ("imm-scale-b", 1, "imm"), ("imm-trans-b", 1, "imm")]
+
 
 class _Shape:
     def __init__(self, shape):
@@ -89,7 +97,7 @@ class _Shape:
         self.tma = True  # the TMA and mbarrier wrappers too
 
 
-WGMMA_PRELUDE = wgmma.prelude("cuda", [_Shape(shape) for shape in WGMMA_SHAPES])
+WGMMA_PRELUDE = wgmma.prelude("cuda", [_Shape(shape) for shape in WGMMA_SHAPES + WGMMA_RS_SHAPES])
 
 
 # ---- parsing the asm statements of the C source ------------------------------------------------
@@ -294,6 +302,20 @@ def test_wgmma_binds_d_in_order_the_descriptors_and_the_transposes_it_was_printe
     assert f".f32.{dtype}.{dtype}" in s["instruction"] and f".m64n{n}k16." in s["instruction"]
     waits = [s for s in CUDA_ASM if s["instruction"] == "wgmma.wait_group.sync.aligned"]
     assert [s["operands"] for s in waits] == [[("n", "n")]]
+
+
+@pytest.mark.parametrize("shape", WGMMA_RS_SHAPES, ids=str)
+def test_wgmma_with_a_from_registers_binds_d_a_in_order_and_the_b_transpose(shape):
+    n, dtype, _, trans_b, _ = shape
+    (s,) = [s for s in asm_statements(wgmma.cuda_wrapper(*shape))]
+    (_, d, _), (_, a, _), (_, b, _), (_, _, scale_d), (_, _, scale_a), (_, _, scale_b), (_, _, tb) = s["groups"]
+    expr = [e for _, e in s["operands"]]
+    assert [expr[i] for i in d] == [f"d[{v}]" for v in range(n // 2)]
+    assert [expr[i] for i in a] == [f"a[{j}]" for j in range(4)]  # a0..a7 low to high: register j holds a_2j, a_2j+1
+    assert [expr[i] for i in b] == ["db"]
+    assert s["function"] == (wgmma.wrapper_name(*shape), ["d", "a", "db"])
+    assert (scale_d, scale_a, scale_b, tb) == ("1", "1", "1", str(int(trans_b)))
+    assert f".f32.{dtype}.{dtype}" in s["instruction"] and f".m64n{n}k16." in s["instruction"]
 
 
 def test_ex2_writes_its_result_and_reads_its_argument():

@@ -150,7 +150,8 @@ _LABEL = re.compile(r"^\s*(?P<label>[A-Za-z_.$][\w.$]*):\s*$")
 _INSTRUCTION = re.compile(
     r"^\s*/\*(?P<address>[0-9a-fA-F]+)\*/\s*"
     r"(?:(?P<predicate>@!?U?P(?:T|\d+))\s+)?"
-    r"(?P<opcode>[A-Z][A-Z0-9_.]*)"
+    # a warpgroup MMA's shape has lowercase x's (HGMMA.64x128x16.F32.BF16): part of the opcode
+    r"(?P<opcode>[A-Z][A-Z0-9_.]*(?:x[0-9][A-Z0-9_.x]*)?)"
     r"\s*(?P<operands>[^;]*?)\s*;"
 )
 # Branch targets are printed as labels, `(.L_x_4)`, in backquotes; a raw address is accepted too.
@@ -328,6 +329,25 @@ def innermost_loops(instructions: list[Instruction]) -> list[list[Instruction]]:
     innermost = [(start, end) for start, end in ranges
                  if not any((s, e) != (start, end) and start <= s and e <= end for s, e in ranges)]
     return [[i for i in instructions if start <= i.address <= end] for start, end in innermost]
+
+
+def tensor_loops(instructions: list[Instruction]) -> list[list[Instruction]]:
+    """The loops holding tensor-core instructions that hold no smaller such loop, and are not
+    innermost: with TMA, ptxas wraps each UTMALDG in a one-trip ``ELECT`` loop and each
+    mbarrier wait in a spin loop inside the chunk loop, which then contains loops without being
+    any less the loop the MMAs run in. Its body is counted whole, the nested loops once."""
+    ranges = loop_ranges(instructions)
+
+    def has_tensor(start: int, end: int) -> bool:
+        return any(start <= i.address <= end and i.kind == "tensor" for i in instructions)
+
+    holding = [(s, e) for s, e in ranges if has_tensor(s, e)]
+    found = []
+    for start, end in holding:
+        nested = [(s, e) for s, e in ranges if (s, e) != (start, end) and start <= s and e <= end]
+        if nested and not any(r in holding for r in nested):
+            found.append([i for i in instructions if start <= i.address <= end])
+    return found
 
 
 # ---- the static ceiling -------------------------------------------------------------------------
@@ -608,7 +628,8 @@ def sass_report(compiled: CompiledKernel, ceiling: bool = True) -> dict:
             raise RuntimeError(f"nvdisasm listed no function {launch.entry!r} (it listed {sorted(functions)}): a napkin bug")
         instructions = functions[launch.entry]
         used = compiled.resources.get(launch.entry, {})
-        bodies = [body for body in innermost_loops(instructions) if body]
+        bodies = [body for body in innermost_loops(instructions) + tensor_loops(instructions) if body]
+        bodies.sort(key=lambda body: body[0].address)
         entry = {
             "entry": launch.entry,
             "registers": used.get("registers"),
@@ -629,7 +650,8 @@ def sass_report(compiled: CompiledKernel, ceiling: bool = True) -> dict:
 
 
 def hot_loop(report_entry: dict) -> dict | None:
-    """The main loop of one launch of :func:`sass_report`: the innermost loop with the most
+    """The main loop of one launch of :func:`sass_report`: the innermost loop (or the loop the MMAs
+    run in around nested copy loops, :func:`tensor_loops`) with the most
     tensor-core instructions, then the most FFMAs, then the most instructions; None when the
     function has no loop.
 

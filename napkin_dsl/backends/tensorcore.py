@@ -299,6 +299,10 @@ class TensorPrinter(KernelWriter):
         """Parameters after the arrays and scalars (wgmma's tensor maps): none here."""
         return []
 
+    def copies_landed(self):
+        """Between a thread's cp.async wait and the barrier that publishes its copies (wgmma's
+        proxy fence): nothing here, where ldmatrix reads through the generic proxy."""
+
     def fold_scales(self):
         """Find the scales to fold (``self.folded``) and the online softmaxes (``self.tops``).
 
@@ -515,6 +519,7 @@ class TensorPrinter(KernelWriter):
     def wait(self):
         if self.pending:
             self.emit("NK_CP_WAIT(0);")
+            self.copies_landed()
             self.emit("NK_SYNC();")
             self.pending = False
 
@@ -792,6 +797,7 @@ class TensorPrinter(KernelWriter):
         self.emit(f"const int o_{x} = {self.chunk_origin(axis, index)};")
         if streamed:
             self.emit(f"NK_CP_WAIT({stages - 2});  // this chunk's group has landed")
+            self.copies_landed()
             self.emit("NK_SYNC();  // ... for every thread, and every warp is done with the previous chunk's buffers")
             self.emit(f"if ({index} + {stages - 1} < {stop}) {{")
             self.depth += 1

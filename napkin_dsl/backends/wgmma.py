@@ -1,6 +1,7 @@
 """The wgmma lowering (sm_90a): a launch with a wgmma :class:`~napkin_dsl.isel.TensorPlan` -> a kernel.
 
-One contraction ``out[row, n] (+)= A[row, k] B[k, n]`` per launch (matmul's), on
+Contractions ``out[row, n] (+)= A[row, k] B[k, n]``, one a launch (matmul's) or an online
+softmax's two (attention's S = Q K^T and O += P V), on
 ``wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}`` (PTX ISA 9.7.15, "Asynchronous Warpgroup
 Level Matrix Multiply-Accumulate"):
 
@@ -14,10 +15,21 @@ Level Matrix Multiply-Accumulate"):
   immediate set, for one whose fastest axis is m or n), written 16 bytes at a time by
   ``cp.async`` behind the same double-buffered pipeline as the mma.sync path, and read by the
   tensor cores through 64-bit matrix descriptors (``layouts.MatrixDescriptor``);
-* every chunk: ``fence.proxy.async`` (the copies, written through the generic proxy, are seen by
-  the async proxy wgmma reads through), ``wgmma.fence`` (the accumulator registers were written
-  by other instructions), one wgmma per 16 values of k, ``wgmma.commit_group`` and
-  ``wgmma.wait_group 0`` before the stage may be refilled.
+* A from registers (attention's P, ``Mma.a_in_registers``): the ``d, a, b-desc, ...`` form, A
+  four .b32 registers of 16-bit pairs. Its register fragment (``layouts.wgmma_a``) is, per warp,
+  mma.sync's m16n8k16 A fragment of the warp's 16 rows, so the D fragment of S packs into it with
+  no lane crossing (``layouts.p_to_a_registers``), every k step's registers packed before the
+  ``wgmma.fence``; the softmax and the other steps run on the D fragments as the mma.sync printer
+  runs them on C fragments (the quad shuffles included);
+* every chunk, each thread between its ``cp.async.wait_group`` and the barrier:
+  ``fence.proxy.async`` (its copies, written through the generic proxy, are seen by the async
+  proxy wgmma reads through); every product: ``wgmma.fence`` (the accumulator and A registers were
+  written by other instructions), one wgmma per 16 values of k, ``wgmma.commit_group`` and
+  ``wgmma.wait_group 0`` before anything reads the accumulator (the softmax reads S, the next
+  chunk rescales O) or the stage is refilled; in a two-product launch the accumulator and A
+  registers are then pinned (``NK_WG_PIN_F``/``_R``: an empty asm that reads and writes each), so
+  the compiler neither reads them before the wait nor reuses P's registers while wgmma may read
+  them.
 * where the plan has TMA copies (``plan.tma``, ``isel._tma_loads``), the streamed operands come
   instead by ``cp.async.bulk.tensor.2d`` (PTX ISA 9.7.9.25), one box per atom column of the
   canonical tile (``CanonicalTile.tma_boxes``: the tensor map's swizzle span is the atom's
@@ -32,20 +44,23 @@ Level Matrix Multiply-Accumulate"):
 
 OpenCL prints the same kernel; its prelude emulates wgmma per work-item by decoding the
 descriptors' bit fields and the canonical layouts' address swizzle as the PTX ISA defines them,
-written here apart from ``layouts.py``'s encoder, so that a CPU run through PoCL checks the
+and A from registers by the ISA's register fragment (each work-item reads A(row, k) from the lane,
+register and half the ISA names, through the warp's scratch), written here apart from
+``layouts.py``'s encoder and the printer's packing, so that a CPU run through PoCL checks the
 encoding.
 
-Deliberately not here: choosing the path (``isel.py``), A from registers, more than one
-contraction a launch (attention), a producer warp and consumers' "empty" mbarriers, clusters and
-TMA multicast, TMA stores, warp specialization and ``setmaxnreg`` (issue
-27, later steps); the mma.sync printer (``tensorcore.py``), whose node walk, pipeline, copies and
-epilogue this printer inherits.
+Deliberately not here: choosing the path (``isel.py``), more contractions a launch than
+attention's two, wgmma left in flight across steps (the softmax of one chunk under the products
+of the next), a producer warp and consumers' "empty" mbarriers, clusters and TMA multicast, TMA
+stores, warp specialization, pingpong and ``setmaxnreg`` (issue 27, later steps); the mma.sync
+printer (``tensorcore.py``), whose node walk, pipeline, copies, masks, softmax and epilogue this
+printer inherits.
 """
 
 from __future__ import annotations
 
 from ..isel import TensorPlan, TmaLoad
-from ..layouts import WARPGROUP_THREADS, WGMMA_K, WGMMA_M, descriptor
+from ..layouts import MMA_N, WARPGROUP_THREADS, WGMMA_K, WGMMA_M, descriptor, p_to_a_registers
 from .driver import TiledTensorMap, tiled_tensor_map
 from .lowering import KernelSource, ident
 from .tensorcore import TensorPrinter
@@ -56,26 +71,35 @@ _CUDA_HEAD = r"""
 // ---- wgmma primitives (PTX ISA 9.7.15: wgmma.mma_async, wgmma.fence, commit_group, wait_group;
 // 9.7.12.15 membar/fence: fence.proxy.async) ----
 // A descriptor's constant fields (leading and stride byte offsets, swizzle mode) with its start
-// address: matrix-descriptor-encode(x) = (x & 0x3FFFF) >> 4 in bits 0-13.
-__device__ __forceinline__ unsigned long long nk_desc(unsigned long long fields, unsigned addr) {
-    return fields | (unsigned long long)((addr & 0x3FFFFu) >> 4);
-}
-#define NK_DESC(fields, off) nk_desc((fields), nk_sbase + (off))
+// address: matrix-descriptor-encode(x) = (x & 0x3FFFF) >> 4 in bits 0-13. The arena's base is
+// encoded once (NK_DESC_BASE); a tile's address is base + off, both multiples of 16 and inside the
+// shared window (under 2^18 bytes), so its field is the base's plus off >> 4 with no carry out of
+// bit 13: one 64-bit add of a constant a descriptor, which ptxas folds into the stage's offsets.
+#define NK_DESC_BASE() const unsigned long long nk_dbase = (unsigned long long)((nk_sbase & 0x3FFFFu) >> 4)
+#define NK_DESC(fields, off) ((unsigned long long)(fields) + nk_dbase + (unsigned long long)((unsigned)(off) >> 4))
 #define NK_FENCE_PROXY_ASYNC() asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory")
 #define NK_WG_FENCE() asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory")
 #define NK_WG_COMMIT() asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory")
 #define NK_WG_WAIT(n) asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(n) : "memory")
+// A register the asynchronous product reads or writes, pinned after its wait: the compiler may
+// neither read an accumulator before the product has landed nor reuse an A register while the
+// tensor cores may still read it (it does not know the asm is asynchronous).
+#define NK_WG_PIN_F(x) asm volatile("" : "+f"(x) :: "memory")
+#define NK_WG_PIN_R(x) asm volatile("" : "+r"(x) :: "memory")
 """
 
 _OPENCL_HEAD = r"""
 /* ---- wgmma emulated per work-item (PTX ISA 9.7.15), written from the ISA apart from napkin's
    encoder: the descriptor's fields are decoded from their bits, each element's byte address is
    formed from the canonical layout's strides and then swizzled as the swizzle mode says. */
+#define NK_DESC_BASE()
 #define NK_DESC(fields, off) ((ulong)(fields) | (ulong)((((uint)(off)) & 0x3FFFFu) >> 4))
 #define NK_FENCE_PROXY_ASYNC()
 #define NK_WG_FENCE()
 #define NK_WG_COMMIT()
 #define NK_WG_WAIT(n)
+#define NK_WG_PIN_F(x)
+#define NK_WG_PIN_R(x)
 /* The byte address of element (mn, k) of an operand read through descriptor `desc` (PTX ISA
    9.7.15.5.1.2: "Shared Memory Matrix Layout", "Strides", "Matrix Descriptor Format"). K-major:
    8-row groups of the M/N dimension `stride` bytes apart, rows `width` bytes apart in a group,
@@ -115,6 +139,33 @@ inline void nk_wgmma(float* d, ulong da, ulong db, int n, int trans_a, int trans
             const int b = nk_wgmma_addr(db, trans_b, col, k, 2);
             if (a < 0 || b < 0) { acc = NAN; continue; }
             acc += nk_b16f(nk_lds16(smem, a), f16) * nk_b16f(nk_lds16(smem, b), f16);
+        }
+        d[v] = acc;
+    }
+}
+/* D += A B with A from registers (PTX ISA 9.7.15.5.1.1.1, the register fragment of matrix A of
+   wgmma .m64nNk16, Figure 148): a thread's a0..a7, two 16-bit values in each of its four .b32
+   registers, low half first, are row 16 * (warp % 4) + groupID (+ 8 for a2, a3, a6, a7), column
+   2 * threadID_in_group + i % 2 (+ 8 for a4..a7) of the 64 x 16 A. A row's values are its warp's,
+   so the warp's lanes post their registers to the warp's scratch and each reads the lane and
+   element holding A(row, k) by the inverse of that map. B is 16 x n (k x cols) by descriptor. */
+inline void nk_wgmma_rs(float* d, const uint a[4], ulong db, int n, int trans_b, int f16,
+                        __local const uchar* smem, __local uint* ws, int thread) {
+    const int lane = thread % 32, group = lane / 4, tig = lane % 4;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int j = 0; j < 4; ++j) ws[4 * lane + j] = a[j];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int v = 0; v < n / 2; ++v) {
+        const int row = group + 8 * ((v / 2) % 2);  /* within the warp's 16 rows */
+        const int col = 8 * (v / 4) + 2 * tig + v % 2;
+        float acc = d[v];
+        for (int k = 0; k < 16; ++k) {
+            const int holder = 4 * (row % 8) + (k % 8) / 2;
+            const int i = k % 2 + 2 * (row / 8) + 4 * (k / 8);
+            const uint word = ws[4 * holder + i / 2];
+            const int b = nk_wgmma_addr(db, trans_b, col, k, 2);
+            if (b < 0) { acc = NAN; continue; }
+            acc += nk_b16f(i % 2 ? word >> 16 : word, f16) * nk_b16f(nk_lds16(smem, b), f16);
         }
         d[v] = acc;
     }
@@ -233,19 +284,32 @@ def tensor_maps(plan: TensorPlan, diagram, sizes: dict) -> dict[str, TiledTensor
     return maps
 
 
-def wrapper_name(n: int, dtype: str, trans_a: bool, trans_b: bool) -> str:
+def wrapper_name(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool = False) -> str:
+    if a_regs:  # A from registers: no transpose of A
+        return f"nk_wgmma_m64n{n}k16_{dtype}_r{int(trans_b)}"
     return f"nk_wgmma_m64n{n}k16_{dtype}_{int(trans_a)}{int(trans_b)}"
 
 
-def cuda_wrapper(n: int, dtype: str, trans_a: bool, trans_b: bool) -> str:
+def cuda_wrapper(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool = False) -> str:
     """``wgmma.mma_async.sync.aligned.m64nNk16.f32.<dtype>.<dtype> d, a-desc, b-desc, scale-d,
     imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b`` (PTX ISA 9.7.15.5.2): D is N/2 .f32
     registers, read and written ("+f"); the descriptors are 64-bit ("l"); scale-d 1 (D = A B + D),
-    the scales 1, the transposes 1 for an MN-major operand."""
+    the scales 1, the transposes 1 for an MN-major operand. With A from registers (``a_regs``),
+    ``d, a, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-b``: A is four .b32 registers of
+    16-bit pairs ("r") and has no transpose."""
     values = n // 2
     d = ", ".join(f"%{i}" for i in range(values))
     outputs = ", ".join(f'"+f"(d[{i}])' for i in range(values))
-    return (f"__device__ __forceinline__ void {wrapper_name(n, dtype, trans_a, trans_b)}(float d[{values}], "
+    name = wrapper_name(n, dtype, trans_a, trans_b, a_regs)
+    if a_regs:
+        a = ", ".join(f"%{values + j}" for j in range(4))
+        return (f"__device__ __forceinline__ void {name}(float d[{values}], const unsigned a[4], unsigned long long db) {{\n"
+                f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{d}}}, {{{a}}}, %{values + 4}, '
+                f'1, 1, 1, {int(trans_b)};\\n"\n'
+                f"                 : {outputs}\n"
+                f'                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db) : "memory");\n'
+                f"}}\n")
+    return (f"__device__ __forceinline__ void {name}(float d[{values}], "
             f"unsigned long long da, unsigned long long db) {{\n"
             f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{d}}}, %{values}, %{values + 1}, '
             f'1, 1, 1, {int(trans_a)}, {int(trans_b)};\\n"\n'
@@ -259,7 +323,8 @@ def prelude(dialect: str, kernels) -> str:
     tma = any(getattr(k, "tma", False) for k in kernels)
     if dialect != "cuda":
         return _OPENCL_HEAD + (_OPENCL_TMA if tma else "")
-    shapes = sorted({k.wgmma for k in kernels if getattr(k, "wgmma", None)})
+    shapes = sorted({shape for k in kernels if getattr(k, "wgmma", None)
+                     for shape in (getattr(k, "wgmma_shapes", None) or [k.wgmma])})
     return _CUDA_HEAD + (_CUDA_TMA if tma else "") + "".join(cuda_wrapper(*shape) for shape in shapes)
 
 
@@ -271,10 +336,11 @@ class WgmmaPrinter(TensorPrinter):
     arena_alignment = 1024
 
     def __init__(self, program, launch, dialect, plan: TensorPlan):
-        assert plan.shape and len(plan.mmas) == 1, "napkin bug: the wgmma printer takes the one-contraction plans isel builds on wgmma"
+        assert plan.shape, "napkin bug: the wgmma printer takes the plans isel builds on wgmma"
         super().__init__(program, launch, dialect, plan)
-        (self.target, self.m), = plan.mmas.items()
-        self.n = self.tile[self.m.n]
+        # each product's instruction: (N, dtype, A transposed, B transposed, A from registers)
+        self.shapes = {target: (self.tile[m.n], m.dtype, m.a_trans, m.b_trans, m.a_in_registers)
+                       for target, m in plan.mmas.items()}
         self.tma: dict[str, TmaLoad] = {load.array: load for load in plan.tma}
         if self.tma:  # the ring's mbarriers after the tiles, one a stage
             self.bars = -(-self.arena // MBARRIER_BYTES) * MBARRIER_BYTES
@@ -284,7 +350,9 @@ class WgmmaPrinter(TensorPrinter):
     def print(self, entry: str) -> KernelSource:
         self.entry = entry
         kernel = super().print(entry)
-        kernel.wgmma = (self.n, self.m.dtype, self.m.a_trans, self.m.b_trans)
+        shapes = tuple(dict.fromkeys(self.shapes.values()))
+        kernel.wgmma = shapes[0][:4] if len(shapes) == 1 and not shapes[0][4] else shapes[0]
+        kernel.wgmma_shapes = shapes
         kernel.tma = bool(self.tma)
         return kernel
 
@@ -307,6 +375,8 @@ class WgmmaPrinter(TensorPrinter):
         arrive.expect_tx) and made visible to the async proxy before any copy."""
         self.lanes = {}
         self.emit(f"const int nk_wg = nk_warp >> 2;  // this thread's warpgroup: rows {WGMMA_M} * nk_wg of the {self.plan.row} tile")
+        assert self.arena < 1 << 18, "napkin bug: a descriptor's start address field holds 18 bits of the shared window"
+        self.emit("NK_DESC_BASE();  // the descriptors' start address field of the arena's base")
         if self.tma:
             inits = " ".join(f"NK_MBAR_INIT({self.bar(str(s))}, 1);" for s in range(self.plan.stages))
             self.emit(f"if (nk_tid == 0) {{ {inits} NK_FENCE_MBAR_INIT(); }}")
@@ -318,6 +388,12 @@ class WgmmaPrinter(TensorPrinter):
             self.copies = {}
             return
         super().copy_constants()
+
+    def copies_landed(self):
+        """Each thread's cp.async writes (the generic proxy) ordered before the async proxy wgmma
+        reads through, by the writing thread itself and before the barrier that publishes them to
+        the warpgroups (with TMA the copies are the async proxy's already: no cp.async here)."""
+        self.emit("NK_FENCE_PROXY_ASYNC();  // this thread's copies, seen by the async proxy wgmma reads through")
 
     def bar(self, stage: str) -> str:
         return f"{self.bars + MBARRIER_BYTES * int(stage)}" if stage.isdigit() else f"{self.bars} + {MBARRIER_BYTES} * ({stage})"
@@ -405,23 +481,59 @@ class WgmmaPrinter(TensorPrinter):
         return f"NK_DESC({fields:#x}ull, {offset})"
 
     def mma(self, target: str, out: str):
-        """``out[row, n] += A[row, k] B[k, n]`` over the chunk's k tile: one wgmma per 16 of k."""
-        m = self.m
+        """``out[row, n] += A[row, k] B[k, n]`` over the chunk's k tile: one wgmma per 16 of k,
+        complete (``wait_group 0``) before anything reads ``out`` or refills the stage. A by
+        descriptor, or from registers (P: ``register_a``)."""
+        m = self.plan.mmas[target]
         d = self.dialect
         out_var = "f_" + ident(out)  # the fragment array TensorPrinter declares for it
         k_steps = self.tile[m.k] // WGMMA_K
+        shape = self.shapes[target]
+        n = shape[0]
+        if m.a_in_registers:
+            self.register_a(m)
+        self.emit("NK_WG_FENCE();  // the accumulator (and A) registers were written by other instructions")
         # A: this warpgroup's 64 rows; B: all N columns (K-major unless stored with k as rows)
         a_row = f"nk_wg * {WGMMA_M}"
-        if not self.tma:  # TMA writes through the async proxy, as wgmma reads
-            self.emit("NK_FENCE_PROXY_ASYNC();  // the cp.async writes, seen by the async proxy wgmma reads through")
-        self.emit("NK_WG_FENCE();  // the accumulator registers were written by other instructions")
         for kk in range(k_steps):
-            da = self.descriptor_expr(m.a, not m.a_trans, a_row, kk * WGMMA_K)
             db = self.descriptor_expr(m.b, not m.b_trans, "0", kk * WGMMA_K)
-            self.emit(d.wgmma(wrapper_name(self.n, m.dtype, m.a_trans, m.b_trans), f"&{out_var}[0][0][0]", da, db,
-                              self.n, m.a_trans, m.b_trans, m.dtype == "f16", WARPGROUP_THREADS))
+            if m.a_in_registers:
+                wrapper = wrapper_name(n, m.dtype, False, m.b_trans, True)
+                if d.name == "cuda":
+                    self.emit(f"{wrapper}(&{out_var}[0][0][0], nk_a[{kk}], {db});")
+                else:
+                    self.emit(f"nk_wgmma_rs(&{out_var}[0][0][0], nk_a[{kk}], {db}, {n}, {int(m.b_trans)}, "
+                              f"{int(m.dtype == 'f16')}, nk_smem, nk_ws, nk_tid % {WARPGROUP_THREADS});")
+                continue
+            da = self.descriptor_expr(m.a, not m.a_trans, a_row, kk * WGMMA_K)
+            self.emit(d.wgmma(wrapper_name(n, m.dtype, m.a_trans, m.b_trans), f"&{out_var}[0][0][0]", da, db,
+                              n, m.a_trans, m.b_trans, m.dtype == "f16", WARPGROUP_THREADS))
         self.emit("NK_WG_COMMIT();")
-        self.emit("NK_WG_WAIT(0);  // done reading this stage before any thread refills it")
+        self.emit("NK_WG_WAIT(0);  // the product has landed, and this stage is read, before any use or refill")
+        if len(self.plan.mmas) > 1:  # a later step reads the accumulator (S) or rescales it (O)
+            self.loop("nk_v", n // 2, lambda: self.emit(f"NK_WG_PIN_F({out_var}[0][nk_v / 4][nk_v % 4]);"))
+        if m.a_in_registers:
+            self.loop("kk", k_steps, lambda: self.loop("j", 4, lambda: self.emit("NK_WG_PIN_R(nk_a[kk][j]);")))
+
+    def register_a(self, m):
+        """Every k step's A fragment of a register operand (P), packed to the operands' 16-bit
+        type before the fence: wgmma's register A fragment is, per warp, mma.sync's m16n8k16 A
+        fragment of the warp's 16 rows (PTX ISA Figure 148 and the m16n8k16 A figure), so the
+        accumulator pair of n-tiles 2kk, 2kk + 1 packs into it with no lane crossing
+        (``layouts.p_to_a_registers``), as on mma.sync."""
+        src = "f_" + ident(m.a)
+        kind = "BF16" if m.dtype == "bf16" else "F16"
+        k_steps = self.tile[m.k] // WGMMA_K
+        repack = p_to_a_registers()
+        tiles_per_k = WGMMA_K // MMA_N
+        self.emit(f"unsigned nk_a[{k_steps}][{len(repack)}];  // {m.a} as wgmma's register A, one fragment per 16 of {m.k}")
+
+        def pack():
+            for j, halves in enumerate(repack):
+                lo, hi = (f"{src}[0][{tiles_per_k} * kk + {nt}][{c}]" for nt, c in halves)
+                self.emit(f"nk_a[kk][{j}] = NK_PACK_{kind}({lo}, {hi});")
+
+        self.loop("kk", k_steps, pack)
 
 
 __all__ = ["WgmmaPrinter", "prelude", "cuda_wrapper", "wrapper_name", "tensor_maps"]
