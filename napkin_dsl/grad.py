@@ -50,7 +50,7 @@ cotangent.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from . import algebra, elementwise
@@ -230,6 +230,7 @@ class Backward:
     cotangents: dict = field(default_factory=dict)  # forward output -> its cotangent's parameter name
     gradients: dict = field(default_factory=dict)  # forward input -> the backward output holding its cotangent
     schedule: "KeySchedule | None" = None  # FA2's launches, when derived (_keys_schedule)
+    auxiliary: tuple[str, ...] = ()  # outputs of lse_forward's forward that it reads (saved L), no cotangent
 
 
 def _names(diagram: Diagram):
@@ -254,11 +255,13 @@ def _lse_of(diagram: Diagram, softmax: Statement) -> Statement | None:
     return None
 
 
-def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = ()) -> Backward:
+def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = (),
+             auxiliary: tuple[str, ...] = ()) -> Backward:
     """The backward kernel of ``diagram`` (see the module docstring). ``save``: forward
     intermediates the forward is taken to have saved at the top level (in their dtypes): the
     backward reads them as parameters instead of recomputing them (``P``: save the
-    probabilities rather than recompute them from L)."""
+    probabilities rather than recompute them from L). ``auxiliary``: outputs the forward returns
+    only for its backward (the lse of :func:`lse_forward`): they carry no cotangent."""
     for name in save:
         if name not in diagram.arrays or diagram.arrays[name].role != "intermediate":
             raise NapkinError(f"save={name!r}: {diagram.name} has no intermediate {name!r} to save "
@@ -274,6 +277,8 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
     lines: list[str] = []  # backward statements, in order
     cotangent_params = {}
     for output in diagram.outputs:
+        if output in auxiliary:
+            continue
         name = fresh(f"d{output}")
         cotangent_params[output] = name
         if diagram.arrays[output].dtype not in INTEGER_DTYPES:
@@ -488,7 +493,9 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
     kernel_name = fresh(f"{diagram.name}_grad")
     header = [
         f"# The backward of {diagram.name}, derived by `napkin grad` (reverse mode on the diagram).",
-        "# saved by the forward (read here): " + (", ".join(saved) if saved else "nothing beyond the inputs"),
+        "# saved by the forward (read here): " + (", ".join(f"{n} (an lse output the forward adds for this backward)"
+                                                           if n in auxiliary else n for n in saved)
+                                                 if saved else "nothing beyond the inputs"),
         "# recomputed here: " + (", ".join(s.target for s in recompute) if recompute else "nothing"),
         f"kernel {kernel_name}({', '.join(params)}) -> ({', '.join(outputs)}):",
     ]
@@ -497,15 +504,49 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
                     cotangents, gradients)
 
 
+# ---- the forward that saves each softmax's log-sum-exp ------------------------------------------
+
+
+def lse_forward(diagram: Diagram, block_text: str = "") -> tuple[str, tuple[str, ...]] | None:
+    """The forward as napkin text with one more output per softmax that has no lse output:
+    ``L[kept] = lse[x](operand)`` over the softmax's axis and operand, right after it, so the
+    backward reads L and recomputes P as ``exp(S - L)`` (FA2 saves it: one value a row). The
+    text is the diagram's own, statement by statement (``block_text``: its relabel block, whose
+    clauses then cover L's statement too); the added outputs' names are returned with it. None
+    when every softmax has its lse, or a box has no text (an opaque box, which has no backward)."""
+    softmaxes = [s for s in diagram.statements if isinstance(s.box, Softmax) and _lse_of(diagram, s) is None]
+    if not softmaxes or any(isinstance(s.box, Opaque) for s in diagram.statements):
+        return None
+    fresh = _names(diagram)
+    added: dict[str, tuple[str, str]] = {}  # softmax target -> (lse name, its axes)
+    for s in softmaxes:
+        added[s.target] = (fresh("L" if s.target == "P" else f"L{s.target}"), " ".join(a for a in s.axes if a != s.box.axis))
+    head, outputs = diagram.signature().split(" -> ", 1)
+    # f32, as FA2 saves it (the values on chip are f32), or f64 for a float64 kernel, whose P it recomputes
+    dtype = "f64" if any(a.dtype == "f64" for a in diagram.input_arrays) else "f32"
+    extra = ", ".join(f"{name}: {dtype}[{axes}]" for name, axes in added.values())
+    lines = [f"kernel {head} -> ({outputs}, {extra}):"]
+    for s in diagram.statements:
+        lines.append("    " + statement_text(s, diagram.arrays[s.target].dtype if s.level else None))
+        if s.target in added:
+            name, axes = added[s.target]
+            lines.append(f"    {name}[{axes}] = lse[{s.box.axis}]({notation(s.box.operand)})"
+                         f"    # saved for the backward: {s.target} = exp({notation(s.box.operand)} - {name})")
+    text = "\n".join(lines) + "\n" + (f"\n{block_text}" if block_text else "")
+    return text, tuple(name for name, _ in added.values())
+
+
 def backward_with_relabel(diagram: Diagram, relabel: syn.RelabelBlock | None, hardware: str | None,
-                          rewrite_d: bool = False, save: tuple[str, ...] = (), key_stream: int | None = None) -> Backward:
+                          rewrite_d: bool = False, save: tuple[str, ...] = (), key_stream: int | None = None,
+                          auxiliary: tuple[str, ...] = ()) -> Backward:
     """:func:`backward`, with a relabel block when the forward has one: the forward's group
     partitions on axes that every statement of the backward is woven over (batch and heads for
     attention), at the same levels, on the same hardware. Streams and splits are not derived
     (the text says so; ``napkin tune`` sizes the backward). The block is kept only if the
     backward accepts it (:func:`~napkin_dsl.relabel.make_schedule`). ``key_stream`` sizes the
-    query chunks of FA2's key launch (:func:`_keys_schedule`) instead of the forward's stream."""
-    derived = backward(diagram, rewrite_d, save)
+    query chunks of FA2's key launch (:func:`_keys_schedule`) instead of the forward's stream.
+    ``auxiliary``: outputs the forward returns for its backward only (:func:`lse_forward`)."""
+    derived = replace(backward(diagram, rewrite_d, save, auxiliary), auxiliary=auxiliary)
     if relabel is None:
         return derived
     checked = check_module(syn.parse(derived.text, "<backward>"), hardware=hardware)[derived.name]
@@ -533,10 +574,11 @@ def backward_with_relabel(diagram: Diagram, relabel: syn.RelabelBlock | None, ha
                 "napkin tune sizes the backward")
     keyed = _keys_schedule(derived, relabel, hardware, key_stream)
     if keyed is not None:
-        return keyed
+        return replace(keyed, auxiliary=auxiliary)
     lines = derived.text.splitlines()
     text = "\n".join(lines[:3] + [note] + lines[3:]) + "\n" + block
-    return Backward(text, derived.name, derived.saved, derived.recomputed, derived.cotangents, derived.gradients)
+    return Backward(text, derived.name, derived.saved, derived.recomputed, derived.cotangents, derived.gradients,
+                    auxiliary=auxiliary)
 
 
 # ---- FA2's schedule: group the keys, stream the queries ---------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import itertools
 import sys
 import textwrap
 import typing
@@ -294,8 +295,19 @@ class Kernel:
                 f"<p>{html.escape(relabelling)}</p>{cost}"
                 f'<div style="max-width: 100%; overflow-x: auto">{drawing}</div></div>')
 
+    def lse_forward(self) -> Kernel | None:
+        """This kernel with an lse output added for each softmax that has none (``grad.lse_forward``):
+        the forward a backward with ``save_lse`` runs, which returns the same outputs and L; None
+        when every softmax has its lse already or the kernel has an opaque box."""
+        if "lse forward" not in self._cache:
+            from .grad import lse_forward
+
+            made = lse_forward(self.diagram, _block_text(self.relabel, self.name) if self.relabel is not None else "")
+            self._cache["lse forward"] = None if made is None else load(made[0], hardware=self.hardware)[self.name]
+        return self._cache["lse forward"]
+
     def grad(self, rewrite_d: bool | None = None, save: tuple[str, ...] = (), hardware: str | None = None,
-             key_stream: int | None = None, **sizes: int) -> Kernel:
+             key_stream: int | None = None, save_lse: bool | None = None, **sizes: int) -> Kernel:
         """The backward kernel, derived from the diagram (``grad.py``): a Kernel of its own, parsed
         back from its text (``.source``) through the normal front end. Its parameters are the
         forward's inputs it reads, the forward outputs it reads (saved) and one cotangent per
@@ -307,71 +319,100 @@ class Kernel:
         cheaper is returned; without sizes, the rewrite (which never costs more FLOPs, and lets
         dK and dV group the keys). ``save``: forward intermediates read from device memory
         rather than recomputed (``("P",)``). ``key_stream``: the query chunk of FA2's key launch
-        (default: the forward's stream, or with sizes the model's pick, as for ``rewrite_d``)."""
-        if sizes and set(self.diagram.axes) <= set(sizes) and (rewrite_d is None or key_stream is None):
-            choice = ("grad choice", rewrite_d, tuple(save), key_stream, hardware, tuple(sorted(sizes.items())))
+        (default: the forward's stream, or with sizes the model's pick, as for ``rewrite_d``).
+        ``save_lse``: the backward of :meth:`lse_forward`, which reads each softmax's lse and
+        recomputes P from it, as FA2 does (default: not, or with sizes the model's pick); the
+        returned kernel's ``derivation.auxiliary`` names the outputs the forward adds."""
+        undecided = rewrite_d is None or key_stream is None or save_lse is None
+        if sizes and set(self.diagram.axes) <= set(sizes) and undecided:
+            choice = ("grad choice", rewrite_d, tuple(save), key_stream, save_lse, hardware, tuple(sorted(sizes.items())))
             if choice not in self._cache:  # priced once per shape (an autograd call asks every step)
                 best = self.backward_options(hardware, saves=(tuple(save),), rewrite_d=rewrite_d,
-                                             key_stream=key_stream, **sizes)[0]
-                self._cache[choice] = (best.rewrite_d, best.key_stream)
-            rewrite_d, key_stream = self._cache[choice]
-        elif rewrite_d is None:
-            rewrite_d = True
-        key = ("grad", rewrite_d, tuple(save), key_stream)
+                                             key_stream=key_stream, save_lse=save_lse, **sizes)[0]
+                self._cache[choice] = (best.rewrite_d, best.key_stream, best.save_lse)
+            rewrite_d, key_stream, save_lse = self._cache[choice]
+        rewrite_d = True if rewrite_d is None else rewrite_d
+        forward = self.lse_forward() if save_lse else None
+        if save_lse and forward is None:
+            raise NapkinError(f"save_lse: {self.name} has no softmax without an lse output to add one for")
+        key = ("grad", rewrite_d, tuple(save), key_stream, bool(save_lse))
         if key not in self._cache:
             from .grad import backward_with_relabel
 
-            derived = backward_with_relabel(self.diagram, self.relabel, self.hardware, rewrite_d, tuple(save), key_stream)
+            source = forward or self
+            added = tuple(o for o in source.diagram.outputs if o not in self.diagram.outputs)
+            derived = backward_with_relabel(source.diagram, source.relabel, source.hardware, rewrite_d, tuple(save),
+                                            key_stream, added)
             kernel = load(derived.text, hardware=self.hardware)[derived.name]
             kernel.derivation = derived
             self._cache[key] = kernel
         return self._cache[key]
 
     def backward_options(self, hardware: str | None = None, saves=None, rewrite_d: bool | None = None,
-                         key_stream: int | None = None, **sizes: int) -> list[BackwardOption]:
-        """The backward's choices priced by the model at ``sizes``, cheapest first: FA2's D rewrite
-        or not (``rewrite_d`` fixes it), what the forward saves (``saves``: tuples of
-        intermediates; default: nothing beyond the outputs, or each softmax's probabilities), and
-        the query chunk of FA2's key launch (``key_stream`` fixes it; else the forward's stream
-        and its halvings down to 16, the mma k: the key launch holds dK and dV whole, so a
-        shorter chunk is what lets the rest of its fragments fit the registers and the launch
-        run on tensor cores). A saved intermediate costs the
-        forward its write to device memory at the bandwidth into the level below (a lower
-        bound: the forward's own schedule may also change) on top of the backward's predicted
-        time; a backward the front end cannot fit (a level overflows) is priced at infinity."""
+                         key_stream: int | None = None, save_lse: bool | None = None, **sizes: int) -> list[BackwardOption]:
+        """The backward's choices priced by the model at ``sizes``, cheapest first:
+
+        * FA2's D rewrite or not (``rewrite_d`` fixes it);
+        * what the forward saves: intermediates (``saves``: tuples of them; default: nothing
+          beyond the outputs, or each softmax's probabilities), and whether it adds an lse output
+          per softmax that has none (``save_lse`` fixes it; :meth:`lse_forward`), from which the
+          backward recomputes P without a max or sum over the softmax's axis;
+        * the query chunk of FA2's key launch (``key_stream`` fixes it; else the forward's stream
+          and its halvings down to 16, the mma k: the key launch holds dK and dV whole, so a
+          shorter chunk is what lets the rest of its fragments fit the registers and the launch
+          run on tensor cores).
+
+        Each saved value costs the forward its write to device memory at the bandwidth into the
+        level below (a lower bound: the forward's own schedule may also change) on top of the
+        backward's predicted time; a backward the front end cannot fit (a level overflows) is
+        priced at infinity."""
         from .diagram import DTYPE_BYTES, Softmax
         from .hardware import DEFAULT_GPU, load_hardware
 
         if saves is None:
             saves = [()] + [(s.target,) for s in self.diagram.statements if isinstance(s.box, Softmax)]
         hardware = hardware or self.hardware or DEFAULT_GPU  # a kernel with no relabelling is priced there too
-        profile = load_hardware(hardware)
-        bandwidth = profile.levels[1].bandwidth
-        options = []
-        for save in saves:
-            forward_s = 0.0
-            for name in save:
-                array = self.diagram.arrays[name]
+        bandwidth = float(load_hardware(hardware).levels[1].bandwidth)
+        with_lse = self.lse_forward()
+        lse_choices = (False, True) if save_lse is None and with_lse is not None else (bool(save_lse),)
+
+        def written_s(diagram, names) -> float:  # the forward's extra writes to device memory
+            total = 0.0
+            for name in names:
+                array = diagram.arrays[name]
                 count = 1
                 for axis in array.axes:
                     count *= sizes[axis]
-                forward_s += count * DTYPE_BYTES[array.dtype] / float(bandwidth)
+                total += count * DTYPE_BYTES[array.dtype] / bandwidth
+            return total
+
+        options = []
+        for save, lse in itertools.product(saves, lse_choices):
+            forward_s = written_s(self.diagram, save)
+            if lse:
+                forward_s += written_s(with_lse.diagram, [o for o in with_lse.diagram.outputs if o not in self.diagram.outputs])
+            variant = {"save": tuple(save), "save_lse": lse}
             for rewrite in (True, False) if rewrite_d is None else (rewrite_d,):
-                plain = self.grad(rewrite_d=rewrite, save=tuple(save), key_stream=key_stream)
-                if rewrite_d is None and not rewrite and plain.source == self.grad(rewrite_d=True, save=tuple(save), key_stream=key_stream).source:
+                plain = self.grad(rewrite_d=rewrite, key_stream=key_stream, **variant)
+                if (rewrite_d is None and not rewrite
+                        and plain.source == self.grad(rewrite_d=True, key_stream=key_stream, **variant).source):
                     continue  # no softmax to rewrite: one kernel
                 keyed = plain.derivation.schedule
                 chunks = [key_stream] if key_stream is not None or keyed is None else _halvings(keyed.key_stream)
                 for chunk in chunks:
-                    backward = plain if keyed is None or chunk == keyed.key_stream else self.grad(rewrite_d=rewrite, save=tuple(save), key_stream=chunk)
+                    backward = (plain if keyed is None or chunk == keyed.key_stream
+                                else self.grad(rewrite_d=rewrite, key_stream=chunk, **variant))
                     try:
                         predicted = backward.cost(hardware, **{a: sizes[a] for a in backward.diagram.axes}).time["overlapped_s"]
                     except NapkinError as error:
                         seconds, why = float("inf"), error.message
                     else:  # a profile with no bandwidths prices no time: the defaults then stand
-                        seconds, why = (float(predicted), "") if predicted is not None else (float("inf"), "no time: the profile has no rates")
-                    options.append(BackwardOption(seconds + forward_s, seconds, forward_s, rewrite, tuple(save), why, chunk))
-        return sorted(options, key=lambda o: (o.seconds, not o.rewrite_d, len(o.save), -(o.key_stream if isinstance(o.key_stream, int) else 0)))
+                        seconds, why = ((float(predicted), "") if predicted is not None
+                                        else (float("inf"), "no time: the profile has no rates"))
+                    options.append(BackwardOption(seconds + forward_s, seconds, forward_s, rewrite, tuple(save), why,
+                                                  chunk, lse))
+        return sorted(options, key=lambda o: (o.seconds, not o.rewrite_d, len(o.save), o.save_lse,
+                                              -(o.key_stream if isinstance(o.key_stream, int) else 0)))
 
     def __call__(self, *arrays, backend: str = "numpy", cast: bool = False, hardware: str | None = None,
                  impls: dict | None = None, sizes: dict | None = None, **named):
@@ -415,6 +456,7 @@ class BackwardOption:
     save: tuple[str, ...]
     refused: str = ""
     key_stream: int | None = None  # the query chunk of FA2's key launch (None: no key launch)
+    save_lse: bool = False  # the forward adds an lse output per softmax (Kernel.lse_forward)
 
 
 def _halvings(size: int, least: int = 16) -> list[int]:
@@ -831,6 +873,8 @@ def _call_with_autograd(kernel: Kernel, array_args: dict, scalar_args: dict, bac
     # the model's backward at these shapes (priced once per shape): FA2's D, the key launch's chunk
     backward_kernel = kernel.grad(hardware=hardware, **{a: forward_sizes[a] for a in diagram.axes if a in forward_sizes})
     derivation = backward_kernel.derivation
+    # the forward that runs: this kernel, or with the lse outputs the chosen backward reads added
+    running = kernel.lse_forward() if derivation.auxiliary else kernel
     options = {"backend": backend, "cast": cast, "hardware": hardware, "impls": impls, "sizes": sizes}
     # The backward's sizes: an axis its inputs may not carry (an input's axis reaches it only
     # through a gradient output) comes from the forward's shapes; of the forward's partition
@@ -844,16 +888,16 @@ def _call_with_autograd(kernel: Kernel, array_args: dict, scalar_args: dict, bac
         @staticmethod
         def forward(ctx, *tensors):
             detached = {name: t.detach() if isinstance(t, torch.Tensor) else t for name, t in zip(names, tensors, strict=True)}
-            result = _call(kernel, (), {**detached, **scalar_args}, **options)
-            outputs = result if len(diagram.outputs) > 1 else {diagram.outputs[0]: result}
-            ctx.save_for_backward(*tensors, *(outputs[o] for o in diagram.outputs))
-            return tuple(outputs[o] for o in diagram.outputs)
+            result = _call(running, (), {**detached, **scalar_args}, **options)
+            outputs = result if len(running.diagram.outputs) > 1 else {running.diagram.outputs[0]: result}
+            ctx.save_for_backward(*tensors, *(outputs[o] for o in running.diagram.outputs))
+            return tuple(outputs[o] for o in diagram.outputs)  # the caller's outputs; an added lse stays saved
 
         @staticmethod
         def backward(ctx, *cotangents):
             saved = ctx.saved_tensors
             inputs = dict(zip(names, saved[:len(names)], strict=True))
-            outputs = dict(zip(diagram.outputs, saved[len(names):], strict=True))
+            outputs = dict(zip(running.diagram.outputs, saved[len(names):], strict=True))
             wanted = set(backward_kernel.diagram.params)
             call = {name: value.detach() for name, value in inputs.items() if name in wanted}
             call.update({name: value for name, value in scalar_args.items() if name in wanted})

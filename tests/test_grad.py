@@ -370,3 +370,81 @@ def test_the_backward_runs_on_pocl(example):
     for name, gradient in backward.derivation.gradients.items():
         error = np.abs(got[gradient].astype(np.float64) - want[name]).max() / np.abs(want[name]).max()
         assert error < 1e-4, f"{example} {gradient}: {error:.3g}"
+
+
+# ---- the forward that saves the lse (FA2's L for a kernel that returns none) -----------------
+
+
+@pytest.mark.parametrize("example", ["attention", "causal_attention", "gqa", "softmax", "sliding_window"])
+def test_the_lse_forward_returns_the_same_outputs_and_each_softmaxs_lse(example):
+    (kernel,) = napkin.load(EXAMPLES / f"{example}.napkin").values()
+    augmented = kernel.lse_forward()
+    added = [o for o in augmented.diagram.outputs if o not in kernel.diagram.outputs]
+    assert augmented.diagram.outputs[:len(kernel.diagram.outputs)] == kernel.diagram.outputs and len(added) == 1
+    assert augmented.relabel_text() == kernel.relabel_text()
+    sizes = {a: SIZES.get(a, 6) for a in kernel.diagram.axes}
+    generator = np.random.default_rng(3)
+    inputs = {a.name: generator.standard_normal([sizes[x] for x in a.axes]).astype(np.float32)
+              for a in kernel.diagram.input_arrays}
+    plain, both = kernel(**inputs, sizes=sizes, cast=True), augmented(**inputs, sizes=sizes, cast=True)
+    np.testing.assert_array_equal(np.asarray(both[kernel.diagram.outputs[0]]), np.asarray(plain))
+    # L is the log-sum-exp of the softmax's operand over its axis, from the float64 reference
+    from napkin_dsl.reference import evaluate
+
+    reference = evaluate(augmented.diagram, inputs, {}, sizes)
+    limit = tolerance(augmented.program(**sizes))
+    lse = np.asarray(both[added[0]], np.float64)
+    assert np.abs(lse - reference[added[0]]).max() <= limit * np.abs(reference[added[0]]).max()
+
+
+def test_a_kernel_whose_softmaxes_have_their_lse_has_no_lse_forward():
+    (kernel,) = napkin.load(EXAMPLES / "attention_lse.napkin").values()
+    assert kernel.lse_forward() is None
+    with pytest.raises(NapkinError, match="no softmax without an lse"):
+        kernel.grad(save_lse=True)
+
+
+def test_the_model_derives_fa2s_backward_for_attention_without_an_lse_output():
+    """The done-when of issue 24: napkin grad examples/attention.napkin at b4 h32 q=x=8192 d128
+    on H100 saves O and L (the forward adds L), recomputes P from L, groups the keys, streams the
+    queries and gives dQ a launch of its own; every launch but D's runs on tensor cores."""
+    from napkin_dsl.isel import select_program
+
+    (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
+    options = kernel.backward_options(**BIG)
+    best = options[0]
+    assert best.save_lse and best.rewrite_d and best.save == ()
+    without = min(o.seconds for o in options if not o.save_lse)
+    assert best.seconds < without and best.forward_s > 0  # L's write is priced
+    chosen = kernel.grad(**BIG)
+    derived = chosen.derivation
+    assert derived.auxiliary == ("L",) and derived.saved == ("O", "L") and derived.recomputed == ("S", "P")
+    assert "P[b h q x] = exp(S[b h q x] - L[b h q])" in chosen.source
+    schedule = derived.schedule
+    assert (schedule.keys, schedule.queries) == ("x", "q")
+    assert schedule.key_outputs == ("dK", "dV") and schedule.query_outputs == ("dQ",)
+    assert select_program(chosen.gpu_program(None, **BIG)).paths == ("fma", "mma.sync", "mma.sync")
+    # the CLI prints the same kernel
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        cli.main(["grad", str(EXAMPLES / "attention.napkin"), "--set", *(f"{a}={n}" for a, n in BIG.items())])
+    assert printed.getvalue() == chosen.source
+
+
+def test_training_through_attention_runs_the_lse_forward_and_matches_torch():
+    kernel = _kernel("attention", "f64")
+    sizes = dict(b=1, h=2, q=150, x=99, d=32)
+    assert kernel.grad(**sizes).derivation.auxiliary == ("L",)  # the model's pick at this shape too
+    generator = torch.Generator().manual_seed(7)
+    Q, K, V = (torch.randn(1, 2, n, 32, dtype=torch.float64, generator=generator).requires_grad_() for n in (150, 99, 99))
+    out = kernel(Q, K, V)
+    assert out.shape == (1, 2, 150, 32)  # the caller's output alone: the added L stays saved
+    W = torch.randn(out.shape, dtype=torch.float64, generator=generator)
+    (out * W).sum().backward()
+    reference = [t.detach().clone().requires_grad_() for t in (Q, K, V)]
+    (_attention(*reference) * W).sum().backward()
+    # the backward accumulates in f32 on chip (every napkin intermediate is f32)
+    allowed = 4 * tolerance(kernel.grad(**sizes).program(**sizes))
+    for got, want in zip((Q, K, V), reference, strict=True):
+        error = (got.grad - want.grad).abs().max() / want.grad.abs().max()
+        assert error <= allowed, float(error)
