@@ -74,8 +74,11 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
         kernel.path = chosen.path
         kernels.append(kernel)
     double = any(buffer.dtype == "f64" for launch in program.launches for buffer in launch.buffers.values())
+    fp8 = any(array.dtype.startswith("fp8") for array in program.diagram.arrays.values()) or any(
+        buffer.dtype.startswith("fp8") for launch in program.launches for buffer in launch.buffers.values())
     parts = [header_comment(program, report, kernels),
-             dialect.prelude + (dialect.prelude_f64 if double else "") + (PRELUDES[dialect.name] if tensor else "")
+             dialect.prelude + (dialect.prelude_f64 if double else "") + (dialect.prelude_fp8 if fp8 else "")
+             + (PRELUDES[dialect.name] if tensor else "")
              + (wgmma_prelude(dialect.name, kernels) if any(getattr(k, "wgmma", None) for k in kernels) else ""),
              f"#define NK_THREADS {threads}"]
     for k in kernels:
