@@ -89,28 +89,34 @@ FP8_FORMATS = {"fp8e4m3": (3, 7, False, 0x7E, 0x7F), "fp8e5m2": (2, 15, True, 0x
 FP8_C = {"fp8e4m3": "e4m3", "fp8e5m2": "e5m2"}
 
 
-def fp8_prelude(inline: str, as_float: str, as_uint: str, rint: str) -> str:
-    """C (one text for both dialects, with their spelling of the bit casts and of ``rint``) that
-    decodes an fp8 byte to float exactly (``nk_e4m3``, ``nk_e5m2``) and encodes a float as
-    ``types.convert`` does (``nk_to_e4m3``, ``nk_to_e5m2``): round to nearest even, saturating
-    (a value past the largest finite one, an infinity included, becomes it with its sign), NaN
-    stays NaN. Bit arithmetic rather than sm_89's cvt.e4m3x2: one text runs on every arch and on
-    the OpenCL device, and a conversion outside the hot loop of a tensor-core kernel costs nothing
-    that matters."""
+def fp8_prelude(inline: str, as_float: str, as_uint: str, rint: str, half_bits_to_float: str) -> str:
+    """C (one text for both dialects, with their spelling of the bit casts, ``rint`` and the f16
+    conversion ``half_bits_to_float(bits)``) that decodes an fp8 byte to float exactly
+    (``nk_e4m3``, ``nk_e5m2``) and encodes a float as ``types.convert`` does (``nk_to_e4m3``,
+    ``nk_to_e5m2``): round to nearest even, saturating (a value past the largest finite one, an
+    infinity included, becomes it with its sign), NaN stays NaN.
+
+    The decode goes through f16, branch-free: an e5m2 byte is the top byte of the f16 of the same
+    value (infinities and NaN included), and an e4m3 byte moved into f16's exponent and mantissa
+    fields is its value / 2^8, subnormals included (f16's exponent field is one bit wider, its
+    bias 15 = 7 + 8), so the hardware's f16 conversion and an exact multiply decode it; e4m3's NaN
+    (S.1111.111, a finite f16 there) is selected apart. Portable C rather than sm_89's
+    cvt.f16x2.e4m3x2: one text runs on every arch and on the OpenCL device. The encode is bit
+    arithmetic; a conversion outside the hot loop of a kernel costs nothing that matters."""
     out = []
     for dtype, (mbits, bias, ieee, largest, nan) in FP8_FORMATS.items():
-        name, emax = FP8_C[dtype], 0x7F >> mbits
-        special = (f"if (e == {emax}u) v = m ? {as_float}(0x7fc00000u) : {as_float}(0x7f800000u); else "
-                   if ieee else f"if ((b & 0x7fu) == 0x7fu) v = {as_float}(0x7fc00000u); else ")
+        name = FP8_C[dtype]
         shift = 23 - mbits
-        # 2^(1 - bias - mbits): the value of the least subnormal; 2^(1 - bias): the least normal.
+        if ieee:
+            decode = f"    return {half_bits_to_float('(unsigned int)c << 8')};  /* e5m2 is f16's top byte */\n"
+        else:
+            scale = 2.0 ** (15 - bias)
+            decode = (f"    unsigned int b = c;\n"
+                      f"    float v = {half_bits_to_float(f'((b & 0x80u) << 8) | ((b & 0x7fu) << {10 - mbits})')} * {scale!r}f;\n"
+                      f"    return ((b & 0x7fu) == 0x7fu) ? {as_float}(0x7fc00000u) : v;  /* S.1111.111: NaN */\n")
+        # 2^(bias - 1 + mbits): the inverse of the least subnormal; 2^(1 - bias): the least normal.
         out.append(f"""{inline} float nk_{name}(unsigned char c) {{
-    unsigned int b = c, e = (b >> {mbits}) & {emax}u, m = b & {(1 << mbits) - 1}u;
-    float v;
-    {special}if (e == 0u) v = (float)m * {2.0 ** (1 - bias - mbits)!r}f; /* subnormal: exact */
-    else v = {as_float}(((e + {127 - bias}u) << 23) | (m << {shift}));
-    return (b & 0x80u) ? -v : v;
-}}
+{decode}}}
 {inline} unsigned char nk_to_{name}(float v) {{
     unsigned int bits = {as_uint}(v), sign = (bits >> 24) & 0x80u, a = bits & 0x7fffffffu, code;
     if (a > 0x7f800000u) return (unsigned char)(sign | {nan:#x}u); /* NaN */
@@ -162,7 +168,8 @@ class CudaDialect(Dialect):
     float_suffix = "f"
     storage = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16",
                "fp8e4m3": "unsigned char", "fp8e5m2": "unsigned char"}
-    prelude_fp8 = fp8_prelude("__device__ __forceinline__", "__uint_as_float", "__float_as_uint", "rintf")
+    prelude_fp8 = fp8_prelude("__device__ __forceinline__", "__uint_as_float", "__float_as_uint", "rintf",
+                              lambda bits: f"__half2float(__ushort_as_half((unsigned short)({bits})))")
     base_prelude = """#include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -279,7 +286,8 @@ class OpenCLDialect(Dialect):
     name = "opencl"
     # bf16 lives in memory as its 16 raw bits; f16 as `half`, read with vload_half.
     storage = {"f32": "float", "f64": "double", "f16": "half", "bf16": "ushort", "fp8e4m3": "uchar", "fp8e5m2": "uchar"}
-    prelude_fp8 = fp8_prelude("inline", "as_float", "as_uint", "rint")
+    prelude_fp8 = ("inline float nk_half_bits(uint bits) { ushort h = (ushort)bits; return vload_half(0, (const __private half*)&h); }\n"
+                   + fp8_prelude("inline", "as_float", "as_uint", "rint", lambda bits: f"nk_half_bits({bits})"))
     prelude = """#pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #define NK_INF INFINITY
 inline float nk_bf16(ushort v) { return as_float(((uint)v) << 16); }
