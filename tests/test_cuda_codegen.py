@@ -74,8 +74,8 @@ def test_every_example_compiles_without_spills_and_its_shared_memory_is_the_mode
         # ... and no more than a thread may have, with the whole block resident on one SM.
         assert least <= row["registers"] <= min(MAX_REGISTERS, per_unit // row["block"][0]), row
     # Static (ptxas) plus dynamic (the arena) shared memory equals the report's M at SMEM.
-    assert [row["shared_bytes"] for row in table] == smem_bytes_by_launch(compiled.program)
-    assert compiled.cost.levels["smem"].M_bytes == max(smem_bytes_by_launch(compiled.program))
+    assert [row["shared_bytes"] for row in table] == smem_bytes_by_launch(compiled.program, arch)
+    assert compiled.cost.levels["smem"].M_bytes == max(smem_bytes_by_launch(compiled.program, arch))
 
 
 def test_every_runnable_example_is_covered():

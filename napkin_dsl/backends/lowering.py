@@ -1860,12 +1860,14 @@ def _overlaps(a: Slot, b: Slot) -> bool:
     return a.offset < b.offset + b.size and b.offset < a.offset + a.size
 
 
-def smem_bytes_by_launch(program: Program) -> list[int]:
-    """The report's M in bytes at the compute level, per launch (what the arena must equal)."""
+def smem_bytes_by_launch(program: Program, arch: str | None = None) -> list[int]:
+    """The report's M in bytes at the compute level, per launch (what the arena must equal), for
+    the paths selection takes on ``arch`` (default: the profile's; an fp8 product is on tensor
+    cores on sm_89 and later only)."""
     out = []
     for launch in program.launches:
         single = Program(program.schedule, (launch,))
-        selected = select_program(single)  # once, for the columns and the costs alike
+        selected = select_program(single, arch)  # once, for the columns and the costs alike
         rows = columns(single, selected)
         out.append(int(as_number(level_costs(single, rows, selected)[program.schedule.compute_level].M_bytes)))
     return out

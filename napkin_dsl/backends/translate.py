@@ -16,7 +16,7 @@ from ..cost import cost_of
 from ..isel import FMA_THREADS, ProgramSelection, describe, plan_summary, select_program
 from ..pseudocode import Program
 from .lowering import THREADS, Dialect, LoweredProgram, Printer, bound_sizes, ident
-from .tensorcore import PRELUDES, TensorPrinter
+from .tensorcore import FP8_PRELUDES, PRELUDES, TensorPrinter
 from .wgmma import WgmmaPrinter
 from .wgmma import prelude as wgmma_prelude
 
@@ -79,6 +79,7 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
     parts = [header_comment(program, report, kernels),
              dialect.prelude + (dialect.prelude_f64 if double else "") + (dialect.prelude_fp8 if fp8 else "")
              + (PRELUDES[dialect.name] if tensor else "")
+             + (FP8_PRELUDES[dialect.name] if any(s.plan is not None and s.plan.dtype.startswith("fp8") for s in selected.launches.values()) else "")
              + (wgmma_prelude(dialect.name, kernels) if any(getattr(k, "wgmma", None) for k in kernels) else ""),
              f"#define NK_THREADS {threads}"]
     for k in kernels:
