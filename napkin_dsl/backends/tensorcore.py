@@ -12,6 +12,9 @@ This is the register level of the napkin method, FlashAttention-2's structure:
   streamed axis are double-buffered: the next chunk is in flight while this one is used;
 * a register-resident A operand (P) is packed to the B operand's 16-bit type and fed
   straight into the next mma: an accumulator pair is exactly an A fragment;
+* fp8 operands run on ``mma.sync.m16n8k32`` (:meth:`TensorPrinter.mma_fp8`): A by ldmatrix as
+  16-bit pairs of the same bytes, B by ldmatrix when k is its fastest axis and by byte loads
+  (``layouts.MMA_B8``) when n is; the accumulators are the 16-bit path's;
 * row reductions (max, sum, softmax) reduce in the thread, then across the four lanes of a
   quad with ``xor`` shuffles.
 
