@@ -487,12 +487,11 @@ def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str |
         if a.array in fragments:
             if fragments[a.array].col != k:
                 raise _Refuse(f"{a.array} in registers is not laid out along {k}")
-            if site.diagram.arrays[b.array].dtype in FP8_TENSOR_DTYPES:
-                # P's f32 C fragment packs to 16-bit A registers with no shuffle (layouts.P_TO_A);
-                # packed to bytes, an m16n8k32 A register needs 4 consecutive k where a C
-                # fragment holds 2: that needs a permutation of the key order, not written yet.
-                raise _Refuse(f"{a.array} in registers as an fp8 A operand: the repack of an f32 accumulator "
-                              f"to m16n8k32's A fragment (a permutation of {k} on both operands) is not built")
+            if site.diagram.arrays[b.array].dtype in FP8_TENSOR_DTYPES and b.axes[-1] == k:
+                # P packs to bytes in a permuted key order (layouts.KEY_ORDER8); the B rows then
+                # follow it through the byte gather, which ldmatrix (B with k fastest) cannot
+                raise _Refuse(f"{a.array} in registers as an fp8 A operand needs {b.array} with {k} slowest "
+                              f"(its rows gathered in P's key order, layouts.KEY_ORDER8)")
             a_trans, a_regs = False, True
         else:
             a_tile = operand(a.array, "A")

@@ -398,6 +398,37 @@ def fp8_fragment_is_b16_bytes(fp8: Layout, b16: Layout) -> bool:
     return True
 
 
+# P -> the 8-bit A fragment. Packed to bytes, an A register holds 4 consecutive k of one row,
+# where a lane's accumulators hold pairs (2t, 2t + 1 of each n-tile): no register of C is an A
+# register in the ISA's k order. A contraction is the same sum in any order of k, so P feeds
+# m16n8k32 with the key order permuted within each 32-key step, and V's rows read in the same
+# order: KEY_ORDER8 maps A's k (and B's) to the key it stands for, 16h + 4t + e -> 16h + 2t +
+# (e & 1) + 8 (e >> 1), which puts each A register on two accumulator pairs of its own lane.
+KEY_ORDER8 = Layout(("k",), ("key",), (Mode(0, 1, 2, (1,)), Mode(0, 2, 2, (8,)), Mode(0, 4, 4, (2,)), Mode(0, 16, 2, (16,))))
+# The same map on B's (k, n): n as it is.
+KEY_ORDER8_KN = Layout(("k", "n"), ("k", "n"), KEY_ORDER8.modes + (Mode(1, 1, 8, (0, 1)),))
+
+
+def p_to_a8_registers() -> list[list[tuple[int, int]]]:
+    """Per register j of the 8-bit A fragment, the (n-tile, c) of the same lane's accumulators
+    (four n-tiles of MMA_C side by side, 32 keys) its bytes 0..3 take, with A's k read through
+    KEY_ORDER8: the same for every lane, and no value crosses lanes (asserted)."""
+    held = {}
+    for lane in range(32):
+        for nt in range(MMA_K8 // MMA_N):
+            for c in range(MMA_C.extent("i")):
+                row, n = MMA_C(lane, c)
+                held[(row, MMA_N * nt + n)] = (lane, nt, c)
+    regs: dict[tuple[int, int], tuple[int, int]] = {}
+    for lane in range(32):
+        for i in range(MMA_A8.extent("i")):
+            row, k = MMA_A8(lane, i)
+            src_lane, nt, c = held[(row, KEY_ORDER8(k))]
+            assert src_lane == lane, "napkin bug: P -> the 8-bit A fragment would cross lanes"
+            assert regs.setdefault(PACK8(i), (nt, c)) == (nt, c), "napkin bug: P -> A8 depends on the lane"
+    return [[regs[(j, e)] for e in range(4)] for j in range(MMA_A8.extent("i") // 4)]
+
+
 # ---- ldmatrix.x4 ----------------------------------------------------------------------------
 # Lanes 8j..8j+7 give the row addresses of 8x8 matrix j; register j of lane l receives row
 # l >> 2, columns 2(l % 4) and 2(l % 4) + 1 of matrix j (the transpose with .trans).

@@ -408,3 +408,27 @@ def test_the_fp8_fragments_invert_and_print(name):
         assert inverse(x, y) == (lane, i)
         env = dict(zip(layout.outputs, (x, y), strict=True))
         assert tuple(eval(e, {}, env) for e in outs) == (lane, i)
+
+
+def test_p_feeds_the_fp8_a_fragment_in_a_permuted_key_order():
+    """layouts.KEY_ORDER8 is a permutation of a 32-key step under which every register of the
+    ISA's 8-bit A fragment is four accumulators of the same lane (the ISA's C fragment, four
+    n-tiles side by side): key(16h + 4t + e) = 16h + 2t + (e & 1) + 8 (e >> 1), written here."""
+    from napkin_dsl.layouts import KEY_ORDER8, p_to_a8_registers
+
+    def key(k):
+        h, t, e = k // 16, (k % 16) // 4, k % 4
+        return 16 * h + 2 * t + (e & 1) + 8 * (e >> 1)
+
+    assert [KEY_ORDER8(k) for k in range(32)] == [key(k) for k in range(32)]
+    assert sorted(key(k) for k in range(32)) == list(range(32))
+    registers = p_to_a8_registers()
+    for lane in range(32):
+        for i in range(16):
+            row, k = isa_a8(lane, i)
+            nt, c = registers[i // 4][i % 4]
+            c_row, c_col = isa_c(lane, c)
+            assert (c_row, 8 * nt + c_col) == (row, key(k)), (lane, i)
+    # in the ISA's own k order no such repack exists: some A register needs another lane's value
+    held = {(isa_c(lane, c)[0], 8 * nt + isa_c(lane, c)[1]): lane for lane in range(32) for nt in range(4) for c in range(4)}
+    assert any(held[isa_a8(lane, i)] != lane for lane in range(32) for i in range(16))

@@ -58,6 +58,7 @@ from ..layouts import (
     MMA_K8,
     MMA_M,
     MMA_N,
+    KEY_ORDER8_KN,
     PACK8,
     PACK16,
     ROW_LANE_MASKS,
@@ -66,7 +67,9 @@ from ..layouts import (
     ldmatrix_b_registers,
     ldmatrix_lane_terms,
     ldmatrix_offset_expr,
+    compose,
     offset_expr,
+    p_to_a8_registers,
     p_to_a_registers,
 )
 from ..pseudocode import Loop, Step, walk
@@ -230,6 +233,19 @@ OPENCL_PRELUDE = (_OPENCL_HEAD + _opencl_emulation()
 
 PRELUDES = {"cuda": CUDA_PRELUDE, "opencl": OPENCL_PRELUDE}
 
+def _fp8_pack(inline: str) -> str:
+    """P's four f32 values -> one register of the 8-bit A fragment, low byte first (layouts.PACK8),
+    each encoded as every fp8 store is (lowering.fp8_prelude: saturating, nearest even)."""
+    return "".join(f"""{inline} unsigned nk_pack_{t}(float v0, float v1, float v2, float v3) {{
+    return (unsigned)nk_to_{t}(v0) | ((unsigned)nk_to_{t}(v1) << 8) | ((unsigned)nk_to_{t}(v2) << 16) | ((unsigned)nk_to_{t}(v3) << 24);
+}}
+#define NK_PACK_{t.upper()}(v0, v1, v2, v3) nk_pack_{t}((v0), (v1), (v2), (v3))
+""" for t in ("e4m3", "e5m2"))
+
+
+_FP8_PACK = _fp8_pack("__device__ __forceinline__")
+
+
 # mma.sync m16n8k32 with e4m3/e5m2 operands (sm_89 and later), only in a unit with an fp8 plan.
 _CUDA_FP8 = "".join(rf"""__device__ __forceinline__ void nk_mma_{t}(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {{
     asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.{t}.{t}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};\n"
@@ -237,7 +253,10 @@ _CUDA_FP8 = "".join(rf"""__device__ __forceinline__ void nk_mma_{t}(float c[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }}
 #define NK_MMA_{t.upper()}(c, a, b0, b1) nk_mma_{t}((c), (a), (b0), (b1))
-""" for t in ("e4m3", "e5m2"))
+""" for t in ("e4m3", "e5m2")) + _FP8_PACK
+
+
+
 
 
 def _opencl_fp8_emulation() -> str:
@@ -283,7 +302,7 @@ inline void nk_mma8(float c[4], const uint a[{a_regs}], uint b0, uint b1, int e5
 
 # the same scratch as the 16-bit emulation's: 32 lanes x (4 A + 2 B) registers
 assert MMA_A8.extent("i") // 4 + MMA_B8.extent("i") // 4 == (MMA_A.extent("i") + MMA_B.extent("i")) // 2
-FP8_PRELUDES = {"cuda": _CUDA_FP8, "opencl": _opencl_fp8_emulation()}
+FP8_PRELUDES = {"cuda": _CUDA_FP8, "opencl": _opencl_fp8_emulation() + _fp8_pack("inline")}
 UNIT = 16
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -1219,7 +1238,7 @@ class TensorPrinter(KernelWriter):
         self.lanes: dict = {}
         for m in self.plan.mmas.values():
             if m.dtype in FP8_TENSOR_DTYPES and m.b_trans:
-                self.gather_constants(m.b)  # mma_fp8: byte loads, no ldmatrix site
+                self.gather_constants(m.b, m.a_in_registers)  # mma_fp8: byte loads, no ldmatrix site
             sites = ([] if m.dtype in FP8_TENSOR_DTYPES and m.b_trans else [(m.b, "b", m.b_trans)])
             sites += [] if m.a_in_registers else [(m.a, "a", m.a_trans)]
             for site in sites:
@@ -1279,8 +1298,22 @@ class TensorPrinter(KernelWriter):
 
         def per_k():
             self.emit(f"unsigned a[{mt_count}][{MMA_A8.extent('i') // 4}];")
-            offset = self.ldsm_offset(m.a, "a", False, f"(nk_wrow + mt * {MMA_M})", f"(kk * {half_k})")
-            self.loop("mt", mt_count, lambda: self.emit(f"NK_LDSM(a[mt], {offset});"))
+            if m.a_in_registers:
+                # P, in f32 accumulator fragments, packed to bytes in the key order of
+                # layouts.KEY_ORDER8 (each A register: two accumulator pairs of the lane's own);
+                # V's rows are gathered in the same order (gather_constants): the same sum
+                src = _var(m.a)
+                tiles_per_k = MMA_K8 // MMA_N
+
+                def pack():
+                    for j, values in enumerate(p_to_a8_registers()):
+                        args = ", ".join(f"{src}[mt][{tiles_per_k} * kk" + (f" + {nt}" if nt else "") + f"][{c}]" for nt, c in values)
+                        self.emit(f"a[mt][{j}] = NK_PACK_{kind}({args});")
+
+                self.loop("mt", mt_count, pack)
+            else:
+                offset = self.ldsm_offset(m.a, "a", False, f"(nk_wrow + mt * {MMA_M})", f"(kk * {half_k})")
+                self.loop("mt", mt_count, lambda: self.emit(f"NK_LDSM(a[mt], {offset});"))
 
             def per_pair():
                 self.emit(f"unsigned b[{LDMATRIX_DELIVERS.extent('j')}];")
@@ -1309,22 +1342,26 @@ class TensorPrinter(KernelWriter):
 
         self.loop("kk", k_steps, per_k)
 
-    def gather_constants(self, name: str):
+    def gather_constants(self, name: str, key_order: bool = False):
         """Per lane, what its B bytes' offsets share in every k step and n-pair: for byte e of a
-        register, the row 4t + e of its k (layouts.MMA_B8) times the pitch plus its column g
-        (``nk_gq{e}``), and that row's swizzle key (``nk_gk{e}``). Every k step moves the row by
-        a multiple of 16, which leaves each key as it is (asserted on the tile)."""
-        if name in getattr(self, "gathered", set()):
+        register, the row of its k (layouts.MMA_B8: 4t + e; through layouts.KEY_ORDER8 where P
+        is the A operand) times the pitch plus its column g (``nk_g<B>_q{e}``), and that row's
+        swizzle key (``nk_g<B>_k{e}``). A k step moves the row by a multiple of 16, which leaves
+        each key as it is (asserted on the tile) and, through KEY_ORDER8, adds the same 16."""
+        if name in getattr(self, "gathered", {}):
             return
-        self.gathered = getattr(self, "gathered", set()) | {name}
+        self.gathered = {**getattr(self, "gathered", {}), name: key_order}
         tile = self.smem[name].tile
         assert all(tile.key(16 * step + x) == tile.key(x) for step in range(tile.rows // 16 + 1) for x in range(16)), \
             "napkin bug: a k step of 16 rows changes the swizzle key"
+        fragment = compose(KEY_ORDER8_KN, MMA_B8) if key_order else MMA_B8
+        assert all(fragment(lane, i + 4)[0] == fragment(lane, i)[0] + 16 for lane in range(32) for i in range(4))
         s = tile.layout.swizzle
+        g = f"nk_g{ident(name)}"
         for byte in range(4):
-            k, n = MMA_B8.c_expr("nk_lane", str(byte))  # b_byte: k 4t + byte, n g
-            self.emit(f"const int nk_gq{byte} = ({k}) * {tile.pitch} + ({n});  // {name}: this lane's byte {byte} (k 4t + {byte}, n g)")
-            self.emit(f"const int nk_gk{byte} = ((({k}) >> {s.shift}) & {(1 << s.bits) - 1});  // ... its row's swizzle key")
+            k, n = fragment.c_expr("nk_lane", str(byte))
+            self.emit(f"const int {g}_q{byte} = ({k}) * {tile.pitch} + ({n});  // {name}: this lane's byte {byte} (its k row, n g)")
+            self.emit(f"const int {g}_k{byte} = ((({k}) >> {s.shift}) & {(1 << s.bits) - 1});  // ... its row's swizzle key")
 
     def gather_b8(self, name: str, n0: str, register: int, nt_offset: int = 0) -> str:
         """Register ``register`` of this lane's m16n8k32 B fragment at k step ``kk`` and n-tile
@@ -1341,7 +1378,8 @@ class TensorPrinter(KernelWriter):
             i = 4 * register + byte
             assert PACK8(i) == (register, byte) and MMA_B8(0, i)[0] == MMA_B8(0, byte)[0] + 16 * register
             unit = f"(({n0}) >> 4)"
-            offset = (f"(kk * {MMA_K8} + {16 * register}) * {tile.pitch} + nk_gq{byte} + "
-                      f"(({unit} ^ nk_gk{byte}) << 4) + {nt_offset}")
+            g = f"nk_g{ident(name)}"
+            offset = (f"(kk * {MMA_K8} + {16 * register}) * {tile.pitch} + {g}_q{byte} + "
+                      f"(({unit} ^ {g}_k{byte}) << 4) + {nt_offset}")
             parts.append(f"((unsigned)nk_smem[{base} + {offset}] << {8 * byte})")
         return "(" + " | ".join(parts) + ")"
