@@ -22,6 +22,8 @@ The objects:
 * :data:`MMA_A8`, :data:`MMA_B8`: ``mma.sync.aligned.m16n8k32``'s fragments for e4m3/e5m2
   operands (its accumulators are :data:`MMA_C`'s), :data:`PACK8` their bytes in registers, and
   :func:`fp8_fragment_is_b16_bytes`, why ldmatrix loads them from k-contiguous tiles;
+  :data:`KEY_ORDER8` and :func:`p_to_a8_registers`, the key order in which P's accumulators
+  are an 8-bit A fragment (and V's rows are read);
 * :data:`LDMATRIX_SOURCE`: the stored row each lane gives ``ldmatrix.x4`` (plain and
   ``.trans``) for napkin's A and B operands, and :data:`LDMATRIX_DELIVERS` /
   :data:`LDMATRIX_DELIVERS_T`: which supplied row, and which element of it, each register

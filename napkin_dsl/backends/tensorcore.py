@@ -14,7 +14,8 @@ This is the register level of the napkin method, FlashAttention-2's structure:
   straight into the next mma: an accumulator pair is exactly an A fragment;
 * fp8 operands run on ``mma.sync.m16n8k32`` (:meth:`TensorPrinter.mma_fp8`): A by ldmatrix as
   16-bit pairs of the same bytes, B by ldmatrix when k is its fastest axis and by byte loads
-  (``layouts.MMA_B8``) when n is; the accumulators are the 16-bit path's;
+  (``layouts.MMA_B8``) when n is; the accumulators are the 16-bit path's; P from registers is
+  packed to bytes in ``layouts.KEY_ORDER8``'s key order, and V's rows gathered in it;
 * row reductions (max, sum, softmax) reduce in the thread, then across the four lanes of a
   quad with ``xor`` shuffles.
 
