@@ -277,6 +277,7 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
                      fragments, mmas, stream)
     plan = replace(plan, instruction=path or "mma.sync")
     _refuse_if(_budget_refusal(plan, launch, tile, budget, path))
+    _refuse_if(_converted_fp8_refusal(plan, launch, tile, budget, arch))
     return plan
 
 
@@ -843,6 +844,29 @@ def live_fragment_values(plan: TensorPlan, launch: LaunchProgram, tile: dict) ->
             held += fragment_values(plan, name, tile)
         most = max(most, held)
     return most + gather_registers(plan, tile)
+
+
+# Where the profile's fp8 mma.sync path ``converts`` (no 8-bit mma.sync in SASS: ptxas converts
+# each operand pair to f16, F2FP.F16.E4M3.UNPACK_B, and issues two HMMA.16816; sm_90, read in
+# tests/test_fp8_tensorcore.py) and P is packed in registers as well (attention's PV), the
+# conversions hold about this many registers more: measured on fp8 attention at d = 128, where
+# sm_89 compiles to 215 registers and sm_90 spills 340 bytes at 255; at d = 64 sm_90 takes 243.
+CONVERTED_FP8_REGISTERS = 32
+
+
+def _converted_fp8_refusal(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: int, arch: str) -> str | None:
+    if plan.dtype not in FP8_TENSOR_DTYPES:
+        return None
+    found = launch.schedule.hardware.find_path("mma.sync", plan.dtype, arch, mma_shape(plan.dtype))
+    if found is None or not found.converts:
+        return None
+    if not any(m.a_in_registers for m in plan.mmas.values()):
+        return None
+    held = live_fragment_values(plan, launch, tile) + CONVERTED_FP8_REGISTERS
+    if held <= budget:
+        return None
+    return (f"{arch} has no 8-bit mma.sync: ptxas converts the fp8 operands to f16, and with P packed in "
+            f"registers a thread would hold {held} fragment registers (budget {budget}); use smaller tiles")
 
 
 # Registers the byte loads of an fp8 B stored n-fastest ([k n]: tensorcore.mma_fp8) take beyond

@@ -271,12 +271,26 @@ def test_sm90_has_no_8_bit_mma_sync_ptxas_converts_to_f16():
 
 @pytest.mark.parametrize("arch, d", [("sm_89", 64), ("sm_89", 128), ("sm_90", 64)])
 def test_fp8_attention_compiles_without_spills_or_local_memory(arch, d, l40s):
-    """At d = 128 the sm_90 kernel spills 56 bytes (ptxas's f16 conversions of both operands
-    take the registers sm_89's QMMA does not): not asserted here, and reported."""
+    """Both products on the 8-bit instruction (sm_89's QMMA; sm_90's f16 HMMA after ptxas's
+    conversions), P packed by cvt.rn.satfinite.e4m3x2 in CUDA; 0 spills, no local memory, and
+    the model under the static ceiling of the code."""
     hardware = l40s if arch == "sm_89" else None
-    compiled = kernel_of(ATTENTION).compile(arch, hardware, q=4096, x=4096, d=d)
+    compiled = kernel_of(ATTENTION).compile(arch, hardware, q=8192, x=8192, d=d)
     entry, hot = _sass(compiled)
     assert compiled.launches[0].path == "mma.sync"
     assert entry["spill_bytes"] == 0 and entry["whole"].get("local", 0) == 0
     wanted = "QMMA.16832.F32.E4M3.E4M3" if arch == "sm_89" else "HMMA.16816.F32"
     assert hot.count(wanted) > 0
+    assert any(op.startswith("F2FP") and "E4M3" in op and "PACK" in op for op in hot)  # P's cvt to e4m3
+    ceiling = entry["ceiling"]
+    assert ceiling["model_s"] >= ceiling["floor_s"] * (1 - 1e-9)
+    assert ceiling["model_tflops"] <= ceiling["tflops"] * (1 + 1e-9)
+
+
+def test_sm90_declines_fp8_attention_at_d128_where_the_conversions_would_spill(l40s):
+    """sm_90's f16 conversions of the fp8 operands hold registers QMMA does not: at d = 128 the
+    kernel spilled 340 bytes, so selection keeps it on the FMA path there and says why; sm_89 keeps it."""
+    chosen = selected(ATTENTION, "sm_90", q=8192, x=8192, d=128)
+    assert chosen.plan is None and "sm_90 has no 8-bit mma.sync" in chosen.reason
+    assert selected(ATTENTION, "sm_89", l40s, q=8192, x=8192, d=128).path == "mma.sync"
+
