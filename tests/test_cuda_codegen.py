@@ -41,6 +41,9 @@ SIZES = {
     "fp8_matmul.napkin": [dict(m=512, n=512, k=512), dict(m=300, n=200, k=100)],
 }
 CASES = [(name, i) for name in SIZES for i in range(2)]
+# Examples that run on NumPy but are not printed for CUDA/OpenCL, and the refusal they get: none
+# since the printers store fp8 (issue 23); other test files read it to skip what is not printed.
+NOT_PRINTED: dict = {}
 
 
 def kernel_of(name: str):
@@ -80,7 +83,7 @@ def test_every_example_compiles_without_spills_and_its_shared_memory_is_the_mode
 
 def test_every_runnable_example_is_covered():
     runnable = [p for p in EXAMPLES.rglob("*.napkin") if not re.search(r"(?m)^box ", p.read_text())]
-    assert sorted(str(p.relative_to(EXAMPLES)) for p in runnable) == sorted(SIZES)
+    assert sorted(str(p.relative_to(EXAMPLES)) for p in runnable) == sorted(set(SIZES) | set(NOT_PRINTED))
 
 
 @pytest.mark.parametrize("name", ["attention.napkin", "matmul.napkin", "softmax.napkin"])
