@@ -294,3 +294,16 @@ def test_sm90_declines_fp8_attention_at_d128_where_the_conversions_would_spill(l
     assert chosen.plan is None and "sm_90 has no 8-bit mma.sync" in chosen.reason
     assert selected(ATTENTION, "sm_89", l40s, q=8192, x=8192, d=128).path == "mma.sync"
 
+
+
+@pytest.mark.parametrize("text, sizes", [(MATMUL, RAGGED), (ATTENTION, dict(q=100, x=150, d=64))], ids=["matmul", "attention"])
+def test_the_numpy_backend_counts_what_the_model_prices_on_m16n8k32(text, sizes):
+    """The register level's H on the fp8 plan (A once per warp column, B once per warp row, one
+    byte a value) counted by the NumPy backend equals the report's, and the run is within tolerance."""
+    from napkin_dsl.backends.numpy import check_run
+
+    kernel = kernel_of(text)
+    program = kernel.gpu_program(None, **sizes)
+    assert isel.selection(program, program.launches[0]).plan.dtype == "fp8e4m3"
+    result = check_run(kernel, sizes=sizes, seed=3)
+    assert result["ok"] and not result["count_differences"], result
