@@ -3,8 +3,9 @@
     python benchmarks/bench_sass.py [--arch sm_90a --arch sm_90 --arch sm_80]
 
 Compiles, with NVRTC and no GPU, examples/attention.napkin at b=4 h=32 q=x=8192 d=128 (its
-relabel block: group q 128, stream x 64) and examples/matmul.napkin at m=n=k=8192 (group m 128,
-n 128, stream k 32), for sm_90a, sm_90 and sm_80, disassembles each cubin with nvdisasm
+relabel block: group q 128, stream x 64), examples/matmul.napkin and examples/fp8_matmul.napkin
+at m=n=k=8192 (group m 128, n 128, stream k 32 and 64), for sm_90a, sm_90 and sm_80, disassembles
+each cubin with nvdisasm
 (``napkin_dsl.backends.sass``) and prints one row per launch: the hot loop's instructions, its
 tensor-core instructions and instructions per tensor instruction ('-' without any), its FFMAs,
 LDSMs and LDGSTSs, and, for the whole kernel, local-memory instructions and ptxas's spill bytes;
@@ -33,6 +34,8 @@ EXAMPLES = ROOT / "examples"
 CASES = [
     ("attention", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128}),
     ("matmul", "matmul.napkin", "matmul", {"m": 8192, "n": 8192, "k": 8192}),
+    # mma.sync m16n8k32 e4m3 on sm_90 (ptxas: F2FP.F16.E4M3 + two HMMA.16816 each), FMA on sm_80
+    ("fp8 matmul", "fp8_matmul.napkin", "fp8_matmul", {"m": 8192, "n": 8192, "k": 8192}),
 ]
 ARCHES = ("sm_90a", "sm_90", "sm_80")  # sm_90a: wgmma (matmul by descriptor and TMA, attention with P from registers)
 GPU = {"sm_80": "A100", "sm_90": "H100", "sm_90a": "H100"}  # the profile each arch is priced on

@@ -76,6 +76,10 @@ class InstructionPath:
     dtypes: tuple[str, ...]
     archs: tuple[str, ...]
     rates: dict
+    # ``converts = true``: the GPU has no such instruction in SASS, and ptxas runs it on its
+    # 16-bit tensor cores after converting the operands (mma.sync .e4m3 on sm_90); the
+    # conversions hold registers, which instruction selection counts.
+    converts: bool = False
 
     def runs_on(self, arch: str) -> bool:
         """Whether ``arch`` has this path. An arch-specific target (``sm_90a``: sm_90 with the
@@ -320,7 +324,7 @@ def _path(key: str, entry: dict, archs: tuple[str, ...]) -> InstructionPath:
     if not isinstance(entry, dict):
         raise ValueError(f"path.{key} must be a table with instruction, shape, dtypes, archs and rates")
     path = InstructionPath(key, str(entry["instruction"]), str(entry["shape"]), tuple(entry["dtypes"]),
-                           tuple(entry["archs"]), dict(entry["rates"]))
+                           tuple(entry["archs"]), dict(entry["rates"]), bool(entry.get("converts", False)))
     if not path.dtypes or not all(isinstance(d, str) for d in path.dtypes):
         raise ValueError(f"path.{key}'s dtypes must be a list of operand dtypes, e.g. [\"bf16\", \"f16\"]")
     unpriced = [d for d in path.dtypes if d not in path.rates]

@@ -40,6 +40,20 @@ from .relabel import bind
 
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 TENSOR_DTYPES = ("bf16", "f16")
+# 8-bit operands run on mma.sync m16n8k32 (sm_89 and later; layouts.MMA_A8, MMA_B8): the same
+# accumulator fragment, 32 values of k an instruction.
+FP8_TENSOR_DTYPES = ("fp8e4m3", "fp8e5m2")
+MMA_K8 = 32
+
+
+def mma_k(dtype: str) -> int:
+    """The k of one mma.sync instruction for ``dtype`` operands: 16, or 32 for fp8."""
+    return MMA_K8 if dtype in FP8_TENSOR_DTYPES else MMA_K
+
+
+def mma_shape(dtype: str) -> str:
+    """The mma.sync shape napkin builds for ``dtype`` operands (``m16n8k16``, fp8's ``m16n8k32``)."""
+    return f"m{MMA_M}n{MMA_N}k{mma_k(dtype)}"
 MAX_WARPS = 8
 WARPGROUP = 4  # warps of one wgmma
 FMA_THREADS = 256  # threads per block of a launch on the FMA path
@@ -204,11 +218,14 @@ def _target_path(hardware, arch: str, path: str | None, dtype: str | None = None
     """The profile's path for the launch: ``path`` (a what-if instruction), else what napkin
     builds; for ``dtype`` operands where given, else for any dtype napkin builds fragments of.
     Refuses, naming the profile's paths, where the profile gives ``arch`` none."""
-    instruction, shape = (path, None) if path is not None else (BUILT_INSTRUCTION, BUILT_SHAPE)
-    for wanted in ([dtype] if dtype is not None else TENSOR_DTYPES):
+    instruction = path if path is not None else BUILT_INSTRUCTION
+    shape = None
+    for wanted in ([dtype] if dtype is not None else TENSOR_DTYPES + FP8_TENSOR_DTYPES):
+        shape = None if path is not None else mma_shape(wanted)
         found = hardware.find_path(instruction, wanted, arch, shape)
         if found is not None:
             return found
+    shape = None if path is not None else shape if dtype is not None else BUILT_SHAPE
     what = f"{instruction} {shape or ''}".rstrip() + (f" for {dtype}" if dtype is not None else "")
     raise _Refuse(f"{hardware.name} has no {what} on {arch} (its paths: {hardware.paths_text()})")
 
@@ -262,6 +279,7 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
                      fragments, mmas, stream)
     plan = replace(plan, instruction=path or "mma.sync")
     _refuse_if(_budget_refusal(plan, launch, tile, budget, path))
+    _refuse_if(_converted_fp8_refusal(plan, launch, tile, budget, arch))
     return plan
 
 
@@ -403,18 +421,22 @@ def _reduction_refusal(site: _Site, fragments: dict) -> str | None:
     return None
 
 
-def _operand_refusal(site: _Site, name: str, role: str, loaded: set) -> str | None:
+def _operand_refusal(site: _Site, name: str, role: str, loaded: set, row: str | None = None) -> str | None:
     """Why array ``name`` cannot be a contraction's ``role`` operand read by ldmatrix from a
     swizzled shared tile."""
     array = site.diagram.arrays[name]
     tile, sizes = site.tile, site.sizes
     if name not in loaded:
         return f"{role} operand {name} is not loaded into shared memory"
-    if array.dtype not in TENSOR_DTYPES:
-        return f"{name} is {array.dtype}; tensor cores here take {' or '.join(TENSOR_DTYPES)}"
+    if array.dtype not in TENSOR_DTYPES + FP8_TENSOR_DTYPES:
+        return f"{name} is {array.dtype}; tensor cores here take {', '.join(TENSOR_DTYPES + FP8_TENSOR_DTYPES)}"
     axes = site.wide(array.axes)
     if len(axes) != 2 or array.axes[-1] != axes[-1]:
         return f"{name} is not a two-dimensional tile whose fastest axis is its last"
+    if role == "A" and array.dtype in FP8_TENSOR_DTYPES and row is not None and axes[1] == row:
+        # ldmatrix .trans moves 16-bit values (before sm_100): it cannot transpose bytes, and the
+        # m16n8k32 A fragment holds 4 consecutive k of one row in a register.
+        return f"A operand {name} is {array.dtype} stored with {row} fastest; an fp8 A is read by ldmatrix, which needs k fastest"
     if not SwizzledTile.supports(tile[axes[1]], DTYPE_BYTES[array.dtype]):
         return (f"{name}'s tile rows ({tile[axes[1]]} values of {axes[1]}, "
                 f"{tile[axes[1]] * DTYPE_BYTES[array.dtype]} bytes) are not 32, 64 or a multiple of 128 bytes: no swizzle covers them")
@@ -433,8 +455,9 @@ def _contraction_axes(site: _Site, s, row: str):
     if len(contracted) != 1:
         raise _Refuse(f"{s.target} contracts {len(contracted)} tiled axes; mma contracts one")
     k = contracted[0]
-    if site.tile[k] % MMA_K:
-        raise _Refuse(f"the contracted {k} tile ({site.tile[k]}) is not a multiple of {MMA_K}")
+    step = max(mma_k(site.diagram.arrays[r.array].dtype) for r in reads_ if r.array in site.diagram.arrays)
+    if site.tile[k] % step:
+        raise _Refuse(f"the contracted {k} tile ({site.tile[k]}) is not a multiple of {step}")
     with_row = [r for r in reads_ if row in r.axes]
     if len(with_row) != 1:
         raise _Refuse(f"{s.target}: exactly one operand must carry {row}")
@@ -454,7 +477,7 @@ def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str |
     dtypes = set()
 
     def operand(name: str, role: str) -> Operand:
-        _refuse_if(_operand_refusal(site, name, role, loaded))
+        _refuse_if(_operand_refusal(site, name, role, loaded, row))
         array = site.diagram.arrays[name]
         axes = site.wide(array.axes)
         found = Operand(name, axes[0], axes[1], stream is not None and stream in array.axes)
@@ -467,6 +490,11 @@ def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str |
         if a.array in fragments:
             if fragments[a.array].col != k:
                 raise _Refuse(f"{a.array} in registers is not laid out along {k}")
+            if site.diagram.arrays[b.array].dtype in FP8_TENSOR_DTYPES and b.axes[-1] == k:
+                # P packs to bytes in a permuted key order (layouts.KEY_ORDER8); the B rows then
+                # follow it through the byte gather, which ldmatrix (B with k fastest) cannot
+                raise _Refuse(f"{a.array} in registers as an fp8 A operand needs {b.array} with {k} slowest "
+                              f"(its rows gathered in P's key order, layouts.KEY_ORDER8)")
             a_trans, a_regs = False, True
         else:
             a_tile = operand(a.array, "A")
@@ -533,6 +561,8 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
     contraction is the online softmax's two (attention, its GQA and log-sum-exp forms): the
     register level's other steps (softmax, maxima, sums) run on the D fragments as on mma.sync's C."""
     statements = launch.launch.statements
+    if plan.dtype in FP8_TENSOR_DTYPES:
+        raise _Refuse(f"{plan.dtype} operands: wgmma's 8-bit shape (m64nNk32) is priced, not built; mma.sync m16n8k32 runs it")
     if split_loop(launch) is not None:  # backends/wgmma.py saves no part state: mma.sync's printer does
         raise _Refuse("a split's parts launch: the wgmma epilogue that saves its part states is not written")
     if warp_tiles:
@@ -629,7 +659,11 @@ def _grid(row, col, tile, warp_rows, warp_cols, launch, budget, *rest) -> Tensor
             plan = TensorPlan(row, tile[row], r, *rest, split=col, col_tile=tile[col], warp_cols=c)
             if plan.warps > MAX_WARPS or live_fragment_values(plan, launch, tile) > budget:
                 continue
-            traffic = tile[row] * plan.col_warps + tile[col] * plan.row_warps
+            # B gathered by byte loads (an fp8 [k n] B) costs each warp row an instruction a
+            # byte where ldmatrix moves 16 a lane: weighted double, the grid shares it over more
+            # m-tiles (fp8_matmul: 64 x 32 warp tiles, tensor-bound in SASS, not 32 x 64, issue-bound)
+            gathered = 2 if gather_registers(plan, tile) else 1
+            traffic = tile[row] * plan.col_warps + tile[col] * plan.row_warps * gathered
             candidates.append((plan.warps < 4, traffic, -plan.warps, plan))
     if not candidates:
         raise _Refuse(f"no warp grid of whole fragments splits the {tile[row]} x {tile[col]} tile of {row} x {col} "
@@ -816,7 +850,45 @@ def live_fragment_values(plan: TensorPlan, launch: LaunchProgram, tile: dict) ->
                 continue
             held += fragment_values(plan, name, tile)
         most = max(most, held)
-    return most
+    return most + gather_registers(plan, tile)
+
+
+# Where the profile's fp8 mma.sync path ``converts`` (no 8-bit mma.sync in SASS: ptxas converts
+# each operand pair to f16, F2FP.F16.E4M3.UNPACK_B, and issues two HMMA.16816; sm_90, read in
+# tests/test_fp8_tensorcore.py) and P is packed in registers as well (attention's PV), the
+# conversions hold about this many registers more: measured on fp8 attention at d = 128, where
+# sm_89 compiles to 215 registers and sm_90 spills 340 bytes at 255; at d = 64 sm_90 takes 243.
+CONVERTED_FP8_REGISTERS = 32
+
+
+def _converted_fp8_refusal(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: int, arch: str) -> str | None:
+    if plan.dtype not in FP8_TENSOR_DTYPES:
+        return None
+    found = launch.schedule.hardware.find_path("mma.sync", plan.dtype, arch, mma_shape(plan.dtype))
+    if found is None or not found.converts:
+        return None
+    if not any(m.a_in_registers for m in plan.mmas.values()):
+        return None
+    held = live_fragment_values(plan, launch, tile) + CONVERTED_FP8_REGISTERS
+    if held <= budget:
+        return None
+    return (f"{arch} has no 8-bit mma.sync: ptxas converts the fp8 operands to f16, and with P packed in "
+            f"registers a thread would hold {held} fragment registers (budget {budget}); use smaller tiles")
+
+
+# Registers the byte loads of an fp8 B stored n-fastest ([k n]: tensorcore.mma_fp8) take beyond
+# the fragments: the bytes ptxas keeps in flight and their per-lane offsets. Measured on
+# fp8_matmul (sm_90, 128 x 128 block, k chunk 64): warp tiles holding 128 accumulators spill
+# (64 x 64: 176 bytes, 128 x 32: 192 bytes, at 255 registers) where the bf16 kernel takes ~210
+# registers; tiles holding 64 compile with none (32 x 64: 211 registers, 64 x 32: 219). Counted
+# with the fragments, the warp grid avoids the tiles that spill.
+GATHER_REGISTERS = 48
+
+
+def gather_registers(plan: TensorPlan, tile: dict) -> int:
+    """:data:`GATHER_REGISTERS` where a product of the plan gathers an fp8 B by byte loads, else 0."""
+    gathers = any(m.dtype in FP8_TENSOR_DTYPES and m.b_trans for m in plan.mmas.values())
+    return GATHER_REGISTERS if gathers else 0
 
 
 def describe(selection_: Selection, launch: LaunchProgram) -> list[str]:
@@ -842,6 +914,10 @@ def describe(selection_: Selection, launch: LaunchProgram) -> list[str]:
         if plan.instruction == "wgmma":
             lines.append(f"{s.target}: wgmma (priced, not built) {mma.dtype} -> f32, A = {mma.a} from "
                          f"{'registers' if mma.a_in_registers else 'shared memory'}, B = {mma.b} from shared memory")
+            continue
+        if mma.dtype in FP8_TENSOR_DTYPES:  # byte loads for an n-contiguous B (backends/tensorcore.py, mma_fp8)
+            b = f"{mma.b} by {'byte loads, 4 k a register' if mma.b_trans else 'ldmatrix'}"
+            lines.append(f"{s.target}: mma.sync.{mma_shape(mma.dtype)} {mma.dtype} -> f32, A = {a}, B = {b}")
             continue
         lines.append(f"{s.target}: mma.sync.m16n8k16 {mma.dtype} -> f32, A = {a}, B = {mma.b} by ldmatrix{'.trans' if mma.b_trans else ''}")
     return lines

@@ -1,4 +1,4 @@
-"""Layouts as data: swizzled shared-memory tiles, the mma.sync m16n8k16 fragments, and wgmma's.
+"""Layouts as data: swizzled shared-memory tiles, the mma.sync m16n8k16 and m16n8k32 fragments, and wgmma's.
 
 Where every value of a fragment or shared tile lives, in the manner of CuTe. A
 :class:`Layout` maps named integer inputs (a lane and a value index; a row and a column) to
@@ -19,6 +19,11 @@ The objects:
   fragment read as its two pairs of adjacent columns; :data:`PACK16`, where value ``i`` of a
   16-bit fragment sits in its ``.b32`` registers; :data:`P_TO_A`, the accumulator pair of two
   n-tiles that becomes an A fragment (P feeds the second product with no shuffle);
+* :data:`MMA_A8`, :data:`MMA_B8`: ``mma.sync.aligned.m16n8k32``'s fragments for e4m3/e5m2
+  operands (its accumulators are :data:`MMA_C`'s), :data:`PACK8` their bytes in registers, and
+  :func:`fp8_fragment_is_b16_bytes`, why ldmatrix loads them from k-contiguous tiles;
+  :data:`KEY_ORDER8` and :func:`p_to_a8_registers`, the key order in which P's accumulators
+  are an 8-bit A fragment (and V's rows are read);
 * :data:`LDMATRIX_SOURCE`: the stored row each lane gives ``ldmatrix.x4`` (plain and
   ``.trans``) for napkin's A and B operands, and :data:`LDMATRIX_DELIVERS` /
   :data:`LDMATRIX_DELIVERS_T`: which supplied row, and which element of it, each register
@@ -36,8 +41,8 @@ The objects:
 
 Deliberately not here: CuTe's full algebra (hierarchical shapes, complements, divides:
 napkin's layouts are flat bit fields, and composition is functional), the printers' loops and
-origins (``backends/tensorcore.py``), the no-swizzle and interleaved layouts, and 8-bit
-fragments.
+origins (``backends/tensorcore.py``), the no-swizzle and interleaved layouts, and wgmma's 8-bit
+operands.
 """
 
 from __future__ import annotations
@@ -362,6 +367,69 @@ def mma_b(lane: int, i: int) -> tuple[int, int]:
 def mma_c(lane: int, i: int) -> tuple[int, int]:
     """(row, n) of accumulator c_i (i in 0..3) of the 16x8 C/D fragment held by ``lane``."""
     return MMA_C(lane, i)
+
+
+# ---- mma.sync m16n8k32 fragments (8-bit e4m3/e5m2 operands, f32 accumulators) --------------
+# PTX ISA, "Matrix Fragments for mma.m16n8k32" (.e4m3/.e5m2, sm_89 and later); the accumulator
+# fragment is MMA_C's. Four 8-bit values share a .b32 register, the lowest-indexed in its low byte.
+
+MMA_K8 = 32  # m16n8k32: k per instruction for 8-bit operands
+
+# A (16 x 32, .row): a0..a15 in four registers; row g (+8 for a4..a7 and a12..a15),
+# k 4t + (i & 3) (+16 for a8..a15).
+MMA_A8 = Layout(("lane", "i"), ("row", "k"), _lane_modes((1, 0), (0, 4))
+                + (Mode(1, 1, 4, (0, 1)), Mode(1, 4, 2, (8, 0)), Mode(1, 8, 2, (0, 16))))
+# B (32 x 8, .col): b0..b7 in two registers; k 4t + (i & 3) (+16 for b4..b7), n g.
+MMA_B8 = Layout(("lane", "i"), ("k", "n"), _lane_modes((0, 1), (4, 0)) + (Mode(1, 1, 4, (1, 0)), Mode(1, 4, 2, (16, 0))))
+# An 8-bit fragment's value i sits in .b32 register i >> 2, byte i & 3.
+PACK8 = Layout(("i",), ("register", "byte"), (Mode(0, 4, 4, (1, 0)), Mode(0, 1, 4, (0, 1))))
+
+
+def fp8_fragment_is_b16_bytes(fp8: Layout, b16: Layout) -> bool:
+    """Whether every byte of every register of the 8-bit fragment ``fp8`` (MMA_A8, MMA_B8) holds
+    the element the same byte of the 16-bit fragment ``b16`` (MMA_A, MMA_B) holds, when a row of
+    8-bit values is read as 16-bit pairs (element c of 16 bits is bytes 2c, 2c + 1). Where it
+    does, ldmatrix (a 16-bit load) delivers the 8-bit fragment of a k-contiguous tile unchanged."""
+    k_axis = fp8.outputs.index("k")
+    for lane, i in fp8.domain():
+        register, byte = PACK8(i)
+        got = list(fp8(lane, i))
+        want = list(b16(lane, 2 * register + byte // 2))  # PACK16: value 2r + h is half h of register r
+        want[k_axis] = 2 * want[k_axis] + byte % 2
+        if got != want:
+            return False
+    return True
+
+
+# P -> the 8-bit A fragment. Packed to bytes, an A register holds 4 consecutive k of one row,
+# where a lane's accumulators hold pairs (2t, 2t + 1 of each n-tile): no register of C is an A
+# register in the ISA's k order. A contraction is the same sum in any order of k, so P feeds
+# m16n8k32 with the key order permuted within each 32-key step, and V's rows read in the same
+# order: KEY_ORDER8 maps A's k (and B's) to the key it stands for, 16h + 4t + e -> 16h + 2t +
+# (e & 1) + 8 (e >> 1), which puts each A register on two accumulator pairs of its own lane.
+KEY_ORDER8 = Layout(("k",), ("key",), (Mode(0, 1, 2, (1,)), Mode(0, 2, 2, (8,)), Mode(0, 4, 4, (2,)), Mode(0, 16, 2, (16,))))
+# The same map on B's (k, n): n as it is.
+KEY_ORDER8_KN = Layout(("k", "n"), ("k", "n"), KEY_ORDER8.modes + (Mode(1, 1, 8, (0, 1)),))
+
+
+def p_to_a8_registers() -> list[list[tuple[int, int]]]:
+    """Per register j of the 8-bit A fragment, the (n-tile, c) of the same lane's accumulators
+    (four n-tiles of MMA_C side by side, 32 keys) its bytes 0..3 take, with A's k read through
+    KEY_ORDER8: the same for every lane, and no value crosses lanes (asserted)."""
+    held = {}
+    for lane in range(32):
+        for nt in range(MMA_K8 // MMA_N):
+            for c in range(MMA_C.extent("i")):
+                row, n = MMA_C(lane, c)
+                held[(row, MMA_N * nt + n)] = (lane, nt, c)
+    regs: dict[tuple[int, int], tuple[int, int]] = {}
+    for lane in range(32):
+        for i in range(MMA_A8.extent("i")):
+            row, k = MMA_A8(lane, i)
+            src_lane, nt, c = held[(row, KEY_ORDER8(k))]
+            assert src_lane == lane, "napkin bug: P -> the 8-bit A fragment would cross lanes"
+            assert regs.setdefault(PACK8(i), (nt, c)) == (nt, c), "napkin bug: P -> A8 depends on the lane"
+    return [[regs[(j, e)] for e in range(4)] for j in range(MMA_A8.extent("i") // 4)]
 
 
 # ---- ldmatrix.x4 ----------------------------------------------------------------------------

@@ -191,3 +191,60 @@ def test_accuracy_ordering_hadamard_below_block_below_tensor():
     assert rotated < block <= tensor, results
     assert results["bf16 (no quantization)"] < rotated  # fp8 costs accuracy; bf16 is the floor
     assert 1e-3 < rotated and tensor < 1e-1  # the scale of FA3's 9.1e-3 and 2.4e-2
+
+
+# ---- fp8 in the printers: the decode and the saturating encode on the OpenCL device --------
+
+
+def _codes_decoded_by_ml_dtypes(dtype: str) -> np.ndarray:
+    """Every one of the 256 codes, decoded by ml_dtypes (not by napkin's C)."""
+    import ml_dtypes
+
+    kind = {"fp8e4m3": ml_dtypes.float8_e4m3fn, "fp8e5m2": ml_dtypes.float8_e5m2}[dtype]
+    return np.arange(256, dtype=np.uint8).view(kind).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["fp8e4m3", "fp8e5m2"])
+def test_the_printed_decode_of_every_code_is_exact(dtype, opencl_device):
+    """The OpenCL kernel reads fp8 bytes with the printers' bit decode: each of the 256 codes,
+    subnormals, both zeros, e5m2's infinities and every NaN included, gives the value ml_dtypes
+    gives (and the spec's formula above), bit for bit."""
+    from napkin_dsl.backends import opencl
+
+    kernel = napkin.load(f"kernel k(X: {dtype}[i]) -> Y: f32[i]:\n    Y[i] = X * 1\n")["k"]
+    codes = np.arange(256, dtype=np.uint8).view(numpy_dtype(dtype))
+    # opencl.run directly: a call's binding saturates an infinite input before any backend sees it
+    got = np.asarray(opencl.run(kernel.gpu_program(None, i=256), {"X": codes})["Y"], dtype=np.float32)
+    want = _codes_decoded_by_ml_dtypes(dtype)
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(want).sum() == (2 if dtype == "fp8e4m3" else 6)
+    finite = ~np.isnan(want)
+    assert np.array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))  # -0.0 too
+    spec = np.array([spec_value(b, **SPEC[dtype]) for b in range(256)])
+    assert np.array_equal(got[finite].astype(np.float64), spec[finite])
+
+
+@pytest.mark.parametrize("dtype", ["fp8e4m3", "fp8e5m2"])
+def test_the_printed_encode_rounds_to_nearest_even_and_saturates(dtype, opencl_device):
+    """The OpenCL kernel stores f32 values into an fp8 output with the printers' encode: every
+    grid value, every tie between neighbours (the even code wins), the float just either side of
+    each tie, subnormals, values past the largest, infinities, NaN and both zeros give the bytes
+    types.convert gives and the values of the spec's rounding written above."""
+    kernel = napkin.load(f"kernel k(X: f32[i]) -> Y: {dtype}[i]:\n    Y[i] = X * 1\n")["k"]
+    grid = finite_values(dtype).astype(np.float32)
+    ties = ((grid[1:].astype(np.float64) + grid[:-1]) / 2).astype(np.float32)
+    assert np.array_equal(ties.astype(np.float64), (grid[1:].astype(np.float64) + grid[:-1]) / 2)  # exact in f32
+    largest = np.float32(FP8_LARGEST[dtype])
+    rng = np.random.default_rng(4)
+    x = np.concatenate([grid, ties, np.nextafter(ties, np.float32(np.inf)), np.nextafter(ties, np.float32(-np.inf)),
+                        rng.standard_normal(300).astype(np.float32) * largest / 4,
+                        (rng.standard_normal(300) * 2.0 ** rng.integers(-24, 2, 300) * largest / 448).astype(np.float32),
+                        [largest * 1.03, largest * 1.2, 1e30, -1e30, np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-30, -1e-30]])
+    x = x.astype(np.float32)
+    got = np.asarray(kernel(x, backend="opencl"))
+    assert got.dtype == numpy_dtype(dtype)
+    assert np.array_equal(got.view(np.uint8), convert(x, dtype).view(np.uint8))
+    want = np.array([saturating_round(float(v), dtype) for v in x])
+    assert np.array_equal(got.astype(np.float64), want, equal_nan=True)
+
+
+FP8_LARGEST = {"fp8e4m3": 448.0, "fp8e5m2": 57344.0}

@@ -340,3 +340,95 @@ def test_a_named_digit_prints_as_the_isas_group_and_thread():
     for lane in LANES:
         assert eval(MMA_C.digit_expr("g", "lane", "i")) == lane >> 2
         assert eval(MMA_C.digit_expr("t", "lane", "i")) == lane % 4
+
+
+# ---- mma.sync m16n8k32 with e4m3 / e5m2 operands ---------------------------------------------
+# PTX ISA, "Matrix Fragments for mma.m16n8k32" (.e4m3 / .e5m2 multiplicands, f32 accumulators),
+# written out again here.
+
+
+def isa_a8(lane, i):
+    """A (16 x 32), a0..a15: row g for 0 <= i < 4 or 8 <= i < 12, else g + 8;
+    col (k) 4t + (i & 3), + 16 for i >= 8."""
+    g, t = lane >> 2, lane % 4
+    row = g if (i < 4 or 8 <= i < 12) else g + 8
+    col = 4 * t + (i & 3) + (16 if i >= 8 else 0)
+    return row, col
+
+
+def isa_b8(lane, i):
+    """B (32 x 8), b0..b7: row (k) 4t + (i & 3), + 16 for i >= 4; col (n) g."""
+    g, t = lane >> 2, lane % 4
+    return 4 * t + (i & 3) + (16 if i >= 4 else 0), g
+
+
+def test_the_fp8_fragments_are_the_ptx_isas():
+    from napkin_dsl.layouts import MMA_A8, MMA_B8, MMA_K8, PACK8
+
+    for lane in range(32):
+        assert [MMA_A8(lane, i) for i in range(16)] == [isa_a8(lane, i) for i in range(16)]
+        assert [MMA_B8(lane, i) for i in range(8)] == [isa_b8(lane, i) for i in range(8)]
+    # four 8-bit elements per .b32 register, the lowest-indexed in the low byte
+    assert [PACK8(i) for i in range(16)] == [(i // 4, i % 4) for i in range(16)]
+    assert (MMA_A8.extent("i"), MMA_B8.extent("i"), MMA_K8) == (16, 8, 32)
+    # each covers its matrix once: 16 x 32 of A, 32 x 8 of B
+    assert sorted(MMA_A8(lane, i) for lane in range(32) for i in range(16)) == [(r, k) for r in range(16) for k in range(32)]
+    assert sorted(MMA_B8(lane, i) for lane in range(32) for i in range(8)) == [(k, n) for k in range(32) for n in range(8)]
+
+
+def test_a_k_contiguous_fp8_fragment_is_the_16_bit_fragment_of_the_same_bytes():
+    """Why ldmatrix (16-bit) loads the fp8 A fragment, and B from a k-contiguous tile: read as
+    bytes, register j of the ISA's 16-bit fragment (16 x 16 A, 16 x 8 B) holds what register j of
+    the ISA's 8-bit fragment (16 x 32, 32 x 8) holds. Computed from the formulas above; and a B
+    stored n-contiguous ([k n]) is not so: no 16-bit transpose gives its 4 consecutive k."""
+    from napkin_dsl.layouts import MMA_A8, MMA_B8, fp8_fragment_is_b16_bytes
+
+    for lane in range(32):
+        for i in range(16):
+            register, byte = i // 4, i % 4
+            row, k16 = isa_a(lane, 2 * register + byte // 2)
+            assert isa_a8(lane, i) == (row, 2 * k16 + byte % 2)
+        for i in range(8):
+            register, byte = i // 4, i % 4
+            k16, n = isa_b(lane, 2 * register + byte // 2)
+            assert isa_b8(lane, i) == (2 * k16 + byte % 2, n)
+    assert fp8_fragment_is_b16_bytes(MMA_A8, MMA_A) and fp8_fragment_is_b16_bytes(MMA_B8, MMA_B)
+    # the checker sees a wrong layout: a fragment with its row halves swapped is not the bytes
+    swapped = Layout(MMA_A8.inputs, MMA_A8.outputs, MMA_A8.modes[:3] + (Mode(1, 4, 2, (0, 16)), Mode(1, 8, 2, (8, 0))))
+    assert not fp8_fragment_is_b16_bytes(swapped, MMA_A)
+
+
+@pytest.mark.parametrize("name", ["MMA_A8", "MMA_B8"])
+def test_the_fp8_fragments_invert_and_print(name):
+    layout = getattr(layouts, name)
+    inverse = layout.inverse()
+    outs = inverse.c_expr(*layout.outputs)
+    for lane, i in layout.domain():
+        x, y = layout(lane, i)
+        assert inverse(x, y) == (lane, i)
+        env = dict(zip(layout.outputs, (x, y), strict=True))
+        assert tuple(eval(e, {}, env) for e in outs) == (lane, i)
+
+
+def test_p_feeds_the_fp8_a_fragment_in_a_permuted_key_order():
+    """layouts.KEY_ORDER8 is a permutation of a 32-key step under which every register of the
+    ISA's 8-bit A fragment is four accumulators of the same lane (the ISA's C fragment, four
+    n-tiles side by side): key(16h + 4t + e) = 16h + 2t + (e & 1) + 8 (e >> 1), written here."""
+    from napkin_dsl.layouts import KEY_ORDER8, p_to_a8_registers
+
+    def key(k):
+        h, t, e = k // 16, (k % 16) // 4, k % 4
+        return 16 * h + 2 * t + (e & 1) + 8 * (e >> 1)
+
+    assert [KEY_ORDER8(k) for k in range(32)] == [key(k) for k in range(32)]
+    assert sorted(key(k) for k in range(32)) == list(range(32))
+    registers = p_to_a8_registers()
+    for lane in range(32):
+        for i in range(16):
+            row, k = isa_a8(lane, i)
+            nt, c = registers[i // 4][i % 4]
+            c_row, c_col = isa_c(lane, c)
+            assert (c_row, 8 * nt + c_col) == (row, key(k)), (lane, i)
+    # in the ISA's own k order no such repack exists: some A register needs another lane's value
+    held = {(isa_c(lane, c)[0], 8 * nt + isa_c(lane, c)[1]): lane for lane in range(32) for nt in range(4) for c in range(4)}
+    assert any(held[isa_a8(lane, i)] != lane for lane in range(32) for i in range(16))

@@ -82,9 +82,13 @@ SIZES = {
     "decode.napkin": {"b": 1, "kv": 1, "r": 4, "x": 1100, "d": 16},
     # split-K on the FMA path: 3 parts of k (the last short), a ragged tile of m and n, and the combine
     "splitk.napkin": {"m": 40, "n": 24, "k": 17000},
+    # fp8 (issue 23): matmul on the m16n8k32 emulation (ldmatrix A, byte-gathered B), a short last k chunk;
+    # attention on the FMA path with a ragged last chunk of keys
+    "fp8_matmul.napkin": {"m": 48, "n": 32, "k": 80},
+    "fp8_attention.napkin": {"b": 1, "h": 1, "qb": 1, "qi": 16, "x": 80, "d": 16},
 }
 TENSOR_CORES = {"attention.napkin", "gqa.napkin", "matmul.napkin", "mlp.napkin", "causal_attention.napkin",
-                "sliding_window.napkin", "attention_lse.napkin", "swiglu.napkin"}
+                "sliding_window.napkin", "attention_lse.napkin", "swiglu.napkin", "fp8_matmul.napkin"}
 
 # Random relabellings: 100 of the examples (about 30 of them on the tensor-core path) and 20 random
 # programs of the fuzzer, 120 in all (issue 13 asks for 50), in two oclgrind processes (CI has

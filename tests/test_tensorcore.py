@@ -275,7 +275,9 @@ def test_a_row_reduction_of_a_shared_tile_alone_keeps_the_fma_path():
 # ---- oclgrind: races and out-of-bounds accesses of the emulated kernels -------------------------
 
 OCLGRIND_CASES = [("examples/attention.napkin", ["b=1", "h=1", "q=32", "x=80", "d=16"]),
-                  ("examples/matmul.napkin", ["m=48", "n=32", "k=48"])]
+                  ("examples/matmul.napkin", ["m=48", "n=32", "k=48"]),
+                  # fp8 on m16n8k32: ldmatrix A, B gathered by byte loads
+                  ("examples/fp8_matmul.napkin", ["m=48", "n=32", "k=64"])]
 
 
 def oclgrind(example: str, sizes: list, *extra: str):
@@ -293,7 +295,7 @@ def oclgrind(example: str, sizes: list, *extra: str):
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("example, sizes", OCLGRIND_CASES, ids=["attention", "matmul"])
+@pytest.mark.parametrize("example, sizes", OCLGRIND_CASES, ids=["attention", "matmul", "fp8_matmul"])
 def test_oclgrind_finds_no_race_or_bad_access_on_the_tensor_core_path(example, sizes):
     result = oclgrind(example, sizes)
     assert result.returncode == 0, result.stderr[-2000:]

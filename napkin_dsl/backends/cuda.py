@@ -92,7 +92,9 @@ def _device():
     return Device(0)
 
 
-_TYPESTR = {"f32": ("<f4",), "f64": ("<f8",), "f16": ("<f2",), "bf16": ("<V2", "<u2", "<i2", "|V2")}
+_TYPESTR = {"f32": ("<f4",), "f64": ("<f8",), "f16": ("<f2",), "bf16": ("<V2", "<u2", "<i2", "|V2"),
+            # fp8 arrives as 1-byte opaque values or its bytes
+            "fp8e4m3": ("|V1", "|u1", "|i1", "<V1"), "fp8e5m2": ("|V1", "|u1", "|i1", "<V1")}
 
 
 def _device_pointer(name: str, value, dtype: str, shape: tuple) -> ctypes.c_uint64:

@@ -39,7 +39,8 @@ Deliberately not here: choosing a printer per launch and joining the kernels int
 translation unit (``translate.py``), compiling (``nvrtc.py``), launching (``cuda.py``, ``opencl.py``),
 tensor-core instructions (contractions are per-thread loops, in f32, or in f64 where the
 Program computes in f64: every step is printed in the C type of its dtype), opaque boxes (they
-have no body to print), fp8 arrays.
+have no body to print). fp8 arrays (``fp8e4m3``, ``fp8e5m2``) are their bytes in memory, decoded
+exactly where they are read and encoded saturating where they are stored (:func:`fp8_prelude`).
 """
 
 from __future__ import annotations
@@ -76,7 +77,59 @@ ALIGN = 16
 
 
 class LoweringError(NapkinError):
-    """The Program cannot be printed as a GPU kernel (unbound sizes, opaque boxes, fp8)."""
+    """The Program cannot be printed as a GPU kernel (unbound sizes, opaque boxes, an i32 array)."""
+
+
+# ---- fp8 in memory ---------------------------------------------------------------------------
+
+# The OCP 8-bit formats: (mantissa bits, exponent bias, IEEE-like specials, largest finite code,
+# the NaN code types.convert stores). e4m3 has no infinity and its only NaN is S.1111.111; e5m2
+# has infinity at S.11111.00 and NaN at S.11111.xx.
+FP8_FORMATS = {"fp8e4m3": (3, 7, False, 0x7E, 0x7F), "fp8e5m2": (2, 15, True, 0x7B, 0x7E)}
+FP8_C = {"fp8e4m3": "e4m3", "fp8e5m2": "e5m2"}
+
+
+def fp8_prelude(inline: str, as_float: str, as_uint: str, rint: str, half_bits_to_float: str) -> str:
+    """C (one text for both dialects, with their spelling of the bit casts, ``rint`` and the f16
+    conversion ``half_bits_to_float(bits)``) that decodes an fp8 byte to float exactly
+    (``nk_e4m3``, ``nk_e5m2``) and encodes a float as ``types.convert`` does (``nk_to_e4m3``,
+    ``nk_to_e5m2``): round to nearest even, saturating (a value past the largest finite one, an
+    infinity included, becomes it with its sign), NaN stays NaN.
+
+    The decode goes through f16, branch-free: an e5m2 byte is the top byte of the f16 of the same
+    value (infinities and NaN included), and an e4m3 byte moved into f16's exponent and mantissa
+    fields is its value / 2^8, subnormals included (f16's exponent field is one bit wider, its
+    bias 15 = 7 + 8), so the hardware's f16 conversion and an exact multiply decode it; e4m3's NaN
+    (S.1111.111, a finite f16 there) is selected apart. Portable C rather than sm_89's
+    cvt.f16x2.e4m3x2: one text runs on every arch and on the OpenCL device. The encode is bit
+    arithmetic; a conversion outside the hot loop of a kernel costs nothing that matters."""
+    out = []
+    for dtype, (mbits, bias, ieee, largest, nan) in FP8_FORMATS.items():
+        name = FP8_C[dtype]
+        shift = 23 - mbits
+        if ieee:
+            decode = f"    return {half_bits_to_float('(unsigned int)c << 8')};  /* e5m2 is f16's top byte */\n"
+        else:
+            scale = 2.0 ** (15 - bias)
+            decode = (f"    unsigned int b = c;\n"
+                      f"    float v = {half_bits_to_float(f'((b & 0x80u) << 8) | ((b & 0x7fu) << {10 - mbits})')} * {scale!r}f;\n"
+                      f"    return ((b & 0x7fu) == 0x7fu) ? {as_float}(0x7fc00000u) : v;  /* S.1111.111: NaN */\n")
+        # 2^(bias - 1 + mbits): the inverse of the least subnormal; 2^(1 - bias): the least normal.
+        out.append(f"""{inline} float nk_{name}(unsigned char c) {{
+{decode}}}
+{inline} unsigned char nk_to_{name}(float v) {{
+    unsigned int bits = {as_uint}(v), sign = (bits >> 24) & 0x80u, a = bits & 0x7fffffffu, code;
+    if (a > 0x7f800000u) return (unsigned char)(sign | {nan:#x}u); /* NaN */
+    if (a < {(127 + 1 - bias) << 23:#x}u) {{ /* below the least normal: a multiple of the least subnormal */
+        code = (unsigned int){rint}({as_float}(a) * {2.0 ** (bias - 1 + mbits)!r}f); /* exact product; rint ties to even */
+    }} else {{ /* the mantissa rounded to {mbits} bits, ties to even; a carry moves to the exponent */
+        code = ((a + {(1 << (shift - 1)) - 1}u + ((a >> {shift}) & 1u)) >> {shift}) - {(127 - bias) << mbits}u;
+        if (code > {largest:#x}u) code = {largest:#x}u; /* saturate (an infinity too) */
+    }}
+    return (unsigned char)(sign | code);
+}}
+""")
+    return "".join(out)
 
 
 # ---- dialects -------------------------------------------------------------------------------
@@ -88,6 +141,7 @@ class Dialect:
 
     float_suffix = ""  # libm spelling for float: CUDA's expf, OpenCL's overloaded exp
     prelude_f64 = ""  # what kernels computing in double need besides the prelude
+    prelude_fp8 = ""  # what kernels with an fp8 array need besides the prelude
 
     def math(self, fn: str, args: list[str], real: str = "float") -> str:
         """An elementwise function or operator on expressions of C type ``real``: float, or
@@ -112,7 +166,10 @@ class Dialect:
 class CudaDialect(Dialect):
     name = "cuda"
     float_suffix = "f"
-    storage = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
+    storage = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16",
+               "fp8e4m3": "unsigned char", "fp8e5m2": "unsigned char"}
+    prelude_fp8 = fp8_prelude("__device__ __forceinline__", "__uint_as_float", "__float_as_uint", "rintf",
+                              lambda bits: f"__half2float(__ushort_as_half((unsigned short)({bits})))")
     base_prelude = """#include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -167,14 +224,17 @@ __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float
         return f"extern __shared__ __align__({align}) unsigned char nk_smem[];"
 
     def load(self, ptr: str, index: str, dtype: str, real: str = "float") -> str:
+        # fp8 is a byte in memory: nk_f cannot tell e4m3 from e5m2, so each has its decoder.
+        read = f"nk_{FP8_C[dtype]}({ptr}[{index}])" if dtype in FP8_C else f"nk_f({ptr}[{index}])"
         if real == "double":  # f64 as it is; narrower values widened before any arithmetic
-            return f"{ptr}[{index}]" if dtype == "f64" else f"((double)nk_f({ptr}[{index}]))"
-        return f"nk_f({ptr}[{index}])"
+            return f"{ptr}[{index}]" if dtype == "f64" else f"((double){read})"
+        return read
 
     def store(self, ptr: str, index: str, value: str, dtype: str, real: str = "float") -> str:
         if real == "double" and dtype != "f64":
             value = f"(float)({value})"
-        convert = {"f32": "{v}", "f64": "(double)({v})", "f16": "__float2half({v})", "bf16": "__float2bfloat16({v})"}[dtype]
+        convert = {"f32": "{v}", "f64": "(double)({v})", "f16": "__float2half({v})", "bf16": "__float2bfloat16({v})",
+                   "fp8e4m3": "nk_to_e4m3({v})", "fp8e5m2": "nk_to_e5m2({v})"}[dtype]
         return f"{ptr}[{index}] = {convert.format(v=value)};"
 
     def row_reduce(self, fn: str, value: str) -> str:
@@ -225,7 +285,9 @@ __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float
 class OpenCLDialect(Dialect):
     name = "opencl"
     # bf16 lives in memory as its 16 raw bits; f16 as `half`, read with vload_half.
-    storage = {"f32": "float", "f64": "double", "f16": "half", "bf16": "ushort"}
+    storage = {"f32": "float", "f64": "double", "f16": "half", "bf16": "ushort", "fp8e4m3": "uchar", "fp8e5m2": "uchar"}
+    prelude_fp8 = ("inline float nk_half_bits(uint bits) { ushort h = (ushort)bits; return vload_half(0, (const __private half*)&h); }\n"
+                   + fp8_prelude("inline", "as_float", "as_uint", "rint", lambda bits: f"nk_half_bits({bits})"))
     prelude = """#pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #define NK_INF INFINITY
 inline float nk_bf16(ushort v) { return as_float(((uint)v) << 16); }
@@ -258,7 +320,8 @@ inline ushort nk_to_bf16(float v) {
     def load(self, ptr, index, dtype, real="float"):
         if dtype == "f64":
             return f"{ptr}[{index}]" if real == "double" else f"(float)({ptr}[{index}])"
-        value = {"f16": f"vload_half({index}, {ptr})", "bf16": f"nk_bf16({ptr}[{index}])"}.get(dtype, f"{ptr}[{index}]")
+        value = {"f16": f"vload_half({index}, {ptr})", "bf16": f"nk_bf16({ptr}[{index}])",
+                 "fp8e4m3": f"nk_e4m3({ptr}[{index}])", "fp8e5m2": f"nk_e5m2({ptr}[{index}])"}.get(dtype, f"{ptr}[{index}]")
         # In a double step, narrower values are widened before any arithmetic sees them.
         return f"((double){value})" if real == "double" else value
 
@@ -269,6 +332,8 @@ inline ushort nk_to_bf16(float v) {
             return f"vstore_half({value}, {index}, {ptr});"
         if dtype == "bf16":
             return f"{ptr}[{index}] = nk_to_bf16({value});"
+        if dtype in FP8_C:
+            return f"{ptr}[{index}] = nk_to_{FP8_C[dtype]}({value});"
         if dtype == "f64":
             return f"{ptr}[{index}] = (double)({value});"
         return f"{ptr}[{index}] = {value};"
@@ -484,7 +549,33 @@ def plan_arena(program: Program, launch, registers=()) -> tuple[dict[str, Slot],
         slots[name] = slot
         placed.append(slot)
     arena = max((s.offset + s.size for s in placed), default=0)
+    if arena > _peak(placed):
+        # First fit in program order left holes (buffers of mixed sizes: fp8 tiles, f32 scales and
+        # statistics); the arena must be the model's M, the largest column. Placing the largest
+        # buffers first, each at the lowest offset free over its lifetime, closes them; the
+        # program-order layout stays wherever it already is the column's size.
+        packed = _pack_by_size(placed)
+        if max(s.offset + s.size for s in packed.values()) < arena:
+            return packed, max(s.offset + s.size for s in packed.values())
     return slots, arena
+
+
+def _peak(placed: list[Slot]) -> int:
+    """The most bytes live at once: the model's M at the level (its largest column)."""
+    return max((sum(s.size for s in placed if s.first <= t.first <= s.last) for t in placed), default=0)
+
+
+def _pack_by_size(placed: list[Slot]) -> dict[str, Slot]:
+    """The same buffers placed largest first (ties in program order), each at the lowest offset
+    (16-byte aligned) where no buffer alive at the same time lies."""
+    out: dict[str, Slot] = {}
+    for slot in sorted(placed, key=lambda s: (-s.size, s.first, s.name)):
+        alive = [s for s in out.values() if not (s.last < slot.first or slot.last < s.first)]
+        for offset in [0] + sorted(_align(s.offset + s.size) for s in alive):
+            if all(offset + slot.size <= s.offset or s.offset + s.size <= offset for s in alive):
+                break
+        out[slot.name] = Slot(slot.name, offset, slot.size, slot.first, slot.last, slot.dtype, slot.axes)
+    return {s.name: out[s.name] for s in placed}  # in program order, as the printers read them
 
 
 def _align(value: int) -> int:
@@ -1092,6 +1183,13 @@ class Printer(KernelWriter):
         for axis in reversed(axes):
             self.emit(f"const int i_{ident(axis)} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
         valid = " && ".join(f"i_{ident(a)} < {self.extent_expr(a)}" for a in axes if self.extent_expr(a) != str(self.tile[a])) or "true"
+        if dtype in FP8_C and self.slots[name].dtype == dtype:
+            # fp8 bytes are copied as they are: a decode and a saturating encode would turn an
+            # e5m2 infinity into the largest finite value before the kernel reads it.
+            self.emit(f"{self.ptr(name)}[{self.buffer_index(name, axes)}] = ({valid}) ? g_{ident(name)}[{self.global_index(name)}] : 0;")
+            self.depth -= 1
+            self.emit("}")
+            return
         value = d.load(f"g_{ident(name)}", self.global_index(name), dtype, self.real)
         self.emit(f"const {self.real} v = ({valid}) ? {value} : {self.zero};")
         self.emit(self.write(name, axes, "v"))
@@ -1762,12 +1860,14 @@ def _overlaps(a: Slot, b: Slot) -> bool:
     return a.offset < b.offset + b.size and b.offset < a.offset + a.size
 
 
-def smem_bytes_by_launch(program: Program) -> list[int]:
-    """The report's M in bytes at the compute level, per launch (what the arena must equal)."""
+def smem_bytes_by_launch(program: Program, arch: str | None = None) -> list[int]:
+    """The report's M in bytes at the compute level, per launch (what the arena must equal), for
+    the paths selection takes on ``arch`` (default: the profile's; an fp8 product is on tensor
+    cores on sm_89 and later only)."""
     out = []
     for launch in program.launches:
         single = Program(program.schedule, (launch,))
-        selected = select_program(single)  # once, for the columns and the costs alike
+        selected = select_program(single, arch)  # once, for the columns and the costs alike
         rows = columns(single, selected)
         out.append(int(as_number(level_costs(single, rows, selected)[program.schedule.compute_level].M_bytes)))
     return out

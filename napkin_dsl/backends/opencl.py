@@ -124,6 +124,8 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
             host = np.ascontiguousarray(inputs[name], dtype=dtype)
             if array_dtype == "bf16":
                 host = host.view(np.uint16)
+            elif array_dtype.startswith("fp8"):  # its bytes, which the kernel decodes
+                host = host.view(np.uint8)
             buffers[name] = cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=host)
         else:
             shape = tuple(sizes[a] for a in axes)
@@ -142,7 +144,8 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
     outputs = {}
     for name in diagram.outputs:
         host = hosts[name]
-        target = host.view(np.uint16) if diagram.arrays[name].dtype == "bf16" else host
+        dtype = diagram.arrays[name].dtype
+        target = host.view(np.uint16) if dtype == "bf16" else host.view(np.uint8) if dtype.startswith("fp8") else host
         cl.enqueue_copy(queue, target, buffers[name])
         outputs[name] = host
     queue.finish()

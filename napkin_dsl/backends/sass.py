@@ -223,8 +223,8 @@ CLASSES = ("tensor", "float", "ldsm", "ldgsts", "lds", "sts", "global", "local",
 # HFMA2.MMA is a half-precision FMA issued on the MMA pipe (the compiler's way to move
 # constants), not tensor-core work, and LDSM is not an LDS.
 OPCODE_CLASSES: dict[str, str] = {
-    # tensor cores: warp-level MMA (sm_80+), warpgroup MMA (sm_90), tcgen05 MMA (sm_100)
-    **dict.fromkeys(["HMMA", "IMMA", "DMMA", "BMMA", "HGMMA", "IGMMA", "QGMMA", "BGMMA",
+    # tensor cores: warp-level MMA (sm_80+; QMMA: 8-bit floats, sm_89), warpgroup MMA (sm_90), tcgen05 MMA (sm_100)
+    **dict.fromkeys(["HMMA", "QMMA", "IMMA", "DMMA", "BMMA", "HGMMA", "IGMMA", "QGMMA", "BGMMA",
                      "UTCHMMA", "UTCIMMA", "UTCQMMA", "UTCOMMA", "UTCMMA"], "tensor"),
     **dict.fromkeys(["FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "FSETP", "FSET", "FCHK", "FSWZADD", "FFMA2", "FMUL2", "FADD2",
                      "HFMA2", "HADD2", "HMUL2", "HMNMX2", "HSETP2", "HSET2",
@@ -383,6 +383,12 @@ def tensor_work(opcode: str) -> tuple[int, str, str] | None:
     >>> tensor_work("HMMA.16816.F32.BF16"), tensor_work("HMMA.1688.F32.TF32")
     ((4096, 'mma.sync', 'bf16'), (2048, 'mma.sync', 'f32'))
 
+    sm_89 names mma.sync m16n8k32 on e4m3 QMMA (sm_90 has none: ptxas converts the operands to
+    f16, F2FP.F16.E4M3.UNPACK_B, and issues two HMMA.16816.F32):
+
+    >>> tensor_work("QMMA.16832.F32.E4M3.E4M3")
+    (8192, 'mma.sync', 'fp8e4m3')
+
     A warpgroup MMA (HGMMA, wgmma) is issued by each of its four warps, each for 16 of its 64 rows:
 
     >>> tensor_work("HGMMA.64x128x16.F32.BF16")
@@ -390,7 +396,7 @@ def tensor_work(opcode: str) -> tuple[int, str, str] | None:
     """
     base, *modifiers = opcode.split(".")
     dtype = next((_OPERAND_DTYPES[m] for m in modifiers if m in _OPERAND_DTYPES), "f16")
-    if base == "HMMA" and modifiers and modifiers[0] in HMMA_SHAPES:
+    if base in ("HMMA", "QMMA") and modifiers and modifiers[0] in HMMA_SHAPES:
         m, n, k = HMMA_SHAPES[modifiers[0]]
         return 2 * m * n * k, "mma.sync", dtype
     if base == "HGMMA" and modifiers and _GMMA_SHAPE.match(modifiers[0]):

@@ -12,6 +12,10 @@ This is the register level of the napkin method, FlashAttention-2's structure:
   streamed axis are double-buffered: the next chunk is in flight while this one is used;
 * a register-resident A operand (P) is packed to the B operand's 16-bit type and fed
   straight into the next mma: an accumulator pair is exactly an A fragment;
+* fp8 operands run on ``mma.sync.m16n8k32`` (:meth:`TensorPrinter.mma_fp8`): A by ldmatrix as
+  16-bit pairs of the same bytes, B by ldmatrix when k is its fastest axis and by byte loads
+  (``layouts.MMA_B8``) when n is; the accumulators are the 16-bit path's; P from registers is
+  packed to bytes in ``layouts.KEY_ORDER8``'s key order, and V's rows gathered in it;
 * row reductions (max, sum, softmax) reduce in the thread, then across the four lanes of a
   quad with ``xor`` shuffles.
 
@@ -40,18 +44,23 @@ from __future__ import annotations
 from ..boxes import reduction
 from .. import algebra
 from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Read, Reduce, Softmax, reads
-from ..isel import TensorPlan, smem_layout
+from ..isel import FP8_TENSOR_DTYPES, TensorPlan, smem_layout
 from ..layouts import (
     LDMATRIX_DELIVERS,
     LDMATRIX_DELIVERS_T,
     MMA_A,
+    MMA_A8,
     MMA_B,
+    MMA_B8,
     MMA_C,
     MMA_C_PAIR,
     MMA_C_VALUE,
     MMA_K,
+    MMA_K8,
     MMA_M,
     MMA_N,
+    KEY_ORDER8_KN,
+    PACK8,
     PACK16,
     ROW_LANE_MASKS,
     SwizzledTile,
@@ -59,7 +68,9 @@ from ..layouts import (
     ldmatrix_b_registers,
     ldmatrix_lane_terms,
     ldmatrix_offset_expr,
+    compose,
     offset_expr,
+    p_to_a8_registers,
     p_to_a_registers,
 )
 from ..pseudocode import Loop, Step, walk
@@ -222,6 +233,88 @@ OPENCL_PRELUDE = (_OPENCL_HEAD + _opencl_emulation()
                   + _OPENCL_TAIL.replace("{ws}", str(32 * (MMA_A.extent("i") + MMA_B.extent("i")) // 2)))
 
 PRELUDES = {"cuda": CUDA_PRELUDE, "opencl": OPENCL_PRELUDE}
+
+def _fp8_pack(inline: str) -> str:
+    """P's four f32 values -> one register of the 8-bit A fragment, low byte first (layouts.PACK8),
+    each encoded as every fp8 store is (lowering.fp8_prelude: saturating, nearest even)."""
+    return "".join(f"""{inline} unsigned nk_pack_{t}(float v0, float v1, float v2, float v3) {{
+    return (unsigned)nk_to_{t}(v0) | ((unsigned)nk_to_{t}(v1) << 8) | ((unsigned)nk_to_{t}(v2) << 16) | ((unsigned)nk_to_{t}(v3) << 24);
+}}
+#define NK_PACK_{t.upper()}(v0, v1, v2, v3) nk_pack_{t}((v0), (v1), (v2), (v3))
+""" for t in ("e4m3", "e5m2"))
+
+
+# CUDA packs with sm_89's cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (d, a, b: a to the upper byte), the
+# same rounding (nearest even), saturation and NaN as nk_to_e4m3 in two values an instruction:
+# P is packed in attention's hot loop, where the bit encode cost ~10 instructions a value. The
+# fp8 prelude is printed only for an fp8 plan, which selection makes for sm_89 and later only.
+_FP8_PACK = "".join(rf"""__device__ __forceinline__ unsigned nk_pack_{t}(float v0, float v1, float v2, float v3) {{
+    unsigned short lo, hi;
+    asm("cvt.rn.satfinite.{t}x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(v1), "f"(v0));
+    asm("cvt.rn.satfinite.{t}x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(v3), "f"(v2));
+    return (unsigned)lo | ((unsigned)hi << 16);
+}}
+#define NK_PACK_{t.upper()}(v0, v1, v2, v3) nk_pack_{t}((v0), (v1), (v2), (v3))
+""" for t in ("e4m3", "e5m2"))
+
+
+# mma.sync m16n8k32 with e4m3/e5m2 operands (sm_89 and later), only in a unit with an fp8 plan.
+_CUDA_FP8 = "".join(rf"""__device__ __forceinline__ void nk_mma_{t}(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.{t}.{t}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}}
+#define NK_MMA_{t.upper()}(c, a, b0, b1) nk_mma_{t}((c), (a), (b0), (b1))
+""" for t in ("e4m3", "e5m2")) + _FP8_PACK
+
+
+
+
+
+def _opencl_fp8_emulation() -> str:
+    """mma.m16n8k32 on e4m3/e5m2 emulated per warp, decoded from the ISA's fragment maps
+    (layouts.MMA_A8, MMA_B8, PACK8: the lane, register and byte holding A(row, k) and B(k, n)),
+    apart from the code that fills the registers; values decoded by the fp8 prelude's exact
+    nk_e4m3 / nk_e5m2, products summed in f32 in k order."""
+    lane = "lane"
+    a_lane, a_i = MMA_A8.inverse().c_expr("row", "k")
+    b_lane, b_i = MMA_B8.inverse().c_expr("k", "n")
+    row, n = MMA_C.c_expr(lane, "i")
+    a_regs, b_regs = MMA_A8.extent("i") // 4, MMA_B8.extent("i") // 4
+    b_base = 32 * a_regs
+    ar, ab = PACK8.c_expr("ai")
+    br, bb = PACK8.c_expr("bi")
+    return f"""/* mma.m16n8k32 .e4m3/.e5m2, f32 accumulators: c_i of a lane is (row, n) of layouts.MMA_C;
+   A(row, k) and B(k, n) are byte {ab} / {bb} of register {ar} / {br} of the lanes the inverse
+   fragment layouts (MMA_A8, MMA_B8) name. */
+inline float nk_fp8f(uint byte, int e5m2) {{ return e5m2 ? nk_e5m2((uchar)byte) : nk_e4m3((uchar)byte); }}
+inline void nk_mma8(float c[4], const uint a[{a_regs}], uint b0, uint b1, int e5m2, __local uint* ws, int lane) {{
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int j = 0; j < {a_regs}; ++j) ws[{a_regs} * lane + j] = a[j];
+    ws[{b_base} + {b_regs} * lane] = b0;
+    ws[{b_base} + {b_regs} * lane + 1] = b1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = 0; i < {MMA_C.extent("i")}; ++i) {{
+        const int row = {row}, n = {n};
+        float acc = c[i];
+        for (int k = 0; k < {MMA_K8}; ++k) {{
+            const int al = {a_lane}, ai = {a_i};
+            const int bl = {b_lane}, bi = {b_i};
+            const uint areg = ws[{a_regs} * al + {ar}];
+            const uint breg = ws[{b_base} + {b_regs} * bl + {br}];
+            acc += nk_fp8f((areg >> (8 * {ab})) & 0xffu, e5m2) * nk_fp8f((breg >> (8 * {bb})) & 0xffu, e5m2);
+        }}
+        c[i] = acc;
+    }}
+}}
+#define NK_MMA_E4M3(c, a, b0, b1) nk_mma8((c), (a), (b0), (b1), 0, nk_ws, nk_lane)
+#define NK_MMA_E5M2(c, a, b0, b1) nk_mma8((c), (a), (b0), (b1), 1, nk_ws, nk_lane)
+"""
+
+
+# the same scratch as the 16-bit emulation's: 32 lanes x (4 A + 2 B) registers
+assert MMA_A8.extent("i") // 4 + MMA_B8.extent("i") // 4 == (MMA_A.extent("i") + MMA_B.extent("i")) // 2
+FP8_PRELUDES = {"cuda": _CUDA_FP8, "opencl": _opencl_fp8_emulation() + _fp8_pack("inline")}
 UNIT = 16
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -1135,6 +1228,8 @@ class TensorPrinter(KernelWriter):
     def mma(self, target: str, out: str):
         """``out[row, n] += A[row, k] * B[k, n]`` over the block's k tile, on mma.sync."""
         m = self.plan.mmas[target]
+        if m.dtype in FP8_TENSOR_DTYPES:
+            return self.mma_fp8(target, out)
         # an ldmatrix.x4 of B covers two n-tiles at one k step (layouts.ldmatrix_b_registers)
         b_registers = ldmatrix_b_registers()
         n_width = MMA_N * len(b_registers)
@@ -1183,12 +1278,15 @@ class TensorPrinter(KernelWriter):
         """Each ldmatrix site's per-lane row offset and swizzle key, computed once per thread."""
         self.lanes: dict = {}
         for m in self.plan.mmas.values():
-            sites = [(m.b, "b", m.b_trans)] + ([] if m.a_in_registers else [(m.a, "a", m.a_trans)])
+            if m.dtype in FP8_TENSOR_DTYPES and m.b_trans:
+                self.gather_constants(m.b, m.a_in_registers)  # mma_fp8: byte loads, no ldmatrix site
+            sites = ([] if m.dtype in FP8_TENSOR_DTYPES and m.b_trans else [(m.b, "b", m.b_trans)])
+            sites += [] if m.a_in_registers else [(m.a, "a", m.a_trans)]
             for site in sites:
                 if site in self.lanes:
                     continue
                 name, operand, trans = site
-                base, x = ldmatrix_lane_terms(self.smem[name].tile, operand, trans, "nk_lane")
+                base, x = ldmatrix_lane_terms(self.ldsm_tile(name), operand, trans, "nk_lane")
                 index = len(self.lanes)
                 self.emit(f"const int nk_lb{index} = {base};  // {name}: this lane's ldmatrix row")
                 self.emit(f"const int nk_lx{index} = {x};  // ... and its swizzle key")
@@ -1199,12 +1297,130 @@ class TensorPrinter(KernelWriter):
 
         Stored rows are k when ``trans``; the lane's share was computed once (lane_constants)."""
         slot = self.smem[name]
+        tile = self.ldsm_tile(name)
         index = self.lanes[(name, operand, trans)]
         row0, col0 = (k, outer) if trans else (outer, k)
-        u0 = f"((({col0}) * {slot.tile.element_bytes}) >> 4)"
+        u0 = f"((({col0}) * {tile.element_bytes}) >> 4)"
         stage = self.buffers.get(name)
         # a running buffer is in the lane's row already (chunk(): nk_lbs); a constant one is an immediate
         lane = f"nk_lbs{index}" if stage is not None and not stage.isdigit() else f"nk_lb{index}"
-        offset = ldmatrix_offset_expr(slot.tile, row0, u0, lane, f"nk_lx{index}")
+        offset = ldmatrix_offset_expr(tile, row0, u0, lane, f"nk_lx{index}")
         base = f"{slot.offset} + ({stage}) * {slot.stage_bytes}" if stage is not None and stage.isdigit() else f"{slot.offset}"
         return f"{base} + {offset}"
+
+    # -- mma.sync m16n8k32 (e4m3 / e5m2)
+    def ldsm_tile(self, name: str) -> SwizzledTile:
+        """The tile ldmatrix reads: an fp8 tile as the 16-bit pairs of the same bytes (same pitch
+        and swizzle), whose 16-bit fragment is m16n8k32's 8-bit one (layouts.fp8_fragment_is_b16_bytes)."""
+        tile = self.smem[name].tile
+        return SwizzledTile(tile.rows, tile.cols // 2, 2) if tile.element_bytes == 1 else tile
+
+    def mma_fp8(self, target: str, out: str):
+        """``out[row, n] += A[row, k] * B[k, n]`` over the k tile on ``mma.sync.m16n8k32`` with
+        e4m3/e5m2 operands and f32 accumulators (the accumulator fragment is m16n8k16's).
+
+        A (k fastest) comes by ldmatrix, as does a B whose fastest axis is k ([n k]: attention's
+        K): read as 16-bit pairs, their bytes are the 8-bit fragments. A B whose fastest axis is n
+        ([k n]: matmul's B) cannot: ldmatrix .trans transposes 16-bit values (8-bit .trans needs
+        sm_100), and the .col B fragment holds 4 consecutive k of one column in a register. Each
+        lane gathers its 8 bytes (layouts.MMA_B8, PACK8) from the swizzled tile with byte loads
+        instead: 16 an n-pair and k step, shared by the warp's m-tiles. A transposing copy into a
+        second shared tile would need its own barrier and bytes in the cp.async pipeline, which
+        the byte loads leave as the bf16 path has it."""
+        m = self.plan.mmas[target]
+        kind = "E4M3" if m.dtype == "fp8e4m3" else "E5M2"
+        b_registers = ldmatrix_b_registers()
+        n_width = MMA_N * len(b_registers)  # two n-tiles per ldmatrix.x4 of B, or per gather
+        mt_count, k_steps = self.plan.m_tiles, self.tile[m.k] // MMA_K8
+        n_pairs = self.plan.cols_per_warp(m.n, self.tile) // n_width
+        n_start = "nk_wcol + " if m.n == self.plan.split else ""
+        out_var = _var(out)
+        half_k = MMA_K8 // 2  # k per step in 16-bit pairs (ldsm_tile)
+
+        def per_k():
+            self.emit(f"unsigned a[{mt_count}][{MMA_A8.extent('i') // 4}];")
+            if m.a_in_registers:
+                # P, in f32 accumulator fragments, packed to bytes in the key order of
+                # layouts.KEY_ORDER8 (each A register: two accumulator pairs of the lane's own);
+                # V's rows are gathered in the same order (gather_constants): the same sum
+                src = _var(m.a)
+                tiles_per_k = MMA_K8 // MMA_N
+
+                def pack():
+                    for j, values in enumerate(p_to_a8_registers()):
+                        args = ", ".join(f"{src}[mt][{tiles_per_k} * kk" + (f" + {nt}" if nt else "") + f"][{c}]" for nt, c in values)
+                        self.emit(f"a[mt][{j}] = NK_PACK_{kind}({args});")
+
+                self.loop("mt", mt_count, pack)
+            else:
+                offset = self.ldsm_offset(m.a, "a", False, f"(nk_wrow + mt * {MMA_M})", f"(kk * {half_k})")
+                self.loop("mt", mt_count, lambda: self.emit(f"NK_LDSM(a[mt], {offset});"))
+
+            def per_pair():
+                self.emit(f"unsigned b[{LDMATRIX_DELIVERS.extent('j')}];")
+                if m.b_trans:
+                    pairs = []
+                    n0 = f"({n_start}np * {n_width})"  # a multiple of 16 bytes: the pair's unit
+                    for nt in range(len(b_registers)):
+                        regs = []
+                        for r in range(MMA_B8.extent("i") // 4):
+                            self.emit(f"b[{len(b_registers) * nt + r}] = {self.gather_b8(m.b, n0, r, nt * MMA_N)};")
+                            regs.append(len(b_registers) * nt + r)
+                        pairs.append(tuple(regs))
+                else:
+                    offset = self.ldsm_offset(m.b, "b", False, f"({n_start}np * {n_width})", f"(kk * {half_k})")
+                    self.emit(f"NK_LDSM(b, {offset});")
+                    pairs = b_registers
+
+                def per_m():
+                    for nt, (b0, b1) in enumerate(pairs):
+                        n_tile = f"{len(pairs)} * np" + (f" + {nt}" if nt else "")
+                        self.emit(f"NK_MMA_{kind}({out_var}[mt][{n_tile}], a[mt], b[{b0}], b[{b1}]);")
+
+                self.loop("mt", mt_count, per_m)
+
+            self.loop("np", n_pairs, per_pair)
+
+        self.loop("kk", k_steps, per_k)
+
+    def gather_constants(self, name: str, key_order: bool = False):
+        """Per lane, what its B bytes' offsets share in every k step and n-pair: for byte e of a
+        register, the row of its k (layouts.MMA_B8: 4t + e; through layouts.KEY_ORDER8 where P
+        is the A operand) times the pitch plus its column g (``nk_g<B>_q{e}``), and that row's
+        swizzle key (``nk_g<B>_k{e}``). A k step moves the row by a multiple of 16, which leaves
+        each key as it is (asserted on the tile) and, through KEY_ORDER8, adds the same 16."""
+        if name in getattr(self, "gathered", {}):
+            return
+        self.gathered = {**getattr(self, "gathered", {}), name: key_order}
+        tile = self.smem[name].tile
+        assert all(tile.key(16 * step + x) == tile.key(x) for step in range(tile.rows // 16 + 1) for x in range(16)), \
+            "napkin bug: a k step of 16 rows changes the swizzle key"
+        fragment = compose(KEY_ORDER8_KN, MMA_B8) if key_order else MMA_B8
+        assert all(fragment(lane, i + 4)[0] == fragment(lane, i)[0] + 16 for lane in range(32) for i in range(4))
+        s = tile.layout.swizzle
+        g = f"nk_g{ident(name)}"
+        for byte in range(4):
+            k, n = fragment.c_expr("nk_lane", str(byte))
+            self.emit(f"const int {g}_q{byte} = ({k}) * {tile.pitch} + ({n});  // {name}: this lane's byte {byte} (its k row, n g)")
+            self.emit(f"const int {g}_k{byte} = ((({k}) >> {s.shift}) & {(1 << s.bits) - 1});  // ... its row's swizzle key")
+
+    def gather_b8(self, name: str, n0: str, register: int, nt_offset: int = 0) -> str:
+        """Register ``register`` of this lane's m16n8k32 B fragment at k step ``kk`` and n-tile
+        origin ``n0`` + ``nt_offset`` (``n0`` a multiple of 16: the unit of its 16 bytes), from
+        B's [k n] tile: its 4 bytes (layouts.MMA_B8: k 4t + byte, + 16 in register 1; n g), each
+        at its swizzled offset (SwizzledTile: row * pitch + ((unit ^ key) << 4) + byte in unit),
+        packed low byte first (layouts.PACK8)."""
+        slot = self.smem[name]
+        tile = slot.tile
+        stage = self.buffers.get(name)
+        base = f"{slot.offset}" if stage is None else f"{slot.offset} + ({stage}) * {slot.stage_bytes}"
+        parts = []
+        for byte in range(4):
+            i = 4 * register + byte
+            assert PACK8(i) == (register, byte) and MMA_B8(0, i)[0] == MMA_B8(0, byte)[0] + 16 * register
+            unit = f"(({n0}) >> 4)"
+            g = f"nk_g{ident(name)}"
+            offset = (f"(kk * {MMA_K8} + {16 * register}) * {tile.pitch} + {g}_q{byte} + "
+                      f"(({unit} ^ {g}_k{byte}) << 4) + {nt_offset}")
+            parts.append(f"((unsigned)nk_smem[{base} + {offset}] << {8 * byte})")
+        return "(" + " | ".join(parts) + ")"
