@@ -248,14 +248,21 @@ def register_vector_reads(program: Program, step: Step, loops, plan, loaded: fro
     elements at once, or reuse a row's value)."""
     from .diagram import DTYPE_BYTES
 
-    level = program.schedule.compute_level
-    if step.op != "compute" or step.statement is None or step.statement.target in plan.mmas:
-        return []
-    names = dict.fromkeys(name for lv, name in step.reads if lv == level and name in loaded and name not in plan.operands)
+    names = vector_reads(program, step, plan, loaded)
     if not names:
         return []
     elements = step_total(program, step, loops)
     return [(elements, DTYPE_BYTES[program.diagram.arrays[name].dtype]) for name in names]
+
+
+def vector_reads(program: Program, step: Step, plan, loaded: frozenset) -> tuple[str, ...]:
+    """The plain shared tiles an elementwise step of a tensor-core launch reads (each counted
+    once a fragment element: :func:`register_vector_reads`, and the NumPy backend's count)."""
+    level = program.schedule.compute_level
+    if step.op != "compute" or step.statement is None or step.statement.target in plan.mmas:
+        return ()
+    return tuple(dict.fromkeys(name for lv, name in step.reads
+                               if lv == level and name in loaded and name not in plan.operands))
 
 
 def plain_tiles(launch, level: str) -> frozenset:

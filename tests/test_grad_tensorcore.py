@@ -122,3 +122,25 @@ def test_the_backward_compiles_with_hmma_no_spills_and_the_model_under_each_ceil
         ceiling = launch["ceiling"]
         assert not ceiling["whole_function"], launch["entry"]  # the chunk loop is the hot loop
         assert ceiling["model_tflops"] <= ceiling["tflops"] * (1 + 1e-9), (launch["entry"], ceiling)
+
+
+def test_the_numpy_backend_counts_the_vectors_reads_as_the_model_prices_them():
+    """The key launch's L, D and dL reads from shared memory, one a fragment element, counted by
+    the NumPy backend running the Program equal the model's register-level H."""
+    from napkin_dsl.backends.numpy import check_run
+
+    backward = forward().grad(key_stream=16)
+    sizes = dict(b=1, h=1, q=40, x=195, d=64)
+    result = check_run(backward, sizes=sizes, seed=2)
+    assert not result["count_differences"], result["count_differences"]
+    # ... and the vectors' reads are in what both count: the key launch's elementwise steps read L, D
+    from napkin_dsl.cost import plain_tiles, register_vector_reads
+    from napkin_dsl.pseudocode import walk
+
+    program = backward.gpu_program(None, **sizes)
+    key = program.launches[1]
+    plan = select_program(program)[1].plan
+    loaded = plain_tiles(key, program.schedule.compute_level)
+    assert {"L", "D"} <= loaded
+    reads = [r for step, loops in walk(key.body) for r in register_vector_reads(program, step, loops, plan, loaded)]
+    assert reads and all(size == 4 for _, size in reads)  # f32 vectors, one value a fragment element

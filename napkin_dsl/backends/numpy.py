@@ -78,7 +78,7 @@ import numpy as np
 from .. import algebra
 from ..binding import format_gib as _gib
 from ..binding import memory_limit
-from ..cost import contraction_unit, fma_register_launches, tensor_launches
+from ..cost import contraction_unit, fma_register_launches, plain_tiles, tensor_launches, vector_reads
 from ..boxes import accumulated, opaque_flops, reduction
 from ..diagram import (
     DTYPE_BYTES,
@@ -488,9 +488,20 @@ class Interpreter:
         return run
 
     def fragment_counter(self, step: Step) -> Callable[[], None]:
-        """ldmatrix traffic of a tensor-core contraction: A once per warp column, B once per warp row."""
+        """ldmatrix traffic of a tensor-core contraction: A once per warp column, B once per warp
+        row; and an elementwise step's reads of plain shared tiles, one a fragment element."""
         s = step.statement
         entry = self.tensor.get(self.launch.index)
+        level = self.program.schedule.compute_level
+        if entry is not None and (names := vector_reads(self.program, step, entry[0], plain_tiles(self.launch, level))):
+            sizes = [DTYPE_BYTES[self.program.diagram.arrays[name].dtype] for name in names]
+
+            def count_vectors():
+                elements = math.prod(self.extents(step.axes))
+                for size in sizes:
+                    self.count_transfer("registers", elements, size)
+
+            return count_vectors
         if (entry is None or s is None or step.op not in ("compute", "accumulate") or s.target not in entry[0].mmas
                 or (step.level, s.target) in step.reads):
             return lambda: None
