@@ -296,3 +296,20 @@ def test_the_chunk_loop_has_utmaldg_syncs_and_hgmma_and_nothing_spills(name, siz
     syncs = collections.Counter(i.opcode for i in body if i.base == "SYNCS")
     assert syncs["SYNCS.ARRIVE.TRANS64"] == chunks and syncs["SYNCS.PHASECHK.TRANS64.TRYWAIT"] == chunks, syncs
     assert all(i.opcode.startswith(("UTMALDG.4D", "UTMALDG")) and "4D" in i.opcode + i.operands for i in body if i.base == "UTMALDG")
+
+
+def test_an_out_of_line_wait_retry_is_not_the_loop_the_mmas_run_in():
+    """ptxas may move a try_wait's retry past the epilogue; its unconditional branch back into the
+    chunk loop makes a range that crosses the chunk loop's end. ``tensor_loops`` keeps the chunk
+    loop and drops that span (which would count the epilogue's stores as the hot loop's)."""
+    from napkin_dsl.backends.sass import Instruction, tensor_loops
+
+    code = [Instruction(0x00, "BAR.SYNC"),
+            Instruction(0x10, "ELECT"), Instruction(0x20, "UTMALDG.4D"), Instruction(0x30, "BRA.U.ANY", predicate="@P0", target=0x10),
+            Instruction(0x40, "SYNCS.PHASECHK.TRANS64.TRYWAIT"), Instruction(0x50, "BRA", predicate="@!P1", target=0xc0),
+            Instruction(0x60, "HGMMA.64x64x16.F32.BF16"), Instruction(0x70, "BRA", predicate="@P2", target=0x00),
+            Instruction(0x80, "STG.E"), Instruction(0x90, "STG.E"), Instruction(0xa0, "EXIT"),
+            Instruction(0xb0, "NOP"),
+            Instruction(0xc0, "SYNCS.PHASECHK.TRANS64.TRYWAIT"), Instruction(0xd0, "BRA", predicate="@!P1", target=0xc0),
+            Instruction(0xe0, "BRA", target=0x60)]
+    assert [[i.address for i in body] for body in tensor_loops(code)] == [list(range(0x00, 0x80, 0x10))]

@@ -341,7 +341,15 @@ def tensor_loops(instructions: list[Instruction]) -> list[list[Instruction]]:
     def has_tensor(start: int, end: int) -> bool:
         return any(start <= i.address <= end and i.kind == "tensor" for i in instructions)
 
-    holding = [(s, e) for s, e in ranges if has_tensor(s, e)]
+    at = {i.address: i for i in instructions}
+
+    def out_of_line(start: int, end: int) -> bool:
+        # ptxas may move an mbarrier wait's retry past the function's end: its unconditional branch
+        # back into the chunk loop spans the epilogue, and crosses the chunk loop's range (real
+        # loops nest or are disjoint). That span is no loop the MMAs run in.
+        return not at[end].predicate and any(s < start <= e < end or start < s <= end < e for s, e in ranges)
+
+    holding = [(s, e) for s, e in ranges if has_tensor(s, e) and not out_of_line(s, e)]
     found = []
     for start, end in holding:
         nested = [(s, e) for s, e in ranges if (s, e) != (start, end) and start <= s and e <= end]
