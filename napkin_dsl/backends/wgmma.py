@@ -30,20 +30,30 @@ Level Matrix Multiply-Accumulate"):
   registers are then pinned (``NK_WG_PIN_F``/``_R``: an empty asm that reads and writes each), so
   the compiler neither reads them before the wait nor reuses P's registers while wgmma may read
   them.
-* where the plan has TMA copies (``plan.tma``, ``isel._tma_loads``), the streamed operands come
-  instead by ``cp.async.bulk.tensor.2d`` (PTX ISA 9.7.9.25), one box per atom column of the
-  canonical tile (``CanonicalTile.tma_boxes``: the tensor map's swizzle span is the atom's
-  width, so TMA writes the bytes the descriptor's swizzle reads), issued by thread 0 into an
-  s-stage ring whose stages each have an mbarrier (``mbarrier.init`` count 1,
-  ``mbarrier.arrive.expect_tx`` of the stage's bytes, the copies' ``complete_tx``); every thread
-  waits with ``mbarrier.try_wait.parity`` on the stage's phase (one parity bit a trip of the
-  unrolled ring). The tensor maps are ``const __grid_constant__ CUtensorMap`` parameters after
-  the scalars, one per TMA operand in ``plan.tma`` order, that the host encodes from
-  :func:`tensor_maps` (``driver.encode_tiled``). TMA and wgmma both go through the async proxy:
-  no ``fence.proxy.async`` in that loop.
+* where the plan has TMA copies (``plan.tma``, ``isel._tma_loads``), every shared-memory operand
+  comes instead by ``cp.async.bulk.tensor.<rank>d`` (PTX ISA 9.7.9.25; rank 2 to 5, the
+  coordinates innermost first: attention's K and V ``[b h x d]`` by rank-4 maps whose box is one
+  (b, h) and one chunk of keys, gqa's Q ``[b kv r q d]`` by a rank-5 map), one box per atom column
+  of the canonical tile (``CanonicalTile.tma_boxes``: the tensor map's swizzle span is the atom's
+  width, so TMA writes the bytes the descriptor's swizzle reads), issued by thread 0. The
+  streamed operands fill an s-stage ring whose stages each have an mbarrier (``mbarrier.init``
+  count 1, one ``mbarrier.arrive.expect_tx`` of the stage's bytes, the copies' ``complete_tx``);
+  the ring is ``TensorPrinter.stream_loop`` (its masked loops for causal and windowed attention
+  included) with its synchronisation hooks on mbarriers: a chunk passes the block barrier, thread
+  0 refills the previous chunk's stage, every thread waits with ``mbarrier.try_wait.parity`` on
+  its own stage, the parity bit s of ``nk_phase_<x>``, flipped at each wait, so that chunks a mask
+  skips (neither filled nor waited for) keep every stage's phase. An operand that is not streamed
+  (attention's Q) is one copy before the stream on its own mbarrier, waited for at phase 0 once
+  the ring's first stages are in flight. Ragged tails are the map's out-of-bounds zero fill. The
+  tensor maps are ``const __grid_constant__ CUtensorMap`` parameters after the scalars, one per
+  TMA operand in ``plan.tma`` order, that the host encodes from :func:`tensor_maps`
+  (``driver.encode_tiled``). TMA and wgmma both go through the async proxy: no
+  ``fence.proxy.async`` in that loop.
 
 OpenCL prints the same kernel; its prelude emulates wgmma per work-item by decoding the
 descriptors' bit fields and the canonical layouts' address swizzle as the PTX ISA defines them,
+the TMA copy by decoding the tensor map's words at its rank (the box dense innermost first, then
+swizzled, zeros out of bounds) and the mbarriers' phases,
 and A from registers by the ISA's register fragment (each work-item reads A(row, k) from the lane,
 register and half the ISA names, through the warp's scratch), written here apart from
 ``layouts.py``'s encoder and the printer's packing, so that a CPU run through PoCL checks the
@@ -51,8 +61,9 @@ encoding.
 
 Deliberately not here: choosing the path (``isel.py``), more contractions a launch than
 attention's two, wgmma left in flight across steps (the softmax of one chunk under the products
-of the next), a producer warp and consumers' "empty" mbarriers, clusters and TMA multicast, TMA
-stores, warp specialization, pingpong and ``setmaxnreg`` (issue 27, later steps); the mma.sync
+of the next), a producer warp and consumers' "empty" mbarriers (thread 0 of the consumers
+issues the copies, behind the chunk's block barrier), clusters and TMA multicast, TMA stores,
+warp specialization, pingpong and ``setmaxnreg`` (issue 27, later steps); the mma.sync
 printer (``tensorcore.py``), whose node walk, pipeline, copies, masks, softmax and epilogue this
 printer inherits.
 """
