@@ -313,3 +313,23 @@ def test_an_out_of_line_wait_retry_is_not_the_loop_the_mmas_run_in():
             Instruction(0xc0, "SYNCS.PHASECHK.TRANS64.TRYWAIT"), Instruction(0xd0, "BRA", predicate="@!P1", target=0xc0),
             Instruction(0xe0, "BRA", target=0x60)]
     assert [[i.address for i in body] for body in tensor_loops(code)] == [list(range(0x00, 0x80, 0x10))]
+
+
+@pytest.mark.parametrize("name, sizes", [("causal_attention", dict(b=1, h=1, q=330, x=400, d=32)),
+                                         ("sliding_window", dict(b=1, h=1, q=330, x=400, d=32)),
+                                         ("attention", dict(b=1, h=2, q=130, x=330, d=32))], ids=lambda v: v if isinstance(v, str) else "")
+def test_a_three_stage_ring_keeps_every_stages_phase(monkeypatch, name, sizes):
+    """The ring's stage count is a plan field (others may change it): at three stages the masked
+    loops' running stage, the unrolled loop's constant stages and each stage's phase bit must
+    still pair every fill with its wait (a wrong parity poisons the emulated arena)."""
+    from dataclasses import replace
+
+    from napkin_dsl import isel
+
+    original = isel._wgmma_plan
+    monkeypatch.setattr(isel, "_wgmma_plan", lambda plan, *args: original(replace(plan, stages=3), *args))
+    (kernel,) = napkin.load(EXAMPLES / f"{name}.napkin").values()
+    program, outputs, expected = _run(kernel, sizes)
+    plan = selection(program, program.launches[0], "sm_90a").plan
+    assert plan.stages == 3 and plan.tma
+    assert_matches_reference(program, outputs, expected, name)
