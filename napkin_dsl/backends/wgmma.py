@@ -456,6 +456,15 @@ class WgmmaPrinter(TensorPrinter):
         the warpgroups (with TMA the copies are the async proxy's already: no cp.async here)."""
         self.emit("NK_FENCE_PROXY_ASYNC();  // this thread's copies, seen by the async proxy wgmma reads through")
 
+    def save_tile(self, step):
+        """The mma.sync printer's staged output tile, kept below the mbarriers: their memory is
+        not reused for other data (the PTX ISA asks for ``mbarrier.inval`` first), so an output
+        staged in the arena stops where they start."""
+        tile = super().save_tile(step)
+        if tile is not None and self.tma and tile.bytes > self.bars:
+            return None
+        return tile
+
     def bar(self, stage: str) -> str:
         return f"{self.bars + MBARRIER_BYTES * int(stage)}" if stage.isdigit() else f"{self.bars} + {MBARRIER_BYTES} * ({stage})"
 
