@@ -873,6 +873,9 @@ def plan_summary(plan: TensorPlan) -> str:
     streamed = [name for name, op in plan.operands.items() if op.streamed]
     copier = "TMA" if plan.tma else "cp.async"
     pipeline = f"; {copier} {plan.stages} stages for {', '.join(streamed)}" if streamed else "; cp.async, 1 stage"
+    once = [load.array for load in plan.tma if not load.streamed]
+    if once:  # copied once before the stream, each on its own mbarrier
+        pipeline += f"; {', '.join(once)} by one TMA copy"
     tiles = f"group {plan.row} {plan.warp_rows}" + (f", {plan.split} {plan.warp_cols}" if plan.split else "")
     shape = f"{plan.warp_rows} {plan.row}" + (f" x {plan.warp_cols} {plan.split}" if plan.split else " rows")
     return f"registers: {tiles} ({plan.warps} warps of {shape}){pipeline}"

@@ -77,7 +77,8 @@ def test_attentions_maps_follow_the_driver_apis_rules_with_a_box_of_one_head(nam
     loads = {load.array: load for load in plan.tma}
     assert loads["K"].streamed and loads["V"].streamed and not loads["Q"].streamed
     # the printer's coordinates, innermost first: d (its atom column), the rows, then the heads
-    source, _ = cuda.generate(program, arch="sm_90a")
+    source, kernels = cuda.generate(program, arch="sm_90a")
+    assert kernels[0].paths[0].endswith("TMA 2 stages for K, V; Q by one TMA copy"), kernels[0].paths
     kernel = source.split("__global__")[-1]
     outer = ", o_h, o_b" if name != "gqa" else ", o_kv, o_b"
     assert "NK_TMA_4D(nk_tmap_K, g_K, " in kernel and f", 0, (o_x + 64){outer}, " in kernel
