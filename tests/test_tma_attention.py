@@ -334,3 +334,22 @@ def test_a_three_stage_ring_keeps_every_stages_phase(monkeypatch, name, sizes):
     plan = selection(program, program.launches[0], "sm_90a").plan
     assert plan.stages == 3 and plan.tma
     assert_matches_reference(program, outputs, expected, name)
+
+
+def test_a_batched_matmul_by_rank_3_maps_on_pocl_matches_a_times_b():
+    """Rank 3: the box is one batch of A's and B's tiles; ragged m, n and k read zeros."""
+    from napkin_dsl.backends import opencl
+
+    from .test_tma import BMM
+
+    if not opencl.opencl_available():
+        pytest.skip("no OpenCL device")
+    program = napkin.load(BMM.replace("m 128, n 128; stream k 32", "m 64, n 64; stream k 16"))["bmm"].gpu_program(
+        "H100", b=3, m=70, n=72, k=40)
+    plan = selection(program, program.launches[0], "sm_90a").plan
+    assert sorted((load.array, load.rank) for load in plan.tma) == [("A", 3), ("B", 3)]
+    assert "NK_TMA_3D(" in opencl.generate(program, arch="sm_90a")[0]
+    rng = np.random.default_rng(7)
+    a, b = (rng.integers(-4, 5, size=s).astype(np.float32) for s in ((3, 70, 40), (3, 40, 72)))
+    out = opencl.run(program, {"A": a, "B": b}, arch="sm_90a")["C"]
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), atol=1e-4)
