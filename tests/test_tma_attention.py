@@ -353,3 +353,25 @@ def test_a_batched_matmul_by_rank_3_maps_on_pocl_matches_a_times_b():
     a, b = (rng.integers(-4, 5, size=s).astype(np.float32) for s in ((3, 70, 40), (3, 40, 72)))
     out = opencl.run(program, {"A": a, "B": b}, arch="sm_90a")["C"]
     np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), atol=1e-4)
+
+
+def test_the_static_ceiling_counts_tmas_writes_into_shared_memory_once_a_block():
+    """UTMALDG names no byte count: the ceiling takes the ring's boxes from the plan. Attention's
+    chunk loop at d = 128 writes a 64 x 128 bf16 box of K and one of V a chunk (32 KiB), once a
+    block, whatever the warps; and the model stays under the ceiling."""
+    pytest.importorskip("cuda.bindings")
+    from napkin_dsl.backends import sass
+
+    (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
+    compiled = kernel.compile("sm_90a", hardware="H100", **BIG)
+    try:
+        (entry,) = sass.sass_report(compiled)["launches"]
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm")
+    loop = entry["ceiling"]["loop"]
+    (instructions,) = sass.disassemble(compiled.image).values()
+    body = [i for i in instructions if loop["start"] <= i.address <= loop["end"]]
+    chunks = sum(i.base == "UTMALDG" for i in body) // 4  # K's and V's two atom columns of d = 128
+    lds = sum(sass.shared_bytes(i.opcode) for i in body if not i.predicate) * loop["warps"]
+    assert chunks == 2 and loop["shared_bytes"] == lds + chunks * 2 * 64 * 128 * 2, loop
+    assert entry["ceiling"]["model_tflops"] <= entry["ceiling"]["tflops"]
