@@ -3,12 +3,13 @@
     python benchmarks/bench_sass.py [--arch sm_90a --arch sm_90 --arch sm_80]
 
 Compiles, with NVRTC and no GPU, examples/attention.napkin at b=4 h=32 q=x=8192 d=128 (its
-relabel block: group q 128, stream x 64), examples/matmul.napkin and examples/fp8_matmul.napkin
-at m=n=k=8192 (group m 128, n 128, stream k 32 and 64), for sm_90a, sm_90 and sm_80, disassembles
-each cubin with nvdisasm
+relabel block: group q 128, stream x 64), gqa.napkin (b=4 kv=8 r=4) and causal_attention.napkin
+at the same sizes, examples/matmul.napkin and examples/fp8_matmul.napkin at m=n=k=8192 (group m
+128, n 128, stream k 32 and 64), for sm_90a, sm_90 and sm_80, disassembles each cubin with nvdisasm
 (``napkin_dsl.backends.sass``) and prints one row per launch: the hot loop's instructions, its
 tensor-core instructions and instructions per tensor instruction ('-' without any), its FFMAs,
-LDSMs and LDGSTSs, and, for the whole kernel, local-memory instructions and ptxas's spill bytes;
+LDSMs and async copies (LDGSTS and UTMALDG), and, for the whole kernel, its UTMALDG (TMA) and
+SYNCS (mbarrier) instructions, local-memory instructions and ptxas's spill bytes;
 then the static ceiling of each launch (``sass.launch_ceiling``: the hot loop priced at the
 profile's per-SM rates, sm_80 on A100, sm_90 and sm_90a on H100): its binding resource, the TFLOP/s it
 allows the launch, and the model's prediction for the same launch.
@@ -33,6 +34,8 @@ EXAMPLES = ROOT / "examples"
 # (label, file, kernel, sizes); the tiles are the files' relabel blocks.
 CASES = [
     ("attention", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128}),
+    ("gqa", "gqa.napkin", "gqa", {"b": 4, "kv": 8, "r": 4, "q": 8192, "x": 8192, "d": 128}),
+    ("causal", "causal_attention.napkin", "causal_attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128}),
     ("matmul", "matmul.napkin", "matmul", {"m": 8192, "n": 8192, "k": 8192}),
     # mma.sync m16n8k32 e4m3 on sm_90 (ptxas: F2FP.F16.E4M3 + two HMMA.16816 each), FMA on sm_80
     ("fp8 matmul", "fp8_matmul.napkin", "fp8_matmul", {"m": 8192, "n": 8192, "k": 8192}),
@@ -43,14 +46,18 @@ GPU = {"sm_80": "A100", "sm_90": "H100", "sm_90a": "H100"}  # the profile each a
 
 def rows(arches) -> list[list[str]]:
     import napkin_dsl as napkin
-    from napkin_dsl.backends.sass import hot_loop, sass_report
+    from napkin_dsl.backends.sass import disassemble, hot_loop, sass_report
 
     out = []
     for label, file, name, sizes in CASES:
         kernel = napkin.load(EXAMPLES / file)[name]
         for arch in arches:
-            report = sass_report(kernel.compile(arch, GPU.get(arch), **sizes))
+            compiled = kernel.compile(arch, GPU.get(arch), **sizes)
+            report = sass_report(compiled)
+            listing = disassemble(compiled.image)
             for entry in report["launches"]:
+                # Hopper's copies and barriers in the whole kernel: TMA (UTMALDG) and mbarriers (SYNCS)
+                bases = [i.base for i in listing.get(entry["entry"], [])]
                 loop = hot_loop(entry) or {"instructions": 0, "classes": {}, "per_tensor": None}
                 classes = loop["classes"]
                 out.append([
@@ -62,6 +69,8 @@ def rows(arches) -> list[list[str]]:
                     str(classes.get("ffma", 0)),
                     str(classes.get("ldsm", 0)),
                     str(classes.get("ldgsts", 0)),
+                    str(bases.count("UTMALDG")),
+                    str(bases.count("SYNCS")),
                     str(entry["whole"].get("local", 0)),
                     "?" if entry["spill_bytes"] is None else str(entry["spill_bytes"]),
                     entry["ceiling"]["binding"] or "-",
@@ -77,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     header = ["kernel", "arch", "hot-loop instrs", "tensor", "instrs/tensor", "FFMA", "LDSM", "LDGSTS",
-              "local ops (kernel)", "spill B", "binding", "ceiling TFLOP/s", "model TFLOP/s"]
+              "UTMALDG (kernel)", "SYNCS (kernel)", "local ops (kernel)", "spill B", "binding", "ceiling TFLOP/s", "model TFLOP/s"]
     table = [header, *rows(args.arch or ARCHES)]
     widths = [max(len(row[c]) for row in table) for c in range(len(header))]
     for row in table:

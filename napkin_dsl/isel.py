@@ -98,7 +98,7 @@ class Mma:
 
 @dataclass(frozen=True)
 class TmaLoad:
-    """One operand a wgmma plan copies by TMA (``cp.async.bulk.tensor.2d``): its tile of ``rows``
+    """One operand a wgmma plan copies by TMA (``cp.async.bulk.tensor.<rank>d``): its tile of ``rows``
     x ``cols`` (``cols`` contiguous in memory and in the box), as ``boxes`` boxes of
     ``box_rows`` x ``box_cols`` elements (``CanonicalTile.tma_boxes``) with the tensor map's
     ``swizzle`` span in bytes. The host's tensor map and the OpenCL emulation read it."""
@@ -111,6 +111,18 @@ class TmaLoad:
     boxes: int
     swizzle: int
     element_bytes: int
+    # the array's axes in memory, outermost first (the box is 1 along all but rows and cols), and
+    # whether the tile fills the stream's ring (else one copy before the stream, its own mbarrier)
+    axes: tuple = ()
+    streamed: bool = True
+
+    @property
+    def rank(self) -> int:
+        return len(self.axes)
+
+    def box(self) -> tuple:
+        """The box's extent along each of the array's axes, outermost first."""
+        return tuple(self.box_rows if a == self.rows else self.box_cols if a == self.cols else 1 for a in self.axes)
 
     @property
     def bytes(self) -> int:
@@ -119,6 +131,7 @@ class TmaLoad:
 
 
 MAX_TMA_BOX = 256  # cuTensorMapEncodeTiled: every boxDim at most 256
+MAX_TMA_RANK = 5  # cuTensorMapEncodeTiled: tensorRank 1 .. 5 (cp.async.bulk.tensor.1d .. .5d)
 
 
 @dataclass(frozen=True)
@@ -600,34 +613,42 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
 
 
 def _tma_loads(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict) -> tuple:
-    """The TMA copies of a wgmma plan's streamed operands, or a refusal (cp.async stays) naming
-    what napkin's TMA ring does not take: a stream, unmasked, whose every operand is a 2-D array
-    in memory, its tile's rows at most 256 (a box dimension's limit) and its rows in memory a
-    multiple of 16 bytes (a tensor map's global stride)."""
+    """The TMA copies of a wgmma plan's shared-memory operands, or a refusal (cp.async stays)
+    naming what napkin's TMA copies do not take. A streamed operand fills the stream's ring of
+    stages (masked streams too: a chunk the mask skips is neither filled nor waited for); one
+    that is not (attention's Q) is one copy before the stream, on its own mbarrier. Each is an
+    array of 2 to 5 axes in memory (a tensor map's rank is at most 5), its tile's columns its
+    innermost axis, its tile's rows at most 256 (a box dimension's limit), every other axis a
+    block tile of 1 (the box's extent there: one (b, h) or one head group), and its rows in
+    memory a multiple of 16 bytes (the strides of a tensor map's dimensions above the first)."""
     if plan.stream is None:
         raise _Refuse("no streamed axis: TMA is built for the stream's ring of stages")
     if plan.stages < 2:
         raise _Refuse(f"{plan.stages} stage: the TMA ring needs at least 2")
     level = launch.schedule.compute_level
-    for _, loops in walk(launch.body):
-        if any(lp.kind == "stream" and lp.level == level and lp.mask is not None for lp in loops):
-            raise _Refuse(f"the {plan.stream} stream is masked: the TMA ring is built for unmasked streams")
+    streams = [lp for _, loops in walk(launch.body) for lp in loops if lp.kind == "stream" and lp.level == level]
+    if len({id(lp) for lp in streams}) > 1:
+        raise _Refuse("more than one streamed loop: the TMA ring's phases are built for one")
     diagram = launch.schedule.diagram
     loads = []
     for name, op in plan.operands.items():
-        if not op.streamed:
-            raise _Refuse(f"{name} is not streamed: the TMA ring copies streamed operands only")
         array = diagram.arrays[name]
         eb = DTYPE_BYTES[array.dtype]
-        if len(array.axes) != 2:
-            raise _Refuse(f"{name} has {len(array.axes)} axes in memory: napkin's TMA copies are 2-D")
+        if not 2 <= len(array.axes) <= MAX_TMA_RANK:
+            raise _Refuse(f"{name} has {len(array.axes)} axes in memory: a tensor map has 1 to {MAX_TMA_RANK}")
+        if array.axes[-1] != op.cols:
+            raise _Refuse(f"{name}'s tile columns ({op.cols}) are not its innermost axis in memory")
+        wide = [a for a in array.axes if a not in (op.rows, op.cols) and tile.get(a, sizes[a]) != 1]
+        if wide:
+            raise _Refuse(f"{name}'s block tile is more than 1 along {', '.join(wide)}: a TMA box is its rows x columns")
         if tile[op.rows] > MAX_TMA_BOX:
             raise _Refuse(f"{name}'s tile has {tile[op.rows]} rows: a TMA box dimension is at most {MAX_TMA_BOX}")
         if sizes[op.cols] * eb % 16:
             raise _Refuse(f"{name}'s rows in memory ({sizes[op.cols] * eb} bytes) are not a multiple of 16: a tensor map's stride must be")
         canonical = CanonicalTile(tile[op.rows], tile[op.cols], eb)
         (first, *rest) = canonical.tma_boxes()
-        loads.append(TmaLoad(name, op.rows, op.cols, first.rows, first.cols, 1 + len(rest), canonical.tma_swizzle, eb))
+        loads.append(TmaLoad(name, op.rows, op.cols, first.rows, first.cols, 1 + len(rest), canonical.tma_swizzle, eb,
+                             array.axes, op.streamed))
     return tuple(loads)
 
 
@@ -928,6 +949,9 @@ def plan_summary(plan: TensorPlan) -> str:
     streamed = [name for name, op in plan.operands.items() if op.streamed]
     copier = "TMA" if plan.tma else "cp.async"
     pipeline = f"; {copier} {plan.stages} stages for {', '.join(streamed)}" if streamed else "; cp.async, 1 stage"
+    once = [load.array for load in plan.tma if not load.streamed]
+    if once:  # copied once before the stream, each on its own mbarrier
+        pipeline += f"; {', '.join(once)} by one TMA copy"
     tiles = f"group {plan.row} {plan.warp_rows}" + (f", {plan.split} {plan.warp_cols}" if plan.split else "")
     shape = f"{plan.warp_rows} {plan.row}" + (f" x {plan.warp_cols} {plan.split}" if plan.split else " rows")
     return f"registers: {tiles} ({plan.warps} warps of {shape}){pipeline}"

@@ -72,6 +72,10 @@ ISA = {
     "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes": [
         ("dst", 1, "r"), ("tensor", 3, ("l", "r", "r")), ("mbar", 1, "r")],
 }
+# .3d .. .5d: as .2d, one more 32-bit coordinate a dimension in the {tensorCoords} vector
+for _rank in (3, 4, 5):
+    ISA[f"cp.async.bulk.tensor.{_rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"] = [
+        ("dst", 1, "r"), ("tensor", 1 + _rank, ("l",) + ("r",) * _rank), ("mbar", 1, "r")]
 ADDRESSES = ("addr", "dst", "src", "mbar", "tensor")  # operands written [in brackets]
 # wgmma.mma_async.sync.aligned.m64nNk16.f32.atype.btype d, a-desc, b-desc, scale-d, imm-scale-a,
 # imm-scale-b, imm-trans-a, imm-trans-b (PTX ISA 9.7.15.5.2): d is N/2 .f32 registers, the
@@ -473,9 +477,10 @@ def test_tma_and_mbarrier_wrappers_bind_the_isas_operands_in_order():
     """cp.async.bulk.tensor.2d [dst], [map, {c0, c1}], [mbar]: the wrapper's shared destination,
     the tensor map's address, the innermost coordinate first, and the mbarrier; try_wait.parity
     tests the barrier's address with the parity argument, and its predicate becomes the output."""
-    copy = by_function("nk_tma_2d")
-    assert [copy["operands"][i][1] for i in copy["groups"][0][1] + copy["groups"][1][1] + copy["groups"][2][1]] == [
-        "dst", "reinterpret_cast<unsigned long long>(map)", "c0", "c1", "bar"]
+    for rank in (2, 3, 4, 5):
+        copy = by_function(f"nk_tma_{rank}d")
+        assert [copy["operands"][i][1] for i in copy["groups"][0][1] + copy["groups"][1][1] + copy["groups"][2][1]] == [
+            "dst", "reinterpret_cast<unsigned long long>(map)", *(f"c{i}" for i in range(rank)), "bar"]
     wait = [s for s in CUDA_ASM if s["instruction"] == "mbarrier.try_wait.parity.shared::cta.b64"][0]
     assert [wait["operands"][i][1] for _, indices, _ in wait["groups"] for i in indices] == ["bar", "parity"]
     assert wait["operands"][0] == ("=r", "done")

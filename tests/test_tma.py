@@ -139,23 +139,44 @@ def test_matmul_plans_tma_boxes_for_both_operands_and_the_host_encodes_their_map
     assert cuda.tensor_map_arguments(program, "sm_90") == [[]]
 
 
-def test_a_batched_operand_keeps_cp_async_saying_why():
-    text = """kernel bmm(A: bf16[b m k], B: bf16[b k n]) -> C: f32[b m n]:
+BMM = """kernel bmm(A: bf16[b m k], B: bf16[b k n]) -> C: f32[b m n]:
     C[b m n] = A[b m k] * B[b k n]
 
 relabel bmm on H100:
     smem: group b 1, m 128, n 128; stream k 32
 """
-    kernel = napkin.load(text)["bmm"]
-    program = kernel.gpu_program("H100", b=2, m=128, n=128, k=64)
+
+
+def test_a_batched_operand_goes_by_a_rank_3_map_with_a_box_of_one_batch():
+    from napkin_dsl.backends import cuda
+
+    program = napkin.load(BMM)["bmm"].gpu_program("H100", b=2, m=130, n=136, k=72)
+    chosen = selection(program, program.launches[0], "sm_90a")
+    assert chosen.path == "wgmma" and not chosen.plan.tma_declined
+    by = dict(cuda.tensor_map_arguments(program, "sm_90a")[0])
+    assert by["A"].global_dim == (72, 130, 2) and by["A"].global_strides == (144, 144 * 130) and by["A"].box_dim == (32, 128, 1)
+    assert by["B"].global_dim == (136, 72, 2) and by["B"].global_strides == (272, 272 * 72) and by["B"].box_dim == (64, 32, 1)
+    source, _ = cuda.generate(program, arch="sm_90a")
+    kernel = source.split("__global__")[-1]
+    assert "NK_TMA_3D(" in kernel and "cp.async.cg" not in kernel
+
+
+def test_an_array_of_six_axes_keeps_cp_async_saying_why():
+    text = """kernel t(A: bf16[a b c e m k], B: bf16[k n]) -> C: f32[a b c e m n]:
+    C[a b c e m n] = A[a b c e m k] * B[k n]
+
+relabel t on H100:
+    smem: group a 1, b 1, c 1, e 1, m 128, n 128; stream k 32
+"""
+    program = napkin.load(text)["t"].gpu_program("H100", a=1, b=2, c=1, e=1, m=128, n=128, k=64)
     chosen = selection(program, program.launches[0], "sm_90a")
     assert chosen.path == "wgmma" and not chosen.plan.tma
-    assert "3 axes in memory" in chosen.plan.tma_declined
+    assert "6 axes in memory" in chosen.plan.tma_declined
     from napkin_dsl.backends import cuda
 
     source, kernels = cuda.generate(program, arch="sm_90a")
-    assert "cp.async.cg" in source and "NK_TMA_2D(" not in source.split("__global__")[-1]
-    assert any("not TMA: " in line and "3 axes in memory" in line for line in kernels[0].paths)
+    assert "cp.async.cg" in source and "NK_TMA_" not in source.split("__global__")[-1]
+    assert any("not TMA: " in line and "6 axes in memory" in line for line in kernels[0].paths)
 
 
 # ---- the compiled kernel --------------------------------------------------------------------
@@ -188,14 +209,12 @@ def test_the_sm_90a_kernel_takes_tensor_maps_and_has_utmaldg_syncs_and_hgmma_in_
 
 
 def _chunk_loop(instructions):
-    """The smallest loop holding HGMMA (the chunk loop; ptxas wraps each UTMALDG in a one-trip
-    ELECT loop and moves try_wait's retry out of line, so it is not the innermost)."""
+    """The loop the HGMMAs run in (``sass.tensor_loops``: ptxas wraps each UTMALDG in a one-trip
+    ELECT loop and may move a try_wait's retry out of line, whose branch back makes a range that
+    crosses the chunk loop's end): the one holding the most HGMMAs."""
     from napkin_dsl.backends import sass
 
-    ranges = [(s, e) for s, e in sass.loop_ranges(instructions)
-              if any(s <= i.address <= e and i.opcode.startswith("HGMMA") for i in instructions)]
-    start, end = min(ranges, key=lambda r: r[1] - r[0])
-    return [i for i in instructions if start <= i.address <= end]
+    return max(sass.tensor_loops(instructions), key=lambda body: sum(i.opcode.startswith("HGMMA") for i in body))
 
 
 # ---- the emulation: the TMA ring on PoCL ----------------------------------------------------

@@ -92,7 +92,9 @@ def test_attention_is_planned_on_wgmma_for_sm_90a_only():
     s, o = plan.mmas["S"], plan.mmas["O"]
     assert (s.a, s.b, s.a_in_registers, s.a_trans, s.b_trans) == ("Q", "K", False, False, False)  # K-major by descriptor
     assert (o.a, o.b, o.a_in_registers, o.b_trans) == ("P", "V", True, True)  # P from registers, V MN-major
-    assert plan.tma == () and "4 axes in memory" in plan.tma_declined  # cp.async: TMA copies are 2-D
+    # K and V by TMA into the ring, Q by one TMA copy before it: rank-4 maps, a box of one (b, h)
+    assert {load.array: (load.streamed, load.rank) for load in plan.tma} == {"K": (True, 4), "V": (True, 4), "Q": (False, 4)}
+    assert not plan.tma_declined
     lines = describe(built, launch)
     assert any("O: wgmma.mma_async.m64n128k16" in line and "P from registers" in line and "MN-major" in line for line in lines)
     assert selection(program, launch, "sm_90").path == "mma.sync"
@@ -187,7 +189,7 @@ def test_attention_compiles_for_sm_90a_with_hgmma_for_both_products_and_no_spill
     (instructions,) = sass.disassemble(compiled.image).values()
     opcodes = collections.Counter(i.base for i in instructions)
     assert opcodes["LDL"] == opcodes["STL"] == 0  # no local memory
-    assert opcodes["UTMALDG"] == opcodes["SYNCS"] == 0  # TMA is not planned here (4-D arrays): cp.async
+    assert opcodes["UTMALDG"] > 0 and opcodes["SYNCS"] > 0 and opcodes["LDGSTS"] == 0  # K, V and Q by TMA: no cp.async
     (entry,) = report["launches"]
     hot = sass.hot_loop(entry)
     body = [i for i in instructions if hot["start"] <= i.address <= hot["end"]]

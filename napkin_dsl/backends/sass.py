@@ -341,7 +341,15 @@ def tensor_loops(instructions: list[Instruction]) -> list[list[Instruction]]:
     def has_tensor(start: int, end: int) -> bool:
         return any(start <= i.address <= end and i.kind == "tensor" for i in instructions)
 
-    holding = [(s, e) for s, e in ranges if has_tensor(s, e)]
+    at = {i.address: i for i in instructions}
+
+    def out_of_line(start: int, end: int) -> bool:
+        # ptxas may move an mbarrier wait's retry past the function's end: its unconditional branch
+        # back into the chunk loop spans the epilogue, and crosses the chunk loop's range (real
+        # loops nest or are disjoint). That span is no loop the MMAs run in.
+        return not at[end].predicate and any(s < start <= e < end or start < s <= end < e for s, e in ranges)
+
+    holding = [(s, e) for s, e in ranges if has_tensor(s, e) and not out_of_line(s, e)]
     found = []
     for start, end in holding:
         nested = [(s, e) for s, e in ranges if (s, e) != (start, end) and start <= s and e <= end]
@@ -466,7 +474,8 @@ def _least_imbalance(warps: int, blocks_per_sm: int) -> float:
     return min(-(-k * warps // SUBPARTITIONS) / (k * warps / SUBPARTITIONS) for k in range(1, max(blocks_per_sm, 1) + 1))
 
 
-def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per_sm: int = 1, unit: str = "tensor") -> dict:
+def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per_sm: int = 1, unit: str = "tensor",
+                 tma_ring: tuple[int, int] = (0, 1)) -> dict:
     """The clocks one iteration of a loop takes on each resource of an SM, for every warp of a
     block running it once, and the FLOP rate that implies.
 
@@ -475,7 +484,10 @@ def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per
     or FADD. Those four run on the warp's sub-partition, a quarter of the SM, and the busiest
     sub-partition holds ``ceil(warps / 4)`` of a block's warps (:func:`_least_imbalance`).
     ``shared`` is every warp's shared-memory bytes (:func:`shared_bytes`) at the SM's bytes per
-    clock. The binding resource is the one with the most clocks; ``unit`` says which FLOPs the
+    clock, plus TMA's box writes into shared memory once a block: ``tma_ring`` is the (bytes,
+    boxes) of one fill of the plan's TMA ring, whose whole fills the loop's UTMALDGs are (the
+    instruction names no size). The binding resource is the one
+    with the most clocks; ``unit`` says which FLOPs the
     rate counts: ``tensor`` (the MMAs') or ``fp32`` (2 per FFMA, 1 per FMUL, FADD, FMNMX, times
     32 lanes: an FMA-path launch).
 
@@ -488,6 +500,7 @@ def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per
     unpriced = collections.Counter()
     counts = collections.Counter()
     nbytes = 0
+    copies = 0  # UTMALDG: TMA's box writes, once a block, not once a warp
     issued = 0
     for instruction in body:
         if instruction.predicate == "@!PT":
@@ -508,15 +521,17 @@ def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per
         elif instruction.kind == "tensor":
             unpriced[instruction.opcode] += 1
         nbytes += shared_bytes(instruction.opcode)
+        copies += base == "UTMALDG"
         counts["mufu"] += base == "MUFU"
         counts["fp32"] += base in FP32_PIPE
         counts["fp32_flops"] += FP32_FLOPS.get(base, 0)
+    block_bytes = copies * tma_ring[0] / tma_ring[1]
     imbalance = _least_imbalance(warps, blocks_per_sm)
     per_partition = warps / SUBPARTITIONS * imbalance  # warps of a block on the busiest sub-partition, on average
     clocks = {
         "tensor": per_partition * tensor_clocks,
         "issue": per_partition * issued / ISSUE_PER_CLOCK,
-        "shared": warps * nbytes / rates.shared_bytes,
+        "shared": (warps * nbytes + block_bytes) / rates.shared_bytes,
         "mufu": per_partition * counts["mufu"] * WARP_LANES / (rates.mufu / SUBPARTITIONS),
         "fp32": per_partition * counts["fp32"] * WARP_LANES / (rates.fp32 / SUBPARTITIONS),
     }
@@ -532,7 +547,7 @@ def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per
         "imbalance": round(imbalance, 4),
         "unit": unit,
         "flops": flops,
-        "shared_bytes": warps * nbytes,
+        "shared_bytes": warps * nbytes + block_bytes,
         "clocks": {r: round(c, 2) for r, c in clocks.items()},
         "binding": binding,
         "tflops": None if rate is None else rate / 1e12,
@@ -563,7 +578,8 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
     resident = blocks_per_unit(program.schedule, row["shared_bytes"], kernel.block, row["registers"])
     blocks_per_sm = resident[0] if resident else 1
     unit = "fp32" if kernel.path == "fma" else "tensor"
-    _, priced = flops_by_unit(program, select_program(program, compiled.arch))
+    selected = select_program(program, compiled.arch)
+    _, priced = flops_by_unit(program, selected)
     mine = [(rate, float(amount)) for at, rate, _, amount in priced if at == launch.index]
     total = sum(amount for _, amount in mine)
     on_unit = sum(amount for rate, amount in mine if (rate == "fma") == (unit == "fp32") and rate != "special")
@@ -585,7 +601,10 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
         body, out["whole_function"] = function, True
     if not body:
         return out
-    loop = loop_ceiling(body, rates, warps, blocks_per_sm, unit)
+    plan = selected[launch.index].plan
+    ring = [load for load in (plan.tma if plan is not None else ()) if load.streamed]
+    fill = (sum(load.bytes for load in ring), sum(load.boxes for load in ring)) if ring else (0, 1)
+    loop = loop_ceiling(body, rates, warps, blocks_per_sm, unit, fill)
     out["loop"] = loop
     out["binding"] = loop["binding"]
     if loop["tflops"] is None or not on_unit:

@@ -820,7 +820,8 @@ class TensorPrinter(KernelWriter):
             if guard:
                 self.depth -= 1
                 self.emit("}")
-            self.emit("NK_CP_COMMIT();")
+            self.ring_commit()
+        self.ring_started()
         if node.mask is None:
             self.unrolled(node, axis, streamed, first, stop, chunks % stages != 0 or not exact)
         else:
@@ -838,9 +839,30 @@ class TensorPrinter(KernelWriter):
         if streamed:
             # every copy has landed (the last groups are empty) and no warp still reads a buffer
             # that a later copy into the arena (a staged output, another stream) would overwrite
-            self.emit("NK_CP_WAIT(0);")
+            self.ring_drained()
             self.emit("NK_SYNC();")
             self.pending = False
+
+    # The ring's synchronisation, which a TMA ring (backends/wgmma.py) replaces by mbarriers.
+    def ring_commit(self, comment: str = ""):
+        """Close the cp.async group of a stage's copies (wait_group counts groups)."""
+        self.emit("NK_CP_COMMIT();" + comment)
+
+    def ring_started(self):
+        """After the prologue's copies are issued: nothing for cp.async."""
+
+    def ring_landed(self):
+        """Before a chunk's barrier: this thread's copies of the chunk have landed."""
+        self.emit(f"NK_CP_WAIT({self.plan.stages - 2});  // this chunk's group has landed")
+        self.copies_landed()
+
+    def ring_ready(self, stage: str):
+        """After the chunk's barrier and the refill of the previous stage: nothing for cp.async,
+        whose wait came before the barrier."""
+
+    def ring_drained(self):
+        """After the stream: every copy has landed."""
+        self.emit("NK_CP_WAIT(0);")
 
     def chunk_origin(self, axis: str, index: str) -> str:
         """The first index along the streamed ``axis`` of chunk ``index`` (a C expression): from
@@ -889,8 +911,7 @@ class TensorPrinter(KernelWriter):
         refill = str((int(stage) + stages - 1) % stages) if constant else f"({stage} + {stages - 1}) % {stages}"
         self.emit(f"const int o_{x} = {self.chunk_origin(axis, index)};")
         if streamed:
-            self.emit(f"NK_CP_WAIT({stages - 2});  // this chunk's group has landed")
-            self.copies_landed()
+            self.ring_landed()
             self.emit("NK_SYNC();  // ... for every thread, and every warp is done with the previous chunk's buffers")
             self.emit(f"if ({index} + {stages - 1} < {stop}) {{")
             self.depth += 1
@@ -899,7 +920,8 @@ class TensorPrinter(KernelWriter):
                           stage=refill, commit=False)
             self.depth -= 1
             self.emit("}")
-            self.emit("NK_CP_COMMIT();  // one group per chunk, empty near the end: wait_group counts them")
+            self.ring_commit("  // one group per chunk, empty near the end: wait_group counts them")
+            self.ring_ready(stage)
             self.pending = False
         saved_valid = dict(self.valid)
         self.set_origin(axis, f"o_{x}")

@@ -30,20 +30,30 @@ Level Matrix Multiply-Accumulate"):
   registers are then pinned (``NK_WG_PIN_F``/``_R``: an empty asm that reads and writes each), so
   the compiler neither reads them before the wait nor reuses P's registers while wgmma may read
   them.
-* where the plan has TMA copies (``plan.tma``, ``isel._tma_loads``), the streamed operands come
-  instead by ``cp.async.bulk.tensor.2d`` (PTX ISA 9.7.9.25), one box per atom column of the
-  canonical tile (``CanonicalTile.tma_boxes``: the tensor map's swizzle span is the atom's
-  width, so TMA writes the bytes the descriptor's swizzle reads), issued by thread 0 into an
-  s-stage ring whose stages each have an mbarrier (``mbarrier.init`` count 1,
-  ``mbarrier.arrive.expect_tx`` of the stage's bytes, the copies' ``complete_tx``); every thread
-  waits with ``mbarrier.try_wait.parity`` on the stage's phase (one parity bit a trip of the
-  unrolled ring). The tensor maps are ``const __grid_constant__ CUtensorMap`` parameters after
-  the scalars, one per TMA operand in ``plan.tma`` order, that the host encodes from
-  :func:`tensor_maps` (``driver.encode_tiled``). TMA and wgmma both go through the async proxy:
-  no ``fence.proxy.async`` in that loop.
+* where the plan has TMA copies (``plan.tma``, ``isel._tma_loads``), every shared-memory operand
+  comes instead by ``cp.async.bulk.tensor.<rank>d`` (PTX ISA 9.7.9.25; rank 2 to 5, the
+  coordinates innermost first: attention's K and V ``[b h x d]`` by rank-4 maps whose box is one
+  (b, h) and one chunk of keys, gqa's Q ``[b kv r q d]`` by a rank-5 map), one box per atom column
+  of the canonical tile (``CanonicalTile.tma_boxes``: the tensor map's swizzle span is the atom's
+  width, so TMA writes the bytes the descriptor's swizzle reads), issued by thread 0. The
+  streamed operands fill an s-stage ring whose stages each have an mbarrier (``mbarrier.init``
+  count 1, one ``mbarrier.arrive.expect_tx`` of the stage's bytes, the copies' ``complete_tx``);
+  the ring is ``TensorPrinter.stream_loop`` (its masked loops for causal and windowed attention
+  included) with its synchronisation hooks on mbarriers: a chunk passes the block barrier, thread
+  0 refills the previous chunk's stage, every thread waits with ``mbarrier.try_wait.parity`` on
+  its own stage, the parity bit s of ``nk_phase_<x>``, flipped at each wait, so that chunks a mask
+  skips (neither filled nor waited for) keep every stage's phase. An operand that is not streamed
+  (attention's Q) is one copy before the stream on its own mbarrier, waited for at phase 0 once
+  the ring's first stages are in flight. Ragged tails are the map's out-of-bounds zero fill. The
+  tensor maps are ``const __grid_constant__ CUtensorMap`` parameters after the scalars, one per
+  TMA operand in ``plan.tma`` order, that the host encodes from :func:`tensor_maps`
+  (``driver.encode_tiled``). TMA and wgmma both go through the async proxy: no
+  ``fence.proxy.async`` in that loop.
 
 OpenCL prints the same kernel; its prelude emulates wgmma per work-item by decoding the
 descriptors' bit fields and the canonical layouts' address swizzle as the PTX ISA defines them,
+the TMA copy by decoding the tensor map's words at its rank (the box dense innermost first, then
+swizzled, zeros out of bounds) and the mbarriers' phases,
 and A from registers by the ISA's register fragment (each work-item reads A(row, k) from the lane,
 register and half the ISA names, through the warp's scratch), written here apart from
 ``layouts.py``'s encoder and the printer's packing, so that a CPU run through PoCL checks the
@@ -51,8 +61,9 @@ encoding.
 
 Deliberately not here: choosing the path (``isel.py``), more contractions a launch than
 attention's two, wgmma left in flight across steps (the softmax of one chunk under the products
-of the next), a producer warp and consumers' "empty" mbarriers, clusters and TMA multicast, TMA
-stores, warp specialization, pingpong and ``setmaxnreg`` (issue 27, later steps); the mma.sync
+of the next), a producer warp and consumers' "empty" mbarriers (thread 0 of the consumers
+issues the copies, behind the chunk's block barrier), clusters and TMA multicast, TMA stores,
+warp specialization, pingpong and ``setmaxnreg`` (issue 27, later steps); the mma.sync
 printer (``tensorcore.py``), whose node walk, pipeline, copies, masks, softmax and epilogue this
 printer inherits.
 """
@@ -194,11 +205,27 @@ __device__ __forceinline__ void nk_tma_2d(const CUtensorMap* map, unsigned dst, 
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
+// .3d .. .5d: the tensor coordinates innermost first, one .s32 a dimension of the map
+__device__ __forceinline__ void nk_tma_3d(const CUtensorMap* map, unsigned dst, int c0, int c1, int c2, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void nk_tma_4d(const CUtensorMap* map, unsigned dst, int c0, int c1, int c2, int c3, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void nk_tma_5d(const CUtensorMap* map, unsigned dst, int c0, int c1, int c2, int c3, int c4, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
+                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar) : "memory");
+}
 #define NK_MBAR_INIT(bar, count) nk_mbar_init(nk_sbase + (bar), (count))
 #define NK_FENCE_MBAR_INIT() asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory")
 #define NK_MBAR_EXPECT_TX(bar, bytes) nk_mbar_arrive_expect_tx(nk_sbase + (bar), (bytes))
 #define NK_MBAR_WAIT(bar, parity) nk_mbar_wait(nk_sbase + (bar), (parity))
 #define NK_TMA_2D(map, g, dst, c0, c1, bar) nk_tma_2d(&(map), nk_sbase + (dst), (c0), (c1), nk_sbase + (bar))
+#define NK_TMA_3D(map, g, dst, c0, c1, c2, bar) nk_tma_3d(&(map), nk_sbase + (dst), (c0), (c1), (c2), nk_sbase + (bar))
+#define NK_TMA_4D(map, g, dst, c0, c1, c2, c3, bar) nk_tma_4d(&(map), nk_sbase + (dst), (c0), (c1), (c2), (c3), nk_sbase + (bar))
+#define NK_TMA_5D(map, g, dst, c0, c1, c2, c3, c4, bar) nk_tma_5d(&(map), nk_sbase + (dst), (c0), (c1), (c2), (c3), (c4), nk_sbase + (bar))
 """
 
 _OPENCL_TMA = r"""
@@ -238,38 +265,67 @@ inline void nk_mbar_wait(__local uchar* smem, int bar, int parity) {
     __local int* m = (__local int*)(smem + bar);
     if ((m[0] & 1) == parity || m[2] != 0) for (int i = 0; i < bar; ++i) smem[i] = (uchar)0xFF;
 }
-/* cp.async.bulk.tensor.2d: the box at tensor coordinates (c0, c1) (innermost first) to shared
-   byte dst, dense (boxDim[0] elements a row), each address then swizzled by the map's span
-   (bits [4, 4 + b) XOR bits [7, 7 + b), b = log2(span / 16)); elements outside globalDim read as
-   zeros (oobFill NONE) or NaN (NAN_REQUEST_ZERO_FMA); complete_tx of the box's bytes on bar. A map
-   the emulation does not take (not rank 2, interleaved, another swizzle) poisons the arena. */
-inline void nk_tma_2d(__local uchar* smem, __constant const ulong* map, __global const uchar* base,
-                      int dst, int c0, int c1, int bar) {
+/* cp.async.bulk.tensor.1d .. .5d: the box at tensor coordinates c[0..rank) (innermost first) to
+   shared byte dst. The map's words are decoded by its rank r: globalDim[r] at word 2,
+   globalStrides[r - 1] (bytes of dimensions 1 .. r-1; dimension 0's is the element) after them,
+   then boxDim[r], elementStrides[r], interleave, swizzle, l2Promotion, oobFill. The box holds
+   ceil(boxDim[i] / elementStrides[i]) elements along dimension i (its index j at coordinate
+   c[i] + j elementStrides[i]), dense in shared memory innermost first; each byte address is then
+   swizzled by the map's span (bits [4, 4 + b) XOR bits [7, 7 + b), b = log2(span / 16)).
+   Elements outside globalDim in any dimension read as zeros (oobFill NONE) or NaN
+   (NAN_REQUEST_ZERO_FMA); complete_tx of the box's bytes on bar. A map the emulation does not
+   take (rank outside 1 .. 5, interleaved, another swizzle, an inner box over the span) poisons
+   the arena. */
+inline void nk_tma(__local uchar* smem, __constant const ulong* map, __global const uchar* base,
+                   int dst, int c0, int c1, int c2, int c3, int c4, int bar) {
+    const int rank = (int)map[1];
+    if (rank < 1 || rank > 5) { for (int i = 0; i < bar; ++i) smem[i] = (uchar)0xFF; return; }
     const int eb = nk_tmap_element_bytes(map[0]);
-    const long dim0 = (long)map[2], dim1 = (long)map[3], stride1 = (long)map[4];
-    const int box0 = (int)map[5], box1 = (int)map[6], step1 = (int)map[8];
-    const int interleave = (int)map[9], swizzle = (int)map[10], oob = (int)map[12];
-    const int span = swizzle == 1 ? 32 : swizzle == 2 ? 64 : swizzle == 3 ? 128 : 0;
-    if (map[1] != 2 || interleave != 0 || swizzle > 3) { for (int i = 0; i < bar; ++i) smem[i] = (uchar)0xFF; return; }
-    const int rows = (box1 + step1 - 1) / step1, pitch = box0 * eb;
-    for (int r = 0; r < rows; ++r) {
-        const long y = (long)c1 + (long)r * step1;
-        for (int i = 0; i < box0; ++i) {
-            const long x = (long)c0 + i;
-            const int inside = x >= 0 && x < dim0 && y >= 0 && y < dim1;
-            int addr = dst + r * pitch + i * eb;
-            if (span) addr ^= ((addr >> 7) & (span / 16 - 1)) << 4;
-            for (int b = 0; b < eb; ++b)
-                smem[addr + b] = inside ? base[y * stride1 + x * eb + b] : (oob ? (uchar)0xFF : (uchar)0);
-        }
+    const int at[5] = {c0, c1, c2, c3, c4};
+    long dim[5], stride[5];
+    int count[5], step[5];
+    for (int i = 0; i < 5; ++i) {
+        const int in = i < rank;
+        dim[i] = in ? (long)map[2 + i] : 1;
+        stride[i] = i == 0 ? eb : in ? (long)map[2 + rank + i - 1] : 0;
+        step[i] = in ? (int)map[2 + 3 * rank - 1 + i] : 1;
+        const int box = in ? (int)map[2 + 2 * rank - 1 + i] : 1;
+        count[i] = (box + step[i] - 1) / step[i];
     }
-    nk_mbar_complete_tx(smem, bar, rows * pitch);
+    const int tail = 2 + 4 * rank - 1;
+    const int interleave = (int)map[tail], swizzle = (int)map[tail + 1], oob = (int)map[tail + 3];
+    const int span = swizzle == 1 ? 32 : swizzle == 2 ? 64 : swizzle == 3 ? 128 : 0;
+    if (interleave != 0 || swizzle > 3 || (span && count[0] * eb > span)) { for (int i = 0; i < bar; ++i) smem[i] = (uchar)0xFF; return; }
+    int e = 0;  /* the element's place in the dense box, innermost fastest */
+    for (int j4 = 0; j4 < count[4]; ++j4)
+    for (int j3 = 0; j3 < count[3]; ++j3)
+    for (int j2 = 0; j2 < count[2]; ++j2)
+    for (int j1 = 0; j1 < count[1]; ++j1)
+    for (int j0 = 0; j0 < count[0]; ++j0, ++e) {
+        const int j[5] = {j0, j1, j2, j3, j4};
+        int inside = 1;
+        long from = 0;
+        for (int i = 0; i < 5; ++i) {
+            const long x = (long)at[i] + (long)j[i] * step[i];
+            inside = inside && x >= 0 && x < dim[i];
+            from += x * stride[i];
+        }
+        int addr = dst + e * eb;
+        if (span) addr ^= ((addr >> 7) & (span / 16 - 1)) << 4;
+        for (int b = 0; b < eb; ++b)
+            smem[addr + b] = inside ? base[from + b] : (oob ? (uchar)0xFF : (uchar)0);
+    }
+    nk_mbar_complete_tx(smem, bar, e * eb);
 }
 #define NK_MBAR_INIT(bar, count) nk_mbar_init(nk_smem, (bar), (count))
 #define NK_FENCE_MBAR_INIT()
 #define NK_MBAR_EXPECT_TX(bar, bytes) nk_mbar_arrive_expect_tx(nk_smem, (bar), (bytes))
 #define NK_MBAR_WAIT(bar, parity) nk_mbar_wait(nk_smem, (bar), (parity))
-#define NK_TMA_2D(map, g, dst, c0, c1, bar) nk_tma_2d(nk_smem, (map), (__global const uchar*)(g), (dst), (c0), (c1), (bar))
+#define NK_TMA_2D(map, g, dst, c0, c1, bar) nk_tma(nk_smem, (map), (__global const uchar*)(g), (dst), (c0), (c1), 0, 0, 0, (bar))
+#define NK_TMA_3D(map, g, dst, c0, c1, c2, bar) nk_tma(nk_smem, (map), (__global const uchar*)(g), (dst), (c0), (c1), (c2), 0, 0, (bar))
+#define NK_TMA_4D(map, g, dst, c0, c1, c2, c3, bar) nk_tma(nk_smem, (map), (__global const uchar*)(g), (dst), (c0), (c1), (c2), (c3), 0, (bar))
+#define NK_TMA_5D(map, g, dst, c0, c1, c2, c3, c4, bar) \
+    nk_tma(nk_smem, (map), (__global const uchar*)(g), (dst), (c0), (c1), (c2), (c3), (c4), (bar))
 """
 
 
@@ -280,7 +336,7 @@ def tensor_maps(plan: TensorPlan, diagram, sizes: dict) -> dict[str, TiledTensor
     for load in plan.tma:
         array = diagram.arrays[load.array]
         shape = tuple(int(sizes[a]) for a in array.axes)
-        maps[load.array] = tiled_tensor_map(array.dtype, shape, (load.box_rows, load.box_cols), load.swizzle)
+        maps[load.array] = tiled_tensor_map(array.dtype, shape, load.box(), load.swizzle)
     return maps
 
 
@@ -342,9 +398,14 @@ class WgmmaPrinter(TensorPrinter):
         self.shapes = {target: (self.tile[m.n], m.dtype, m.a_trans, m.b_trans, m.a_in_registers)
                        for target, m in plan.mmas.items()}
         self.tma: dict[str, TmaLoad] = {load.array: load for load in plan.tma}
-        if self.tma:  # the ring's mbarriers after the tiles, one a stage
+        # the ring's operands (filled a stage at a time, in the stream's load order) and the
+        # one-shot copies before the stream (attention's Q), each on its own mbarrier after the ring's
+        self.ring = [name for name, load in self.tma.items() if load.streamed]
+        self.once = {name: plan.stages + i for i, name in enumerate(n for n, load in self.tma.items() if not load.streamed)}
+        self.awaiting: list[str] = []  # one-shot copies issued and not yet waited for
+        if self.tma:  # the mbarriers after the tiles, one a stage and one a one-shot copy
             self.bars = -(-self.arena // MBARRIER_BYTES) * MBARRIER_BYTES
-            self.arena = self.bars + MBARRIER_BYTES * plan.stages
+            self.arena = self.bars + MBARRIER_BYTES * (plan.stages + len(self.once))
             self.maps = tensor_maps(plan, self.diagram, self.sizes)
 
     def print(self, entry: str) -> KernelSource:
@@ -378,7 +439,7 @@ class WgmmaPrinter(TensorPrinter):
         assert self.arena < 1 << 18, "napkin bug: a descriptor's start address field holds 18 bits of the shared window"
         self.emit("NK_DESC_BASE();  // the descriptors' start address field of the arena's base")
         if self.tma:
-            inits = " ".join(f"NK_MBAR_INIT({self.bar(str(s))}, 1);" for s in range(self.plan.stages))
+            inits = " ".join(f"NK_MBAR_INIT({self.bar(str(s))}, 1);" for s in range(self.plan.stages + len(self.once)))
             self.emit(f"if (nk_tid == 0) {{ {inits} NK_FENCE_MBAR_INIT(); }}")
             self.emit("NK_SYNC();  // the mbarriers are initialised before any thread waits on one")
 
@@ -389,76 +450,116 @@ class WgmmaPrinter(TensorPrinter):
             return
         super().copy_constants()
 
-    def copies_landed(self):
+    def copies_landed(self):  # (TMA: ring_landed emits none of this)
         """Each thread's cp.async writes (the generic proxy) ordered before the async proxy wgmma
         reads through, by the writing thread itself and before the barrier that publishes them to
         the warpgroups (with TMA the copies are the async proxy's already: no cp.async here)."""
         self.emit("NK_FENCE_PROXY_ASYNC();  // this thread's copies, seen by the async proxy wgmma reads through")
 
+    def save_tile(self, step):
+        """The mma.sync printer's staged output tile, kept below the mbarriers: their memory is
+        not reused for other data (the PTX ISA asks for ``mbarrier.inval`` first), so an output
+        staged in the arena stops where they start."""
+        tile = super().save_tile(step)
+        if tile is not None and self.tma and tile.bytes > self.bars:
+            return None
+        return tile
+
     def bar(self, stage: str) -> str:
         return f"{self.bars + MBARRIER_BYTES * int(stage)}" if stage.isdigit() else f"{self.bars} + {MBARRIER_BYTES} * ({stage})"
 
-    # -- the TMA ring
+    # -- the TMA ring: TensorPrinter's stream loop (its masked loops included), with the ring's
+    # synchronisation on mbarriers. A chunk on stage s: the barrier (every warp is done with the
+    # previous chunk's stage), thread 0 refills that stage, then every thread waits on stage s's
+    # mbarrier for the parity of its phase. Each stage's phase parity is one bit of nk_phase_<x>,
+    # flipped at each wait: a stage is filled and waited for alternately, in chunk order, whatever
+    # chunks a mask skips, so its bit is the parity of the fills it has had.
     def stream_loop(self, node):
         if not self.tma:
             return super().stream_loop(node)
-        assert node.mask is None, "napkin bug: isel plans TMA for unmasked streams only"
-        axis, x = node.axis, ident(node.axis)
-        stages, tile = self.plan.stages, self.tile[node.axis]
-        chunks = -(-self.sizes[axis] // tile)
-        self.emit(f"// for {axis} in {chunks} chunks of {tile}: a {stages}-stage TMA ring, chunk c + {stages - 1} in flight "
-                  f"into stage (c - 1) mod {stages} while chunk c computes")
+        x = ident(node.axis)
+        self.ring_axis = x
+        self.emit(f"unsigned nk_phase_{x} = 0;  // bit s: the parity of stage s's current phase")
+        super().stream_loop(node)
+
+    def load(self, name: str, origin: str | None = None, stage: str | None = None, commit: bool = True):
+        """A TMA operand's tile, issued by thread 0: the stage's mbarrier (or a one-shot copy's
+        own) expects the boxes' bytes (the first of the ring's operands arrives for them all),
+        then one ``cp.async.bulk.tensor`` per box."""
+        load = self.tma.get(name)
+        if load is None:
+            return super().load(name, origin, stage, commit)
+        if load.streamed:
+            assert stage is not None, "napkin bug: a ring operand is loaded into a stage"
+            bar = self.bar(stage)
+            expect = sum(self.tma[n].bytes for n in self.ring) if name == self.ring[0] else 0
+        else:
+            assert not self.buffers, f"napkin bug: the one-shot TMA copy of {name} is issued inside the stream"
+            bar = self.bar(str(self.once[name]))
+            expect = load.bytes
+            self.awaiting.append(name)
+        slot = self.smem[name]
         self.emit("if (nk_tid == 0) {")
         self.depth += 1
-        for ahead in range(min(stages - 1, chunks)):
-            self.tma_issue(str(ahead), str(ahead * tile))
+        if expect:
+            self.emit(f"NK_MBAR_EXPECT_TX({bar}, {expect});  // the boxes' bytes, out-of-bounds fill included")
+        for box in slot.tile.tma_boxes():
+            coords = []
+            for axis in reversed(load.axes):  # innermost first
+                at = origin if axis == self.plan.stream and origin is not None else self.origin.get(axis, "0")
+                if axis == load.cols and box.col:
+                    at = f"{at} + {box.col}" if at != "0" else str(box.col)
+                coords.append(str(at))
+            if stage is None:
+                dst = str(slot.offset + box.offset)
+            elif stage.isdigit():
+                dst = str(slot.offset + int(stage) * slot.stage_bytes + box.offset)
+            else:
+                dst = f"{slot.offset + box.offset} + ({stage}) * {slot.stage_bytes}"
+            self.emit(f"NK_TMA_{load.rank}D({self.map_name(name)}, g_{ident(name)}, {dst}, {', '.join(coords)}, {bar});"
+                      f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})")
         self.depth -= 1
         self.emit("}")
-        self.emit(f"unsigned nk_phase_{x} = 0;  // the parity of the ring's current phase: one trip of the loop is one phase of every stage")
-        self.emit(f"for (int c_{x} = 0; c_{x} < {chunks}; c_{x} += {stages}) {{")
-        self.depth += 1
-        for stage in range(stages):
-            index = f"(c_{x} + {stage})" if stage else f"c_{x}"
-            self.emit(f"{f'if ({index} < {chunks}) ' if stage and chunks % stages else ''}{{  // stage {stage}")
-            self.depth += 1
-            self.emit(f"const int o_{x} = {index} * {tile};")
-            self.emit(f"NK_SYNC();  // every warpgroup is done with the previous chunk's stage ({(stage + stages - 1) % stages}): it may be refilled")
-            self.emit(f"if (nk_tid == 0 && {index} + {stages - 1} < {chunks}) {{")
-            self.depth += 1
-            self.tma_issue(str((stage + stages - 1) % stages), f"o_{x} + {(stages - 1) * tile}")
-            self.depth -= 1
-            self.emit("}")
-            self.emit(f"NK_MBAR_WAIT({self.bar(str(stage))}, nk_phase_{x});  // this chunk's boxes have landed")
-            saved_valid = dict(self.valid)
-            self.set_origin(axis, f"o_{x}")
-            for name in self.tma:
-                self.buffers[name] = str(stage)
-            self.nodes(node.body)
-            for name in self.tma:
-                del self.buffers[name]
-            self.valid = saved_valid
-            del self.origin[axis]
-            self.depth -= 1
-            self.emit("}")
-        self.emit(f"nk_phase_{x} ^= 1u;")
-        self.depth -= 1
-        self.emit("}")
-        self.emit("NK_SYNC();  // no warp still reads a stage that a later use of the arena would overwrite")
 
-    def tma_issue(self, stage: str, origin: str):
-        """Thread 0 fills ``stage`` with the chunk at ``origin`` of the stream: the stage's
-        mbarrier expects every box's bytes, then one copy per box of each TMA operand."""
-        total = sum(load.bytes for load in self.tma.values())
-        bar = self.bar(stage)
-        self.emit(f"NK_MBAR_EXPECT_TX({bar}, {total});  // the boxes' bytes, out-of-bounds fill included")
-        for name, load in self.tma.items():
-            slot = self.smem[name]
-            coord = {a: (origin if a == self.plan.stream else self.origin.get(a, "0")) for a in (load.rows, load.cols)}
-            for box in slot.tile.tma_boxes():
-                dst = slot.offset + int(stage) * slot.stage_bytes + box.offset
-                col = coord[load.cols] if not box.col else f"{coord[load.cols]} + {box.col}"
-                self.emit(f"NK_TMA_2D({self.map_name(name)}, g_{ident(name)}, {dst}, {col}, {coord[load.rows]}, {bar});"
-                          f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})")
+    def await_once(self):
+        """Every thread waits for the one-shot copies issued (phase 0 of their mbarriers), behind a
+        barrier after thread 0 issued them."""
+        if not self.awaiting:
+            return
+        self.emit("NK_SYNC();  // thread 0 has issued the one-shot copies")
+        for name in self.awaiting:
+            self.emit(f"NK_MBAR_WAIT({self.bar(str(self.once[name]))}, 0);  // {name} has landed")
+        self.awaiting = []
+
+    def wait(self):
+        self.await_once()
+        super().wait()
+
+    def ring_commit(self, comment: str = ""):
+        if not self.tma:
+            super().ring_commit(comment)
+
+    def ring_started(self):
+        """With the ring's first stages in flight: the one-shot copies (Q) have landed."""
+        self.await_once()
+
+    def ring_landed(self):
+        if not self.tma:
+            super().ring_landed()
+
+    def ring_ready(self, stage: str):
+        """This chunk's stage has landed: its mbarrier's phase of the parity in its bit."""
+        if not self.tma:
+            return
+        x = self.ring_axis
+        bit = stage if stage.isdigit() else f"({stage})"
+        self.emit(f"NK_MBAR_WAIT({self.bar(stage)}, (nk_phase_{x} >> {bit}) & 1u);  // this chunk's boxes have landed")
+        self.emit(f"nk_phase_{x} ^= 1u << {bit};")
+
+    def ring_drained(self):
+        """Every copy the ring issued was waited for (a chunk is filled only if it is visited)."""
+        if not self.tma:
+            super().ring_drained()
 
     def descriptor_expr(self, name: str, k_major: bool, row0: str, k0: int) -> str:
         """The descriptor of the 64 (A) or N (B) rows from ``row0`` (a C expression, M or N) at k
