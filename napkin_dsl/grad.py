@@ -527,7 +527,9 @@ def lse_forward(diagram: Diagram, block_text: str = "") -> tuple[str, tuple[str,
     extra = ", ".join(f"{name}: {dtype}[{axes}]" for name, axes in added.values())
     lines = [f"kernel {head} -> ({outputs}, {extra}):"]
     for s in diagram.statements:
-        lines.append("    " + statement_text(s, diagram.arrays[s.target].dtype if s.level else None))
+        # an intermediate materialised with @level has its dtype written there; an output's is the declaration's
+        written = diagram.arrays[s.target].dtype if s.level and s.target not in diagram.outputs else None
+        lines.append("    " + statement_text(s, written))
         if s.target in added:
             name, axes = added[s.target]
             lines.append(f"    {name}[{axes}] = lse[{s.box.axis}]({notation(s.box.operand)})"

@@ -372,12 +372,15 @@ class Kernel:
         if saves is None:
             saves = [()] + [(s.target,) for s in self.diagram.statements if isinstance(s.box, Softmax)]
         hardware = hardware or self.hardware or DEFAULT_GPU  # a kernel with no relabelling is priced there too
-        bandwidth = float(load_hardware(hardware).levels[1].bandwidth)
+        bandwidth = load_hardware(hardware).levels[1].bandwidth
+        bandwidth = float(bandwidth) if isinstance(bandwidth, (int, float)) else None  # None: a symbolic profile
         with_lse = self.lse_forward()
         lse_choices = (False, True) if save_lse is None and with_lse is not None else (bool(save_lse),)
 
         def written_s(diagram, names) -> float:  # the forward's extra writes to device memory
             total = 0.0
+            if bandwidth is None:
+                return total  # unpriced, as the backward's time is there
             for name in names:
                 array = diagram.arrays[name]
                 count = 1

@@ -42,6 +42,7 @@ BACKENDS = Path(tensorcore.__file__).resolve().parent
 
 # Operand lists: (group name, registers in the group, constraint). A group of 1 without braces is
 # a scalar operand; "addr" is a [bracketed] address; "imm" an immediate written in the template.
+FP8_TYPES = ("e4m3", "e5m2")  # the 8-bit types tensorcore.py prints its fp8 wrappers for
 ISA = {
     "ldmatrix.sync.aligned.m8n8.x4.shared.b16": [("d", 4, "=r"), ("addr", 1, "r")],
     "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16": [("d", 4, "=r"), ("addr", 1, "r")],
@@ -53,6 +54,13 @@ ISA = {
     "cp.async.commit_group": [],
     "cp.async.wait_group": [("N", 1, "n")],
     "ex2.approx.ftz.f32": [("d", 1, "=f"), ("a", 1, "f")],
+    # PTX ISA 9.7.9.21 mma with .e4m3/.e5m2 (sm_89+): m16n8k32 .row.col, A four .b32 registers of
+    # four 8-bit values each, B two, C and D four f32; {t} is e4m3 or e5m2 (printed per plan)
+    **{f"mma.sync.aligned.m16n8k32.row.col.f32.{t}.{t}.f32": [("d", 4, "+f"), ("a", 4, "r"), ("b", 2, "r"), ("c", 4, "+f")]
+       for t in FP8_TYPES},
+    # PTX ISA 9.7.9.21 cvt: cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 d, a, b; d a .b16 of two 8-bit
+    # values (a's in the upper byte), a and b f32
+    **{f"cvt.rn.satfinite.{t}x2.f32": [("d", 1, "=h"), ("a", 1, "f"), ("b", 1, "f")] for t in FP8_TYPES},
     # PTX ISA 9.7.15: fence.proxy.async (9.7.13.4 membar/fence), wgmma.fence, commit_group, wait_group N
     "fence.proxy.async.shared::cta": [],
     "wgmma.fence.sync.aligned": [],
@@ -197,11 +205,15 @@ def all_asm() -> list[dict]:
         # wgmma.py prints its wrappers per shape (an f-string in its source): read them printed
         text = WGMMA_PRELUDE if path.name == "wgmma.py" else path.read_text()
         for s in asm_statements(text):
-            statements.append({**s, "file": path.name})
+            # tensorcore.py's fp8 wrappers are an f-string over the 8-bit types: one each
+            for t in FP8_TYPES if "{t}" in s["instruction"] else (None,):
+                statements.append({**s, "file": path.name} if t is None
+                                  else {**s, "instruction": s["instruction"].replace("{t}", t), "file": path.name})
     return statements
 
 
-CUDA_ASM = asm_statements(tensorcore.CUDA_PRELUDE) + asm_statements(WGMMA_PRELUDE)
+CUDA_ASM = (asm_statements(tensorcore.CUDA_PRELUDE) + asm_statements(tensorcore.FP8_PRELUDES["cuda"])
+            + asm_statements(WGMMA_PRELUDE))
 
 
 def by_function(name: str) -> dict:
