@@ -739,11 +739,52 @@ class TensorPrinter(KernelWriter):
         x = ident(axis)
         stages = self.plan.stages
         masked = node.mask is not None
+        if guarded and stages > 2:
+            self.whole_groups(node, axis, streamed, lo, hi, stop)
+            return
         self.emit(f"for (int c_{x} = {lo}; c_{x} < {hi}; c_{x} += {stages}) {{{'  // chunks the mask holds in full: no test' if masked else ''}")
         self.depth += 1
         for stage in range(stages):
             index = f"(c_{x} + {stage})" if stage else f"c_{x}"
             self.emit(f"{f'if ({index} < {hi}) ' if stage and guarded else ''}{{  // buffer {stage}")
+            self.depth += 1
+            self.chunk(node, axis, streamed, stop or hi, index, masked, str(stage))
+            self.depth -= 1
+            self.emit("}")
+        self.depth -= 1
+        self.emit("}")
+
+    def whole_groups(self, node: Loop, axis: str, streamed: list, lo: str, hi: str, stop: str | None):
+        """:meth:`unrolled` where the stages may not divide the chunks: a loop over whole groups
+        of ``stages`` chunks with no chunk test (one basic block: at 3 stages and more, a test
+        per chunk splits the loop and ptxas recomputes its addresses), then the last chunks, at
+        most ``stages - 1``, straight after it on buffers 0, 1, ..., each tested (no loop: the
+        hot loop is the one loop). Without a mask and with a chunk count known here, the last
+        chunks are counted here and not tested."""
+        x = ident(axis)
+        stages = self.plan.stages
+        masked = node.mask is not None
+        known = hi.isdigit() and lo.isdigit()
+        self.emit("{")
+        self.depth += 1
+        self.emit(f"int c_{x} = {lo};")
+        note = "; the mask holds them in full" if masked else ""
+        self.emit(f"for (; c_{x} + {stages - 1} < {hi}; c_{x} += {stages}) {{  // whole groups of {stages} chunks{note}: no test")
+        self.depth += 1
+        for stage in range(stages):
+            index = f"(c_{x} + {stage})" if stage else f"c_{x}"
+            self.emit(f"{{  // buffer {stage}")
+            self.depth += 1
+            self.chunk(node, axis, streamed, stop or hi, index, masked, str(stage))
+            self.depth -= 1
+            self.emit("}")
+        self.depth -= 1
+        self.emit("}")
+        last = (int(hi) - int(lo)) % stages if known else stages - 1
+        for stage in range(last):
+            index = f"(c_{x} + {stage})" if stage else f"c_{x}"
+            test = "" if known else f"if ({index} < {hi}) "
+            self.emit(f"{test}{{  // the last chunks: buffer {stage}")
             self.depth += 1
             self.chunk(node, axis, streamed, stop or hi, index, masked, str(stage))
             self.depth -= 1
