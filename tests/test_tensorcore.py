@@ -126,8 +126,9 @@ def test_tensor_core_kernels_match_the_reference_on_pocl(name, sizes, opencl_dev
     assert [isel.selection(program, launch).path for launch in program.launches] == ["mma.sync"]
     source, _ = opencl.generate(program)
     assert "NK_MMA_" in source and "NK_LDSM" in source and "NK_CP16" in source
-    if name != "matmul.napkin":  # its f32 C tile (64 KB) is larger than the arena: stored from fragments
-        assert "NK_ST16(g_" in source  # the epilogue: staged in shared memory, 16-byte stores
+    # the epilogue: staged in shared memory, 16-byte stores (matmul's f32 C tile, over the arena,
+    # a fragment row of every warp row at a time)
+    assert "NK_ST16(g_" in source
     inputs, scalars = random_inputs(kernel.diagram, sizes)
     outputs = opencl.run(program, inputs, scalars)
     assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), name)
@@ -485,3 +486,36 @@ def test_the_hot_loop_waits_for_its_own_chunk_and_no_later_one(arch):
     (body,) = [b for b in sass.innermost_loops(functions[row["entry"]]) if any(sass.tensor_work(i.opcode) for i in b)]
     waits = [str(i) for i in body if i.opcode.startswith("DEPBAR")]
     assert len(waits) == 3 and all(w.rstrip(";").endswith(f"0x{chosen.plan.stages - 2:x}") for w in waits), waits
+
+
+# ---- the epilogue's 16-byte stores ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_an_output_tile_over_the_arena_is_stored_16_bytes_a_thread_in_passes(arch):
+    """matmul's f32 C (128 x 128, 64 KiB) is over its 48 KiB arena: each fragment row of the
+    warps goes through a 32 x 128 shared tile in turn, and leaves by STG.E.128 alone, no
+    scalar store (the fragments' pairs at stride 2 used half of each sector)."""
+    from napkin_dsl.backends import sass
+
+    try:
+        sass.find_nvdisasm()
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm (pip install 'napkin-dsl[sass]')")
+    compiled = tensor_kernel("matmul.napkin").compile(arch, {"sm_80": "A100", "sm_90": "H100"}[arch], m=1024, n=1024, k=1024)
+    assert "staged 32 rows at a time" in compiled.source and "NK_ST16(g_C" in compiled.source
+    (instructions,) = sass.disassemble(compiled.image).values()
+    stores = [i.opcode for i in instructions if i.opcode.startswith("STG")]
+    assert stores and set(stores) == {"STG.E.128"}, sorted(set(stores))
+    assert sum(op.startswith("STS") for op in (i.opcode for i in instructions)) > 0
+
+
+@pytest.mark.parametrize("sizes", [dict(m=300, n=200, k=64), dict(m=72 + 128, n=136, k=96)], ids=["ragged-mn", "ragged-m-n8"])
+def test_the_staged_passes_store_ragged_tails_masked(sizes, opencl_device):
+    """The passes' rows past m and units past n are not stored; the rest match float64 on PoCL."""
+    from .test_opencl import run_on_pocl
+
+    program, outputs = run_on_pocl((EXAMPLES / "matmul.napkin").read_text(), "matmul", ["mma.sync"], **sizes)
+    from napkin_dsl.backends import opencl
+    assert "staged 32 rows at a time" in opencl.generate(program)[0]
+    assert outputs["C"].shape == (sizes["m"], sizes["n"])
