@@ -145,7 +145,7 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
 
     A launch on tensor cores (``isel.py``) keeps what it computes at the ``registers`` level,
     counted per thread as the fragments its warp tile needs, and holds its shared-memory tiles
-    (double-buffered where streamed) for the whole launch, as the kernel does. A launch on the
+    (``stages`` deep where streamed, ``isel.stage_count``) for the whole launch, as the kernel does. A launch on the
     FMA path keeps its streamed contractions' accumulators in registers too, per thread as the
     register blocks each thread owns (``isel.fma_accumulators``), where they fit.
 

@@ -71,10 +71,21 @@ class Elementwise:
     domain: tuple[float, float] = (-math.inf, math.inf)
     tile: Definition | None = None
     grad: tuple[str, ...] = ()
+    # Its fast form in float: a template of ``{x}`` calling a function of FAST_PRELUDE, which
+    # both dialects define (CUDA with its intrinsics, OpenCL with its precise functions), or ""
+    # (the precise ``c`` spelling). ``fast_error``: (relative, absolute), the derived bound
+    # ``|fast(x) - f(x)| <= relative |f(x)| + absolute`` for every float x, with CUDA's
+    # intrinsics at their documented error (FAST_ERROR_TERMS); the tolerance of a run
+    # (``backends.numpy.tolerance``) adds it where a statement calls the function in f32.
+    fast: str = ""
+    fast_error: tuple[float, float] = (0.0, 0.0)
 
     def spell(self, args: list[str], float_suffix: str, real: str) -> str:
         """The C expression of this function of ``args`` in C type ``real`` (float or double),
-        ``float_suffix`` being the dialect's libm suffix for float."""
+        ``float_suffix`` being the dialect's libm suffix for float; in float, its fast form
+        where it has one."""
+        if real == "float" and self.fast:
+            return self.fast.format(x=args[0], y=args[-1])
         f, c = (float_suffix, "f") if real == "float" else ("", "")
         return self.c.format(x=args[0], y=args[-1], f=f, c=c)
 
@@ -154,6 +165,67 @@ def _silu_derivative(np):
     return derivative
 
 
+# ---- fast forms in float ------------------------------------------------------------------------
+#
+# sigmoid, silu and gelu in float are printed as functions of FAST_PRELUDE: one exponential
+# (CUDA's __expf: ex2.approx of x log2 e, a FMUL and a MUFU.EX2) and one reciprocal
+# (__fdividef(1, y): a MUFU.RCP; __frcp_rn's correctly rounded refinement calls a slow path per
+# element) each, instead of the precise expf, the precise division and erfcf (some 20 FFMA, a
+# MUFU.RCP and a MUFU.EX2 an element). GELU keeps its exact erf form (PyTorch's
+# approximate="none"): erfc by the Chebyshev fit the NumPy backend evaluates in f32 too
+# (Numerical Recipes' erfcc, fractional error below 1.2e-7 for every argument), not the tanh form,
+# whose own error (~3e-4 absolute) is a different function.
+#
+# Their error bounds, derived from these terms (u: f32's unit roundoff, 2^-24; an ulp 2^-23 at
+# most relative):
+#
+# * __expf(a): 2 + floor(1.173 |a|) ulp (CUDA C++ Programming Guide, "Intrinsic Functions",
+#   table of single-precision intrinsics); OpenCL's exp on PoCL is within that;
+# * __fdividef(1, y): 2 ulp for y in [2^-126, 2^126] (same table), 0 beyond, where every use
+#   here wants 0 (1 + E and 1 + z/2 are at least 1); each +, * and FMA: u relative.
+#
+# sigmoid = rcp(1 + E), E = exp(-x): E's relative error d_E reaches s as (1 - s) d_E, so
+# |err| <= (4 ulp + u) s + 1.173 ulp |x| s (1 - s), and |x| s (1 - s) <= 0.224 (at |x| ~ 2.4).
+# silu = x rcp(1 + E): one more rounding, and x^2 s (1 - s) <= 0.44 for the |x| term.
+# gelu = x/2 (x > 0 ? 2 - e : e), e = t exp(-z^2 + P(t)), t = rcp(1 + z/2), z = |x|/sqrt 2:
+# the fit (1.2e-7), t's error (2 ulp) through e's sensitivity to t, |t de/dt / e| <= 1 + sum k |a_k|
+# <= 30, Horner's rounding of P (18 u sum |a_k| <= 18 u 6.83, absolute in the exponent, relative
+# in e), __expf's 2 ulp and the last four roundings: relative; the rounding of z^2 and of the
+# exponent (4u z^2) and __expf's 1.173 ulp |a| (a ~ z^2) grow with z^2 but are weighed by e:
+# z^2 |gelu| <= max z^3 erfc(z) / sqrt 2 <= 0.11, absolute.
+_ULP = 2.0**-23
+_U = 2.0**-24
+_GELU_FIT = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
+             1.48851587, -0.82215223, 0.17087277)
+FAST_ERROR_TERMS = {
+    "sigmoid": (4 * _ULP + _U, 1.173 * _ULP * 0.224),
+    "silu": (4 * _ULP + 2 * _U, 1.173 * _ULP * 0.44),
+    "gelu": (1.2e-7 + 30 * 2 * _ULP + 18 * _U * sum(abs(a) for a in _GELU_FIT) + 2 * _ULP + 4 * _U,
+             (4 * _U + 1.173 * _ULP) * 0.11),
+}
+
+
+def _fast_gelu_c() -> str:
+    """The fit's polynomial in t, by Horner's rule, as C (each step one FFMA)."""
+    horner = f"{_GELU_FIT[-1]!r}f"
+    for a in reversed(_GELU_FIT[:-1]):
+        horner = f"({horner} * t + {a!r}f)"
+    return horner
+
+
+# What the fast forms call: NK_FAST_FN, NK_EXPF and NK_RCPF are each dialect's (lowering.py).
+FAST_PRELUDE = f"""// Fast forms of sigmoid, silu and gelu in float (elementwise.py: their error bounds).
+NK_FAST_FN float nk_fast_sigmoid(float x) {{ return NK_RCPF(1.0f + NK_EXPF(-x)); }}
+NK_FAST_FN float nk_fast_silu(float x) {{ return x * NK_RCPF(1.0f + NK_EXPF(-x)); }}
+NK_FAST_FN float nk_fast_gelu(float x) {{
+    const float z = fabs(x) * 0.70710678118654752f;
+    const float t = NK_RCPF(1.0f + 0.5f * z);
+    const float e = t * NK_EXPF(-z * z + {_fast_gelu_c()});  // the fit of erfc at z >= 0
+    return 0.5f * x * (x > 0.0f ? 2.0f - e : e);
+}}
+"""
+
+
 # ---- the table ---------------------------------------------------------------------------------
 
 _POSITIVE = (0.0, math.inf)
@@ -176,12 +248,14 @@ FUNCTIONS: dict[str, Elementwise] = {e.name: e for e in (
                 grad=("1 - {r} * {r}",)),
     Elementwise("sigmoid", 1, "special", 1, "(1.0{c} / (1.0{c} + exp{f}(-({x}))))", _sigmoid,
                 lambda np: lambda x, y: (y * (1.0 - y),),
-                grad=("{r} * (1 - {r})",)),
+                grad=("{r} * (1 - {r})",), fast="nk_fast_sigmoid({x})", fast_error=FAST_ERROR_TERMS["sigmoid"]),
     Elementwise("gelu", 1, "special", 1, "(0.5{c} * ({x}) * erfc{f}(({x}) * -0.70710678118654752{c}))", _gelu,
                 _gelu_derivative, tile=_gelu_tile,
-                grad=("where({x} == 0, 0.5, {r} / where({x} == 0, 1, {x})) + {x} * exp(-0.5 * {x} * {x}) * 0.3989422804014327",)),
+                grad=("where({x} == 0, 0.5, {r} / where({x} == 0, 1, {x})) + {x} * exp(-0.5 * {x} * {x}) * 0.3989422804014327",),
+                fast="nk_fast_gelu({x})", fast_error=FAST_ERROR_TERMS["gelu"]),
     Elementwise("silu", 1, "special", 1, "(({x}) / (1.0{c} + exp{f}(-({x}))))", _silu, _silu_derivative,
-                grad=("sigmoid({x}) * (1 + {x} * (1 - sigmoid({x})))",)),
+                grad=("sigmoid({x}) * (1 + {x} * (1 - sigmoid({x})))",), fast="nk_fast_silu({x})",
+                fast_error=FAST_ERROR_TERMS["silu"]),
     Elementwise("relu", 1, "fma", 1, "fmax{f}({x}, 0.0{c})", lambda np: lambda x: np.maximum(x, 0.0),
                 lambda np: lambda x, y: (np.where(x > 0, 1.0, 0.0),),
                 grad=("where({x} > 0, 1, 0)",)),

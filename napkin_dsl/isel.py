@@ -12,7 +12,8 @@ cannot:
   and sum, the O accumulator) lives in registers as ``mma.sync.m16n8k16`` accumulator
   fragments of the warp that owns its rows; only the tiles that contractions read from
   shared memory (Q, K, V) are there, swizzled (``backends/layouts.py``), and those carrying
-  the streamed axis are double-buffered (``stages``) behind ``cp.async``;
+  the streamed axis are ``stages`` deep behind ``cp.async`` (:func:`stage_count`: 3 or more
+  where a chunk's products are shorter than a copy's latency, 2 where not);
 * everything else (f32 operands, extents that are not multiples of the fragment, arrays that
   are not two-dimensional after the block's unit axes, a target whose hardware profile gives it
   no mma.sync m16n8k16 path for the operands' dtype) stays on the FMA path, whose
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 from .diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
 from .layouts import WGMMA_K, WGMMA_M, WGMMA_MAX_N, CanonicalTile, SwizzledTile
-from .pseudocode import LaunchProgram, Program, liveness, released_by, split_loop, walk
+from .pseudocode import LaunchProgram, Program, blocks_per_unit, liveness, released_by, split_loop, walk
 from .relabel import bind
 
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -62,6 +63,12 @@ FMA_THREADS = 256  # threads per block of a launch on the FMA path
 FRAGMENT_BUDGET = 160
 MAX_REGISTERS = 255  # registers one thread may have (the register level's capacity, 1020 bytes)
 STAGES = 2  # cp.async buffers per streamed operand: the next chunk is in flight while this one is used
+MAX_STAGES = 4  # the deepest cp.async pipeline selection picks (stage_count)
+# Clocks a cp.async copy from global memory takes to land under load: an estimate, not measured
+# here (about 1000 clocks is what issue 22 reads off matmul's one 32-deep chunk in flight; an
+# unloaded DRAM access on A100/H100 is some 500-700 ns, 700-1300 clocks). The chunks in flight
+# (stages - 1) must cover it for the copies to hide behind the products (stage_count).
+COPY_LATENCY_CLOCKS = 1000
 
 
 @dataclass(frozen=True)
@@ -759,13 +766,15 @@ class ProgramSelection:
         return tuple(self.launches[index].path for index in sorted(self.launches))
 
 
-def select_program(program: Program, arch: str | None = None, path: str | None = None) -> ProgramSelection:
+def select_program(program: Program, arch: str | None = None, path: str | None = None,
+                   stages: int | None = None) -> ProgramSelection:
     """Instruction selection as one pass: the :class:`Selection` of every launch of ``program``
     for ``arch`` (default: its hardware profile's), with its tiles, shared-memory layout and FMA
-    register accumulators. ``path`` prices a what-if instruction path (:func:`select`). The model,
+    register accumulators. ``path`` prices a what-if instruction path (:func:`select`); ``stages``
+    sets every streamed tensor-core launch's cp.async stages (:func:`stage_count`). The model,
     the printers, the NumPy counts and the kernel header read the result; none asks again."""
     arch = arch or program.hardware.arch
-    return ProgramSelection(arch, path, {launch.index: _select_launch(program, launch, arch, path)
+    return ProgramSelection(arch, path, {launch.index: _select_launch(program, launch, arch, path, stages)
                                          for launch in program.launches})
 
 
@@ -775,7 +784,8 @@ def selection(program: Program, launch: LaunchProgram, arch: str | None = None, 
     return _select_launch(program, launch, arch or program.hardware.arch, path)
 
 
-def _select_launch(program: Program, launch: LaunchProgram, arch: str | None, path: str | None) -> Selection:
+def _select_launch(program: Program, launch: LaunchProgram, arch: str | None, path: str | None,
+                   stages: int | None = None) -> Selection:
     bound = launch_tiles(launch)
     tile, sizes = bound if bound is not None else (None, None)
     warp_tiles = warp_tiles_of(launch)
@@ -785,6 +795,8 @@ def _select_launch(program: Program, launch: LaunchProgram, arch: str | None, pa
         chosen = Selection(None, "sizes are symbolic")
     else:
         chosen = select(launch, arch, tile, sizes, warp_tiles=warp_tiles, path=path)
+    if chosen.plan is not None:
+        chosen = replace(chosen, plan=replace(chosen.plan, stages=stage_count(chosen.plan, launch, tile, program.diagram, arch, stages)))
     slots, smem_bytes = smem_layout(chosen.plan, tile, program.diagram) if chosen.plan is not None else ({}, 0)
     kept, refused = {}, {}
     hardware = program.hardware
@@ -845,6 +857,67 @@ def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSl
         slots[name] = SmemSlot(name, offset, size, 1, None, array.axes)
         offset += size
     return slots, offset
+
+
+def chunk_clocks(plan: TensorPlan, launch: LaunchProgram, tile: dict, arch: str) -> float | None:
+    """Clocks one chunk of the stream takes an SM at the plan's tensor rate: its products'
+    FLOPs (each contraction's tile extents, the streamed axis at its chunk) over the profile's
+    mma.sync FLOP per clock per SM. A lower bound (the softmax and the copies are left out), so
+    it asks for at least as many stages as the chunk needs. None where the profile gives no
+    clock, SM count or rate."""
+    hardware = launch.schedule.hardware
+    found = hardware.find_path(BUILT_INSTRUCTION, plan.dtype, arch, BUILT_SHAPE)
+    rate = found.rates.get(plan.dtype) if found is not None else None
+    units = hardware.level(launch.schedule.compute_level).units
+    if not (rate and hardware.clock_hz and isinstance(units, int) and units > 0):
+        return None
+    flops = 0
+    for s in launch.launch.statements:
+        if s.target in plan.mmas:
+            extent = 2
+            for axis in set(s.axes) | set(s.box.contracted):
+                extent *= tile[axis]
+            flops += extent
+    return flops / (rate / (units * hardware.clock_hz))
+
+
+def stage_count(plan: TensorPlan, launch: LaunchProgram, tile: dict, diagram, arch: str, stages: int | None = None) -> int:
+    """The cp.async stages of a built mma.sync plan that streams: ``stages`` where asked for (the
+    tuner's and the user's knob, at least 2), else enough chunks in flight to cover a copy's
+    latency, ``1 + ceil(COPY_LATENCY_CLOCKS / chunk_clocks)`` between 3 and ``MAX_STAGES`` (at
+    least 3: a 2-stage pipeline has one chunk in flight), and 2 where the chunk alone covers it
+    (attention at d = 128: 2048 clocks of products a chunk; a third stage there also spills, as
+    ptxas compiles the three unrolled chunks). Fewer, down to 2, where the arena of that many
+    stages exceeds the profile's shared memory per block or lowers the blocks an SM holds at 2
+    stages (shared memory, threads and the estimated registers: occupancy). wgmma plans and
+    what-if paths keep ``STAGES``: their printer's ring and pricing are their own."""
+    if plan.stream is None or not any(op.streamed for op in plan.operands.values()):
+        return plan.stages
+    if stages is not None:
+        if stages < 2:
+            raise ValueError(f"{stages} cp.async stages: the pipeline needs at least 2")
+        return stages
+    if plan.instruction != BUILT_INSTRUCTION or plan.shape:
+        return plan.stages
+    clocks = chunk_clocks(plan, launch, tile, arch)
+    if clocks is None or clocks <= 0:
+        return plan.stages
+    wanted = STAGES if clocks >= COPY_LATENCY_CLOCKS else min(MAX_STAGES, max(3, 1 + -(-COPY_LATENCY_CLOCKS // int(clocks))))
+    hardware = launch.schedule.hardware
+    capacity = hardware.level(launch.schedule.compute_level).capacity
+    registers = estimated_registers(plan, launch, tile)
+
+    def blocks(count: int):
+        arena = smem_layout(replace(plan, stages=count), tile, diagram)[1]
+        if isinstance(capacity, int) and arena > capacity:
+            return None
+        found = blocks_per_unit(launch.schedule, arena, plan.threads, registers)
+        return found[0] if found is not None else 1
+
+    floor = blocks(STAGES)
+    while wanted > STAGES and (blocks(wanted) is None or (floor is not None and blocks(wanted) < floor)):
+        wanted -= 1
+    return wanted
 
 
 def fragment_values(plan: TensorPlan, name: str, tile: dict) -> int:

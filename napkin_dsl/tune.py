@@ -25,7 +25,8 @@ A :class:`TuneResult` prints as a short table; ``relabel_text`` is its relabel b
 ``Kernel.relabelled(result)`` applies it (fusion included), :func:`write_tuned` writes it into a
 copy of the source, :func:`plot_svg` draws predicted time against the tile sizes searched and
 :func:`compare` costs kernels and relabellings side by side. It does not change a kernel in
-place, and it does not search loop order, pipeline stages (the plan fixes them) or dtypes.
+place, and it does not search loop order, pipeline stages (instruction selection picks them:
+isel.stage_count) or dtypes.
 """
 
 from __future__ import annotations

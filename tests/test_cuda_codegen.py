@@ -131,8 +131,10 @@ def test_napkin_cuda_cli(tmp_path, capsys):
     assert main(args + ["--resources", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     launch = data["kernels"]["attention"]["launches"][0]
-    assert set(launch) == {"entry", "grid", "block", "registers", "shared_bytes", "spill_bytes", "path", "statements"}
+    assert set(launch) == {"entry", "grid", "block", "registers", "shared_bytes", "spill_bytes", "path", "stages", "statements"}
     assert launch["path"] in ("mma.sync", "fma")
+    if launch["path"] == "mma.sync":  # the stages the JSON names are those the plan's summary line prints
+        assert f"cp.async {launch['stages']} stages" in launch["statements"][0]
     assert launch["shared_bytes"] == data["kernels"]["attention"]["cost"]["levels"]["smem"]["M_bytes"]
     assert main(args + ["--ptx", "--arch", "sm_80"]) == 0
     assert ".target sm_80" in capsys.readouterr().out

@@ -114,8 +114,9 @@ def test_a_tile_no_grid_of_eight_warps_holds_is_refused():
 
 
 def test_mlp_shared_memory_layout_by_hand():
-    # mlp on H100: group b 128, n 128; stream k 32. X[b k] and W[k n] stream (two cp.async stages
-    # each, swizzled, 128-byte aligned); bias[n] is read elementwise: one plain row-major tile.
+    # mlp on H100: group b 128, n 128; stream k 32. X[b k] and W[k n] stream (three cp.async
+    # stages each, swizzled, 128-byte aligned: a 512-clock chunk, isel.stage_count); bias[n] is
+    # read elementwise: one plain row-major tile.
     from napkin_dsl.cost import columns
 
     (kernel,) = napkin.load(EXAMPLES / "mlp.napkin").values()
@@ -126,10 +127,10 @@ def test_mlp_shared_memory_layout_by_hand():
     bf16 = 2
     w = x = 32 * 128 * bf16
     assert {n: (s.offset, s.stage_bytes, s.stages) for n, s in slots.items()} == {
-        "W": (0, w, 2), "X": (2 * w, x, 2), "bias": (2 * w + 2 * x, 128 * bf16, 1)}
-    assert total == 2 * w + 2 * x + 128 * bf16
+        "W": (0, w, 3), "X": (3 * w, x, 3), "bias": (3 * w + 3 * x, 128 * bf16, 1)}
+    assert total == 3 * w + 3 * x + 128 * bf16
     shown = {row["resident"].get("smem") for row in columns(program)}
-    assert shown == {"W[32 128] x2 + X[128 32] x2 + bias[128]"}
+    assert shown == {"W[32 128] x3 + X[128 32] x3 + bias[128]"}
 
 
 MATVEC = """

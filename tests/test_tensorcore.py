@@ -126,8 +126,9 @@ def test_tensor_core_kernels_match_the_reference_on_pocl(name, sizes, opencl_dev
     assert [isel.selection(program, launch).path for launch in program.launches] == ["mma.sync"]
     source, _ = opencl.generate(program)
     assert "NK_MMA_" in source and "NK_LDSM" in source and "NK_CP16" in source
-    if name != "matmul.napkin":  # its f32 C tile (64 KB) is larger than the arena: stored from fragments
-        assert "NK_ST16(g_" in source  # the epilogue: staged in shared memory, 16-byte stores
+    # the epilogue: staged in shared memory, 16-byte stores (matmul's f32 C tile, over the arena,
+    # a fragment row of every warp row at a time)
+    assert "NK_ST16(g_" in source
     inputs, scalars = random_inputs(kernel.diagram, sizes)
     outputs = opencl.run(program, inputs, scalars)
     assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), name)
@@ -395,3 +396,128 @@ def test_blocks_per_sm_are_the_limit_of_ptxas_registers_threads_and_shared_memor
         expected.append(min(smem_capacity // row["shared_bytes"], 2048 // threads,
                             65536 // (per_warp * (threads // 32)), 32))
     assert compiled.cost.time["blocks_per_sm"] == min(expected)
+
+
+# ---- the cp.async pipeline's stage count -----------------------------------------------------
+
+
+@pytest.mark.parametrize("arch, hardware", [("sm_80", "A100"), ("sm_90", "H100")])
+def test_selection_stages_a_short_chunk_three_deep_and_a_long_one_two_deep(arch, hardware):
+    """matmul's 128 x 128 x 32 chunk is 512 clocks of mma.sync on an SM, under a copy's
+    latency (isel.COPY_LATENCY_CLOCKS): 3 stages, 2 chunks in flight; attention's d = 128 chunk
+    (two 128 x 64 x 128 products, 2048 clocks) covers it alone: 2. The arena and the model's
+    shared-memory M count every stage."""
+    matmul = tensor_kernel("matmul.napkin").gpu_program(hardware, m=8192, n=8192, k=8192)
+    chosen = isel.select_program(matmul, arch)[0]
+    assert chosen.plan.stages == 3
+    # A 128 x 32 and B 32 x 128, bf16, each three deep
+    assert chosen.slots["A"].stages == chosen.slots["B"].stages == 3
+    assert chosen.smem_bytes == 3 * (128 * 32 + 32 * 128) * 2
+    from napkin_dsl.cost import cost_of
+    assert cost_of(matmul, arch=arch, selected=isel.select_program(matmul, arch)).levels["smem"].M_bytes == chosen.smem_bytes
+    attention = tensor_kernel("attention.napkin").gpu_program(hardware, b=4, h=32, q=8192, x=8192, d=128)
+    assert isel.select_program(attention, arch)[0].plan.stages == 2
+
+
+def test_the_stage_count_asked_for_is_the_plans_and_never_under_two():
+    program = tensor_kernel("matmul.napkin").gpu_program("H100", m=1024, n=1024, k=1024)
+    launch = program.launches[0]
+    chosen = isel.select_program(program)[0]
+    for asked in (2, 3, 5):
+        assert isel.stage_count(chosen.plan, launch, chosen.tile, program.diagram, "sm_90", asked) == asked
+    with pytest.raises(ValueError, match="at least 2"):
+        isel.stage_count(chosen.plan, launch, chosen.tile, program.diagram, "sm_90", 1)
+
+
+def test_more_stages_are_not_taken_where_they_lower_the_blocks_an_sm_holds():
+    """64 x 64 x 32 chunks (128 clocks) would take isel.MAX_STAGES; each stage the arena gains is
+    checked against the blocks per SM two stages allow (pseudocode.blocks_per_unit)."""
+    from napkin_dsl.pseudocode import blocks_per_unit
+
+    source = (EXAMPLES / "matmul.napkin").read_text().replace("group m 128, n 128; stream k 32", "group m 64, n 64; stream k 32")
+    (kernel,) = napkin.load(source).values()
+    program = kernel.gpu_program("A100", m=4096, n=4096, k=4096)
+    launch = program.launches[0]
+    chosen = isel.select_program(program, "sm_80")[0]
+    plan = chosen.plan
+    registers = isel.estimated_registers(plan, launch, chosen.tile)
+
+    def blocks(stages):
+        arena = isel.smem_layout(isel.replace(plan, stages=stages), chosen.tile, program.diagram)[1]
+        return blocks_per_unit(launch.schedule, arena, plan.threads, registers)[0]
+
+    assert 3 <= plan.stages <= isel.MAX_STAGES
+    assert blocks(plan.stages) >= blocks(2)
+    assert plan.stages == isel.MAX_STAGES or blocks(plan.stages + 1) < blocks(2)
+
+
+@pytest.mark.parametrize("sizes", [dict(m=200, n=136, k=40), dict(m=130, n=144, k=32), dict(m=130, n=136, k=136)],
+                         ids=["k2chunks", "k1chunk", "k5chunks"])
+def test_a_three_stage_stream_matches_the_reference_with_ragged_and_few_chunks(sizes, opencl_device):
+    """Fewer chunks than stages (the prologue's copies past the last chunk are never issued),
+    and more, the stages not dividing them (the chunks after the whole groups), at ragged m, n
+    and k, on PoCL against the float64 reference. The refill of chunk c + 2 goes to the buffer
+    chunk c - 1 read: into any other, the emulation's synchronous copy overwrites a chunk still
+    to be read."""
+    from .test_opencl import run_on_pocl
+
+    program, _ = run_on_pocl((EXAMPLES / "matmul.napkin").read_text(), "matmul", ["mma.sync"], **sizes)
+    assert isel.select_program(program)[0].plan.stages == 3
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_hot_loop_waits_for_its_own_chunk_and_no_later_one(arch):
+    """cp.async.wait_group N lets N groups stay pending; chunk c's wait, with stages - 1 chunks
+    committed ahead of it, must leave at most stages - 2 (its own group has landed), and the
+    pipeline is shallower than its stages with fewer. The SASS of the hot loop (DEPBAR.LE SB0,
+    N) is what the GPU waits on; the arena ptxas reports is the plan's."""
+    from napkin_dsl.backends import sass
+
+    try:
+        sass.find_nvdisasm()
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm (pip install 'napkin-dsl[sass]')")
+    kernel = tensor_kernel("matmul.napkin")
+    compiled = kernel.compile(arch, {"sm_80": "A100", "sm_90": "H100"}[arch], m=1024, n=1024, k=1024)
+    chosen = isel.select_program(compiled.program, arch)[0]
+    assert chosen.plan.stages == 3
+    (row,) = compiled.launch_table()
+    assert row["shared_bytes"] == chosen.smem_bytes and row["stages"] == 3
+    assert compiled.cost.levels["smem"].M_bytes == chosen.smem_bytes
+    functions = sass.disassemble(compiled.image)
+    (body,) = [b for b in sass.innermost_loops(functions[row["entry"]]) if any(sass.tensor_work(i.opcode) for i in b)]
+    waits = [str(i) for i in body if i.opcode.startswith("DEPBAR")]
+    assert len(waits) == 3 and all(w.rstrip(";").endswith(f"0x{chosen.plan.stages - 2:x}") for w in waits), waits
+
+
+# ---- the epilogue's 16-byte stores ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_an_output_tile_over_the_arena_is_stored_16_bytes_a_thread_in_passes(arch):
+    """matmul's f32 C (128 x 128, 64 KiB) is over its 48 KiB arena: each fragment row of the
+    warps goes through a 32 x 128 shared tile in turn, and leaves by STG.E.128 alone, no
+    scalar store (the fragments' pairs at stride 2 used half of each sector)."""
+    from napkin_dsl.backends import sass
+
+    try:
+        sass.find_nvdisasm()
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm (pip install 'napkin-dsl[sass]')")
+    compiled = tensor_kernel("matmul.napkin").compile(arch, {"sm_80": "A100", "sm_90": "H100"}[arch], m=1024, n=1024, k=1024)
+    assert "staged 32 rows at a time" in compiled.source and "NK_ST16(g_C" in compiled.source
+    (instructions,) = sass.disassemble(compiled.image).values()
+    stores = [i.opcode for i in instructions if i.opcode.startswith("STG")]
+    assert stores and set(stores) == {"STG.E.128"}, sorted(set(stores))
+    assert sum(op.startswith("STS") for op in (i.opcode for i in instructions)) > 0
+
+
+@pytest.mark.parametrize("sizes", [dict(m=300, n=200, k=64), dict(m=72 + 128, n=136, k=96)], ids=["ragged-mn", "ragged-m-n8"])
+def test_the_staged_passes_store_ragged_tails_masked(sizes, opencl_device):
+    """The passes' rows past m and units past n are not stored; the rest match float64 on PoCL."""
+    from .test_opencl import run_on_pocl
+
+    program, outputs = run_on_pocl((EXAMPLES / "matmul.napkin").read_text(), "matmul", ["mma.sync"], **sizes)
+    from napkin_dsl.backends import opencl
+    assert "staged 32 rows at a time" in opencl.generate(program)[0]
+    assert outputs["C"].shape == (sizes["m"], sizes["n"])

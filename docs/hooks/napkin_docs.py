@@ -991,8 +991,11 @@ def tc_epilogue_section() -> str:
                 col = plan.fragments[name].col
                 size = plan.row_tile * (tile[col] if col else 1) * DTYPE_BYTES[array.dtype]
                 staged = re.search(rf"NK_ST16\(g_{name}\b", source) is not None
-                how = ("staged in a swizzled shared tile, stored 16 bytes a thread" if staged
-                       else "stored straight from the fragments, two adjacent columns a thread per fragment row")
+                passes = re.search(r"// staged (\d+) rows at a time", source)
+                how = ("stored straight from the fragments, two adjacent columns a thread per fragment row" if not staged
+                       else f"staged {passes[1]} rows at a time (a fragment row of every warp row: the tile is over the "
+                            "arena) in a swizzled shared tile, stored 16 bytes a thread" if passes
+                       else "staged in a swizzled shared tile, stored 16 bytes a thread")
                 shape = f"{plan.row_tile} x {tile[col]}" if col else str(plan.row_tile)
                 out.append(f"| `{rel}` at {setup.label()} | {name} ({array.dtype}) | {shape}, {size / 1024:g} KiB "
                            f"| {arena / 1024:g} KiB | {how} |")

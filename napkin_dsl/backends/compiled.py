@@ -53,6 +53,7 @@ class KernelSource:
     scalars: list
     path: str = "fma"  # the instruction path isel chose: "mma.sync" or "fma"
     paths: list = field(default_factory=list)  # per statement: what it runs on (isel.describe)
+    stages: int = 0  # the cp.async (or TMA) stages of a streamed tensor-core launch; 0 where it has none
 
     def __repr__(self) -> str:
         # Without the text: the whole kernel source made the repr of every compiled kernel pages long.
@@ -137,6 +138,7 @@ class CompiledKernel:
                 "shared_bytes": used.get("shared_bytes", 0) + k.shared_bytes,
                 "spill_bytes": used.get("spill_bytes"),
                 "path": k.path,
+                "stages": k.stages,
                 "statements": list(k.paths),
             })
         return rows

@@ -181,9 +181,13 @@ __device__ __forceinline__ float nk_f(__half v) { return __half2float(v); }
 __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 """
 
+    # The fast forms' primitives (elementwise.FAST_PRELUDE): CUDA's intrinsics, at their documented error.
+    fast_macros = ("#define NK_FAST_FN __device__ __forceinline__\n#define NK_EXPF(x) __expf(x)\n"
+                   "#define NK_RCPF(x) __fdividef(1.0f, (x))\n")
+
     @property
     def prelude(self) -> str:
-        return self.base_prelude + self.warp_folds("float")
+        return self.base_prelude + self.fast_macros + elementwise.FAST_PRELUDE + self.warp_folds("float")
 
     @property
     def prelude_f64(self) -> str:
@@ -297,7 +301,11 @@ inline ushort nk_to_bf16(float v) {
     bits += 0x7fffu + ((bits >> 16) & 1u); /* round to nearest even */
     return (ushort)(bits >> 16);
 }
-"""
+/* The fast forms' primitives (elementwise.FAST_PRELUDE): OpenCL's precise exp and division. */
+#define NK_FAST_FN inline
+#define NK_EXPF(x) exp(x)
+#define NK_RCPF(x) (1.0f / (x))
+""" + elementwise.FAST_PRELUDE
     kernel_qualifier = "__kernel __attribute__((reqd_work_group_size({threads}, 1, 1))) void"
     global_const = "__global const {t}* restrict"
     global_mut = "__global {t}* restrict"

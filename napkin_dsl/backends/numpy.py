@@ -1189,7 +1189,23 @@ def tolerance(program: Program) -> float:
                      for s in diagram.statements)
     floor = max(ARITHMETIC_FLOOR.get(dtype, ARITHMETIC_FLOOR["f32"]) for dtype in compute.values()) if compute else 0.0
     roundings = sum(TOLERANCE.get(dtype, TOLERANCE["bf16"]) * amplification.get(name, 1.0) for name, dtype in rounded)
-    return max(floor, arithmetic) + roundings
+    # The printers' fast forms in float (elementwise.FAST_PRELUDE) err by their derived bound,
+    # relative plus absolute (the outputs' largest values are about 1 or more for these inputs).
+    fast = sum(sum(elementwise.function(fn).fast_error) * amplification.get(s.target, 1.0)
+               for s in diagram.statements if isinstance(s.box, Map) and compute[s.target] == "f32"
+               for fn in _fast_calls(s.box.expr))
+    return max(floor, arithmetic) + fast + roundings
+
+
+def _fast_calls(expr) -> set[str]:
+    """The functions with a fast form (elementwise.FAST_PRELUDE) an elementwise expression calls."""
+    if not isinstance(expr, Apply):
+        return set()
+    entry = elementwise.function(expr.fn)
+    found = {expr.fn} if entry is not None and entry.fast else set()
+    for a in expr.args:
+        found |= _fast_calls(a)
+    return found
 
 
 def _calls(expr, functions) -> bool:

@@ -880,6 +880,9 @@ class TensorPrinter(KernelWriter):
         x = ident(axis)
         stages = self.plan.stages
         masked = node.mask is not None
+        if stages > 2 and streamed:
+            self.whole_groups(node, axis, streamed, lo, hi, stop)
+            return
         self.emit(f"for (int c_{x} = {lo}; c_{x} < {hi}; c_{x} += {stages}) {{{'  // chunks the mask holds in full: no test' if masked else ''}")
         self.depth += 1
         for stage in range(stages):
@@ -887,6 +890,53 @@ class TensorPrinter(KernelWriter):
             self.emit(f"{f'if ({index} < {hi}) ' if stage and guarded else ''}{{  // buffer {stage}")
             self.depth += 1
             self.chunk(node, axis, streamed, stop or hi, index, masked, str(stage))
+            self.depth -= 1
+            self.emit("}")
+        self.depth -= 1
+        self.emit("}")
+
+    def whole_groups(self, node: Loop, axis: str, streamed: list, lo: str, hi: str, stop: str | None):
+        """:meth:`unrolled` at 3 stages and more: a loop over whole groups of ``stages`` chunks
+        whose refills all fall before the prefetch bound, with no test at all (no chunk test,
+        no refill test: one basic block; a test per chunk splits the loop and ptxas then
+        recomputes its addresses every chunk), then the last chunks, at most
+        ``2 stages - 2``, straight after it on buffers 0, 1, ..., each tested (no loop: the hot
+        loop is the one loop). Without a mask and with a chunk count known here, the last chunks
+        are counted here and only their refills are tested."""
+        x = ident(axis)
+        stages = self.plan.stages
+        masked = node.mask is not None
+        bound = stop or hi
+        known = hi.isdigit() and lo.isdigit() and bound == hi
+        self.emit("{")
+        self.depth += 1
+        self.emit(f"int c_{x} = {lo};")
+        note = "; the mask holds them in full" if masked else ""
+        whole = (f"c_{x} + {2 * stages - 2} < {hi}" if bound == hi
+                 else f"c_{x} + {stages - 1} < {hi} && c_{x} + {2 * stages - 2} < {bound}")
+        self.emit(f"for (; {whole}; c_{x} += {stages}) {{  // whole groups of {stages} chunks{note}, every refill in range: no test")
+        self.depth += 1
+        for stage in range(stages):
+            index = f"(c_{x} + {stage})" if stage else f"c_{x}"
+            self.emit(f"{{  // buffer {stage}")
+            self.depth += 1
+            self.chunk(node, axis, streamed, bound, index, masked, str(stage), refill_guard=False)
+            self.depth -= 1
+            self.emit("}")
+        self.depth -= 1
+        self.emit("}")
+        if known:
+            count = int(hi) - int(lo)
+            groups = max(0, -(-(count - (2 * stages - 2)) // stages))
+            last = count - groups * stages
+        else:
+            last = 2 * stages - 2
+        for ahead in range(last):
+            index = f"(c_{x} + {ahead})" if ahead else f"c_{x}"
+            test = "" if known else f"if ({index} < {hi}) "
+            self.emit(f"{test}{{  // the last chunks: buffer {ahead % stages}")
+            self.depth += 1
+            self.chunk(node, axis, streamed, bound, index, masked, str(ahead % stages))
             self.depth -= 1
             self.emit("}")
         self.depth -= 1
@@ -904,7 +954,8 @@ class TensorPrinter(KernelWriter):
         self.depth -= 1
         self.emit("}")
 
-    def chunk(self, node: Loop, axis: str, streamed: list, stop: str, index: str, full: bool, stage: str):
+    def chunk(self, node: Loop, axis: str, streamed: list, stop: str, index: str, full: bool, stage: str,
+              refill_guard: bool = True):
         stages = self.plan.stages
         x = ident(axis)
         constant = stage.isdigit()
@@ -913,13 +964,15 @@ class TensorPrinter(KernelWriter):
         if streamed:
             self.ring_landed()
             self.emit("NK_SYNC();  // ... for every thread, and every warp is done with the previous chunk's buffers")
-            self.emit(f"if ({index} + {stages - 1} < {stop}) {{")
-            self.depth += 1
+            if refill_guard:  # False where the caller knows the refill in range
+                self.emit(f"if ({index} + {stages - 1} < {stop}) {{")
+                self.depth += 1
             for name in streamed:
                 self.load(name, origin=f"(o_{x} + {(stages - 1) * self.tile[axis]})",
                           stage=refill, commit=False)
-            self.depth -= 1
-            self.emit("}")
+            if refill_guard:
+                self.depth -= 1
+                self.emit("}")
             self.ring_commit("  // one group per chunk, empty near the end: wait_group counts them")
             self.ring_ready(stage)
             self.pending = False
@@ -980,31 +1033,59 @@ class TensorPrinter(KernelWriter):
     def save_tile(self, step: Step) -> SwizzledTile | None:
         """The shared tile an output goes through on its way out, when it can: a (row, col) tile
         whose rows are 16-byte multiples in memory, that fits in the arena, saved after the last
-        step that reads shared memory (the arena is free then)."""
+        step that reads shared memory (the arena is free then). Where the block's whole tile does
+        not fit (matmul's 128 x 128 f32 C, 64 KiB, in a 48 KiB arena), a pass's: the 16 rows of
+        one fragment row (mt) of every warp row, staged and stored ``m_tiles`` times over
+        (:meth:`save_passes`)."""
         _, held, axes, dtype = self.saved(step)
         col = self.plan.fragments[held].col
         eb = DTYPE_BYTES[dtype]
         if col is None or axes[-1] != col or self.sizes[col] % (16 // eb) or col == self.plan.stream:
             return None
-        if not SwizzledTile.supports(self.tile[col], eb):
+        if not SwizzledTile.supports(self.tile[col], eb) or id(step) not in self.free_after:
             return None
         tile = SwizzledTile(self.plan.row_tile, self.tile[col], eb)
-        if tile.bytes > self.arena or id(step) not in self.free_after:
-            return None
-        return tile
+        if tile.bytes <= self.arena:
+            return tile
+        tile = SwizzledTile(self.plan.row_warps * MMA_M, self.tile[col], eb)
+        return tile if self.plan.m_tiles > 1 and tile.bytes <= self.arena else None
+
+    def save_passes(self, tile: SwizzledTile) -> int:
+        """How many times the staged tile is filled and stored: 1 (the block's whole tile), or
+        each fragment row of the warps in turn."""
+        return 1 if tile.rows == self.plan.row_tile else self.plan.m_tiles
 
     def tiled_save(self, step: Step):
         """Fragments -> a swizzled shared tile (4-byte pairs) -> 16-byte coalesced global stores."""
+        tile = self.save_tile(step)
+        passes = self.save_passes(tile)
+        if passes > 1:
+            self.emit(f"// staged {tile.rows} rows at a time ({tile.bytes} bytes: the block's tile is over the arena), "
+                      f"fragment row mt of every warp row in pass mt")
+            self.emit(f"const int nk_prow = (nk_wrow / {self.plan.warp_rows}) * {MMA_M};  // the warp's rows in a pass's tile")
+        for p in range(passes):
+            self.tiled_save_pass(step, tile, None if passes == 1 else p)
+
+    def tiled_save_pass(self, step: Step, tile: SwizzledTile, mt: int | None):
+        """One fill and store of the staged tile: every fragment row (``mt`` None), or fragment
+        row ``mt`` of each warp, at row ``nk_prow`` of the tile, then to the block's rows
+        ``nk_wrow + mt * 16 ..`` in memory."""
         name, held, _, dtype = self.saved(step)
         col = self.plan.fragments[held].col
-        tile = self.save_tile(step)
         eb = DTYPE_BYTES[dtype]
         d = self.dialect
-        self.emit("NK_SYNC();  // the arena is free: the last reader of shared memory is done")
+        self.emit("NK_SYNC();  // the arena is free: the last reader of shared memory is done" if not mt
+                  else "NK_SYNC();  // every thread has stored the previous pass")
 
         def write():
-            pair = offset_expr(tile, *self.fragment_expr(True, col))
-            lo, hi = (f"{_var(held)}[mt][nt][{self.value_index(str(e))}]" for e in range(2))
+            if mt is None:
+                pair = offset_expr(tile, *self.fragment_expr(True, col))
+            else:
+                start = "nk_wcol" if col == self.plan.split else None
+                at = self.warp_layout(True).c_expr("0", "nt", "nk_lane", "h", given={"g": "nk_g", "t": "nk_t"},
+                                                   origin=("nk_prow", start))
+                pair = offset_expr(tile, *at)
+            lo, hi = (f"{_var(held)}[{'mt' if mt is None else mt}][nt][{self.value_index(str(e))}]" for e in range(2))
             if eb == 2:
                 packed = f"NK_PACK_{'BF16' if dtype == 'bf16' else 'F16'}({lo}, {hi})"
                 self.emit(f"{d.shared_word(pair)} = {packed};")
@@ -1013,14 +1094,19 @@ class TensorPrinter(KernelWriter):
                 self.emit(f"{pointer}[0] = {lo}; {pointer}[1] = {hi};")
 
         nt = self.plan.cols_per_warp(col, self.tile) // MMA_N
-        self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("h", MMA_C_PAIR.extent("h"), write)))
+        pairs = lambda: self.loop("nt", nt, lambda: self.loop("h", MMA_C_PAIR.extent("h"), write))  # noqa: E731
+        if mt is None:
+            self.loop("mt", self.plan.m_tiles, pairs)
+        else:
+            pairs()
         self.emit("NK_SYNC();  // the staged tile is whole before any thread reads it")
         units = tile.units_per_row
         per = 16 // eb
         self.emit(f"for (int u = nk_tid; u < {tile.rows * units}; u += {self.threads}) {{")
         self.depth += 1
         self.emit(f"const int r = u / {units}, c = (u % {units}) * {per};")
-        coords = {self.plan.row: "r", col: "c"}
+        row = "r" if mt is None else f"(r / {MMA_M}) * {self.plan.warp_rows} + {mt * MMA_M} + r % {MMA_M}"
+        coords = {self.plan.row: row, col: "c"}
         valid = [f"({self.origin.get(a, '0')} + {v} < {self.sizes[a]})" for a, v in coords.items() if self.sizes[a] % self.tile[a]]
         pointer = f"g_{ident(name)} + ({self.global_offset(name, coords, self.origin)})"
         store = f"NK_ST16({pointer}, {offset_expr(tile, 'r', 'c')});"

@@ -66,6 +66,7 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
             printer = WgmmaPrinter if chosen.plan.shape else TensorPrinter  # wgmma: a plan isel built for sm_90a
             kernel = printer(program, launch, dialect, chosen.plan).print(entry)
             kernel.paths = [plan_summary(chosen.plan)] + describe(chosen, launch)
+            kernel.stages = chosen.plan.stages if any(op.streamed for op in chosen.plan.operands.values()) else 0
         else:
             # Register accumulators are dealt to FMA_THREADS threads, as the model counts them.
             kept = chosen.kept if threads == FMA_THREADS else {}

@@ -45,6 +45,18 @@ __device__ __forceinline__ float nk_f(float v) { return v; }
 __device__ __forceinline__ float nk_f(double v) { return (float)v; }
 __device__ __forceinline__ float nk_f(__half v) { return __half2float(v); }
 __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+#define NK_FAST_FN __device__ __forceinline__
+#define NK_EXPF(x) __expf(x)
+#define NK_RCPF(x) __fdividef(1.0f, (x))
+// Fast forms of sigmoid, silu and gelu in float (elementwise.py: their error bounds).
+NK_FAST_FN float nk_fast_sigmoid(float x) { return NK_RCPF(1.0f + NK_EXPF(-x)); }
+NK_FAST_FN float nk_fast_silu(float x) { return x * NK_RCPF(1.0f + NK_EXPF(-x)); }
+NK_FAST_FN float nk_fast_gelu(float x) {
+    const float z = fabs(x) * 0.70710678118654752f;
+    const float t = NK_RCPF(1.0f + 0.5f * z);
+    const float e = t * NK_EXPF(-z * z + (((((((((0.17087277f * t + -0.82215223f) * t + 1.48851587f) * t + -1.13520398f) * t + 0.27886807f) * t + -0.18628806f) * t + 0.09678418f) * t + 0.37409196f) * t + 1.00002368f) * t + -1.26551223f));  // the fit of erfc at z >= 0
+    return 0.5f * x * (x > 0.0f ? 2.0f - e : e);
+}
 __device__ __forceinline__ float nk_warp_add(float v) {
     for (int o = 16; o > 0; o >>= 1) v = (v + __shfl_xor_sync(0xffffffffu, v, o));
     return v;
