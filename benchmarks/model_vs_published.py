@@ -8,9 +8,13 @@ The script writes that implementation as a napkin kernel with the row's tiles (a
 ``q_tile`` queries per thread block, keys and values streamed in chunks of ``kv_tile``), and
 the register level the implementation uses:
 
-* FA2 (``mma.sync``): four warps of 32 query rows each (``registers: group q 32``);
-* FA3 (``wgmma``): warpgroups of 64 rows, warps of 16 (``registers: group q 16``), priced as
-  wgmma (``cost_of(path="wgmma")``: four warps share each read of K and V).
+* FA2 (``mma.sync``): four warps of 32 query rows each (``registers: group q 32``), priced for
+  sm_90 as a what-if on mma.sync (``cost_of(arch="sm_90", path="mma.sync")``): FA2's code. napkin
+  itself builds 32-row warp tiles at d=128 on the FMA path (over its fragment budget), and builds
+  wgmma on sm_90a, the H100 profile's default;
+* FA3 (``wgmma``): the code napkin builds for sm_90a (``cost_of(arch="sm_90a")``), with no
+  register clause: wgmma's warpgroups of 64 rows take the register level (four warps share each
+  read of K and V). A row whose launch does not select wgmma is left out, with isel's reason.
 
 It prices the kernel on the bundled H100 profile, converts the predicted time to TFLOP/s in the
 papers' convention (4 b h s^2 d FLOPs forward, half of it when causal), and prints
@@ -38,7 +42,11 @@ if str(ROOT) not in sys.path:
 
 CSV = ROOT / "benchmarks" / "data" / "published_attention_h100_d128.csv"
 DTYPES = {"fp16": "f16", "bf16": "bf16"}
-WARP_ROWS = {"mma.sync": 32, "wgmma": 16}
+# Per instruction path: the register clause, the architecture priced, and the what-if path (None:
+# what napkin builds for that architecture).
+REGISTERS = {"mma.sync": "    registers: group q 32\n", "wgmma": ""}
+ARCH = {"mma.sync": "sm_90", "wgmma": "sm_90a"}
+WHAT_IF = {"mma.sync": "mma.sync", "wgmma": None}
 
 SOURCE = """\
 kernel attention(Q: {t}[b h q d], K: {t}[b h x d], V: {t}[b h x d]) -> O: {t}[b h q d]:
@@ -48,8 +56,7 @@ kernel attention(Q: {t}[b h q d], K: {t}[b h x d], V: {t}[b h x d]) -> O: {t}[b 
 
 relabel attention on {gpu}:
     smem: group b 1, h 1, q {q_tile}; stream x {kv_tile}
-    registers: group q {warp_rows}
-"""
+{registers}"""
 
 
 def published_flops(row: dict) -> float:
@@ -62,18 +69,26 @@ def price(row: dict) -> dict:
     """napkin's prediction for one published row, or the reason it cannot price it."""
     import napkin_dsl as napkin
     from napkin_dsl.cost import cost_of
+    from napkin_dsl.isel import select_program
 
     causal = row["causal"] == "true"
     text = SOURCE.format(t=DTYPES[row["dtype"]], gpu=row["gpu"], q_tile=row["q_tile"], kv_tile=row["kv_tile"],
-                         warp_rows=WARP_ROWS[row["instruction_path"]],
+                         registers=REGISTERS[row["instruction_path"]],
                          scores="where(q >= x, S, -inf)" if causal else "S")
     sizes = {"b": int(row["batch"]), "h": int(row["heads"]), "q": int(row["seqlen"]), "x": int(row["seqlen"]),
              "d": int(row["headdim"])}
     try:
         kernel = napkin.load(text)["attention"]
-        report = cost_of(kernel.program(row["gpu"], **sizes), path=row["instruction_path"])
+        program = kernel.program(row["gpu"], **sizes)
+        arch, what_if = ARCH[row["instruction_path"]], WHAT_IF[row["instruction_path"]]
+        selected = select_program(program, arch, what_if)
+        report = cost_of(program, arch=arch, path=what_if, selected=selected)
     except napkin.NapkinError as error:
         return {"skipped": str(error).splitlines()[0]}
+    for chosen in selected.launches.values():  # priced on another path, it would not be this row's code
+        if chosen.path != row["instruction_path"]:
+            return {"skipped": f"{arch} selects {chosen.path}, not {row['instruction_path']}: "
+                               f"{chosen.declined or chosen.reason}"}
     seconds = report.time["overlapped_s"]
     predicted = published_flops(row) / seconds / 1e12
     measured = float(row["measured_tflops"])
@@ -125,6 +140,8 @@ def main(argv=None) -> int:
     summary = {"rows": len(results), "skipped": sorted({r["skipped"] for r in results if "skipped" in r})}
     for label, keep in (("non-causal", "false"), ("causal", "true"), ("all", None)):
         summary[label] = _summary([r for r in results if "skipped" not in r and keep in (None, r["causal"])])
+    for impl in sorted({r["implementation"] for r in results}):
+        summary[impl] = _summary([r for r in results if "skipped" not in r and r["implementation"] == impl])
     if args.json:
         print(json.dumps({"summary": summary, "rows": results}, indent=2))
         return 0
@@ -140,7 +157,7 @@ def main(argv=None) -> int:
         print(f"{r['implementation']:5} {r['instruction_path']:9} {r['causal']:6} {r['batch']:>3} {r['seqlen']:>6} {tiles:>8} "
               f"{r['measured_tflops']:6.0f} {r['predicted_tflops']:6.0f} {r['error']:+11.3f}  {r['bound']}")
     print()
-    for label in ("non-causal", "causal", "all"):
+    for label in ("non-causal", "causal", "all", *sorted({r["implementation"] for r in results})):
         s = summary[label]
         print(f"{label:10} {s['priced']:2} rows priced: median |pred/meas - 1| = {_number(s['median_abs_error'])}, "
               f"Spearman = {_number(s['spearman'])}")

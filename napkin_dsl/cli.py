@@ -511,7 +511,7 @@ def cmd_run(args) -> int:
         if backend != "opencl":
             raise NapkinError(f"--arch {args.arch} applies to --backend opencl, not {backend}",
                               hint="the OpenCL emulation prints the instruction paths of --arch; the cuda backend compiles "
-                                   "for the GPU it runs on, and numpy runs the Program itself")
+                                   "for the GPU it runs on (the profile's arch where that GPU runs it), and numpy runs the Program itself")
         for k in kernels:
             load_hardware(k._target(args.hardware)).check_arch(args.arch)
     if args.devices is not None:
@@ -576,7 +576,7 @@ def add_run_command(subparsers) -> None:
     run.add_argument("--backend", choices=["numpy", "cuda", "opencl", "auto"], default="numpy")
     run.add_argument("--hardware", metavar="HW", help=f"a profile ({', '.join(hardware_names())}) or a .toml file")
     run.add_argument("--arch", help="with --backend opencl: emulate the code built for this architecture, one the profile "
-                                    "runs (sm_90a: wgmma where selection takes it); default: the profile's own")
+                                    "runs (sm_90a: wgmma where selection takes it; sm_90: mma.sync); default: the profile's own")
     add_set(run, "bind a size (axis or group/stream size)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument("--devices", type=_positive_count, metavar="N",
@@ -747,9 +747,9 @@ def build_parser() -> argparse.ArgumentParser:
     # and cost_of refuses one it lacks, naming those it has.
     cost.add_argument("--path", metavar="INSTRUCTION",
                       help=f"price the tensor-core launches on this instruction, one the profile lists ({gpu_paths()}); "
-                           "a what-if: napkin builds mma.sync")
+                           "a what-if: napkin builds what --arch selects")
     cost.add_argument("--arch", help=f"price the code built for this architecture, one the profile runs ({gpu_archs()}; "
-                                     "sm_90a: wgmma where selection takes it); default: the profile's own")
+                                     "sm_90a: wgmma where selection takes it; sm_90: mma.sync); default: the profile's own")
     cost.set_defaults(run=cmd_cost)
 
     tune = sub.add_parser("tune", help="choose group/stream sizes minimising predicted time")

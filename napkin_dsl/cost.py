@@ -1249,8 +1249,9 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     compiled kernel's (threads per block, registers per thread), which then decide occupancy.
     A third entry, the compiled kernel's shared bytes, replaces the model's in occupancy.
     ``path`` ("mma.sync", "wgmma") prices the tensor-core launches as if they used that
-    instruction, a what-if: napkin builds mma.sync. ``selected``: the selection pass's result for
-    that ``arch`` and ``path`` (``isel.select_program``), where the caller has it (a compile
+    instruction, a what-if with mma.sync's fragments: napkin builds what ``arch`` selects (on
+    H100 and H200, whose arch is sm_90a, wgmma where isel takes it). ``selected``: the selection
+    pass's result for that ``arch`` and ``path`` (``isel.select_program``), where the caller has it (a compile
     prints the same launches); otherwise it runs here, once, and every term reads it."""
     from .isel import select_program
 
@@ -1280,7 +1281,9 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     schedule = program.schedule
     notes = list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program) + accumulator_notes(program, selected)
     if path is not None:
-        notes.append(f"priced as if the contractions ran on {path} (a what-if: napkin builds mma.sync)")
+        built = sorted({c.path for c in select_program(program, arch).launches.values() if c.plan is not None})
+        notes.append(f"priced as if the contractions ran on {path} (a what-if: napkin builds "
+                     f"{' and '.join(built) or 'the FMA path'} for {arch or hardware.arch})")
         for launch in program.launches:
             chosen = selected[launch.index]
             if chosen.plan is None and chosen.reason not in ("no contraction", "sizes are symbolic"):

@@ -40,7 +40,7 @@ PROFILE_DIR = Path(__file__).parent / "hardware"
 # constant saves reading a profile where only the name of the default is wanted, as --help does),
 # and the paper's model, which a kernel that names no level is planned on.
 DEFAULT_GPU = "H100"
-DEFAULT_ARCH = "sm_90"
+DEFAULT_ARCH = "sm_90a"
 DEFAULT_MODEL = "two_level"
 
 
@@ -166,6 +166,15 @@ class Hardware:
     def paths_text(self) -> str:
         """Every path of the profile as messages list them (``none`` where it has none)."""
         return "; ".join(p.describe() for p in self.paths.values()) or "none"
+
+    def arch_for_device(self, device_arch: str) -> str:
+        """What to compile for on a GPU whose driver reports ``device_arch`` (``sm_90``): this
+        profile's own arch where it is that GPU's arch or its arch-specific variant (``sm_90a``
+        on an sm_90 GPU: the code the model prices by default), else ``device_arch`` itself. A
+        driver names no arch-specific target, so without this an H100 would build mma.sync."""
+        if self.arch is not None and self.arch in self.archs and self.arch.removesuffix("a") == device_arch:
+            return self.arch
+        return device_arch
 
     def check_arch(self, arch: str) -> None:
         """Refuse ``arch`` unless this profile's GPU runs code compiled for it (``archs``)."""

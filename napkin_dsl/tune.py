@@ -9,7 +9,7 @@ multiple). The relabelling written in the file is costed exactly and is always a
 
 Each launch is elaborated once with symbolic partition sizes; memory, transfers and FLOPs
 become one compiled Python function (``algebra.lambdify``) that scores every candidate, a lower
-bound of its time (contractions at the mma.sync rate; a masked stream's steps on the elements
+bound of its time (contractions at the fastest rate the arch builds: mma.sync's, wgmma's on sm_90a; a masked stream's steps on the elements
 its mask leaves unmasked, whatever chunks the tiles make it visit). The best are checked with
 numeric tiles (instruction selection's path, the plan's buffers), and the combinations of every
 fusion choice's launches are planned and costed exactly (masked tails, derived L2 grouping,
@@ -1055,8 +1055,13 @@ def _compute_terms(profile: Hardware, priced: list, fma_launches: set) -> dict[t
 
     Every launch is priced both ways, so that a candidate instruction selection refuses can be
     re-priced on the FMA path without compiling again; a launch in ``fma_launches`` is on the
-    FMA path either way. A rate the profile lacks is the user's profile's gap: a NapkinError."""
+    FMA path either way. A rate the profile lacks is the user's profile's gap: a NapkinError.
+    A tensor launch is priced at the fastest instruction napkin builds on the profile's arch
+    (mma.sync; wgmma too where the arch itself lists it, sm_90a on H100 and H200, as isel.select
+    builds it), so that the score stays a lower bound whichever of them selection takes."""
     built = "mma.sync" if "mma.sync" in profile.tensor_paths() else "tensor"
+    faster = [p.instruction for p in profile.paths.values()
+              if p.instruction == "wgmma" and profile.arch is not None and profile.arch in p.archs]
     terms: dict[tuple, list] = {}
     for launch_of, unit, dtype, amount in priced:
         for on_fma in (False, True):
@@ -1064,6 +1069,8 @@ def _compute_terms(profile: Hardware, priced: list, fma_launches: set) -> dict[t
             if unit == "tensor":
                 path, path_dtype = ("fma", "f32") if on_fma or launch_of in fma_launches else (built, dtype)
             rate = profile.peak(path, path_dtype)
+            if path == built and rate is not None:
+                rate = max([rate] + [r for i in faster if (r := profile.peak(i, path_dtype)) is not None])
             if rate is None:
                 raise NapkinError(f"{profile.name} has no {path} rate for {path_dtype}")
             terms.setdefault((launch_of, on_fma), []).append(algebra.as_expr(amount) / rate)

@@ -4,17 +4,18 @@
     python scripts/gpu_check.py --sweep --sanitizer   # everything, in one command (at most ~9 minutes)
     python scripts/gpu_check.py                       # the table alone; a few minutes (at most 285 s)
     python scripts/gpu_check.py --sweep               # the table, then predicted vs measured over sizes
-    python scripts/gpu_check.py --dry-run --sweep --sanitizer   # anywhere: compile for sm_90, no GPU needed
+    python scripts/gpu_check.py --dry-run --sweep --sanitizer   # anywhere: compile for the profile's arch, no GPU needed
     python scripts/gpu_check.py --cases attention,matmul
 
 For every example except those with opaque boxes (examples/paper/fig11, fig12), at realistic
 sizes (:data:`CASES`; the headline ones are attention at b=4 h=32 q=x=8192 d=128 in bf16 and
 matmul at m=n=k=8192, each with its example's relabel block), it
 
-1. compiles the kernel with ``Kernel.compile`` for the GPU's architecture and the napkin
-   profile of the GPU (H200, H100 or A100, from the device name), and reads off the compiled
+1. compiles the kernel with ``Kernel.compile`` for the napkin profile of the GPU (H200, H100 or
+   A100, from the device name) and the profile's architecture where the GPU runs it (sm_90a on
+   an H100 or H200, else the GPU's own: ``compile_arch``), and reads off the compiled
    kernel what needs no GPU: the instruction path of each launch (``napkin_dsl.isel.selection``:
-   ``mma.sync`` on tensor cores or ``fma``, with the reason for ``fma`` in the JSON), the bound
+   ``wgmma`` or ``mma.sync`` on tensor cores or ``fma``, with the reason for ``fma`` in the JSON), the bound
    the cost report names, and, when nvdisasm is installed (``backends/sass.py``), the static
    instructions per tensor-core instruction (HMMA) in each launch's hot loop;
 2. runs it once through ``napkin_dsl.backends.cuda.run`` on seeded normal inputs (never zero);
@@ -74,7 +75,7 @@ found errors or timed out; 2 when there is no GPU; 0 otherwise.
 
 ``--dry-run`` does everything that needs no GPU, on any machine: it loads and compiles every
 example (and, with ``--sweep``, every sweep point; with ``--sanitizer``, the small cases) for
-sm_90 (``--arch``) with the H200 profile (``--profile``), fills the path, bound and instr/HMMA
+the profile's arch (``--arch``; sm_90a for H200) with the H200 profile (``--profile``), fills the path, bound and instr/HMMA
 columns, validates the row sampling, and prints the tables with the measured columns empty.
 
 Deliberately not here: tuning or choosing relabellings (the examples' relabel blocks, or the
@@ -111,7 +112,6 @@ import numpy as np
 
 EXAMPLES = ROOT / "examples"
 SEED = 20240601
-DEFAULT_ARCH = "sm_90"
 DEFAULT_PROFILE = "H200"
 DEADLINE_S = 285.0  # the whole run, parent included; the brief allows five minutes
 CASE_TIMEOUT_S = 110.0  # one example's child process, at most
@@ -174,10 +174,11 @@ SMALL_SIZES = {
     "attention": {"b": 1, "h": 2, "q": 200, "x": 200, "d": 128},
     "matmul": {"m": 200, "k": 104, "n": 200},
     "matmul_sm90a_ragged": {"m": 200, "k": 72, "n": 136},  # wgmma's 64-row warpgroups and TMA boxes, all ragged
-    "attention_sm90a": {"b": 1, "h": 2, "q": 200, "x": 200, "d": 128},  # wgmma with P from registers, ragged q and x
+    "attention_sm90": {"b": 1, "h": 2, "q": 200, "x": 200, "d": 128},  # mma.sync, ragged q and x
 }
-# the Hopper kernels: TMA, mbarriers, wgmma (matmul); wgmma with A from registers (attention)
-SANITIZER_CASES = ("attention", "matmul", "matmul_sm90a_ragged", "attention_sm90a")
+# the Hopper kernels (the H200 profile's default, sm_90a): TMA, mbarriers, wgmma (matmul); wgmma
+# with A from registers (attention); and attention's mma.sync build (sm_90)
+SANITIZER_CASES = ("attention", "matmul", "matmul_sm90a_ragged", "attention_sm90")
 SANITIZER_TOOLS = ("memcheck", "racecheck")
 SANITIZER_DEADLINE_S = 60.0
 SANITIZER_ERROR_EXIT = 86  # --error-exitcode: the tool found something
@@ -206,25 +207,26 @@ class Case:
     baseline: str | None  # key of TORCH_BASELINES
     scalars: dict = field(default_factory=dict)
     relabel: str | None = None  # the relabel block's lines, in place of the file's (";;" between lines)
-    arch: str | None = None  # compile for this arch instead of the GPU's (sm_90a: wgmma, TMA), where the GPU runs it
+    arch: str | None = None  # compile for this arch instead of the profile's (sm_90: mma.sync), where the GPU runs it
 
 
 CASES: list[Case] = [
     # The headline cases: attention at b=4 h=32 q=x=8192 d=128 (bf16) and matmul at 8192 cubed,
-    # both with their example's relabel block.
+    # both with their example's relabel block, compiled for the profile's arch (H100, H200: sm_90a,
+    # wgmma where isel takes it).
     Case("attention", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
          {"b": 2, "q": 32}, "sdpa"),
     # h = kv r = 16 query heads sharing 4 key/value heads
     Case("gqa", "gqa.napkin", "gqa", {"b": 4, "kv": 4, "r": 4, "q": 4096, "x": 4096, "d": 128},
          {"b": 2, "q": 32}, "sdpa_gqa"),
     Case("matmul", "matmul.napkin", "matmul", {"m": 8192, "k": 8192, "n": 8192}, {"m": 64}, "matmul"),
-    # The Hopper path: wgmma by descriptor, TMA into an mbarrier ring (sm_90a), at a ragged size and at 8192 cubed.
+    # The Hopper path: wgmma by descriptor, TMA into an mbarrier ring (sm_90a), at a ragged size.
     Case("matmul_sm90a_ragged", "matmul.napkin", "matmul", {"m": 200, "k": 72, "n": 136}, {"m": 200}, "matmul",
          arch="sm_90a"),
-    Case("matmul_sm90a", "matmul.napkin", "matmul", {"m": 8192, "k": 8192, "n": 8192}, {"m": 64}, "matmul", arch="sm_90a"),
-    # attention on wgmma (S = Q K^T by descriptors, O += P V with P from registers), at the headline sizes
-    Case("attention_sm90a", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
-         {"b": 2, "q": 32}, "sdpa", arch="sm_90a"),
+    # The mma.sync builds (sm_90) of the headline cases, beside the default's wgmma
+    Case("matmul_sm90", "matmul.napkin", "matmul", {"m": 8192, "k": 8192, "n": 8192}, {"m": 64}, "matmul", arch="sm_90"),
+    Case("attention_sm90", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
+         {"b": 2, "q": 32}, "sdpa", arch="sm_90"),
     Case("mlp", "mlp.napkin", "mlp", {"b": 8192, "k": 4096, "n": 4096}, {"b": 64}, "mlp"),
     # group r 16 keeps 16 whole f32 rows in shared memory: c = 2048 is 128 KiB of the 227
     Case("softmax", "softmax.napkin", "softmax_rows", {"r": 32768, "c": 2048}, {"r": 128}, "softmax"),
@@ -630,13 +632,16 @@ def describe_sass(row: Row, compiled) -> None:
         row.notes.append(row.sass)
 
 
-def dry_run_case(case: Case, arch: str, profile: str) -> Row:
+def dry_run_case(case: Case, arch: str | None, profile: str) -> Row:
+    """The case compiled for its own arch, else ``arch``, else the profile's (None: the profile's)."""
+    from napkin_dsl.hardware import load_hardware
+
+    arch = case.arch or arch or load_hardware(profile).arch
     row = Row(case.label, dict(case.sizes), arch=arch, profile=profile, device="(dry run)")
     started = time.perf_counter()
     try:
         kernel = load_case(case)
         check_sample_axes(kernel, case)
-        arch = case.arch or arch
         row.arch = arch
         compiled = kernel.compile(arch, hardware=profile, **case.sizes)
         describe_compiled(row, compiled)
@@ -682,8 +687,8 @@ def _arch_version(arch: str) -> tuple[int, int]:
 
 
 def case_arch(case: Case, profile: str, device_arch: str) -> str:
-    """The arch a case compiles for on a GPU of ``device_arch``: the case's own (sm_90a) where that
-    GPU is its plain arch and the profile runs it, else :func:`compile_arch`'s."""
+    """The arch a case compiles for on a GPU of ``device_arch``: the case's own (sm_90, sm_90a) where
+    that GPU is its plain arch and the profile runs it, else :func:`compile_arch`'s."""
     from napkin_dsl.hardware import load_hardware
 
     if case.arch and case.arch.rstrip("a") == device_arch and case.arch in load_hardware(profile).archs:
@@ -692,12 +697,16 @@ def case_arch(case: Case, profile: str, device_arch: str) -> str:
 
 
 def compile_arch(profile: str, arch: str) -> str:
-    """What to compile for on a GPU of ``arch`` planned as ``profile``: ``arch`` itself where the
-    profile runs it, else the profile's newest arch of the same major version, whose cubin the
-    GPU runs (an sm_80 cubin runs on sm_86 and sm_89)."""
+    """What to compile for on a GPU of ``arch`` planned as ``profile``: the profile's own arch where
+    that GPU runs it (sm_90a on an sm_90 GPU, as the model prices it; ``Hardware.arch_for_device``),
+    else ``arch`` itself where the profile runs it, else the profile's newest arch of the same major
+    version, whose cubin the GPU runs (an sm_80 cubin runs on sm_86 and sm_89)."""
     from napkin_dsl.hardware import load_hardware
 
-    archs = load_hardware(profile).archs
+    hardware = load_hardware(profile)
+    archs = hardware.archs
+    if hardware.arch_for_device(arch) != arch:
+        return hardware.arch_for_device(arch)
     if arch in archs:
         return arch
     major, minor = _arch_version(arch)
@@ -1373,7 +1382,7 @@ def dry_run_sanitizer(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="compile everything, launch nothing (no GPU needed)")
-    parser.add_argument("--arch", default=DEFAULT_ARCH, help="architecture for --dry-run (default sm_90)")
+    parser.add_argument("--arch", help="architecture for --dry-run (default: the profile's, sm_90a on H200)")
     parser.add_argument("--profile", help="napkin hardware profile (default: from the device name; H200 for --dry-run)")
     parser.add_argument("--cases", help=f"comma-separated subset of: {', '.join(c.label for c in CASES)}")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S, help="seconds for the table (default 285)")

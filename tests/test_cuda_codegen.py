@@ -128,14 +128,18 @@ def test_napkin_cuda_cli(tmp_path, capsys):
     args = ["cuda", "examples/attention.napkin", "--set", "b=1", "h=2", "q=256", "x=256", "d=64"]
     assert main(args + ["-o", str(out)]) == 0
     assert out.read_text().startswith("/*\n * napkin kernel attention")
-    assert main(args + ["--resources", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    launch = data["kernels"]["attention"]["launches"][0]
-    assert set(launch) == {"entry", "grid", "block", "registers", "shared_bytes", "spill_bytes", "path", "stages", "statements"}
-    assert launch["path"] in ("mma.sync", "fma")
-    if launch["path"] == "mma.sync":  # the stages the JSON names are those the plan's summary line prints
-        assert f"cp.async {launch['stages']} stages" in launch["statements"][0]
-    assert launch["shared_bytes"] == data["kernels"]["attention"]["cost"]["levels"]["smem"]["M_bytes"]
+    # The H100 profile's own arch is sm_90a: the header and --resources --json say wgmma; sm_90 is mma.sync's.
+    assert " *   napkin_attention_0: wgmma
+" in out.read_text()
+    for arch, path in ((None, "wgmma"), ("sm_90", "mma.sync")):
+        assert main(args + ["--resources", "--json"] + (["--arch", arch] if arch else [])) == 0
+        data = json.loads(capsys.readouterr().out)
+        launch = data["kernels"]["attention"]["launches"][0]
+        assert set(launch) == {"entry", "grid", "block", "registers", "shared_bytes", "spill_bytes", "path", "stages", "statements"}
+        assert launch["path"] == path, arch
+        if path == "mma.sync":  # the stages the JSON names are those the plan's summary line prints
+            assert f"cp.async {launch['stages']} stages" in launch["statements"][0]
+        assert launch["shared_bytes"] == data["kernels"]["attention"]["cost"]["levels"]["smem"]["M_bytes"]
     assert main(args + ["--ptx", "--arch", "sm_80"]) == 0
     assert ".target sm_80" in capsys.readouterr().out
 

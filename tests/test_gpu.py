@@ -2,7 +2,7 @@
 
 Without a GPU (CI): ``gpu_check.py --dry-run --sweep`` compiles every runnable example and
 every sweep point and prints both tables (the path, bound and instr/HMMA columns filled, attention
-and matmul on mma.sync); the sweep points and the sanitizer's small cases are valid cases (the
+and matmul on wgmma for the H200 profile's sm_90a, on mma.sync for sm_90); the sweep points and the sanitizer's small cases are valid cases (the
 small ones on the tensor-core path); the reference check on sampled rows passes on correct
 outputs and catches a wrong one; the per-example GPU flow (``gpu_case``: compile, ``cuda.run``,
 reference check, device buffers, event timing, the timed runs' output against ``run``'s, and
@@ -90,17 +90,19 @@ def test_dry_run_compiles_every_example_and_prints_one_table(tmp_path):
                               cwd=tmp_path, env=environment, timeout=300, check=False)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     lines = finished.stdout.splitlines()
-    assert lines[0].startswith("napkin gpu_check: dry run") and "sm_90" in lines[0] and "H200" in lines[0]
+    assert lines[0].startswith("napkin gpu_check: dry run") and "arch sm_90a;" in lines[0] and "H200" in lines[0]
     assert lines[1].split()[:2] == ["kernel", "sizes"]
     body = lines[3:3 + len(gpu_check.CASES)]
     assert [line.split()[0] for line in body] == [c.label for c in gpu_check.CASES]
     assert all(line.rstrip().endswith("compiled") for line in body)
     by_label = dict(zip([c.label for c in gpu_check.CASES], body, strict=False))
-    for label in ("attention", "matmul"):
-        assert _column(lines[1], by_label[label], "path") == "mma.sync", by_label[label]
+    for label, path in (("attention", "wgmma"), ("matmul", "wgmma"), ("attention_sm90", "mma.sync"), ("matmul_sm90", "mma.sync")):
+        assert _column(lines[1], by_label[label], "path") == path, by_label[label]
         assert _column(lines[1], by_label[label], "bound")
-    assert "b=4 h=32 q=8192 x=8192 d=128" in by_label["attention"]  # the headline sizes
-    assert "m=8192 k=8192 n=8192" in by_label["matmul"]
+    for label in ("attention", "attention_sm90"):
+        assert "b=4 h=32 q=8192 x=8192 d=128" in by_label[label]  # the headline sizes
+    for label in ("matmul", "matmul_sm90"):
+        assert "m=8192 k=8192 n=8192" in by_label[label]
     data = json.loads((tmp_path / "gpu_check.json").read_text())
     assert data["dry_run"] is True and data["ok"] is True
     for row in data["rows"]:
@@ -111,13 +113,14 @@ def test_dry_run_compiles_every_example_and_prints_one_table(tmp_path):
         assert len(row["paths"]) == len(row["launches"]) and row["bound"]
         assert all(p["path"] in ("mma.sync", "wgmma", "fma") and (p["path"] != "fma") == (p["reason"] == "") for p in row["paths"])
     rows = {row["kernel"]: row for row in data["rows"]}
-    assert [p["path"] for p in rows["attention"]["paths"]] == ["mma.sync"]
-    assert [p["path"] for p in rows["matmul"]["paths"]] == ["mma.sync"]
-    # The Hopper cases compile for sm_90a, where matmul and attention take wgmma.
-    for label in ("matmul_sm90a_ragged", "matmul_sm90a", "attention_sm90a"):
+    # The H200 profile's default, sm_90a, where matmul and attention take wgmma; sm_90 builds mma.sync.
+    for label in ("attention", "matmul", "matmul_sm90a_ragged"):
         assert rows[label]["arch"] == "sm_90a" and [p["path"] for p in rows[label]["paths"]] == ["wgmma"], rows[label]
+    for label in ("attention_sm90", "matmul_sm90"):
+        assert rows[label]["arch"] == "sm_90" and [p["path"] for p in rows[label]["paths"]] == ["mma.sync"], rows[label]
     if _has_nvdisasm():  # static hot-loop instructions per HMMA: a number on the tensor-core path
-        assert rows["attention"]["instr_per_tensor"][0] > 1 and rows["attention"]["sass"] == ""
+        for label in ("attention", "attention_sm90"):
+            assert rows[label]["instr_per_tensor"][0] > 1 and rows[label]["sass"] == "", rows[label]
     else:
         assert rows["attention"]["instr_per_tensor"] == [] and "nvdisasm" in rows["attention"]["sass"]
 
@@ -128,9 +131,7 @@ def test_dry_run_compiles_every_example_and_prints_one_table(tmp_path):
     sweep_body = lines[start + 3:start + 3 + len(points)]
     for case, line in zip(points, sweep_body, strict=True):
         assert line.startswith(case.label + " ") and " ".join(f"{k}={v}" for k, v in case.sizes.items()) in line
-        # every point on tensor cores but the relabelling whose 32-row warps exceed the fragment budget
-        over_budget = case.relabel is not None and "registers: group q 32" in case.relabel
-        assert _column(lines[start + 1], line, "path") == ("fma" if over_budget else "mma.sync")
+        assert _column(lines[start + 1], line, "path") == sweep_path(case), line
         assert line.rstrip().endswith("compiled")
         assert line[lines[start + 1].index("measured"):].split()[0] == "compiled"  # measured, meas/pred, torch: empty
     sweep = json.loads((tmp_path / "gpu_sweep.json").read_text())
@@ -139,6 +140,33 @@ def test_dry_run_compiles_every_example_and_prints_one_table(tmp_path):
     for row in sweep["rows"]:
         assert row["status"] == "compiled" and row["predicted_s"] > 0
         assert row["measured_s"] is None and row["measured_over_predicted"] is None and row["torch_s"] is None
+
+
+def sweep_path(case) -> str:
+    """The path of a sweep point on the H200 profile's sm_90a: wgmma, but mma.sync where wgmma
+    declines (a relabelling that asks for warp tiles, which are mma.sync's; an m tile of 256, over
+    two warpgroups; mlp, whose bias makes its launch more than one contraction), and the FMA path
+    for the relabelling whose 32-row warps exceed the fragment budget."""
+    relabel = case.relabel or ""
+    if "registers: group q 32" in relabel:
+        return "fma"
+    if "registers:" in relabel or "group m 256" in relabel or case.label.startswith("mlp"):
+        return "mma.sync"
+    return "wgmma"
+
+
+def test_sweep_points_take_the_paths_the_dry_run_table_shows():
+    """sweep_path against selection itself, with the reasons wgmma declines."""
+    from napkin_dsl.isel import select_program
+
+    declined = {"mma.sync": ("a relabelling asks for warp tiles", "the m tile (256) is not one or two warpgroups",
+                             "wgmma is built for a launch of one contraction and nothing else")}
+    for case in gpu_check.sweep_cases():
+        program = gpu_check.load_case(case).gpu_program("H200", **case.sizes)
+        (chosen,) = select_program(program, "sm_90a").launches.values()
+        assert chosen.path == sweep_path(case), (case.label, chosen.declined or chosen.reason)
+        if chosen.path == "mma.sync":
+            assert chosen.declined.startswith(declined["mma.sync"]), (case.label, chosen.declined)
 
 
 def test_sweep_points():
@@ -157,11 +185,11 @@ def test_the_sanitizers_small_cases_take_the_tensor_core_path_with_tails(label):
     case = next(c for c in gpu_check.sanitizer_cases() if c.label == label)
     assert case.sizes == gpu_check.SMALL_SIZES[label]
     assert all(case.sample[a] == case.sizes[a] for a in case.sample)  # every row checked
-    arch = case.arch or "sm_90"
+    arch = case.arch or "sm_90a"  # the H200 profile's own
     path = "wgmma" if arch == "sm_90a" else "mma.sync"
     compiled = gpu_check.load_case(case).compile(arch, hardware="H200", **case.sizes)
     assert [selection(compiled.program, k, arch).path for k in compiled.program.launches] == [path]
-    row = gpu_check.dry_run_case(case, "sm_90", "H200")
+    row = gpu_check.dry_run_case(case, None, "H200")
     assert row.status == "compiled" and row.path_text == path and row.arch == arch
 
 
@@ -408,7 +436,7 @@ def test_gpu_case_flow_with_a_stand_in_device(label, monkeypatch):
 
     case = small(next(c for c in gpu_check.CASES if c.label == label))
     kernel, _, _, outputs = _numpy_outputs(case)
-    compiled = kernel.compile("sm_90", hardware="H200", **case.sizes)
+    compiled = kernel.compile("sm_90a", hardware="H200", **case.sizes)  # what gpu_case compiles on an sm_90 GPU
     writes = {}
     for k in compiled.launches:
         writes[k.entry] = {i: outputs[name] for i, (name, _, _) in enumerate(k.arrays) if name in outputs}
@@ -420,7 +448,7 @@ def test_gpu_case_flow_with_a_stand_in_device(label, monkeypatch):
 
     row = gpu_check.gpu_case(case, None, timing_budget_s=0.5)
     assert row.status == "pass", (row.error, row.notes)
-    assert row.profile == "H200" and row.arch == "sm_90"
+    assert row.profile == "H200" and row.arch == "sm_90a"  # the profile's own on the stand-in's sm_90
     assert row.measured_s is not None and row.measured_s >= 0 and row.runs >= gpu_check.FEWEST_RUNS
     assert row.max_error <= row.tolerance and row.predicted_s > 0
     assert len(row.launches) == len(compiled.launches) == len(row.paths) and row.bound
@@ -462,7 +490,10 @@ def test_profile_by_device_name():
     assert profile == "A100" and "no profile" in how
     # A GPU no profile lists runs the cubin of its profile's newest arch of its major version.
     assert gpu_check.compile_arch("A100", "sm_89") == "sm_80"
-    assert gpu_check.compile_arch("H200", "sm_90") == "sm_90"
+    # The profile's own arch where the GPU runs it: sm_90a (wgmma, as the model prices it) on sm_90.
+    assert gpu_check.compile_arch("H200", "sm_90") == "sm_90a"
+    assert gpu_check.compile_arch("A100", "sm_80") == "sm_80"
+    assert gpu_check.case_arch(next(c for c in gpu_check.CASES if c.label == "attention_sm90"), "H200", "sm_90") == "sm_90"
     assert gpu_check.compile_arch("H100", "sm_86") == "sm_80"
 
 
@@ -513,7 +544,7 @@ def test_gpu_case_on_the_gpu_at_small_sizes():
 def test_the_sanitizers_small_cases_on_the_gpu(case):
     row = gpu_check.gpu_case(case, None, timing_budget_s=1.0, check_only=True)
     assert row.status == "pass", (row.error, row.notes)
-    assert row.path_text == "mma.sync" and row.measured_s is None
+    assert row.path_text == ("wgmma" if row.arch == "sm_90a" else "mma.sync") and row.measured_s is None
 
 
 def test_an_axis_whose_index_a_mask_reads_is_not_sampled():

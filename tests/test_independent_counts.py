@@ -52,32 +52,37 @@ def example(name: str, dtype: str | None = None, extra: str = ""):
     return kernel
 
 
-def counted(kernel, sizes):
+# The hand counts follow mma.sync's warps (each warp reads its B tiles by ldmatrix): sm_90, not
+# the H100 profile's own sm_90a, where wgmma reads B once per warpgroup.
+ARCH = "sm_90"
+
+
+def counted(kernel, sizes, arch: str = ARCH):
     """The NumPy backend's counts: the values it moved and the FLOPs it evaluated."""
     program = kernel.program("H100", **sizes)
     arrays, scalars = random_arguments(kernel.diagram, sizes, 0)
-    _, counts = execute(program, arrays, scalars)
+    _, counts = execute(program, arrays, scalars, selected=isel.select_program(program, arch))
     return program, counts
 
 
 def paths(program) -> list[str]:
-    return [isel.selection(program, launch).path for launch in program.launches]
+    return [isel.selection(program, launch, ARCH).path for launch in program.launches]
 
 
 def flops_of(report) -> dict:
     return {unit: int(value) for unit, value in report.flops.items() if int(value)}
 
 
-def check(kernel, sizes, want: dict):
+def check(kernel, sizes, want: dict, arch: str = ARCH):
     """The model and the NumPy backend against the hand counts ``want``: H per level, M per
     level (values), FLOPs by unit (units absent from ``want["flops"]`` must be absent or 0)."""
-    report = kernel.cost("H100", **sizes)
+    report = kernel.cost("H100", arch=arch, **sizes)
     for level, H in want["H"].items():
         assert int(report.levels[level].H) == H, (level, "H", int(report.levels[level].H), H)
     for level, M in want.get("M", {}).items():
         assert int(report.levels[level].M) == M, (level, "M", int(report.levels[level].M), M)
     assert flops_of(report) == want["flops"]
-    program, counts = counted(kernel, sizes)
+    program, counts = counted(kernel, sizes, arch)
     for level, H in want["H"].items():
         assert counts.H.get(level, 0) == H, (level, "counted H", counts.H.get(level, 0), H)
     assert {u: int(n) for u, n in counts.flops.items() if int(n)} == want["flops"]
@@ -90,7 +95,9 @@ Q_TILE, X_TILE = 128, 64  # the relabel block of examples/attention.napkin and c
 WARP_ROWS = 16  # a warp owns 16 query rows: 8 warps split the 128-row tile (the tensor-core plan)
 
 
-def attention_counts(b, h, q, x, d, causal: bool, tensor: bool) -> dict:
+def attention_counts(b, h, q, x, d, causal: bool, tensor: bool, b_readers: int | None = None) -> dict:
+    """``b_readers``: how many times a block reads each K and V chunk into the tensor cores (None:
+    once per warp, mma.sync's ldmatrix)."""
     groups, chunks = tiles(q, Q_TILE), tiles(x, X_TILE)
 
     def visited(g):  # causal: a chunk whose first key is after the group's last query is never visited
@@ -125,7 +132,8 @@ def attention_counts(b, h, q, x, d, causal: bool, tensor: bool) -> dict:
         warps = Q_TILE // WARP_ROWS
         # ldmatrix: per visited chunk every warp reads its 16 rows of Q (A, once: one warp column),
         # and every warp reads the whole K chunk and the whole V chunk (B); P stays in registers
-        want["H"]["registers"] = rows_x_chunks * d + warps * 2 * keys_per_group * d
+        readers = warps if b_readers is None else b_readers
+        want["H"]["registers"] = rows_x_chunks * d + readers * 2 * keys_per_group * d
         # smem per block: the Q tile, and K and V chunks double-buffered behind cp.async
         # registers per thread: S (then P, in place) over 16 x 64, O.acc over 16 x d, and the
         # running max, sum and factor of the thread's two rows (g and g + 8)
@@ -147,6 +155,18 @@ def test_attention_counts_are_derived_from_the_loops(name, causal, dtype, tensor
     report, program = check(kernel, sizes, attention_counts(**sizes, causal=causal, tensor=tensor))
     assert paths(program) == (["mma.sync"] if tensor else ["fma"])
     assert int(report.levels["smem"].N) == sizes["b"] * sizes["h"] * cdiv(sizes["q"], Q_TILE)  # thread blocks
+
+
+@pytest.mark.parametrize("name, causal", [("attention.napkin", False), ("causal_attention.napkin", True)])
+def test_attention_counts_on_wgmma_read_k_and_v_once_per_warpgroup(name, causal):
+    """The H100 profile's own arch, sm_90a: the same loops on wgmma, whose tensor cores read each K
+    and V chunk from shared memory once per warpgroup of four warps: 8 warps of 16 rows, 2 readers."""
+    sizes = dict(b=1, h=2, q=200, x=150, d=64)
+    kernel = example(name, None)
+    warpgroups = Q_TILE // WARP_ROWS // 4
+    report, program = check(kernel, sizes, attention_counts(**sizes, causal=causal, tensor=True, b_readers=warpgroups),
+                            arch="sm_90a")
+    assert [isel.selection(program, launch, "sm_90a").path for launch in program.launches] == ["wgmma"]
 
 
 # ---- matmul: smem group m 128, n 128; stream k 32; registers: group m 64, n 32 -----------------
@@ -220,7 +240,7 @@ def test_swiglu_counts_are_derived_from_the_loops(dtype, tensor):
     report, program = check(kernel, sizes, swiglu_counts(**sizes, tensor=tensor))
     assert paths(program) == (["mma.sync", "mma.sync"] if tensor else ["fma", "fma"])
     if tensor:
-        grids = [(p.row_warps, p.col_warps) for p in (isel.selection(program, lp).plan for lp in program.launches)]
+        grids = [(p.row_warps, p.col_warps) for p in (isel.selection(program, lp, ARCH).plan for lp in program.launches)]
         assert grids == [GRID1, GRID2]
 
 
@@ -234,7 +254,7 @@ def test_compute_time_is_the_flops_over_the_peaks_over_the_busy_fraction(h):
     where floor + 1 is not ceil; 4 and 134 blocks are not."""
     sizes = dict(b=1, h=h, q=200, x=150, d=64)
     kernel = example("attention.napkin")
-    report = kernel.cost("H100", **sizes)
+    report = kernel.cost("H100", arch=ARCH, **sizes)
     want = attention_counts(**sizes, causal=False, tensor=True)["flops"]
     blocks = h * cdiv(sizes["q"], Q_TILE)
     assert paths(kernel.program("H100", **sizes)) == ["mma.sync"]

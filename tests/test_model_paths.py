@@ -238,6 +238,29 @@ def test_the_defaults_are_a_profile_and_its_arch():
     assert profile_preference()[:2] == [DEFAULT_MODEL, DEFAULT_GPU]
 
 
+def test_hopper_profiles_default_to_sm_90a_and_a100_to_sm_80():
+    """The default target of H100 and H200 (and their nodes) is what napkin builds for them:
+    sm_90a, wgmma where isel takes it; sm_90 (mma.sync) stays one they run. A100 stays sm_80."""
+    from napkin_dsl.hardware import load_hardware
+
+    for name in ("H100", "H200", "H100x8", "H200x8"):
+        hardware = load_hardware(name)
+        assert hardware.arch == "sm_90a" and {"sm_90", "sm_90a"} <= set(hardware.archs), name
+    assert load_hardware("A100").arch == "sm_80" and load_hardware("A100").archs == ("sm_80",)
+
+
+def test_a_gpu_compiles_its_profiles_arch_where_it_runs_it():
+    """A driver reports sm_90 for an H100: the CUDA backend then compiles the profile's sm_90a (the
+    code the model priced), and a GPU's own arch where the profile's is another GPU's."""
+    from napkin_dsl.hardware import load_hardware
+
+    assert load_hardware("H100").arch_for_device("sm_90") == "sm_90a"
+    assert load_hardware("H200").arch_for_device("sm_90") == "sm_90a"
+    assert load_hardware("H100").arch_for_device("sm_80") == "sm_80"  # an H100 program on an A100
+    assert load_hardware("A100").arch_for_device("sm_80") == "sm_80"
+    assert load_hardware("A100").arch_for_device("sm_90") == "sm_90"  # an A100 program on an H100: mma.sync
+
+
 def test_code_names_no_gpu_and_no_arch_but_the_defaults():
     """Which GPU exists and which arch it runs is the profiles' to say: no string in napkin's code
     (docstrings, comments and example text in messages aside) is a profile name or an arch, but the
@@ -250,7 +273,7 @@ def test_code_names_no_gpu_and_no_arch_but_the_defaults():
     from .conftest import ROOT
 
     package = ROOT / "napkin_dsl"
-    allowed = {("hardware.py", "H100"), ("hardware.py", "sm_90"), ("hardware.py", "two_level"),
+    allowed = {("hardware.py", "H100"), ("hardware.py", "sm_90a"), ("hardware.py", "two_level"),
                ("backends/nvrtc.py", "sm_90")}
     found = set()
     for file in package.rglob("*.py"):

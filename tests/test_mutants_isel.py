@@ -17,11 +17,14 @@ from napkin_dsl import isel
 from .conftest import EXAMPLES
 
 
+ARCH = "sm_90"  # the mma.sync rules (the H100 profile's own arch, sm_90a, builds wgmma where it can)
+
+
 def attention(group_q: int, warp_q: int):
     source = (EXAMPLES / "attention.napkin").read_text().replace("q 128", f"q {group_q}") + f"    registers: group q {warp_q}\n"
     (kernel,) = napkin.load(source).values()
     program = kernel.gpu_program(None, b=1, h=1, q=512, x=128, d=64)
-    return isel.selection(program, program.launches[0])
+    return isel.selection(program, program.launches[0], ARCH)
 
 
 @pytest.mark.parametrize(
@@ -87,7 +90,7 @@ def matmul_plan(group_m: int, group_n: int):
     source = (EXAMPLES / "matmul.napkin").read_text().replace("group m 128, n 128", f"group m {group_m}, n {group_n}")
     (kernel,) = napkin.load(source).values()
     program = kernel.gpu_program(None, m=512, n=512, k=64)
-    return isel.selection(program, program.launches[0])
+    return isel.selection(program, program.launches[0], ARCH)
 
 
 # The 2-D warp grid minimises the tile reads, row_tile x warp columns + col_tile x warp rows, over
@@ -121,7 +124,7 @@ def test_mlp_shared_memory_layout_by_hand():
 
     (kernel,) = napkin.load(EXAMPLES / "mlp.napkin").values()
     program = kernel.gpu_program(None, b=256, k=64, n=256)
-    plan = isel.selection(program, program.launches[0]).plan
+    plan = isel.selection(program, program.launches[0], ARCH).plan
     assert plan.plain == ("bias",)
     slots, total = isel.smem_layout(plan, isel.launch_tiles(program.launches[0])[0], program.diagram)
     bf16 = 2
@@ -157,10 +160,10 @@ def test_a_warp_grid_holding_exactly_the_fragment_budget_is_taken():
     source = (EXAMPLES / "matmul.napkin").read_text().replace("group m 128, n 128", "group m 64, n 320")
     (kernel,) = napkin.load(source + "    registers: group m 16, n 320\n").values()
     program = kernel.gpu_program(None, m=512, n=640, k=64)
-    chosen = isel.selection(program, program.launches[0])
+    chosen = isel.selection(program, program.launches[0], ARCH)
     assert chosen.path == "mma.sync", chosen.reason
     assert 16 * 320 // 32 == isel.FRAGMENT_BUDGET
     source = (EXAMPLES / "matmul.napkin").read_text().replace("group m 128, n 128", "group m 64, n 256")
     (kernel,) = napkin.load(source + "    registers: group m 32, n 256\n").values()
     program = kernel.gpu_program(None, m=512, n=640, k=64)
-    assert isel.selection(program, program.launches[0]).path == "fma"
+    assert isel.selection(program, program.launches[0], ARCH).path == "fma"

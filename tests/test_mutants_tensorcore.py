@@ -27,7 +27,7 @@ def test_an_epilogue_reads_a_shared_tile_and_the_index_of_an_axis_grouped_by_one
 relabel heads on H100:
     smem: group h 1, b 64, n 64; stream k 32
 """
-    run_on_pocl(source, "heads", ["mma.sync"], h=3, b=64, k=32, n=64)
+    run_on_pocl(source, "heads", ["mma.sync"], arch="sm_90", h=3, b=64, k=32, n=64)
 
 
 @pytest.mark.parametrize("name, sizes, stages", [("attention.napkin", dict(b=1, h=1, q=128, x=192, d=64), 2),
@@ -41,8 +41,20 @@ def test_a_stream_of_whole_chunks_the_stages_do_not_divide_stops_at_its_last_chu
     source = (EXAMPLES / name).read_text()
     if stages == 2 and name == "matmul.napkin":  # 128 x 256 x 32 chunks: 1024 clocks, two stages (isel.stage_count)
         source = source.replace("group m 128, n 128; stream k 32", "group m 128, n 256; stream k 32")
-    program, _ = run_on_pocl(source, name, ["mma.sync"], **sizes)
-    plan = isel.selection(program, program.launches[0]).plan
+    program, _ = run_on_pocl(source, name, ["mma.sync"], arch="sm_90", **sizes)
+    plan = isel.selection(program, program.launches[0], "sm_90").plan
     assert plan.stages == stages
     chunks = -(-sizes[plan.stream] // isel.launch_tiles(program.launches[0])[0][plan.stream])
     assert chunks % plan.stages
+
+
+@pytest.mark.parametrize("arch, path", [("sm_90a", "wgmma")])
+@pytest.mark.parametrize("name, sizes", [("attention.napkin", dict(b=1, h=1, q=64, x=192, d=32)),
+                                         ("matmul.napkin", dict(m=128, n=128, k=96))])
+def test_a_ring_of_whole_chunks_the_stages_do_not_divide_stops_at_its_last_chunk(name, sizes, arch, path, opencl_device):
+    """Three whole chunks (x = 3 x 64, k = 3 x 32) through a two-stage pipeline: the loop unrolled
+    by the stages runs one chunk too many unless its second body is guarded, and with no ragged
+    tail no mask would hide that chunk's stale buffer. On wgmma (sm_90a, the H100 profile's own
+    arch, whose printer unrolls its ring by the stages too; mma.sync's is the test above)."""
+    program, _ = run_on_pocl((EXAMPLES / name).read_text(), name, [path], arch=arch, **sizes)
+    assert isel.selection(program, program.launches[0], arch).plan.stages == 2

@@ -44,17 +44,18 @@ def random_inputs(diagram, sizes, seed=0):
     return arrays, scalars
 
 
-def run_on_pocl(source: str, name: str, paths: list[str] | None = None, **sizes):
+def run_on_pocl(source: str, name: str, paths: list[str] | None = None, arch: str | None = None, **sizes):
     """The one kernel of ``source`` on PoCL at ``sizes`` (each launch on ``paths``, where given),
-    held to the float64 reference within the Program's tolerance; the Program and its outputs."""
+    emulating the build for ``arch`` (default: the profile's own), held to the float64 reference
+    within the Program's tolerance; the Program and its outputs."""
     from napkin_dsl import isel
 
     (kernel,) = napkin.load(source).values()
     program = kernel.gpu_program(None, **sizes)
     if paths is not None:
-        assert [isel.selection(program, launch).path for launch in program.launches] == paths
+        assert [isel.selection(program, launch, arch).path for launch in program.launches] == paths
     inputs, scalars = random_inputs(kernel.diagram, sizes)
-    outputs = opencl.run(program, inputs, scalars)
+    outputs = opencl.run(program, inputs, scalars, arch=arch)
     assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), name)
     return program, outputs
 

@@ -48,5 +48,27 @@ def test_spearman_ranks_ties_by_their_mean():
 def test_the_script_prints_a_row_per_measurement_and_the_summary(capsys):
     assert published.main([]) == 0
     out = capsys.readouterr().out
-    assert out.count("FA2 ") == 12 and out.count("FA3 ") == 12
+    lines = out.splitlines()
+    assert sum(line.startswith("FA2   mma.sync ") for line in lines) == 12
+    assert sum(line.startswith("FA3   wgmma ") for line in lines) == 12
     assert "all        24 rows priced" in out
+    assert "FA2        12 rows priced" in out and "FA3        12 rows priced" in out
+
+
+def test_fa3_rows_price_the_wgmma_code_napkin_builds_and_fa2_rows_mma_sync_on_sm_90():
+    """FA3's rows are priced as napkin's sm_90a build (wgmma selected, no what-if), FA2's as
+    mma.sync on sm_90 (FA2's code): a row whose selection took another path would be skipped."""
+    assert published.ARCH == {"mma.sync": "sm_90", "wgmma": "sm_90a"}
+    assert published.WHAT_IF == {"mma.sync": "mma.sync", "wgmma": None}
+    fa3 = next(r for r in published_rows() if r["implementation"] == "FA3")
+    priced = published.price(fa3)
+    assert "skipped" not in priced and not any("what-if" in note for note in priced["notes"]), priced
+    fa2 = next(r for r in published_rows() if r["implementation"] == "FA2")
+    assert any("what-if: napkin builds the FMA path for sm_90" in note for note in published.price(fa2)["notes"])
+
+
+def published_rows() -> list[dict]:
+    import csv
+
+    with published.CSV.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))

@@ -34,8 +34,24 @@ def test_sm_90a_runs_the_wgmma_emulation_and_matches_the_reference(opencl_device
 
 
 def test_without_arch_the_profiles_own_is_emulated(opencl_device, monkeypatch, capsys):
+    """H100's own arch is sm_90a: without --arch, the wgmma build is emulated."""
     seen = printed_sources(monkeypatch)
     assert main(["run", MATMUL, "--backend", "opencl", "--hardware", "H100", *RAGGED]) == 0
+    assert "ok" in capsys.readouterr().out
+    assert seen and "nk_wgmma(" in seen[0] and " *   napkin_matmul_0: wgmma\n" in seen[0]  # the kernel header says so
+
+
+def test_sm_90_runs_the_mma_sync_emulation(opencl_device, monkeypatch, capsys):
+    seen = printed_sources(monkeypatch)
+    assert main(["run", MATMUL, "--backend", "opencl", "--hardware", "H100", "--arch", "sm_90", *RAGGED]) == 0
+    assert "ok" in capsys.readouterr().out
+    assert seen and "nk_wgmma(" not in seen[0] and "nk_mma(" in seen[0] and " *   napkin_matmul_0: mma.sync\n" in seen[0]
+
+
+def test_a100_emulates_its_own_sm_80_mma_sync(opencl_device, monkeypatch, capsys):
+    seen = printed_sources(monkeypatch)
+    assert main(["run", MATMUL, "--backend", "opencl", "--hardware", "A100", *RAGGED]) == 0
+    assert "ok" in capsys.readouterr().out
     assert seen and "nk_wgmma(" not in seen[0] and "nk_mma(" in seen[0]
 
 

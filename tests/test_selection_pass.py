@@ -101,31 +101,52 @@ def test_the_selections_tiles_are_the_schedules(case):
 
 
 def test_the_paths_the_examples_take():
-    # What each case is here to cover: a tensor-core launch with P fed from registers, a 2-D warp
-    # grid, and a split whose parts run on tensor cores (the epilogue saves the accumulator
-    # fragments as part states) beside a combine launch that reads those states, not the operands.
-    attention = isel.select_program(_program("attention")[0])
+    # What each case is here to cover on sm_90 (mma.sync): a tensor-core launch with P fed from
+    # registers, a 2-D warp grid, and a split whose parts run on tensor cores (the epilogue saves
+    # the accumulator fragments as part states) beside a combine launch that reads those states,
+    # not the operands.
+    attention = isel.select_program(_program("attention")[0], "sm_90")
     assert attention.paths == ("mma.sync",)
     assert any(m.a_in_registers for m in attention[0].plan.mmas.values())
-    matmul = isel.select_program(_program("matmul")[0])
+    matmul = isel.select_program(_program("matmul")[0], "sm_90")
     assert matmul.paths == ("mma.sync",) and matmul[0].plan.col_warps > 1
-    splitk = isel.select_program(_program("splitk")[0])
+    splitk = isel.select_program(_program("splitk")[0], "sm_90")
     assert splitk.paths == ("mma.sync", "fma") and splitk[0].reason == ""
     assert splitk[1].reason == "B operand B is not loaded into shared memory"  # the combine adds the parts' states
 
 
+def test_the_paths_the_examples_take_on_the_profiles_sm_90a():
+    # The H100 profile's default: attention and matmul on wgmma (P from registers, A and B by
+    # descriptor); a split's parts stay on mma.sync, with the reason wgmma declines them.
+    attention = isel.select_program(_program("attention")[0])
+    assert attention.arch == "sm_90a" and attention.paths == ("wgmma",)
+    assert any(m.a_in_registers for m in attention[0].plan.mmas.values())
+    matmul = isel.select_program(_program("matmul")[0])
+    assert matmul.arch == "sm_90a" and matmul.paths == ("wgmma",)
+    splitk = isel.select_program(_program("splitk")[0])
+    assert splitk.paths == ("mma.sync", "fma") and splitk[0].reason == ""
+    assert splitk[0].declined == "a split's parts launch: the wgmma epilogue that saves its part states is not written"
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("dialect", [CudaDialect, OpenCLDialect])
-def test_the_printers_print_the_selected_paths(case, dialect):
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a"])
+def test_the_printers_print_the_selected_paths(case, dialect, arch):
+    from napkin_dsl.backends.wgmma import MBARRIER_BYTES
+
     program, _ = _program(case)
-    selected = isel.select_program(program)
-    lowered = lower(program, dialect(), selected=selected)
+    selected = isel.select_program(program, arch)
+    lowered = lower(program, dialect(), arch=arch, selected=selected)
     assert [k.path for k in lowered.kernels] == list(selected.paths)
     for launch, kernel in zip(program.launches, lowered.kernels, strict=True):
         chosen = selected[launch.index]
         if chosen.plan is not None:
             assert kernel.block == chosen.plan.threads
-            assert kernel.shared_bytes == chosen.smem_bytes
+            # A TMA ring's mbarriers (one slot a stage, after the tiles on a 16-byte boundary) are
+            # the printer's, not the selection's layout (isel.smem_layout counts the tiles only).
+            ring = MBARRIER_BYTES * chosen.plan.stages if chosen.plan.tma else 0
+            tiles = -(-chosen.smem_bytes // MBARRIER_BYTES) * MBARRIER_BYTES if ring else chosen.smem_bytes
+            assert kernel.shared_bytes == tiles + ring
         else:
             assert kernel.block == isel.FMA_THREADS
             assert [line for line in kernel.paths if "fma (" in line] == [

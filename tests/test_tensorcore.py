@@ -3,6 +3,9 @@
 The OpenCL emulation of mma and ldmatrix is printed from ``napkin_dsl/layouts.py``; it is held
 here against the PTX ISA's formulas as ``tests/test_layouts.py`` writes them out, independently
 of that module. The layouts themselves, the swizzle and bank conflicts are tested there.
+
+These are mma.sync's tests: the H100 programs here are selected, printed and run for ``ARCH``
+(sm_90), since the H100 profile's own arch, sm_90a, builds wgmma (tests/test_wgmma*.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from napkin_dsl import isel
 from napkin_dsl.reference import evaluate
 
 from .conftest import EXAMPLES, assert_matches_reference
+
+ARCH = "sm_90"  # mma.sync on an H100 (its profile's default, sm_90a, is wgmma's)
 from .test_layouts import isa_a as ptx_a
 from .test_layouts import isa_b as ptx_b
 from .test_layouts import isa_c as ptx_c
@@ -123,14 +128,14 @@ def test_tensor_core_kernels_match_the_reference_on_pocl(name, sizes, opencl_dev
 
     kernel = tensor_kernel(name)
     program = kernel.gpu_program(None, **sizes)
-    assert [isel.selection(program, launch).path for launch in program.launches] == ["mma.sync"]
-    source, _ = opencl.generate(program)
+    assert [isel.selection(program, launch, ARCH).path for launch in program.launches] == ["mma.sync"]
+    source, _ = opencl.generate(program, arch=ARCH)
     assert "NK_MMA_" in source and "NK_LDSM" in source and "NK_CP16" in source
     # the epilogue: staged in shared memory, 16-byte stores (matmul's f32 C tile, over the arena,
     # a fragment row of every warp row at a time)
     assert "NK_ST16(g_" in source
     inputs, scalars = random_inputs(kernel.diagram, sizes)
-    outputs = opencl.run(program, inputs, scalars)
+    outputs = opencl.run(program, inputs, scalars, arch=ARCH)
     assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), name)
 
 
@@ -167,9 +172,9 @@ relabel late on H100:
 """).values()
     sizes = dict(h=1, q=96, x=150, d=32)
     program = kernel.gpu_program(None, **sizes)
-    assert [isel.selection(program, launch).path for launch in program.launches] == ["mma.sync"]
+    assert [isel.selection(program, launch, ARCH).path for launch in program.launches] == ["mma.sync"]
     inputs, scalars = random_inputs(kernel.diagram, sizes)
-    outputs = opencl.run(program, inputs, scalars)
+    outputs = opencl.run(program, inputs, scalars, arch=ARCH)
     assert not np.isnan(outputs["O"]).any() and np.all(outputs["O"][:, 50:] == 0)
     assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "late")
 
@@ -199,7 +204,7 @@ def test_random_attention_relabellings_on_tensor_cores(q, x, d, gq, sx, warps, d
     (kernel,) = napkin.load(ATTENTION.format(dt=dt, gq=gq, sx=sx, wq=wq)).values()
     sizes = dict(h=2, q=q, x=x, d=d)
     program = kernel.gpu_program(None, **sizes)
-    chosen = isel.selection(program, program.launches[0])
+    chosen = isel.selection(program, program.launches[0], ARCH)
     if min(q, gq) % 16 or min(x, sx) % 16:  # a tile clipped to a size that is not a fragment multiple
         assert chosen.path == "fma"
     elif chosen.path == "fma":  # tall warp tiles over wide chunks, or a clipped tile they do not divide
@@ -207,7 +212,7 @@ def test_random_attention_relabellings_on_tensor_cores(q, x, d, gq, sx, warps, d
     else:
         assert chosen.plan.warp_rows == min(wq, chosen.plan.row_tile)
     inputs, scalars = random_inputs(kernel.diagram, sizes)
-    outputs = opencl.run(program, inputs, scalars)
+    outputs = opencl.run(program, inputs, scalars, arch=ARCH)
     assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "attn")
 
 
@@ -219,9 +224,9 @@ def test_a_copy_with_more_threads_than_tile_units_writes_nothing_past_the_tile(o
     (kernel,) = napkin.load(ATTENTION.format(dt="bf16", gq=32, sx=16, wq=16)).values()
     sizes = dict(h=2, q=32, x=32, d=16)
     program = kernel.gpu_program(None, **sizes)
-    assert isel.selection(program, program.launches[0]).plan.warps == 2
+    assert isel.selection(program, program.launches[0], ARCH).plan.warps == 2
     inputs, scalars = random_inputs(kernel.diagram, sizes)
-    outputs = opencl.run(program, inputs, scalars)
+    outputs = opencl.run(program, inputs, scalars, arch=ARCH)
     assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "attn")
 
 
@@ -235,10 +240,10 @@ def test_matmul_runs_on_a_two_dimensional_warp_grid(clause, grid, opencl_device)
     (kernel,) = napkin.load(source).values()
     sizes = dict(m=200, n=136, k=48)
     program = kernel.gpu_program(None, **sizes)
-    plan = isel.selection(program, program.launches[0]).plan
+    plan = isel.selection(program, program.launches[0], ARCH).plan
     assert (plan.split, (plan.row_warps, plan.col_warps)) == ("n", grid)
     inputs, scalars = random_inputs(kernel.diagram, sizes)
-    outputs = opencl.run(program, inputs, scalars)
+    outputs = opencl.run(program, inputs, scalars, arch=ARCH)
     assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "matmul")
 
 
@@ -298,7 +303,7 @@ def oclgrind(example: str, sizes: list, *extra: str):
 
 @pytest.mark.parametrize("example, sizes", OCLGRIND_CASES, ids=["attention", "matmul", "fp8_matmul"])
 def test_oclgrind_finds_no_race_or_bad_access_on_the_tensor_core_path(example, sizes):
-    result = oclgrind(example, sizes)
+    result = oclgrind(example, sizes, "--arch", ARCH)
     assert result.returncode == 0, result.stderr[-2000:]
     report = result.stdout + result.stderr
     assert "data race" not in report and "Invalid" not in report and "error" in report, report[-2000:]
@@ -309,7 +314,7 @@ def test_oclgrind_finds_no_race_or_bad_access_on_the_tensor_core_path(example, s
 def test_oclgrind_reports_the_race_a_missing_barrier_leaves():
     """The control: without the barrier between the epilogue's shared writes and reads, warps
     read units other warps have not written yet, and oclgrind says so."""
-    result = oclgrind(*OCLGRIND_CASES[0], "--drop-staging-barrier")
+    result = oclgrind(*OCLGRIND_CASES[0], "--drop-staging-barrier", "--arch", ARCH)
     assert "Read-write data race at local memory" in result.stdout + result.stderr
 
 
@@ -318,7 +323,7 @@ def test_oclgrind_reports_the_race_a_missing_barrier_leaves():
 
 def test_smem_of_a_tensor_core_launch_is_its_operand_tiles_and_stages():
     kernel = tensor_kernel("attention.napkin")
-    report = kernel.cost(None, b=1, h=1, q=1024, x=1024, d=128)
+    report = kernel.cost(None, arch=ARCH, b=1, h=1, q=1024, x=1024, d=128)
     # Q 128x128 once, K and V 64x128 twice each (two stages), bf16: S, P and O live in registers.
     assert report.levels["smem"].M_bytes == (128 * 128 + 2 * 2 * 64 * 128) * 2
     registers = report.levels["registers"]

@@ -161,7 +161,7 @@ def test_napkin_cost_prices_the_arch_it_is_given(capsys):
         by_arch[arch] = json.loads(capsys.readouterr().out)["kernels"]["attention"]
         assert by_arch[arch] == json.loads(json.dumps(cost_of(_program(**BIG), arch=arch).to_dict()))
     assert main(["cost", str(ATTENTION), "--hardware", "H100", "--json", *sets]) == 0
-    assert json.loads(capsys.readouterr().out)["kernels"]["attention"] == by_arch["sm_90"]  # the profile's own arch
+    assert json.loads(capsys.readouterr().out)["kernels"]["attention"] == by_arch["sm_90a"]  # the profile's own arch
     assert by_arch["sm_90a"] != by_arch["sm_90"]
     assert main(["cost", str(ATTENTION), "--hardware", "A100", "--arch", "sm_90a", *sets]) != 0
     assert "sm_90a" in capsys.readouterr().err

@@ -758,7 +758,10 @@ TC_TILES = ((64, 16), (64, 32), (64, 64), (64, 128), (32, 256))
 TC_EXAMPLE_TILE = (64, 128)  # a K or V chunk of 64 keys at d = 128
 # The launch whose printed stream loop the page shows, and the SASS command it runs.
 TC_PIPELINE = ("examples/attention.napkin", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128})
-TC_SASS_COMMAND = "napkin cuda examples/matmul.napkin --set m=1024 n=1024 k=1024 --sass"
+# The tensor-core page's generated sections describe the mma.sync path: sm_90, not the H100
+# profile's own arch (sm_90a, whose wgmma lowering docs/tensor-cores.md describes in prose).
+TC_ARCH = "sm_90"
+TC_SASS_COMMAND = f"napkin cuda examples/matmul.napkin --set m=1024 n=1024 k=1024 --arch {TC_ARCH} --sass"
 
 
 def _unswizzled(tile):
@@ -949,10 +952,10 @@ def tc_pipeline_section() -> str:
     path, sizes = TC_PIPELINE
     (kernel,) = napkin.load(ROOT / path).values()
     program = kernel.gpu_program(None, **sizes)
-    source, _ = cuda.generate(program)
+    source, _ = cuda.generate(program, arch=TC_ARCH)
     smem_names = {}
     for launch in program.launches:
-        plan = selection(program, launch).plan
+        plan = selection(program, launch, TC_ARCH).plan
         if plan is not None:
             slots, _ = smem_layout(plan, launch_tiles(launch)[0], program.diagram)
             smem_names.update({slot.offset: name for name, slot in slots.items()})
@@ -977,11 +980,11 @@ def tc_epilogue_section() -> str:
         setup = SETUPS[rel]
         (kernel,) = napkin.load(EXAMPLES / rel).values()
         program = kernel.gpu_program(None, **setup.sizes)
-        source, _ = cuda.generate(program)
+        source, _ = cuda.generate(program, arch=TC_ARCH)
         if "#define NK_ST16" not in source:
             raise RuntimeError("the tensor-core prelude no longer defines NK_ST16: update tc_epilogue_section")
         for launch in program.launches:
-            plan = selection(program, launch).plan
+            plan = selection(program, launch, TC_ARCH).plan
             if plan is None:
                 raise RuntimeError(f"{rel} at {setup.label()} is no longer on the tensor-core path")
             tile = launch_tiles(launch)[0]

@@ -146,7 +146,9 @@ def tensor_map_arguments(program: Program, arch: str) -> list[list]:
 
 def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None, arch: str | None = None) -> dict:
     """Run ``program`` on the GPU; returns the outputs as NumPy arrays. ``arch`` is what to
-    compile for (default: the GPU's own; ``sm_90a`` on an sm_90 GPU takes wgmma and TMA).
+    compile for (default: the program's profile's arch where this GPU runs it, ``sm_90a`` on an
+    sm_90 GPU planned as H100 or H200, as the model priced it; else the GPU's own;
+    ``hardware.Hardware.arch_for_device``). ``sm_90`` on an H100 builds mma.sync.
 
     ``inputs`` maps each array the kernel reads to a NumPy array of the declared dtype and
     shape, or to a device array (``__cuda_array_interface__``: CuPy, PyTorch CUDA tensors)
@@ -157,7 +159,7 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
     from .driver import encode_tiled
 
     device = _device()
-    compiled = compile_program(program, arch or device.arch)
+    compiled = compile_program(program, arch or program.hardware.arch_for_device(device.arch))
     module = _loaded(device, compiled)
     diagram = program.diagram
     scalars = dict(scalars or {})

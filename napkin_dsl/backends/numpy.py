@@ -488,8 +488,9 @@ class Interpreter:
         return run
 
     def fragment_counter(self, step: Step) -> Callable[[], None]:
-        """ldmatrix traffic of a tensor-core contraction: A once per warp column, B once per warp
-        row; and an elementwise step's reads of plain shared tiles, one a fragment element."""
+        """ldmatrix traffic of a tensor-core contraction: A once per warp column, B once per warp row
+        on mma.sync and once per warpgroup on wgmma (``TensorPlan.b_readers``, as the model counts);
+        and an elementwise step's reads of plain shared tiles, one a fragment element."""
         s = step.statement
         entry = self.tensor.get(self.launch.index)
         level = self.program.schedule.compute_level
@@ -510,7 +511,7 @@ class Interpreter:
         nbytes = DTYPE_BYTES[mma.dtype]
 
         def count():
-            values = math.prod(self.extents((mma.k, mma.n))) * plan.row_warps
+            values = math.prod(self.extents((mma.k, mma.n))) * plan.b_readers
             if not mma.a_in_registers:
                 values += math.prod(self.extents((plan.row, mma.k))) * plan.col_warps
             self.count_transfer("registers", values, nbytes)
