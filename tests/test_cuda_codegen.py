@@ -129,8 +129,7 @@ def test_napkin_cuda_cli(tmp_path, capsys):
     assert main(args + ["-o", str(out)]) == 0
     assert out.read_text().startswith("/*\n * napkin kernel attention")
     # The H100 profile's own arch is sm_90a: the header and --resources --json say wgmma; sm_90 is mma.sync's.
-    assert " *   napkin_attention_0: wgmma
-" in out.read_text()
+    assert " *   napkin_attention_0: wgmma\n" in out.read_text()
     for arch, path in ((None, "wgmma"), ("sm_90", "mma.sync")):
         assert main(args + ["--resources", "--json"] + (["--arch", arch] if arch else [])) == 0
         data = json.loads(capsys.readouterr().out)
