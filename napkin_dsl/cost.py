@@ -152,7 +152,7 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
     ``selected`` is the selection pass's result (``isel.select_program``) the columns are read
     for; without one, the pass runs for the profile's own target.
     """
-    from .isel import fragment_values
+    from .isel import MBARRIER_BYTES, fragment_values, mbarrier_count
 
     selected = _selected(program, selected)
     tensor = tensor_launches(program, selected)
@@ -189,6 +189,10 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
                 buffer = launch.buffers[(compute, name)]
                 text = f"{name}[{' '.join(_short(schedule.extent(a, compute)) for a in buffer.axes)}]" + (f" x{slot.stages}" if slot.stages > 1 else "")
                 hold(compute, buffer, algebra.Integer(slot.bytes // _bytes(buffer.dtype)), _bytes(buffer.dtype), text)
+            if plan is not None and plan.tma:  # the arena's mbarriers, after the tiles (isel.smem_layout)
+                tiles = max((slot.offset + slot.bytes for slot in slots.values()), default=0)
+                column.hold_bytes(compute, selected[launch.index].smem_bytes - tiles,
+                                  f"mbarriers {mbarrier_count(plan)} x {MBARRIER_BYTES} B")
             resident, shown = column.resident, column.shown
             values = {level: algebra.as_expr(v) for level, v in column.values.items()}
             nbytes = {level: algebra.as_expr(v) for level, v in column.nbytes.items()}
@@ -214,6 +218,12 @@ class _Column:
         self.shown: dict[str, list] = {}
         self.values: dict = {}
         self.nbytes: dict = {}
+
+    def hold_bytes(self, level, nbytes: int, text: str):
+        """Shared memory that holds no array's values (a TMA plan's mbarriers): bytes only."""
+        self.shown.setdefault(level, []).append(text)
+        self.values.setdefault(level, 0)
+        self.nbytes[level] = self.nbytes.get(level, 0) + nbytes
 
     def hold(self, level, buffer, count, size, text=None):
         if text is None:

@@ -829,8 +829,17 @@ class SmemSlot:
         return self.stage_bytes * self.stages
 
 
+MBARRIER_BYTES = 16  # one mbarrier's slot at the arena's end (the object is 8 bytes; the emulation keeps 4 counters)
+
+
+def mbarrier_count(plan: TensorPlan) -> int:
+    """The mbarriers a TMA plan keeps after its tiles: one a stage of the ring, one a one-shot copy."""
+    return plan.stages + sum(1 for load in plan.tma if not load.streamed) if plan.tma else 0
+
+
 def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSlot], int]:
-    """Offsets of the plan's shared-memory tiles and the arena's size in bytes.
+    """Offsets of the plan's shared-memory tiles and the arena's size in bytes, a TMA plan's
+    mbarriers included (:func:`mbarrier_count` of them, at the end, 16-byte aligned).
 
     Swizzled tiles start on 128-byte boundaries: the swizzle permutes 16-byte units within
     128-byte lines, which are the banks' period only when the tile's base is one. A wgmma plan's
@@ -856,6 +865,8 @@ def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSl
             size *= tile[axis]
         slots[name] = SmemSlot(name, offset, size, 1, None, array.axes)
         offset += size
+    if plan.tma:
+        offset = -(-offset // MBARRIER_BYTES) * MBARRIER_BYTES + MBARRIER_BYTES * mbarrier_count(plan)
     return slots, offset
 
 

@@ -132,8 +132,6 @@ def test_the_paths_the_examples_take_on_the_profiles_sm_90a():
 @pytest.mark.parametrize("dialect", [CudaDialect, OpenCLDialect])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_90a"])
 def test_the_printers_print_the_selected_paths(case, dialect, arch):
-    from napkin_dsl.backends.wgmma import MBARRIER_BYTES
-
     program, _ = _program(case)
     selected = isel.select_program(program, arch)
     lowered = lower(program, dialect(), arch=arch, selected=selected)
@@ -142,11 +140,10 @@ def test_the_printers_print_the_selected_paths(case, dialect, arch):
         chosen = selected[launch.index]
         if chosen.plan is not None:
             assert kernel.block == chosen.plan.threads
-            # A TMA ring's mbarriers (one slot a stage, after the tiles on a 16-byte boundary) are
-            # the printer's, not the selection's layout (isel.smem_layout counts the tiles only).
-            ring = MBARRIER_BYTES * chosen.plan.stages if chosen.plan.tma else 0
-            tiles = -(-chosen.smem_bytes // MBARRIER_BYTES) * MBARRIER_BYTES if ring else chosen.smem_bytes
-            assert kernel.shared_bytes == tiles + ring
+            # the selection's layout is the printed arena, a TMA plan's mbarriers included
+            assert kernel.shared_bytes == chosen.smem_bytes
+            if chosen.plan.tma:
+                assert chosen.smem_bytes % isel.MBARRIER_BYTES == 0 and isel.mbarrier_count(chosen.plan) >= chosen.plan.stages
         else:
             assert kernel.block == isel.FMA_THREADS
             assert [line for line in kernel.paths if "fma (" in line] == [

@@ -70,13 +70,12 @@ printer inherits.
 
 from __future__ import annotations
 
-from ..isel import TensorPlan, TmaLoad
+from ..isel import MBARRIER_BYTES, TensorPlan, TmaLoad, mbarrier_count
 from ..layouts import MMA_N, WARPGROUP_THREADS, WGMMA_K, WGMMA_M, descriptor, p_to_a_registers
 from .driver import TiledTensorMap, tiled_tensor_map
 from .lowering import KernelSource, ident
 from .tensorcore import TensorPrinter
 
-MBARRIER_BYTES = 16  # one mbarrier's slot at the arena's end (the object is 8 bytes; the emulation keeps 4 counters)
 
 _CUDA_HEAD = r"""
 // ---- wgmma primitives (PTX ISA 9.7.15: wgmma.mma_async, wgmma.fence, commit_group, wait_group;
@@ -403,9 +402,9 @@ class WgmmaPrinter(TensorPrinter):
         self.ring = [name for name, load in self.tma.items() if load.streamed]
         self.once = {name: plan.stages + i for i, name in enumerate(n for n, load in self.tma.items() if not load.streamed)}
         self.awaiting: list[str] = []  # one-shot copies issued and not yet waited for
-        if self.tma:  # the mbarriers after the tiles, one a stage and one a one-shot copy
-            self.bars = -(-self.arena // MBARRIER_BYTES) * MBARRIER_BYTES
-            self.arena = self.bars + MBARRIER_BYTES * (plan.stages + len(self.once))
+        if self.tma:  # the mbarriers after the tiles, one a stage and one a one-shot copy (isel.smem_layout)
+            assert len(self.once) + plan.stages == mbarrier_count(plan), "napkin bug: the layout's mbarriers"
+            self.bars = self.arena - MBARRIER_BYTES * mbarrier_count(plan)
             self.maps = tensor_maps(plan, self.diagram, self.sizes)
 
     def print(self, entry: str) -> KernelSource:
