@@ -102,10 +102,19 @@ def test_the_key_launch_on_mma_sync_matches_the_reference_and_the_numpy_backend_
         assert np.abs(got - want).max() <= 4 * 2.0**-8 * np.abs(want).max(), name
 
 
+def attention_backward():
+    """examples/attention.napkin's backward as the model picks it at LONG: the forward adds L."""
+    (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
+    return kernel.grad(**LONG)
+
+
+@pytest.mark.parametrize("which", ["attention_lse", "attention"])
 @pytest.mark.parametrize("arch, hardware", [("sm_80", "A100"), ("sm_90", "H100")])
-def test_the_backward_compiles_with_hmma_no_spills_and_the_model_under_each_ceiling(arch, hardware):
+def test_the_backward_compiles_with_hmma_no_spills_and_the_model_under_each_ceiling(arch, hardware, which):
+    """Issue 24's done-when: the attention backward compiles for sm_80 and sm_90 with HMMA, LDSM and
+    LDGSTS in its hot loops, 0 spills and no local memory."""
     pytest.importorskip("cuda.bindings")
-    backward = forward().grad(key_stream=16)
+    backward = forward().grad(key_stream=16) if which == "attention_lse" else attention_backward()
     built = backward.compile(arch, hardware, **LONG)
     table = built.launch_table()
     assert [row["path"] for row in table] == ["fma", "mma.sync", "mma.sync"]
@@ -118,6 +127,7 @@ def test_the_backward_compiles_with_hmma_no_spills_and_the_model_under_each_ceil
     for launch in report["launches"][1:]:
         loop = hot_loop(launch)
         assert loop["classes"].get("tensor", 0) > 0, launch["entry"]
+        assert loop["classes"].get("ldsm", 0) > 0 and loop["classes"].get("ldgsts", 0) > 0, (launch["entry"], loop["classes"])
         assert launch["whole"].get("local", 0) == 0
         ceiling = launch["ceiling"]
         assert not ceiling["whole_function"], launch["entry"]  # the chunk loop is the hot loop
