@@ -87,7 +87,7 @@ def test_numpy_counts_equal_report_and_the_generated_kernel_matches():
     expected = evaluate(kernel.diagram, arrays, {}, sizes)["O"].astype(np.float64)
     assert np.max(np.abs(outputs["O"].astype(np.float64) - expected)) < 0.05
     compiled = kernel.compile("sm_90", q=1024, x=1024, d=128)
-    assert [row["shared_bytes"] for row in compiled.launch_table()] == smem_bytes_by_launch(compiled.program)
+    assert [row["shared_bytes"] for row in compiled.launch_table()] == smem_bytes_by_launch(compiled.program, "sm_90")
     assert all(row["spill_bytes"] == 0 for row in compiled.launch_table())
     if opencl.opencl_available():
         got = opencl.run(program, arrays, {})["O"].astype(np.float64)
