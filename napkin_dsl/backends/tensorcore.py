@@ -880,7 +880,10 @@ class TensorPrinter(KernelWriter):
         x = ident(axis)
         stages = self.plan.stages
         masked = node.mask is not None
-        if stages > 2 and streamed:
+        # A TMA ring (plan.tma) keeps the loop below at any stage count: the whole-group loop's
+        # untested refills and straight-line last chunks were validated for cp.async only (a
+        # 3-stage ring over a masked stream hung on PoCL with them: a wait with no fill).
+        if stages > 2 and streamed and not self.plan.tma:
             self.whole_groups(node, axis, streamed, lo, hi, stop)
             return
         self.emit(f"for (int c_{x} = {lo}; c_{x} < {hi}; c_{x} += {stages}) {{{'  // chunks the mask holds in full: no test' if masked else ''}")
