@@ -880,10 +880,11 @@ class TensorPrinter(KernelWriter):
         x = ident(axis)
         stages = self.plan.stages
         masked = node.mask is not None
-        # A TMA ring (plan.tma) keeps the loop below at any stage count: the whole-group loop's
-        # untested refills and straight-line last chunks were validated for cp.async only (a
-        # 3-stage ring over a masked stream hung on PoCL with them: a wait with no fill).
-        if stages > 2 and streamed and not self.plan.tma:
+        # A masked stream and a TMA ring (plan.tma) keep the loop below at any stage count: the
+        # whole-group loop's untested refills and straight-line last chunks are validated for an
+        # unmasked cp.async stream only (a 3-stage ring over a masked stream hung on PoCL with
+        # them: a wait with no fill; sliding_window's masked cp.async stream ran for minutes).
+        if stages > 2 and streamed and not self.plan.tma and not masked:
             self.whole_groups(node, axis, streamed, lo, hi, stop)
             return
         self.emit(f"for (int c_{x} = {lo}; c_{x} < {hi}; c_{x} += {stages}) {{{'  // chunks the mask holds in full: no test' if masked else ''}")
