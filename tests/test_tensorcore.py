@@ -467,8 +467,8 @@ def test_a_three_stage_stream_matches_the_reference_with_ragged_and_few_chunks(s
     to be read."""
     from .test_opencl import run_on_pocl
 
-    program, _ = run_on_pocl((EXAMPLES / "matmul.napkin").read_text(), "matmul", ["mma.sync"], **sizes)
-    assert isel.select_program(program)[0].plan.stages == 3
+    program, _ = run_on_pocl((EXAMPLES / "matmul.napkin").read_text(), "matmul", ["mma.sync"], arch=ARCH, **sizes)
+    assert isel.select_program(program, ARCH)[0].plan.stages == 3
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -523,7 +523,7 @@ def test_the_staged_passes_store_ragged_tails_masked(sizes, opencl_device):
     """The passes' rows past m and units past n are not stored; the rest match float64 on PoCL."""
     from .test_opencl import run_on_pocl
 
-    program, outputs = run_on_pocl((EXAMPLES / "matmul.napkin").read_text(), "matmul", ["mma.sync"], **sizes)
+    program, outputs = run_on_pocl((EXAMPLES / "matmul.napkin").read_text(), "matmul", ["mma.sync"], arch=ARCH, **sizes)
     from napkin_dsl.backends import opencl
-    assert "staged 32 rows at a time" in opencl.generate(program)[0]
+    assert "staged 32 rows at a time" in opencl.generate(program, arch=ARCH)[0]
     assert outputs["C"].shape == (sizes["m"], sizes["n"])
