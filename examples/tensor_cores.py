@@ -6,6 +6,8 @@ For each kernel it prints the instruction path instruction selection chose for e
 (the warp tiles, what lives in registers, the cp.async pipeline), the pseudocode's register
 level, the compiled kernel's registers and shared memory, the model's bound, and, where the
 nvdisasm wheel is installed (pip install 'napkin-dsl[sass]'), the hot loop's SASS mix.
+It builds for sm_90, the mma.sync path; the H100 profile's own arch, sm_90a, takes wgmma and TMA
+where instruction selection can (set ARCH below to "sm_90a" to see it).
 Try a relabelling: add `registers: group m 32, n 64` to MATMUL below and run it again.
 """
 
@@ -31,19 +33,20 @@ relabel matmul on H100:
 """
 
 
+ARCH = "sm_90"
 attention = napkin.load(ATTENTION)["attention"]
 matmul = napkin.load(MATMUL)["matmul"]
 
 
 def show(kernel, sizes: dict) -> None:
-    compiled = kernel.compile("sm_90", **sizes)
+    compiled = kernel.compile(ARCH, **sizes)
     print(f"== {kernel.name} at {' '.join(f'{k}={v}' for k, v in sizes.items())}")
     for row in compiled.launch_table():
         print(f"  {row['entry']}: {row['path']}, {row['registers']} registers, {row['shared_bytes']:,} B shared, "
               f"{row['block'][0]} threads, {row['spill_bytes']} B spilled")
         for line in row["statements"]:
             print(f"    {line}")
-    warps = [line.strip() for line in kernel.pseudocode(**sizes).splitlines() if "@registers" in line]
+    warps = [line.strip() for line in kernel.pseudocode(arch=ARCH, **sizes).splitlines() if "@registers" in line]
     print(f"  pseudocode: {warps[0] if warps else 'no register level (FMA path)'}")
     time = compiled.cost.time
     print(f"  model: {time['overlapped_s'] * 1e3:.3f} ms, {time['bound']}-bound, "

@@ -100,14 +100,16 @@ class Kernel:
             self._cache[key] = plan(self.diagram, self._target(hardware), self.relabel, check_sizes(sizes))
         return self._cache[key]
 
-    def pseudocode(self, format: str = "text", hardware: str | None = None, **sizes: int) -> str:
-        """The paper's looped pseudocode as text (``format="text"``) or a Markdown table of columns."""
+    def pseudocode(self, format: str = "text", hardware: str | None = None, arch: str | None = None,
+                   **sizes: int) -> str:
+        """The paper's looped pseudocode as text (``format="text"``) or a Markdown table of columns,
+        with the register level of the code built for ``arch`` (default: the profile's own)."""
         from .cost import columns
         from .isel import select_program, thread_line, warp_line
         from .pseudocode import render_markdown, render_text
 
         program = self.program(hardware, **sizes)
-        selected = select_program(program)
+        selected = select_program(program, arch)
         if format == "markdown":
             return render_markdown(program, columns(program, selected))
         if format == "text":

@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from ..errors import NapkinError
+from ..isel import STAGES, select_program
 from ..pseudocode import Program
 from ..types import numpy_dtype
 from .lowering import OpenCLDialect, global_arrays, global_sizes, scalar_ctype
@@ -64,11 +65,20 @@ def opencl_available() -> bool:
         return False
 
 
-def generate(program: Program, report=None, arch: str | None = None) -> tuple[str, list]:
+def generate(program: Program, report=None, arch: str | None = None, stages: int | None = None) -> tuple[str, list]:
     """OpenCL C of ``program`` with the instruction paths isel picks for ``arch`` (default: the
-    profile's): ``sm_90a`` prints the wgmma lowering, wgmma emulated (``backends/wgmma.py``)."""
-    lowered = lower(program, OpenCLDialect(), report, arch=arch)
+    profile's): ``sm_90a`` prints the wgmma lowering, wgmma emulated (``backends/wgmma.py``).
+    ``stages`` sets the cp.async stages of every streamed mma.sync launch (``isel.stage_count``)."""
+    selected = select_program(program, arch, stages=stages) if stages is not None else None
+    lowered = lower(program, OpenCLDialect(), report, arch=arch, selected=selected)
     return lowered.source, lowered.kernels
+
+
+def _over_local_memory(built: dict, kernels: list, device) -> bool:
+    import pyopencl as cl
+
+    return any(built[k.entry].get_work_group_info(cl.kernel_work_group_info.LOCAL_MEM_SIZE, device)
+               > device.local_mem_size for k in kernels)
 
 
 @functools.lru_cache(maxsize=64)
@@ -105,8 +115,14 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
     import pyopencl as cl
 
     ctx, queue = context()
+    device = queue.device
     source, kernels = generate(program, arch=arch)
     built = _built(source)
+    if any(k.stages > STAGES for k in kernels) and _over_local_memory(built, kernels, device):
+        # The stages past two are the profile's GPU's latency cover, chosen for its shared memory;
+        # a device with less local memory (oclgrind: 32 KiB) runs the same Program double-buffered.
+        source, kernels = generate(program, arch=arch, stages=STAGES)
+        built = _built(source)
     diagram = program.diagram
     sizes = global_sizes(program)  # with a split's part axes (x#)
     arrays = global_arrays(program)  # with a split's part arrays, which the parts launch saves
@@ -133,7 +149,6 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
             buffers[name] = cl.Buffer(ctx, flags.READ_WRITE, size=max(hosts[name].nbytes, 1))
         return buffers[name]
 
-    device = queue.device
     for k in kernels:
         check_fits(built[k.entry], k, device)
     for k in kernels:
