@@ -374,7 +374,10 @@ class _KernelChecker:
                     holder.span or stmt.span, f"reduce it explicitly: sum[{axis}](...), max[{axis}](...), or add {axis!r} to the target",
                 )
                 return None
-            operands = [f for f in factors if isinstance(f, Read)]
+            # A factor over output axes alone (a per-head scale sV[b h], a per-block sQ) reduces
+            # nothing: it leaves the product and scales its result, like a number does (FA3's
+            # descale of O after P V), so the product keeps the two operands an mma takes.
+            operands = [f for f in factors if isinstance(f, Read) and any(a in missing for a in f.axes)]
             ok = True
             for axis in missing:
                 holders = [r for r in operands if axis in r.axes]
@@ -407,7 +410,8 @@ class _KernelChecker:
                     stmt.span, "a contraction's result has only axes of its operands",
                 )
                 return None
-            scalars = [f for f in factors if not isinstance(f, Read)]
+            scalars = [f for f in factors if not isinstance(f, Read)] + [
+                f for f in factors if isinstance(f, Read) and not any(a in missing for a in f.axes)]
             scale = None
             for factor in scalars:
                 scale = factor if scale is None else Apply("mul", (scale, factor))

@@ -55,6 +55,7 @@ from .diagram import (
     accumulation_dtype,
     count_operations,
     format_expression,
+    reads,
     size_text,
 )
 from .relabel import Launch, Partition, Schedule, bind, part_axis, smaller, split_of, trips
@@ -507,6 +508,10 @@ class _LaunchElaborator:
         return []  # lse: read off the merged softmax state when it is finalised
 
     def operand_refs(self, statement: Statement, level: str):
+        """What a statement's computing step reads: its inputs; for a contraction, the operands of
+        its product alone (the arrays of its factor are read by its ``scale`` step)."""
+        if isinstance(statement.box, Contract):
+            return tuple((level, name) for name in dict.fromkeys(r.array for r in statement.box.operands))
         return tuple((level, name) for name in statement.inputs)
 
     def compute(self, s: Statement, level: str, op: str = "compute") -> Step:
@@ -663,7 +668,9 @@ def step_work(s: Statement, work: tuple, step: str) -> dict:
 
 
 def _expand_contract_scales(body: tuple, elaborator: _LaunchElaborator) -> tuple:
-    """Contractions with a scalar factor get an explicit ``scale`` step on their output."""
+    """Contractions with a factor get an explicit ``scale`` step on their output: a number
+    (``S *= 1/sqrt(d)``), or arrays over the output's axes alone (``O *= sV[b h]``, FA3's descale
+    after the product), which the step reads where the launch holds them."""
     out = []
     for node in body:
         if isinstance(node, Loop):
@@ -675,7 +682,8 @@ def _expand_contract_scales(body: tuple, elaborator: _LaunchElaborator) -> tuple
         # applies once to the finalised output.
         if node.op in ("compute", "finalise") and s is not None and isinstance(s.box, Contract) and s.box.scale is not None:
             ref = (node.level, s.target)
-            out.append(Step("compute", node.level, s.axes, (ref,), (ref,), s.target, dtype=node.dtype,
+            factors = tuple((node.level, name) for name in dict.fromkeys(r.array for r in reads(s.box.scale)))
+            out.append(Step("compute", node.level, s.axes, (ref,) + factors, (ref,), s.target, dtype=node.dtype,
                             statement=s, text=f"{s.target} *= {_scale_text(s)}", **step_work(s, box_kind(s.box).flops(s.box), "scale")))
     return tuple(out)
 
