@@ -301,8 +301,12 @@ class _LaunchElaborator:
         post = [s for s in self.launch.statements if roles[s.index] == "post"]
         merged = [s for s in self.launch.statements if roles[s.index] in ("accumulate", "rescaled", "online", "lse")]
         late = {s.target for s in post + merged}
-        read_late = {n for s in post for n in s.inputs}
-        read_early = {n for s in self.launch.statements if s not in post for n in s.inputs}
+        # A merged contraction's factor (sV[b h] in O = P * V * sV) scales the finalised output,
+        # which the combine computes: the combine reads it, the parts do not.
+        factors = {s.index: _factor_arrays(s) for s in merged}
+        read_late = {n for s in post for n in s.inputs} | {n for names in factors.values() for n in names}
+        read_early = {n for s in self.launch.statements if s not in post for n in s.inputs
+                      if n not in factors.get(s.index, ()) or n in _product_arrays(s)}
         if self.combine:
             self.inputs = list(self.extra) + [n for n in self.launch.inputs if n in read_late]
             self.outputs = [n for n in self.launch.outputs if n in late]
@@ -389,8 +393,8 @@ class _LaunchElaborator:
 
         chunk_resident: set[str] = set()  # chunks loaded in this iteration of the stream loop
 
-        def load_inputs(statement: Statement, into: list, carrying: str | None = None, hoist_only=False):
-            for name in statement.inputs:
+        def load_inputs(statement: Statement, into: list, carrying: str | None = None, hoist_only=False, names=None):
+            for name in statement.inputs if names is None else names:
                 if name in resident or name in chunk_resident or name not in self.inputs:
                     continue
                 has_axis = carrying is not None and carrying in self.diagram.arrays[name].axes
@@ -469,6 +473,7 @@ class _LaunchElaborator:
         tile = self.schedule.extent(part, level)
         steps.append(Loop("stream", level, part, tile, trips(self.schedule.extent(part, parent), tile), tuple(loop_body)))
         for s in merged:
+            load_inputs(s, steps, names=_factor_arrays(s))  # what its scale step reads after the finalise
             steps += self.finalise(s, roles[s.index], level, axis)
             save_if_output(s.target, steps)
         for s in by_role("post"):
@@ -626,6 +631,20 @@ class _LaunchElaborator:
         relabel.stream_roles made (StreamRoles.sources)."""
         index = self.launch.streams[0].sources[s.index]
         return next(p for p in self.launch.statements if p.index == index)
+
+
+def _factor_arrays(s: Statement) -> tuple[str, ...]:
+    """The arrays a contraction's factor reads (its scale step's), none for any other box."""
+    if not isinstance(s.box, Contract) or s.box.scale is None:
+        return ()
+    return tuple(dict.fromkeys(r.array for r in reads(s.box.scale)))
+
+
+def _product_arrays(s: Statement) -> tuple[str, ...]:
+    """The arrays a contraction's product reads (its operands), every input for any other box."""
+    if not isinstance(s.box, Contract):
+        return tuple(s.inputs)
+    return tuple(dict.fromkeys(r.array for r in s.box.operands))
 
 
 def _box_text(s: Statement) -> str:

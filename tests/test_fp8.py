@@ -217,6 +217,35 @@ def test_a_post_scale_is_counted_by_the_model_and_the_numpy_backend_alike():
     assert result["ok"] and not result["count_differences"], result
 
 
+def test_a_split_applies_the_post_scale_in_its_combine_launch(opencl_device):
+    """Split-x decode with V per kv head: the parts save O's unscaled partial sums (they neither
+    load nor read sV), the combine loads sV and scales the merged output; the NumPy backend counts
+    what the model prices, and PoCL matches the reference for the parts on tensor cores."""
+    from napkin_dsl import isel
+    from napkin_dsl.backends import opencl
+    from napkin_dsl.reference import evaluate
+
+    from .conftest import assert_matches_reference
+    from .test_opencl import random_inputs
+
+    text = ((EXAMPLES / "decode.napkin").read_text().replace("V: bf16[b kv x d])", "V: bf16[b kv x d], sV: f32[b kv])")
+            .replace("O[b kv r d] = P * V", "O[b kv r d] = P * V * sV"))
+    (kernel,) = napkin.load(text).values()
+    sizes = dict(b=1, kv=2, r=16, x=3000, d=64)
+    program = kernel.gpu_program(None, **sizes)
+    parts, combine = program.launches
+    assert combine.combine == "x"
+    assert not any(step.array == "sV" or ("smem", "sV") in step.reads for step, _ in walk(parts.body))
+    texts = [step.text for step, _ in walk(combine.body)]
+    assert texts.index("load sV[b kv] l2 -> smem") < texts.index("O = O.acc / P.sum") < texts.index("O *= sV[b kv]")
+    assert isel.select_program(program, "sm_90").paths[0] == "mma.sync"
+    result = check_run(kernel, sizes=sizes, seed=6)
+    assert result["ok"] and not result["count_differences"], result
+    inputs, scalars = random_inputs(kernel.diagram, sizes, 0)
+    outputs = opencl.run(program, inputs, scalars, arch="sm_90")
+    assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "decode")
+
+
 def test_a_per_key_v_scale_keeps_three_operands_and_selection_names_them():
     """On sm_90 the per-key form has no tensor-core plan: its product contracts three operands."""
     from napkin_dsl import isel

@@ -601,8 +601,9 @@ class Interpreter:
         return product
 
     def operands(self, s: Statement, level: str, dtype: np.dtype) -> Callable[[], dict]:
-        """A function returning the statement's input tiles in the compute dtype, by name."""
-        names = s.inputs
+        """A function returning the statement's input tiles in the compute dtype, by name (a
+        contraction's operands: its factor's arrays are its scale step's, :meth:`scale_step`)."""
+        names = tuple(dict.fromkeys(r.array for r in s.box.operands)) if isinstance(s.box, Contract) else s.inputs
         values = self.values[level]
 
         def operands():
