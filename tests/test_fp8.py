@@ -217,6 +217,17 @@ def test_a_post_scale_is_counted_by_the_model_and_the_numpy_backend_alike():
     assert result["ok"] and not result["count_differences"], result
 
 
+def test_a_factor_stays_an_operand_where_the_others_lack_an_axis_of_the_target():
+    """C[i] = 2 X[j] Y[j] A[i] (the fuzzer's case): without A the product would have no i, so A
+    stays an operand, and the run matches the reference with the model's counts."""
+    text = "kernel k(A: f32[i], X: f32[j], Y: f32[j]) -> C: f32[i]:\n    C[i] = 2 * X * Y * A\n"
+    (kernel,) = napkin.load(text).values()
+    (statement,) = kernel.diagram.statements
+    assert [r.array for r in statement.box.operands] == ["X", "Y", "A"] and not reads(statement.box.scale)
+    result = check_run(kernel, sizes=dict(i=3, j=5), seed=1)
+    assert result["ok"] and not result["count_differences"], result
+
+
 def test_a_split_applies_the_post_scale_in_its_combine_launch(opencl_device):
     """Split-x decode with V per kv head: the parts save O's unscaled partial sums (they neither
     load nor read sV), the combine loads sV and scales the merged output; the NumPy backend counts
