@@ -204,59 +204,6 @@ def test_a_scale_over_the_outputs_axes_leaves_the_product_as_a_step_of_its_own()
     assert [r.array for r in o.box.operands] == ["P", "V", "sV"] and o.box.scale is None
 
 
-def test_a_post_scale_is_counted_by_the_model_and_the_numpy_backend_alike():
-    """C = A B s / 2 with s[m]: per output one multiplication onto C and one inside the factor
-    (s * 1/2 on an array), in the model's FLOPs and the NumPy backend's count, and the run within
-    tolerance of the reference; the product's own FLOPs stay 2 per multiply-add."""
-    text = "kernel scaled(A: f32[m k], B: f32[k n], s: f32[m]) -> C: f32[m n]:\n    C[m n] = A * B * s / 2\n"
-    (kernel,) = napkin.load(text).values()
-    sizes = dict(m=7, n=5, k=9)
-    flops = kernel.diagram.statements[0].flops
-    assert {unit: int(n.subs(sizes)) for unit, n in flops.items()} == {"tensor": 2 * 7 * 5 * 9, "fma": 2 * 7 * 5}
-    result = check_run(kernel, sizes=sizes, seed=4)
-    assert result["ok"] and not result["count_differences"], result
-
-
-def test_a_factor_stays_an_operand_where_the_others_lack_an_axis_of_the_target():
-    """C[i] = 2 X[j] Y[j] A[i] (the fuzzer's case): without A the product would have no i, so A
-    stays an operand, and the run matches the reference with the model's counts."""
-    text = "kernel k(A: f32[i], X: f32[j], Y: f32[j]) -> C: f32[i]:\n    C[i] = 2 * X * Y * A\n"
-    (kernel,) = napkin.load(text).values()
-    (statement,) = kernel.diagram.statements
-    assert [r.array for r in statement.box.operands] == ["X", "Y", "A"] and not reads(statement.box.scale)
-    result = check_run(kernel, sizes=dict(i=3, j=5), seed=1)
-    assert result["ok"] and not result["count_differences"], result
-
-
-def test_a_split_applies_the_post_scale_in_its_combine_launch(opencl_device):
-    """Split-x decode with V per kv head: the parts save O's unscaled partial sums (they neither
-    load nor read sV), the combine loads sV and scales the merged output; the NumPy backend counts
-    what the model prices, and PoCL matches the reference for the parts on tensor cores."""
-    from napkin_dsl import isel
-    from napkin_dsl.backends import opencl
-    from napkin_dsl.reference import evaluate
-
-    from .conftest import assert_matches_reference
-    from .test_opencl import random_inputs
-
-    text = ((EXAMPLES / "decode.napkin").read_text().replace("V: bf16[b kv x d])", "V: bf16[b kv x d], sV: f32[b kv])")
-            .replace("O[b kv r d] = P * V", "O[b kv r d] = P * V * sV"))
-    (kernel,) = napkin.load(text).values()
-    sizes = dict(b=1, kv=2, r=16, x=3000, d=64)
-    program = kernel.gpu_program(None, **sizes)
-    parts, combine = program.launches
-    assert combine.combine == "x"
-    assert not any(step.array == "sV" or ("smem", "sV") in step.reads for step, _ in walk(parts.body))
-    texts = [step.text for step, _ in walk(combine.body)]
-    assert texts.index("load sV[b kv] l2 -> smem") < texts.index("O = O.acc / P.sum") < texts.index("O *= sV[b kv]")
-    assert isel.select_program(program, "sm_90").paths[0] == "mma.sync"
-    result = check_run(kernel, sizes=sizes, seed=6)
-    assert result["ok"] and not result["count_differences"], result
-    inputs, scalars = random_inputs(kernel.diagram, sizes, 0)
-    outputs = opencl.run(program, inputs, scalars, arch="sm_90")
-    assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "decode")
-
-
 def test_a_per_key_v_scale_keeps_three_operands_and_selection_names_them():
     """On sm_90 the per-key form has no tensor-core plan: its product contracts three operands."""
     from napkin_dsl import isel
