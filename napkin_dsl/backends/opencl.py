@@ -74,13 +74,6 @@ def generate(program: Program, report=None, arch: str | None = None, stages: int
     return lowered.source, lowered.kernels
 
 
-def _over_local_memory(built: dict, kernels: list, device) -> bool:
-    import pyopencl as cl
-
-    return any(built[k.entry].get_work_group_info(cl.kernel_work_group_info.LOCAL_MEM_SIZE, device)
-               > device.local_mem_size for k in kernels)
-
-
 @functools.lru_cache(maxsize=64)
 def _built(source: str):
     """The built program and its kernels by entry name (a kernel object is made once)."""
@@ -91,6 +84,13 @@ def _built(source: str):
     return {kernel.function_name: kernel for kernel in program.all_kernels()}
 
 
+def local_memory(kernel, device) -> int:
+    """The bytes of local memory a built kernel needs on ``device`` (arena and static arrays)."""
+    import pyopencl as cl
+
+    return kernel.get_work_group_info(cl.kernel_work_group_info.LOCAL_MEM_SIZE, device)
+
+
 def check_fits(kernel, k, device) -> None:
     """A launch the device cannot hold is a napkin error before anything runs: its local memory
     (the arena, static __local arrays) over the device's, or a work-group over the kernel's limit.
@@ -98,7 +98,7 @@ def check_fits(kernel, k, device) -> None:
     import pyopencl as cl
 
     info = cl.kernel_work_group_info
-    local = kernel.get_work_group_info(info.LOCAL_MEM_SIZE, device)
+    local = local_memory(kernel, device)
     if local > device.local_mem_size:
         raise NapkinError(f"{k.entry} needs {local:,} bytes of local memory; the OpenCL device {device.name.strip()!r} "
                           f"has {device.local_mem_size:,}",
@@ -118,7 +118,8 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
     device = queue.device
     source, kernels = generate(program, arch=arch)
     built = _built(source)
-    if any(k.stages > STAGES for k in kernels) and _over_local_memory(built, kernels, device):
+    if any(k.stages > STAGES for k in kernels) and any(local_memory(built[k.entry], device) > device.local_mem_size
+                                                         for k in kernels):
         # The stages past two are the profile's GPU's latency cover, chosen for its shared memory;
         # a device with less local memory (oclgrind: 32 KiB) runs the same Program double-buffered.
         source, kernels = generate(program, arch=arch, stages=STAGES)
