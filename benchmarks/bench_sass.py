@@ -5,7 +5,8 @@
 Compiles, with NVRTC and no GPU, examples/attention.napkin at b=4 h=32 q=x=8192 d=128 (its
 relabel block: group q 128, stream x 64), gqa.napkin (b=4 kv=8 r=4) and causal_attention.napkin
 at the same sizes, examples/matmul.napkin and examples/fp8_matmul.napkin at m=n=k=8192 (group m
-128, n 128, stream k 32 and 64), for sm_90a, sm_90 and sm_80, disassembles each cubin with nvdisasm
+128, n 128, stream k 32 and 64), examples/fp8_attention.napkin at b=4 h=32 qb=64 qi=128 x=8192,
+d=128 and d=64, for sm_90a, sm_90 and sm_80, disassembles each cubin with nvdisasm
 (``napkin_dsl.backends.sass``) and prints one row per launch: the hot loop's instructions, its
 tensor-core instructions and instructions per tensor instruction ('-' without any), its FFMAs,
 LDSMs and async copies (LDGSTS and UTMALDG), and, for the whole kernel, its UTMALDG (TMA) and
@@ -39,6 +40,11 @@ CASES = [
     ("matmul", "matmul.napkin", "matmul", {"m": 8192, "n": 8192, "k": 8192}),
     # mma.sync m16n8k32 e4m3 on sm_90 (ptxas: F2FP.F16.E4M3 + two HMMA.16816 each), FMA on sm_80
     ("fp8 matmul", "fp8_matmul.napkin", "fp8_matmul", {"m": 8192, "n": 8192, "k": 8192}),
+    # FA3's form (O = P * V * sV, sV per head): both products on m16n8k32 with P packed to e4m3;
+    # at d = 128 sm_90 declines it (its f16 conversions would spill: isel.CONVERTED_FP8_REGISTERS)
+    # and the row is the FMA path's; d = 64 is the tensor-core build there
+    ("fp8 attention", "fp8_attention.napkin", "fp8_attention", {"b": 4, "h": 32, "qb": 64, "qi": 128, "x": 8192, "d": 128}),
+    ("fp8 attention d64", "fp8_attention.napkin", "fp8_attention", {"b": 4, "h": 32, "qb": 64, "qi": 128, "x": 8192, "d": 64}),
 ]
 ARCHES = ("sm_90a", "sm_90", "sm_80")  # sm_90a: wgmma (matmul by descriptor and TMA, attention with P from registers)
 GPU = {"sm_80": "A100", "sm_90": "H100", "sm_90a": "H100"}  # the profile each arch is priced on

@@ -154,13 +154,17 @@ class ContractKind(BoxKind):
     name = "contract"
 
     def flops(self, box) -> tuple[Work, ...]:
-        # A k-contraction costs 2k per output: 2 per element of the iteration space. A scalar
-        # factor is one multiplication per output, a step of its own.
+        # A k-contraction costs 2k per output: 2 per element of the iteration space. Its factor
+        # is a step of its own, per output: one multiplication, and the factor's own operations
+        # where it multiplies arrays (sV[b h] * d^-0.5: 2; a number alone is folded).
         return (_work("compute", "elements", tensor=2),) + self.scale(box)
 
     @staticmethod
     def scale(box) -> tuple[Work, ...]:
-        return (_work("scale", "outputs", fma=1),) if box.scale is not None else ()
+        if box.scale is None:
+            return ()
+        own = count_operations(box.scale)
+        return (_work("scale", "outputs", fma=1 + own["fma"], special=own["special"]),)
 
     def streamed(self, box, role: str) -> tuple[Work, ...]:
         product = _work("accumulate", "elements", tensor=2)

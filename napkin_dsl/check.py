@@ -374,11 +374,12 @@ class _KernelChecker:
                     holder.span or stmt.span, f"reduce it explicitly: sum[{axis}](...), max[{axis}](...), or add {axis!r} to the target",
                 )
                 return None
-            operands = [f for f in factors if isinstance(f, Read)]
+            arrays = [f for f in factors if isinstance(f, Read)]
+            operands = _product_operands(arrays, missing, target_axes)
             ok = True
             for axis in missing:
                 holders = [r for r in operands if axis in r.axes]
-                scaled = [r for r in operands if self.arrays[r.array].dtype in FP8_DTYPES and axis not in r.axes]
+                scaled = [r for r in arrays if self.arrays[r.array].dtype in FP8_DTYPES and axis not in r.axes]
                 if len(holders) < 2 and scaled and self.arrays[holders[0].array].dtype not in FP8_DTYPES:
                     # A scale read beside a quantized array it does not fit: say so, not "contraction".
                     scale, data = holders[0], scaled[0]
@@ -407,7 +408,8 @@ class _KernelChecker:
                     stmt.span, "a contraction's result has only axes of its operands",
                 )
                 return None
-            scalars = [f for f in factors if not isinstance(f, Read)]
+            kept = {id(r) for r in operands}
+            scalars = [f for f in factors if not isinstance(f, Read)] + [r for r in arrays if id(r) not in kept]
             scale = None
             for factor in scalars:
                 scale = factor if scale is None else Apply("mul", (scale, factor))
@@ -811,6 +813,22 @@ def power_in_range(base, exponent) -> bool:
         return abs(float(exponent) * math.log10(abs(float(base)))) <= 300
     except (OverflowError, TypeError, ValueError):
         return False
+
+
+def _product_operands(arrays: list, missing, target_axes) -> list:
+    """The reads of a contracting product that stay its operands. A factor over the target's axes
+    alone (a per-head scale sV[b h], a per-block sQ) reduces nothing: it leaves the product and
+    scales its result, as a number does (FA3's descale of O after P V), so the product keeps the
+    two operands an mma takes; unless the others would then lack an axis of the target
+    (C[i] = X[j] * Y[j] * A[i]: the product's result keeps the target's axes)."""
+    operands = list(arrays)
+    for factor in reversed(arrays):
+        if any(a in missing for a in factor.axes):
+            continue
+        rest = [r for r in operands if r is not factor]
+        if set(target_axes) <= {a for r in rest for a in r.axes}:
+            operands = rest
+    return operands
 
 
 def _product_factors(expr):

@@ -269,8 +269,10 @@ def vector_reads(program: Program, step: Step, plan, loaded: frozenset) -> tuple
     """The plain shared tiles an elementwise step of a tensor-core launch reads (each counted
     once a fragment element: :func:`register_vector_reads`, and the NumPy backend's count)."""
     level = program.schedule.compute_level
-    if step.op != "compute" or step.statement is None or step.statement.target in plan.mmas:
+    if step.op != "compute" or step.statement is None:
         return ()
+    if step.statement.target in plan.mmas and (step.level, step.statement.target) not in step.reads:
+        return ()  # the product itself (ldmatrix's counts); its scale step reads its factor's tiles here
     return tuple(dict.fromkeys(name for lv, name in step.reads
                                if lv == level and name in loaded and name not in plan.operands))
 

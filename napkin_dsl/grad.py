@@ -386,10 +386,16 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
             g_operand = f"({value} * ({g} - {d_name}[{' '.join(kept)}]))"
             add_leaves(_expression_partials(box.operand, g_operand, s.axes), s.axes)
         elif isinstance(box, Contract):
-            for i, operand in enumerate(box.operands):
+            # The product's operands, then its factor's arrays (a scale over the output's axes,
+            # sV[b h] in O = P * V * sV): each one's cotangent is the product of all the others.
+            scale = _product_terms(box.scale) if box.scale is not None else []
+            scale_reads = [f for f in scale if isinstance(f, Read)]
+            numbers = [notation(f) for f in scale if not isinstance(f, Read)]
+            members = list(box.operands) + scale_reads
+            for i, operand in enumerate(members):
                 if diagram.arrays[operand.array].dtype in INTEGER_DTYPES:
                     continue
-                factors = [(g, s.axes)] + [(notation(o), o.axes) for j, o in enumerate(box.operands) if j != i]
+                factors = [(g, s.axes)] + [(notation(o), o.axes) for j, o in enumerate(members) if j != i]
                 # An axis summed away that only one factor carries is summed on that factor first
                 # (a contraction joins two wires: it cannot cap a wire that only one array has).
                 for k, (text, axes) in enumerate(factors):
@@ -400,9 +406,7 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
                         reduced = fresh("t")
                         lines.append(f"{reduced}[{' '.join(kept_axes)}] = sum[{' '.join(lonely)}]({text})")
                         factors[k] = (f"{reduced}[{' '.join(kept_axes)}]", tuple(kept_axes))
-                others = [text for text, _ in factors]
-                if box.scale is not None:
-                    others.append(notation(box.scale))
+                others = [text for text, _ in factors] + numbers
                 add(operand.array, "contract", " * ".join(others))
         else:  # pragma: no cover - refused above
             raise AssertionError(box)
@@ -774,6 +778,13 @@ def _scalar_leaves(statements):
         for e in exprs:
             found += _leaves_of(e)
     return found
+
+
+def _product_terms(expr) -> list:
+    """The factors of a product tree (a contraction's scale: numbers and arrays multiplied)."""
+    if isinstance(expr, Apply) and expr.fn == "mul":
+        return [term for a in expr.args for term in _product_terms(a)]
+    return [expr]
 
 
 def _leaves_of(expr):

@@ -470,7 +470,11 @@ def _contraction_axes(site: _Site, s, row: str):
     """(A, B, k, n) of contraction ``s`` as ``out[row, n] = A[row, k] B[k, n]``, or a refusal."""
     reads_ = s.box.operands
     if len(reads_) != 2:
-        raise _Refuse(f"{s.target} contracts {len(reads_)} operands; mma takes two")
+        # A factor over the output's axes alone has left the product already (a post-scale,
+        # check.py): each one left carries a contracted axis, so none can be applied after it.
+        held = ", ".join(f"{r.array}[{' '.join(r.axes)}]" for r in reads_)
+        raise _Refuse(f"{s.target} contracts {len(reads_)} operands, each over a contracted axis ({held}); mma takes two "
+                      f"(a factor leaves the product, to scale its result, only where its axes are all axes of {s.target})")
     contracted = site.wide(s.box.contracted)
     if len(contracted) != 1:
         raise _Refuse(f"{s.target} contracts {len(contracted)} tiled axes; mma contracts one")

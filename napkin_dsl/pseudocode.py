@@ -55,6 +55,7 @@ from .diagram import (
     accumulation_dtype,
     count_operations,
     format_expression,
+    reads,
     size_text,
 )
 from .relabel import Launch, Partition, Schedule, bind, part_axis, smaller, split_of, trips
@@ -300,8 +301,12 @@ class _LaunchElaborator:
         post = [s for s in self.launch.statements if roles[s.index] == "post"]
         merged = [s for s in self.launch.statements if roles[s.index] in ("accumulate", "rescaled", "online", "lse")]
         late = {s.target for s in post + merged}
-        read_late = {n for s in post for n in s.inputs}
-        read_early = {n for s in self.launch.statements if s not in post for n in s.inputs}
+        # A merged contraction's factor (sV[b h] in O = P * V * sV) scales the finalised output,
+        # which the combine computes: the combine reads it, the parts do not.
+        factors = {s.index: _factor_arrays(s) for s in merged}
+        read_late = {n for s in post for n in s.inputs} | {n for names in factors.values() for n in names}
+        read_early = {n for s in self.launch.statements if s not in post for n in s.inputs
+                      if n not in factors.get(s.index, ()) or n in _product_arrays(s)}
         if self.combine:
             self.inputs = list(self.extra) + [n for n in self.launch.inputs if n in read_late]
             self.outputs = [n for n in self.launch.outputs if n in late]
@@ -388,8 +393,8 @@ class _LaunchElaborator:
 
         chunk_resident: set[str] = set()  # chunks loaded in this iteration of the stream loop
 
-        def load_inputs(statement: Statement, into: list, carrying: str | None = None, hoist_only=False):
-            for name in statement.inputs:
+        def load_inputs(statement: Statement, into: list, carrying: str | None = None, hoist_only=False, names=None):
+            for name in statement.inputs if names is None else names:
                 if name in resident or name in chunk_resident or name not in self.inputs:
                     continue
                 has_axis = carrying is not None and carrying in self.diagram.arrays[name].axes
@@ -468,6 +473,7 @@ class _LaunchElaborator:
         tile = self.schedule.extent(part, level)
         steps.append(Loop("stream", level, part, tile, trips(self.schedule.extent(part, parent), tile), tuple(loop_body)))
         for s in merged:
+            load_inputs(s, steps, names=_factor_arrays(s))  # what its scale step reads after the finalise
             steps += self.finalise(s, roles[s.index], level, axis)
             save_if_output(s.target, steps)
         for s in by_role("post"):
@@ -507,6 +513,10 @@ class _LaunchElaborator:
         return []  # lse: read off the merged softmax state when it is finalised
 
     def operand_refs(self, statement: Statement, level: str):
+        """What a statement's computing step reads: its inputs; for a contraction, the operands of
+        its product alone (the arrays of its factor are read by its ``scale`` step)."""
+        if isinstance(statement.box, Contract):
+            return tuple((level, name) for name in dict.fromkeys(r.array for r in statement.box.operands))
         return tuple((level, name) for name in statement.inputs)
 
     def compute(self, s: Statement, level: str, op: str = "compute") -> Step:
@@ -623,6 +633,20 @@ class _LaunchElaborator:
         return next(p for p in self.launch.statements if p.index == index)
 
 
+def _factor_arrays(s: Statement) -> tuple[str, ...]:
+    """The arrays a contraction's factor reads (its scale step's), none for any other box."""
+    if not isinstance(s.box, Contract) or s.box.scale is None:
+        return ()
+    return tuple(dict.fromkeys(r.array for r in reads(s.box.scale)))
+
+
+def _product_arrays(s: Statement) -> tuple[str, ...]:
+    """The arrays a contraction's product reads (its operands), every input for any other box."""
+    if not isinstance(s.box, Contract):
+        return tuple(s.inputs)
+    return tuple(dict.fromkeys(r.array for r in s.box.operands))
+
+
 def _box_text(s: Statement) -> str:
     """A statement's box without a contraction's scalar factor (that is a step of its own)."""
     if isinstance(s.box, Contract):
@@ -663,7 +687,9 @@ def step_work(s: Statement, work: tuple, step: str) -> dict:
 
 
 def _expand_contract_scales(body: tuple, elaborator: _LaunchElaborator) -> tuple:
-    """Contractions with a scalar factor get an explicit ``scale`` step on their output."""
+    """Contractions with a factor get an explicit ``scale`` step on their output: a number
+    (``S *= 1/sqrt(d)``), or arrays over the output's axes alone (``O *= sV[b h]``, FA3's descale
+    after the product), which the step reads where the launch holds them."""
     out = []
     for node in body:
         if isinstance(node, Loop):
@@ -675,7 +701,8 @@ def _expand_contract_scales(body: tuple, elaborator: _LaunchElaborator) -> tuple
         # applies once to the finalised output.
         if node.op in ("compute", "finalise") and s is not None and isinstance(s.box, Contract) and s.box.scale is not None:
             ref = (node.level, s.target)
-            out.append(Step("compute", node.level, s.axes, (ref,), (ref,), s.target, dtype=node.dtype,
+            factors = tuple((node.level, name) for name in dict.fromkeys(r.array for r in reads(s.box.scale)))
+            out.append(Step("compute", node.level, s.axes, (ref,) + factors, (ref,), s.target, dtype=node.dtype,
                             statement=s, text=f"{s.target} *= {_scale_text(s)}", **step_work(s, box_kind(s.box).flops(s.box), "scale")))
     return tuple(out)
 

@@ -1334,7 +1334,8 @@ class _Bounds:
                 length = math.prod(self.sizes[a] for a in box.contracted)
                 e = e + (length + len(box.operands)) * u * absolute
                 if box.scale is not None:
-                    scale, scale_error = self.expression(box.scale, (), u)
+                    # a number, or arrays over the output's axes (a post-scale such as sV[b h])
+                    scale, scale_error = self.expression(box.scale, s.axes, u)
                     e = np.abs(scale) * e + np.abs(v) * scale_error + u * np.abs(v * scale)
                     v = v * scale
             elif isinstance(box, Reduce):

@@ -16,6 +16,8 @@ import pytest
 
 import napkin_dsl as napkin
 from napkin_dsl.backends.numpy import check_run, tolerance
+from napkin_dsl.diagram import reads
+from napkin_dsl.pseudocode import walk
 from napkin_dsl.reference import convert, reference
 from napkin_dsl.types import numpy_dtype
 
@@ -169,6 +171,48 @@ def test_fp8_examples_run_on_numpy_within_tolerance_with_the_model_counts(name, 
     fp8_level, bf16_level = kernel.cost("H100", **sizes).levels["l2"], wide.cost("H100", **sizes).levels["l2"]
     assert fp8_level.H == bf16_level.H
     assert fp8_level.H_bytes < bf16_level.H_bytes
+
+
+# ---- a scale over the output's axes: a post-scale of the product (FA3's descale of O) ---------
+
+FP8_ATTENTION = (EXAMPLES / "fp8_attention.napkin").read_text()
+# V per key, as the example had it: sV[b h x] sits on the axis P V contracts
+PER_KEY_V = FP8_ATTENTION.replace("sV: f32[b h]", "sV: f32[b h x]")
+
+
+def _statement(kernel, target):
+    return next(s for s in kernel.diagram.statements if s.target == target)
+
+
+def test_a_scale_over_the_outputs_axes_leaves_the_product_as_a_step_of_its_own():
+    """sV[b h] reduces nothing: O's product keeps P and V, and sV multiplies O after the online
+    softmax's division, in a step that reads it (a per-key sV stays in the product: it carries x)."""
+    (kernel,) = napkin.load(FP8_ATTENTION).values()
+    o = _statement(kernel, "O")
+    assert [r.array for r in o.box.operands] == ["P", "V"] and o.box.contracted == ("x",)
+    assert [r.array for r in reads(o.box.scale)] == ["sV"]
+    assert not reads(_statement(kernel, "S").box.scale)  # d^-0.5: a number, as before
+    program = kernel.program(None, b=1, h=2, qb=2, qi=64, x=99, d=32)
+    steps = [step for step, _ in walk(program.launches[0].body)]
+    texts = [step.text for step in steps]
+    finalise = texts.index("O = O.acc / P.sum")
+    scale = steps[finalise + 1]
+    assert scale.text == "O *= sV[b h]" and ("smem", "sV") in scale.reads and scale.writes == (("smem", "O"),)
+    assert all(("smem", "sV") not in step.reads for step in steps if step.op == "accumulate")
+    (per_key,) = napkin.load(PER_KEY_V).values()
+    o = _statement(per_key, "O")
+    assert [r.array for r in o.box.operands] == ["P", "V", "sV"] and o.box.scale is None
+
+
+def test_a_per_key_v_scale_keeps_three_operands_and_selection_names_them():
+    """On sm_90 the per-key form has no tensor-core plan: its product contracts three operands."""
+    from napkin_dsl import isel
+
+    (kernel,) = napkin.load(PER_KEY_V).values()
+    program = kernel.gpu_program(None, b=1, h=2, qb=2, qi=64, x=256, d=64)
+    chosen = isel.selection(program, program.launches[0], "sm_90")
+    assert chosen.plan is None
+    assert "O contracts 3 operands, each over a contracted axis" in chosen.reason and "sV[b h x]" in chosen.reason
 
 
 def _benchmark():

@@ -97,6 +97,29 @@ def test_an_fp8_p_with_v_stored_k_fastest_is_declined_by_name():
     assert "P in registers as an fp8 A operand needs V with x slowest" in chosen.reason
 
 
+EXAMPLE = (EXAMPLES / "fp8_attention.napkin").read_text()  # FA3's form: O = P * V * sV, sV[b h]
+BENCH = dict(b=4, h=32, qb=64, qi=128, x=8192)
+
+
+def test_the_fp8_attention_example_runs_both_products_on_m16n8k32_with_v_descaled_after():
+    """sV[b h] left the PV product (a post-scale): O is a two-operand mma with P from registers
+    (packed to e4m3 in KEY_ORDER8's key order), and the scale runs on its accumulator fragments."""
+    chosen = selected(EXAMPLE, "sm_90", **BENCH, d=64)
+    assert chosen.path == "mma.sync" and chosen.plan.dtype == "fp8e4m3"
+    s, o = chosen.plan.mmas["S"], chosen.plan.mmas["O"]
+    assert (s.a_in_registers, s.b_trans) == (False, False)
+    assert (o.a, o.a_in_registers, o.b, o.b_trans, o.k) == ("P", True, "V", True, "x")
+    assert "sV" in chosen.plan.plain  # read elementwise from its shared tile by the scale step
+
+
+def test_sm90_declines_the_example_at_d128_where_the_conversions_would_spill(l40s):
+    """The PV product is built; at d = 128 sm_90's f16 conversions of the fp8 operands (no 8-bit
+    mma.sync in its SASS) would spill, so selection says so by name; sm_89's QMMA takes it."""
+    chosen = selected(EXAMPLE, "sm_90", **BENCH, d=128)
+    assert chosen.plan is None and "sm_90 has no 8-bit mma.sync" in chosen.reason
+    assert selected(EXAMPLE, "sm_89", l40s, **BENCH, d=128).path == "mma.sync"
+
+
 # ---- the emulated instruction against NumPy ------------------------------------------------------
 
 EMULATION_KERNEL = """
@@ -180,6 +203,48 @@ def test_fp8_matmul_on_m16n8k32_matches_the_reference_on_pocl(text, sizes, openc
 def test_fp8_attention_on_m16n8k32_matches_the_reference_on_pocl(sizes, opencl_device):
     program, outputs, expected = run_on_pocl(ATTENTION, sizes)
     assert_matches_reference(program, outputs, expected, "attn")
+
+
+EXAMPLE_SIZES = [dict(b=1, h=2, qb=2, qi=64, x=150, d=64), dict(b=1, h=1, qb=3, qi=48, x=100, d=32),
+                 dict(b=1, h=2, qb=1, qi=128, x=128, d=64)]
+
+
+@pytest.mark.parametrize("sizes", EXAMPLE_SIZES, ids=["ragged-x", "ragged-x-48-rows", "whole"])
+def test_the_fp8_attention_example_on_m16n8k32_matches_the_reference_on_pocl(sizes, opencl_device):
+    """The sm_90 build (both products on the 8-bit shape, O *= sV on the fragments) against the
+    reference that rounds the inputs as e4m3 does, within the Program's dtype-derived tolerance."""
+    from napkin_dsl.backends import opencl
+
+    kernel = kernel_of(EXAMPLE)
+    program = kernel.gpu_program(None, **sizes)
+    assert isel.selection(program, program.launches[0], "sm_90").path == "mma.sync"
+    inputs, scalars = random_inputs(kernel.diagram, sizes, 0)
+    outputs = opencl.run(program, inputs, scalars, arch="sm_90")
+    assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "fp8_attention")
+
+
+def test_the_example_without_its_post_scale_fails_on_pocl(opencl_device, monkeypatch):
+    """The printer's scale step dropped (O left undescaled), with per-head scales far from 1: the
+    output no longer matches, so the scale step is what the match above rests on."""
+    from napkin_dsl.backends import opencl, tensorcore
+
+    printed = tensorcore.TensorPrinter.tc_compute
+
+    def without_post_scale(self, step):
+        if step.statement.target == "O" and (step.level, "O") in step.reads:
+            return None
+        return printed(self, step)
+
+    sizes = EXAMPLE_SIZES[0]
+    kernel = kernel_of(EXAMPLE)
+    program = kernel.gpu_program(None, **sizes)
+    inputs, scalars = random_inputs(kernel.diagram, sizes, 0)
+    inputs["sV"] = np.array([[4.0, 0.25]], np.float32)
+    expected = evaluate(kernel.diagram, inputs, scalars, sizes)
+    assert_matches_reference(program, opencl.run(program, inputs, scalars, arch="sm_90"), expected, "control")
+    monkeypatch.setattr(tensorcore.TensorPrinter, "tc_compute", without_post_scale)
+    with pytest.raises(AssertionError):
+        assert_matches_reference(program, opencl.run(program, inputs, scalars, arch="sm_90"), expected, "fp8_attention")
 
 
 def test_v_read_in_the_isas_key_order_fails_on_pocl(opencl_device, monkeypatch):
@@ -287,6 +352,23 @@ def test_fp8_attention_compiles_without_spills_or_local_memory(arch, d, l40s):
     assert ceiling["model_tflops"] <= ceiling["tflops"] * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("arch, d", [("sm_89", 128), ("sm_90", 64)])
+def test_the_fp8_attention_example_compiles_without_spills_or_local_memory(arch, d, l40s):
+    """The example at b=4 h=32 qb=64 qi=128 x=8192 (its 128-row blocks on 8 warps): both products
+    on the 8-bit instruction (QMMA on sm_89, F2FP + HMMA on sm_90), P packed to e4m3, 0 spills, no
+    local memory, the model under the static ceiling. (sm_90 at d = 128 is declined: above.)"""
+    hardware = l40s if arch == "sm_89" else None
+    compiled = kernel_of(EXAMPLE).compile(arch, hardware, **BENCH, d=d)
+    entry, hot = _sass(compiled)
+    assert compiled.launches[0].path == "mma.sync"
+    assert entry["spill_bytes"] == 0 and entry["whole"].get("local", 0) == 0
+    wanted = "QMMA.16832.F32.E4M3.E4M3" if arch == "sm_89" else "HMMA.16816.F32"
+    assert hot.count(wanted) > 0
+    assert any(op.startswith("F2FP") and "E4M3" in op and "PACK" in op for op in hot)
+    ceiling = entry["ceiling"]
+    assert ceiling["model_tflops"] <= ceiling["tflops"] * (1 + 1e-9)
+
+
 def test_sm90_declines_fp8_attention_at_d128_where_the_conversions_would_spill(l40s):
     """sm_90's f16 conversions of the fp8 operands hold registers QMMA does not: at d = 128 the
     kernel spilled 340 bytes, so selection keeps it on the FMA path there and says why; sm_89 keeps it."""
@@ -296,7 +378,8 @@ def test_sm90_declines_fp8_attention_at_d128_where_the_conversions_would_spill(l
 
 
 
-@pytest.mark.parametrize("text, sizes", [(MATMUL, RAGGED), (ATTENTION, dict(q=100, x=150, d=64))], ids=["matmul", "attention"])
+@pytest.mark.parametrize("text, sizes", [(MATMUL, RAGGED), (ATTENTION, dict(q=100, x=150, d=64)), (EXAMPLE, EXAMPLE_SIZES[0])],
+                         ids=["matmul", "attention", "example"])
 def test_the_numpy_backend_counts_what_the_model_prices_on_m16n8k32(text, sizes):
     """The register level's H on the fp8 plan (A once per warp column, B once per warp row, one
     byte a value) counted by the NumPy backend equals the report's, and the run is within tolerance."""

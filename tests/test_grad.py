@@ -157,6 +157,23 @@ def test_only_the_inputs_that_require_grad_get_one():
     np.testing.assert_allclose(A.grad.numpy(), torch.ones(5, 3) @ B.T, rtol=1e-5)
 
 
+def test_a_scale_over_the_outputs_axes_gets_its_gradient():
+    """A factor over the output's axes alone leaves the product (a post-scale: check.py), and the
+    backward still differentiates it: ds[m] = sum[n k](dC * A * B) / 2, beside dA and dB, as torch's."""
+    text = "kernel scaled(A: f64[m k], B: f64[k n], s: f64[m]) -> C: f64[m n]:\n    C[m n] = A * B * s / 2\n"
+    (kernel,) = napkin.load(text).values()
+    (statement,) = kernel.diagram.statements
+    assert [r.array for r in statement.box.operands] == ["A", "B"]  # s left the product
+    generator = torch.Generator().manual_seed(5)
+    A, B, s = (torch.randn(shape, dtype=torch.float64, generator=generator).requires_grad_() for shape in ((5, 6), (6, 4), (5,)))
+    weights = torch.randn(5, 4, dtype=torch.float64, generator=generator)
+    (kernel(A, B, s) * weights).sum().backward()
+    reference = [t.detach().clone().requires_grad_() for t in (A, B, s)]
+    ((reference[0] @ reference[1] * reference[2][:, None] / 2) * weights).sum().backward()
+    for got, want in zip((A, B, s), reference, strict=True):
+        np.testing.assert_allclose(got.grad.numpy(), want.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
 # ---- the elementwise table ---------------------------------------------------------------------
 
 

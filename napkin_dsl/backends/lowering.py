@@ -549,7 +549,7 @@ def plan_arena(program: Program, launch, registers=()) -> tuple[dict[str, Slot],
                 dead = slots.get(ref[1])
                 if dead is not None and dead.size == size and dead.last < first and dead.axes == buffer.axes:
                     preferred = dead.offset
-        candidates = ([preferred] if preferred is not None else []) + [0] + sorted(_align(s.offset + s.size) for s in alive)
+        candidates = ([preferred] if preferred is not None else []) + [0] + sorted(_align(s.offset + s.size, _slot_alignment(size, buffer.dtype)) for s in alive)
         for offset in candidates:
             if all(offset + size <= s.offset or s.offset + s.size <= offset for s in alive):
                 break
@@ -575,19 +575,27 @@ def _peak(placed: list[Slot]) -> int:
 
 def _pack_by_size(placed: list[Slot]) -> dict[str, Slot]:
     """The same buffers placed largest first (ties in program order), each at the lowest offset
-    (16-byte aligned) where no buffer alive at the same time lies."""
+    (aligned as :func:`_slot_alignment` says) where no buffer alive at the same time lies."""
     out: dict[str, Slot] = {}
     for slot in sorted(placed, key=lambda s: (-s.size, s.first, s.name)):
         alive = [s for s in out.values() if not (s.last < slot.first or slot.last < s.first)]
-        for offset in [0] + sorted(_align(s.offset + s.size) for s in alive):
+        for offset in [0] + sorted(_align(s.offset + s.size, _slot_alignment(slot.size, slot.dtype)) for s in alive):
             if all(offset + slot.size <= s.offset or s.offset + s.size <= offset for s in alive):
                 break
         out[slot.name] = Slot(slot.name, offset, slot.size, slot.first, slot.last, slot.dtype, slot.axes)
     return {s.name: out[s.name] for s in placed}  # in program order, as the printers read them
 
 
-def _align(value: int) -> int:
-    return (value + ALIGN - 1) // ALIGN * ALIGN
+def _align(value: int, alignment: int = ALIGN) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+def _slot_alignment(size: int, dtype: str) -> int:
+    """A buffer's alignment in the arena: 16 bytes where its size is whole 16-byte units (the
+    copies move 16 bytes at a time only from a 16-byte aligned slot of whole units: step_load), else
+    its values' own (a per-head scale sV[b h] is one f32 a block, which 16-byte alignment beside
+    another such would pad past the model's M)."""
+    return ALIGN if size % ALIGN == 0 else DTYPE_BYTES[dtype]
 
 
 def state_start(name: str, statement, real: str = "float") -> str:

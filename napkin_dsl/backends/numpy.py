@@ -601,8 +601,9 @@ class Interpreter:
         return product
 
     def operands(self, s: Statement, level: str, dtype: np.dtype) -> Callable[[], dict]:
-        """A function returning the statement's input tiles in the compute dtype, by name."""
-        names = s.inputs
+        """A function returning the statement's input tiles in the compute dtype, by name (a
+        contraction's operands: its factor's arrays are its scale step's, :meth:`scale_step`)."""
+        names = tuple(dict.fromkeys(r.array for r in s.box.operands)) if isinstance(s.box, Contract) else s.inputs
         values = self.values[level]
 
         def operands():
@@ -660,7 +661,7 @@ class Interpreter:
         box = s.box
         dtype = numpy_dtype(step.dtype)
         target, axes = s.target, s.axes
-        if isinstance(box, Contract) and step.reads == step.writes:
+        if isinstance(box, Contract) and step.writes[0] in step.reads:
             return self.scale_step(step)
         operands = self.operands(s, level, dtype)
         if isinstance(box, Contract):
@@ -731,13 +732,19 @@ class Interpreter:
         raise AssertionError(f"napkin bug: unknown box {box!r}")
 
     def scale_step(self, step: Step) -> Callable[[], None]:
-        """``S *= scale``: a contraction's scalar factor, applied to its (finalised) output."""
+        """``S *= scale``: a contraction's factor (a number, or arrays over its output's axes
+        such as ``O *= sV[b h]``), applied to its (finalised) output, counting one multiplication
+        per output and the factor's own operations per output (the evaluator's count)."""
         s, level = step.statement, step.level
         values, evaluator, target = self.values[level], self.evaluator, s.target
         scale = s.box.scale
         held = self.launch.buffers[(level, target)].axes
+        names = tuple(name for lv, name in step.reads if lv == level and name != target)
 
         def apply():
+            dtype = values[target].dtype
+            evaluator.arrays = {name: values[name] if values[name].dtype == dtype else values[name].astype(dtype) for name in names}
+            evaluator.elements = values[target].size
             factor = self.evaluate(s, lambda: evaluator.expression(scale))
             tile = values[target]
             # Written back, not `tile *= factor`: a result with no axes (D[] = R[z] * A[z] * 2
