@@ -32,6 +32,7 @@ profile's instruction paths and sizes only.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from .diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
@@ -61,6 +62,16 @@ FMA_THREADS = 256  # threads per block of a launch on the FMA path
 # Fragment registers one thread may hold at once; the rest of the 255 hold addresses, operand
 # fragments and temporaries (an FA2-class attention loop at d = 128 compiles to ~184 with ~100 here).
 FRAGMENT_BUDGET = 160
+# ... where the printer keeps the stream loop rolled, one chunk a trip (TensorPlan.rolled), and P
+# packed from its exponentials on (tensorcore.TensorPrinter.packed_fragments): 32-row warps of
+# attention at d = 128 and chunks of 64 keys hold 204 (O.acc 128, S 64, the row max, sum and
+# scale 12) and compile for sm_90 to 254-255 registers without spills; unrolled by the stages
+# they spill (220 bytes). Only for the launches it was measured on (_rollable).
+ROLLED_FRAGMENT_BUDGET = 204
+# The least compute capability ROLLED_FRAGMENT_BUDGET was measured on (9.0, sm_90 and sm_90a);
+# below it FRAGMENT_BUDGET stays (for 8.0 ptxas spills 52 bytes at 204: gqa at q = x = 512, d = 128).
+ROLLED_MIN_CAPABILITY = 90
+MIN_WARPS = 4  # the SM's four schedulers: a block of fewer warps leaves some idle
 MAX_REGISTERS = 255  # registers one thread may have (the register level's capacity, 1020 bytes)
 STAGES = 2  # cp.async buffers per streamed operand: the next chunk is in flight while this one is used
 MAX_STAGES = 4  # the deepest cp.async pipeline selection picks (stage_count)
@@ -169,6 +180,9 @@ class TensorPlan:
     tma_declined: str = ""
     # A wgmma plan's shape per product (statement target -> "m64n64k16"); ``shape`` joins them.
     shapes: dict = field(default_factory=dict)
+    # The stream loop runs one chunk a trip on a running buffer, not unrolled by the stages: for
+    # fragments over FRAGMENT_BUDGET, up to ROLLED_FRAGMENT_BUDGET (tensorcore.TensorPrinter.rolled).
+    rolled: bool = False
 
     @property
     def row_warps(self) -> int:
@@ -267,7 +281,8 @@ def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles
     if path is not None or found is None or arch not in found.archs:
         return Selection(plan)  # wgmma is built only where the target itself has it (sm_90a), not for the what-if on sm_90
     try:
-        return Selection(_wgmma_plan(plan, launch, tile, sizes, dict(warp_tiles or {})))
+        # the wgmma plan is rebuilt from the mma.sync one, whose loop form is its printer's own
+        return Selection(_wgmma_plan(replace(plan, rolled=False), launch, tile, sizes, dict(warp_tiles or {})))
     except _Refuse as refusal:
         return Selection(plan, declined=str(refusal))
 
@@ -292,15 +307,58 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
     _refuse_if(_warp_tiles_refusal(row, split, warp_tiles))
     budget = FRAGMENT_BUDGET if path is None else MAX_REGISTERS
     if split is None:
-        plan = TensorPlan(row, tile[row], warp_rows or _default_warp_rows(tile[row]), dtype, operands, plain,
-                          fragments, mmas, stream)
-    else:
-        plan = _grid(row, split, tile, warp_rows, warp_tiles.get(split), launch, budget, dtype, operands, plain,
-                     fragments, mmas, stream)
+        def rows_plan(rows: int) -> TensorPlan:
+            return TensorPlan(row, tile[row], rows, dtype, operands, plain, fragments, mmas, stream,
+                              instruction=path or "mma.sync")
+
+        # a what-if wgmma keeps 16-row warps (each warp of a warpgroup holds 16 of its 64 rows), and
+        # so does a launch taller warps were not measured on (_measured_taller)
+        rows = warp_rows or _default_warp_rows(
+            tile[row], lambda rows: path != "wgmma" and _measured_taller(launch)
+            and _budgeted(rows_plan(rows), launch, tile, budget, path, arch)[1] is None)
+        plan, refusal = _budgeted(rows_plan(rows), launch, tile, budget, path, arch)
+        _refuse_if(refusal)
+        return plan
+    plan = _grid(row, split, tile, warp_rows, warp_tiles.get(split), launch, budget, dtype, operands, plain,
+                 fragments, mmas, stream)
     plan = replace(plan, instruction=path or "mma.sync")
     _refuse_if(_budget_refusal(plan, launch, tile, budget, path))
     _refuse_if(_converted_fp8_refusal(plan, launch, tile, budget, arch))
     return plan
+
+
+def _measured_taller(launch: LaunchProgram) -> bool:
+    """Whether isel may choose warps taller than 16 rows for ``launch`` by itself (a relabelling may
+    always ask): an unmasked stream of products and softmaxes only (attention, GQA), the launches
+    it was measured on. A masked stream (causal, sliding-window attention: its mask's loops and
+    tests) and a further output (attention_lse's L, which reads the f32 row sum) hold more, and
+    spill or pass the static ceiling's tests' bounds at 32 rows (sliding_window at d = 64;
+    attention_lse at d = 64, and 40 bytes at q = x = 128, d = 128)."""
+    masked = any(lp.kind == "stream" and lp.mask is not None for _, loops in walk(launch.body) for lp in loops)
+    return not masked and all(isinstance(s.box, (Contract, Softmax)) for s in launch.launch.statements)
+
+
+def _rollable(plan: TensorPlan, launch: LaunchProgram, arch: str) -> bool:
+    """Whether a built plan of row warps may take ROLLED_FRAGMENT_BUDGET, its loop rolled: one that
+    streams, on 16-bit operands, with a product reading its A operand from registers (attention's
+    P), for an architecture it was measured on (ROLLED_MIN_CAPABILITY), in a launch measured
+    taller (:func:`_measured_taller`). At 204 fragments ptxas leaves a register or two to spare,
+    and what else a launch holds spills: causal and sliding-window attention 64 and 96 bytes on
+    sm_90 at d = 128, attention_lse 40 bytes at q = x = 128."""
+    streams = plan.stream is not None and any(op.streamed for op in plan.operands.values())
+    capability = re.match(r"sm_(\d+)", arch)
+    return (capability is not None and int(capability.group(1)) >= ROLLED_MIN_CAPABILITY and streams
+            and _measured_taller(launch) and plan.split is None
+            and plan.dtype in TENSOR_DTYPES and any(m.a_in_registers for m in plan.mmas.values()))
+
+
+def _budgeted(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: int, path: str | None,
+              arch: str) -> tuple[TensorPlan, str | None]:
+    """``plan`` within the fragment budget, rolled where it is over FRAGMENT_BUDGET and within
+    ROLLED_FRAGMENT_BUDGET (:func:`_rollable`), or the refusal that keeps it off tensor cores."""
+    if path is None and _rollable(plan, launch, arch) and FRAGMENT_BUDGET < live_fragment_values(plan, launch, tile) <= ROLLED_FRAGMENT_BUDGET:
+        plan, budget = replace(plan, rolled=True), ROLLED_FRAGMENT_BUDGET
+    return plan, _budget_refusal(plan, launch, tile, budget, path) or _converted_fp8_refusal(plan, launch, tile, budget, arch)
 
 
 def _refuse_if(reason: str | None) -> None:
@@ -567,7 +625,7 @@ def _budget_refusal(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget:
     held = live_fragment_values(plan, launch, tile)
     if held <= budget:
         return None
-    what = (f"budget {FRAGMENT_BUDGET}" if path is None
+    what = (f"budget {budget}" if path is None
             else f"the register file's {MAX_REGISTERS} registers per thread")
     return (f"a thread would hold {held} fragment registers at once with {plan.warp_rows}-row warp tiles "
             f"({what}); use smaller tiles")
@@ -710,13 +768,19 @@ def _reads(s) -> list[Read]:
     return reads(box.expr if isinstance(box, Map) else box.operand)
 
 
-def _default_warp_rows(row_tile: int) -> int:
-    """16 rows a warp unless that needs over 8 warps: at d = 128 an attention warp then holds
-    O.acc and S in ~100 registers (the kernel compiles to ~190 without spills), where 32 rows,
-    FA2's tile on 4 warps, needs ~200 fragment registers and exceeds FRAGMENT_BUDGET."""
+def _default_warp_rows(row_tile: int, fits) -> int:
+    """The tallest warp tile of whole fragments that splits the row tile into MIN_WARPS to MAX_WARPS
+    warps and ``fits`` (rows -> whether a plan of that many rows a warp is within its budget), else
+    the shortest of at most MAX_WARPS warps (whose budget refusal then says why). A warp reads
+    every B tile (K, V) by ldmatrix for its own rows, so taller warps read each of its values fewer
+    times: FA2's 4 warps of 32 rows at d = 128 read K and V half as often as 8 warps of 16, and
+    fit the rolled budget (ROLLED_FRAGMENT_BUDGET) with chunks of 64 keys."""
     rows = MMA_M
     while row_tile // rows > MAX_WARPS:
         rows *= 2
+    taller = 2 * rows
+    while row_tile % taller == 0 and row_tile // taller >= MIN_WARPS and fits(taller):
+        rows, taller = taller, 2 * taller
     return rows
 
 

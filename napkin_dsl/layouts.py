@@ -618,6 +618,29 @@ def ldmatrix_offset_expr(tile: SwizzledTile, row0: str, u0: str, base: str, x: s
     return f"(({row0}) * {tile.pitch} + {base} + ((({u0}) & {~mask & 0xFFFF}) << {shift}) + (((({u0}) & {mask}) ^ {x}) << {shift}))"
 
 
+def ldmatrix_keyed_lane_expr(base: str, x: str) -> str:
+    """The lane's row offset with its swizzle key in the unit's bits: ``base + (x << 4)`` of
+    :func:`ldmatrix_lane_terms`, one constant for :func:`ldmatrix_keyed_offset_expr`."""
+    return f"(({base}) + (({x}) << {_log2(UNIT)}))"
+
+
+def ldmatrix_keyed_offset_expr(tile: SwizzledTile, row0: str, u0: str, keyed: str) -> str:
+    """:func:`ldmatrix_offset_expr` from the keyed lane constant (:func:`ldmatrix_keyed_lane_expr`):
+
+        (keyed ^ ((u0 & mask) << 4)) + row0 * pitch + ((u0 & ~mask) << 4)
+
+    The lane's row offset (lr * pitch) has no bit among the unit's swizzled ones (a row owns at
+    most a 128-byte line's units, and its pitch is a multiple of their span), so the key added
+    there is XOR-ed by the unit as in the tile, and everything after the XOR adds (an
+    immediate, or a buffer's offset, on the same 128-byte grid). ptxas then keeps one register a
+    lane and distinct unit, where the key XOR-ed inside the sum costs it more (attention's 32-row
+    warps at d = 128 spill 72 bytes on sm_80 without this form and none with it)."""
+    mask = (1 << tile.bits) - 1
+    shift = _log2(UNIT)
+    assert tile.pitch % (UNIT << tile.bits) == 0, f"napkin bug: {tile} has a lane row offset in its swizzled bits"
+    return f"((({keyed}) ^ ((({u0}) & {mask}) << {shift})) + ({row0}) * {tile.pitch} + ((({u0}) & {~mask & 0xFFFF}) << {shift}))"
+
+
 # ---- wgmma (sm_90a): the D fragment, the canonical shared layouts, the matrix descriptor ----
 # PTX ISA 9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate": a warpgroup of four
 # consecutive warps (128 threads) computes a 64 x N tile, N a multiple of 8 up to 256, K = 16 for

@@ -145,11 +145,9 @@ def test_dry_run_compiles_every_example_and_prints_one_table(tmp_path):
 def sweep_path(case) -> str:
     """The path of a sweep point on the H200 profile's sm_90a: wgmma, but mma.sync where wgmma
     declines (a relabelling that asks for warp tiles, which are mma.sync's; an m tile of 256, over
-    two warpgroups; mlp, whose bias makes its launch more than one contraction), and the FMA path
-    for the relabelling whose 32-row warps exceed the fragment budget."""
+    two warpgroups; mlp, whose bias makes its launch more than one contraction): the relabelling
+    of 32-row warps too, within the rolled budget (isel.ROLLED_FRAGMENT_BUDGET) on sm_90a."""
     relabel = case.relabel or ""
-    if "registers: group q 32" in relabel:
-        return "fma"
     if "registers:" in relabel or "group m 256" in relabel or case.label.startswith("mlp"):
         return "mma.sync"
     return "wgmma"

@@ -92,12 +92,18 @@ def check(kernel, sizes, want: dict, arch: str = ARCH):
 # ---- attention (and causal attention): smem group b 1, h 1, q 128; stream x 64 ------------------
 
 Q_TILE, X_TILE = 128, 64  # the relabel block of examples/attention.napkin and causal_attention.napkin
-WARP_ROWS = 16  # a warp owns 16 query rows: 8 warps split the 128-row tile (the tensor-core plan)
+# Query rows a warp owns (the tensor-core plan): 32, 4 warps over the 128-row tile, for the unmasked
+# stream (isel takes the tallest warp tile within the budget); 16, 8 warps, for causal attention's
+# masked stream, which keeps 16-row warps.
+WARP_ROWS = {False: 32, True: 16}
 
 
-def attention_counts(b, h, q, x, d, causal: bool, tensor: bool, b_readers: int | None = None) -> dict:
+def attention_counts(b, h, q, x, d, causal: bool, tensor: bool, b_readers: int | None = None,
+                     warp_rows: int | None = None) -> dict:
     """``b_readers``: how many times a block reads each K and V chunk into the tensor cores (None:
-    once per warp, mma.sync's ldmatrix)."""
+    once per warp, mma.sync's ldmatrix); ``warp_rows``: the rows a warp holds (None: mma.sync's,
+    WARP_ROWS)."""
+    warp_rows = warp_rows or WARP_ROWS[causal]
     groups, chunks = tiles(q, Q_TILE), tiles(x, X_TILE)
 
     def visited(g):  # causal: a chunk whose first key is after the group's last query is never visited
@@ -129,16 +135,16 @@ def attention_counts(b, h, q, x, d, causal: bool, tensor: bool, b_readers: int |
     want = {"H": {"smem": H_smem, "l2": H_l2}, "flops": {"fma": fma, "special": special}}
     if tensor:
         want["flops"]["tensor"] = products
-        warps = Q_TILE // WARP_ROWS
-        # ldmatrix: per visited chunk every warp reads its 16 rows of Q (A, once: one warp column),
+        warps = Q_TILE // warp_rows
+        # ldmatrix: per visited chunk every warp reads its rows of Q (A, once: one warp column),
         # and every warp reads the whole K chunk and the whole V chunk (B); P stays in registers
         readers = warps if b_readers is None else b_readers
         want["H"]["registers"] = rows_x_chunks * d + readers * 2 * keys_per_group * d
         # smem per block: the Q tile, and K and V chunks double-buffered behind cp.async
-        # registers per thread: S (then P, in place) over 16 x 64, O.acc over 16 x d, and the
-        # running max, sum and factor of the thread's two rows (g and g + 8)
+        # registers per thread: S (then P, in place) over warp_rows x 64, O.acc over warp_rows x d,
+        # and the running max, sum and factor of the thread's two rows (g and g + 8) per 16
         want["M"] = {"smem": Q_TILE * d + 2 * X_TILE * d + 2 * X_TILE * d,
-                     "registers": (WARP_ROWS * X_TILE + WARP_ROWS * d) // 32 + 3 * 2,
+                     "registers": (warp_rows * X_TILE + warp_rows * d) // 32 + 3 * 2 * (warp_rows // 16),
                      "l2": 2 * q * d + 2 * x * d}  # one (b, h): Q, K, V, O whole
     else:
         want["flops"]["fma"] += products
@@ -163,8 +169,9 @@ def test_attention_counts_on_wgmma_read_k_and_v_once_per_warpgroup(name, causal)
     and V chunk from shared memory once per warpgroup of four warps: 8 warps of 16 rows, 2 readers."""
     sizes = dict(b=1, h=2, q=200, x=150, d=64)
     kernel = example(name, None)
-    warpgroups = Q_TILE // WARP_ROWS // 4
-    report, program = check(kernel, sizes, attention_counts(**sizes, causal=causal, tensor=True, b_readers=warpgroups),
+    warpgroups = Q_TILE // 16 // 4  # a wgmma warp holds 16 rows of its warpgroup's 64
+    report, program = check(kernel, sizes, attention_counts(**sizes, causal=causal, tensor=True, b_readers=warpgroups,
+                                                            warp_rows=16),
                             arch="sm_90a")
     assert [isel.selection(program, launch, "sm_90a").path for launch in program.launches] == ["wgmma"]
 

@@ -29,6 +29,8 @@ from napkin_dsl.layouts import (
     compose,
     ldmatrix_b_registers,
     ldmatrix_delivers,
+    ldmatrix_keyed_lane_expr,
+    ldmatrix_keyed_offset_expr,
     ldmatrix_lane_terms,
     ldmatrix_offset_expr,
     ldmatrix_phases,
@@ -275,6 +277,27 @@ def test_ldmatrix_lane_terms_split_the_tile_offset(operand, trans):
                     u0 = col0 * tile.element_bytes // 16
                     offset = eval(ldmatrix_offset_expr(tile, str(row0), str(u0), str(lb), str(lx)))
                     assert offset == tile.offset(row0 + lr, col0 + lc), (tile, lane, row0, col0)
+
+
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("operand", ["a", "b"])
+def test_keyed_ldmatrix_offsets_are_the_tile_offset_with_a_buffer_added_after_the_xor(operand, trans):
+    """The keyed lane constant (row offset plus swizzle key) XOR-ed by the unit, then any multiple
+    of 128 bytes (a buffer) added before or after the XOR, is the tile's offset: the form the
+    tensor printer emits."""
+    for tile in [SwizzledTile(64, 64, 2), SwizzledTile(64, 16, 2), SwizzledTile(32, 192, 2), SwizzledTile(64, 128, 2)]:
+        base, x = ldmatrix_lane_terms(tile, operand, trans)
+        for lane in LANES:
+            keyed = eval(ldmatrix_keyed_lane_expr(base, x), {"lane": lane})
+            lr, lc = LDMATRIX_SOURCE[(operand, trans)](lane)
+            for row0 in range(0, tile.rows - 15, 8):
+                for col0 in range(0, tile.cols - 15, 16):
+                    u0 = col0 * tile.element_bytes // 16
+                    offset = eval(ldmatrix_keyed_offset_expr(tile, str(row0), str(u0), str(keyed)))
+                    assert offset == tile.offset(row0 + lr, col0 + lc), (tile, lane, row0, col0)
+                    buffer = 3 * 128 * tile.rows  # a later stage's buffer: the XOR leaves it as added before
+                    moved = eval(ldmatrix_keyed_offset_expr(tile, str(row0), str(u0), str(keyed + buffer)))
+                    assert moved == offset + buffer
 
 
 # ---- bank conflicts ---------------------------------------------------------------------------

@@ -429,6 +429,14 @@ def printed_calls(source: str) -> dict:
     for reg, n1, i1, n2, i2 in re.findall(r"a\[mt\]\[(\d)\] = NK_PACK_BF16\(\w+\[mt\]\[2 \* kk( \+ 1)?\]\[(\d)\], "
                                           r"\w+\[mt\]\[2 \* kk( \+ 1)?\]\[(\d)\]\);", source):
         packs[int(reg)] = ((1 if n1 else 0, int(i1)), (1 if n2 else 0, int(i2)))
+    # P packed by its exponentials (TensorPrinter.packed_fragments): pk = pack(p0, p1), p_e the value
+    # i = <expr in h> of the pair h, stored as P[mt][nt][h]; the product takes P[mt][2 kk (+ 1)][h]
+    values = re.findall(r"const int i = ([^;]+);\s*p(\d) = ", source)
+    if not packs and values and "= NK_PACK_BF16(p0, p1);" in source:
+        pair = {int(e): expr for expr, e in values[:2]}
+        for reg, n, h in re.findall(r"a\[mt\]\[(\d)\] = \w+\[mt\]\[2 \* kk( \+ 1)?\]\[(\d)\];", source):
+            lo, hi = (eval(pair[e], {"h": int(h)}) for e in (0, 1))
+            packs[int(reg)] = ((1 if n else 0, lo), (1 if n else 0, hi))
     return {"pairs": pairs, "packs": packs}
 
 

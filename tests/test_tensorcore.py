@@ -328,8 +328,9 @@ def test_smem_of_a_tensor_core_launch_is_its_operand_tiles_and_stages():
     # Q 128x128 once, K and V 64x128 twice each (two stages), bf16: S, P and O live in registers.
     assert report.levels["smem"].M_bytes == (128 * 128 + 2 * 2 * 64 * 128) * 2
     registers = report.levels["registers"]
-    # A thread of a 16-row warp: O.acc 16x128 (64 values), S 16x64 (32), max/sum/scale (2 each).
-    assert 64 + 32 <= registers.M <= 64 + 32 + 32 + 6
+    # A thread of a 32-row warp (4 warps, the rolled budget on sm_90): O.acc 32x128 (128 values),
+    # S 32x64 (64), max/sum/scale (4 each).
+    assert registers.M == 128 + 64 + 12 == isel.ROLLED_FRAGMENT_BUDGET
     assert registers.M_bytes <= registers.capacity
 
 
@@ -527,3 +528,65 @@ def test_the_staged_passes_store_ragged_tails_masked(sizes, opencl_device):
     from napkin_dsl.backends import opencl
     assert "staged 32 rows at a time" in opencl.generate(program, arch=ARCH)[0]
     assert outputs["C"].shape == (sizes["m"], sizes["n"])
+
+
+# ---- 32-row warps at d = 128 (issue 22): FA2's 4 warps of 32 query rows, the loop rolled ---------
+
+TALL = {"attention.napkin": dict(b=4, h=32, q=8192, x=8192, d=128),
+        "gqa.napkin": dict(b=4, kv=8, r=4, q=8192, x=8192, d=128)}
+
+
+@pytest.mark.parametrize("name", sorted(TALL))
+def test_d128_attention_takes_four_warps_of_32_rows_on_sm90_and_keeps_16_elsewhere(name):
+    """At d = 128 and chunks of 64 keys a 32-row warp holds 204 fragment registers: over
+    FRAGMENT_BUDGET, within the rolled budget, which sm_90 takes for an unmasked stream of products
+    and softmaxes; sm_80, causal attention (a masked stream) and attention_lse (a further output)
+    keep 8 warps of 16 rows."""
+    program = tensor_kernel(name).gpu_program(None, **TALL[name])
+    (launch,) = program.launches
+    plan = isel.selection(program, launch, "sm_90").plan
+    assert (plan.warps, plan.warp_rows, plan.rolled) == (4, 32, True)
+    assert isel.live_fragment_values(plan, launch, isel.launch_tiles(launch)[0]) == isel.ROLLED_FRAGMENT_BUDGET
+    assert isel.selection(program, launch, "sm_80").plan.warp_rows == 16
+    for other in ("causal_attention.napkin", "attention_lse.napkin"):
+        kept = tensor_kernel(other).gpu_program(None, **TALL["attention.napkin"])
+        assert isel.selection(kept, kept.launches[0], "sm_90").plan.warp_rows == 16, other
+
+
+@pytest.mark.parametrize("name", sorted(TALL))
+def test_d128_hot_loop_reads_at_most_035_ldsm_per_hmma_without_spills(name):
+    """The point of taller warps: each warp reads every K and V chunk by ldmatrix once for 32 rows,
+    so the hot loop has 80 LDSM per 256 HMMA (was 144 with 16-row warps) and its static ceiling is
+    tensor-bound, not shared-bound; 0 spill bytes and no local memory at 255 registers."""
+    from napkin_dsl.backends import sass
+
+    try:
+        sass.find_nvdisasm()
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm (pip install 'napkin-dsl[sass]')")
+    compiled = tensor_kernel(name).compile("sm_90", "H100", **TALL[name])
+    (entry,) = sass.sass_report(compiled)["launches"]
+    assert entry["spill_bytes"] == 0 and entry["whole"].get("local", 0) == 0, entry["whole"]
+    loop = sass.hot_loop(entry)
+    assert loop["classes"].get("ldsm", 0) <= 0.35 * loop["classes"]["tensor"], loop["classes"]
+    assert entry["ceiling"]["binding"] == "tensor", entry["ceiling"]["loop"]["clocks"]
+
+
+@pytest.mark.parametrize("name, sizes", [("attention.napkin", dict(b=1, h=2, q=200, x=150, d=128)),
+                                         ("attention.napkin", dict(b=1, h=1, q=128, x=64, d=128)),
+                                         ("gqa.napkin", dict(b=1, kv=1, r=2, q=130, x=200, d=128))],
+                         ids=["attention-ragged", "attention-one-chunk", "gqa-ragged"])
+def test_32_row_warps_match_the_reference_on_pocl(name, sizes, opencl_device):
+    """The rolled loop (a running buffer), P packed from its exponentials and its row sum of the
+    packed values, on 4 warps of 32 rows, against the float64 reference at ragged sizes."""
+    from napkin_dsl.backends import opencl
+
+    kernel = tensor_kernel(name)
+    program = kernel.gpu_program(None, **sizes)
+    plan = isel.selection(program, program.launches[0], "sm_90").plan
+    assert (plan.warp_rows, plan.rolled) == (32, True)
+    source, _ = opencl.generate(program, arch="sm_90")
+    assert "NK_ROLLED" in source and "NK_LO_BF16" in source
+    inputs, scalars = random_inputs(kernel.diagram, sizes)
+    outputs = opencl.run(program, inputs, scalars, arch="sm_90")
+    assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), name)

@@ -872,7 +872,9 @@ def tc_stream_skeleton(source: str, smem_names: dict | None = None) -> list[str]
     out, stack, last, skipping = [], [], None, None
     for line in lines[start:]:
         text = line.strip()
-        opens, closes = text.endswith("{") or text.startswith("{"), text.startswith("}")
+        # a line opens a block where it ends in "{", or in "{" and a comment (the rolled loop's)
+        opens = text.endswith("{") or text.startswith("{") or bool(re.search(r"\{\s*//[^{}]*$", text))
+        closes = text.startswith("}")
         if skipping is not None:  # inside a later stage: only its end matters
             skipping += opens - closes
             if skipping == 0:
@@ -930,6 +932,9 @@ def tc_pipeline_summary(skeleton: list[str]) -> str:
         if _depth(s) < depth:
             break
         barriers += _depth(s) == depth and s.strip().startswith("NK_SYNC")
+    if not barriers:  # a loop of one chunk a trip: its barrier is at the trip's top, before the prefetch
+        top = max(i for i in range(prefetch) if re.match(r"\s*for \(int c_", skeleton[i]) or i == 0)
+        barriers = sum(1 for s in skeleton[top:prefetch] if _depth(s) == depth and s.strip().startswith("NK_SYNC"))
     computes = next((i for i in range(prefetch, wait) if skeleton[i].strip().startswith(("NK_MMA", "NK_WGMMA"))), None)
     if computes is not None:  # the chunk computes before the next wait: the copies just issued are in flight meanwhile
         verdict = ("and this chunk computes before that wait, so the next chunk's copies are in flight while it "

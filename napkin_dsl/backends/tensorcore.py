@@ -66,8 +66,9 @@ from ..layouts import (
     SwizzledTile,
     bare,
     ldmatrix_b_registers,
+    ldmatrix_keyed_lane_expr,
+    ldmatrix_keyed_offset_expr,
     ldmatrix_lane_terms,
-    ldmatrix_offset_expr,
     compose,
     offset_expr,
     p_to_a8_registers,
@@ -122,12 +123,18 @@ __device__ __forceinline__ float nk_exp2(float x) {
 #define NK_MMA_F16(c, a, b0, b1) nk_mma_f16((c), (a), (b0), (b1))
 #define NK_PACK_BF16(lo, hi) nk_pack_bf16((lo), (hi))
 #define NK_PACK_F16(lo, hi) nk_pack_f16((lo), (hi))
+// the f32 values of a packed pair's low and high halves (a packed P's row sum)
+#define NK_LO_BF16(pk) __uint_as_float((pk) << 16)
+#define NK_HI_BF16(pk) __uint_as_float((pk) & 0xffff0000u)
+#define NK_LO_F16(pk) __half2float(__ushort_as_half((unsigned short)((pk) & 0xffffu)))
+#define NK_HI_F16(pk) __half2float(__ushort_as_half((unsigned short)((pk) >> 16)))
 #define NK_CP16(off, src, valid) nk_cp16(nk_sbase + (off), (src), (valid))
 #define NK_CP_COMMIT() asm volatile("cp.async.commit_group;\n" ::)
 #define NK_CP_WAIT(n) asm volatile("cp.async.wait_group %0;\n" :: "n"(n))
 #define NK_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
 #define NK_SYNC() __syncthreads()
 #define NK_UNROLL _Pragma("unroll")
+#define NK_ROLLED _Pragma("unroll 1")
 """
 
 _OPENCL_HEAD = r"""
@@ -163,12 +170,17 @@ inline void nk_cp16(__local uchar* smem, int off, __global const uchar* src, int
 #define NK_MMA_F16(c, a, b0, b1) nk_mma((c), (a), (b0), (b1), 1, nk_ws, nk_lane)
 #define NK_PACK_BF16(lo, hi) nk_pack_bf16((lo), (hi))
 #define NK_PACK_F16(lo, hi) nk_pack_f16((lo), (hi))
+#define NK_LO_BF16(pk) nk_b16f((pk), 0)
+#define NK_HI_BF16(pk) nk_b16f((pk) >> 16, 0)
+#define NK_LO_F16(pk) nk_b16f((pk), 1)
+#define NK_HI_F16(pk) nk_b16f((pk) >> 16, 1)
 #define NK_CP16(off, src, valid) nk_cp16(nk_smem, (off), (__global const uchar*)(src), (valid))
 #define NK_CP_COMMIT()
 #define NK_CP_WAIT(n)
 #define NK_SHFL_XOR(v, m) nk_shfl_xor((v), (m), nk_ws, nk_lane)
 #define NK_SYNC() barrier(CLK_LOCAL_MEM_FENCE)
 #define NK_UNROLL
+#define NK_ROLLED
 """
 
 
@@ -356,6 +368,9 @@ class TensorPrinter(KernelWriter):
         # after the stream, when first read (the scale that multiplies them is the same in the
         # four lanes of a quad, so the sum of partial sums is the row's sum).
         self.partial: set[str] = set()
+        # Register A operands kept packed from the exponentials on (packed_fragments): name -> the
+        # 16-bit type ("BF16", "F16") of the product that reads them.
+        self.packed: dict[str, str] = {}
 
     # -- the kernel
     def print(self, entry: str) -> KernelSource:
@@ -381,7 +396,12 @@ class TensorPrinter(KernelWriter):
         self.copy_constants()
         self.free_after = self.saves_after_shared_reads()
         self.fold_scales()
+        self.packed = self.packed_fragments()
         for name in plan.fragments:
+            if name in self.packed:  # two values a register, as the A fragment takes them
+                cols = self.plan.cols_per_warp(self.plan.fragments[name].col, self.tile) // MMA_N
+                self.emit(f"unsigned {_var(name)}[{plan.m_tiles}][{cols}][{MMA_C_PAIR.extent('h')}];  // packed to {self.packed[name].lower()} pairs")
+                continue
             self.emit(f"float {_var(name)}{self.dims(name)};")
         for name in sorted(self.tops):
             self.emit(f"float nk_top_{ident(name)}[{plan.m_tiles}][{MMA_C_PAIR.extent('h')}];  // {name}'s shift this chunk (log2 domain)")
@@ -414,6 +434,38 @@ class TensorPrinter(KernelWriter):
             later = [t for t in sequence[index + 1:] if any(ref[1] == s.target for ref in t.reads)]
             if scale is not None and later and all(self.softmax_of(t) == s.target for t in later):
                 self.folded[s.target] = scale
+
+    def packed_fragments(self) -> dict[str, str]:
+        """The online softmaxes' outputs (P) that only mma.sync products read, as their A
+        operand from registers in a 16-bit type: name -> that type's macro suffix. Such a P is
+        packed as its exponentials are computed, two values a register (the A fragment's pairs),
+        and its row sum adds the packed values: each f32 exponential is dead once packed, where a
+        sum of the f32 values leaves ptxas free to hold all of them until its adds, which it
+        schedules after the products (32-row warps at d = 128 then spill). The sum is that of the
+        P the product multiplies, so O is the weighted mean of V's rows under the very weights
+        it uses; only where that is all the sum is read for (not attention_lse's L, nor a split's
+        part state, which are the exact sum's). Not for wgmma plans, whose printer packs P
+        itself, nor fp8 (``mma_fp8``)."""
+        plan = self.plan
+        if plan.shape or plan.instruction != "mma.sync":
+            return {}
+        steps = [step for step, _ in walk(self.launch.body) if step.level == self.level]
+        found = {}
+        for name in plan.fragments:
+            readers = [t for t in steps if (self.level, name) in t.reads]
+            writers = [t for t in steps if t.op == "online" and t.statement is not None and t.statement.target == name]
+            if not readers or not writers or any(t.op == "save" and t.array == name for t in steps):
+                continue
+            # its row sum only normalises a product (O = O.acc / P.sum): a log-sum-exp output or a
+            # split's part state reads the sum itself, which is the f32 exponentials' there
+            sums = [t for t in steps if (self.level, f"{name}.sum") in t.reads and t.op != "online"]
+            if not all(t.op == "finalise" and isinstance(t.statement.box, Contract) for t in sums):
+                continue
+            mmas = [plan.mmas.get(t.statement.target) if t.statement is not None else None for t in readers]
+            if all(m is not None and m.a == name and m.a_in_registers and m.dtype in ("bf16", "f16") for m in mmas) \
+                    and len({m.dtype for m in mmas}) == 1:
+                found[name] = "BF16" if mmas[0].dtype == "bf16" else "F16"
+        return found
 
     def positive_constant(self, expr) -> float | None:
         if not isinstance(expr, Const) or expr.value in (algebra.oo, -algebra.oo):
@@ -880,6 +932,9 @@ class TensorPrinter(KernelWriter):
         x = ident(axis)
         stages = self.plan.stages
         masked = node.mask is not None
+        if self.plan.rolled and streamed:
+            self.rolled(node, axis, streamed, lo, hi, stop)
+            return
         # A masked stream and a TMA ring (plan.tma) keep the loop below at any stage count: the
         # whole-group loop's untested refills and straight-line last chunks are validated for an
         # unmasked cp.async stream only (a 3-stage ring over a masked stream hung on PoCL with
@@ -896,6 +951,27 @@ class TensorPrinter(KernelWriter):
             self.chunk(node, axis, streamed, stop or hi, index, masked, str(stage))
             self.depth -= 1
             self.emit("}")
+        self.depth -= 1
+        self.emit("}")
+
+    def rolled(self, node: Loop, axis: str, streamed: list, lo: str, hi: str, stop: str | None):
+        """:meth:`unrolled` for a plan whose fragments leave ptxas few registers (``plan.rolled``):
+        one chunk a trip on a running buffer, the loop kept rolled. Unrolled by the stages, two
+        chunks share a basic block, and ptxas overlaps them (the first's row sums after the
+        second's products), holding more values than one chunk's: 32-row warps at d = 128 spill
+        there and compile without spills here. The buffer's offset is the block's, so ptxas keeps
+        it in a uniform register beside the lanes' ldmatrix rows (:meth:`ldsm_offset`)."""
+        x = ident(axis)
+        stages = self.plan.stages
+        masked = node.mask is not None
+        if not masked:  # a masked stream's loops declared it (stream_loop)
+            self.emit(f"int nk_stage_{x} = 0;  // the buffer of chunk c: c mod {stages}")
+        self.emit("NK_ROLLED")
+        self.emit(f"for (int c_{x} = {lo}; c_{x} < {hi}; ++c_{x}) {{  // one chunk a trip"
+                  f"{', the mask holds them in full: no test' if masked else ''}")
+        self.depth += 1
+        self.chunk(node, axis, streamed, stop or hi, f"c_{x}", masked, f"nk_stage_{x}")
+        self.emit(f"nk_stage_{x} = (nk_stage_{x} == {stages - 1}) ? 0 : nk_stage_{x} + 1;")
         self.depth -= 1
         self.emit("}")
 
@@ -988,9 +1064,6 @@ class TensorPrinter(KernelWriter):
                 self.unmasked[where] = None  # held in full: the where's value, untested
         for name in streamed:
             self.buffers[name] = stage
-        for (name, _, _), lane in self.lanes.items():
-            if name in streamed and not constant:  # a running buffer joins the lane's row once a chunk
-                self.emit(f"const int nk_lbs{lane} = nk_lb{lane} + {stage} * {self.smem[name].stage_bytes};")
         self.chunk_vectors(node)
         self.nodes(node.body)
         self.chunk_loaded.clear()
@@ -1215,7 +1288,27 @@ class TensorPrinter(KernelWriter):
                 self.emit(f"{self.element(target, False)} = p;")
             self.emit(f"{total} += p;")
 
-        self.loop("nt", self.tile[col] // MMA_N, lambda: self.loop("e", MMA_C_VALUE.extent("e"), per_element))
+        def per_pair():  # a packed target (packed_fragments): the pair's two values, packed, then summed
+            kind = self.packed[target]
+            self.emit("float p0, p1;")
+            for e in range(MMA_C_VALUE.extent("e")):
+                self.emit("{")
+                self.depth += 1
+                self.emit(f"const int i = {self.value_index(str(e))};")
+                value = f"nk_exp2({self.value(operand, col)} * {c!r}f - {top})"
+                valid = self.col_valid(col)
+                self.emit(f"p{e} = {f'{valid} ? {value} : 0.0f' if valid else value};")
+                self.depth -= 1
+                self.emit("}")
+            self.emit(f"const unsigned pk = NK_PACK_{kind}(p0, p1);")
+            self.emit(f"{_var(target)}[mt][nt][h] = pk;")
+            self.emit(f"{total} += NK_LO_{kind}(pk) + NK_HI_{kind}(pk);")
+
+        if target is not None and target in self.packed:
+            assert MMA_C_VALUE.extent("e") == 2, "napkin bug: an accumulator pair is two values"
+            self.loop("nt", self.tile[col] // MMA_N, per_pair)
+        else:
+            self.loop("nt", self.tile[col] // MMA_N, lambda: self.loop("e", MMA_C_VALUE.extent("e"), per_element))
         if quad:
             for mask in ROW_LANE_MASKS:
                 self.emit(f"{total} += NK_SHFL_XOR({total}, {mask});")
@@ -1362,6 +1455,11 @@ class TensorPrinter(KernelWriter):
 
                 def pack():
                     for j, halves in enumerate(repack):
+                        if m.a in self.packed:  # packed by the exponentials: a pair (c, c + 1) is one register
+                            (nt, c), (nt_hi, c_hi) = halves
+                            assert nt == nt_hi and c % 2 == 0 and c_hi == c + 1, "napkin bug: an A register is not one C pair"
+                            self.emit(f"a[mt][{j}] = {src}[mt][{tile(nt)}][{c // 2}];")
+                            continue
                         lo, hi = (f"{src}[mt][{tile(nt)}][{c}]" for nt, c in halves)
                         self.emit(f"a[mt][{j}] = NK_PACK_{kind}({lo}, {hi});")
 
@@ -1400,8 +1498,7 @@ class TensorPrinter(KernelWriter):
                 name, operand, trans = site
                 base, x = ldmatrix_lane_terms(self.ldsm_tile(name), operand, trans, "nk_lane")
                 index = len(self.lanes)
-                self.emit(f"const int nk_lb{index} = {base};  // {name}: this lane's ldmatrix row")
-                self.emit(f"const int nk_lx{index} = {x};  // ... and its swizzle key")
+                self.emit(f"const int nk_lb{index} = {ldmatrix_keyed_lane_expr(base, x)};  // {name}: this lane's ldmatrix row and swizzle key")
                 self.lanes[site] = index
 
     def ldsm_offset(self, name: str, operand: str, trans: bool, outer: str, k: str) -> str:
@@ -1414,10 +1511,10 @@ class TensorPrinter(KernelWriter):
         row0, col0 = (k, outer) if trans else (outer, k)
         u0 = f"((({col0}) * {tile.element_bytes}) >> 4)"
         stage = self.buffers.get(name)
-        # a running buffer is in the lane's row already (chunk(): nk_lbs); a constant one is an immediate
-        lane = f"nk_lbs{index}" if stage is not None and not stage.isdigit() else f"nk_lb{index}"
-        offset = ldmatrix_offset_expr(tile, row0, u0, lane, f"nk_lx{index}")
-        base = f"{slot.offset} + ({stage}) * {slot.stage_bytes}" if stage is not None and stage.isdigit() else f"{slot.offset}"
+        # the buffer adds after the lane's XOR (a multiple of 128 bytes): an immediate, or a
+        # running buffer's offset, the same for the block (ptxas keeps it in a uniform register)
+        offset = ldmatrix_keyed_offset_expr(tile, row0, u0, f"nk_lb{index}")
+        base = f"{slot.offset} + ({stage}) * {slot.stage_bytes}" if stage is not None else f"{slot.offset}"
         return f"{base} + {offset}"
 
     # -- mma.sync m16n8k32 (e4m3 / e5m2)

@@ -17,7 +17,7 @@
  *
  * instruction paths:
  *   napkin_attention_0: mma.sync
- *     registers: group q 16 (8 warps of 16 q rows); cp.async 2 stages for K, V
+ *     registers: group q 32 (4 warps of 32 q rows); cp.async 2 stages for K, V
  *     S: mma.sync.m16n8k16 bf16 -> f32, A = Q by ldmatrix, B = K by ldmatrix
  *     P: fma on q x x fragments in registers
  *     O: mma.sync.m16n8k16 bf16 -> f32, A = P from registers (packed to bf16), B = V by ldmatrix.trans
@@ -26,11 +26,11 @@
  *   level      per     H (values)  H (bytes)  M (values)  M (bytes)  capacity    N    FLOP/B  transfer time
  *   l2         device  268,800     537,600    89,600      179,200    52,428,800  3    87.1    0.16 us
  *   smem       block   384,000     768,000    49,152      98,304     232,448     6    61.0    0.0768 us
- *   registers  thread  2,073,600   4,147,200  102         408        1,020       256  11.3    0.134 us
+ *   registers  thread  1,152,000   2,304,000  204         816        1,020       128  20.3    0.0746 us
  *   FLOPs: tensor 46,080,000, fma 674,400, special 91,800  (total 46,846,200)
- *   predicted time: 5.57 us overlapped (registers transfer-bound), 8.62 us serial; compute 2.81 us, 1 wave of 132 blocks (1 per SM, bound by registers)
+ *   predicted time: 4.99 us overlapped (compute-bound), 7.31 us serial; compute 2.81 us, 1 wave of 264 blocks (2 per SM, bound by shared memory)
  *   fixed costs (in the time above): launch 2 us, fill 0.117 us, drain 0.0587 us
- *   predicted throughput: 8.4 TFLOP/s
+ *   predicted throughput: 9.4 TFLOP/s
  *   note: group q 128 does not divide q = 200: 2 groups, the last one masked (72 of 128)
  *   note: stream x 64 does not divide x = 150: 3 chunks, the last one masked (22 of 64)
  *   note: the l2 groups are derived: co-resident thread blocks in a swizzled launch order share L2 (docs: method, the L2 level)
@@ -114,20 +114,26 @@ __device__ __forceinline__ float nk_exp2(float x) {
 #define NK_MMA_F16(c, a, b0, b1) nk_mma_f16((c), (a), (b0), (b1))
 #define NK_PACK_BF16(lo, hi) nk_pack_bf16((lo), (hi))
 #define NK_PACK_F16(lo, hi) nk_pack_f16((lo), (hi))
+// the f32 values of a packed pair's low and high halves (a packed P's row sum)
+#define NK_LO_BF16(pk) __uint_as_float((pk) << 16)
+#define NK_HI_BF16(pk) __uint_as_float((pk) & 0xffff0000u)
+#define NK_LO_F16(pk) __half2float(__ushort_as_half((unsigned short)((pk) & 0xffffu)))
+#define NK_HI_F16(pk) __half2float(__ushort_as_half((unsigned short)((pk) >> 16)))
 #define NK_CP16(off, src, valid) nk_cp16(nk_sbase + (off), (src), (valid))
 #define NK_CP_COMMIT() asm volatile("cp.async.commit_group;\n" ::)
 #define NK_CP_WAIT(n) asm volatile("cp.async.wait_group %0;\n" :: "n"(n))
 #define NK_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
 #define NK_SYNC() __syncthreads()
 #define NK_UNROLL _Pragma("unroll")
+#define NK_ROLLED _Pragma("unroll 1")
 
 #define NK_THREADS 256
-extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __nv_bfloat16* __restrict__ g_Q, const __nv_bfloat16* __restrict__ g_K, const __nv_bfloat16* __restrict__ g_V, __nv_bfloat16* __restrict__ g_O) {
+extern "C" __global__ void __launch_bounds__(128, 1) napkin_attention_0(const __nv_bfloat16* __restrict__ g_Q, const __nv_bfloat16* __restrict__ g_K, const __nv_bfloat16* __restrict__ g_V, __nv_bfloat16* __restrict__ g_O) {
     extern __shared__ __align__(128) unsigned char nk_smem[];
     const int nk_tid = threadIdx.x;
     const int nk_warp = nk_tid >> 5, nk_lane = nk_tid & 31;
     const int nk_g = nk_lane >> 2, nk_t = nk_lane & 3;
-    const int nk_wrow = nk_warp * 16;  // the warp's first row of the q tile
+    const int nk_wrow = nk_warp * 32;  // the warp's first row of the q tile
     const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);
     int nk_block = blockIdx.x;
     int nk_inner = nk_block % 2; nk_block /= 2;  // the block within its L2 group
@@ -139,12 +145,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     const int grp_b = nk_block % 1; nk_block /= 1;
     const int o_b = grp_b * 1;
     (void)nk_block; (void)nk_g; (void)nk_t; (void)nk_wrow;
-    const int nk_lb0 = ((((nk_lane & 7) + (nk_lane >> 4) * 8)) * 256);  // K: this lane's ldmatrix row
-    const int nk_lx0 = (((((((nk_lane >> 3) & 1) << 3)) * 2) >> 4) ^ (((((nk_lane & 7) + (nk_lane >> 4) * 8)) >> 0) & 7));  // ... and its swizzle key
-    const int nk_lb1 = ((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) * 256);  // Q: this lane's ldmatrix row
-    const int nk_lx1 = (((((nk_lane >> 4) * 8) * 2) >> 4) ^ (((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7));  // ... and its swizzle key
-    const int nk_lb2 = ((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) * 256);  // V: this lane's ldmatrix row
-    const int nk_lx2 = (((((nk_lane >> 4) * 8) * 2) >> 4) ^ (((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7));  // ... and its swizzle key
+    const int nk_lb0 = ((((((nk_lane & 7) + (nk_lane >> 4) * 8)) * 256)) + (((((((((nk_lane >> 3) & 1) << 3)) * 2) >> 4) ^ (((((nk_lane & 7) + (nk_lane >> 4) * 8)) >> 0) & 7))) << 4));  // K: this lane's ldmatrix row and swizzle key
+    const int nk_lb1 = ((((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) * 256)) + (((((((nk_lane >> 4) * 8) * 2) >> 4) ^ (((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7))) << 4));  // Q: this lane's ldmatrix row and swizzle key
+    const int nk_lb2 = ((((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) * 256)) + (((((((nk_lane >> 4) * 8) * 2) >> 4) ^ (((((nk_lane & 7) + (((nk_lane >> 3) & 1) << 3))) >> 0) & 7))) << 4));  // V: this lane's ldmatrix row and swizzle key
     const int nk_cr_K = nk_tid / 16, nk_cc_K = (nk_tid % 16) * 8;  // K: this thread's copy
     const int nk_cs_K = ((nk_cr_K) * 256 + (((((nk_cc_K) * 2) >> 4) ^ (((nk_cr_K) >> 0) & 7)) << 4) + (((nk_cc_K) * 2) & 15));
     const int nk_cg_K = ((((o_b)) * 3 + (o_h)) * 150 + (nk_cr_K)) * 128 + (nk_cc_K);
@@ -154,31 +157,31 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     const int nk_cr_V = nk_tid / 16, nk_cc_V = (nk_tid % 16) * 8;  // V: this thread's copy
     const int nk_cs_V = ((nk_cr_V) * 256 + (((((nk_cc_V) * 2) >> 4) ^ (((nk_cr_V) >> 0) & 7)) << 4) + (((nk_cc_V) * 2) & 15));
     const int nk_cg_V = ((((o_b)) * 3 + (o_h)) * 150 + (nk_cr_V)) * 128 + (nk_cc_V);
-    float f_P__max[1][2];
-    float f_P__sum[1][2];
-    float f_O__acc[1][16][4];
-    float f_S[1][8][4];
-    float f_P__scale[1][2];
-    float f_P[1][8][4];
-    float f_O[1][16][4];
-    float nk_top_P[1][2];  // P's shift this chunk (log2 domain)
+    float f_P__max[2][2];
+    float f_P__sum[2][2];
+    float f_O__acc[2][16][4];
+    float f_S[2][8][4];
+    float f_P__scale[2][2];
+    unsigned f_P[2][8][2];  // packed to bf16 pairs
+    float f_O[2][16][4];
+    float nk_top_P[2][2];  // P's shift this chunk (log2 domain)
     // load Q[b h q d] l2 -> smem
     NK_UNROLL
-    for (int v = 0; v < 8; ++v) {
-        NK_CP16(32768 + nk_cs_Q + v * 4096, g_Q + nk_cg_Q + v * 2048, (o_q + nk_cr_Q + v * 16 < 200));
+    for (int v = 0; v < 16; ++v) {
+        NK_CP16(32768 + nk_cs_Q + v * 2048, g_Q + nk_cg_Q + v * 1024, (o_q + nk_cr_Q + v * 8 < 200));
     }
     NK_CP_COMMIT();
     // P.max[b h q] = -inf; P.sum[b h q] = 0
     {
         NK_UNROLL
-        for (int mt = 0; mt < 1; ++mt) {
+        for (int mt = 0; mt < 2; ++mt) {
             NK_UNROLL
             for (int h = 0; h < 2; ++h) {
                 f_P__max[mt][h] = -NK_INF;
             }
         }
         NK_UNROLL
-        for (int mt = 0; mt < 1; ++mt) {
+        for (int mt = 0; mt < 2; ++mt) {
             NK_UNROLL
             for (int h = 0; h < 2; ++h) {
                 f_P__sum[mt][h] = 0.0f;
@@ -188,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     // O.acc[b h q d] = 0
     {
         NK_UNROLL
-        for (int mt = 0; mt < 1; ++mt) {
+        for (int mt = 0; mt < 2; ++mt) {
             NK_UNROLL
             for (int nt = 0; nt < 16; ++nt) {
                 NK_UNROLL
@@ -200,312 +203,181 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     }
     // for x in 3 chunks of 64, 2 stages: chunk c + 1 loads while chunk c computes
     NK_UNROLL
-    for (int v = 0; v < 4; ++v) {
-        NK_CP16(0 + (0) * 16384 + nk_cs_K + v * 4096, g_K + nk_cg_K + (0) * 128 + v * 2048, (0 + nk_cr_K + v * 16 < 150));
+    for (int v = 0; v < 8; ++v) {
+        NK_CP16(0 + (0) * 16384 + nk_cs_K + v * 2048, g_K + nk_cg_K + (0) * 128 + v * 1024, (0 + nk_cr_K + v * 8 < 150));
     }
     NK_UNROLL
-    for (int v = 0; v < 4; ++v) {
-        NK_CP16(65536 + (0) * 16384 + nk_cs_V + v * 4096, g_V + nk_cg_V + (0) * 128 + v * 2048, (0 + nk_cr_V + v * 16 < 150));
+    for (int v = 0; v < 8; ++v) {
+        NK_CP16(65536 + (0) * 16384 + nk_cs_V + v * 2048, g_V + nk_cg_V + (0) * 128 + v * 1024, (0 + nk_cr_V + v * 8 < 150));
     }
     NK_CP_COMMIT();
-    for (int c_x = 0; c_x < 3; c_x += 2) {
-        {  // buffer 0
-            const int o_x = c_x * 64;
-            NK_CP_WAIT(0);  // this chunk's group has landed
-            NK_SYNC();  // ... for every thread, and every warp is done with the previous chunk's buffers
-            if (c_x + 1 < 3) {
-                NK_UNROLL
-                for (int v = 0; v < 4; ++v) {
-                    NK_CP16(0 + (1) * 16384 + nk_cs_K + v * 4096, g_K + nk_cg_K + ((o_x + 64)) * 128 + v * 2048, ((o_x + 64) + nk_cr_K + v * 16 < 150));
-                }
-                NK_UNROLL
-                for (int v = 0; v < 4; ++v) {
-                    NK_CP16(65536 + (1) * 16384 + nk_cs_V + v * 4096, g_V + nk_cg_V + ((o_x + 64)) * 128 + v * 2048, ((o_x + 64) + nk_cr_V + v * 16 < 150));
-                }
+    int nk_stage_x = 0;  // the buffer of chunk c: c mod 2
+    NK_ROLLED
+    for (int c_x = 0; c_x < 3; ++c_x) {  // one chunk a trip
+        const int o_x = c_x * 64;
+        NK_CP_WAIT(0);  // this chunk's group has landed
+        NK_SYNC();  // ... for every thread, and every warp is done with the previous chunk's buffers
+        if (c_x + 1 < 3) {
+            NK_UNROLL
+            for (int v = 0; v < 8; ++v) {
+                NK_CP16(0 + ((nk_stage_x + 1) % 2) * 16384 + nk_cs_K + v * 2048, g_K + nk_cg_K + ((o_x + 64)) * 128 + v * 1024, ((o_x + 64) + nk_cr_K + v * 8 < 150));
             }
-            NK_CP_COMMIT();  // one group per chunk, empty near the end: wait_group counts them
-            const int n_x = min(64, 150 - o_x);
-            // S[b h q x] = Q[b h q d] * K[b h x d]
-            {
+            NK_UNROLL
+            for (int v = 0; v < 8; ++v) {
+                NK_CP16(65536 + ((nk_stage_x + 1) % 2) * 16384 + nk_cs_V + v * 2048, g_V + nk_cg_V + ((o_x + 64)) * 128 + v * 1024, ((o_x + 64) + nk_cr_V + v * 8 < 150));
+            }
+        }
+        NK_CP_COMMIT();  // one group per chunk, empty near the end: wait_group counts them
+        const int n_x = min(64, 150 - o_x);
+        // S[b h q x] = Q[b h q d] * K[b h x d]
+        {
+            NK_UNROLL
+            for (int mt = 0; mt < 2; ++mt) {
                 NK_UNROLL
-                for (int mt = 0; mt < 1; ++mt) {
+                for (int nt = 0; nt < 8; ++nt) {
                     NK_UNROLL
-                    for (int nt = 0; nt < 8; ++nt) {
-                        NK_UNROLL
-                        for (int i = 0; i < 4; ++i) {
-                            f_S[mt][nt][i] = 0.0f;
-                        }
-                    }
-                }
-                NK_UNROLL
-                for (int kk = 0; kk < 8; ++kk) {
-                    unsigned a[1][4];
-                    NK_UNROLL
-                    for (int mt = 0; mt < 1; ++mt) {
-                        NK_LDSM(a[mt], 32768 + (((nk_wrow + mt * 16)) * 256 + nk_lb1 + (((((((kk * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((kk * 16)) * 2) >> 4)) & 7) ^ nk_lx1) << 4)));
-                    }
-                    NK_UNROLL
-                    for (int np = 0; np < 4; ++np) {
-                        unsigned b[4];
-                        NK_LDSM(b, 0 + (0) * 16384 + (((np * 16)) * 256 + nk_lb0 + (((((((kk * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((kk * 16)) * 2) >> 4)) & 7) ^ nk_lx0) << 4)));
-                        NK_UNROLL
-                        for (int mt = 0; mt < 1; ++mt) {
-                            NK_MMA_BF16(f_S[mt][2 * np], a[mt], b[0], b[1]);
-                            NK_MMA_BF16(f_S[mt][2 * np + 1], a[mt], b[2], b[3]);
-                        }
+                    for (int i = 0; i < 4; ++i) {
+                        f_S[mt][nt][i] = 0.0f;
                     }
                 }
             }
-            // S *= 1/sqrt(d)
-            {
-                // folded into the softmax's exp2 argument: one FFMA a value
-            }
-            // m' = max(P.max, max[x](S[b h q x])); P.scale[b h q] = exp(P.max - m'); P.max = m'
-            {
+            NK_UNROLL
+            for (int kk = 0; kk < 8; ++kk) {
+                unsigned a[2][4];
                 NK_UNROLL
-                for (int mt = 0; mt < 1; ++mt) {
-                    NK_UNROLL
-                    for (int h = 0; h < 2; ++h) {
-                        float chunk = -NK_INF;
-                        NK_UNROLL
-                        for (int nt = 0; nt < 8; ++nt) {
-                            NK_UNROLL
-                            for (int e = 0; e < 2; ++e) {
-                                const int i = 2 * h + e;
-                                chunk = fmaxf(chunk, (((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? f_S[mt][nt][i] : -NK_INF));
-                            }
-                        }
-                        chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 1));
-                        chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 2));
-                        const float old = f_P__max[mt][h];
-                        const float fresh = fmaxf(old, chunk * 0.12751743082459868f);
-                        const float top = (fresh == -NK_INF) ? 0.0f : fresh;
-                        f_P__scale[mt][h] = nk_exp2(old - top);
-                        f_P__max[mt][h] = fresh;
-                        nk_top_P[mt][h] = top;
-                    }
+                for (int mt = 0; mt < 2; ++mt) {
+                    NK_LDSM(a[mt], 32768 + (((nk_lb1) ^ (((((((kk * 16)) * 2) >> 4)) & 7) << 4)) + ((nk_wrow + mt * 16)) * 256 + (((((((kk * 16)) * 2) >> 4)) & 65528) << 4)));
                 }
-            }
-            // P[b h q x] = exp(S[b h q x] - P.max); P.sum = P.sum * P.scale + sum[x](P)
-            {
                 NK_UNROLL
-                for (int mt = 0; mt < 1; ++mt) {
+                for (int np = 0; np < 4; ++np) {
+                    unsigned b[4];
+                    NK_LDSM(b, 0 + (nk_stage_x) * 16384 + (((nk_lb0) ^ (((((((kk * 16)) * 2) >> 4)) & 7) << 4)) + ((np * 16)) * 256 + (((((((kk * 16)) * 2) >> 4)) & 65528) << 4)));
                     NK_UNROLL
-                    for (int h = 0; h < 2; ++h) {
-                        const float top = nk_top_P[mt][h];
-                        float part = 0.0f;
-                        NK_UNROLL
-                        for (int nt = 0; nt < 8; ++nt) {
-                            NK_UNROLL
-                            for (int e = 0; e < 2; ++e) {
-                                const int i = 2 * h + e;
-                                const float p = ((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? nk_exp2(f_S[mt][nt][i] * 0.12751743082459868f - top) : 0.0f;
-                                f_P[mt][nt][i] = p;
-                                part += p;
-                            }
-                        }
-                        f_P__sum[mt][h] = f_P__sum[mt][h] * f_P__scale[mt][h] + part;
-                    }
-                }
-            }
-            // O.acc *= P.scale
-            {
-                NK_UNROLL
-                for (int mt = 0; mt < 1; ++mt) {
-                    NK_UNROLL
-                    for (int nt = 0; nt < 16; ++nt) {
-                        NK_UNROLL
-                        for (int i = 0; i < 4; ++i) {
-                            f_O__acc[mt][nt][i] *= f_P__scale[mt][i >> 1];
-                        }
-                    }
-                }
-            }
-            // O.acc += P[b h q x] * V[b h x d]
-            {
-                NK_UNROLL
-                for (int kk = 0; kk < 4; ++kk) {
-                    unsigned a[1][4];
-                    NK_UNROLL
-                    for (int mt = 0; mt < 1; ++mt) {
-                        a[mt][0] = NK_PACK_BF16(f_P[mt][2 * kk][0], f_P[mt][2 * kk][1]);
-                        a[mt][1] = NK_PACK_BF16(f_P[mt][2 * kk][2], f_P[mt][2 * kk][3]);
-                        a[mt][2] = NK_PACK_BF16(f_P[mt][2 * kk + 1][0], f_P[mt][2 * kk + 1][1]);
-                        a[mt][3] = NK_PACK_BF16(f_P[mt][2 * kk + 1][2], f_P[mt][2 * kk + 1][3]);
-                    }
-                    NK_UNROLL
-                    for (int np = 0; np < 8; ++np) {
-                        unsigned b[4];
-                        NK_LDSM_T(b, 65536 + (0) * 16384 + (((kk * 16)) * 256 + nk_lb2 + (((((((np * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((np * 16)) * 2) >> 4)) & 7) ^ nk_lx2) << 4)));
-                        NK_UNROLL
-                        for (int mt = 0; mt < 1; ++mt) {
-                            NK_MMA_BF16(f_O__acc[mt][2 * np], a[mt], b[0], b[1]);
-                            NK_MMA_BF16(f_O__acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-                        }
+                    for (int mt = 0; mt < 2; ++mt) {
+                        NK_MMA_BF16(f_S[mt][2 * np], a[mt], b[0], b[1]);
+                        NK_MMA_BF16(f_S[mt][2 * np + 1], a[mt], b[2], b[3]);
                     }
                 }
             }
         }
-        if ((c_x + 1) < 3) {  // buffer 1
-            const int o_x = (c_x + 1) * 64;
-            NK_CP_WAIT(0);  // this chunk's group has landed
-            NK_SYNC();  // ... for every thread, and every warp is done with the previous chunk's buffers
-            if ((c_x + 1) + 1 < 3) {
+        // S *= 1/sqrt(d)
+        {
+            // folded into the softmax's exp2 argument: one FFMA a value
+        }
+        // m' = max(P.max, max[x](S[b h q x])); P.scale[b h q] = exp(P.max - m'); P.max = m'
+        {
+            NK_UNROLL
+            for (int mt = 0; mt < 2; ++mt) {
                 NK_UNROLL
-                for (int v = 0; v < 4; ++v) {
-                    NK_CP16(0 + (0) * 16384 + nk_cs_K + v * 4096, g_K + nk_cg_K + ((o_x + 64)) * 128 + v * 2048, ((o_x + 64) + nk_cr_K + v * 16 < 150));
-                }
-                NK_UNROLL
-                for (int v = 0; v < 4; ++v) {
-                    NK_CP16(65536 + (0) * 16384 + nk_cs_V + v * 4096, g_V + nk_cg_V + ((o_x + 64)) * 128 + v * 2048, ((o_x + 64) + nk_cr_V + v * 16 < 150));
-                }
-            }
-            NK_CP_COMMIT();  // one group per chunk, empty near the end: wait_group counts them
-            const int n_x = min(64, 150 - o_x);
-            // S[b h q x] = Q[b h q d] * K[b h x d]
-            {
-                NK_UNROLL
-                for (int mt = 0; mt < 1; ++mt) {
+                for (int h = 0; h < 2; ++h) {
+                    float chunk = -NK_INF;
                     NK_UNROLL
                     for (int nt = 0; nt < 8; ++nt) {
                         NK_UNROLL
-                        for (int i = 0; i < 4; ++i) {
-                            f_S[mt][nt][i] = 0.0f;
+                        for (int e = 0; e < 2; ++e) {
+                            const int i = 2 * h + e;
+                            chunk = fmaxf(chunk, (((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? f_S[mt][nt][i] : -NK_INF));
                         }
                     }
-                }
-                NK_UNROLL
-                for (int kk = 0; kk < 8; ++kk) {
-                    unsigned a[1][4];
-                    NK_UNROLL
-                    for (int mt = 0; mt < 1; ++mt) {
-                        NK_LDSM(a[mt], 32768 + (((nk_wrow + mt * 16)) * 256 + nk_lb1 + (((((((kk * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((kk * 16)) * 2) >> 4)) & 7) ^ nk_lx1) << 4)));
-                    }
-                    NK_UNROLL
-                    for (int np = 0; np < 4; ++np) {
-                        unsigned b[4];
-                        NK_LDSM(b, 0 + (1) * 16384 + (((np * 16)) * 256 + nk_lb0 + (((((((kk * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((kk * 16)) * 2) >> 4)) & 7) ^ nk_lx0) << 4)));
-                        NK_UNROLL
-                        for (int mt = 0; mt < 1; ++mt) {
-                            NK_MMA_BF16(f_S[mt][2 * np], a[mt], b[0], b[1]);
-                            NK_MMA_BF16(f_S[mt][2 * np + 1], a[mt], b[2], b[3]);
-                        }
-                    }
+                    chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 1));
+                    chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 2));
+                    const float old = f_P__max[mt][h];
+                    const float fresh = fmaxf(old, chunk * 0.12751743082459868f);
+                    const float top = (fresh == -NK_INF) ? 0.0f : fresh;
+                    f_P__scale[mt][h] = nk_exp2(old - top);
+                    f_P__max[mt][h] = fresh;
+                    nk_top_P[mt][h] = top;
                 }
             }
-            // S *= 1/sqrt(d)
-            {
-                // folded into the softmax's exp2 argument: one FFMA a value
-            }
-            // m' = max(P.max, max[x](S[b h q x])); P.scale[b h q] = exp(P.max - m'); P.max = m'
-            {
+        }
+        // P[b h q x] = exp(S[b h q x] - P.max); P.sum = P.sum * P.scale + sum[x](P)
+        {
+            NK_UNROLL
+            for (int mt = 0; mt < 2; ++mt) {
                 NK_UNROLL
-                for (int mt = 0; mt < 1; ++mt) {
+                for (int h = 0; h < 2; ++h) {
+                    const float top = nk_top_P[mt][h];
+                    float part = 0.0f;
                     NK_UNROLL
-                    for (int h = 0; h < 2; ++h) {
-                        float chunk = -NK_INF;
-                        NK_UNROLL
-                        for (int nt = 0; nt < 8; ++nt) {
-                            NK_UNROLL
-                            for (int e = 0; e < 2; ++e) {
-                                const int i = 2 * h + e;
-                                chunk = fmaxf(chunk, (((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? f_S[mt][nt][i] : -NK_INF));
-                            }
+                    for (int nt = 0; nt < 8; ++nt) {
+                        float p0, p1;
+                        {
+                            const int i = 2 * h;
+                            p0 = ((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? nk_exp2(f_S[mt][nt][i] * 0.12751743082459868f - top) : 0.0f;
                         }
-                        chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 1));
-                        chunk = fmaxf(chunk, NK_SHFL_XOR(chunk, 2));
-                        const float old = f_P__max[mt][h];
-                        const float fresh = fmaxf(old, chunk * 0.12751743082459868f);
-                        const float top = (fresh == -NK_INF) ? 0.0f : fresh;
-                        f_P__scale[mt][h] = nk_exp2(old - top);
-                        f_P__max[mt][h] = fresh;
-                        nk_top_P[mt][h] = top;
+                        {
+                            const int i = 2 * h + 1;
+                            p1 = ((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? nk_exp2(f_S[mt][nt][i] * 0.12751743082459868f - top) : 0.0f;
+                        }
+                        const unsigned pk = NK_PACK_BF16(p0, p1);
+                        f_P[mt][nt][h] = pk;
+                        part += NK_LO_BF16(pk) + NK_HI_BF16(pk);
                     }
+                    f_P__sum[mt][h] = f_P__sum[mt][h] * f_P__scale[mt][h] + part;
                 }
             }
-            // P[b h q x] = exp(S[b h q x] - P.max); P.sum = P.sum * P.scale + sum[x](P)
-            {
+        }
+        // O.acc *= P.scale
+        {
+            NK_UNROLL
+            for (int mt = 0; mt < 2; ++mt) {
                 NK_UNROLL
-                for (int mt = 0; mt < 1; ++mt) {
+                for (int nt = 0; nt < 16; ++nt) {
                     NK_UNROLL
-                    for (int h = 0; h < 2; ++h) {
-                        const float top = nk_top_P[mt][h];
-                        float part = 0.0f;
-                        NK_UNROLL
-                        for (int nt = 0; nt < 8; ++nt) {
-                            NK_UNROLL
-                            for (int e = 0; e < 2; ++e) {
-                                const int i = 2 * h + e;
-                                const float p = ((nt * 8 + 2 * nk_t + (i & 1)) < n_x) ? nk_exp2(f_S[mt][nt][i] * 0.12751743082459868f - top) : 0.0f;
-                                f_P[mt][nt][i] = p;
-                                part += p;
-                            }
-                        }
-                        f_P__sum[mt][h] = f_P__sum[mt][h] * f_P__scale[mt][h] + part;
-                    }
-                }
-            }
-            // O.acc *= P.scale
-            {
-                NK_UNROLL
-                for (int mt = 0; mt < 1; ++mt) {
-                    NK_UNROLL
-                    for (int nt = 0; nt < 16; ++nt) {
-                        NK_UNROLL
-                        for (int i = 0; i < 4; ++i) {
-                            f_O__acc[mt][nt][i] *= f_P__scale[mt][i >> 1];
-                        }
-                    }
-                }
-            }
-            // O.acc += P[b h q x] * V[b h x d]
-            {
-                NK_UNROLL
-                for (int kk = 0; kk < 4; ++kk) {
-                    unsigned a[1][4];
-                    NK_UNROLL
-                    for (int mt = 0; mt < 1; ++mt) {
-                        a[mt][0] = NK_PACK_BF16(f_P[mt][2 * kk][0], f_P[mt][2 * kk][1]);
-                        a[mt][1] = NK_PACK_BF16(f_P[mt][2 * kk][2], f_P[mt][2 * kk][3]);
-                        a[mt][2] = NK_PACK_BF16(f_P[mt][2 * kk + 1][0], f_P[mt][2 * kk + 1][1]);
-                        a[mt][3] = NK_PACK_BF16(f_P[mt][2 * kk + 1][2], f_P[mt][2 * kk + 1][3]);
-                    }
-                    NK_UNROLL
-                    for (int np = 0; np < 8; ++np) {
-                        unsigned b[4];
-                        NK_LDSM_T(b, 65536 + (1) * 16384 + (((kk * 16)) * 256 + nk_lb2 + (((((((np * 16)) * 2) >> 4)) & 65528) << 4) + ((((((((np * 16)) * 2) >> 4)) & 7) ^ nk_lx2) << 4)));
-                        NK_UNROLL
-                        for (int mt = 0; mt < 1; ++mt) {
-                            NK_MMA_BF16(f_O__acc[mt][2 * np], a[mt], b[0], b[1]);
-                            NK_MMA_BF16(f_O__acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-                        }
+                    for (int i = 0; i < 4; ++i) {
+                        f_O__acc[mt][nt][i] *= f_P__scale[mt][i >> 1];
                     }
                 }
             }
         }
+        // O.acc += P[b h q x] * V[b h x d]
+        {
+            NK_UNROLL
+            for (int kk = 0; kk < 4; ++kk) {
+                unsigned a[2][4];
+                NK_UNROLL
+                for (int mt = 0; mt < 2; ++mt) {
+                    a[mt][0] = f_P[mt][2 * kk][0];
+                    a[mt][1] = f_P[mt][2 * kk][1];
+                    a[mt][2] = f_P[mt][2 * kk + 1][0];
+                    a[mt][3] = f_P[mt][2 * kk + 1][1];
+                }
+                NK_UNROLL
+                for (int np = 0; np < 8; ++np) {
+                    unsigned b[4];
+                    NK_LDSM_T(b, 65536 + (nk_stage_x) * 16384 + (((nk_lb2) ^ (((((((np * 16)) * 2) >> 4)) & 7) << 4)) + ((kk * 16)) * 256 + (((((((np * 16)) * 2) >> 4)) & 65528) << 4)));
+                    NK_UNROLL
+                    for (int mt = 0; mt < 2; ++mt) {
+                        NK_MMA_BF16(f_O__acc[mt][2 * np], a[mt], b[0], b[1]);
+                        NK_MMA_BF16(f_O__acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    }
+                }
+            }
+        }
+        nk_stage_x = (nk_stage_x == 1) ? 0 : nk_stage_x + 1;
     }
     NK_CP_WAIT(0);
     NK_SYNC();
     // O = O.acc / P.sum
     {
         NK_UNROLL
-        for (int mt = 0; mt < 1; ++mt) {
+        for (int mt = 0; mt < 2; ++mt) {
             NK_UNROLL
             for (int h = 0; h < 2; ++h) {
                 f_P__sum[mt][h] += NK_SHFL_XOR(f_P__sum[mt][h], 1);
                 f_P__sum[mt][h] += NK_SHFL_XOR(f_P__sum[mt][h], 2);
             }
         }
-        float nk_inv[1][2];
+        float nk_inv[2][2];
         NK_UNROLL
-        for (int mt = 0; mt < 1; ++mt) {
+        for (int mt = 0; mt < 2; ++mt) {
             NK_UNROLL
             for (int h = 0; h < 2; ++h) {
                 nk_inv[mt][h] = (f_P__sum[mt][h] == 0.0f) ? 0.0f : 1.0f / f_P__sum[mt][h];
             }
         }
         NK_UNROLL
-        for (int mt = 0; mt < 1; ++mt) {
+        for (int mt = 0; mt < 2; ++mt) {
             NK_UNROLL
             for (int nt = 0; nt < 16; ++nt) {
                 NK_UNROLL
@@ -519,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
     {
         NK_SYNC();  // the arena is free: the last reader of shared memory is done
         NK_UNROLL
-        for (int mt = 0; mt < 1; ++mt) {
+        for (int mt = 0; mt < 2; ++mt) {
             NK_UNROLL
             for (int nt = 0; nt < 16; ++nt) {
                 NK_UNROLL
@@ -529,7 +401,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) napkin_attention_0(const __
             }
         }
         NK_SYNC();  // the staged tile is whole before any thread reads it
-        for (int u = nk_tid; u < 2048; u += 256) {
+        for (int u = nk_tid; u < 2048; u += 128) {
             const int r = u / 16, c = (u % 16) * 8;
             if ((o_q + r < 200)) NK_ST16(g_O + (((((o_b)) * 3 + (o_h)) * 200 + (o_q + r)) * 128 + (c)), ((r) * 256 + (((((c) * 2) >> 4) ^ (((r) >> 0) & 7)) << 4) + (((c) * 2) & 15)));
         }
