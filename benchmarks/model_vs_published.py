@@ -9,9 +9,10 @@ The script writes that implementation as a napkin kernel with the row's tiles (a
 the register level the implementation uses:
 
 * FA2 (``mma.sync``): four warps of 32 query rows each (``registers: group q 32``), priced for
-  sm_90 as a what-if on mma.sync (``cost_of(arch="sm_90", path="mma.sync")``): FA2's code. napkin
-  itself builds 32-row warp tiles at d=128 on the FMA path (over its fragment budget), and builds
-  wgmma on sm_90a, the H100 profile's default;
+  sm_90: FA2's code. napkin builds these 32-row warps on mma.sync itself for an unmasked stream
+  (its rolled loop, isel.ROLLED_FRAGMENT_BUDGET), and the row prices that build; a causal row,
+  whose masked stream napkin keeps on the FMA path at 32 rows, is priced as a what-if on mma.sync
+  (``cost_of(arch="sm_90", path="mma.sync")``, the note says so);
 * FA3 (``wgmma``): the code napkin builds for sm_90a (``cost_of(arch="sm_90a")``), with no
   register clause: wgmma's warpgroups of 64 rows take the register level (four warps share each
   read of K and V). A row whose launch does not select wgmma is left out, with isel's reason.
@@ -81,7 +82,10 @@ def price(row: dict) -> dict:
         kernel = napkin.load(text)["attention"]
         program = kernel.program(row["gpu"], **sizes)
         arch, what_if = ARCH[row["instruction_path"]], WHAT_IF[row["instruction_path"]]
-        selected = select_program(program, arch, what_if)
+        built = select_program(program, arch)
+        if all(chosen.path == row["instruction_path"] for chosen in built.launches.values()):
+            what_if = None  # napkin builds this row's path itself: price its own code
+        selected = built if what_if is None else select_program(program, arch, what_if)
         report = cost_of(program, arch=arch, path=what_if, selected=selected)
     except napkin.NapkinError as error:
         return {"skipped": str(error).splitlines()[0]}

@@ -69,6 +69,7 @@ from ..layouts import (
     ldmatrix_keyed_lane_expr,
     ldmatrix_keyed_offset_expr,
     ldmatrix_lane_terms,
+    ldmatrix_offset_expr,
     compose,
     offset_expr,
     p_to_a8_registers,
@@ -364,6 +365,9 @@ class TensorPrinter(KernelWriter):
         # far (max -inf) shifted by 0, in nk_top_<P>: -inf is tested once per row and chunk.
         self.tops: set[str] = set()
         self.tops_ready: set[str] = set()
+        # Streamed axes whose chunks are whole in the loop being printed (a ragged stream's
+        # chunks before its last): their extent is the tile, a constant, so no element is tested.
+        self.whole_chunk_axes: set[str] = set()
         # Running sums each thread keeps over its own columns only: the quad reduces them once,
         # after the stream, when first read (the scale that multiplies them is the same in the
         # four lanes of a quad, so the sum of partial sums is the row's sum).
@@ -874,7 +878,22 @@ class TensorPrinter(KernelWriter):
                 self.emit("}")
             self.ring_commit()
         self.ring_started()
-        if node.mask is None:
+        if node.mask is None and exact and self.sizes[axis] % tile and chunks > 1:
+            # A ragged stream: the chunks before the last are whole, and run the loop with no
+            # bounds test (a test per element there, `col < n_x`, cost fp8 attention's loop 40%
+            # more instructions); the short last chunk runs after it, straight-line, on its
+            # buffer, tested per element.
+            self.whole_chunk_axes.add(axis)
+            self.unrolled(node, axis, streamed, first, str(chunks - 1), (chunks - 1) % stages != 0, stop=stop)
+            self.whole_chunk_axes.discard(axis)
+            last = chunks - 1
+            stage = f"nk_stage_{x}" if self.plan.rolled and streamed else str(last % stages)
+            self.emit(f"{{  // the last chunk, short ({self.sizes[axis] - last * tile} of {tile}): tested per element")
+            self.depth += 1
+            self.chunk(node, axis, streamed, stop, str(last), False, stage)
+            self.depth -= 1
+            self.emit("}")
+        elif node.mask is None:
             self.unrolled(node, axis, streamed, first, stop, chunks % stages != 0 or not exact)
         else:
             lo, hi = self.full_chunks(node.mask, first, stop)
@@ -1057,13 +1076,21 @@ class TensorPrinter(KernelWriter):
             self.ring_ready(stage)
             self.pending = False
         saved_valid = dict(self.valid)
-        self.set_origin(axis, f"o_{x}")
+        if axis in self.whole_chunk_axes:  # a whole chunk of a ragged stream: no extent to test
+            self.origin[axis] = f"o_{x}"
+            self.valid[axis] = str(self.tile[axis])
+        else:
+            self.set_origin(axis, f"o_{x}")
         if node.mask is not None and full:
             where = self.mask_where(node.mask)
             if where is not None:
                 self.unmasked[where] = None  # held in full: the where's value, untested
         for name in streamed:
             self.buffers[name] = stage
+        if not self.keyed_lanes:
+            for (name, _, _), lane in self.lanes.items():
+                if name in streamed and not constant:  # a running buffer joins the lane's row once a chunk
+                    self.emit(f"const int nk_lbs{lane} = nk_lb{lane} + {stage} * {self.smem[name].stage_bytes};")
         self.chunk_vectors(node)
         self.nodes(node.body)
         self.chunk_loaded.clear()
@@ -1498,8 +1525,22 @@ class TensorPrinter(KernelWriter):
                 name, operand, trans = site
                 base, x = ldmatrix_lane_terms(self.ldsm_tile(name), operand, trans, "nk_lane")
                 index = len(self.lanes)
-                self.emit(f"const int nk_lb{index} = {ldmatrix_keyed_lane_expr(base, x)};  // {name}: this lane's ldmatrix row and swizzle key")
+                if self.keyed_lanes:
+                    self.emit(f"const int nk_lb{index} = {ldmatrix_keyed_lane_expr(base, x)};  // {name}: this lane's ldmatrix row and swizzle key")
+                else:
+                    self.emit(f"const int nk_lb{index} = {base};  // {name}: this lane's ldmatrix row")
+                    self.emit(f"const int nk_lx{index} = {x};  // ... and its swizzle key")
                 self.lanes[site] = index
+
+    @property
+    def keyed_lanes(self) -> bool:
+        """Whether a lane's ldmatrix constant holds its swizzle key too (one register a site,
+        layouts.ldmatrix_keyed_offset_expr) or beside it (two). ptxas allocates the two forms
+        differently, and each is the one measured without spills where it is used: the keyed form
+        for a rolled plan (attention's 32-row warps at d = 128 spill 72 bytes on sm_80 without it),
+        the separate key elsewhere (fp8 attention's 16-row warps at d = 128 on sm_89 spill 8 bytes
+        with the keyed form, at 255 registers)."""
+        return self.plan.rolled
 
     def ldsm_offset(self, name: str, operand: str, trans: bool, outer: str, k: str) -> str:
         """Byte offset of this lane's ldmatrix row for the fragment at (outer, k): m or n, and k.
@@ -1511,6 +1552,12 @@ class TensorPrinter(KernelWriter):
         row0, col0 = (k, outer) if trans else (outer, k)
         u0 = f"((({col0}) * {tile.element_bytes}) >> 4)"
         stage = self.buffers.get(name)
+        if not self.keyed_lanes:
+            # a running buffer is in the lane's row already (chunk(): nk_lbs); a constant one is an immediate
+            lane = f"nk_lbs{index}" if stage is not None and not stage.isdigit() else f"nk_lb{index}"
+            offset = ldmatrix_offset_expr(tile, row0, u0, lane, f"nk_lx{index}")
+            base = f"{slot.offset} + ({stage}) * {slot.stage_bytes}" if stage is not None and stage.isdigit() else f"{slot.offset}"
+            return f"{base} + {offset}"
         # the buffer adds after the lane's XOR (a multiple of 128 bytes): an immediate, or a
         # running buffer's offset, the same for the block (ptxas keeps it in a uniform register)
         offset = ldmatrix_keyed_offset_expr(tile, row0, u0, f"nk_lb{index}")
