@@ -5,7 +5,8 @@
 Compiles, with NVRTC and no GPU, examples/attention.napkin at b=4 h=32 q=x=8192 d=128 (its
 relabel block: group q 128, stream x 64), gqa.napkin (b=4 kv=8 r=4) and causal_attention.napkin
 at the same sizes, examples/matmul.napkin and examples/fp8_matmul.napkin at m=n=k=8192 (group m
-128, n 128, stream k 32 and 64), examples/fp8_attention.napkin at b=4 h=32 qb=64 qi=128 x=8192,
+128, n 128, stream k 32 and 64), examples/mlp.napkin at b=n=k=8192 and examples/swiglu.napkin at
+t=512 m=1024 f=2816 e=1024 (its two launches), examples/fp8_attention.napkin at b=4 h=32 qb=64 qi=128 x=8192,
 d=128 and d=64, for sm_90a, sm_90 and sm_80, disassembles each cubin with nvdisasm
 (``napkin_dsl.backends.sass``) and prints one row per launch: the hot loop's instructions, its
 tensor-core instructions and instructions per tensor instruction ('-' without any), its FFMAs,
@@ -38,6 +39,10 @@ CASES = [
     ("gqa", "gqa.napkin", "gqa", {"b": 4, "kv": 8, "r": 4, "q": 8192, "x": 8192, "d": 128}),
     ("causal", "causal_attention.napkin", "causal_attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128}),
     ("matmul", "matmul.napkin", "matmul", {"m": 8192, "n": 8192, "k": 8192}),
+    # a product and its epilogue (bias, GELU) in one launch; swiglu's dual GEMM (G and U share X's
+    # tiles, then H = silu(G) * U) and its down projection, at the sizes its relabel was tuned for
+    ("mlp", "mlp.napkin", "mlp", {"b": 8192, "k": 8192, "n": 8192}),
+    ("swiglu", "swiglu.napkin", "swiglu", {"t": 512, "m": 1024, "f": 2816, "e": 1024}),
     # mma.sync m16n8k32 e4m3 on sm_90 (ptxas: F2FP.F16.E4M3 + two HMMA.16816 each), FMA on sm_80
     ("fp8 matmul", "fp8_matmul.napkin", "fp8_matmul", {"m": 8192, "n": 8192, "k": 8192}),
     # FA3's form (O = P * V * sV, sV per head): both products on m16n8k32 with P packed to e4m3;

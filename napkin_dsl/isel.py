@@ -631,17 +631,43 @@ def _budget_refusal(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget:
             f"({what}); use smaller tiles")
 
 
+# Warpgroups a wgmma block holds at most: 4 x 128 threads, half the 1024 a block may have, and as
+# many as the SM's 4 sub-partitions keep one warp of each on.
+WGMMA_MAX_GROUPS = 4
+
+
+def _wgmma_statements_refusal(plan: TensorPlan, statements) -> str | None:
+    """Why the wgmma printer does not take a launch's statements, or None: it takes the two
+    contractions of an online softmax (attention: the softmax packs P into the second's register
+    A), or contractions whose operands both come from shared memory followed by elementwise maps
+    of their accumulators (matmul; mlp's bias and GELU; swiglu's dual GEMM G, U sharing X's tiles,
+    then silu(G) * U), which run on the D fragments as on mma.sync's C fragments."""
+    if any(isinstance(s.box, Softmax) for s in statements):
+        return None if len(plan.mmas) == 2 else "wgmma takes an online softmax's two contractions (attention), no more"
+    others = [s for s in statements if s.target not in plan.mmas]
+    if not all(isinstance(s.box, Map) for s in others):
+        kinds = sorted({type(s.box).__name__.lower() for s in others if not isinstance(s.box, Map)})
+        return (f"wgmma is built for contractions and elementwise maps of their results, or for attention's two: "
+                f"this launch also has a {', a '.join(kinds)}")
+    last_product = max(s.index for s in statements if s.target in plan.mmas)
+    if any(s.index < last_product for s in others) or any(m.a_in_registers for m in plan.mmas.values()):
+        return "wgmma reads A from registers only as attention's P: a map computed before a contraction stays on mma.sync"
+    return None
+
+
 def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict, warp_tiles: dict) -> TensorPlan:
     """The mma.sync ``plan`` of a launch rebuilt on ``wgmma.mma_async.m64nNk16`` (sm_90a), or a
-    refusal naming what napkin's wgmma printer (``backends/wgmma.py``) does not take: 64 or 128
-    rows (one or two warpgroups of 64; each of their warps holds 16 rows of every N-wide
-    accumulator, as mma.sync's 16-row warps do), and each contraction ``out[row, n] (+)= A[row, k]
+    refusal naming what napkin's wgmma printer (``backends/wgmma.py``) does not take: 64 to 256
+    rows (1 to ``WGMMA_MAX_GROUPS`` warpgroups of 64; each of their warps holds 16 rows of every
+    N-wide accumulator, as mma.sync's 16-row warps do), and each contraction ``out[row, n] (+)= A[row, k]
     B[k, n]`` with N a multiple of 8 up to 256 and the k chunk a multiple of 16, B in shared memory
     (by descriptor, in the canonical swizzled layouts of ``layouts.CanonicalTile``) and A there too
     or in registers (a fragment laid out along k: P of attention, packed to the operands' type as
-    the register A fragment, which is mma.sync's m16n8k16 A fragment per warp). More than one
-    contraction is the online softmax's two (attention, its GQA and log-sum-exp forms): the
-    register level's other steps (softmax, maxima, sums) run on the D fragments as on mma.sync's C."""
+    the register A fragment, which is mma.sync's m16n8k16 A fragment per warp). The launch's
+    statements are the online softmax's two contractions (attention, its GQA and log-sum-exp
+    forms) or contractions followed by elementwise maps (:func:`_wgmma_statements_refusal`): the
+    register level's other steps (softmax, maxima, sums, an epilogue) run on the D fragments as on
+    mma.sync's C."""
     statements = launch.launch.statements
     if plan.dtype in FP8_TENSOR_DTYPES:
         raise _Refuse(f"{plan.dtype} operands: wgmma's 8-bit shape (m64nNk32) is priced, not built; mma.sync m16n8k32 runs it")
@@ -649,12 +675,9 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
         raise _Refuse("a split's parts launch: the wgmma epilogue that saves its part states is not written")
     if warp_tiles:
         raise _Refuse(f"a relabelling asks for warp tiles ({', '.join(warp_tiles)}): they are mma.sync's")
-    if len(plan.mmas) > 1 and not any(isinstance(s.box, Softmax) for s in statements):
-        raise _Refuse("wgmma is built for one contraction, or for the two of an online softmax (attention)")
-    if len(plan.mmas) == 1 and len(statements) != 1:
-        raise _Refuse("wgmma is built for a launch of one contraction and nothing else, or for attention's two")
-    if tile[plan.row] not in (WGMMA_M, 2 * WGMMA_M):
-        raise _Refuse(f"the {plan.row} tile ({tile[plan.row]}) is not one or two warpgroups of {WGMMA_M} rows")
+    _refuse_if(_wgmma_statements_refusal(plan, statements))
+    if tile[plan.row] % WGMMA_M or tile[plan.row] > WGMMA_MAX_GROUPS * WGMMA_M:
+        raise _Refuse(f"the {plan.row} tile ({tile[plan.row]}) is not 1 to {WGMMA_MAX_GROUPS} warpgroups of {WGMMA_M} rows")
     shapes = {}
     for target, mma in plan.mmas.items():
         n = tile[mma.n]

@@ -132,7 +132,7 @@ def test_mlp_shared_memory_layout_by_hand():
     assert {n: (s.offset, s.stage_bytes, s.stages) for n, s in slots.items()} == {
         "W": (0, w, 3), "X": (3 * w, x, 3), "bias": (3 * w + 3 * x, 128 * bf16, 1)}
     assert total == 3 * w + 3 * x + 128 * bf16
-    shown = {row["resident"].get("smem") for row in columns(program)}
+    shown = {row["resident"].get("smem") for row in columns(program, isel.select_program(program, ARCH))}
     assert shown == {"W[32 128] x3 + X[128 32] x3 + bias[128]"}
 
 

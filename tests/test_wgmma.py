@@ -137,15 +137,6 @@ def test_matmul_is_planned_on_wgmma_for_sm_90a_only():
     assert cost_of(program, arch="sm_90a").time["compute_s"] < 0.6 * cost_of(program, arch="sm_90").time["compute_s"]
 
 
-def test_mlp_keeps_mma_sync_on_sm_90a_saying_why():
-    # attention's two products are on wgmma (tests/test_wgmma_attention.py); a product and its epilogue are not
-    kernel = napkin.load(EXAMPLES / "mlp.napkin")["mlp"]
-    program = kernel.gpu_program("H100", b=256, k=64, n=128)
-    chosen = selection(program, program.launches[0], "sm_90a")
-    assert chosen.path == "mma.sync"
-    assert "one contraction" in chosen.declined
-
-
 # ---- the compiled kernel --------------------------------------------------------------------
 
 

@@ -125,9 +125,8 @@ relabel a on H100:
 @pytest.mark.parametrize("what, program, reason", [
     ("warp tiles", lambda: napkin.load(RELABELLED.format(q=128, x=64) + "    registers: group q 16\n")["a"].gpu_program(
         "H100", q=512, x=256, d=64), "asks for warp tiles"),
-    ("four warpgroups", lambda: napkin.load(RELABELLED.format(q=256, x=32))["a"].gpu_program("H100", q=512, x=256, d=64),
-     "one or two warpgroups"),
-    ("mlp", lambda: _program(EXAMPLES / "mlp.napkin", b=256, k=64, n=128), "or for attention's two"),
+    ("a warpgroup and a half", lambda: napkin.load(RELABELLED.format(q=96, x=32))["a"].gpu_program("H100", q=192, x=256, d=64),
+     "1 to 4 warpgroups"),
 ])
 def test_what_wgmma_does_not_take_stays_on_mma_sync_with_the_reason(what, program, reason):
     program = program()

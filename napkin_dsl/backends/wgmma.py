@@ -1,11 +1,12 @@
 """The wgmma lowering (sm_90a): a launch with a wgmma :class:`~napkin_dsl.isel.TensorPlan` -> a kernel.
 
-Contractions ``out[row, n] (+)= A[row, k] B[k, n]``, one a launch (matmul's) or an online
-softmax's two (attention's S = Q K^T and O += P V), on
+Contractions ``out[row, n] (+)= A[row, k] B[k, n]``: one a launch (matmul's), several followed
+by elementwise maps of their accumulators (mlp's bias and GELU; swiglu's G and U, which share X's
+tiles, then silu(G) * U), or an online softmax's two (attention's S = Q K^T and O += P V), on
 ``wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}`` (PTX ISA 9.7.15, "Asynchronous Warpgroup
 Level Matrix Multiply-Accumulate"):
 
-* the block's 64 or 128 rows are one or two warpgroups of four warps; the accumulator is the
+* the block's 64 to 256 rows are 1 to 4 warpgroups of four warps; the accumulator is the
   instruction's D fragment (``layouts.wgmma_d``), which gives warp w of a group rows 16w..16w+15
   as mma.sync's C fragments of its N/8 n-tiles in order, so the tensor-core printer's loops over
   fragment elements (init, finalise, the epilogue to global memory with its ragged-tail masks)
@@ -59,8 +60,8 @@ register and half the ISA names, through the warp's scratch), written here apart
 ``layouts.py``'s encoder and the printer's packing, so that a CPU run through PoCL checks the
 encoding.
 
-Deliberately not here: choosing the path (``isel.py``), more contractions a launch than
-attention's two, wgmma left in flight across steps (the softmax of one chunk under the products
+Deliberately not here: choosing the path (``isel.py``), a reduction or a map before a
+contraction in a wgmma launch, wgmma left in flight across steps (the softmax of one chunk under the products
 of the next), a producer warp and consumers' "empty" mbarriers (thread 0 of the consumers
 issues the copies, behind the chunk's block barrier), clusters and TMA multicast, TMA stores,
 warp specialization, pingpong and ``setmaxnreg`` (issue 27, later steps); the mma.sync
