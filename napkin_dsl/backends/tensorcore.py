@@ -878,11 +878,13 @@ class TensorPrinter(KernelWriter):
                 self.emit("}")
             self.ring_commit()
         self.ring_started()
-        if node.mask is None and exact and self.sizes[axis] % tile and chunks > 1:
-            # A ragged stream: the chunks before the last are whole, and run the loop with no
-            # bounds test (a test per element there, `col < n_x`, cost fp8 attention's loop 40%
-            # more instructions); the short last chunk runs after it, straight-line, on its
-            # buffer, tested per element.
+        if node.mask is None and exact and self.sizes[axis] % tile and chunks > 1 and self.plan.dtype in FP8_TENSOR_DTYPES:
+            # A ragged stream on 8-bit operands: the chunks before the last are whole, and run the
+            # loop with no bounds test (there a test per element, `col < n_x`, on S and on each
+            # key's scale, cost fp8 attention's loop 40% more instructions); the short last chunk
+            # runs after it, straight-line, on its buffer, tested per element. Not on 16-bit
+            # operands: attention at d = 128 spills so (104 bytes on sm_80 with 16-row warps, 16
+            # on sm_90 with 32-row ones), where its one tested loop does not.
             self.whole_chunk_axes.add(axis)
             self.unrolled(node, axis, streamed, first, str(chunks - 1), (chunks - 1) % stages != 0, stop=stop)
             self.whole_chunk_axes.discard(axis)
