@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from .diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
-from .layouts import WGMMA_K, WGMMA_M, WGMMA_MAX_N, CanonicalTile, SwizzledTile
+from .layouts import WGMMA_M, WGMMA_MAX_N, CanonicalTile, SwizzledTile, wgmma_k
 from .pseudocode import LaunchProgram, Program, blocks_per_unit, liveness, released_by, split_loop, walk
 from .relabel import bind
 
@@ -670,7 +670,15 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
     mma.sync's C."""
     statements = launch.launch.statements
     if plan.dtype in FP8_TENSOR_DTYPES:
-        raise _Refuse(f"{plan.dtype} operands: wgmma's 8-bit shape (m64nNk32) is priced, not built; mma.sync m16n8k32 runs it")
+        # wgmma's 8-bit shape has no transpose immediates: both operands K-major in shared memory
+        for target, mma in plan.mmas.items():
+            if mma.a_in_registers:
+                raise _Refuse(f"{target}: an 8-bit A from registers ({mma.a}, packed to e4m3) is not built on wgmma; "
+                              "mma.sync m16n8k32 runs it")
+            transposed = [name for name, t in ((mma.a, mma.a_trans), (mma.b, mma.b_trans)) if t]
+            if transposed:
+                raise _Refuse(f"wgmma's 8-bit shape (m64nNk32) reads its operands K-major only: {', '.join(transposed)} has "
+                              f"{mma.k} outside its fastest axis (store it with {mma.k} last, [.. {mma.k}])")
     if split_loop(launch) is not None:  # backends/wgmma.py saves no part state: mma.sync's printer does
         raise _Refuse("a split's parts launch: the wgmma epilogue that saves its part states is not written")
     if warp_tiles:
@@ -683,8 +691,9 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
         n = tile[mma.n]
         if n % 8 or n > WGMMA_MAX_N:
             raise _Refuse(f"the {mma.n} tile ({n}) of {target} is not a multiple of 8 up to {WGMMA_MAX_N} (m64nNk16)")
-        if tile[mma.k] % WGMMA_K:
-            raise _Refuse(f"the contracted {mma.k} tile ({tile[mma.k]}) is not a multiple of {WGMMA_K}")
+        k = wgmma_k(mma.dtype)
+        if tile[mma.k] % k:
+            raise _Refuse(f"the contracted {mma.k} tile ({tile[mma.k]}) is not a multiple of {k}")
         for name in (mma.b,) if mma.a_in_registers else (mma.a, mma.b):
             op = plan.operands[name]
             eb = DTYPE_BYTES[launch.schedule.diagram.arrays[name].dtype]
@@ -692,7 +701,7 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
                 raise _Refuse(f"{name}'s tile rows ({tile[op.cols] * eb} bytes) are not 32, 64 or a multiple of 128: no wgmma swizzle atom covers them")
         if plan.fragments[target].col != mma.n:
             raise _Refuse(f"{target} is not laid out along {mma.n}")
-        shapes[target] = f"m{WGMMA_M}n{n}k{WGMMA_K}"
+        shapes[target] = f"m{WGMMA_M}n{n}k{k}"
     rows = tile[plan.row]
     built = replace(plan, warp_rows=MMA_M, split=None, col_tile=0, warp_cols=0, instruction="wgmma",
                     shape=", ".join(dict.fromkeys(shapes.values())), shapes=shapes, row_tile=rows)

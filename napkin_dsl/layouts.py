@@ -647,6 +647,12 @@ def ldmatrix_keyed_offset_expr(tile: SwizzledTile, row0: str, u0: str, keyed: st
 # 16-bit operands; B (and here A) is read from shared memory through a 64-bit matrix descriptor.
 
 WGMMA_M, WGMMA_K = 64, 16  # m64nNk16 for .f16/.bf16 (PTX ISA 9.7.15.5.1, "Matrix Shape")
+WGMMA_K8 = 32  # m64nNk32 for .e4m3/.e5m2: 32 bytes of k a row, as the 16-bit shape's 16 values
+
+
+def wgmma_k(dtype: str) -> int:
+    """The K of one wgmma for operands of ``dtype``: 32 for the 8-bit types, 16 for the 16-bit."""
+    return WGMMA_K8 if dtype in ("fp8e4m3", "fp8e5m2") else WGMMA_K
 WGMMA_MAX_N = 256
 WARPGROUP_THREADS = 128
 

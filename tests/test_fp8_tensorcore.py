@@ -53,9 +53,11 @@ def test_fp8_matmul_is_planned_on_m16n8k32_where_the_profile_has_it():
     # sm_80 has no 8-bit mma.sync: the FMA path, naming what is missing
     a100 = selected(MATMUL, "sm_80", "A100", m=512, n=512, k=512)
     assert a100.plan is None and "no mma.sync m16n8k32 for fp8e4m3 on sm_80" in a100.reason
-    # sm_90a: wgmma's 8-bit shape is declined with its reason, mma.sync m16n8k32 runs it
+    # sm_90a: wgmma's 8-bit shape reads both operands K-major, so it declines the [k n] B by name
+    # and mma.sync m16n8k32 runs it; B stored [n k] is wgmma's (tests/test_wgmma_fp8.py)
     hopper = selected(MATMUL, "sm_90a", m=512, n=512, k=512)
-    assert hopper.path == "mma.sync" and "m64nNk32" in hopper.declined
+    assert hopper.path == "mma.sync" and "m64nNk32" in hopper.declined and "K-major only: B" in hopper.declined
+    assert selected(MATMUL_NK, "sm_90a", m=512, n=512, k=512).path == "wgmma"
 
 
 def test_fp8_operands_that_m16n8k32_cannot_read_are_declined_by_name():
@@ -179,14 +181,14 @@ def test_the_emulated_m16n8k32_is_the_isas_product(dtype, opencl_device):
 # ---- whole kernels on PoCL -----------------------------------------------------------------------
 
 
-def run_on_pocl(text: str, sizes: dict, seed: int = 0):
+def run_on_pocl(text: str, sizes: dict, seed: int = 0, arch: str | None = None):
     from napkin_dsl.backends import opencl
 
     kernel = kernel_of(text)
     program = kernel.gpu_program(None, **sizes)
-    assert isel.selection(program, program.launches[0]).path == "mma.sync"
+    assert isel.selection(program, program.launches[0], arch).path == "mma.sync"
     inputs, scalars = random_inputs(kernel.diagram, sizes, seed)
-    outputs = opencl.run(program, inputs, scalars)
+    outputs = opencl.run(program, inputs, scalars, arch=arch)
     return program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes)
 
 
@@ -195,7 +197,8 @@ def run_on_pocl(text: str, sizes: dict, seed: int = 0):
     (MATMUL.replace("fp8e4m3", "fp8e5m2"), RAGGED), (MATMUL_NK, RAGGED),
 ], ids=["e4m3-ragged", "e4m3-whole", "e5m2-ragged", "b-k-fastest-ragged"])
 def test_fp8_matmul_on_m16n8k32_matches_the_reference_on_pocl(text, sizes, opencl_device):
-    program, outputs, expected = run_on_pocl(text, sizes)
+    # sm_90's build: on sm_90a a k-fastest B is wgmma's 8-bit shape (tests/test_wgmma_fp8.py)
+    program, outputs, expected = run_on_pocl(text, sizes, arch="sm_90")
     assert_matches_reference(program, outputs, expected, "fp8_matmul")
 
 

@@ -160,8 +160,11 @@ def _dims(shape: int | Sequence[int], what: str) -> tuple[int, int, int]:
 # ---- tensor maps (TMA) ---------------------------------------------------------------------
 # The enums of cuTensorMapEncodeTiled as the driver API numbers them (cuda.h; cuda.bindings.driver
 # spells the same values), so that the arguments can be built and checked without libcuda.
-TENSOR_MAP_DATA_TYPE = {"u8": 0, "u16": 1, "u32": 2, "i32": 3, "u64": 4, "i64": 5, "f16": 6, "f32": 7, "f64": 8, "bf16": 9}
-_ELEMENT_BYTES = {"u8": 1, "u16": 2, "u32": 4, "i32": 4, "u64": 8, "i64": 8, "f16": 2, "f32": 4, "f64": 8, "bf16": 2}
+# The driver API has no 8-bit float type: TMA moves bytes, so fp8 goes as UINT8.
+TENSOR_MAP_DATA_TYPE = {"u8": 0, "u16": 1, "u32": 2, "i32": 3, "u64": 4, "i64": 5, "f16": 6, "f32": 7, "f64": 8, "bf16": 9,
+                        "fp8e4m3": 0, "fp8e5m2": 0}
+_ELEMENT_BYTES = {"u8": 1, "u16": 2, "u32": 4, "i32": 4, "u64": 8, "i64": 8, "f16": 2, "f32": 4, "f64": 8, "bf16": 2,
+                  "fp8e4m3": 1, "fp8e5m2": 1}
 TENSOR_MAP_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}  # span in bytes -> CU_TENSOR_MAP_SWIZZLE_{NONE,32B,64B,128B}
 INTERLEAVE_NONE = 0  # CU_TENSOR_MAP_INTERLEAVE_NONE
 L2_PROMOTION = {0: 0, 64: 1, 128: 2, 256: 3}  # bytes -> CU_TENSOR_MAP_L2_PROMOTION_{NONE,L2_64B,L2_128B,L2_256B}

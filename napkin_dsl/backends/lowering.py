@@ -269,7 +269,7 @@ __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float
         return ["const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);"]
 
     def wgmma(self, wrapper: str, accumulators: str, da: str, db: str, n: int, trans_a: bool, trans_b: bool,
-              f16: bool, warpgroup_threads: int) -> str:
+              dtype: str, warpgroup_threads: int) -> str:
         """One wgmma over descriptors ``da``, ``db`` into ``accumulators``: the inline-PTX wrapper
         (``wgmma.cuda_wrapper``) named ``wrapper``."""
         return f"{wrapper}({accumulators}, {da}, {db});"
@@ -369,9 +369,12 @@ inline ushort nk_to_bf16(float v) {
         warp in local memory (``tensorcore.OPENCL_PRELUDE``)."""
         return [f"__local uint nk_scratch[{warps} * {words}];", f"__local uint* nk_ws = nk_scratch + nk_warp * {words};"]
 
-    def wgmma(self, wrapper, accumulators, da, db, n, trans_a, trans_b, f16, warpgroup_threads):
+    def wgmma(self, wrapper, accumulators, da, db, n, trans_a, trans_b, dtype, warpgroup_threads):
         """The emulation (``wgmma.py``'s OpenCL prelude), one work-item's values of the warpgroup's."""
-        return (f"nk_wgmma({accumulators}, {da}, {db}, {n}, {int(trans_a)}, {int(trans_b)}, {int(f16)}, "
+        if dtype in ("fp8e4m3", "fp8e5m2"):  # the 8-bit shape: K-major operands, no transposes
+            return (f"nk_wgmma8({accumulators}, {da}, {db}, {n}, {int(dtype == 'fp8e5m2')}, "
+                    f"nk_smem, nk_tid % {warpgroup_threads});")
+        return (f"nk_wgmma({accumulators}, {da}, {db}, {n}, {int(trans_a)}, {int(trans_b)}, {int(dtype == 'f16')}, "
                 f"nk_smem, nk_tid % {warpgroup_threads});")
 
     def tensor_map_name(self, entry, array):

@@ -401,13 +401,18 @@ def tensor_work(opcode: str) -> tuple[int, str, str] | None:
 
     >>> tensor_work("HGMMA.64x128x16.F32.BF16")
     (65536, 'wgmma', 'bf16')
+
+    and sm_90a names wgmma's 8-bit shape (m64nNk32 .e4m3) QGMMA:
+
+    >>> tensor_work("QGMMA.64x128x32.F32.E4M3.E4M3")
+    (131072, 'wgmma', 'fp8e4m3')
     """
     base, *modifiers = opcode.split(".")
     dtype = next((_OPERAND_DTYPES[m] for m in modifiers if m in _OPERAND_DTYPES), "f16")
     if base in ("HMMA", "QMMA") and modifiers and modifiers[0] in HMMA_SHAPES:
         m, n, k = HMMA_SHAPES[modifiers[0]]
         return 2 * m * n * k, "mma.sync", dtype
-    if base == "HGMMA" and modifiers and _GMMA_SHAPE.match(modifiers[0]):
+    if base in ("HGMMA", "QGMMA") and modifiers and _GMMA_SHAPE.match(modifiers[0]):
         m, n, k = (int(g) for g in _GMMA_SHAPE.match(modifiers[0]).groups())
         return 2 * m * n * k // 4, "wgmma", dtype
     return None

@@ -72,7 +72,7 @@ printer inherits.
 from __future__ import annotations
 
 from ..isel import MBARRIER_BYTES, TensorPlan, TmaLoad, mbarrier_count
-from ..layouts import MMA_N, WARPGROUP_THREADS, WGMMA_K, WGMMA_M, descriptor, p_to_a_registers
+from ..layouts import MMA_N, WARPGROUP_THREADS, WGMMA_K, WGMMA_M, descriptor, p_to_a_registers, wgmma_k
 from .driver import TiledTensorMap, tiled_tensor_map
 from .lowering import KernelSource, ident
 from .tensorcore import TensorPrinter
@@ -150,6 +150,37 @@ inline void nk_wgmma(float* d, ulong da, ulong db, int n, int trans_a, int trans
             const int b = nk_wgmma_addr(db, trans_b, col, k, 2);
             if (a < 0 || b < 0) { acc = NAN; continue; }
             acc += nk_b16f(nk_lds16(smem, a), f16) * nk_b16f(nk_lds16(smem, b), f16);
+        }
+        d[v] = acc;
+    }
+}
+/* An 8-bit operand's value, decoded from the formats' definitions (OCP 8-bit floating point,
+   the PTX ISA's .e4m3 and .e5m2): sign, exponent (bias 7 or 15), mantissa (3 or 2 bits); an
+   exponent field of zero is subnormal; e5m2's all-ones exponent is infinity or NaN, e4m3's only
+   NaN is S.1111.111 (it has no infinity). */
+inline float nk_wg_fp8(uint c, int e5m2) {
+    const int mbits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+    const uint field = (c >> mbits) & (e5m2 ? 31u : 15u), man = c & ((1u << mbits) - 1u);
+    const float sign = (c & 0x80u) ? -1.0f : 1.0f;
+    if (e5m2 && field == 31u) return man ? NAN : sign * INFINITY;
+    if (!e5m2 && field == 15u && man == 7u) return NAN;
+    if (field == 0u) return sign * ldexp((float)man, 1 - bias - mbits);
+    return sign * ldexp((float)(man | (1u << mbits)), (int)field - bias - mbits);
+}
+/* D += A B of wgmma .m64nNk32 with 8-bit operands (.e4m3, .e5m2): both by K-major descriptors
+   (the 8-bit shape has no transpose), 32 bytes of k a row; D is the accumulator of the 16-bit
+   shape (the figure depends on M and N only). */
+inline void nk_wgmma8(float* d, ulong da, ulong db, int n, int e5m2, __local const uchar* smem, int thread) {
+    const int warp = thread / 32, lane = thread % 32, group = lane / 4, tig = lane % 4;
+    for (int v = 0; v < n / 2; ++v) {
+        const int row = 16 * (warp % 4) + group + 8 * ((v / 2) % 2);
+        const int col = 8 * (v / 4) + 2 * tig + v % 2;
+        float acc = d[v];
+        for (int k = 0; k < 32; ++k) {
+            const int a = nk_wgmma_addr(da, 0, row, k, 1);
+            const int b = nk_wgmma_addr(db, 0, col, k, 1);
+            if (a < 0 || b < 0) { acc = NAN; continue; }
+            acc += nk_wg_fp8(smem[a], e5m2) * nk_wg_fp8(smem[b], e5m2);
         }
         d[v] = acc;
     }
@@ -340,10 +371,15 @@ def tensor_maps(plan: TensorPlan, diagram, sizes: dict) -> dict[str, TiledTensor
     return maps
 
 
+# The PTX type of an operand dtype in a wgmma's name (.bf16, .f16; .e4m3, .e5m2 for the 8-bit shape).
+PTX_TYPE = {"bf16": "bf16", "f16": "f16", "fp8e4m3": "e4m3", "fp8e5m2": "e5m2"}
+
+
 def wrapper_name(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool = False) -> str:
+    k, ptx = wgmma_k(dtype), PTX_TYPE[dtype]
     if a_regs:  # A from registers: no transpose of A
-        return f"nk_wgmma_m64n{n}k16_{dtype}_r{int(trans_b)}"
-    return f"nk_wgmma_m64n{n}k16_{dtype}_{int(trans_a)}{int(trans_b)}"
+        return f"nk_wgmma_m64n{n}k{k}_{ptx}_r{int(trans_b)}"
+    return f"nk_wgmma_m64n{n}k{k}_{ptx}_{int(trans_a)}{int(trans_b)}"
 
 
 def cuda_wrapper(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool = False) -> str:
@@ -357,6 +393,18 @@ def cuda_wrapper(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool 
     d = ", ".join(f"%{i}" for i in range(values))
     outputs = ", ".join(f'"+f"(d[{i}])' for i in range(values))
     name = wrapper_name(n, dtype, trans_a, trans_b, a_regs)
+    k, ptx = wgmma_k(dtype), PTX_TYPE[dtype]
+    if k != WGMMA_K:
+        # the 8-bit shape (m64nNk32 .e4m3/.e5m2): both operands by K-major descriptors, and no
+        # transpose immediates (PTX ISA 9.7.15.5.2: imm-trans-a and imm-trans-b are for .f16/.bf16)
+        assert not (trans_a or trans_b or a_regs), "napkin bug: isel builds the 8-bit wgmma K-major, from shared memory"
+        return (f"__device__ __forceinline__ void {name}(float d[{values}], "
+                f"unsigned long long da, unsigned long long db) {{\n"
+                f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d}}}, %{values}, %{values + 1}, '
+                f'1, 1, 1;\\n"\n'
+                f"                 : {outputs}\n"
+                f'                 : "l"(da), "l"(db) : "memory");\n'
+                f"}}\n")
     if a_regs:
         a = ", ".join(f"%{values + j}" for j in range(4))
         return (f"__device__ __forceinline__ void {name}(float d[{values}], const unsigned a[4], unsigned long long db) {{\n"
@@ -588,7 +636,8 @@ class WgmmaPrinter(TensorPrinter):
         m = self.plan.mmas[target]
         d = self.dialect
         out_var = "f_" + ident(out)  # the fragment array TensorPrinter declares for it
-        k_steps = self.tile[m.k] // WGMMA_K
+        k = wgmma_k(m.dtype)
+        k_steps = self.tile[m.k] // k
         shape = self.shapes[target]
         n = shape[0]
         if m.a_in_registers:
@@ -597,7 +646,7 @@ class WgmmaPrinter(TensorPrinter):
         # A: this warpgroup's 64 rows; B: all N columns (K-major unless stored with k as rows)
         a_row = f"nk_wg * {WGMMA_M}"
         for kk in range(k_steps):
-            db = self.descriptor_expr(m.b, not m.b_trans, "0", kk * WGMMA_K)
+            db = self.descriptor_expr(m.b, not m.b_trans, "0", kk * k)
             if m.a_in_registers:
                 wrapper = wrapper_name(n, m.dtype, False, m.b_trans, True)
                 if d.name == "cuda":
@@ -606,9 +655,9 @@ class WgmmaPrinter(TensorPrinter):
                     self.emit(f"nk_wgmma_rs(&{out_var}[0][0][0], nk_a[{kk}], {db}, {n}, {int(m.b_trans)}, "
                               f"{int(m.dtype == 'f16')}, nk_smem, nk_ws, nk_tid % {WARPGROUP_THREADS});")
                 continue
-            da = self.descriptor_expr(m.a, not m.a_trans, a_row, kk * WGMMA_K)
+            da = self.descriptor_expr(m.a, not m.a_trans, a_row, kk * k)
             self.emit(d.wgmma(wrapper_name(n, m.dtype, m.a_trans, m.b_trans), f"&{out_var}[0][0][0]", da, db,
-                              n, m.a_trans, m.b_trans, m.dtype == "f16", WARPGROUP_THREADS))
+                              n, m.a_trans, m.b_trans, m.dtype, WARPGROUP_THREADS))
         self.emit("NK_WG_COMMIT();")
         self.emit("NK_WG_WAIT(0);  // the product has landed, and this stage is read, before any use or refill")
         if len(self.plan.mmas) > 1:  # a later step reads the accumulator (S) or rescales it (O)
