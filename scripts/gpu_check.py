@@ -250,10 +250,10 @@ CASES: list[Case] = [
     # Two outputs: O against torch's attention, and L (the log-sum-exp) against the reference only.
     Case("attention_lse", "attention_lse.napkin", "attention_lse", {"b": 4, "h": 16, "q": 2048, "x": 2048, "d": 128},
          {"b": 2, "q": 32}, "sdpa"),
-    # fp8 (issue 23): matmul on mma.sync m16n8k32 (sm_90: ptxas converts to f16), attention on the
-    # FMA path (its Vf statement carries no warp rows); against the reference only.
+    # fp8 (issue 23), against the reference only: matmul on mma.sync m16n8k32 (its B [k n] is not
+    # K-major, which wgmma's 8-bit shape needs; ptxas converts to f16 on sm_90), attention at
+    # d = 128 on the FMA path (isel's converted-fp8 refusal: the f16 conversions would spill).
     Case("fp8_matmul", "fp8_matmul.napkin", "fp8_matmul", {"m": 8192, "k": 8192, "n": 8192}, {"m": 64}, None),
-    # every statement of fp8_attention is not woven over q's blocks (Vf is a map over the keys), so
     # the reference checks the whole output, at a size it computes in seconds
     Case("fp8_attention", "fp8_attention.napkin", "fp8_attention", {"b": 1, "h": 4, "qb": 8, "qi": 128, "x": 1024, "d": 128},
          {}, None),
