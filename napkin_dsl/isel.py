@@ -65,12 +65,15 @@ FRAGMENT_BUDGET = 160
 # ... where the printer keeps the stream loop rolled, one chunk a trip (TensorPlan.rolled), and P
 # packed from its exponentials on (tensorcore.TensorPrinter.packed_fragments): 32-row warps of
 # attention at d = 128 and chunks of 64 keys hold 204 (O.acc 128, S 64, the row max, sum and
-# scale 12) and compile for sm_90 to 254-255 registers without spills; unrolled by the stages
-# they spill (220 bytes). Only for the launches it was measured on (_rollable).
+# scale 12) and compile for sm_80 and sm_90 to 251-255 registers without spills; unrolled by the
+# stages they spill (220 bytes). Only for the launches it was measured on (_rollable). At 255
+# registers ptxas's schedule of that loop is on a knife edge (sm_80 spills 52 bytes for gqa at
+# q = x = 512 and none at 8192): a spilling launch is compiled again under a register cap
+# (backends.cuda.REGISTER_CAPS), and 254 compiles every measured shape without spills.
 ROLLED_FRAGMENT_BUDGET = 204
-# The least compute capability ROLLED_FRAGMENT_BUDGET was measured on (9.0, sm_90 and sm_90a);
-# below it FRAGMENT_BUDGET stays (for 8.0 ptxas spills 52 bytes at 204: gqa at q = x = 512, d = 128).
-ROLLED_MIN_CAPABILITY = 90
+# The least compute capability ROLLED_FRAGMENT_BUDGET was measured on (8.0: sm_80, sm_90, sm_90a;
+# A100 has the same 255 registers a thread as H100); below it FRAGMENT_BUDGET stays.
+ROLLED_MIN_CAPABILITY = 80
 MIN_WARPS = 4  # the SM's four schedulers: a block of fewer warps leaves some idle
 MAX_REGISTERS = 255  # registers one thread may have (the register level's capacity, 1020 bytes)
 STAGES = 2  # cp.async buffers per streamed operand: the next chunk is in flight while this one is used

@@ -537,39 +537,59 @@ TALL = {"attention.napkin": dict(b=4, h=32, q=8192, x=8192, d=128),
 
 
 @pytest.mark.parametrize("name", sorted(TALL))
-def test_d128_attention_takes_four_warps_of_32_rows_on_sm90_and_keeps_16_elsewhere(name):
+def test_d128_attention_takes_four_warps_of_32_rows_on_sm80_and_sm90_and_keeps_16_elsewhere(name):
     """At d = 128 and chunks of 64 keys a 32-row warp holds 204 fragment registers: over
-    FRAGMENT_BUDGET, within the rolled budget, which sm_90 takes for an unmasked stream of products
-    and softmaxes; sm_80, causal attention (a masked stream) and attention_lse (a further output)
-    keep 8 warps of 16 rows."""
+    FRAGMENT_BUDGET, within the rolled budget, which sm_80 and sm_90 (255 registers a thread
+    both) take for an unmasked stream of products and softmaxes; causal attention (a masked
+    stream) and attention_lse (a further output) keep 8 warps of 16 rows."""
     program = tensor_kernel(name).gpu_program(None, **TALL[name])
     (launch,) = program.launches
-    plan = isel.selection(program, launch, "sm_90").plan
-    assert (plan.warps, plan.warp_rows, plan.rolled) == (4, 32, True)
-    assert isel.live_fragment_values(plan, launch, isel.launch_tiles(launch)[0]) == isel.ROLLED_FRAGMENT_BUDGET
-    assert isel.selection(program, launch, "sm_80").plan.warp_rows == 16
+    for arch in ("sm_90", "sm_80"):
+        plan = isel.selection(program, launch, arch).plan
+        assert (plan.warps, plan.warp_rows, plan.rolled) == (4, 32, True), arch
+        assert isel.live_fragment_values(plan, launch, isel.launch_tiles(launch)[0]) == isel.ROLLED_FRAGMENT_BUDGET
     for other in ("causal_attention.napkin", "attention_lse.napkin"):
         kept = tensor_kernel(other).gpu_program(None, **TALL["attention.napkin"])
         assert isel.selection(kept, kept.launches[0], "sm_90").plan.warp_rows == 16, other
 
 
 @pytest.mark.parametrize("name", sorted(TALL))
-def test_d128_hot_loop_reads_at_most_035_ldsm_per_hmma_without_spills(name):
+@pytest.mark.parametrize("arch, hardware", [("sm_90", "H100"), ("sm_80", "A100")])
+def test_d128_hot_loop_reads_at_most_035_ldsm_per_hmma_without_spills(name, arch, hardware):
     """The point of taller warps: each warp reads every K and V chunk by ldmatrix once for 32 rows,
     so the hot loop has 80 LDSM per 256 HMMA (was 144 with 16-row warps) and its static ceiling is
-    tensor-bound, not shared-bound; 0 spill bytes and no local memory at 255 registers."""
+    tensor-bound, not shared-bound; 0 spill bytes and no local memory, on H100 and on A100."""
     from napkin_dsl.backends import sass
 
     try:
         sass.find_nvdisasm()
     except sass.NoDisassembler:
         pytest.skip("no nvdisasm (pip install 'napkin-dsl[sass]')")
-    compiled = tensor_kernel(name).compile("sm_90", "H100", **TALL[name])
+    compiled = tensor_kernel(name).compile(arch, hardware, **TALL[name])
     (entry,) = sass.sass_report(compiled)["launches"]
     assert entry["spill_bytes"] == 0 and entry["whole"].get("local", 0) == 0, entry["whole"]
     loop = sass.hot_loop(entry)
     assert loop["classes"].get("ldsm", 0) <= 0.35 * loop["classes"]["tensor"], loop["classes"]
     assert entry["ceiling"]["binding"] == "tensor", entry["ceiling"]["loop"]["clocks"]
+
+
+def test_a_launch_ptxas_spills_at_255_registers_is_compiled_again_under_a_cap_and_only_then():
+    """32-row warps at d = 128 are on a knife edge of ptxas's schedule (gqa at q = x = 512 on sm_80
+    has spilled at __launch_bounds__(128, 1)): a spilling launch is compiled again under
+    __maxnreg__ (cuda.REGISTER_CAPS) until it does not spill. Every launch built keeps 0 spills,
+    and one that carries a cap spills without it."""
+    from napkin_dsl.backends.cuda import REGISTER_CAPS, _compiler
+
+    compiled = tensor_kernel("gqa.napkin").compile("sm_80", "H100", b=1, kv=2, r=4, q=512, x=512, d=128)
+    (row,) = compiled.launch_table()
+    assert row["spill_bytes"] == 0 and row["registers"] <= 255
+    caps = re.findall(r"__maxnreg__\((\d+)\)", compiled.source)
+    assert all(int(cap) in REGISTER_CAPS for cap in caps)
+    if caps:  # the cap was needed: the launch bounds alone spill
+        bounded = re.sub(r"__maxnreg__\(\d+\)", "__launch_bounds__(128, 1)", compiled.source)
+        module = _compiler("sm_80", False).compile(bounded, "napkin_gqa.cu")
+        assert module.resources[row["entry"]]["spill_bytes"] > 0
+        assert row["registers"] <= int(caps[0])
 
 
 @pytest.mark.parametrize("name, sizes", [("attention.napkin", dict(b=1, h=2, q=200, x=150, d=128)),

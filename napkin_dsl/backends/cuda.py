@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import re
 
 import numpy as np
 
@@ -55,7 +56,8 @@ def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = Fals
     selected = select_program(program, arch)  # once: the report, the printers and the compiled report read it
     report = report if report is not None else cost_of(program, arch=arch, selected=selected)
     source, kernels = generate(program, report, arch, selected)
-    module = _compiler(arch, ptx).compile(source, f"napkin_{ident(program.diagram.name)}.cu")  # ASCII, as the entries
+    name = f"napkin_{ident(program.diagram.name)}.cu"  # ASCII, as the entries
+    source, module = _spill_free(source, _compiler(arch, ptx).compile(source, name), kernels, arch, ptx, name)
     return CompiledKernel(
         name=program.diagram.name,
         arch=arch,
@@ -67,6 +69,43 @@ def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = Fals
         planned=lambda: (program, compiled_cost(program, arch, kernels, module.resources, report, selected)),
         ptx=ptx,
     )
+
+
+# Register caps a launch that ptxas spilled at __launch_bounds__(threads, 1) (its 255 registers) is
+# compiled again under, in order, until it compiles without spills (_spill_free).
+REGISTER_CAPS = (254, 252, 250, 248)
+
+
+def _spill_free(source: str, module, kernels: list[KernelSource], arch: str, ptx: bool, name: str):
+    """``source`` and its ``module``, or, where ptxas spilled a launch, the source recompiled with
+    that launch's ``__launch_bounds__`` replaced by ``__maxnreg__(cap)`` for the first cap of
+    REGISTER_CAPS it compiles under without spills. A loop that holds about 204 fragment
+    registers (isel.ROLLED_FRAGMENT_BUDGET: attention's 32-row warps at d = 128) is on a knife
+    edge of ptxas's schedule: the same source spills 52 bytes at 255 registers on sm_80 for gqa
+    at q = x = 512 and none at b = 4, q = x = 8192, and none at ``__maxnreg__(254)`` (it then
+    schedules within the cap, where at 255 it spills a few rarely read loop-carried values).
+    Each launch keeps the first cap it compiles clean under; one spilling under every cap keeps
+    its launch bounds, and its spills are ptxas's report. PTX (no ptxas) is returned as it is."""
+    caps: dict[str, int] = {}
+
+    def spilling(module) -> list[str]:
+        return [k.entry for k in kernels if module.resources.get(k.entry, {}).get("spill_bytes")]
+
+    if ptx or not spilling(module):
+        return source, module
+    first, trial_source = (source, module), source
+    for cap in REGISTER_CAPS:
+        for entry in spilling(module):
+            caps[entry] = cap
+        trial_source = source
+        for entry, entry_cap in caps.items():
+            trial_source, count = re.subn(rf"__launch_bounds__\(\d+, 1\) {re.escape(entry)}\(",
+                                          f"__maxnreg__({entry_cap}) {entry}(", trial_source)
+            assert count == 1, f"napkin bug: no launch bounds on {entry}"
+        module = _compiler(arch, ptx).compile(trial_source, name)
+        if not spilling(module):
+            return trial_source, module
+    return first
 
 
 def compiled_cost(program: Program, arch: str, launches: list[KernelSource], resources: dict,
