@@ -93,7 +93,7 @@ def _spill_free(source: str, module, kernels: list[KernelSource], arch: str, ptx
 
     if ptx or not spilling(module):
         return source, module
-    first, trial_source = (source, module), source
+    first = (source, module)
     for cap in REGISTER_CAPS:
         for entry in spilling(module):
             caps[entry] = cap

@@ -135,25 +135,6 @@ inline int nk_wgmma_addr(ulong desc, int mn_major, int mn, int k, int eb) {
     const int bits = width == 128 ? 7 : width == 64 ? 3 : 1;
     return addr ^ (((addr >> 7) & bits) << 4);
 }
-/* D += A B for one thread of the warpgroup: its value v is row 16 * (warp % 4) + groupID (+ 8 for
-   v % 4 in 2, 3), column 8 * (v / 4) + 2 * threadID_in_group + v % 2 (PTX ISA 9.7.15.5.1.1.1,
-   the accumulator D figure of wgmma .m64nNk16). A is 64 x 16 (rows x k), B is 16 x n (k x cols). */
-inline void nk_wgmma(float* d, ulong da, ulong db, int n, int trans_a, int trans_b, int f16,
-                     __local const uchar* smem, int thread) {
-    const int warp = thread / 32, lane = thread % 32, group = lane / 4, tig = lane % 4;
-    for (int v = 0; v < n / 2; ++v) {
-        const int row = 16 * (warp % 4) + group + 8 * ((v / 2) % 2);
-        const int col = 8 * (v / 4) + 2 * tig + v % 2;
-        float acc = d[v];
-        for (int k = 0; k < 16; ++k) {
-            const int a = nk_wgmma_addr(da, trans_a, row, k, 2);
-            const int b = nk_wgmma_addr(db, trans_b, col, k, 2);
-            if (a < 0 || b < 0) { acc = NAN; continue; }
-            acc += nk_b16f(nk_lds16(smem, a), f16) * nk_b16f(nk_lds16(smem, b), f16);
-        }
-        d[v] = acc;
-    }
-}
 /* An 8-bit operand's value, decoded from the formats' definitions (OCP 8-bit floating point,
    the PTX ISA's .e4m3 and .e5m2): sign, exponent (bias 7 or 15), mantissa (3 or 2 bits); an
    exponent field of zero is subnormal; e5m2's all-ones exponent is infinity or NaN, e4m3's only
@@ -167,23 +148,37 @@ inline float nk_wg_fp8(uint c, int e5m2) {
     if (field == 0u) return sign * ldexp((float)man, 1 - bias - mbits);
     return sign * ldexp((float)(man | (1u << mbits)), (int)field - bias - mbits);
 }
-/* D += A B of wgmma .m64nNk32 with 8-bit operands (.e4m3, .e5m2): both by K-major descriptors
-   (the 8-bit shape has no transpose), 32 bytes of k a row; D is the accumulator of the 16-bit
-   shape (the figure depends on M and N only). */
-inline void nk_wgmma8(float* d, ulong da, ulong db, int n, int e5m2, __local const uchar* smem, int thread) {
+/* D += A B for one thread of the warpgroup: its value v is row 16 * (warp % 4) + groupID (+ 8 for
+   v % 4 in 2, 3), column 8 * (v / 4) + 2 * threadID_in_group + v % 2 (PTX ISA 9.7.15.5.1.1.1,
+   the accumulator D figure, which depends on M and N only). A is 64 x K (rows x k), B is K x n
+   (k x cols), of operand type `kind`: 0 bf16, 1 f16 (K = 16, .m64nNk16), 2 e4m3, 3 e5m2 (K = 32
+   bytes of k a row, .m64nNk32, whose operands are K-major: no transpose). */
+inline void nk_wgmma_k(float* d, ulong da, ulong db, int n, int trans_a, int trans_b, int kind,
+                       __local const uchar* smem, int thread) {
     const int warp = thread / 32, lane = thread % 32, group = lane / 4, tig = lane % 4;
+    const int eight = kind >= 2, depth = eight ? 32 : 16, eb = eight ? 1 : 2;
     for (int v = 0; v < n / 2; ++v) {
         const int row = 16 * (warp % 4) + group + 8 * ((v / 2) % 2);
         const int col = 8 * (v / 4) + 2 * tig + v % 2;
         float acc = d[v];
-        for (int k = 0; k < 32; ++k) {
-            const int a = nk_wgmma_addr(da, 0, row, k, 1);
-            const int b = nk_wgmma_addr(db, 0, col, k, 1);
+        for (int k = 0; k < depth; ++k) {
+            const int a = nk_wgmma_addr(da, trans_a, row, k, eb);
+            const int b = nk_wgmma_addr(db, trans_b, col, k, eb);
             if (a < 0 || b < 0) { acc = NAN; continue; }
-            acc += nk_wg_fp8(smem[a], e5m2) * nk_wg_fp8(smem[b], e5m2);
+            acc += eight ? nk_wg_fp8(smem[a], kind == 3) * nk_wg_fp8(smem[b], kind == 3)
+                         : nk_b16f(nk_lds16(smem, a), kind) * nk_b16f(nk_lds16(smem, b), kind);
         }
         d[v] = acc;
     }
+}
+/* .m64nNk16 with bf16 (f16 = 0) or f16 operands */
+inline void nk_wgmma(float* d, ulong da, ulong db, int n, int trans_a, int trans_b, int f16,
+                     __local const uchar* smem, int thread) {
+    nk_wgmma_k(d, da, db, n, trans_a, trans_b, f16, smem, thread);
+}
+/* .m64nNk32 with e4m3 (e5m2 = 0) or e5m2 operands, both K-major */
+inline void nk_wgmma8(float* d, ulong da, ulong db, int n, int e5m2, __local const uchar* smem, int thread) {
+    nk_wgmma_k(d, da, db, n, 0, 0, 2 + e5m2, smem, thread);
 }
 /* D += A B with A from registers (PTX ISA 9.7.15.5.1.1.1, the register fragment of matrix A of
    wgmma .m64nNk16, Figure 148): a thread's a0..a7, two 16-bit values in each of its four .b32
