@@ -9,10 +9,10 @@ The script writes that implementation as a napkin kernel with the row's tiles (a
 the register level the implementation uses:
 
 * FA2 (``mma.sync``): four warps of 32 query rows each (``registers: group q 32``), priced for
-  sm_90: FA2's code. napkin builds these 32-row warps on mma.sync itself for an unmasked stream
-  (its rolled loop, isel.ROLLED_FRAGMENT_BUDGET), and the row prices that build; a causal row,
-  whose masked stream napkin keeps on the FMA path at 32 rows, is priced as a what-if on mma.sync
-  (``cost_of(arch="sm_90", path="mma.sync")``, the note says so);
+  sm_90: FA2's code. napkin builds these 32-row warps on mma.sync itself (its rolled loop,
+  isel.ROLLED_FRAGMENT_BUDGET; a causal row's masked chunks test the mask once, in place), and
+  the row prices that build; a row napkin would not build on mma.sync is priced as a what-if
+  there (``cost_of(arch="sm_90", path="mma.sync")``, the note says so);
 * FA3 (``wgmma``): the code napkin builds for sm_90a (``cost_of(arch="sm_90a")``), with no
   register clause: wgmma's warpgroups of 64 rows take the register level (four warps share each
   read of K and V). A row whose launch does not select wgmma is left out, with isel's reason.

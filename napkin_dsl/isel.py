@@ -332,13 +332,20 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
 
 def _measured_taller(launch: LaunchProgram) -> bool:
     """Whether isel may choose warps taller than 16 rows for ``launch`` by itself (a relabelling may
-    always ask): an unmasked stream of products and softmaxes only (attention, GQA), the launches
-    it was measured on. A masked stream (causal, sliding-window attention: its mask's loops and
-    tests) and a further output (attention_lse's L, which reads the f32 row sum) hold more, and
-    spill or pass the static ceiling's tests' bounds at 32 rows (sliding_window at d = 64;
-    attention_lse at d = 64, and 40 bytes at q = x = 128, d = 128)."""
-    masked = any(lp.kind == "stream" and lp.mask is not None for _, loops in walk(launch.body) for lp in loops)
-    return not masked and all(isinstance(s.box, (Contract, Softmax)) for s in launch.launch.statements)
+    always ask): a stream of products and softmaxes only, the launches it was measured on
+    (attention, GQA), masked ones too (causal and sliding-window attention, whose masked
+    chunks test the mask once, on S in place: tensorcore.TensorPrinter.mask_in_place) where
+    the chunks divide the streamed axis. What else a launch holds spills at 32 rows at
+    d = 128: a ragged masked stream's short chunk, tested per element for its extent as well
+    as its mask (causal at q = 200, x = 150: 172 bytes on sm_80; sliding_window at q = 330,
+    x = 400: 268 on sm_90), and a further output (attention_lse's L, which reads the f32 row
+    sum) 40 bytes at q = x = 128."""
+    masked = [lp.axis for _, loops in walk(launch.body) for lp in loops if lp.kind == "stream" and lp.mask is not None]
+    if masked:
+        tiles = launch_tiles(launch)
+        if tiles is None or any(tiles[1][axis] % tiles[0][axis] for axis in masked):
+            return False
+    return all(isinstance(s.box, (Contract, Softmax)) for s in launch.launch.statements)
 
 
 def _rollable(plan: TensorPlan, launch: LaunchProgram, arch: str) -> bool:
@@ -346,8 +353,7 @@ def _rollable(plan: TensorPlan, launch: LaunchProgram, arch: str) -> bool:
     streams, on 16-bit operands, with a product reading its A operand from registers (attention's
     P), for an architecture it was measured on (ROLLED_MIN_CAPABILITY), in a launch measured
     taller (:func:`_measured_taller`). At 204 fragments ptxas leaves a register or two to spare,
-    and what else a launch holds spills: causal and sliding-window attention 64 and 96 bytes on
-    sm_90 at d = 128, attention_lse 40 bytes at q = x = 128."""
+    and what else a launch holds spills (the figures there)."""
     streams = plan.stream is not None and any(op.streamed for op in plan.operands.values())
     capability = re.match(r"sm_(\d+)", arch)
     return (capability is not None and int(capability.group(1)) >= ROLLED_MIN_CAPABILITY and streams

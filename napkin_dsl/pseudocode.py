@@ -786,6 +786,14 @@ class Mask:
     def axes(self) -> tuple[str, ...]:
         return tuple(a for a, _ in self.tiles)
 
+    @property
+    def bounds_below(self) -> bool:
+        """Whether an inequality bounds the streamed axis's index from below (a positive
+        coefficient: a sliding window's left edge), so that chunks before the ones the mask
+        holds in full may be cut. Causal attention's ``x <= q`` bounds it from above only: its
+        full chunks start at the first."""
+        return any(dict(c.coefficients).get(self.axis, 0) > 0 for c in self.constraints)
+
     def status(self, ranges: dict, constants: tuple) -> str:
         """"masked", "partial" or "full" for the tile ``ranges`` (axis -> [start, stop), not
         empty), given the constraints' constants as numbers (:meth:`constants`)."""

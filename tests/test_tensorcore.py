@@ -540,17 +540,23 @@ TALL = {"attention.napkin": dict(b=4, h=32, q=8192, x=8192, d=128),
 def test_d128_attention_takes_four_warps_of_32_rows_on_sm80_and_sm90_and_keeps_16_elsewhere(name):
     """At d = 128 and chunks of 64 keys a 32-row warp holds 204 fragment registers: over
     FRAGMENT_BUDGET, within the rolled budget, which sm_80 and sm_90 (255 registers a thread
-    both) take for an unmasked stream of products and softmaxes; causal attention (a masked
-    stream) and attention_lse (a further output) keep 8 warps of 16 rows."""
+    both) take for a stream of products and softmaxes: causal and sliding-window attention too,
+    where the chunks divide the keys (a ragged masked stream spills at 32 rows and keeps 16), and
+    attention_lse (a further output) keeps 8 warps of 16 rows."""
     program = tensor_kernel(name).gpu_program(None, **TALL[name])
     (launch,) = program.launches
     for arch in ("sm_90", "sm_80"):
         plan = isel.selection(program, launch, arch).plan
         assert (plan.warps, plan.warp_rows, plan.rolled) == (4, 32, True), arch
         assert isel.live_fragment_values(plan, launch, isel.launch_tiles(launch)[0]) == isel.ROLLED_FRAGMENT_BUDGET
-    for other in ("causal_attention.napkin", "attention_lse.napkin"):
-        kept = tensor_kernel(other).gpu_program(None, **TALL["attention.napkin"])
-        assert isel.selection(kept, kept.launches[0], "sm_90").plan.warp_rows == 16, other
+    kept = tensor_kernel("attention_lse.napkin").gpu_program(None, **TALL["attention.napkin"])
+    assert isel.selection(kept, kept.launches[0], "sm_90").plan.warp_rows == 16
+    for masked in ("causal_attention.napkin", "sliding_window.napkin"):
+        program = tensor_kernel(masked).gpu_program(None, **TALL["attention.napkin"])
+        for arch in ("sm_90", "sm_80"):
+            assert isel.selection(program, program.launches[0], arch).plan.warp_rows == 32, (masked, arch)
+        ragged = tensor_kernel(masked).gpu_program(None, **dict(TALL["attention.napkin"], x=8100))
+        assert isel.selection(ragged, ragged.launches[0], "sm_90").plan.warp_rows == 16, masked
 
 
 @pytest.mark.parametrize("name", sorted(TALL))
@@ -571,6 +577,40 @@ def test_d128_hot_loop_reads_at_most_035_ldsm_per_hmma_without_spills(name, arch
     loop = sass.hot_loop(entry)
     assert loop["classes"].get("ldsm", 0) <= 0.35 * loop["classes"]["tensor"], loop["classes"]
     assert entry["ceiling"]["binding"] == "tensor", entry["ceiling"]["loop"]["clocks"]
+
+
+@pytest.mark.parametrize("name", ["causal_attention.napkin", "sliding_window.napkin"])
+@pytest.mark.parametrize("arch, hardware", [("sm_90", "H100"), ("sm_80", "A100")])
+def test_masked_d128_takes_32_row_warps_its_full_loop_within_5_percent_of_attentions(name, arch, hardware):
+    """A masked chunk tests the mask once, on S in place, from one value a lane holds per
+    inequality (mask_in_place), and each chunk's buffer follows from its index (no running
+    counter); causal attention (x <= q, no lower edge) prints no loop of chunks before the full
+    ones. That leaves room for FA2's 4 warps of 32 rows: 0 spill bytes, at most 0.35 LDSM per
+    HMMA in every tensor loop, and the loop over the full chunks (the leanest: no selects; it
+    runs for all but the diagonal's chunks) within 5% of attention's hot loop in instructions
+    per HMMA, on H100 and on A100."""
+    from napkin_dsl.backends import sass
+
+    try:
+        sass.find_nvdisasm()
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm (pip install 'napkin-dsl[sass]')")
+    sizes = TALL["attention.napkin"]
+    kernel = tensor_kernel(name)
+    program = kernel.gpu_program(None, **sizes)
+    assert isel.selection(program, program.launches[0], arch).plan.warp_rows == 32
+    compiled = kernel.compile(arch, hardware, **sizes)
+    before = "before the ones the mask holds in full" in compiled.source
+    assert before == (name == "sliding_window.napkin")
+    assert compiled.source.count("the chunk's mask, once") == 1 + before
+    (entry,) = sass.sass_report(compiled)["launches"]
+    assert entry["spill_bytes"] == 0 and entry["whole"].get("local", 0) == 0, entry["whole"]
+    loops = [loop for loop in entry["loops"] if loop["classes"].get("tensor", 0) == 256]
+    assert len(loops) == 2 + before, [loop["classes"] for loop in entry["loops"]]
+    assert all(loop["classes"].get("ldsm", 0) <= 0.35 * 256 for loop in loops)
+    full = min(loops, key=lambda loop: loop["instructions"])
+    (attention,) = sass.sass_report(tensor_kernel("attention.napkin").compile(arch, hardware, **sizes))["launches"]
+    assert full["per_tensor"] <= 1.05 * sass.hot_loop(attention)["per_tensor"], (full["per_tensor"], attention)
 
 
 def test_a_launch_ptxas_spills_at_255_registers_is_compiled_again_under_a_cap_and_only_then():
@@ -594,11 +634,17 @@ def test_a_launch_ptxas_spills_at_255_registers_is_compiled_again_under_a_cap_an
 
 @pytest.mark.parametrize("name, sizes", [("attention.napkin", dict(b=1, h=2, q=200, x=150, d=128)),
                                          ("attention.napkin", dict(b=1, h=1, q=128, x=64, d=128)),
-                                         ("gqa.napkin", dict(b=1, kv=1, r=2, q=130, x=200, d=128))],
-                         ids=["attention-ragged", "attention-one-chunk", "gqa-ragged"])
+                                         ("gqa.napkin", dict(b=1, kv=1, r=2, q=130, x=200, d=128)),
+                                         ("causal_attention.napkin", dict(b=1, h=2, q=200, x=192, d=128)),
+                                         ("causal_attention.napkin", dict(b=1, h=1, q=130, x=256, d=128)),
+                                         ("sliding_window.napkin", dict(b=1, h=1, q=330, x=448, d=128))],
+                         ids=["attention-ragged", "attention-one-chunk", "gqa-ragged", "causal-ragged-q",
+                              "causal-wide", "window-ragged-q"])
 def test_32_row_warps_match_the_reference_on_pocl(name, sizes, opencl_device):
-    """The rolled loop (a running buffer), P packed from its exponentials and its row sum of the
-    packed values, on 4 warps of 32 rows, against the float64 reference at ragged sizes."""
+    """The rolled loop (each chunk's buffer from its index), P packed from its exponentials and
+    its row sum of the packed values, on 4 warps of 32 rows, against the float64 reference at
+    ragged sizes; for causal and sliding-window attention the masked chunks' mask applied once
+    in place (a masked stream takes 32 rows where the chunks divide the keys)."""
     from napkin_dsl.backends import opencl
 
     kernel = tensor_kernel(name)

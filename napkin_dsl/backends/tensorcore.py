@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from ..boxes import reduction
 from .. import algebra
-from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Read, Reduce, Softmax, reads
+from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Read, Reduce, Softmax, format_expression, reads
 from ..isel import FP8_TENSOR_DTYPES, TensorPlan, smem_layout
 from ..layouts import (
     LDMATRIX_DELIVERS,
@@ -375,6 +375,12 @@ class TensorPrinter(KernelWriter):
         # Register A operands kept packed from the exponentials on (packed_fragments): name -> the
         # 16-bit type ("BF16", "F16") of the product that reads them.
         self.packed: dict[str, str] = {}
+        # A masked chunk's where(COND, S, -inf) to apply to S's fragment once, in place, before
+        # the first step that reads it (masked_in_place): (the where, S), or None.
+        self.mask_pending: tuple | None = None
+        # The first chunk each stream loop of the kernel visits (a C expression: "0", or a masked
+        # block's nk_first_<x>), from which a chunk's buffer follows (buffer_of).
+        self.stream_first: dict[str, str] = {}
 
     # -- the kernel
     def print(self, entry: str) -> KernelSource:
@@ -675,6 +681,9 @@ class TensorPrinter(KernelWriter):
     def step(self, step: Step):
         if step.level != self.level:
             return
+        if self.mask_pending is not None and step.statement is not None and step.op != "load" \
+                and self.mask_pending[0] in self.softmax_operands(step):
+            self.mask_in_place()
         if step.op == "load":
             if step.array in self.buffers or step.array in self.chunk_loaded:
                 return  # a streamed operand (the pipeline issued it) or a vector of the chunk (chunk_vectors)
@@ -835,12 +844,11 @@ class TensorPrinter(KernelWriter):
         until its own group has landed (at most ``stages - 2`` later ones pending) and passes
         the chunk's one barrier, which also says that every warp is done with chunk c - 1; only
         then does it issue chunk c + stages - 1 into the buffer chunk c - 1 was read from, so
-        no second barrier guards the refill. The buffer a chunk reads is a running index
-        (``nk_stage_<x>``), so a masked stream runs as up to three loops, one body each: the
+        no second barrier guards the refill. The buffer a chunk reads follows from its index
+        (:meth:`buffer_of`), so a masked stream runs as up to three loops, one body each: the
         chunks before the ones its mask holds in full, those (with no mask code), and those
         after (the diagonal), with the copies of the next chunk in flight across them."""
         axis = node.axis
-        x = ident(axis)
         streamed = [s.array for s, _ in walk(node.body) if s.op == "load" and s.level == self.level
                     and s.array in self.plan.operands]
         chunks = -(-self.sizes[axis] // self.tile[axis])
@@ -865,6 +873,7 @@ class TensorPrinter(KernelWriter):
             self.emit(f"// for {axis} in {chunks} chunks of {tile}, {stages} stages: {ahead} while chunk c computes")
         if node.mask is not None:  # the chunks the mask does not hide in full: bounds per block
             first, stop = self.visited_chunks(node.mask, chunks)
+        self.stream_first[axis] = first
         for ahead in range(stages - 1 if streamed else 0):
             guard = f"{first} + {ahead} < {stop}" if ahead or node.mask is not None or chunks <= ahead else None
             if guard:  # a block that visits fewer chunks loads none past its last
@@ -889,7 +898,7 @@ class TensorPrinter(KernelWriter):
             self.unrolled(node, axis, streamed, first, str(chunks - 1), (chunks - 1) % stages != 0, stop=stop)
             self.whole_chunk_axes.discard(axis)
             last = chunks - 1
-            stage = f"nk_stage_{x}" if self.plan.rolled and streamed else str(last % stages)
+            stage = str(last % stages)
             self.emit(f"{{  // the last chunk, short ({self.sizes[axis] - last * tile} of {tile}): tested per element")
             self.depth += 1
             self.chunk(node, axis, streamed, stop, str(last), False, stage)
@@ -899,15 +908,18 @@ class TensorPrinter(KernelWriter):
             self.unrolled(node, axis, streamed, first, stop, chunks % stages != 0 or not exact)
         else:
             lo, hi = self.full_chunks(node.mask, first, stop)
-            # the chunks before the full ones are run masked up to a multiple of the stages, so
-            # that the full loop starts on buffer 0 and unrolls with constant buffers
-            self.emit(f"{lo} = min({first} + ({lo} - {first} + {stages - 1}) / {stages} * {stages}, {hi});")
-            if streamed:
-                self.emit(f"int nk_stage_{x} = 0;  // the buffer of chunk c in a masked loop: (c - {first}) mod {stages}")
-            self.runtime_loop(node, axis, streamed, first, lo, stop, "before the ones the mask holds in full")
+            # Only a mask that bounds x from below (a window's left edge) cuts chunks before the
+            # full ones; without one (causal) the full chunks start at the first, and that loop,
+            # which would never run, is not printed (its body held registers the full loop's
+            # 32-row warps need).
+            lower_edge = node.mask.bounds_below
+            if lower_edge:
+                # the chunks before the full ones are run masked up to a multiple of the stages, so
+                # that the full loop starts on buffer 0 and unrolls with constant buffers
+                self.emit(f"{lo} = min({first} + ({lo} - {first} + {stages - 1}) / {stages} * {stages}, {hi});")
+            if lower_edge:
+                self.runtime_loop(node, axis, streamed, first, lo, stop, "before the ones the mask holds in full")
             self.unrolled(node, axis, streamed, lo, hi, True, stop=stop)
-            if streamed:
-                self.emit(f"nk_stage_{x} = ({hi} - {first}) % {stages};")
             self.runtime_loop(node, axis, streamed, hi, stop, stop, "after them (the diagonal)")
         if streamed:
             # every copy has landed (the last groups are empty) and no warp still reads a buffer
@@ -983,16 +995,12 @@ class TensorPrinter(KernelWriter):
         there and compile without spills here. The buffer's offset is the block's, so ptxas keeps
         it in a uniform register beside the lanes' ldmatrix rows (:meth:`ldsm_offset`)."""
         x = ident(axis)
-        stages = self.plan.stages
         masked = node.mask is not None
-        if not masked:  # a masked stream's loops declared it (stream_loop)
-            self.emit(f"int nk_stage_{x} = 0;  // the buffer of chunk c: c mod {stages}")
         self.emit("NK_ROLLED")
         self.emit(f"for (int c_{x} = {lo}; c_{x} < {hi}; ++c_{x}) {{  // one chunk a trip"
                   f"{', the mask holds them in full: no test' if masked else ''}")
         self.depth += 1
-        self.chunk(node, axis, streamed, stop or hi, f"c_{x}", masked, f"nk_stage_{x}")
-        self.emit(f"nk_stage_{x} = (nk_stage_{x} == {stages - 1}) ? 0 : nk_stage_{x} + 1;")
+        self.chunk(node, axis, streamed, stop or hi, f"c_{x}", masked, self.buffer_of(axis, f"c_{x}"))
         self.depth -= 1
         self.emit("}")
 
@@ -1044,16 +1052,23 @@ class TensorPrinter(KernelWriter):
         self.emit("}")
 
     def runtime_loop(self, node: Loop, axis: str, streamed: list, lo: str, hi: str, stop: str, what: str):
-        """Chunks [lo, hi) that the mask cuts, tested per element, one a trip, on buffer nk_stage."""
+        """Chunks [lo, hi) that the mask cuts, tested per element, one a trip, on the buffer of
+        the chunk's index (buffer_of)."""
         x = ident(axis)
-        stages = self.plan.stages
         self.emit(f"for (int c_{x} = {lo}; c_{x} < {hi}; ++c_{x}) {{  // chunks the mask cuts, {what}: tested per element")
         self.depth += 1
-        self.chunk(node, axis, streamed, stop, f"c_{x}", False, f"nk_stage_{x}")
-        if streamed:
-            self.emit(f"nk_stage_{x} = (nk_stage_{x} == {stages - 1}) ? 0 : nk_stage_{x} + 1;")
+        self.chunk(node, axis, streamed, stop, f"c_{x}", False, self.buffer_of(axis, f"c_{x}"))
         self.depth -= 1
         self.emit("}")
+
+    def buffer_of(self, axis: str, index: str) -> str:
+        """The buffer chunk ``index`` of a loop one chunk a trip reads: (index - first) mod
+        stages, from the loop's own index. A running counter instead is one more register live
+        through every loop of the stream, which 32-row warps at d = 128 do not have to spare
+        (causal attention spilled 144 bytes on sm_80 with it: 60 without)."""
+        first, stages = self.stream_first[axis], self.plan.stages
+        chunk = index if first == "0" else f"({index} - {first})"
+        return f"({chunk} & {stages - 1})" if stages & (stages - 1) == 0 else f"({chunk} % {stages})"
 
     def chunk(self, node: Loop, axis: str, streamed: list, stop: str, index: str, full: bool, stage: str,
               refill_guard: bool = True):
@@ -1087,6 +1102,8 @@ class TensorPrinter(KernelWriter):
             where = self.mask_where(node.mask)
             if where is not None:
                 self.unmasked[where] = None  # held in full: the where's value, untested
+        elif node.mask is not None:
+            self.mask_pending = self.masked_in_place(node.mask)
         for name in streamed:
             self.buffers[name] = stage
         if not self.keyed_lanes:
@@ -1097,11 +1114,86 @@ class TensorPrinter(KernelWriter):
         self.nodes(node.body)
         self.chunk_loaded.clear()
         self.unmasked = {}
+        self.mask_pending = None
         self.tops_ready.clear()  # the next chunk's rescale writes them again
         for name in streamed:
             del self.buffers[name]
         self.valid = saved_valid
         del self.origin[axis]
+
+    def masked_in_place(self, mask) -> tuple | None:
+        """(the where, S) when a chunk the mask cuts may test it once, on S's fragment in place
+        (S = COND ? S : -inf), the softmax's reads then taking S untested: the softmax's operand
+        is where(COND, S, -inf) itself, S a fragment along the streamed axis that no other
+        statement reads. Tested where it is read instead, the condition is printed and
+        evaluated twice a chunk (the running max's pass and the exponentials'), which made
+        causal attention's diagonal loop about a fifth longer. None where that does not hold."""
+        where = self.mask_where(mask)
+        tested = self.diagram.producer(mask.tested) if mask.tested is not None else None
+        if where is None or tested is None or not isinstance(tested.box, Softmax) or tested.box.operand != where:
+            return None
+        masked = where.args[1]
+        if not isinstance(masked, Read) or masked.array not in self.plan.fragments \
+                or self.plan.fragments[masked.array].col != mask.axis or masked.array in self.launch.launch.outputs:
+            return None
+        if [s.target for s in self.diagram.consumers(masked.array)] != [tested.target]:
+            return None
+        col = self.plan.fragments[masked.array].col
+        if any(self.lane_parts(axis, col) is None for constraint in mask.constraints for axis, _ in constraint.coefficients):
+            return None
+        return where, masked.array, mask
+
+    @staticmethod
+    def softmax_operands(step: Step) -> list:
+        """The operand of the softmax ``step`` reads (its rescale, online or compute step), if any."""
+        box = step.statement.box
+        return [box.operand] if isinstance(box, Softmax) else []
+
+    def mask_in_place(self):
+        """S = COND ? S : -inf on the fragment, once (masked_in_place); the where then reads S.
+
+        COND is the mask's inequalities, ``sum(k i) >= t`` each (Mask, threshold). An element's
+        index along an axis is the lane's part (the block's origin, the warp's first row, the
+        lane's digits) plus the unrolled loops' part (mt, nt, i: a constant once unrolled), so
+        each inequality is one value a thread holds, ``sum(k lane) - t``, and a test of it
+        plus a constant per element. Printed as the where's expression instead, ptxas kept more
+        of the indices live: causal attention's 32-row warps spilled on sm_80 so."""
+        where, name, mask = self.mask_pending
+        self.mask_pending = None
+        col = self.plan.fragments[name].col
+        self.emit(f"// {name} = where({format_expression(where.args[0])}, {name}, -inf): the chunk's mask, once")
+        self.emit("{")
+        self.depth += 1
+        tests = []
+        for n, constraint in enumerate(mask.constraints):
+            lane = " + ".join(f"{k} * ({self.lane_parts(axis, col)[0]})" for axis, k in constraint.coefficients)
+            t = self.threshold(constraint)
+            written = " + ".join(f"{k}*{axis}" for axis, k in constraint.coefficients)
+            self.emit(f"const int nk_edge{n} = {lane} - ({t});  // {written} >= {t}: this lane's part")
+            unrolled = " + ".join(f"{k} * ({self.lane_parts(axis, col)[1]})" for axis, k in constraint.coefficients)
+            tests.append(f"nk_edge{n} + {unrolled} >= 0")
+        condition = " && ".join(f"({test})" for test in tests)
+        self.each_element(col, lambda: self.emit(f"{self.element(name, False)} = ({condition}) ? {self.element(name, False)} : -NK_INF;"))
+        self.depth -= 1
+        self.emit("}")
+        self.unmasked[where] = None
+
+    def lane_parts(self, axis: str, col: str) -> tuple[str, str] | None:
+        """The index along ``axis`` of the fragment element at (mt, nt, lane, i), as its lane's
+        part (with the block's origin: the same every trip of the unrolled loops) and the
+        unrolled loops' part, C expressions that sum to :meth:`lane_index`'s (the accumulator
+        layout is a sum over its digits); None for an axis with no per-lane index here."""
+        origin = self.origin.get(axis)
+        layout = self.warp_layout(False)
+        start = "nk_wcol" if col == self.plan.split else None
+        if axis in (self.plan.row, col):
+            out = 0 if axis == self.plan.row else 1
+            lane = layout.c_expr("0", "0", "nk_lane", "0", given={"g": "nk_g", "t": "nk_t"}, origin=("nk_wrow", start))[out]
+            unrolled = layout.c_expr("mt", "nt", "0", "i")[out]
+            return (lane if origin is None else f"{origin} + {lane}"), unrolled
+        if self.tile[axis] == 1:
+            return (origin or "0"), "0"
+        return None
 
     def saved(self, step: Step) -> tuple[str, str, tuple[str, ...], str]:
         """(array in device memory, the fragment saved into it, the array's axes, its dtype): an

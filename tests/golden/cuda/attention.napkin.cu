@@ -211,7 +211,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) napkin_attention_0(const __
         NK_CP16(65536 + (0) * 16384 + nk_cs_V + v * 2048, g_V + nk_cg_V + (0) * 128 + v * 1024, (0 + nk_cr_V + v * 8 < 150));
     }
     NK_CP_COMMIT();
-    int nk_stage_x = 0;  // the buffer of chunk c: c mod 2
     NK_ROLLED
     for (int c_x = 0; c_x < 3; ++c_x) {  // one chunk a trip
         const int o_x = c_x * 64;
@@ -220,11 +219,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) napkin_attention_0(const __
         if (c_x + 1 < 3) {
             NK_UNROLL
             for (int v = 0; v < 8; ++v) {
-                NK_CP16(0 + ((nk_stage_x + 1) % 2) * 16384 + nk_cs_K + v * 2048, g_K + nk_cg_K + ((o_x + 64)) * 128 + v * 1024, ((o_x + 64) + nk_cr_K + v * 8 < 150));
+                NK_CP16(0 + (((c_x & 1) + 1) % 2) * 16384 + nk_cs_K + v * 2048, g_K + nk_cg_K + ((o_x + 64)) * 128 + v * 1024, ((o_x + 64) + nk_cr_K + v * 8 < 150));
             }
             NK_UNROLL
             for (int v = 0; v < 8; ++v) {
-                NK_CP16(65536 + ((nk_stage_x + 1) % 2) * 16384 + nk_cs_V + v * 2048, g_V + nk_cg_V + ((o_x + 64)) * 128 + v * 1024, ((o_x + 64) + nk_cr_V + v * 8 < 150));
+                NK_CP16(65536 + (((c_x & 1) + 1) % 2) * 16384 + nk_cs_V + v * 2048, g_V + nk_cg_V + ((o_x + 64)) * 128 + v * 1024, ((o_x + 64) + nk_cr_V + v * 8 < 150));
             }
         }
         NK_CP_COMMIT();  // one group per chunk, empty near the end: wait_group counts them
@@ -251,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) napkin_attention_0(const __
                 NK_UNROLL
                 for (int np = 0; np < 4; ++np) {
                     unsigned b[4];
-                    NK_LDSM(b, 0 + (nk_stage_x) * 16384 + (((nk_lb0) ^ (((((((kk * 16)) * 2) >> 4)) & 7) << 4)) + ((np * 16)) * 256 + (((((((kk * 16)) * 2) >> 4)) & 65528) << 4)));
+                    NK_LDSM(b, 0 + ((c_x & 1)) * 16384 + (((nk_lb0) ^ (((((((kk * 16)) * 2) >> 4)) & 7) << 4)) + ((np * 16)) * 256 + (((((((kk * 16)) * 2) >> 4)) & 65528) << 4)));
                     NK_UNROLL
                     for (int mt = 0; mt < 2; ++mt) {
                         NK_MMA_BF16(f_S[mt][2 * np], a[mt], b[0], b[1]);
@@ -345,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) napkin_attention_0(const __
                 NK_UNROLL
                 for (int np = 0; np < 8; ++np) {
                     unsigned b[4];
-                    NK_LDSM_T(b, 65536 + (nk_stage_x) * 16384 + (((nk_lb2) ^ (((((((np * 16)) * 2) >> 4)) & 7) << 4)) + ((kk * 16)) * 256 + (((((((np * 16)) * 2) >> 4)) & 65528) << 4)));
+                    NK_LDSM_T(b, 65536 + ((c_x & 1)) * 16384 + (((nk_lb2) ^ (((((((np * 16)) * 2) >> 4)) & 7) << 4)) + ((kk * 16)) * 256 + (((((((np * 16)) * 2) >> 4)) & 65528) << 4)));
                     NK_UNROLL
                     for (int mt = 0; mt < 2; ++mt) {
                         NK_MMA_BF16(f_O__acc[mt][2 * np], a[mt], b[0], b[1]);
@@ -354,7 +353,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) napkin_attention_0(const __
                 }
             }
         }
-        nk_stage_x = (nk_stage_x == 1) ? 0 : nk_stage_x + 1;
     }
     NK_CP_WAIT(0);
     NK_SYNC();
