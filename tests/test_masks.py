@@ -436,16 +436,19 @@ def test_tensor_core_source_tests_each_lanes_fragment_indices_and_bounds_the_str
     kernel = napkin.load(EXAMPLES / "causal_attention.napkin")["causal_attention"]
     source = kernel.compile("sm_90", b=1, h=2, q=256, x=256, d=64).source
     # the predicate reads the lane's fragment row (groupID, + 8 for the upper half) and column, in
-    # integers: no index is converted to floating point, and no bound is computed in double
-    assert "((o_q + (nk_wrow + mt * 16 + nk_g + (i >> 1) * 8)) >= (o_x + (nt * 8 + 2 * nk_t + (i & 1))))" in source
+    # integers: the lane's part of q - x (its warp row, groupID and threadID) is one value computed
+    # once a chunk; each element adds only the unrolled constants (mt, nt, i). No index is converted
+    # to floating point, and no bound is computed in double
+    assert "const int nk_edge0 = 1 * (o_q + (nk_wrow + nk_g)) + -1 * (o_x + 2 * nk_t) - (0);" in source
+    assert "((nk_edge0 + 1 * ((mt * 16 + (i >> 1) * 8)) + -1 * ((nt * 8 + (i & 1))) >= 0))" in source
     assert "(float)(o_" not in source and "(double)" not in source
     # the chunks below the diagonal (a chunk's last key at or before the tile's first query):
     # floor((o_q - 63) / 64) + 1 of them, bounded in integers, run first in a loop of their own
     assert "nk_fhi_x = min(nk_fhi_x, (int)(" in source and "(1 * (long)(o_q)) - 0) - 63)" in source
     full = source.index("for (int c_x = nk_flo_x; c_x < nk_fhi_x; c_x += 2) {")
     after = source.index("for (int c_x = nk_fhi_x; c_x < nk_stop_x; ++c_x) {", full)
-    assert ">= (o_x" not in source[full:after] and "-NK_INF)))" not in source[full:after]
-    assert ">= (o_x" in source[after:]  # the diagonal chunks test each element
+    assert "nk_edge0" not in source[full:after] and ": -NK_INF;" not in source[full:after]
+    assert "nk_edge0" in source[after:]  # the diagonal chunks test each element
     # one barrier a chunk: the unrolled full loop passes two, one per buffer
     assert source[full:after].count("NK_SYNC()") == 2
     # the longest rows first: q tiles in reverse

@@ -137,8 +137,12 @@ def test_the_model_never_promises_more_than_the_code_that_was_built(name, which,
         assert ceiling["tensor_in_loop"] > 0 and not loop["unpriced"]
         assert ceiling["model_s"] >= ceiling["floor_s"] * (1 - 1e-9), (entry["entry"], ceiling)
         assert ceiling["model_tflops"] <= ceiling["tflops"] * (1 + 1e-9)
-        # ... and no launch beats the tensor rate of its path
-        assert ceiling["tflops"] <= built.program.hardware.peak(launch.path, "bf16") / 1e12 * 1.05
+        # ... and no launch's tensor-core work beats the tensor rate of its path. (``tflops`` counts
+        # every unit's FLOPs: the softmax's FP32 work runs beside the MMAs, so a launch whose loop
+        # keeps the tensor cores at peak reads a few percent above it, more at small d.)
+        tensor_rate = ceiling["unit_flops"] / ceiling["floor_s"] / 1e12
+        assert tensor_rate <= built.program.hardware.peak(launch.path, "bf16") / 1e12 * (1 + 1e-6), ceiling
+        assert ceiling["tflops"] == pytest.approx(tensor_rate * ceiling["flops"] / ceiling["unit_flops"])
         bounded += 1
     if any(k.path != "fma" for k in built.launches) and name not in ("attention_unfused.napkin",) and which == 0:
         assert bounded, "every large tensor-core example has a hot loop that bounds it"
