@@ -276,23 +276,34 @@ def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles
     compiles without spills. A named path ("mma.sync", "wgmma") is a what-if for pricing: the
     same register level priced as that instruction, whose fragments must fit the register
     file's 255 registers per thread (``MAX_REGISTERS``), not napkin's budget."""
+    hardware = launch.schedule.hardware
+    # where the target builds wgmma (sm_90a), mma.sync's converted fp8 (no 8-bit mma.sync in SASS)
+    # is no reason to stay off tensor cores until wgmma has declined the launch as well
+    wgmma_here = path is None and any(arch in getattr(hardware.find_path("wgmma", dtype, arch), "archs", ())
+                                      for dtype in TENSOR_DTYPES + FP8_TENSOR_DTYPES)
     try:
-        plan = _plan(launch, arch, tile, sizes, dict(warp_tiles or {}), path)
+        plan = _plan(launch, arch, tile, sizes, dict(warp_tiles or {}), path, converted=not wgmma_here)
     except _Refuse as refusal:
         return Selection(None, str(refusal))
-    found = launch.schedule.hardware.find_path("wgmma", plan.dtype, arch)
+    found = hardware.find_path("wgmma", plan.dtype, arch)
     if path is not None or found is None or arch not in found.archs:
         return Selection(plan)  # wgmma is built only where the target itself has it (sm_90a), not for the what-if on sm_90
     try:
         # the wgmma plan is rebuilt from the mma.sync one, whose loop form is its printer's own
         return Selection(_wgmma_plan(replace(plan, rolled=False), launch, tile, sizes, dict(warp_tiles or {})))
     except _Refuse as refusal:
+        converted = _converted_fp8_refusal(plan, launch, tile, FRAGMENT_BUDGET, arch)
+        if converted is not None:
+            return Selection(None, f"{converted}; not wgmma either: {refusal}")
         return Selection(plan, declined=str(refusal))
 
 
-def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict, path: str | None = None) -> TensorPlan:
+def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict, path: str | None = None,
+          converted: bool = True) -> TensorPlan:
     """The mma.sync plan of ``launch``, step by step; each step refuses (:class:`_Refuse`) with
-    the reason the launch stays on the FMA path, the first that fails deciding the text."""
+    the reason the launch stays on the FMA path, the first that fails deciding the text.
+    ``converted`` False leaves :func:`_converted_fp8_refusal` to the caller (``select``, which
+    tries wgmma first)."""
     hardware = launch.schedule.hardware
     _target_path(hardware, arch, path)  # before anything else: a target without the instruction says so
     _refuse_if(_launch_refusal(launch, tile))
@@ -319,14 +330,15 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
         rows = warp_rows or _default_warp_rows(
             tile[row], lambda rows: path != "wgmma" and _measured_taller(launch)
             and _budgeted(rows_plan(rows), launch, tile, budget, path, arch)[1] is None)
-        plan, refusal = _budgeted(rows_plan(rows), launch, tile, budget, path, arch)
+        plan, refusal = _budgeted(rows_plan(rows), launch, tile, budget, path, arch, converted)
         _refuse_if(refusal)
         return plan
     plan = _grid(row, split, tile, warp_rows, warp_tiles.get(split), launch, budget, dtype, operands, plain,
                  fragments, mmas, stream)
     plan = replace(plan, instruction=path or "mma.sync")
     _refuse_if(_budget_refusal(plan, launch, tile, budget, path))
-    _refuse_if(_converted_fp8_refusal(plan, launch, tile, budget, arch))
+    if converted:
+        _refuse_if(_converted_fp8_refusal(plan, launch, tile, budget, arch))
     return plan
 
 
@@ -362,12 +374,13 @@ def _rollable(plan: TensorPlan, launch: LaunchProgram, arch: str) -> bool:
 
 
 def _budgeted(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: int, path: str | None,
-              arch: str) -> tuple[TensorPlan, str | None]:
+              arch: str, converted: bool = True) -> tuple[TensorPlan, str | None]:
     """``plan`` within the fragment budget, rolled where it is over FRAGMENT_BUDGET and within
     ROLLED_FRAGMENT_BUDGET (:func:`_rollable`), or the refusal that keeps it off tensor cores."""
     if path is None and _rollable(plan, launch, arch) and FRAGMENT_BUDGET < live_fragment_values(plan, launch, tile) <= ROLLED_FRAGMENT_BUDGET:
         plan, budget = replace(plan, rolled=True), ROLLED_FRAGMENT_BUDGET
-    return plan, _budget_refusal(plan, launch, tile, budget, path) or _converted_fp8_refusal(plan, launch, tile, budget, arch)
+    return plan, _budget_refusal(plan, launch, tile, budget, path) or (
+        _converted_fp8_refusal(plan, launch, tile, budget, arch) if converted else None)
 
 
 def _refuse_if(reason: str | None) -> None:
@@ -581,11 +594,6 @@ def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str |
         if a.array in fragments:
             if fragments[a.array].col != k:
                 raise _Refuse(f"{a.array} in registers is not laid out along {k}")
-            if site.diagram.arrays[b.array].dtype in FP8_TENSOR_DTYPES and b.axes[-1] == k:
-                # P packs to bytes in a permuted key order (layouts.KEY_ORDER8); the B rows then
-                # follow it through the byte gather, which ldmatrix (B with k fastest) cannot
-                raise _Refuse(f"{a.array} in registers as an fp8 A operand needs {b.array} with {k} slowest "
-                              f"(its rows gathered in P's key order, layouts.KEY_ORDER8)")
             a_trans, a_regs = False, True
         else:
             a_tile = operand(a.array, "A")
@@ -679,15 +687,15 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
     mma.sync's C."""
     statements = launch.launch.statements
     if plan.dtype in FP8_TENSOR_DTYPES:
-        # wgmma's 8-bit shape has no transpose immediates: both operands K-major in shared memory
-        for target, mma in plan.mmas.items():
-            if mma.a_in_registers:
-                raise _Refuse(f"{target}: an 8-bit A from registers ({mma.a}, packed to e4m3) is not built on wgmma; "
-                              "mma.sync m16n8k32 runs it")
+        # wgmma's 8-bit shape has no transpose immediates: both shared operands K-major. An A from
+        # registers (attention's P) is packed to bytes and exchanged within each quad into the
+        # ISA's key order (backends/wgmma.py, register_a8), so its B (V) is read as stored.
+        for mma in plan.mmas.values():
             transposed = [name for name, t in ((mma.a, mma.a_trans), (mma.b, mma.b_trans)) if t]
             if transposed:
                 raise _Refuse(f"wgmma's 8-bit shape (m64nNk32) reads its operands K-major only: {', '.join(transposed)} has "
-                              f"{mma.k} outside its fastest axis (store it with {mma.k} last, [.. {mma.k}])")
+                              f"{mma.k} outside its fastest axis (store it with {mma.k} last, [.. {mma.k}]; napkin does not "
+                              "transpose it in the kernel)")
     if split_loop(launch) is not None:  # backends/wgmma.py saves no part state: mma.sync's printer does
         raise _Refuse("a split's parts launch: the wgmma epilogue that saves its part states is not written")
     if warp_tiles:
@@ -1100,8 +1108,11 @@ GATHER_REGISTERS = 48
 
 
 def gather_registers(plan: TensorPlan, tile: dict) -> int:
-    """:data:`GATHER_REGISTERS` where a product of the plan gathers an fp8 B by byte loads, else 0."""
-    gathers = any(m.dtype in FP8_TENSOR_DTYPES and m.b_trans for m in plan.mmas.values())
+    """:data:`GATHER_REGISTERS` where a product of the plan gathers an fp8 B by byte loads, or
+    exchanges an fp8 register A within quads (P with V stored k-fastest: the packed words and the
+    shuffled halves in flight; measured on examples/fp8_attention_vt.napkin at d = 128, sm_90,
+    which spills 436 bytes at 255 registers where the gather's build spills 340), else 0."""
+    gathers = any(m.dtype in FP8_TENSOR_DTYPES and (m.b_trans or m.a_in_registers) for m in plan.mmas.values())
     return GATHER_REGISTERS if gathers else 0
 
 

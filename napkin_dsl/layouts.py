@@ -432,6 +432,42 @@ def p_to_a8_registers() -> list[list[tuple[int, int]]]:
     return [[regs[(j, e)] for e in range(4)] for j in range(MMA_A8.extent("i") // 4)]
 
 
+# P -> the 8-bit A fragment in the ISA's own key order, by quad exchange: where B comes by a
+# descriptor (wgmma m64nNk32, whose 8-bit B is K-major: V stored [.. d x]), V's rows cannot be
+# read in KEY_ORDER8's order, so P's bytes move to the lanes the ISA names instead. Register j
+# of a lane (row half j & 1, keys 16 (j >> 1) + 4t .. + 3) is two 16-bit halves, keys 4t, 4t + 1
+# and 4t + 2, 4t + 3 of its 16, each a pair of one accumulator n-tile held by one lane of the
+# quad. Every lane packs word j of its own pairs (four bytes: P_WORDS8), and takes half
+# QUAD_HALF(lane) of word j of lanes QUAD_SOURCE(lane, 0) (low half) and QUAD_SOURCE(lane, 1)
+# (high half): two shuffles and one byte permute a register.
+QUAD_SOURCE = Layout(("lane", "e"), ("source",), (Mode(0, 1, 2, (2,)), Mode(0, 4, 8, (4,), "g"), Mode(1, 1, 2, (1,))))
+QUAD_HALF = Layout(("lane",), ("half",), (Mode(0, 2, 2, (1,)), Mode(0, 4, 8, (0,), "g")))
+# four accumulator n-tiles side by side (32 keys, one k step of the 8-bit shape): value (nt, c)
+# of a lane at (row, 8 nt + n)
+MMA_C_4 = Layout(("lane", "nt", "i"), ("row", "col"), _lane_modes((1, 0), (0, 2))
+                 + (Mode(1, 1, MMA_K8 // MMA_N, (0, MMA_N)), Mode(2, 1, 2, (0, 1)), Mode(2, 2, 2, (8, 0))))
+
+
+def p_words8() -> list[list[tuple[int, int]]]:
+    """Per register j of the 8-bit A fragment, the (n-tile, c) of the same lane's accumulators
+    that bytes 0..3 of its word j hold: the same for every lane, and every A byte, read through
+    QUAD_SOURCE and QUAD_HALF, is then the accumulator of A's (row, k) in the ISA's k order
+    (asserted over every lane, register and byte)."""
+    held = {}
+    for (lane, nt, c), (row, col) in MMA_C_4.table().items():
+        held[(row, col)] = (lane, nt, c)
+    words: dict[tuple[int, int], tuple[int, int]] = {}
+    for lane in range(32):
+        for i in range(MMA_A8.extent("i")):
+            row, k = MMA_A8(lane, i)
+            register, byte = PACK8(i)
+            src_lane, nt, c = held[(row, k)]
+            assert src_lane == QUAD_SOURCE(lane, byte >> 1), "napkin bug: the quad exchange reads the wrong lane"
+            place = 2 * QUAD_HALF(lane) + (byte & 1)  # the byte of the source's word
+            assert words.setdefault((register, place), (nt, c)) == (nt, c), "napkin bug: word j depends on the lane"
+    return [[words[(j, b)] for b in range(4)] for j in range(MMA_A8.extent("i") // 4)]
+
+
 # ---- ldmatrix.x4 ----------------------------------------------------------------------------
 # Lanes 8j..8j+7 give the row addresses of 8x8 matrix j; register j of lane l receives row
 # l >> 2, columns 2(l % 4) and 2(l % 4) + 1 of matrix j (the transpose with .trans).

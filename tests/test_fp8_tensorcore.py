@@ -91,12 +91,26 @@ def test_fp8_attention_runs_both_products_on_m16n8k32():
     assert (o.a_in_registers, o.b_trans) == (True, True)
 
 
-def test_an_fp8_p_with_v_stored_k_fastest_is_declined_by_name():
-    """P's permuted key order must reach V's rows, which only the byte gather can read in it."""
+def test_an_fp8_p_with_v_stored_k_fastest_takes_v_by_ldmatrix_and_exchanges_p():
+    """V[d x] is read by ldmatrix in the ISA's key order, which KEY_ORDER8's in-lane packing does
+    not give P: P's bytes are exchanged within each quad instead (layouts.QUAD_SOURCE)."""
     text = ATTENTION.replace("V: fp8e4m3[x d]", "V: fp8e4m3[d x]")
     chosen = selected(text, "sm_90", q=128, x=256, d=64)
-    assert chosen.plan is None
-    assert "P in registers as an fp8 A operand needs V with x slowest" in chosen.reason
+    assert chosen.path == "mma.sync"
+    o = chosen.plan.mmas["O"]
+    assert (o.a_in_registers, o.b_trans) == (True, False)
+    (kernel,) = napkin.load(text).values()
+    source = kernel.compile("sm_90", **dict(q=128, x=256, d=64)).source
+    body = source[source.index("__global__"):]
+    sites = body.count("NK_PRMT(") // 4  # 4 registers a k step, each from 2 lanes' words
+    assert sites and body.count("NK_PRMT(") == 4 * sites and body.count("NK_SHFL_IDX_U(") == 8 * sites
+    assert "nk_gV_q0" not in source  # no byte gather of V
+
+
+def test_an_fp8_p_with_v_stored_k_fastest_matches_the_reference_on_pocl(opencl_device):
+    text = ATTENTION.replace("V: fp8e4m3[x d]", "V: fp8e4m3[d x]")
+    program, outputs, expected = run_on_pocl(text, dict(q=100, x=160, d=64), arch="sm_90")
+    assert_matches_reference(program, outputs, expected, "attn")
 
 
 EXAMPLE = (EXAMPLES / "fp8_attention.napkin").read_text()  # FA3's form: O = P * V * sV, sV[b h]

@@ -56,14 +56,14 @@ def test_the_fp8_matmul_with_a_k_fastest_b_is_planned_on_wgmmas_8_bit_shape_for_
     ("B stored [k n] (the example)", (EXAMPLES / "fp8_matmul.napkin").read_text(), dict(m=512, n=512, k=512),
      "K-major only: B"),
     ("a k tile of 48", EXAMPLE.replace("stream k 64", "stream k 48"), dict(m=512, n=512, k=480), "not a multiple of 32"),
-    ("P from registers", """kernel attn(Q: fp8e4m3[q d], K: fp8e4m3[x d], V: fp8e4m3[x d]) -> O: bf16[q d]:
+    ("V stored [x d] under P from registers", """kernel attn(Q: fp8e4m3[q d], K: fp8e4m3[x d], V: fp8e4m3[x d]) -> O: bf16[q d]:
     S[q x] = Q * K * d^-0.5
     P[q x] = softmax[x](S)
     O[q d] = P * V
 
 relabel attn on H100:
     smem: group q 64; stream x 64
-""", dict(q=256, x=256, d=64), "8-bit A from registers"),
+""", dict(q=256, x=256, d=64), "K-major only: V has x outside its fastest axis"),
 ])
 def test_what_the_8_bit_wgmma_does_not_take_is_declined_by_name(what, text, sizes, reason):
     program = _program(text, **sizes)

@@ -73,6 +73,9 @@ from ..layouts import (
     compose,
     offset_expr,
     p_to_a8_registers,
+    p_words8,
+    QUAD_HALF,
+    QUAD_SOURCE,
     p_to_a_registers,
 )
 from ..pseudocode import Loop, Step, walk
@@ -278,7 +281,11 @@ _CUDA_FP8 = "".join(rf"""__device__ __forceinline__ void nk_mma_{t}(float c[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }}
 #define NK_MMA_{t.upper()}(c, a, b0, b1) nk_mma_{t}((c), (a), (b0), (b1))
-""" for t in ("e4m3", "e5m2")) + _FP8_PACK
+""" for t in ("e4m3", "e5m2")) + _FP8_PACK + r"""// P's bytes to the 8-bit A fragment in the ISA's key order (layouts.QUAD_SOURCE): a lane's word
+// from another lane of its quad, and two words' 16-bit halves into one register (prmt.b32)
+#define NK_SHFL_IDX_U(v, src) __shfl_sync(0xffffffffu, (v), (src))
+#define NK_PRMT(x, y, sel) __byte_perm((x), (y), (sel))
+"""
 
 
 
@@ -327,7 +334,31 @@ inline void nk_mma8(float c[4], const uint a[{a_regs}], uint b0, uint b1, int e5
 
 # the same scratch as the 16-bit emulation's: 32 lanes x (4 A + 2 B) registers
 assert MMA_A8.extent("i") // 4 + MMA_B8.extent("i") // 4 == (MMA_A.extent("i") + MMA_B.extent("i")) // 2
-FP8_PRELUDES = {"cuda": _CUDA_FP8, "opencl": _opencl_fp8_emulation() + _fp8_pack("inline")}
+_OPENCL_EXCHANGE = r"""
+/* shfl.sync.idx: lane `src`'s value, through the warp's scratch */
+inline uint nk_shfl_idx_u(uint v, int src, __local uint* ws, int lane) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ws[lane] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return ws[src & 31];
+}
+/* prmt.b32 (PTX ISA 9.7.9.7, default mode): bytes 0-3 of x then 4-7 of y; byte i of the result is
+   the byte nibble i of the selector names (bits 0-2), or that byte's sign replicated (bit 3). */
+inline uint nk_prmt(uint x, uint y, uint sel) {
+    const ulong both = (ulong)x | ((ulong)y << 32);
+    uint out = 0u;
+    for (int i = 0; i < 4; ++i) {
+        const uint nib = (sel >> (4 * i)) & 0xfu;
+        uint b = (uint)((both >> (8 * (nib & 7u))) & 0xfful);
+        if (nib & 8u) b = (b & 0x80u) ? 0xffu : 0u;
+        out |= b << (8 * i);
+    }
+    return out;
+}
+#define NK_SHFL_IDX_U(v, src) nk_shfl_idx_u((v), (src), nk_ws, nk_lane)
+#define NK_PRMT(x, y, sel) nk_prmt((x), (y), (sel))
+"""
+FP8_PRELUDES = {"cuda": _CUDA_FP8, "opencl": _opencl_fp8_emulation() + _fp8_pack("inline") + _OPENCL_EXCHANGE}
 UNIT = 16
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -1696,10 +1727,15 @@ class TensorPrinter(KernelWriter):
                 src = _var(m.a)
                 tiles_per_k = MMA_K8 // MMA_N
 
+                def value(nt, c):
+                    return f"{src}[mt][{tiles_per_k} * kk" + (f" + {nt}" if nt else "") + f"][{c}]"
+
                 def pack():
+                    if not m.b_trans:  # V by ldmatrix, in the ISA's key order: P's bytes exchanged to it
+                        self.exchange_p8(value, lambda j: f"a[mt][{j}]", kind)
+                        return
                     for j, values in enumerate(p_to_a8_registers()):
-                        args = ", ".join(f"{src}[mt][{tiles_per_k} * kk" + (f" + {nt}" if nt else "") + f"][{c}]" for nt, c in values)
-                        self.emit(f"a[mt][{j}] = NK_PACK_{kind}({args});")
+                        self.emit(f"a[mt][{j}] = NK_PACK_{kind}({', '.join(value(nt, c) for nt, c in values)});")
 
                 self.loop("mt", mt_count, pack)
             else:
@@ -1732,6 +1768,23 @@ class TensorPrinter(KernelWriter):
             self.loop("np", n_pairs, per_pair)
 
         self.loop("kk", k_steps, per_k)
+
+    def exchange_p8(self, value, dest, kind: str):
+        """P's accumulators (``value(n-tile, c)``: the C expression of the lane's value c of
+        n-tile nt of the 32-key step) -> the 8-bit A fragment in the ISA's own key order, for a B
+        read as stored (ldmatrix of a k-fastest V; wgmma's K-major descriptor): each lane packs
+        its pairs into words (``layouts.p_words8``), and register j (``dest(j)``) is the 16-bit
+        halves of word j of two lanes of its quad (``layouts.QUAD_SOURCE``, ``QUAD_HALF``): two
+        shuffles and a byte permute a register, where KEY_ORDER8's byte gather needs none."""
+        words = p_words8()
+        low, high = (QUAD_SOURCE.c_expr("nk_lane", str(e)) for e in (0, 1))
+        # prmt's selector: bytes 0, 1 of both words (0x5410) or bytes 2, 3 (0x7632)
+        self.emit(f"const int nk_qlo = {low}, nk_qhi = {high};  // the quad's lanes holding this lane's keys 4t, 4t + 2")
+        self.emit(f"const unsigned nk_qsel = 0x5410u + 0x2222u * {QUAD_HALF.c_expr('nk_lane')};  // ... in this half of their words")
+        for j, values in enumerate(words):
+            self.emit(f"const unsigned nk_w{j} = NK_PACK_{kind}({', '.join(value(nt, c) for nt, c in values)});")
+        for j in range(len(words)):
+            self.emit(f"{dest(j)} = NK_PRMT(NK_SHFL_IDX_U(nk_w{j}, nk_qlo), NK_SHFL_IDX_U(nk_w{j}, nk_qhi), nk_qsel);")
 
     def gather_constants(self, name: str, key_order: bool = False):
         """Per lane, what its B bytes' offsets share in every k step and n-pair: for byte e of a

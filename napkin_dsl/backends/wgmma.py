@@ -72,7 +72,7 @@ printer inherits.
 from __future__ import annotations
 
 from ..isel import MBARRIER_BYTES, TensorPlan, TmaLoad, mbarrier_count
-from ..layouts import MMA_N, WARPGROUP_THREADS, WGMMA_K, WGMMA_M, descriptor, p_to_a_registers, wgmma_k
+from ..layouts import MMA_A8, MMA_N, WARPGROUP_THREADS, WGMMA_K, WGMMA_K8, WGMMA_M, descriptor, p_to_a_registers, wgmma_k
 from .driver import TiledTensorMap, tiled_tensor_map
 from .lowering import KernelSource, ident
 from .tensorcore import TensorPrinter
@@ -186,6 +186,32 @@ inline void nk_wgmma8(float* d, ulong da, ulong db, int n, int e5m2, __local con
    2 * threadID_in_group + i % 2 (+ 8 for a4..a7) of the 64 x 16 A. A row's values are its warp's,
    so the warp's lanes post their registers to the warp's scratch and each reads the lane and
    element holding A(row, k) by the inverse of that map. B is 16 x n (k x cols) by descriptor. */
+/* D += A B with an 8-bit A from registers (PTX ISA 9.7.15.5.1.1.2, the register fragment of
+   matrix A of wgmma .m64nNk32 .e4m3/.e5m2): a thread's a0..a15, four to each of its four .b32
+   registers, lowest byte first, are row 16 * (warp % 4) + groupID (+ 8 for a4..a7, a12..a15),
+   column 4 * threadID_in_group + i % 4 (+ 16 for a8..a15) of the 64 x 32 A. B is 32 x n by a
+   K-major descriptor (the 8-bit shape has no transpose). */
+inline void nk_wgmma_rs8(float* d, const uint a[4], ulong db, int n, int e5m2,
+                         __local const uchar* smem, __local uint* ws, int thread) {
+    const int lane = thread % 32, group = lane / 4, tig = lane % 4;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int j = 0; j < 4; ++j) ws[4 * lane + j] = a[j];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int v = 0; v < n / 2; ++v) {
+        const int row = group + 8 * ((v / 2) % 2);  /* within the warp's 16 rows */
+        const int col = 8 * (v / 4) + 2 * tig + v % 2;
+        float acc = d[v];
+        for (int k = 0; k < 32; ++k) {
+            const int holder = 4 * (row % 8) + (k % 16) / 4;
+            const int i = k % 4 + 4 * (row / 8) + 8 * (k / 16);
+            const uint word = ws[4 * holder + i / 4];
+            const int b = nk_wgmma_addr(db, 0, col, k, 1);
+            if (b < 0) { acc = NAN; continue; }
+            acc += nk_wg_fp8((word >> (8 * (i % 4))) & 0xffu, e5m2) * nk_wg_fp8(smem[b], e5m2);
+        }
+        d[v] = acc;
+    }
+}
 inline void nk_wgmma_rs(float* d, const uint a[4], ulong db, int n, int trans_b, int f16,
                         __local const uchar* smem, __local uint* ws, int thread) {
     const int lane = thread % 32, group = lane / 4, tig = lane % 4;
@@ -389,10 +415,21 @@ def cuda_wrapper(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool 
     outputs = ", ".join(f'"+f"(d[{i}])' for i in range(values))
     name = wrapper_name(n, dtype, trans_a, trans_b, a_regs)
     k, ptx = wgmma_k(dtype), PTX_TYPE[dtype]
+    if k != WGMMA_K and a_regs:
+        # the 8-bit shape with A from registers: four .b32 registers of four bytes, B by a K-major
+        # descriptor, no transpose immediate (PTX ISA 9.7.15.5.2)
+        assert not trans_b, "napkin bug: isel builds the 8-bit wgmma's B K-major"
+        a = ", ".join(f"%{values + j}" for j in range(4))
+        return (f"__device__ __forceinline__ void {name}(float d[{values}], const unsigned a[4], unsigned long long db) {{\n"
+                f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d}}}, {{{a}}}, %{values + 4}, '
+                f'1, 1, 1;\\n"\n'
+                f"                 : {outputs}\n"
+                f'                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db) : "memory");\n'
+                f"}}\n")
     if k != WGMMA_K:
         # the 8-bit shape (m64nNk32 .e4m3/.e5m2): both operands by K-major descriptors, and no
         # transpose immediates (PTX ISA 9.7.15.5.2: imm-trans-a and imm-trans-b are for .f16/.bf16)
-        assert not (trans_a or trans_b or a_regs), "napkin bug: isel builds the 8-bit wgmma K-major, from shared memory"
+        assert not (trans_a or trans_b), "napkin bug: isel builds the 8-bit wgmma K-major"
         return (f"__device__ __forceinline__ void {name}(float d[{values}], "
                 f"unsigned long long da, unsigned long long db) {{\n"
                 f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d}}}, %{values}, %{values + 1}, '
@@ -646,6 +683,9 @@ class WgmmaPrinter(TensorPrinter):
                 wrapper = wrapper_name(n, m.dtype, False, m.b_trans, True)
                 if d.name == "cuda":
                     self.emit(f"{wrapper}(&{out_var}[0][0][0], nk_a[{kk}], {db});")
+                elif k != WGMMA_K:
+                    self.emit(f"nk_wgmma_rs8(&{out_var}[0][0][0], nk_a[{kk}], {db}, {n}, {int(m.dtype == 'fp8e5m2')}, "
+                              f"nk_smem, nk_ws, nk_tid % {WARPGROUP_THREADS});")
                 else:
                     self.emit(f"nk_wgmma_rs(&{out_var}[0][0][0], nk_a[{kk}], {db}, {n}, {int(m.b_trans)}, "
                               f"{int(m.dtype == 'f16')}, nk_smem, nk_ws, nk_tid % {WARPGROUP_THREADS});")
@@ -666,6 +706,8 @@ class WgmmaPrinter(TensorPrinter):
         fragment of the warp's 16 rows (PTX ISA Figure 148 and the m16n8k16 A figure), so the
         accumulator pair of n-tiles 2kk, 2kk + 1 packs into it with no lane crossing
         (``layouts.p_to_a_registers``), as on mma.sync."""
+        if m.dtype in PTX_FP8:
+            return self.register_a8(m)
         src = "f_" + ident(m.a)
         kind = "BF16" if m.dtype == "bf16" else "F16"
         k_steps = self.tile[m.k] // WGMMA_K
@@ -679,6 +721,26 @@ class WgmmaPrinter(TensorPrinter):
                 self.emit(f"nk_a[kk][{j}] = NK_PACK_{kind}({lo}, {hi});")
 
         self.loop("kk", k_steps, pack)
+
+    def register_a8(self, m):
+        """Every k step's 8-bit A fragment of P (wgmma m64nNk32: per warp, mma.sync m16n8k32's A
+        fragment of the warp's 16 rows), in the ISA's own key order, since B (V, K-major by
+        descriptor) is read in it: each lane packs its accumulator pairs into words
+        (``layouts.p_words8``, saturating to the 8-bit type), and each register is the 16-bit
+        halves of one word of two lanes of its quad (``layouts.QUAD_SOURCE``, ``QUAD_HALF``): two
+        shuffles and a byte permute. (mma.sync's byte gather reads V's rows in a permuted key
+        order instead, ``layouts.KEY_ORDER8``, and needs no exchange.)"""
+        k_steps = self.tile[m.k] // WGMMA_K8
+        tiles_per_k = WGMMA_K8 // MMA_N
+        src = "f_" + ident(m.a)
+        self.emit(f"unsigned nk_a[{k_steps}][{MMA_A8.extent('i') // 4}];  // {m.a} as wgmma's 8-bit register A, one fragment per {WGMMA_K8} of {m.k}")
+        self.loop("kk", k_steps, lambda: self.exchange_p8(
+            lambda nt, c: f"{src}[0][{tiles_per_k} * kk" + (f" + {nt}" if nt else "") + f"][{c}]",
+            lambda j: f"nk_a[kk][{j}]", PTX_FP8[m.dtype].upper()))
+
+
+# the 8-bit operand types of the m64nNk32 shape, as NK_PACK_<type> names them
+PTX_FP8 = {"fp8e4m3": "e4m3", "fp8e5m2": "e5m2"}
 
 
 __all__ = ["WgmmaPrinter", "prelude", "cuda_wrapper", "wrapper_name", "tensor_maps"]

@@ -1,0 +1,193 @@
+"""fp8 attention on wgmma's 8-bit shape (sm_90a, issue 23): examples/fp8_attention_vt.napkin.
+
+Both shared operands of ``wgmma.mma_async.m64nNk32.f32.e4m3.e4m3`` are K-major, so PV's B is V
+stored keys fastest ([b h d x]), read by descriptor in the ISA's own key order; P is the register
+A operand, packed to e4m3 and exchanged within each quad of lanes into that order
+(``layouts.QUAD_SOURCE``, ``QUAD_HALF``, ``p_words8``: two shuffles and a byte permute a
+register). Held here: the exchange against the ISA's fragment formulas (copied into
+tests/test_layouts.py), selection (V [x d] declined by name), the PTX wrapper's form, NVRTC's
+SASS (QGMMA with an E4M3 type and a register A in the hot loop, TMA, no spills, no local memory,
+the model under the static ceiling), and PoCL runs of the OpenCL printing, whose emulation reads
+A from the lanes, registers and bytes the ISA names and emulates shfl.sync and prmt from their
+definitions, against the float64 reference at ragged sizes; a wrong exchange fails there.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+import napkin_dsl as napkin
+from napkin_dsl import layouts
+from napkin_dsl.isel import selection
+from napkin_dsl.reference import evaluate
+
+from .conftest import EXAMPLES, assert_matches_reference
+from .test_layouts import isa_a8, isa_c
+
+EXAMPLE = (EXAMPLES / "fp8_attention_vt.napkin").read_text()
+BENCH = dict(b=4, h=32, qb=64, qi=128, x=8192)
+PLAIN = """kernel attn(Q: fp8e4m3[q d], K: fp8e4m3[x d], V: fp8e4m3[d x]) -> O: bf16[q d]:
+    S[q x] = Q * K * d^-0.5
+    P[q x] = softmax[x](S)
+    O[q d] = P * V
+
+relabel attn on H100:
+    smem: group q 64; stream x 64
+"""
+
+
+def _kernel(text=EXAMPLE):
+    (kernel,) = napkin.load(text).values()
+    return kernel
+
+
+def _selected(text=EXAMPLE, arch="sm_90a", **sizes):
+    program = _kernel(text).gpu_program("H100", **sizes)
+    return selection(program, program.launches[0], arch)
+
+
+# ---- the exchange, from the ISA's fragment formulas ------------------------------------------
+
+
+def test_the_quad_exchange_delivers_the_isas_8_bit_a_fragment_from_the_accumulators():
+    """Simulated over a warp: each lane packs words of its accumulators (four n-tiles of
+    isa_c side by side: 32 keys), and each byte of its A registers, taken through QUAD_SOURCE and
+    QUAD_HALF, is P at the (row, k) isa_a8 names, k in the natural key order."""
+    words = layouts.p_words8()
+    # P(row, key) for each lane's accumulators: value (nt, c) of lane at (row, 8 nt + col)
+    held = {}
+    for lane in range(32):
+        for nt in range(4):
+            for c in range(4):
+                row, col = isa_c(lane, c)
+                held[(lane, nt, c)] = (row, 8 * nt + col)
+    for lane in range(32):
+        for i in range(16):
+            register, byte = i // 4, i % 4  # the ISA: four 8-bit values a register, a0 lowest
+            source = layouts.QUAD_SOURCE(lane, byte >> 1)
+            assert source >> 2 == lane >> 2  # within the quad
+            nt, c = words[register][2 * layouts.QUAD_HALF(lane) + (byte & 1)]
+            assert held[(source, nt, c)] == isa_a8(lane, i), (lane, i)
+
+
+def test_the_selector_picks_the_half_the_lane_reads():
+    # prmt: 0x5410 is bytes 0, 1 of x then 0, 1 of y; 0x7632 their bytes 2, 3
+    assert [layouts.QUAD_HALF(lane) for lane in range(4)] == [0, 0, 1, 1]
+
+
+# ---- selection and the wrapper ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_example_runs_both_products_on_wgmmas_8_bit_shape_with_p_from_registers(d):
+    chosen = _selected(**BENCH, d=d)
+    assert chosen.path == "wgmma" and chosen.plan.dtype == "fp8e4m3", (chosen.reason, chosen.declined)
+    s, o = chosen.plan.mmas["S"], chosen.plan.mmas["O"]
+    assert (s.a_in_registers, s.a_trans, s.b_trans) == (False, False, False)
+    assert (o.a, o.a_in_registers, o.b, o.b_trans) == ("P", True, "V", False)
+    assert {load.array for load in chosen.plan.tma} == {"Q", "K", "V"}
+
+
+def test_v_stored_x_slowest_is_declined_by_name_and_stays_off_wgmma():
+    chosen = _selected((EXAMPLES / "fp8_attention.napkin").read_text(), **BENCH, d=64)
+    assert chosen.path != "wgmma"
+    assert "K-major only: V has x outside its fastest axis" in (chosen.declined or chosen.reason)
+
+
+def test_the_8_bit_register_a_wrapper_is_the_isas_form():
+    from napkin_dsl.backends.wgmma import cuda_wrapper, wrapper_name
+
+    text = cuda_wrapper(64, "fp8e4m3", False, False, True)
+    # PTX ISA 9.7.15.5.2: d, a (four .b32), b-desc, scale-d, imm-scale-a, imm-scale-b: no transpose
+    assert "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" in text
+    assert "}, {%32, %33, %34, %35}, %36, 1, 1, 1;" in text and text.count('"+f"') == 32
+    assert wrapper_name(64, "fp8e4m3", False, False, True) in text
+    with pytest.raises(AssertionError):
+        cuda_wrapper(64, "fp8e4m3", False, True, True)
+
+
+# ---- NVRTC's SASS -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_example_compiles_for_sm_90a_with_qgmma_from_registers_in_the_hot_loop(d):
+    pytest.importorskip("cuda.bindings")
+    from napkin_dsl.backends import sass
+
+    compiled = _kernel().compile("sm_90a", hardware="H100", **BENCH, d=d)
+    assert compiled.launches[0].path == "wgmma"
+    (resources,) = compiled.resources.values()
+    assert resources["spill_bytes"] == 0
+    try:
+        listing = sass.disassemble(compiled.image)
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm")
+    (instructions,) = listing.values()
+    opcodes = collections.Counter(i.base for i in instructions)
+    assert opcodes["LDL"] == opcodes["STL"] == 0 and opcodes["UTMALDG"] and opcodes["SYNCS"], opcodes
+    (entry,) = sass.sass_report(compiled)["launches"]
+    hot = entry["ceiling"]["loop"]
+    loop = [i for i in instructions if hot["start"] <= i.address <= hot["end"]]
+    qgmma = [i for i in loop if i.base == "QGMMA"]
+    assert qgmma and all(i.opcode.startswith("QGMMA.64x") and i.opcode.endswith(".F32.E4M3.E4M3") for i in qgmma), qgmma
+    # nvdisasm: S = Q K^T "R24, gdesc[UR8], R24" (A by descriptor), d / 32 a chunk; O += P V "R56,
+    # R24, gdesc[UR28], R56" (A from registers), 64 / 32 = 2 a chunk of 64 keys
+    from_registers = [i for i in qgmma if i.operands.split(",")[1].strip().startswith("R")]
+    by_descriptor = [i for i in qgmma if i.operands.split(",")[1].strip().startswith("gdesc[")]
+    assert len(from_registers) + len(by_descriptor) == len(qgmma) and from_registers, [i.operands for i in qgmma]
+    assert len(by_descriptor) * 2 == len(from_registers) * (d // 32), [i.operands for i in qgmma]
+    assert not any(i.base in ("HMMA", "QMMA", "HGMMA", "LDSM") for i in loop)
+    # the exchange: 2 shuffles a register, 4 registers a k step of 32 keys (one QGMMA from registers)
+    assert sum(i.base == "SHFL" for i in loop) >= 8 * len(from_registers)
+    ceiling = entry["ceiling"]
+    assert ceiling["unit"] == "tensor" and not ceiling["loop"]["unpriced"]
+    assert ceiling["model_tflops"] <= ceiling["tflops"] * (1 + 1e-9)
+
+
+# ---- PoCL --------------------------------------------------------------------------------------
+
+
+def _run(text, sizes, seed=0):
+    from napkin_dsl.backends import opencl
+
+    from .test_opencl import random_inputs
+
+    if not opencl.opencl_available():
+        pytest.skip("no OpenCL device")
+    kernel = _kernel(text)
+    program = kernel.gpu_program("H100", **sizes)
+    assert selection(program, program.launches[0], "sm_90a").path == "wgmma"
+    source, _ = opencl.generate(program, arch="sm_90a")
+    body = source.split("__kernel")[1]
+    assert "nk_wgmma_rs8(" in body and "NK_SHFL_IDX_U(" in body and "NK_PRMT(" in body
+    inputs, scalars = random_inputs(kernel.diagram, sizes, seed)
+    outputs = opencl.run(program, inputs, scalars, arch="sm_90a")
+    return program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes)
+
+
+@pytest.mark.parametrize("sizes", [dict(b=1, h=2, qb=2, qi=64, x=160, d=64), dict(b=1, h=1, qb=1, qi=128, x=128, d=32),
+                                   dict(b=1, h=1, qb=2, qi=128, x=96, d=128)],
+                         ids=["ragged-x", "whole", "d128-ragged-x"])
+def test_the_example_on_wgmma_matches_the_reference_on_pocl(sizes):
+    program, outputs, expected = _run(EXAMPLE, sizes, seed=sum(sizes.values()))
+    assert_matches_reference(program, outputs, expected, "fp8_attention_vt")
+
+
+@pytest.mark.parametrize("sizes", [dict(q=100, x=160, d=64), dict(q=200, x=192, d=128)], ids=["ragged", "ragged-d128"])
+def test_plain_fp8_attention_on_wgmma_matches_the_reference_on_pocl(sizes):
+    program, outputs, expected = _run(PLAIN, sizes)
+    assert_matches_reference(program, outputs, expected, "attn")
+
+
+def test_an_exchange_that_reads_the_wrong_half_fails_on_pocl(monkeypatch):
+    """Every lane reading half 0 of its sources' words (the selector's choice undone): P's
+    values meet the wrong keys of V, and the output no longer matches."""
+    from napkin_dsl.backends import tensorcore
+    from napkin_dsl.layouts import Layout, Mode
+
+    monkeypatch.setattr(tensorcore, "QUAD_HALF", Layout(("lane",), ("half",), (Mode(0, 1, 32, (0,)),)))
+    program, outputs, expected = _run(PLAIN, dict(q=64, x=64, d=32))
+    with pytest.raises(AssertionError):
+        assert_matches_reference(program, outputs, expected, "attn")
