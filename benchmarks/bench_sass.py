@@ -6,8 +6,8 @@ Compiles, with NVRTC and no GPU, examples/attention.napkin at b=4 h=32 q=x=8192 
 relabel block: group q 128, stream x 64), gqa.napkin (b=4 kv=8 r=4) and causal_attention.napkin
 at the same sizes, sliding_window.napkin, examples/matmul.napkin and examples/fp8_matmul.napkin at m=n=k=8192 (group m
 128, n 128, stream k 32 and 64), examples/mlp.napkin at b=n=k=8192 and examples/swiglu.napkin at
-t=512 m=1024 f=2816 e=1024 (its two launches), examples/fp8_attention.napkin at b=4 h=32 qb=64 qi=128 x=8192,
-d=128 and d=64, for sm_90a, sm_90 and sm_80, disassembles each cubin with nvdisasm
+t=512 m=1024 f=2816 e=1024 (its two launches), examples/fp8_attention.napkin and fp8_attention_vt.napkin (V stored [b h d x]) at b=4 h=32 qb=64
+qi=128 x=8192, d=128 and d=64, for sm_90a, sm_90 and sm_80, disassembles each cubin with nvdisasm
 (``napkin_dsl.backends.sass``) and prints one row per launch: the hot loop's instructions, its
 tensor-core instructions and instructions per tensor instruction ('-' without any), the same for
 the leanest loop with as many tensor instructions (a masked stream's full chunks), its FFMAs,
@@ -53,6 +53,10 @@ CASES = [
     # and the row is the FMA path's; d = 64 is the tensor-core build there
     ("fp8 attention", "fp8_attention.napkin", "fp8_attention", {"b": 4, "h": 32, "qb": 64, "qi": 128, "x": 8192, "d": 128}),
     ("fp8 attention d64", "fp8_attention.napkin", "fp8_attention", {"b": 4, "h": 32, "qb": 64, "qi": 128, "x": 8192, "d": 64}),
+    # the same with V stored keys fastest ([b h d x]): on sm_90a both products on wgmma's 8-bit
+    # shape (QGMMA .E4M3), P from registers exchanged within quads into the ISA's key order
+    ("fp8 attention vt", "fp8_attention_vt.napkin", "fp8_attention_vt", {"b": 4, "h": 32, "qb": 64, "qi": 128, "x": 8192, "d": 128}),
+    ("fp8 attention vt d64", "fp8_attention_vt.napkin", "fp8_attention_vt", {"b": 4, "h": 32, "qb": 64, "qi": 128, "x": 8192, "d": 64}),
 ]
 ARCHES = ("sm_90a", "sm_90", "sm_80")  # sm_90a: wgmma (matmul by descriptor and TMA, attention with P from registers)
 GPU = {"sm_80": "A100", "sm_90": "H100", "sm_90a": "H100"}  # the profile each arch is priced on

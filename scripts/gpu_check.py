@@ -257,6 +257,10 @@ CASES: list[Case] = [
     # the reference checks the whole output, at a size it computes in seconds
     Case("fp8_attention", "fp8_attention.napkin", "fp8_attention", {"b": 1, "h": 4, "qb": 8, "qi": 128, "x": 1024, "d": 128},
          {}, None),
+    # V stored keys fastest: on sm_90a both products on wgmma's 8-bit shape (QGMMA), P exchanged
+    # within quads into the ISA's key order
+    Case("fp8_attention_vt", "fp8_attention_vt.napkin", "fp8_attention_vt", {"b": 1, "h": 4, "qb": 8, "qi": 128, "x": 1024, "d": 128},
+         {}, None),
 ]
 
 COLUMNS = [

@@ -86,6 +86,7 @@ SIZES = {
     # attention on the FMA path with a ragged last chunk of keys
     "fp8_matmul.napkin": {"m": 48, "n": 32, "k": 80},
     "fp8_attention.napkin": {"b": 1, "h": 1, "qb": 1, "qi": 16, "x": 80, "d": 16},
+    "fp8_attention_vt.napkin": {"b": 1, "h": 1, "qb": 1, "qi": 16, "x": 80, "d": 16},
 }
 TENSOR_CORES = {"attention.napkin", "gqa.napkin", "matmul.napkin", "mlp.napkin", "causal_attention.napkin",
                 "sliding_window.napkin", "attention_lse.napkin", "swiglu.napkin", "fp8_matmul.napkin"}

@@ -30,6 +30,7 @@ SMALL = {
     "decode.napkin": dict(b=1, kv=2, r=4, x=2500, d=48),  # a split: 3 parts of x, the last 452 long
     "splitk.napkin": dict(m=130, n=72, k=17000),  # split-K on the FMA path: 3 parts of k, the last short
     "fp8_attention.napkin": dict(b=1, h=2, qb=2, qi=64, x=99, d=32),  # fp8: a ragged last chunk of keys
+    "fp8_attention_vt.napkin": dict(b=1, h=2, qb=2, qi=64, x=112, d=32),  # V[d x]: rows of 16-byte units
     "fp8_matmul.napkin": dict(m=150, n=131, k=99),  # every axis ragged
 }
 def random_inputs(diagram, sizes, seed=0):

@@ -85,7 +85,8 @@ def test_every_example_is_covered():
     covered = {"attention.napkin", "attention_unfused.napkin", "gqa.napkin", "matmul.napkin", "mlp.napkin",
                "rmsnorm.napkin", "softmax.napkin", "paper/fig9.napkin", "paper/fig11.napkin", "paper/fig12.napkin",
                "causal_attention.napkin", "sliding_window.napkin", "attention_lse.napkin", "swiglu.napkin",
-               "decode.napkin", "splitk.napkin", "fp8_attention.napkin", "fp8_matmul.napkin"}
+               "decode.napkin", "splitk.napkin", "fp8_attention.napkin", "fp8_matmul.napkin",
+               "fp8_attention_vt.napkin"}
     assert {str(p.relative_to(EXAMPLES)) for p in NAPKIN_EXAMPLES} == covered
 
 
@@ -141,6 +142,22 @@ def test_fp8_attention():
             S = Q[0, h, qb] @ K[0, h].T / math.sqrt(4) * sQ[0, h, qb] * sK[0, h][None, :]
             E = np.exp(S - S.max(axis=-1, keepdims=True))
             O[0, h, qb] = E / E.sum(axis=-1, keepdims=True) @ V[0, h] * sV[0, h]
+    check(kernel, arrays, {"O": O})
+
+
+def test_fp8_attention_with_v_stored_keys_fastest():
+    """The same sum as fp8_attention's, V indexed [b h d x]."""
+    kernel = load("fp8_attention_vt.napkin")
+    sizes = {"b": 1, "h": 2, "qb": 2, "qi": 3, "x": 5, "d": 4}
+    arrays = random_inputs(kernel, sizes, seed=35)
+    Q, sQ, K, sK, V, sV = (f64(arrays[n]) for n in ("Q", "sQ", "K", "sK", "V", "sV"))
+    assert V.shape == (1, 2, 4, 5)
+    O = np.empty((1, 2, 2, 3, 4))
+    for h in range(2):
+        for qb in range(2):
+            S = Q[0, h, qb] @ K[0, h].T / math.sqrt(4) * sQ[0, h, qb] * sK[0, h][None, :]
+            E = np.exp(S - S.max(axis=-1, keepdims=True))
+            O[0, h, qb] = E / E.sum(axis=-1, keepdims=True) @ V[0, h].T * sV[0, h]
     check(kernel, arrays, {"O": O})
 
 

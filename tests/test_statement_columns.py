@@ -37,6 +37,7 @@ BOUND = {
     "decode": {"b": 1, "kv": 8, "r": 4, "x": 32768, "d": 128},  # a split: its parts and combine launches
     "splitk": {"m": 512, "n": 512, "k": 65536},
     "fp8_attention": {"b": 1, "h": 2, "qb": 4, "qi": 128, "x": 1024, "d": 128},
+    "fp8_attention_vt": {"b": 1, "h": 2, "qb": 4, "qi": 128, "x": 1024, "d": 128},
     "fp8_matmul": {"m": 512, "n": 512, "k": 512},
 }
 

@@ -191,3 +191,16 @@ def test_an_exchange_that_reads_the_wrong_half_fails_on_pocl(monkeypatch):
     program, outputs, expected = _run(PLAIN, dict(q=64, x=64, d=32))
     with pytest.raises(AssertionError):
         assert_matches_reference(program, outputs, expected, "attn")
+
+
+def test_oclgrind_finds_no_race_or_bad_access_in_the_exchange_and_the_8_bit_register_wgmma(tmp_path):
+    from .test_tensorcore import oclgrind
+
+    path = tmp_path / "attn.napkin"
+    path.write_text(PLAIN)
+    result = oclgrind(str(path), ["q=64", "x=96", "d=32"], "--arch", "sm_90a")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = result.stdout + result.stderr
+    assert "data race" not in report and "Invalid" not in report and "error" in report, report[-2000:]
+    errors = [float(line.split()[-1]) for line in result.stdout.splitlines() if " error " in line]
+    assert errors and max(errors) < 0.05, result.stdout
