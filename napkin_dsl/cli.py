@@ -527,7 +527,8 @@ def cmd_run(args) -> int:
         if not args.json:
             print(numpy_backend.format_check(k.name, results[k.name]))
     if args.json:
-        keys = ("max_abs_error", "max_rel_error", "counted", "predicted", "wall_s", "tolerance", "ok", "sizes", "hardware", "backend")
+        keys = ("max_abs_error", "max_rel_error", "counted", "predicted", "wall_s", "tolerance", "ok", "sizes", "hardware", "backend",
+                "accuracy")
         print(json.dumps({"kernels": {name: {key: r[key] for key in keys} for name, r in results.items()}}, indent=2))
     return 0 if all(r["ok"] for r in results.values()) else 1
 
@@ -569,7 +570,9 @@ def add_run_command(subparsers) -> None:
                     "of every dtype a value is rounded to (bf16 2^-7, f16 2^-10, ...), times the magnitude of any exponential "
                     "argument that value reaches (sqrt of the lengths summed into it), plus the compute dtype's own error "
                     "(at least 1e-5 for f32). Unset axes get small sizes: an axis partitioned by s "
-                    "gets s + s/2 + 3 (two tiles, one masked), others 64. In --json, FLOPs (the total) are under the compute level.",
+                    "gets s + s/2 + 3 (two tiles, one masked), others 64. A quantized kernel (an fp8 input) also reports "
+                    "each output's RMSE and max error against the float64 reference of the inputs before rounding, beside "
+                    "the same kernel's with its fp8 types declared bf16. In --json, FLOPs (the total) are under the compute level.",
     )
     run.add_argument("file", metavar="FILE")
     run.add_argument("--kernel", metavar="K", help="only this kernel of the file")

@@ -64,6 +64,26 @@ class Kernel:
     def signature(self) -> str:
         return self.diagram.signature()
 
+    def retyped(self, dtypes: dict[str, str]) -> Kernel:
+        """The same kernel with each dtype named in ``dtypes`` replaced by its value (fp8 ->
+        bf16: the comparison a quantized run reports): its definition's parameter, output and
+        storage types retyped and checked again, relabel block included, whether it came from a
+        file or a decorated function. Raises NapkinError where the retyped kernel does not check
+        (a kernel with opaque boxes, whose declarations are not kept)."""
+        import dataclasses as dc
+
+        def param(p):
+            return dc.replace(p, type=dc.replace(p.type, dtype=dtypes.get(p.type.dtype, p.type.dtype)))
+
+        definition = self._checked.definition
+        definition = dc.replace(definition, params=tuple(map(param, definition.params)),
+                                outputs=tuple(map(param, definition.outputs)),
+                                statements=tuple(dc.replace(s, dtype=dtypes.get(s.dtype, s.dtype)) for s in definition.statements))
+        module = syn.Module(self.file, self.source, kernels=(definition,),
+                            relabels=(self.relabel,) if self.relabel is not None else ())
+        checked = check_module(module, hardware=self.hardware)
+        return Kernel(checked[self.name], self.hardware, self.function)
+
     def relabel_text(self) -> str:
         if self.relabel is None:
             return "no relabelling"

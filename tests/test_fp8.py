@@ -292,3 +292,78 @@ def test_the_printed_encode_rounds_to_nearest_even_and_saturates(dtype, opencl_d
 
 
 FP8_LARGEST = {"fp8e4m3": 448.0, "fp8e5m2": 57344.0}
+
+
+# ---- accuracy as an output of napkin run ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, sizes", [("fp8_attention.napkin", dict(b=1, h=2, qb=2, qi=64, x=99, d=32)),
+                                         ("fp8_attention_vt.napkin", dict(b=1, h=2, qb=2, qi=64, x=96, d=32)),
+                                         ("fp8_matmul.napkin", dict(m=150, n=131, k=99))])
+def test_a_quantized_run_reports_its_error_against_the_unquantized_inputs_beside_bf16s(name, sizes):
+    """The reference of the accuracy rows is the float64 evaluation of the inputs as drawn, before
+    rounding to e4m3: the run's error against it is the quantization's, far above its error
+    against the reference of the rounded inputs (what the tolerance judges), and the same kernel
+    declared bf16 (2^-8 relative rounding, against e4m3's 2^-4) is at least 4x closer."""
+    from napkin_dsl.backends.numpy import unrounded_arguments
+    from napkin_dsl.reference import evaluate
+
+    (kernel,) = napkin.load(EXAMPLES / name).values()
+    result = check_run(kernel, sizes=sizes, seed=3)
+    accuracy = result["accuracy"]
+    assert result["ok"] and accuracy["inputs"] == ["fp8e4m3"] and accuracy["bf16_skipped"] is None
+    (output,) = kernel.diagram.outputs
+    rows = accuracy["outputs"][output]
+    assert set(rows) == {"fp8e4m3", "bf16"}
+    fp8, bf16 = rows["fp8e4m3"], rows["bf16"]
+    assert fp8["max_error"] > 4 * result["max_abs_error"] and fp8["not_finite"] == bf16["not_finite"] == 0
+    assert 4 * bf16["rmse"] < fp8["rmse"] and bf16["max_error"] < fp8["max_error"]
+    # the RMSE is over the output's entries, against the unrounded inputs' reference, computed here apart
+    values, scalars = unrounded_arguments(kernel.diagram, {a: sizes[a] for a in kernel.diagram.axes}, 3)
+    exact = evaluate(kernel.diagram, values, scalars, sizes, keep_float64=True)[output]
+    from napkin_dsl.backends.numpy import execute
+
+    got, _ = execute(kernel.program(None, **sizes), {a.name: values[a.name].astype(numpy_dtype(a.dtype))
+                                                     for a in kernel.diagram.input_arrays}, scalars)
+    want = math.sqrt(float(np.mean((got[output].astype(np.float64) - exact) ** 2)))
+    assert fp8["rmse"] == pytest.approx(want, rel=1e-9)
+
+
+def test_an_unquantized_run_reports_no_accuracy_rows():
+    (kernel,) = napkin.load(EXAMPLES / "matmul.napkin").values()
+    assert check_run(kernel, sizes=dict(m=40, n=24, k=16))["accuracy"] is None
+
+
+def test_napkin_run_prints_the_accuracy_rows_and_their_json(capsys):
+    import json
+
+    from napkin_dsl.cli import main
+
+    path = str(EXAMPLES / "fp8_attention.napkin")
+    assert main(["run", path, "--set", "b=1", "h=1", "qb=2", "qi=16", "x=40", "d=16"]) == 0
+    out = capsys.readouterr().out
+    assert "accuracy against float64 on the inputs before rounding to fp8e4m3:" in out
+    assert "O fp8e4m3" in out and "(this kernel)" in out and "O bf16" in out and "(the same kernel in bf16)" in out
+    assert main(["run", path, "--json", "--set", "b=1", "h=1", "qb=2", "qi=16", "x=40", "d=16"]) == 0
+    accuracy = json.loads(capsys.readouterr().out)["kernels"]["fp8_attention"]["accuracy"]
+    assert set(accuracy["outputs"]["O"]) == {"fp8e4m3", "bf16"}
+
+
+def test_retyped_replaces_the_fp8_types_and_keeps_the_relabelling_for_files_and_functions():
+    (kernel,) = napkin.load(EXAMPLES / "fp8_attention.napkin").values()
+    bf16 = kernel.retyped({"fp8e4m3": "bf16"})
+    assert {a.name: a.dtype for a in bf16.diagram.input_arrays} == {
+        a.name: ("bf16" if a.dtype == "fp8e4m3" else a.dtype) for a in kernel.diagram.input_arrays}
+    assert bf16.relabel_text() == kernel.relabel_text() and bf16.hardware == kernel.hardware
+    assert kernel.diagram.arrays["Q"].dtype == "fp8e4m3"  # the original is left as it was
+
+    @napkin.kernel
+    def product8(X: napkin.fp8e4m3["n k"], W: napkin.fp8e4m3["k m"]) -> napkin.bf16["n m"]:
+        """
+        Y[n m] = X * W
+        """
+
+    result = check_run(product8, sizes=dict(n=8, k=32, m=8))
+    assert result["accuracy"]["bf16_skipped"] is None
+    rows = result["accuracy"]["outputs"]["Y"]
+    assert 4 * rows["bf16"]["rmse"] < rows["fp8e4m3"]["rmse"]

@@ -1258,15 +1258,21 @@ def default_sizes(kernel, given: dict | None = None) -> dict[str, int]:
 def random_arguments(diagram, sizes: dict, seed: int) -> tuple[dict, dict]:
     """Seeded inputs: normal values (never zero: each is kept 0.05 away) in each array's
     dtype, and scalars uniform in [0.5, 1.5] (positive, so eps-like scalars behave)."""
+    values, scalars = unrounded_arguments(diagram, sizes, seed)
+    return {a.name: values[a.name].astype(numpy_dtype(a.dtype)) for a in diagram.input_arrays}, scalars
+
+
+def unrounded_arguments(diagram, sizes: dict, seed: int) -> tuple[dict, dict]:
+    """:func:`random_arguments` before each array is rounded to its dtype: float64 values (an
+    integer array's already integers), from which a quantized kernel's error is measured."""
     rng = np.random.default_rng(seed)
     arrays = {}
     for array in diagram.input_arrays:
         values = rng.standard_normal([sizes[a] for a in array.axes])
         values = np.where(np.abs(values) < 0.05, np.copysign(0.05, values), values)
-        dtype = numpy_dtype(array.dtype)
-        if dtype.kind in "iu":
+        if numpy_dtype(array.dtype).kind in "iu":
             values = np.rint(values * 4) + np.sign(values)  # integers, none zero
-        arrays[array.name] = values.astype(dtype)
+        arrays[array.name] = values
     scalars = {}
     for name, scalar in diagram.scalars.items():
         value = rng.uniform(0.5, 1.5)
@@ -1343,7 +1349,9 @@ def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, se
         counted[compute_level]["flops"] = _json_number(counts.total_flops)
         differences = counts.differences(report)
     limit = tolerance(program)
+    accuracy = quantization_accuracy(kernel, hardware, sizes, axis_sizes, seed, backend, impls, arch, outputs)
     return {
+        "accuracy": accuracy,
         "hardware": program.hardware.name,
         "sizes": {k: int(v) for k, v in sizes.items()},
         "backend": backend,
@@ -1357,6 +1365,53 @@ def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, se
         "wall_s": wall,
         "ok": max_rel <= limit and not differences,
     }
+
+
+# The 8-bit float types: a kernel with an input of one is quantized, and its run reports its
+# error against the unquantized inputs' reference beside the same kernel's in bf16.
+QUANTIZED_DTYPES = ("fp8e4m3", "fp8e5m2")
+
+
+def quantization_accuracy(kernel, hardware, sizes: dict, axis_sizes: dict, seed: int, backend: str,
+                          impls: dict | None, arch: str | None, outputs: dict) -> dict | None:
+    """A quantized kernel's error as a measured trade-off, or None for a kernel with no 8-bit
+    input. The reference is evaluated in float64 on the inputs as drawn, before rounding to their
+    dtypes (:func:`unrounded_arguments`): what the kernel approximates, quantization included.
+    Per output, the RMSE and max error of this run (``outputs``) against it, and of the same
+    kernel with every 8-bit type declared bf16 (its text retyped, relabelled and run on the same
+    backend from the same unrounded inputs) where that kernel builds; ``bf16_skipped`` says why not."""
+    from ..reference import evaluate
+
+    diagram = kernel.diagram
+    quantized = sorted({a.dtype for a in diagram.input_arrays if a.dtype in QUANTIZED_DTYPES})
+    if not quantized:
+        return None
+    values, scalars = unrounded_arguments(diagram, axis_sizes, seed)
+    exact = evaluate(diagram, values, scalars, axis_sizes, impls, keep_float64=True)
+    label = "+".join(quantized)  # this run's row: the 8-bit types of its inputs
+    result = {"inputs": quantized, "outputs": {name: {label: _rmse_max(outputs[name], exact[name])} for name in diagram.outputs},
+              "bf16_skipped": None}
+    try:
+        retyped = kernel.retyped({dtype: "bf16" for dtype in QUANTIZED_DTYPES})
+        program = retyped.program(hardware, **sizes)
+        cast = {a.name: values[a.name].astype(numpy_dtype(a.dtype)) for a in retyped.diagram.input_arrays}
+        got, _ = run_program(backend, program, cast, scalars, impls, None, arch)
+    except NapkinError as why:  # a kernel whose text does not retype: its own run still counts
+        result["bf16_skipped"] = str(why).splitlines()[0]
+        return result
+    for name in diagram.outputs:
+        result["outputs"][name]["bf16"] = _rmse_max(got[name], exact[name])
+    return result
+
+
+def _rmse_max(got, want) -> dict:
+    got = np.asarray(got).astype(np.float64)
+    want = np.asarray(want).astype(np.float64)
+    finite = np.isfinite(got) & np.isfinite(want)
+    error = np.abs(got - want)[finite]
+    return {"rmse": float(np.sqrt(np.mean(error ** 2))) if error.size else 0.0,
+            "max_error": float(np.max(error, initial=0.0)),
+            "not_finite": int(np.size(got) - np.count_nonzero(finite))}
 
 
 def _json_number(value):
@@ -1411,6 +1466,16 @@ def format_check(name: str, result: dict) -> str:
         rows.append((level, _cell(counted.get("H")), _cell(predicted["H"]), _cell(counted.get("flops")), _cell(predicted.get("flops"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows]
+    accuracy = result.get("accuracy")
+    if accuracy:
+        lines.append(f"  accuracy against float64 on the inputs before rounding to {', '.join(accuracy['inputs'])}:")
+        for name, rows in accuracy["outputs"].items():
+            for dtype, row in rows.items():
+                what = "this kernel" if dtype != "bf16" else "the same kernel in bf16"
+                extra = f", {row['not_finite']} not finite" if row["not_finite"] else ""
+                lines.append(f"    {name} {dtype:<9} RMSE {row['rmse']:.3g}, max error {row['max_error']:.3g}{extra}  ({what})")
+        if accuracy["bf16_skipped"]:
+            lines.append(f"    (no bf16 row: {accuracy['bf16_skipped']})")
     for difference in result["count_differences"]:
         lines.append(f"  count mismatch: {difference}")
     if result.get("empty_tiles"):
