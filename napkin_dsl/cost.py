@@ -477,6 +477,12 @@ class CostReport:
                 + (f", {t['waves']} wave{'s' if t['waves'] != 1 else ''} of {t['blocks_per_wave']} blocks"
                    f" ({t['blocks_per_sm']} per SM, bound by {t['occupancy_bound']})" if t.get("waves") else "")
             )
+            units = {unit: s for unit, s in (t.get("compute_by_unit_s") or {}).items() if s}
+            if len(units) > 1:
+                # the model sums them (a warp's softmax runs between its products): the largest binds most
+                most = max(units, key=units.get)
+                lines.append("  compute by unit, at each unit's peak, in turn: " + ", ".join(f"{UNIT_NAMES.get(u, u)} {_fmt_time(v)}" for u, v in units.items())
+                             + f"; the most: {UNIT_NAMES.get(most, most)}")
             fixed = {kind: s for kind, s in (t.get("fixed_s") or {}).items() if s}
             if fixed:
                 lines.append("  fixed costs (in the time above): " + ", ".join(f"{kind} {_fmt_time(s)}" for kind, s in fixed.items()))
@@ -637,6 +643,10 @@ def instruction_path(program: Program, launch, selected: ProgramSelection | None
 def contraction_unit(program: Program, launch, selected: ProgramSelection | None = None) -> str:
     """The unit a launch's contractions count against: ``tensor`` or ``fma`` (:func:`instruction_path`)."""
     return "fma" if instruction_path(program, launch, selected) == "fma" else "tensor"
+
+
+# How the cost table names each compute unit's time.
+UNIT_NAMES = {"tensor": "tensor cores", "fma": "FP32 (FMA pipe)", "special": "MUFU (exp, rcp)"}
 
 
 def flops_by_unit(program: Program, selected: ProgramSelection | None = None) -> tuple[dict, list]:
@@ -976,11 +986,14 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
         return time
     compute = {launch.index: 0.0 for launch in program.launches}
     pipe = {launch.index: 0.0 for launch in program.launches}  # FLOPs on the FMA pipe, seconds
+    by_unit: dict = {}  # tensor (any path), fma, special: each one's FLOPs at its rate, every launch
     for launch_of, unit, dtype, amount in priced:
         amount = algebra.as_expr(amount)
         rate = hardware.peak(unit, dtype)
         if not amount.is_number or rate is None:
             return time
+        kind = unit if unit in ("fma", "special") else "tensor"
+        by_unit[kind] = by_unit.get(kind, 0.0) + float(amount) / rate
         if unit == "fma" and launch_of in (fma or {}):
             pipe[launch_of] += float(amount) / rate
         else:
@@ -1045,6 +1058,7 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
         time["occupancy_bound"] = limit
     compute_s = sum(seconds for seconds, _ in per_launch.values())
     time["compute_s"] = compute_s
+    time["compute_by_unit_s"] = by_unit
     time["transfer_s"] = transfer
     fixed = fixed_costs(program, occupancy or {})
     time["fixed_s"] = fixed

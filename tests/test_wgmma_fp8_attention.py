@@ -204,3 +204,23 @@ def test_oclgrind_finds_no_race_or_bad_access_in_the_exchange_and_the_8_bit_regi
     assert "data race" not in report and "Invalid" not in report and "error" in report, report[-2000:]
     errors = [float(line.split()[-1]) for line in result.stdout.splitlines() if " error " in line]
     assert errors and max(errors) < 0.05, result.stdout
+
+
+def test_the_cost_table_counts_a_byte_a_value_and_names_the_unit_that_takes_longest():
+    """napkin cost of fp8 attention (H100, b4 h32 q=x=8192 d128) on the Hopper path: Q, K and V
+    at one byte a value, and each compute unit's time, its FLOPs at the profile's peak, the
+    MUFU's exponentials the longest (the model sums them: no pingpong here, issue 27)."""
+    from napkin_dsl.cost import cost_of
+
+    program = _kernel().gpu_program("H100", **BENCH, d=128)
+    report = cost_of(program, arch="sm_90a")
+    hardware = program.hardware
+    units = report.time["compute_by_unit_s"]
+    assert units["tensor"] == pytest.approx(float(report.flops["tensor"]) / hardware.peak("wgmma", "fp8e4m3"))
+    assert units["special"] == pytest.approx(float(report.flops["special"]) / hardware.peak("special", "f32"))
+    assert max(units, key=units.get) == "special"
+    text = str(report)
+    assert "compute by unit, at each unit's peak, in turn:" in text and "; the most: MUFU (exp, rcp)" in text
+    # the bytes: Q, K and V one a value (the f32 scales four)
+    smem = report.levels["smem"]
+    assert float(smem.H_bytes) < 1.1 * float(smem.H)  # nearly all of what moves is e4m3
