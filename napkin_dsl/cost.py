@@ -152,7 +152,7 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
     ``selected`` is the selection pass's result (``isel.select_program``) the columns are read
     for; without one, the pass runs for the profile's own target.
     """
-    from .isel import MBARRIER_BYTES, fragment_values, mbarrier_count
+    from .isel import MBARRIER_BYTES, fragment_values, mbarrier_count, slot_array
 
     selected = _selected(program, selected)
     tensor = tensor_launches(program, selected)
@@ -186,7 +186,8 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
                     continue
                 hold(level, buffer, tile_values(schedule, level, buffer.axes), _bytes(buffer.dtype))
             for name, slot in slots.items():
-                buffer = launch.buffers[(compute, name)]
+                array = slot_array(name)  # a K-major copy (isel.kmajor_name) holds its operand's values again
+                buffer = launch.buffers[(compute, array)]
                 text = f"{name}[{' '.join(_short(schedule.extent(a, compute)) for a in buffer.axes)}]" + (f" x{slot.stages}" if slot.stages > 1 else "")
                 hold(compute, buffer, algebra.Integer(slot.bytes // _bytes(buffer.dtype)), _bytes(buffer.dtype), text)
             if plan is not None and plan.tma:  # the arena's mbarriers, after the tiles (isel.smem_layout)

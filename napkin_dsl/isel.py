@@ -186,6 +186,10 @@ class TensorPlan:
     # The stream loop runs one chunk a trip on a running buffer, not unrolled by the stages: for
     # fragments over FRAGMENT_BUDGET, up to ROLLED_FRAGMENT_BUDGET (tensorcore.TensorPrinter.rolled).
     rolled: bool = False
+    # Operands a wgmma plan copies into a K-major tile of their own each chunk (the 8-bit shape
+    # reads B K-major only: attention's V stored [.. x d] under an fp8 P, backends/wgmma.py's
+    # transpose_b); their slots are smem_layout's "<name>.kmajor".
+    transposed: tuple = ()
 
     @property
     def row_warps(self) -> int:
@@ -686,16 +690,21 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
     register level's other steps (softmax, maxima, sums, an epilogue) run on the D fragments as on
     mma.sync's C."""
     statements = launch.launch.statements
+    copied: list[str] = []
     if plan.dtype in FP8_TENSOR_DTYPES:
         # wgmma's 8-bit shape has no transpose immediates: both shared operands K-major. An A from
         # registers (attention's P) is packed to bytes and exchanged within each quad into the
-        # ISA's key order (backends/wgmma.py, register_a8), so its B (V) is read as stored.
+        # ISA's key order (backends/wgmma.py, register_a8), so its B (V) is read as stored; a
+        # streamed B stored n-fastest under it (V [.. x d]) is copied K-major each chunk.
         for mma in plan.mmas.values():
+            if mma.a_in_registers and mma.b_trans and plan.operands[mma.b].streamed:
+                copied.append(mma.b)
+                continue
             transposed = [name for name, t in ((mma.a, mma.a_trans), (mma.b, mma.b_trans)) if t]
             if transposed:
                 raise _Refuse(f"wgmma's 8-bit shape (m64nNk32) reads its operands K-major only: {', '.join(transposed)} has "
-                              f"{mma.k} outside its fastest axis (store it with {mma.k} last, [.. {mma.k}]; napkin does not "
-                              "transpose it in the kernel)")
+                              f"{mma.k} outside its fastest axis (store it with {mma.k} last, [.. {mma.k}]; napkin transposes "
+                              "only a streamed B under a register A in the kernel)")
     if split_loop(launch) is not None:  # backends/wgmma.py saves no part state: mma.sync's printer does
         raise _Refuse("a split's parts launch: the wgmma epilogue that saves its part states is not written")
     if warp_tiles:
@@ -716,12 +725,15 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
             eb = DTYPE_BYTES[launch.schedule.diagram.arrays[name].dtype]
             if not CanonicalTile.supports(tile[op.cols], eb):
                 raise _Refuse(f"{name}'s tile rows ({tile[op.cols] * eb} bytes) are not 32, 64 or a multiple of 128: no wgmma swizzle atom covers them")
+            if name in copied and not (CanonicalTile.supports(tile[op.rows], eb) and tile[op.rows] % 4 == 0 and tile[op.cols] % 4 == 0):
+                raise _Refuse(f"{name}'s K-major copy has rows of {tile[op.rows] * eb} bytes: not 32, 64 or a multiple of 128, "
+                              "or not whole 4 x 4 blocks of bytes")
         if plan.fragments[target].col != mma.n:
             raise _Refuse(f"{target} is not laid out along {mma.n}")
         shapes[target] = f"m{WGMMA_M}n{n}k{k}"
     rows = tile[plan.row]
     built = replace(plan, warp_rows=MMA_M, split=None, col_tile=0, warp_cols=0, instruction="wgmma",
-                    shape=", ".join(dict.fromkeys(shapes.values())), shapes=shapes, row_tile=rows)
+                    shape=", ".join(dict.fromkeys(shapes.values())), shapes=shapes, row_tile=rows, transposed=tuple(copied))
     # each warp of a warpgroup holds N/2 f32 of a 64 x N accumulator: mma.sync's 16-row warp tiles
     _refuse_if(_budget_refusal(built, launch, tile, FRAGMENT_BUDGET, None))
     try:
@@ -954,6 +966,16 @@ def mbarrier_count(plan: TensorPlan) -> int:
     return plan.stages + sum(1 for load in plan.tma if not load.streamed) if plan.tma else 0
 
 
+def kmajor_name(name: str) -> str:
+    """The slot of operand ``name``'s K-major copy (``TensorPlan.transposed``): no array's name."""
+    return f"{name}.kmajor"
+
+
+def slot_array(slot: str) -> str:
+    """The array a shared-memory slot holds: its own name, or a K-major copy's operand."""
+    return slot.removesuffix(".kmajor")
+
+
 def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSlot], int]:
     """Offsets of the plan's shared-memory tiles and the arena's size in bytes, a TMA plan's
     mbarriers included (:func:`mbarrier_count` of them, at the end, 16-byte aligned).
@@ -974,6 +996,13 @@ def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSl
         offset = -(-offset // align) * align
         slots[name] = SmemSlot(name, offset, swizzled.bytes, stages, swizzled)
         offset += swizzled.bytes * stages
+    # A wgmma plan's K-major copies (plan.transposed): rows and columns swapped, one stage.
+    for name in plan.transposed:
+        op = plan.operands[name]
+        copy = CanonicalTile(tile[op.cols], tile[op.rows], DTYPE_BYTES[diagram.arrays[name].dtype])
+        offset = -(-offset // copy.alignment) * copy.alignment
+        slots[kmajor_name(name)] = SmemSlot(kmajor_name(name), offset, copy.bytes, 1, copy)
+        offset += copy.bytes
     # Plain tiles after the swizzled ones, widest values first: no padding between them.
     for name in sorted(plan.plain, key=lambda n: -DTYPE_BYTES[diagram.arrays[n].dtype]):
         array = diagram.arrays[name]

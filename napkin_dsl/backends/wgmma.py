@@ -71,7 +71,7 @@ printer inherits.
 
 from __future__ import annotations
 
-from ..isel import MBARRIER_BYTES, TensorPlan, TmaLoad, mbarrier_count
+from ..isel import MBARRIER_BYTES, TensorPlan, TmaLoad, kmajor_name, mbarrier_count
 from ..layouts import MMA_A8, MMA_N, WARPGROUP_THREADS, WGMMA_K, WGMMA_K8, WGMMA_M, descriptor, p_to_a_registers, wgmma_k
 from .driver import TiledTensorMap, tiled_tensor_map
 from .lowering import KernelSource, ident
@@ -475,7 +475,8 @@ class WgmmaPrinter(TensorPrinter):
         assert plan.shape, "napkin bug: the wgmma printer takes the plans isel builds on wgmma"
         super().__init__(program, launch, dialect, plan)
         # each product's instruction: (N, dtype, A transposed, B transposed, A from registers)
-        self.shapes = {target: (self.tile[m.n], m.dtype, m.a_trans, m.b_trans, m.a_in_registers)
+        # (a B copied K-major each chunk, plan.transposed, is read untransposed from its copy)
+        self.shapes = {target: (self.tile[m.n], m.dtype, m.a_trans, m.b_trans and m.b not in plan.transposed, m.a_in_registers)
                        for target, m in plan.mmas.items()}
         self.tma: dict[str, TmaLoad] = {load.array: load for load in plan.tma}
         # the ring's operands (filled a stage at a time, in the stream's load order) and the
@@ -674,20 +675,24 @@ class WgmmaPrinter(TensorPrinter):
         n = shape[0]
         if m.a_in_registers:
             self.register_a(m)
+        b_name, b_trans = m.b, m.b_trans
+        if m.b in self.plan.transposed:
+            self.transpose_b(m)
+            b_name, b_trans = kmajor_name(m.b), False
         self.emit("NK_WG_FENCE();  // the accumulator (and A) registers were written by other instructions")
         # A: this warpgroup's 64 rows; B: all N columns (K-major unless stored with k as rows)
         a_row = f"nk_wg * {WGMMA_M}"
         for kk in range(k_steps):
-            db = self.descriptor_expr(m.b, not m.b_trans, "0", kk * k)
+            db = self.descriptor_expr(b_name, not b_trans, "0", kk * k)
             if m.a_in_registers:
-                wrapper = wrapper_name(n, m.dtype, False, m.b_trans, True)
+                wrapper = wrapper_name(n, m.dtype, False, b_trans, True)
                 if d.name == "cuda":
                     self.emit(f"{wrapper}(&{out_var}[0][0][0], nk_a[{kk}], {db});")
                 elif k != WGMMA_K:
                     self.emit(f"nk_wgmma_rs8(&{out_var}[0][0][0], nk_a[{kk}], {db}, {n}, {int(m.dtype == 'fp8e5m2')}, "
                               f"nk_smem, nk_ws, nk_tid % {WARPGROUP_THREADS});")
                 else:
-                    self.emit(f"nk_wgmma_rs(&{out_var}[0][0][0], nk_a[{kk}], {db}, {n}, {int(m.b_trans)}, "
+                    self.emit(f"nk_wgmma_rs(&{out_var}[0][0][0], nk_a[{kk}], {db}, {n}, {int(b_trans)}, "
                               f"{int(m.dtype == 'f16')}, nk_smem, nk_ws, nk_tid % {WARPGROUP_THREADS});")
                 continue
             da = self.descriptor_expr(m.a, not m.a_trans, a_row, kk * k)
@@ -699,6 +704,43 @@ class WgmmaPrinter(TensorPrinter):
             self.loop("nk_v", n // 2, lambda: self.emit(f"NK_WG_PIN_F({out_var}[0][nk_v / 4][nk_v % 4]);"))
         if m.a_in_registers:
             self.loop("kk", k_steps, lambda: self.loop("j", 4, lambda: self.emit("NK_WG_PIN_R(nk_a[kk][j]);")))
+
+    def transpose_b(self, m):
+        """B's chunk (``plan.transposed``: V [x d] under an fp8 P, MN-major as TMA wrote it) copied
+        into its K-major tile (``isel.kmajor_name``) for the 8-bit shape, which has no transpose:
+        every thread of the block takes 4 x 4 blocks of bytes, reads four 32-bit words (4
+        consecutive n of 4 rows of k, each within one 16-byte unit of the swizzled tile), swaps
+        rows and columns with byte permutes, and writes four words (4 consecutive k of 4 rows of
+        n) at the copy's swizzled offsets (``CanonicalTile.layout`` of each tile). The barrier
+        before this chunk's products already ordered the previous chunk's reads of the copy; the
+        copy's generic-proxy writes are fenced for the async proxy and a barrier publishes them."""
+        src, dst = self.smem[m.b], self.smem[kmajor_name(m.b)]
+        k_rows, n_cols = src.tile.rows, src.tile.cols  # the stage: k (x) rows, n (d) columns
+        assert (dst.tile.rows, dst.tile.cols) == (n_cols, k_rows), "napkin bug: the K-major copy's shape"
+        stage = self.buffers.get(m.b)
+        base = f"{src.offset}" if stage is None else f"{src.offset} + ({stage}) * {src.stage_bytes}"
+        blocks = (k_rows // 4) * (n_cols // 4)
+        threads = self.plan.threads
+        self.emit(f"// {m.b}'s chunk, K-major for the 8-bit wgmma: {blocks} blocks of 4 x 4 bytes over {threads} threads")
+        self.emit("NK_ROLLED")
+        self.emit(f"for (int nk_tb = nk_tid; nk_tb < {blocks}; nk_tb += {threads}) {{")
+        self.depth += 1
+        self.emit(f"const int nk_tk = (nk_tb / {n_cols // 4}) * 4, nk_tn = (nk_tb % {n_cols // 4}) * 4;  // the block's first k row, n column")
+        for i in range(4):
+            offset = src.tile.layout.c_expr(f"(nk_tk + {i})" if i else "nk_tk", "nk_tn")
+            self.emit(f"const unsigned nk_tw{i} = {self.dialect.shared_word(f'{base} + {offset}')};  // k row nk_tk + {i}, n nk_tn..+3")
+        # rows <-> columns of the 4 x 4 bytes: pairs interleaved (0x5140, 0x7362), then halves (0x5410, 0x7632)
+        self.emit("const unsigned nk_tp0 = NK_PRMT(nk_tw0, nk_tw1, 0x5140u), nk_tp1 = NK_PRMT(nk_tw0, nk_tw1, 0x7362u);")
+        self.emit("const unsigned nk_tp2 = NK_PRMT(nk_tw2, nk_tw3, 0x5140u), nk_tp3 = NK_PRMT(nk_tw2, nk_tw3, 0x7362u);")
+        outs = ["NK_PRMT(nk_tp0, nk_tp2, 0x5410u)", "NK_PRMT(nk_tp0, nk_tp2, 0x7632u)",
+                "NK_PRMT(nk_tp1, nk_tp3, 0x5410u)", "NK_PRMT(nk_tp1, nk_tp3, 0x7632u)"]
+        for j, value in enumerate(outs):
+            offset = dst.tile.layout.c_expr(f"(nk_tn + {j})" if j else "nk_tn", "nk_tk")
+            self.emit(f"{self.dialect.shared_word(f'{dst.offset} + {offset}')} = {value};  // n row nk_tn + {j}, k nk_tk..+3")
+        self.depth -= 1
+        self.emit("}")
+        self.emit("NK_FENCE_PROXY_ASYNC();  // the copy, written through the generic proxy, seen by the async proxy")
+        self.emit(f"NK_SYNC();  // every thread's part of {m.b}'s K-major copy is written before any warpgroup reads it")
 
     def register_a(self, m):
         """Every k step's A fragment of a register operand (P), packed to the operands' 16-bit
