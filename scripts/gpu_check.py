@@ -251,8 +251,8 @@ CASES: list[Case] = [
     Case("attention_lse", "attention_lse.napkin", "attention_lse", {"b": 4, "h": 16, "q": 2048, "x": 2048, "d": 128},
          {"b": 2, "q": 32}, "sdpa"),
     # fp8 (issue 23), against the reference only: matmul on mma.sync m16n8k32 (its B [k n] is not
-    # K-major, which wgmma's 8-bit shape needs; ptxas converts to f16 on sm_90), attention at
-    # d = 128 on the FMA path (isel's converted-fp8 refusal: the f16 conversions would spill).
+    # K-major, which wgmma's 8-bit shape needs; ptxas converts to f16 on sm_90), attention on
+    # wgmma's 8-bit shape for sm_90a (V copied K-major each chunk; the FMA path on sm_90 at d = 128).
     Case("fp8_matmul", "fp8_matmul.napkin", "fp8_matmul", {"m": 8192, "k": 8192, "n": 8192}, {"m": 64}, None),
     # the reference checks the whole output, at a size it computes in seconds
     Case("fp8_attention", "fp8_attention.napkin", "fp8_attention", {"b": 1, "h": 4, "qb": 8, "qi": 128, "x": 1024, "d": 128},

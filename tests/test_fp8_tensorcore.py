@@ -195,7 +195,9 @@ def test_the_emulated_m16n8k32_is_the_isas_product(dtype, opencl_device):
 # ---- whole kernels on PoCL -----------------------------------------------------------------------
 
 
-def run_on_pocl(text: str, sizes: dict, seed: int = 0, arch: str | None = None):
+def run_on_pocl(text: str, sizes: dict, seed: int = 0, arch: str = "sm_90"):
+    # sm_90's mma.sync m16n8k32 build (on the profile's own sm_90a, attention and a k-fastest B
+    # are wgmma's: tests/test_wgmma_fp8_attention.py, tests/test_wgmma_fp8.py)
     from napkin_dsl.backends import opencl
 
     kernel = kernel_of(text)

@@ -3,13 +3,14 @@
 The 8-bit shape reads both operands from shared memory by K-major descriptors (it has no
 transpose immediates), 32 bytes of k an instruction, into the 16-bit shape's f32 accumulator.
 examples/fp8_matmul.napkin stores B [k n], which the 8-bit shape declines by name; stored [n k]
-(a Linear layer's weight), both operands are K-major and the product is wgmma's. Held here: selection (the example on wgmma; a [k n] B, an 8-bit A from registers and a k
-tile that is not whole instructions declined by name), the wrapper's PTX, NVRTC's sm_90a SASS
-(QGMMA, SASS's name for the 8-bit wgmma, in the hot loop with both operands by descriptor, TMA and
-mbarriers, no spills, no local memory, the model under the static ceiling), and PoCL runs of the
-OpenCL printing, whose emulation decodes the descriptors and each fp8 byte from the formats'
-definitions, against the float64 reference: random operands at ragged sizes, and every finite
-byte value against ml_dtypes' decoding of it.
+(a Linear layer's weight), both operands are K-major and the product is wgmma's. Held here:
+selection (the example on wgmma; a [k n] B and a k tile that is not whole instructions declined
+by name; attention's register A is tests/test_wgmma_fp8_attention.py's), the wrapper's PTX,
+NVRTC's sm_90a SASS (QGMMA, SASS's name for the 8-bit wgmma, in the hot loop with both operands
+by descriptor, TMA and mbarriers, no spills, no local memory, the model under the static
+ceiling), and PoCL runs of the OpenCL printing, whose emulation decodes the descriptors and each
+fp8 byte from the formats' definitions, against the float64 reference: random operands at ragged
+sizes, and every finite byte value against ml_dtypes' decoding of it.
 """
 
 from __future__ import annotations
@@ -56,14 +57,6 @@ def test_the_fp8_matmul_with_a_k_fastest_b_is_planned_on_wgmmas_8_bit_shape_for_
     ("B stored [k n] (the example)", (EXAMPLES / "fp8_matmul.napkin").read_text(), dict(m=512, n=512, k=512),
      "K-major only: B"),
     ("a k tile of 48", EXAMPLE.replace("stream k 64", "stream k 48"), dict(m=512, n=512, k=480), "not a multiple of 32"),
-    ("V stored [x d] under P from registers", """kernel attn(Q: fp8e4m3[q d], K: fp8e4m3[x d], V: fp8e4m3[x d]) -> O: bf16[q d]:
-    S[q x] = Q * K * d^-0.5
-    P[q x] = softmax[x](S)
-    O[q d] = P * V
-
-relabel attn on H100:
-    smem: group q 64; stream x 64
-""", dict(q=256, x=256, d=64), "K-major only: V has x outside its fastest axis"),
 ])
 def test_what_the_8_bit_wgmma_does_not_take_is_declined_by_name(what, text, sizes, reason):
     program = _program(text, **sizes)

@@ -15,6 +15,7 @@ definitions, against the float64 reference at ragged sizes; a wrong exchange fai
 from __future__ import annotations
 
 import collections
+import re
 
 import pytest
 
@@ -90,10 +91,28 @@ def test_the_example_runs_both_products_on_wgmmas_8_bit_shape_with_p_from_regist
     assert {load.array for load in chosen.plan.tma} == {"Q", "K", "V"}
 
 
-def test_v_stored_x_slowest_is_declined_by_name_and_stays_off_wgmma():
-    chosen = _selected((EXAMPLES / "fp8_attention.napkin").read_text(), **BENCH, d=64)
-    assert chosen.path != "wgmma"
-    assert "K-major only: V has x outside its fastest axis" in (chosen.declined or chosen.reason)
+FA3_FORM = (EXAMPLES / "fp8_attention.napkin").read_text()  # V stored [b h x d]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_v_stored_x_slowest_is_copied_k_major_each_chunk(d):
+    """examples/fp8_attention.napkin keeps V [b h x d]: the 8-bit shape reads it from a K-major
+    copy (plan.transposed) the block writes each chunk, a slot of its own in the arena."""
+    from napkin_dsl.isel import kmajor_name
+
+    chosen = _selected(FA3_FORM, **BENCH, d=d)
+    assert chosen.path == "wgmma" and chosen.plan.transposed == ("V",)
+    o = chosen.plan.mmas["O"]
+    assert (o.a_in_registers, o.b_trans) == (True, True)
+    copy, staged = chosen.slots[kmajor_name("V")], chosen.slots["V"]
+    assert (copy.tile.rows, copy.tile.cols, copy.stages) == (staged.tile.cols, staged.tile.rows, 1)
+    assert copy.offset % copy.tile.alignment == 0 and copy.offset >= staged.offset + staged.bytes
+
+
+def test_a_b_stored_n_fastest_that_is_not_streamed_is_still_declined_by_name():
+    # matmul's B [k n] is A-by-descriptor's B, not a register A's: declined (tests/test_wgmma_fp8.py)
+    chosen = _selected((EXAMPLES / "fp8_matmul.napkin").read_text(), m=512, n=512, k=512)
+    assert chosen.path != "wgmma" and "K-major only: B" in (chosen.declined or chosen.reason)
 
 
 def test_the_8_bit_register_a_wrapper_is_the_isas_form():
@@ -111,12 +130,13 @@ def test_the_8_bit_register_a_wrapper_is_the_isas_form():
 # ---- NVRTC's SASS -----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("text", [EXAMPLE, FA3_FORM], ids=["v-keys-fastest", "v-copied-k-major"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_the_example_compiles_for_sm_90a_with_qgmma_from_registers_in_the_hot_loop(d):
+def test_the_example_compiles_for_sm_90a_with_qgmma_from_registers_in_the_hot_loop(d, text):
     pytest.importorskip("cuda.bindings")
     from napkin_dsl.backends import sass
 
-    compiled = _kernel().compile("sm_90a", hardware="H100", **BENCH, d=d)
+    compiled = _kernel(text).compile("sm_90a", hardware="H100", **BENCH, d=d)
     assert compiled.launches[0].path == "wgmma"
     (resources,) = compiled.resources.values()
     assert resources["spill_bytes"] == 0
@@ -141,6 +161,9 @@ def test_the_example_compiles_for_sm_90a_with_qgmma_from_registers_in_the_hot_lo
     assert not any(i.base in ("HMMA", "QMMA", "HGMMA", "LDSM") for i in loop)
     # the exchange: 2 shuffles a register, 4 registers a k step of 32 keys (one QGMMA from registers)
     assert sum(i.base == "SHFL" for i in loop) >= 8 * len(from_registers)
+    if text is FA3_FORM:  # V's K-major copy: byte permutes, 32-bit shared loads and stores
+        assert sum(i.base == "PRMT" for i in loop) >= 8 * len(from_registers) // 2 + 6
+        assert any(i.base == "STS" for i in loop)
     ceiling = entry["ceiling"]
     assert ceiling["unit"] == "tensor" and not ceiling["loop"]["unpriced"]
     assert ceiling["model_tflops"] <= ceiling["tflops"] * (1 + 1e-9)
@@ -179,6 +202,33 @@ def test_the_example_on_wgmma_matches_the_reference_on_pocl(sizes):
 def test_plain_fp8_attention_on_wgmma_matches_the_reference_on_pocl(sizes):
     program, outputs, expected = _run(PLAIN, sizes)
     assert_matches_reference(program, outputs, expected, "attn")
+
+
+@pytest.mark.parametrize("sizes", [dict(b=1, h=2, qb=2, qi=64, x=150, d=64), dict(b=1, h=1, qb=1, qi=128, x=128, d=128),
+                                   dict(b=1, h=1, qb=2, qi=64, x=96, d=32)], ids=["ragged-x", "whole-d128", "d32"])
+def test_the_fa3_form_with_v_copied_k_major_matches_the_reference_on_pocl(sizes):
+    program, outputs, expected = _run(FA3_FORM, sizes, seed=sum(sizes.values()))
+    assert_matches_reference(program, outputs, expected, "fp8_attention")
+
+
+def test_a_copy_that_swaps_the_wrong_bytes_fails_on_pocl(monkeypatch):
+    """The K-major copy's row/column swap broken (its second permute's halves exchanged): V's
+    values meet the wrong keys and dimensions, and the output no longer matches."""
+    from napkin_dsl.backends import wgmma
+
+    original = wgmma.WgmmaPrinter.transpose_b
+
+    def broken(self, m):
+        start = len(self.lines)
+        original(self, m)
+        swap = {"0x5410u)": "0x7632u)", "0x7632u)": "0x5410u)"}
+        self.lines[start:] = [re.sub(r"0x5410u\)|0x7632u\)", lambda found: swap[found.group(0)], line)
+                              for line in self.lines[start:]]
+
+    monkeypatch.setattr(wgmma.WgmmaPrinter, "transpose_b", broken)
+    program, outputs, expected = _run(FA3_FORM, dict(b=1, h=1, qb=1, qi=64, x=64, d=32))
+    with pytest.raises(AssertionError):
+        assert_matches_reference(program, outputs, expected, "fp8_attention")
 
 
 def test_an_exchange_that_reads_the_wrong_half_fails_on_pocl(monkeypatch):
