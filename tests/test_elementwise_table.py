@@ -313,7 +313,8 @@ def test_the_fuzzer_draws_a_new_function_inside_its_domain(with_softplus):
         fuzz_programs._image("softplus", (-1.0, 1.0))[1]
     seen = []
 
-    @settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    # derandomized: the same 300 draws every run (random ones drew no softplus once in CI)
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def draw(data):
         case = data.draw(fuzz_programs.programs())
