@@ -31,6 +31,13 @@ Level Matrix Multiply-Accumulate"):
   registers are then pinned (``NK_WG_PIN_F``/``_R``: an empty asm that reads and writes each), so
   the compiler neither reads them before the wait nor reuses P's registers while wgmma may read
   them.
+* the 8-bit shape (``m64nNk32 .e4m3/.e5m2``, fp8 attention): P's register A fragment holds 4
+  consecutive keys a register where the D fragment holds pairs, and V, by descriptor, is read in
+  the ISA's key order, so P's bytes are exchanged within each quad (``register_a8``:
+  ``layouts.p_words8``, ``QUAD_SOURCE``, ``QUAD_HALF``; two shuffles and a byte permute a
+  register). The shape has no transpose: a V stored ``[.. x d]`` is copied each chunk into a
+  K-major tile of its own (``transpose_b``, ``isel.kmajor_name``), fenced for the async proxy
+  and published by a barrier before the products read it.
 * where the plan has TMA copies (``plan.tma``, ``isel._tma_loads``), every shared-memory operand
   comes instead by ``cp.async.bulk.tensor.<rank>d`` (PTX ISA 9.7.9.25; rank 2 to 5, the
   coordinates innermost first: attention's K and V ``[b h x d]`` by rank-4 maps whose box is one
