@@ -25,18 +25,12 @@ from napkin_dsl.isel import selection
 from napkin_dsl.reference import evaluate
 
 from .conftest import EXAMPLES, assert_matches_reference
+from .test_fp8_tensorcore import ATTENTION
 from .test_layouts import isa_a8, isa_c
 
 EXAMPLE = (EXAMPLES / "fp8_attention_vt.napkin").read_text()
 BENCH = dict(b=4, h=32, qb=64, qi=128, x=8192)
-PLAIN = """kernel attn(Q: fp8e4m3[q d], K: fp8e4m3[x d], V: fp8e4m3[d x]) -> O: bf16[q d]:
-    S[q x] = Q * K * d^-0.5
-    P[q x] = softmax[x](S)
-    O[q d] = P * V
-
-relabel attn on H100:
-    smem: group q 64; stream x 64
-"""
+PLAIN = ATTENTION.replace("V: fp8e4m3[x d]", "V: fp8e4m3[d x]")  # V keys fastest
 
 
 def _kernel(text=EXAMPLE):
@@ -243,17 +237,21 @@ def test_an_exchange_that_reads_the_wrong_half_fails_on_pocl(monkeypatch):
         assert_matches_reference(program, outputs, expected, "attn")
 
 
-def test_oclgrind_finds_no_race_or_bad_access_in_the_exchange_and_the_8_bit_register_wgmma(tmp_path):
+def _runs_clean_under_oclgrind(text: str, sizes: list, tmp_path):
     from .test_tensorcore import oclgrind
 
     path = tmp_path / "attn.napkin"
-    path.write_text(PLAIN)
-    result = oclgrind(str(path), ["q=64", "x=96", "d=32"], "--arch", "sm_90a")
+    path.write_text(text)
+    result = oclgrind(str(path), sizes, "--arch", "sm_90a")
     assert result.returncode == 0, result.stderr[-2000:]
     report = result.stdout + result.stderr
     assert "data race" not in report and "Invalid" not in report and "error" in report, report[-2000:]
     errors = [float(line.split()[-1]) for line in result.stdout.splitlines() if " error " in line]
     assert errors and max(errors) < 0.05, result.stdout
+
+
+def test_oclgrind_finds_no_race_or_bad_access_in_the_exchange_and_the_8_bit_register_wgmma(tmp_path):
+    _runs_clean_under_oclgrind(PLAIN, ["q=64", "x=96", "d=32"], tmp_path)
 
 
 def test_the_cost_table_counts_a_byte_a_value_and_names_the_unit_that_takes_longest():
@@ -281,16 +279,7 @@ def test_oclgrind_finds_no_race_in_the_k_major_copy_of_v(tmp_path):
     through the warp's scratch behind barriers of its own, which would order the copy's writes
     before its reads even without the copy's barrier: that barrier is held on the CUDA source,
     below.)"""
-    from .test_tensorcore import oclgrind
-
-    path = tmp_path / "attn.napkin"
-    path.write_text(PLAIN.replace("V: fp8e4m3[d x]", "V: fp8e4m3[x d]"))
-    result = oclgrind(str(path), ["q=128", "x=96", "d=32"], "--arch", "sm_90a")
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = result.stdout + result.stderr
-    assert "data race" not in report and "Invalid" not in report and "error" in report, report[-2000:]
-    errors = [float(line.split()[-1]) for line in result.stdout.splitlines() if " error " in line]
-    assert errors and max(errors) < 0.05, result.stdout
+    _runs_clean_under_oclgrind(ATTENTION, ["q=128", "x=96", "d=32"], tmp_path)
 
 
 def test_the_cuda_copy_is_fenced_for_the_async_proxy_and_published_by_a_barrier_before_the_products():

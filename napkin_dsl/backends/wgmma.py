@@ -187,20 +187,21 @@ inline void nk_wgmma(float* d, ulong da, ulong db, int n, int trans_a, int trans
 inline void nk_wgmma8(float* d, ulong da, ulong db, int n, int e5m2, __local const uchar* smem, int thread) {
     nk_wgmma_k(d, da, db, n, 0, 0, 2 + e5m2, smem, thread);
 }
-/* D += A B with A from registers (PTX ISA 9.7.15.5.1.1.1, the register fragment of matrix A of
-   wgmma .m64nNk16, Figure 148): a thread's a0..a7, two 16-bit values in each of its four .b32
-   registers, low half first, are row 16 * (warp % 4) + groupID (+ 8 for a2, a3, a6, a7), column
-   2 * threadID_in_group + i % 2 (+ 8 for a4..a7) of the 64 x 16 A. A row's values are its warp's,
-   so the warp's lanes post their registers to the warp's scratch and each reads the lane and
-   element holding A(row, k) by the inverse of that map. B is 16 x n (k x cols) by descriptor. */
-/* D += A B with an 8-bit A from registers (PTX ISA 9.7.15.5.1.1.2, the register fragment of
-   matrix A of wgmma .m64nNk32 .e4m3/.e5m2): a thread's a0..a15, four to each of its four .b32
-   registers, lowest byte first, are row 16 * (warp % 4) + groupID (+ 8 for a4..a7, a12..a15),
-   column 4 * threadID_in_group + i % 4 (+ 16 for a8..a15) of the 64 x 32 A. B is 32 x n by a
-   K-major descriptor (the 8-bit shape has no transpose). */
-inline void nk_wgmma_rs8(float* d, const uint a[4], ulong db, int n, int e5m2,
-                         __local const uchar* smem, __local uint* ws, int thread) {
+/* D += A B with A from registers. The register fragment of matrix A (PTX ISA 9.7.15.5.1.1):
+   .m64nNk16 .f16/.bf16 (Figure 148): a thread's a0..a7, two 16-bit values in each of its four
+   .b32 registers, low half first, are row 16 * (warp % 4) + groupID (+ 8 for a2, a3, a6, a7),
+   column 2 * threadID_in_group + i % 2 (+ 8 for a4..a7) of the 64 x 16 A; .m64nNk32 .e4m3/.e5m2:
+   a0..a15, four to a register, lowest byte first, are row 16 * (warp % 4) + groupID (+ 8 for
+   a4..a7, a12..a15), column 4 * threadID_in_group + i % 4 (+ 16 for a8..a15) of the 64 x 32 A.
+   With p values a register (2 or 4) both are: column p * threadID_in_group + i % p (+ 4p for i
+   >= 2p), row + 8 for (i / p) odd. A row's values are its warp's, so the warp's lanes post their
+   registers to the warp's scratch and each reads the lane and element holding A(row, k) by the
+   inverse of that map. B is K x n (k x cols) by descriptor, of operand type `kind` as nk_wgmma_k's
+   (the 8-bit types K-major only). */
+inline void nk_wgmma_rs_k(float* d, const uint a[4], ulong db, int n, int trans_b, int kind,
+                          __local const uchar* smem, __local uint* ws, int thread) {
     const int lane = thread % 32, group = lane / 4, tig = lane % 4;
+    const int eight = kind >= 2, per = eight ? 4 : 2, eb = eight ? 1 : 2;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int j = 0; j < 4; ++j) ws[4 * lane + j] = a[j];
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -208,37 +209,27 @@ inline void nk_wgmma_rs8(float* d, const uint a[4], ulong db, int n, int e5m2,
         const int row = group + 8 * ((v / 2) % 2);  /* within the warp's 16 rows */
         const int col = 8 * (v / 4) + 2 * tig + v % 2;
         float acc = d[v];
-        for (int k = 0; k < 32; ++k) {
-            const int holder = 4 * (row % 8) + (k % 16) / 4;
-            const int i = k % 4 + 4 * (row / 8) + 8 * (k / 16);
-            const uint word = ws[4 * holder + i / 4];
-            const int b = nk_wgmma_addr(db, 0, col, k, 1);
+        for (int k = 0; k < 8 * per; ++k) {
+            const int holder = 4 * (row % 8) + (k % (4 * per)) / per;
+            const int i = k % per + per * (row / 8) + 2 * per * (k / (4 * per));
+            const uint word = ws[4 * holder + i / per];
+            const int b = nk_wgmma_addr(db, trans_b, col, k, eb);
             if (b < 0) { acc = NAN; continue; }
-            acc += nk_wg_fp8((word >> (8 * (i % 4))) & 0xffu, e5m2) * nk_wg_fp8(smem[b], e5m2);
+            acc += eight ? nk_wg_fp8((word >> (8 * (i % 4))) & 0xffu, kind == 3) * nk_wg_fp8(smem[b], kind == 3)
+                         : nk_b16f(i % 2 ? word >> 16 : word, kind) * nk_b16f(nk_lds16(smem, b), kind);
         }
         d[v] = acc;
     }
 }
+/* .m64nNk16, A from registers, bf16 (f16 = 0) or f16 operands */
 inline void nk_wgmma_rs(float* d, const uint a[4], ulong db, int n, int trans_b, int f16,
                         __local const uchar* smem, __local uint* ws, int thread) {
-    const int lane = thread % 32, group = lane / 4, tig = lane % 4;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int j = 0; j < 4; ++j) ws[4 * lane + j] = a[j];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int v = 0; v < n / 2; ++v) {
-        const int row = group + 8 * ((v / 2) % 2);  /* within the warp's 16 rows */
-        const int col = 8 * (v / 4) + 2 * tig + v % 2;
-        float acc = d[v];
-        for (int k = 0; k < 16; ++k) {
-            const int holder = 4 * (row % 8) + (k % 8) / 2;
-            const int i = k % 2 + 2 * (row / 8) + 4 * (k / 8);
-            const uint word = ws[4 * holder + i / 2];
-            const int b = nk_wgmma_addr(db, trans_b, col, k, 2);
-            if (b < 0) { acc = NAN; continue; }
-            acc += nk_b16f(i % 2 ? word >> 16 : word, f16) * nk_b16f(nk_lds16(smem, b), f16);
-        }
-        d[v] = acc;
-    }
+    nk_wgmma_rs_k(d, a, db, n, trans_b, f16, smem, ws, thread);
+}
+/* .m64nNk32, A from registers, e4m3 (e5m2 = 0) or e5m2 operands, B K-major */
+inline void nk_wgmma_rs8(float* d, const uint a[4], ulong db, int n, int e5m2,
+                         __local const uchar* smem, __local uint* ws, int thread) {
+    nk_wgmma_rs_k(d, a, db, n, 0, 2 + e5m2, smem, ws, thread);
 }
 """
 
@@ -416,48 +407,31 @@ def cuda_wrapper(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool 
     registers, read and written ("+f"); the descriptors are 64-bit ("l"); scale-d 1 (D = A B + D),
     the scales 1, the transposes 1 for an MN-major operand. With A from registers (``a_regs``),
     ``d, a, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-b``: A is four .b32 registers of
-    16-bit pairs ("r") and has no transpose."""
+    16-bit pairs ("r") and has no transpose. The 8-bit shape (``m64nNk32``, four bytes a register
+    of A) is the same without the transpose immediates."""
     values = n // 2
     d = ", ".join(f"%{i}" for i in range(values))
     outputs = ", ".join(f'"+f"(d[{i}])' for i in range(values))
     name = wrapper_name(n, dtype, trans_a, trans_b, a_regs)
     k, ptx = wgmma_k(dtype), PTX_TYPE[dtype]
-    if k != WGMMA_K and a_regs:
-        # the 8-bit shape with A from registers: four .b32 registers of four bytes, B by a K-major
-        # descriptor, no transpose immediate (PTX ISA 9.7.15.5.2)
-        assert not trans_b, "napkin bug: isel builds the 8-bit wgmma's B K-major"
-        a = ", ".join(f"%{values + j}" for j in range(4))
-        return (f"__device__ __forceinline__ void {name}(float d[{values}], const unsigned a[4], unsigned long long db) {{\n"
-                f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d}}}, {{{a}}}, %{values + 4}, '
-                f'1, 1, 1;\\n"\n'
-                f"                 : {outputs}\n"
-                f'                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db) : "memory");\n'
-                f"}}\n")
-    if k != WGMMA_K:
-        # the 8-bit shape (m64nNk32 .e4m3/.e5m2): both operands by K-major descriptors, and no
-        # transpose immediates (PTX ISA 9.7.15.5.2: imm-trans-a and imm-trans-b are for .f16/.bf16)
-        assert not (trans_a or trans_b), "napkin bug: isel builds the 8-bit wgmma K-major"
-        return (f"__device__ __forceinline__ void {name}(float d[{values}], "
-                f"unsigned long long da, unsigned long long db) {{\n"
-                f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d}}}, %{values}, %{values + 1}, '
-                f'1, 1, 1;\\n"\n'
-                f"                 : {outputs}\n"
-                f'                 : "l"(da), "l"(db) : "memory");\n'
-                f"}}\n")
-    if a_regs:
-        a = ", ".join(f"%{values + j}" for j in range(4))
-        return (f"__device__ __forceinline__ void {name}(float d[{values}], const unsigned a[4], unsigned long long db) {{\n"
-                f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{d}}}, {{{a}}}, %{values + 4}, '
-                f'1, 1, 1, {int(trans_b)};\\n"\n'
-                f"                 : {outputs}\n"
-                f'                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db) : "memory");\n'
-                f"}}\n")
-    return (f"__device__ __forceinline__ void {name}(float d[{values}], "
-            f"unsigned long long da, unsigned long long db) {{\n"
-            f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{d}}}, %{values}, %{values + 1}, '
-            f'1, 1, 1, {int(trans_a)}, {int(trans_b)};\\n"\n'
+    eight = k != WGMMA_K
+    # the 8-bit shape (m64nNk32 .e4m3/.e5m2) has no transpose immediates (PTX ISA 9.7.15.5.2:
+    # imm-trans-a and imm-trans-b are for .f16/.bf16): both shared operands K-major
+    assert not (eight and (trans_b or (trans_a and not a_regs))), "napkin bug: isel builds the 8-bit wgmma K-major"
+    if a_regs:  # A: four .b32 registers ("r"), and no transpose of its own
+        a_param, a_text = "const unsigned a[4]", "{" + ", ".join(f"%{values + j}" for j in range(4)) + "}"
+        inputs, b_text = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)', f"%{values + 4}"
+        transposes = [] if eight else [int(trans_b)]
+    else:
+        a_param, a_text = "unsigned long long da", f"%{values}"
+        inputs, b_text = '"l"(da), "l"(db)', f"%{values + 1}"
+        transposes = [] if eight else [int(trans_a), int(trans_b)]
+    immediates = ", ".join(str(x) for x in [1, 1, 1] + transposes)
+    return (f"__device__ __forceinline__ void {name}(float d[{values}], {a_param}, unsigned long long db) {{\n"
+            f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d}}}, {a_text}, {b_text}, '
+            f'{immediates};\\n"\n'
             f"                 : {outputs}\n"
-            f'                 : "l"(da), "l"(db) : "memory");\n'
+            f'                 : {inputs} : "memory");\n'
             f"}}\n")
 
 
