@@ -16,6 +16,13 @@ the register level the implementation uses:
 * FA3 (``wgmma``): the code napkin builds for sm_90a (``cost_of(arch="sm_90a")``), with no
   register clause: wgmma's warpgroups of 64 rows take the register level (four warps share each
   read of K and V). A row whose launch does not select wgmma is left out, with isel's reason.
+  Its warpgroups are priced under FA3's schedule (``overlap="pingpong+pipelined"``, a what-if:
+  napkin's warpgroups are serial, hardware.OVERLAPS), whose FMA-pipe work runs under the
+  products.
+
+The FA3 pipelining ablation (``--ablation``, benchmarks/data/fa3_ablation_h100.csv, FA3's
+Table 2) checks the schedules' overlap rules at one shape: each configuration priced under
+its own schedule.
 
 It prices the kernel on the bundled H100 profile, converts the predicted time to TFLOP/s in the
 papers' convention (4 b h s^2 d FLOPs forward, half of it when causal), and prints
@@ -42,12 +49,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # napkin is the working tree: run without installing
 
 CSV = ROOT / "benchmarks" / "data" / "published_attention_h100_d128.csv"
+ABLATION = ROOT / "benchmarks" / "data" / "fa3_ablation_h100.csv"
 DTYPES = {"fp16": "f16", "bf16": "bf16"}
 # Per instruction path: the register clause, the architecture priced, and the what-if path (None:
 # what napkin builds for that architecture).
 REGISTERS = {"mma.sync": "    registers: group q 32\n", "wgmma": ""}
 ARCH = {"mma.sync": "sm_90", "wgmma": "sm_90a"}
 WHAT_IF = {"mma.sync": "mma.sync", "wgmma": None}
+# Per instruction path, the warpgroup schedule the implementation runs (hardware.OVERLAPS; None:
+# no warpgroups, mma.sync's warps).
+OVERLAP = {"mma.sync": None, "wgmma": "pingpong+pipelined"}
 
 SOURCE = """\
 kernel attention(Q: {t}[b h q d], K: {t}[b h x d], V: {t}[b h x d]) -> O: {t}[b h q d]:
@@ -66,8 +77,9 @@ def published_flops(row: dict) -> float:
     return flops / 2 if row["causal"] == "true" else flops
 
 
-def price(row: dict) -> dict:
-    """napkin's prediction for one published row, or the reason it cannot price it."""
+def price(row: dict, overlap: str | None = None) -> dict:
+    """napkin's prediction for one published row, or the reason it cannot price it. ``overlap``:
+    the warpgroup schedule to price (default: the row's path's, :data:`OVERLAP`)."""
     import napkin_dsl as napkin
     from napkin_dsl.cost import cost_of
     from napkin_dsl.isel import select_program
@@ -86,7 +98,8 @@ def price(row: dict) -> dict:
         if all(chosen.path == row["instruction_path"] for chosen in built.launches.values()):
             what_if = None  # napkin builds this row's path itself: price its own code
         selected = built if what_if is None else select_program(program, arch, what_if)
-        report = cost_of(program, arch=arch, path=what_if, selected=selected)
+        report = cost_of(program, arch=arch, path=what_if, selected=selected,
+                         overlap=overlap or OVERLAP[row["instruction_path"]])
     except napkin.NapkinError as error:
         return {"skipped": str(error).splitlines()[0]}
     for chosen in selected.launches.values():  # priced on another path, it would not be this row's code
@@ -137,7 +150,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=CSV)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--ablation", action="store_true",
+                        help="price FA3's pipelining ablation (benchmarks/data/fa3_ablation_h100.csv) instead")
     args = parser.parse_args(argv)
+    if args.ablation:
+        return ablation_main(args.json)
     with args.csv.open(newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     results = [dict(row, **price(row)) for row in rows]
@@ -167,6 +184,27 @@ def main(argv=None) -> int:
               f"Spearman = {_number(s['spearman'])}")
     for reason in summary["skipped"]:
         print(f"skipped: {reason}")
+    return 0
+
+
+def ablation() -> list[dict]:
+    """FA3's pipelining ablation, each configuration priced under its own warpgroup schedule."""
+    with ABLATION.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    return [dict(row, **price(dict(row, implementation="FA3", instruction_path="wgmma"), row["overlap"])) for row in rows]
+
+
+def ablation_main(as_json: bool) -> int:
+    results = ablation()
+    if as_json:
+        print(json.dumps({"rows": results}, indent=2))
+        return 0
+    header = f"{'configuration':48} {'schedule':19} {'meas':>6} {'pred':>6} {'pred/meas-1':>11}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        pred, error = ("-", "skipped") if "skipped" in r else (f"{r['predicted_tflops']:.0f}", f"{r['error']:+.3f}")
+        print(f"{r['configuration']:48} {r['overlap']:19} {float(r['measured_tflops']):6.0f} {pred:>6} {error:>11}")
     return 0
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from .check import MAX_SIZE_TEXT, check_size
 from .errors import NapkinError, Span
 from .formatting import json_value
-from .hardware import DEFAULT_ARCH, gpu_archs, gpu_paths, hardware_names, load_hardware
+from .hardware import BUILT_OVERLAP, DEFAULT_ARCH, OVERLAPS, gpu_archs, gpu_paths, hardware_names, load_hardware
 from .kernel import Kernel, load
 from .progress import Progress, wanted
 
@@ -341,8 +341,9 @@ def _selected(args) -> list[Kernel]:
     return [k for _, k in _load_all([args.file], args.kernel, getattr(args, "hardware", None))]
 
 
-def cost_json(k: Kernel, hardware: str | None, sizes: dict, path: str | None = None, arch: str | None = None) -> dict:
-    return k.cost(hardware, path=path, arch=arch, **sizes).to_dict()
+def cost_json(k: Kernel, hardware: str | None, sizes: dict, path: str | None = None, arch: str | None = None,
+              overlap: str | None = None) -> dict:
+    return k.cost(hardware, path=path, arch=arch, overlap=overlap, **sizes).to_dict()
 
 
 def cmd_pseudo(args) -> int:
@@ -371,10 +372,11 @@ def cmd_cost(args) -> int:
     if args.hardware is not None and args.arch is not None:
         load_hardware(args.hardware).check_arch(args.arch)  # before any kernel is planned
     if args.json:
-        print(json.dumps({"kernels": {k.name: cost_json(k, args.hardware, sizes, args.path, args.arch) for k in kernels}}, indent=2))
+        print(json.dumps({"kernels": {k.name: cost_json(k, args.hardware, sizes, args.path, args.arch, args.overlap)
+                                      for k in kernels}}, indent=2))
         return 0
     for k in kernels:
-        print(k.cost(args.hardware, path=args.path, arch=args.arch, **sizes).table())
+        print(k.cost(args.hardware, path=args.path, arch=args.arch, overlap=args.overlap, **sizes).table())
     return 0
 
 
@@ -753,6 +755,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "a what-if: napkin builds what --arch selects")
     cost.add_argument("--arch", help=f"price the code built for this architecture, one the profile runs ({gpu_archs()}; "
                                      "sm_90a: wgmma where selection takes it; sm_90: mma.sync); default: the profile's own")
+    cost.add_argument("--overlap", metavar="SCHEDULE", choices=list(OVERLAPS),
+                      help=f"price the wgmma warpgroups under this schedule ({', '.join(OVERLAPS)}; "
+                           f"pingpong+pipelined: FlashAttention-3's); a what-if: napkin builds {BUILT_OVERLAP}")
     cost.set_defaults(run=cmd_cost)
 
     tune = sub.add_parser("tune", help="choose group/stream sizes minimising predicted time")

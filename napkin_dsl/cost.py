@@ -31,6 +31,7 @@ from .diagram import DTYPE_BYTES
 from .errors import RelabelError
 from .formatting import format_count as _fmt
 from .formatting import json_value
+from .hardware import BUILT_OVERLAP, OVERLAPS
 from .pseudocode import MAX_MASK_GROUPS, Loop, Program, Step, chunk_span, liveness, mask_visits, released_by, split_loop, walk
 from .relabel import bind
 
@@ -480,10 +481,16 @@ class CostReport:
             )
             units = {unit: s for unit, s in (t.get("compute_by_unit_s") or {}).items() if s}
             if len(units) > 1:
-                # the model sums them (a warp's softmax runs between its products): the largest binds most
+                # serial: the model sums them (a warp's softmax runs between its products); a schedule
+                # that hides units under the tensor cores says which (Overlap): the largest binds most
                 most = max(units, key=units.get)
-                lines.append("  compute by unit, at each unit's peak, in turn: " + ", ".join(f"{UNIT_NAMES.get(u, u)} {_fmt_time(v)}" for u, v in units.items())
-                             + f"; the most: {UNIT_NAMES.get(most, most)}")
+                schedule = OVERLAPS.get(t.get("overlap") or BUILT_OVERLAP)
+                hidden = [UNIT_NAMES.get(u, u) for u in schedule.hidden if u in units] if "tensor" in units else []
+                how = (f"; {schedule.name} runs {' and '.join(hidden)} under the tensor cores, the rest after them"
+                       if hidden else "")
+                lines.append(f"  compute by unit, at each unit's peak{'' if hidden else ', in turn'}: "
+                             + ", ".join(f"{UNIT_NAMES.get(u, u)} {_fmt_time(v)}" for u, v in units.items())
+                             + how + f"; the most: {UNIT_NAMES.get(most, most)}")
             fixed = {kind: s for kind, s in (t.get("fixed_s") or {}).items() if s}
             if fixed:
                 lines.append("  fixed costs (in the time above): " + ", ".join(f"{kind} {_fmt_time(s)}" for kind, s in fixed.items()))
@@ -648,6 +655,20 @@ def contraction_unit(program: Program, launch, selected: ProgramSelection | None
 
 # How the cost table names each compute unit's time.
 UNIT_NAMES = {"tensor": "tensor cores", "fma": "FP32 (FMA pipe)", "special": "MUFU (exp, rcp)"}
+
+
+# ---- overlap of the compute units under a warpgroup schedule (hardware.OVERLAPS) -----------
+
+
+
+
+def overlapped_compute(seconds: dict, hidden: tuple[str, ...]) -> float:
+    """One launch's compute seconds from its units' (``tensor``, ``fma``, ``special``) under a
+    schedule that hides ``hidden`` under the tensor cores (:class:`Overlap`)."""
+    if not hidden:
+        return sum(seconds.values())
+    under = max([seconds.get("tensor", 0.0)] + [seconds.get(unit, 0.0) for unit in hidden])
+    return under + sum(s for unit, s in seconds.items() if unit != "tensor" and unit not in hidden)
 
 
 def flops_by_unit(program: Program, selected: ProgramSelection | None = None) -> tuple[dict, list]:
@@ -967,14 +988,16 @@ def tiles_of(mask, program: Program, axis: str) -> range:
 
 
 def predict_time(program: Program, levels: dict, priced: list, occupancy: dict | None = None,
-                 launch_levels: dict | None = None, fma: dict | None = None) -> dict:
+                 launch_levels: dict | None = None, fma: dict | None = None, hidden: dict | None = None) -> dict:
     """Roofline prediction; None entries where a rate, bandwidth or size is unknown.
 
     Launches run one after another, each on its own roofline: its compute (over its own busy
     fraction) against its own transfers, then the fixed costs. ``launch_levels`` maps each
     launch's index to its level costs (one launch: ``levels`` itself). ``fma`` maps an FMA-path
     launch to its (issue, shared-port) seconds (:func:`fma_issue_seconds`): its FMA pipe's time
-    is the longest of its FLOPs at the FP32 rate and those two, which run at once."""
+    is the longest of its FLOPs at the FP32 rate and those two, which run at once. ``hidden``
+    maps a launch to the units its schedule runs under the tensor cores (:class:`Overlap`);
+    a launch it omits takes its units in turn."""
     hardware = program.hardware
     schedule = program.schedule
     time: dict = {"overlapped_s": None, "serial_s": None, "compute_s": None}
@@ -985,7 +1008,7 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
     time["weighted_H"] = weighted
     if hardware.symbolic:
         return time
-    compute = {launch.index: 0.0 for launch in program.launches}
+    units_s: dict = {launch.index: {} for launch in program.launches}  # launch -> unit -> seconds at its peak
     pipe = {launch.index: 0.0 for launch in program.launches}  # FLOPs on the FMA pipe, seconds
     by_unit: dict = {}  # tensor (any path), fma, special: each one's FLOPs at its rate, every launch
     for launch_of, unit, dtype, amount in priced:
@@ -998,10 +1021,12 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
         if unit == "fma" and launch_of in (fma or {}):
             pipe[launch_of] += float(amount) / rate
         else:
-            compute[launch_of] += float(amount) / rate
+            units_s[launch_of][kind] = units_s[launch_of].get(kind, 0.0) + float(amount) / rate
     for launch_of, seconds in pipe.items():
-        # The FP32 lanes, the schedulers and shared memory's port work at once: the slowest binds.
-        compute[launch_of] += max(seconds, *fma[launch_of]) if launch_of in (fma or {}) else seconds
+        if launch_of in (fma or {}):
+            # The FP32 lanes, the schedulers and shared memory's port work at once: the slowest binds.
+            units_s[launch_of]["fma"] = units_s[launch_of].get("fma", 0.0) + max(seconds, *fma[launch_of])
+    compute = {i: overlapped_compute(s, (hidden or {}).get(i, ())) for i, s in units_s.items()}
     launch_levels = launch_levels or {program.launches[0].index: levels}
     transfer: dict = {}  # level -> seconds over every launch
     per_launch: dict = {}  # launch -> (compute seconds over its busy fraction, {level: seconds})
@@ -1270,7 +1295,7 @@ def check_capacity(program: Program, levels: dict, rows: list[dict]) -> None:
 
 
 def cost_of(program: Program, *, check: bool = True, arch: str | None = None, resources: dict | None = None,
-            path: str | None = None, selected: ProgramSelection | None = None) -> CostReport:
+            path: str | None = None, selected: ProgramSelection | None = None, overlap: str | None = None) -> CostReport:
     """Read the performance model off a Program, for the instruction paths ``arch`` selects
     (default: the hardware profile's architecture). ``resources`` maps a launch index to the
     compiled kernel's (threads per block, registers per thread), which then decide occupancy.
@@ -1279,7 +1304,9 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     instruction, a what-if with mma.sync's fragments: napkin builds what ``arch`` selects (on
     H100 and H200, whose arch is sm_90a, wgmma where isel takes it). ``selected``: the selection
     pass's result for that ``arch`` and ``path`` (``isel.select_program``), where the caller has it (a compile
-    prints the same launches); otherwise it runs here, once, and every term reads it."""
+    prints the same launches); otherwise it runs here, once, and every term reads it. ``overlap``
+    (a name in :data:`OVERLAPS`) prices the wgmma launches' warpgroups under that schedule, a
+    what-if: napkin builds :data:`BUILT_OVERLAP`."""
     from .isel import select_program
 
     hardware = program.hardware
@@ -1304,9 +1331,15 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     occupancy = launch_occupancy(program, rows, selected, resources) if not hardware.symbolic else None
     fma = {launch.index: seconds for launch in program.launches
            if (seconds := fma_issue_seconds(program, launch, selected)) is not None}
-    time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, selected), fma)
+    priced_overlap = OVERLAPS[overlap_name(program, selected, overlap)]
+    hidden = {launch.index: priced_overlap.hidden for launch in program.launches if selected[launch.index].path == "wgmma"}
+    time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, selected), fma, hidden)
+    time["overlap"] = priced_overlap.name
     schedule = program.schedule
     notes = list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program) + accumulator_notes(program, selected)
+    if priced_overlap.name != BUILT_OVERLAP:
+        notes.append(f"priced with the {priced_overlap.name} warpgroup schedule: {priced_overlap.does} (a what-if: "
+                     f"napkin builds {BUILT_OVERLAP} warpgroups; evidence: {priced_overlap.evidence})")
     if path is not None:
         built = sorted({c.path for c in select_program(program, arch).launches.values() if c.plan is not None})
         notes.append(f"priced as if the contractions ran on {path} (a what-if: napkin builds "
@@ -1336,6 +1369,26 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
         device=device,
         ring=ring,
     )
+
+
+def overlap_name(program: Program, selected, overlap: str | None) -> str:
+    """The schedule to price: ``overlap``, checked (a name in :data:`OVERLAPS`, and a launch on
+    wgmma for it to schedule), or the one napkin builds."""
+    from .errors import NapkinError
+
+    if overlap is None or overlap == BUILT_OVERLAP:
+        return BUILT_OVERLAP
+    if overlap not in OVERLAPS:
+        raise NapkinError(f"no warpgroup schedule {overlap!r} to price (the schedules: {', '.join(OVERLAPS)})",
+                          hint="docs/method.md, overlap of the compute units")
+    if program.hardware.symbolic or not any(selected[launch.index].path == "wgmma" for launch in program.launches):
+        unbound = program.hardware.symbolic or any(selected[launch.index].reason == "sizes are symbolic"
+                                                   for launch in program.launches)
+        paths = "none: sizes are symbolic" if unbound else ", ".join(sorted({selected[launch.index].path
+                                                                             for launch in program.launches}))
+        raise NapkinError(f"the {overlap} schedule is of wgmma's warpgroups, and no launch here is on wgmma (paths: {paths})",
+                          hint="price the sm_90a build (--arch sm_90a on H100 or H200), bound to sizes")
+    return overlap
 
 
 # ---- the device level: a node of GPUs (hardware.Hardware.device, docs/method.md) --------------

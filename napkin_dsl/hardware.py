@@ -388,3 +388,38 @@ def gpu_archs() -> str:
 
 def all_level_names() -> set[str]:
     return {level.name for name in hardware_names() for level in load_hardware(name).levels}
+
+
+# ---- warpgroup schedules: which compute units run under the tensor cores (docs/method.md,
+# "Overlap of the compute units"; the model applies them, cost.overlapped_compute) --------------
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """A schedule of a wgmma launch's warpgroups, and which compute units it runs under the
+    tensor cores. ``hidden`` units overlap the products: a launch's compute is then MUFU's time
+    plus the longest of the tensor cores' and the hidden units' (``hidden == ()``: every unit
+    in turn, the sum). The choice per schedule is the evidence's (``evidence``): the published
+    FlashAttention-3 ablation on H100, ``benchmarks/model_vs_published.py``."""
+
+    name: str
+    hidden: tuple[str, ...]
+    does: str
+    evidence: str
+
+
+OVERLAPS = {o.name: o for o in (
+    Overlap("serial", (), "each warpgroup waits for every product it issues, and a block barrier a chunk keeps "
+            "its warpgroups in step (what napkin builds)",
+            "the sum is within 3% of FA3's ablation rows that drop one of the two overlaps below"),
+    Overlap("pipelined", (), "within a warpgroup, chunk j+1's QK^T is issued before chunk j's softmax and waited "
+            "for after it (FA3's intra-warpgroup pipelining), without warp specialization",
+            "FA3 ablation, no warp specialization: 570 TFLOP/s, the sum's level"),
+    Overlap("pingpong", (), "a producer warp fills the ring and two consumer warpgroups take turns on the tensor "
+            "cores, one's softmax under the other's products (FA3's warp specialization), without the pipeline",
+            "FA3 ablation, no intra-warpgroup pipelining: 582 TFLOP/s, the sum's level"),
+    Overlap("pingpong+pipelined", ("fma",), "both (FlashAttention-3): the FMA pipe's softmax work runs under the "
+            "products, and the exponentials (MUFU) do not",
+            "FA3's full kernel: 661 TFLOP/s in the ablation, and its 12 published rows at d=128"),
+)}
+BUILT_OVERLAP = "serial"  # the schedule napkin's printers build, on wgmma and mma.sync alike

@@ -143,19 +143,20 @@ class Kernel:
         raise NapkinError(f"unknown pseudocode format {format!r}", hint="use 'text' or 'markdown'")
 
     def cost(self, hardware: str | None = None, relabel=None, path: str | None = None, arch: str | None = None,
-             **sizes: int):
+             overlap: str | None = None, **sizes: int):
         """The :class:`~napkin_dsl.cost.CostReport` read off the pseudocode; raises if a level overflows.
 
         ``relabel`` (a :class:`~napkin_dsl.tune.TuneResult` or relabel text) costs that relabelling
         instead of the kernel's own: ``kernel.cost(relabel=kernel.tune(...))``. ``path``
         ("mma.sync", "wgmma") prices the tensor-core launches on that instruction, a what-if.
         ``arch`` prices the code built for that architecture (``sm_90a``: wgmma where isel takes
-        it), default the profile's own."""
+        it), default the profile's own. ``overlap`` prices the wgmma warpgroups under another
+        schedule (``cost.OVERLAPS``, "pingpong+pipelined": FlashAttention-3's), a what-if."""
         from .cost import cost_of
 
         if relabel is not None:
-            return self.relabelled(relabel).cost(hardware, path=path, arch=arch, **sizes)
-        return cost_of(self.program(hardware, **sizes), path=path, arch=arch)
+            return self.relabelled(relabel).cost(hardware, path=path, arch=arch, overlap=overlap, **sizes)
+        return cost_of(self.program(hardware, **sizes), path=path, arch=arch, overlap=overlap)
 
     @property
     def partition_symbols(self) -> set[str]:

@@ -55,14 +55,21 @@ def test_the_script_prints_a_row_per_measurement_and_the_summary(capsys):
     assert "FA2        12 rows priced" in out and "FA3        12 rows priced" in out
 
 
-def test_fa3_rows_price_the_wgmma_code_napkin_builds_and_fa2_rows_mma_sync_on_sm_90():
-    """FA3's rows are priced as napkin's sm_90a build (wgmma selected, no what-if), FA2's as
-    mma.sync on sm_90 (FA2's code): a row whose selection took another path would be skipped."""
+def test_fa3_rows_price_the_wgmma_code_napkin_builds_under_fa3s_schedule_and_fa2_rows_mma_sync_on_sm_90():
+    """FA3's rows are priced as napkin's sm_90a build (wgmma selected, no path what-if), with its
+    warpgroups under FA3's schedule (the one what-if, in the notes); FA2's as mma.sync on sm_90
+    (FA2's code): a row whose selection took another path would be skipped."""
     assert published.ARCH == {"mma.sync": "sm_90", "wgmma": "sm_90a"}
     assert published.WHAT_IF == {"mma.sync": "mma.sync", "wgmma": None}
+    assert published.OVERLAP == {"mma.sync": None, "wgmma": "pingpong+pipelined"}
     fa3 = next(r for r in published_rows() if r["implementation"] == "FA3")
     priced = published.price(fa3)
-    assert "skipped" not in priced and not any("what-if" in note for note in priced["notes"]), priced
+    assert "skipped" not in priced, priced
+    assert [note for note in priced["notes"] if "what-if" in note] == [
+        next(note for note in priced["notes"] if note.startswith("priced with the pingpong+pipelined warpgroup schedule"))]
+    serial = published.price(fa3, "serial")
+    assert not any("what-if" in note for note in serial["notes"]), serial
+    assert priced["predicted_tflops"] > serial["predicted_tflops"]
     # FA2's rows, unmasked and causal: napkin builds their 32-row mma.sync warps itself (a causal
     # stream whose chunks divide it included), and prices that build, with no what-if
     for causal in ("false", "true"):
@@ -76,3 +83,27 @@ def published_rows() -> list[dict]:
 
     with published.CSV.open(newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
+
+
+def test_fa3_rows_are_within_ten_percent_at_the_median(priced_rows):
+    stats = published._summary([r for r in priced_rows if r["implementation"] == "FA3"])
+    assert stats["median_abs_error"] <= 0.10, stats
+
+
+def test_each_fa3_ablation_configuration_is_priced_under_its_schedule_within_five_percent():
+    """FA3's Table 2 at (4, 8448, 16, 128): full FA3 661, no intra-warpgroup pipelining 582, no
+    warp specialization 570. Each configuration under its own schedule (hardware.OVERLAPS)."""
+    rows = {r["overlap"]: r for r in published.ablation()}
+    assert set(rows) == {"pingpong+pipelined", "pingpong", "pipelined"}
+    for r in rows.values():
+        assert "skipped" not in r, r
+        assert abs(r["error"]) <= 0.05, (r["configuration"], r["predicted_tflops"], r["measured_tflops"])
+    # only both overlaps together move the time: either alone is priced as the serial sum
+    assert rows["pingpong"]["predicted_tflops"] == rows["pipelined"]["predicted_tflops"]
+    assert rows["pingpong+pipelined"]["predicted_tflops"] > 1.05 * rows["pingpong"]["predicted_tflops"]
+
+
+def test_the_script_prints_the_ablation(capsys):
+    assert published.main(["--ablation"]) == 0
+    out = capsys.readouterr().out
+    assert sum(line.startswith(("FlashAttention-3 ", "no GEMM", "GEMM-softmax")) for line in out.splitlines()) == 3
