@@ -924,6 +924,19 @@ def loaded_bytes(program: Program, launch, level: str) -> algebra.Expr:
                   for step, loops in walk(launch.body) if step.op == "load" and step.level == level)
 
 
+def copied_bytes(program: Program, launch, selected) -> int | None:
+    """Bytes a launch's K-major copies (``TensorPlan.transposed``: an 8-bit wgmma operand stored
+    MN-major, rewritten K-major each chunk) move through shared memory's port: each byte of the
+    operand's tile is read (LDS) and written back (STS) once a chunk it lands. None without one."""
+    chosen = _selected(program, selected)[launch.index]
+    names = chosen.plan.transposed if chosen.plan is not None else ()
+    if not names:
+        return None
+    level = program.schedule.compute_level
+    return 2 * _total(step_total(program, step, loops) * _bytes(step.dtype) for step, loops in walk(launch.body)
+                      if step.op == "load" and step.level == level and step.array in names)
+
+
 def busy_fraction(blocks, units: int) -> float:
     """The fraction of the time a launch's blocks keep the compute units busy. The block
     scheduler spreads blocks over the SMs before it doubles any up, and blocks sharing an SM
@@ -988,7 +1001,8 @@ def tiles_of(mask, program: Program, axis: str) -> range:
 
 
 def predict_time(program: Program, levels: dict, priced: list, occupancy: dict | None = None,
-                 launch_levels: dict | None = None, fma: dict | None = None, hidden: dict | None = None) -> dict:
+                 launch_levels: dict | None = None, fma: dict | None = None, hidden: dict | None = None,
+                 copied: dict | None = None) -> dict:
     """Roofline prediction; None entries where a rate, bandwidth or size is unknown.
 
     Launches run one after another, each on its own roofline: its compute (over its own busy
@@ -997,7 +1011,8 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
     launch to its (issue, shared-port) seconds (:func:`fma_issue_seconds`): its FMA pipe's time
     is the longest of its FLOPs at the FP32 rate and those two, which run at once. ``hidden``
     maps a launch to the units its schedule runs under the tensor cores (:class:`Overlap`);
-    a launch it omits takes its units in turn."""
+    a launch it omits takes its units in turn. ``copied`` maps a launch to the bytes its K-major
+    copies move through shared memory's port (:func:`copied_bytes`), added to the port's term."""
     hardware = program.hardware
     schedule = program.schedule
     time: dict = {"overlapped_s": None, "serial_s": None, "compute_s": None}
@@ -1068,8 +1083,8 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
             # and the copies that fill the tiles (loads into the compute level), at the registers
             # level's bandwidth (shared memory to registers) over the SMs the blocks keep busy:
             # one overlapped term, as the SASS ceiling (backends/sass.py) prices it.
-            port = float((own["registers"].H_bytes + loaded_bytes(program, launch, schedule.compute_level))
-                         / own["registers"].bandwidth) / efficiency
+            through = own["registers"].H_bytes + loaded_bytes(program, launch, schedule.compute_level)
+            port = float((through + (copied or {}).get(launch.index, 0)) / own["registers"].bandwidth) / efficiency
             transfer["registers"] += port - moved["registers"]
             moved["registers"] = port
         per_launch[launch.index] = (seconds, moved)
@@ -1333,10 +1348,17 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
            if (seconds := fma_issue_seconds(program, launch, selected)) is not None}
     priced_overlap = OVERLAPS[overlap_name(program, selected, overlap)]
     hidden = {launch.index: priced_overlap.hidden for launch in program.launches if selected[launch.index].path == "wgmma"}
-    time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, selected), fma, hidden)
+    copied = {launch.index: n for launch in program.launches
+              if not hardware.symbolic and (n := copied_bytes(program, launch, selected)) is not None}
+    time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, selected), fma, hidden,
+                        copied)
     time["overlap"] = priced_overlap.name
     schedule = program.schedule
     notes = list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program) + accumulator_notes(program, selected)
+    for index, n in copied.items():
+        names = " and ".join(selected[index].plan.transposed)
+        notes.append(f"launch {index}: {names}'s K-major copy (8-bit wgmma reads B K-major only) moves {_fmt(n)} bytes "
+                     "through shared memory's port, an LDS and an STS a byte, in the registers term")
     if priced_overlap.name != BUILT_OVERLAP:
         notes.append(f"priced with the {priced_overlap.name} warpgroup schedule: {priced_overlap.does} (a what-if: "
                      f"napkin builds {BUILT_OVERLAP} warpgroups; evidence: {priced_overlap.evidence})")

@@ -274,6 +274,31 @@ def test_the_cost_table_counts_a_byte_a_value_and_names_the_unit_that_takes_long
     assert float(smem.H_bytes) < 1.1 * float(smem.H)  # nearly all of what moves is e4m3
 
 
+def test_the_k_major_copy_of_v_is_priced_on_shared_memorys_port():
+    """The FA3 form's copy of V (V [b h x d] rewritten K-major each chunk) reads and writes every
+    byte of V's tile once for each block that streams it: 2 b h qb x d bytes, through the port the
+    registers term prices. The form stored K-major (V [b h d x]) copies nothing, so it has no note
+    and a port term that much smaller."""
+    from napkin_dsl.cost import copied_bytes, cost_of
+    from napkin_dsl.isel import select_program
+
+    def priced(text):
+        program = _kernel(text).gpu_program("H100", **BENCH, d=128)
+        return program, cost_of(program, arch="sm_90a")
+
+    program, report = priced(FA3_FORM)
+    launch = program.launches[0]
+    chosen = select_program(program, "sm_90a")
+    b, h, qb, x, d = BENCH["b"], BENCH["h"], BENCH["qb"], BENCH["x"], 128
+    assert copied_bytes(program, launch, chosen) == 2 * b * h * qb * x * d
+    (note,) = [n for n in report.notes if "K-major copy" in n]
+    assert note.startswith("launch 0: V's K-major copy") and f"{2 * b * h * qb * x * d:,}" in note
+    _, stored_k_major = priced(EXAMPLE)
+    assert not [n for n in stored_k_major.notes if "K-major copy" in n]
+    port = report.time["transfer_s"]["registers"]
+    assert port > stored_k_major.time["transfer_s"]["registers"]
+
+
 def test_oclgrind_finds_no_race_in_the_k_major_copy_of_v(tmp_path):
     """No race or bad access in the copy and the emulated products. (The emulated wgmma posts A
     through the warp's scratch behind barriers of its own, which would order the copy's writes
