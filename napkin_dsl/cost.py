@@ -937,6 +937,19 @@ def copied_bytes(program: Program, launch, selected) -> int | None:
                       if step.op == "load" and step.level == level and step.array in names)
 
 
+def copy_conflict(program: Program, launch, selected) -> float:
+    """How many times the conflict-free wavefronts a launch's K-major copies take
+    (``layouts.transpose_split`` on the staged and copied tiles), the worst of them: the factor
+    the copied bytes' port time takes. 1.0 without a copy."""
+    from .isel import kmajor_name
+    from .layouts import transpose_split
+
+    chosen = _selected(program, selected)[launch.index]
+    names = chosen.plan.transposed if chosen.plan is not None else ()
+    return max((transpose_split(chosen.slots[name].tile, chosen.slots[kmajor_name(name)].tile).conflict for name in names),
+               default=1.0)
+
+
 def busy_fraction(blocks, units: int) -> float:
     """The fraction of the time a launch's blocks keep the compute units busy. The block
     scheduler spreads blocks over the SMs before it doubles any up, and blocks sharing an SM
@@ -1012,7 +1025,8 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
     is the longest of its FLOPs at the FP32 rate and those two, which run at once. ``hidden``
     maps a launch to the units its schedule runs under the tensor cores (:class:`Overlap`);
     a launch it omits takes its units in turn. ``copied`` maps a launch to the bytes its K-major
-    copies move through shared memory's port (:func:`copied_bytes`), added to the port's term."""
+    copies move through shared memory's port (:func:`copied_bytes`), scaled by their bank
+    conflicts (:func:`copy_conflict`), added to the port's term."""
     hardware = program.hardware
     schedule = program.schedule
     time: dict = {"overlapped_s": None, "serial_s": None, "compute_s": None}
@@ -1350,15 +1364,17 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     hidden = {launch.index: priced_overlap.hidden for launch in program.launches if selected[launch.index].path == "wgmma"}
     copied = {launch.index: n for launch in program.launches
               if not hardware.symbolic and (n := copied_bytes(program, launch, selected)) is not None}
+    conflicts = {launch.index: copy_conflict(program, launch, selected) for launch in program.launches if launch.index in copied}
     time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, selected), fma, hidden,
-                        copied)
+                        {index: n * conflicts[index] for index, n in copied.items()})
     time["overlap"] = priced_overlap.name
     schedule = program.schedule
     notes = list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program) + accumulator_notes(program, selected)
     for index, n in copied.items():
         names = " and ".join(selected[index].plan.transposed)
         notes.append(f"launch {index}: {names}'s K-major copy (8-bit wgmma reads B K-major only) moves {_fmt(n)} bytes "
-                     "through shared memory's port, an LDS and an STS a byte, in the registers term")
+                     f"through shared memory's port, an LDS and an STS a byte, at {conflicts[index]:.2f}x the conflict-free "
+                     "wavefronts (layouts.transpose_split), in the registers term")
     if priced_overlap.name != BUILT_OVERLAP:
         notes.append(f"priced with the {priced_overlap.name} warpgroup schedule: {priced_overlap.does} (a what-if: "
                      f"napkin builds {BUILT_OVERLAP} warpgroups; evidence: {priced_overlap.evidence})")

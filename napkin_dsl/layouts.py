@@ -37,7 +37,9 @@ The objects:
 * for ``wgmma.mma_async`` (sm_90a): :func:`wgmma_d`, the m64nN f32 accumulator fragment;
   :func:`wgmma_a`, the register fragment of A (attention's P);
   :class:`CanonicalTile`, the canonical 128B/64B/32B-swizzled shared layouts (K-major or
-  MN-major); :class:`MatrixDescriptor`, the 64-bit matrix descriptor encoder.
+  MN-major); :class:`MatrixDescriptor`, the 64-bit matrix descriptor encoder;
+  :func:`transpose_split`, how a warp's lanes share the K-major copy of an 8-bit MN-major
+  operand, chosen by counting :func:`wavefronts` on the two canonical tiles.
 
 Deliberately not here: CuTe's full algebra (hierarchical shapes, complements, divides:
 napkin's layouts are flat bit fields, and composition is functional), the printers' loops and
@@ -870,3 +872,69 @@ def descriptor(tile: CanonicalTile, k_major: bool, start: int = 0) -> MatrixDesc
     """The descriptor of a sub-matrix of ``tile`` whose (unswizzled) byte address is ``start``."""
     leading, stride = tile.strides(k_major)
     return MatrixDescriptor(start, leading, stride, tile.mode)
+
+
+# ---- the K-major copy of an 8-bit operand ---------------------------------------------------
+# wgmma's 8-bit shape reads B K-major only, so an MN-major chunk (V [x d] as TMA wrote it) is
+# copied into a K-major tile by the block: each thread takes a block of 4 k rows x 4 n bytes,
+# reads four words (one a k row), swaps bytes, and writes four (one an n row). Which blocks a
+# warp's 32 lanes take decides the bank conflicts of both sides: lanes spread along n read one
+# k row's consecutive words (conflict-free) but write n rows whose swizzle keys repeat every
+# 8 rows (16-way at 128-byte rows); lanes spread along k do the reverse. The split of the lane
+# bits between the two is chosen here, by counting wavefronts on the two tiles' layouts.
+
+TRANSPOSE_BLOCK = 4  # the 4 x 4 bytes one thread swaps with byte permutes
+
+
+@dataclass(frozen=True)
+class TransposeSplit:
+    """A warp's lanes as a 2**(5 - n_bits) (k blocks) x 2**n_bits (n blocks) patch of the
+    copy's blocks; warps tile the chunk n-patch fastest. ``wavefronts`` is what every warp's
+    four reads and four writes take over the whole chunk, ``ideal`` that without conflicts."""
+
+    n_bits: int
+    n_blocks: int  # the chunk's blocks along n
+    wavefronts: int
+    ideal: int
+
+    def block(self, warp: int, lane: int) -> tuple[int, int]:
+        """The (k, n) origin of the block lane ``lane`` of warp ``warp`` copies."""
+        patches = self.n_blocks >> self.n_bits
+        n = (warp % patches) << self.n_bits | (lane & ((1 << self.n_bits) - 1))
+        k = (warp // patches) << (5 - self.n_bits) | (lane >> self.n_bits)
+        return TRANSPOSE_BLOCK * k, TRANSPOSE_BLOCK * n
+
+    @property
+    def conflict(self) -> float:
+        """Wavefronts over the conflict-free count: the factor the copy's port time takes."""
+        return self.wavefronts / self.ideal
+
+
+def _transpose_wavefronts(src: CanonicalTile, dst: CanonicalTile, split: TransposeSplit) -> int:
+    total = 0
+    for warp in range(src.rows * src.cols // (TRANSPOSE_BLOCK * TRANSPOSE_BLOCK * 32)):
+        blocks = [split.block(warp, lane) for lane in range(32)]
+        for i in range(TRANSPOSE_BLOCK):
+            total += wavefronts([src.layout(k + i, n) for k, n in blocks], width=4)
+            total += wavefronts([dst.layout(n + i, k) for k, n in blocks], width=4)
+    return total
+
+
+def transpose_split(src: CanonicalTile, dst: CanonicalTile) -> TransposeSplit:
+    """The lane split with the fewest wavefronts for copying ``src`` (k rows x n bytes) into
+    ``dst`` (n rows x k bytes); the fewest n bits among equals. Needs 8-bit tiles whose
+    4 x 4 blocks fill whole warps."""
+    assert src.element_bytes == dst.element_bytes == 1 and (dst.rows, dst.cols) == (src.cols, src.rows)
+    k_blocks, n_blocks = src.rows // TRANSPOSE_BLOCK, src.cols // TRANSPOSE_BLOCK
+    warps = k_blocks * n_blocks // 32
+    assert warps * 32 == k_blocks * n_blocks, "the copy's blocks fill whole warps"
+    ideal = warps * 2 * TRANSPOSE_BLOCK
+    best = None
+    for n_bits in range(6):
+        if (1 << n_bits) > n_blocks or (1 << (5 - n_bits)) > k_blocks:
+            continue
+        split = TransposeSplit(n_bits, n_blocks, 0, ideal)
+        split = TransposeSplit(n_bits, n_blocks, _transpose_wavefronts(src, dst, split), ideal)
+        if best is None or split.wavefronts < best.wavefronts:
+            best = split
+    return best

@@ -293,6 +293,8 @@ def test_the_k_major_copy_of_v_is_priced_on_shared_memorys_port():
     assert copied_bytes(program, launch, chosen) == 2 * b * h * qb * x * d
     (note,) = [n for n in report.notes if "K-major copy" in n]
     assert note.startswith("launch 0: V's K-major copy") and f"{2 * b * h * qb * x * d:,}" in note
+    split = layouts.transpose_split(chosen[0].slots["V"].tile, chosen[0].slots["V.kmajor"].tile)
+    assert f"at {split.conflict:.2f}x the conflict-free wavefronts" in note and split.conflict > 1
     _, stored_k_major = priced(EXAMPLE)
     assert not [n for n in stored_k_major.notes if "K-major copy" in n]
     port = report.time["transfer_s"]["registers"]
@@ -323,3 +325,67 @@ def test_the_cuda_copy_is_fenced_for_the_async_proxy_and_published_by_a_barrier_
         assert last_store < fence < barrier, between[-600:]
         before = body[:start]
         assert before.rindex("NK_SYNC()") > before.rindex("_e4m3_r0(") if "_e4m3_r0(" in before else True
+
+
+# ---- the copy's lanes and their bank conflicts, from the ISA's canonical layout ---------------
+
+COPY_TILES = [(x, d) for x in (64, 128) for d in (32, 64, 128, 256)]  # a chunk: x (k) rows of d (n) bytes
+
+
+def _banked_wavefronts(addresses):
+    """Wavefronts of one warp's 4-byte shared accesses: distinct words a bank, the most of any bank."""
+    words = collections.defaultdict(set)
+    for address in addresses:
+        words[(address // 4) % 32].add(address // 4)
+    return max(len(w) for w in words.values())
+
+
+def _split(x, d):
+    return layouts.transpose_split(layouts.CanonicalTile(x, d, 1), layouts.CanonicalTile(d, x, 1))
+
+
+@pytest.mark.parametrize("x, d", COPY_TILES)
+def test_the_copys_warps_take_every_block_once(x, d):
+    split = _split(x, d)
+    blocks = [split.block(warp, lane) for warp in range(x * d // (16 * 32)) for lane in range(32)]
+    assert sorted(blocks) == [(k, n) for k in range(0, x, 4) for n in range(0, d, 4)]
+
+
+@pytest.mark.parametrize("x, d", COPY_TILES)
+def test_the_copys_split_counts_the_wavefronts_of_the_isas_swizzle_and_keeps_them_to_3x(x, d):
+    """Every warp's reads (k row k0 + i, n bytes n0..+3) and writes (n row n0 + i, k bytes k0..+3),
+    addressed by the ISA's canonical layout, take the wavefronts the split counts; the chosen
+    split at most 3x the conflict-free count. Lanes all along n (a whole 128-byte k row, the
+    split the copy first had at d=128) take 8.5x: one n row in eight shares a swizzle key."""
+    from .test_wgmma import isa_canonical
+
+    def counted(split):
+        total = 0
+        for warp in range(x * d // (16 * 32)):
+            blocks = [split.block(warp, lane) for lane in range(32)]
+            for i in range(4):
+                total += _banked_wavefronts([isa_canonical(x, d, 1, k + i, n) for k, n in blocks])
+                total += _banked_wavefronts([isa_canonical(d, x, 1, n + i, k) for k, n in blocks])
+        return total
+
+    split = _split(x, d)
+    assert counted(split) == split.wavefronts and split.ideal == 8 * x * d // (16 * 32)
+    assert split.conflict <= 3.0
+    if d == 128:
+        along_n = layouts.TransposeSplit(5, d // 4, 0, split.ideal)
+        assert counted(along_n) / split.ideal == 8.5
+
+
+def test_the_printed_copy_hands_out_the_splits_blocks():
+    """The CUDA copy's (nk_tk, nk_tn), evaluated for every block index, is the split's block."""
+    from napkin_dsl.isel import kmajor_name
+
+    source = _kernel(FA3_FORM).compile("sm_90a", hardware="H100", **BENCH, d=128).source
+    (line,) = {line.strip() for line in source.splitlines() if line.strip().startswith("const int nk_tk =")}
+    tk, tn = line.removeprefix("const int nk_tk = ").split("  //")[0].rstrip(";").split(", nk_tn = ")
+    chosen = _selected(FA3_FORM, **BENCH, d=128)
+    split = layouts.transpose_split(chosen.slots["V"].tile, chosen.slots[kmajor_name("V")].tile)
+    rows, cols = chosen.slots["V"].tile.rows, chosen.slots["V"].tile.cols
+    for tb in range(rows * cols // 16):
+        scope = {"nk_tw": tb >> 5, "nk_tl": tb & 31}
+        assert (eval(tk.replace("/", "//"), scope), eval(tn.replace("/", "//"), scope)) == split.block(tb >> 5, tb & 31)

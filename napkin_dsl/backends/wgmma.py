@@ -79,7 +79,7 @@ printer inherits.
 from __future__ import annotations
 
 from ..isel import MBARRIER_BYTES, TensorPlan, TmaLoad, kmajor_name, mbarrier_count
-from ..layouts import MMA_A8, MMA_N, WARPGROUP_THREADS, WGMMA_K, WGMMA_K8, WGMMA_M, descriptor, p_to_a_registers, wgmma_k
+from ..layouts import MMA_A8, MMA_N, WARPGROUP_THREADS, WGMMA_K, WGMMA_K8, WGMMA_M, descriptor, p_to_a_registers, transpose_split, wgmma_k
 from .driver import TiledTensorMap, tiled_tensor_map
 from .lowering import KernelSource, ident
 from .tensorcore import TensorPrinter
@@ -689,7 +689,8 @@ class WgmmaPrinter(TensorPrinter):
     def transpose_b(self, m):
         """B's chunk (``plan.transposed``: V [x d] under an fp8 P, MN-major as TMA wrote it) copied
         into its K-major tile (``isel.kmajor_name``) for the 8-bit shape, which has no transpose:
-        every thread of the block takes 4 x 4 blocks of bytes, reads four 32-bit words (4
+        every thread of the block takes 4 x 4 blocks of bytes (a warp a patch of them, shaped by
+        ``layouts.transpose_split`` for the fewest bank conflicts), reads four 32-bit words (4
         consecutive n of 4 rows of k, each within one 16-byte unit of the swizzled tile), swaps
         rows and columns with byte permutes, and writes four words (4 consecutive k of 4 rows of
         n) at the copy's swizzled offsets (``CanonicalTile.layout`` of each tile). The barrier
@@ -702,11 +703,18 @@ class WgmmaPrinter(TensorPrinter):
         base = f"{src.offset}" if stage is None else f"{src.offset} + ({stage}) * {src.stage_bytes}"
         blocks = (k_rows // 4) * (n_cols // 4)
         threads = self.plan.threads
-        self.emit(f"// {m.b}'s chunk, K-major for the 8-bit wgmma: {blocks} blocks of 4 x 4 bytes over {threads} threads")
+        assert threads % 32 == 0, "napkin bug: the copy hands blocks out a warp at a time"
+        split = transpose_split(src.tile, dst.tile)
+        n_bits, patches = split.n_bits, split.n_blocks >> split.n_bits
+        self.emit(f"// {m.b}'s chunk, K-major for the 8-bit wgmma: {blocks} blocks of 4 x 4 bytes over {threads} threads, "
+                  f"a warp's lanes {1 << (5 - n_bits)} (k) x {1 << n_bits} (n) blocks (layouts.transpose_split: "
+                  f"{split.wavefronts} wavefronts a chunk, {split.conflict:.2f}x the conflict-free {split.ideal})")
         self.emit("NK_ROLLED")
         self.emit(f"for (int nk_tb = nk_tid; nk_tb < {blocks}; nk_tb += {threads}) {{")
         self.depth += 1
-        self.emit(f"const int nk_tk = (nk_tb / {n_cols // 4}) * 4, nk_tn = (nk_tb % {n_cols // 4}) * 4;  // the block's first k row, n column")
+        self.emit("const int nk_tw = nk_tb >> 5, nk_tl = nk_tb & 31;  // the block's warp patch and lane in it")
+        self.emit(f"const int nk_tk = ((nk_tw / {patches}) << {5 - n_bits} | (nk_tl >> {n_bits})) * 4, "
+                  f"nk_tn = ((nk_tw % {patches}) << {n_bits} | (nk_tl & {(1 << n_bits) - 1})) * 4;  // the block's first k row, n column")
         for i in range(4):
             offset = src.tile.layout.c_expr(f"(nk_tk + {i})" if i else "nk_tk", "nk_tn")
             self.emit(f"const unsigned nk_tw{i} = {self.dialect.shared_word(f'{base} + {offset}')};  // k row nk_tk + {i}, n nk_tn..+3")
