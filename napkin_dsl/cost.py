@@ -32,6 +32,7 @@ from .errors import RelabelError
 from .formatting import format_count as _fmt
 from .formatting import json_value
 from .hardware import BUILT_OVERLAP, OVERLAPS
+from .layouts import transpose_split
 from .pseudocode import MAX_MASK_GROUPS, Loop, Program, Step, chunk_span, liveness, mask_visits, released_by, split_loop, walk
 from .relabel import bind
 
@@ -924,12 +925,17 @@ def loaded_bytes(program: Program, launch, level: str) -> algebra.Expr:
                   for step, loops in walk(launch.body) if step.op == "load" and step.level == level)
 
 
+def _transposed(program: Program, launch, selected) -> tuple:
+    """A launch's selection and the operands it copies K-major (``TensorPlan.transposed``)."""
+    chosen = _selected(program, selected)[launch.index]
+    return chosen, (chosen.plan.transposed if chosen.plan is not None else ())
+
+
 def copied_bytes(program: Program, launch, selected) -> int | None:
     """Bytes a launch's K-major copies (``TensorPlan.transposed``: an 8-bit wgmma operand stored
     MN-major, rewritten K-major each chunk) move through shared memory's port: each byte of the
     operand's tile is read (LDS) and written back (STS) once a chunk it lands. None without one."""
-    chosen = _selected(program, selected)[launch.index]
-    names = chosen.plan.transposed if chosen.plan is not None else ()
+    _, names = _transposed(program, launch, selected)
     if not names:
         return None
     level = program.schedule.compute_level
@@ -942,10 +948,8 @@ def copy_conflict(program: Program, launch, selected) -> float:
     (``layouts.transpose_split`` on the staged and copied tiles), the worst of them: the factor
     the copied bytes' port time takes. 1.0 without a copy."""
     from .isel import kmajor_name
-    from .layouts import transpose_split
 
-    chosen = _selected(program, selected)[launch.index]
-    names = chosen.plan.transposed if chosen.plan is not None else ()
+    chosen, names = _transposed(program, launch, selected)
     return max((transpose_split(chosen.slots[name].tile, chosen.slots[kmajor_name(name)].tile).conflict for name in names),
                default=1.0)
 

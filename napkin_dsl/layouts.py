@@ -50,7 +50,7 @@ operands.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from itertools import product
 
 UNIT = 16  # bytes one lane moves with ldmatrix (a row of an 8x8 b16 matrix) or cp.async
@@ -899,10 +899,7 @@ class TransposeSplit:
 
     def block(self, warp: int, lane: int) -> tuple[int, int]:
         """The (k, n) origin of the block lane ``lane`` of warp ``warp`` copies."""
-        patches = self.n_blocks >> self.n_bits
-        n = (warp % patches) << self.n_bits | (lane & ((1 << self.n_bits) - 1))
-        k = (warp // patches) << (5 - self.n_bits) | (lane >> self.n_bits)
-        return TRANSPOSE_BLOCK * k, TRANSPOSE_BLOCK * n
+        return _transpose_block(self.n_bits, self.n_blocks, warp, lane)
 
     @property
     def conflict(self) -> float:
@@ -910,16 +907,24 @@ class TransposeSplit:
         return self.wavefronts / self.ideal
 
 
-def _transpose_wavefronts(src: CanonicalTile, dst: CanonicalTile, split: TransposeSplit) -> int:
+def _transpose_block(n_bits: int, n_blocks: int, warp: int, lane: int) -> tuple[int, int]:
+    patches = n_blocks >> n_bits
+    n = (warp % patches) << n_bits | (lane & ((1 << n_bits) - 1))
+    k = (warp // patches) << (5 - n_bits) | (lane >> n_bits)
+    return TRANSPOSE_BLOCK * k, TRANSPOSE_BLOCK * n
+
+
+def _transpose_wavefronts(src: CanonicalTile, dst: CanonicalTile, n_bits: int) -> int:
     total = 0
     for warp in range(src.rows * src.cols // (TRANSPOSE_BLOCK * TRANSPOSE_BLOCK * 32)):
-        blocks = [split.block(warp, lane) for lane in range(32)]
+        blocks = [_transpose_block(n_bits, src.cols // TRANSPOSE_BLOCK, warp, lane) for lane in range(32)]
         for i in range(TRANSPOSE_BLOCK):
             total += wavefronts([src.layout(k + i, n) for k, n in blocks], width=4)
             total += wavefronts([dst.layout(n + i, k) for k, n in blocks], width=4)
     return total
 
 
+@cache  # the model and the printer ask for the same tiles' split, the tuner many times
 def transpose_split(src: CanonicalTile, dst: CanonicalTile) -> TransposeSplit:
     """The lane split with the fewest wavefronts for copying ``src`` (k rows x n bytes) into
     ``dst`` (n rows x k bytes); the fewest n bits among equals. Needs 8-bit tiles whose
@@ -928,13 +933,7 @@ def transpose_split(src: CanonicalTile, dst: CanonicalTile) -> TransposeSplit:
     k_blocks, n_blocks = src.rows // TRANSPOSE_BLOCK, src.cols // TRANSPOSE_BLOCK
     warps = k_blocks * n_blocks // 32
     assert warps * 32 == k_blocks * n_blocks, "the copy's blocks fill whole warps"
-    ideal = warps * 2 * TRANSPOSE_BLOCK
-    best = None
-    for n_bits in range(6):
-        if (1 << n_bits) > n_blocks or (1 << (5 - n_bits)) > k_blocks:
-            continue
-        split = TransposeSplit(n_bits, n_blocks, 0, ideal)
-        split = TransposeSplit(n_bits, n_blocks, _transpose_wavefronts(src, dst, split), ideal)
-        if best is None or split.wavefronts < best.wavefronts:
-            best = split
-    return best
+    fits = [n_bits for n_bits in range(6) if (1 << n_bits) <= n_blocks and (1 << (5 - n_bits)) <= k_blocks]
+    counts = {n_bits: _transpose_wavefronts(src, dst, n_bits) for n_bits in fits}
+    n_bits = min(fits, key=lambda n_bits: (counts[n_bits], n_bits))
+    return TransposeSplit(n_bits, n_blocks, counts[n_bits], warps * 2 * TRANSPOSE_BLOCK)
