@@ -112,30 +112,50 @@ def l2_traffic(view: Schedule, launch: LaunchProgram, candidate: tuple[Partition
     it merges into, and its combine launch loads them; neither has the schedule launch's
     inputs and outputs.
     """
-    streamed = {p.axis: int(view.extent(p.axis, view.compute_level)) for p in view.partitions_at(view.compute_level, "stream")}
-    here = set(launch.launch.axes)
-    parts = [p for p in candidate if p.axis in here]
-    moved = resident = 0
-    top = view.levels[0]
-    for (level, _), array in launch.buffers.items():
-        if level != top:
-            continue
-        size = tile = DTYPE_BYTES[array.dtype]
-        for axis in array.axes:
-            full = int(view.axis_size(axis))
-            size *= full
-            extent = next((int(p.size) for p in parts if p.axis == axis), full)
-            # Co-resident blocks walk a stream together: L2 holds the chunks in flight,
-            # not the whole streamed axis.
-            if axis in streamed:
-                extent = min(extent, streamed[axis])
-            tile *= min(extent, full)
-        for p in parts:
-            if p.axis not in array.axes:
-                size *= -(-int(view.axis_size(p.axis)) // int(p.size))  # ceiling, in integers: exact at any size
-        moved += size
-        resident += tile
-    return moved, resident
+    return L2Traffic(view, launch)(candidate)
+
+
+class L2Traffic:
+    """:func:`l2_traffic` of one launch, its arrays and sizes read once: :func:`plan` weighs
+    hundreds of candidates a launch, and the tuner plans hundreds of configurations."""
+
+    def __init__(self, view: Schedule, launch: LaunchProgram):
+        self.view = view
+        self.streamed = {p.axis: int(view.extent(p.axis, view.compute_level)) for p in view.partitions_at(view.compute_level, "stream")}
+        self.here = set(launch.launch.axes)
+        self.full: dict[str, int] = {}
+        top = view.levels[0]
+        # (bytes of an element, the array's axes, their full sizes) of each array at the top level
+        self.arrays = [(DTYPE_BYTES[array.dtype], tuple(array.axes), tuple(self.size(axis) for axis in array.axes))
+                       for (level, _), array in launch.buffers.items() if level == top]
+
+    def size(self, axis: str) -> int:
+        if axis not in self.full:
+            self.full[axis] = int(self.view.axis_size(axis))
+        return self.full[axis]
+
+    def __call__(self, candidate: tuple[Partition, ...]) -> tuple[int, int]:
+        parts = [(p.axis, int(p.size)) for p in candidate if p.axis in self.here]
+        extents: dict[str, int] = {}
+        for axis, size in parts:
+            extents.setdefault(axis, size)  # the first partition of an axis, as written
+        moved = resident = 0
+        for width, axes, fulls in self.arrays:
+            size = tile = width
+            for axis, full in zip(axes, fulls, strict=True):
+                size *= full
+                extent = extents.get(axis, full)
+                # Co-resident blocks walk a stream together: L2 holds the chunks in flight,
+                # not the whole streamed axis.
+                if axis in self.streamed:
+                    extent = min(extent, self.streamed[axis])
+                tile *= min(extent, full)
+            for axis, group in parts:
+                if axis not in axes:
+                    size *= -(-self.size(axis) // group)  # ceiling, in integers: exact at any size
+            moved += size
+            resident += tile
+        return moved, resident
 
 
 def scoped(partitions, program: Program, launch: LaunchProgram) -> list[Partition]:
@@ -172,8 +192,9 @@ def plan(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
             continue
         blocks = co_resident_blocks(launch.schedule, smem_bytes)
         best = smallest = None
+        traffic = L2Traffic(launch.schedule, launch)
         for candidate in (l2_candidates(launch.schedule, level, blocks) if blocks else []):
-            moved, resident = l2_traffic(launch.schedule, launch, candidate)
+            moved, resident = traffic(candidate)
             if smallest is None or (resident, moved) < smallest[0]:
                 smallest = ((resident, moved), candidate)
             if isinstance(capacity, int) and resident > capacity:

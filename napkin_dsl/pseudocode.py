@@ -1148,19 +1148,17 @@ def l2_candidates(schedule: Schedule, level: str, blocks: int) -> list[tuple[Par
         count = int(count)
         # Sides that divide the group count, so that no L2 group ends in a tail of empty tiles.
         sides = sorted({count} | {2**k for k in range(0, count.bit_length()) if 2**k < count and count % 2**k == 0})
-        options.append([(p, side) for side in sides])
+        # each side's partition made once: the product below is hundreds of thousands of combinations
+        extent = schedule.extent(p.axis, compute)
+        options.append([(side, Partition(level, "group", p.axis, algebra.Integer(side) * extent, None, derived=True)) for side in sides])
     candidates = []
     for combo in itertools.product(*options):
         total = 1
-        for _, side in combo:
+        for side, _ in combo:
             total *= side
         if total > blocks:
             continue
-        partitions = tuple(
-            Partition(level, "group", p.axis, algebra.Integer(side) * schedule.extent(p.axis, compute), None, derived=True)
-            for p, side in combo
-        )
-        candidates.append(partitions)
+        candidates.append(tuple(partition for _, partition in combo))
     return candidates
 
 

@@ -86,6 +86,33 @@ def test_cases_cover_every_example():
     assert set(SMALL) == {name for name, _ in CASES} == set(SIZES)
 
 
+def test_an_optimized_build_runs_the_same_kernel_right(opencl_device, monkeypatch):
+    """The suite builds unoptimized (tests/conftest.py); users build optimized by default. One
+    emulated tensor-core kernel (mma.sync, ldmatrix, a cp.async ring) built both ways, each
+    within the reference's tolerance, and the option is really passed to the build."""
+    from napkin_dsl.isel import selection
+
+    (kernel,) = napkin.load(EXAMPLES / "matmul.napkin").values()
+    sizes = dict(m=64, n=32, k=64)
+    program = kernel.gpu_program(None, **sizes)
+    assert selection(program, program.launches[0], "sm_80").path == "mma.sync"
+    inputs, scalars = random_inputs(kernel.diagram, sizes)
+    expected = evaluate(kernel.diagram, inputs, scalars, sizes)
+    for flag, options in (("1", ("-cl-std=CL1.2",)), ("0", ("-cl-std=CL1.2", "-cl-opt-disable"))):
+        monkeypatch.setenv("NAPKIN_OPENCL_OPTIMIZE", flag)
+        assert opencl.build_options() == options
+        assert_matches_reference(program, opencl.run(program, inputs, scalars, arch="sm_80"), expected,
+                                 f"NAPKIN_OPENCL_OPTIMIZE={flag}")
+
+
+def test_a_bad_optimize_setting_is_a_napkin_error(monkeypatch):
+    from napkin_dsl.errors import NapkinError
+
+    monkeypatch.setenv("NAPKIN_OPENCL_OPTIMIZE", "fast")
+    with pytest.raises(NapkinError, match="NAPKIN_OPENCL_OPTIMIZE is 'fast'; it takes 0"):
+        opencl.build_options()
+
+
 def test_a_launch_over_the_devices_local_memory_is_a_napkin_error_before_it_runs():
     """oclgrind's device has 32 KiB of local memory, PoCL's megabytes: a launch whose arena does
     not fit is refused by name, not left to clEnqueueNDRangeKernel's OUT_OF_RESOURCES."""

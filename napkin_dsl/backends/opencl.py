@@ -74,13 +74,32 @@ def generate(program: Program, report=None, arch: str | None = None, stages: int
     return lowered.source, lowered.kernels
 
 
-@functools.lru_cache(maxsize=64)
+def build_options() -> tuple[str, ...]:
+    """The options every napkin program is built with. ``NAPKIN_OPENCL_OPTIMIZE=0`` adds
+    ``-cl-opt-disable``: PoCL then compiles a kernel's work-group function without LLVM's
+    optimizations. An emulated tensor-core kernel is large (every mma, ldmatrix and cp.async is
+    a loop over a warp's lanes), and optimizing it dominates a small run: split-K on mma.sync at
+    m=50 n=40 k=712 took 306 s to compile and 0.8 s to run optimized, 18 s and 0.9 s without.
+    The kernel's text is the same either way (the optimizer may contract a multiply and an add
+    differently, within the Program's tolerance); the test suite builds unoptimized
+    (tests/conftest.py), and a user who runs large sizes keeps the default."""
+    flag = os.environ.get("NAPKIN_OPENCL_OPTIMIZE", "1").strip()
+    if flag not in ("0", "1"):
+        raise NapkinError(f"NAPKIN_OPENCL_OPTIMIZE is {flag!r}; it takes 0 (build with -cl-opt-disable) or 1 (optimize)")
+    return ("-cl-std=CL1.2",) if flag == "1" else ("-cl-std=CL1.2", "-cl-opt-disable")
+
+
 def _built(source: str):
     """The built program and its kernels by entry name (a kernel object is made once)."""
+    return _built_with(source, build_options())
+
+
+@functools.lru_cache(maxsize=64)
+def _built_with(source: str, options: tuple[str, ...]):
     import pyopencl as cl
 
     ctx, _ = context()
-    program = cl.Program(ctx, source).build(options=["-cl-std=CL1.2"])
+    program = cl.Program(ctx, source).build(options=list(options))
     return {kernel.function_name: kernel for kernel in program.all_kernels()}
 
 
