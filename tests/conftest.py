@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+# PoCL builds the suite's kernels without LLVM's optimizations (napkin_dsl.backends.opencl.
+# build_options): the emulated tensor-core kernels took minutes each to optimize and run in about
+# the same time either way at the suite's sizes. tests/test_opencl.py runs one optimized build,
+# and tests/test_tensorcore.py's oclgrind runs build optimized (oclgrind interprets the IR).
+# Set here, before any test imports napkin, so that xdist workers and subprocesses inherit it.
+os.environ.setdefault("NAPKIN_OPENCL_OPTIMIZE", "0")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -88,3 +99,22 @@ def has_nvdisasm() -> bool:
 
 
 needs_nvdisasm = pytest.mark.skipif(not has_nvdisasm(), reason="nvdisasm not installed (pip install 'napkin-dsl[sass]')")
+
+
+@pytest.fixture(scope="session")
+def site_build(tmp_path_factory):
+    """The documentation site, built once a run by ``mkdocs build --strict``: (site directory,
+    the build's exit status, its log). tests/test_docs.py and tests/test_site_browser.py both read
+    it (a build is a minute on 2 cores). Under pytest-xdist the workers share the run's base
+    temporary directory: the first to take the lock builds, the others read what it left."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, status, log = root / "site", root / "site.status", root / "site.log"
+    with open(root / "site.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not status.exists():
+            result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+                                    cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+            log.write_text(result.stdout + "\n" + result.stderr)
+            status.write_text(str(result.returncode))
+    return out, int(status.read_text()), log.read_text()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import importlib.util
 import re
-import subprocess
 import sys
 
 import pytest
@@ -32,14 +31,10 @@ def _text(page_html: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
-    )
-    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING")]
+def site(site_build):
+    out, status, log = site_build  # tests/conftest.py: one build a run
+    assert status == 0, f"mkdocs build --strict failed:\n{log}"
+    warnings = [line for line in log.splitlines() if line.startswith("WARNING")]
     assert not warnings, "\n".join(warnings)
     return out
 

@@ -220,6 +220,33 @@ def test_sm80_cubin_disassembles():
     assert entry["instructions"] > 0 and entry["loops"]
 
 
+@needs_nvdisasm
+def test_a_listing_is_disassembled_once_and_cached_on_disk(monkeypatch, tmp_path):
+    """The same cubin is read by nvdisasm once: again in the process from memory, in another
+    process (the memo emptied) from the disk cache, and a cleared cache disassembles again."""
+    monkeypatch.setenv("NAPKIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(sass, "_LISTINGS", {})
+    cubin = compiled("matmul.napkin", "sm_80").image
+    calls = []
+    uncached = sass._disassemble_uncached
+    monkeypatch.setattr(sass, "_disassemble_uncached", lambda *a: calls.append(1) or uncached(*a))
+    first = sass.run_nvdisasm(cubin)
+    assert sass.run_nvdisasm(cubin) == first and len(calls) == 1
+    assert len(list((tmp_path / sass.SASS_CACHE_SUBDIR).glob("*.sass"))) == 1
+    sass._LISTINGS.clear()
+    assert sass.run_nvdisasm(cubin) == first and len(calls) == 1  # from disk
+    from napkin_dsl.backends.nvrtc import clear_cache
+
+    assert clear_cache() >= 1
+    sass._LISTINGS.clear()
+    assert sass.run_nvdisasm(cubin) == first and len(calls) == 2
+    # another nvdisasm (here: the same file, touched) is another key
+    binary = sass.find_nvdisasm()
+    key = sass._listing_key(binary, cubin)
+    monkeypatch.setattr(sass.os, "stat", lambda path: type("Stat", (), {"st_size": 1, "st_mtime_ns": 2})())
+    assert sass._listing_key(binary, cubin) != key
+
+
 def test_ptx_is_refused():
     with pytest.raises(napkin.NapkinError, match="PTX"):
         sass_report(compiled("matmul.napkin", ptx=True))

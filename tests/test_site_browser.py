@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -44,11 +43,9 @@ def hook():
 
 
 @pytest.fixture(scope="module")
-def built_site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
-    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
+def built_site(site_build):
+    out, status, log = site_build  # tests/conftest.py: one build a run
+    assert status == 0, f"mkdocs build --strict failed:\n{log}"
     return out
 
 

@@ -35,6 +35,7 @@ from ..cache import cache_root, write_atomically
 # Bumped when the entry layout or the key's recipe changes, so that old entries are never read.
 COMPILED_FORMAT = 1
 COMPILED_CACHE_SUBDIR = "compiled-kernels"
+SASS_CACHE_SUBDIR = "sass-listings"  # nvdisasm's listings of cubins (backends/sass.py), cleared with them
 # The packages whose NVRTC builds the cubins: a new one is a new key.
 NVRTC_PACKAGES = ("nvidia-cuda-nvrtc", "cuda-bindings")
 ELF_MAGIC = b"\x7fELF"

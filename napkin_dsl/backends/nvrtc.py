@@ -332,11 +332,11 @@ def clear_cache(headers: bool = False) -> int:
     unless ``headers`` is true: they are not compiled kernels, and re-extracting them costs
     every later first compile a few tenths of a second.
     """
-    from .compiled import COMPILED_CACHE_SUBDIR  # the compiled kernels keyed before lowering
+    from .compiled import COMPILED_CACHE_SUBDIR, SASS_CACHE_SUBDIR  # the compiled kernels keyed before lowering, their listings
 
     root = cache_root()
     removed = 0
-    subdirs = [KERNEL_CACHE_SUBDIR, COMPILED_CACHE_SUBDIR] + ([HEADER_CACHE_SUBDIR] if headers else [])
+    subdirs = [KERNEL_CACHE_SUBDIR, COMPILED_CACHE_SUBDIR, SASS_CACHE_SUBDIR] + ([HEADER_CACHE_SUBDIR] if headers else [])
     for subdir in subdirs:
         directory = root / subdir
         if not directory.is_dir():

@@ -35,6 +35,7 @@ about what a kernel ought to contain: the report counts, tests and people judge.
 from __future__ import annotations
 
 import collections
+import hashlib
 import importlib.util
 import os
 import re
@@ -45,9 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..cache import cache_root, write_atomically
 from ..cost import busy_fraction, flops_by_unit
 from ..errors import NapkinError
 from ..isel import select_program
+from .compiled import SASS_CACHE_SUBDIR
 from ..pseudocode import blocks_per_unit, walk
 
 if TYPE_CHECKING:
@@ -58,6 +61,8 @@ INSTALL_HINT = "pip install 'napkin-dsl[sass]'  (the nvidia-cuda-nvdisasm wheel)
 # package: CUDA 13 wheels share one cu13/ tree, CUDA 12 wheels had a directory per component.
 WHEEL_BINARIES = ("cu13/bin/nvdisasm", "cuda_nvdisasm/bin/nvdisasm")
 NVDISASM_TIMEOUT_S = 120
+CACHE_FORMAT = 1  # bumped when a listing's key or file changes
+_LISTINGS: dict[str, str] = {}  # the process's listings by key (run_nvdisasm)
 
 
 class NoDisassembler(NapkinError):
@@ -90,15 +95,46 @@ def find_nvdisasm() -> str:
     raise NoDisassembler("nvdisasm, the SASS disassembler, is not installed", hint=INSTALL_HINT)
 
 
+def _listing_key(binary: str, cubin: bytes) -> str:
+    """The cache key of a listing: the cubin's bytes and the nvdisasm that reads them (its path,
+    size and modification time: another version may print another listing)."""
+    status = os.stat(binary)
+    identity = f"{CACHE_FORMAT}\0{binary}\0{status.st_size}\0{status.st_mtime_ns}\0".encode()
+    return hashlib.sha256(identity + cubin).hexdigest()
+
+
 def run_nvdisasm(cubin: bytes) -> str:
     """nvdisasm's listing of the code sections of a cubin (``-c``: no ELF headers, no data).
 
     No ``-g`` (line info), ``-hex`` (encodings) or ``-cfg`` (a graphviz graph instead of a
     listing): the parser wants one instruction per line and nothing else on it.
+
+    Listings are cached like NVRTC's output (``cache.py``): in the process and on disk under
+    ``sass-listings/``, by :func:`_listing_key`. The same cubin is read by every report, test
+    and docs page that inspects its kernel, and a large one takes nvdisasm a second or more.
     """
     if cubin[:4] != b"\x7fELF":
         raise NapkinError("nvdisasm reads cubins (ELF images), and this image is not one", hint="compile without ptx=True / --ptx")
     binary = find_nvdisasm()
+    key = _listing_key(binary, cubin)
+    if key in _LISTINGS:
+        return _LISTINGS[key]
+    path = cache_root() / SASS_CACHE_SUBDIR / f"{key}.sass"
+    try:
+        listing = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        listing = _disassemble_uncached(binary, cubin)
+        try:
+            write_atomically(path, listing.encode(), create_parents=True)
+        except OSError:
+            pass  # a read-only cache is a miss next time, never an error
+    if len(_LISTINGS) >= 256:  # a long-lived process reads many kernels: keep the memo bounded
+        _LISTINGS.clear()
+    _LISTINGS[key] = listing
+    return listing
+
+
+def _disassemble_uncached(binary: str, cubin: bytes) -> str:
     with tempfile.TemporaryDirectory(prefix="napkin-sass-") as directory:
         path = Path(directory) / "kernel.cubin"
         path.write_bytes(cubin)
