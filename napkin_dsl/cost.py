@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -166,6 +167,7 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
         plan, tile = tensor.get(launch.index, (None, None))
         slots = selected[launch.index].slots if plan is not None else {}
         accumulators = selected[launch.index].kept
+        tile_of: dict = {}  # a buffer's tile at its level: the same at every step of the launch
         for index, (step, loops) in enumerate(sequence):
             column = _Column(schedule)
             hold = column.hold
@@ -186,7 +188,9 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
                     held = accumulators[name].values
                     hold("registers", buffer, algebra.Integer(held), _bytes(buffer.dtype), f"{name} {held}/thread")
                     continue
-                hold(level, buffer, tile_values(schedule, level, buffer.axes), _bytes(buffer.dtype))
+                if ref not in tile_of:
+                    tile_of[ref] = tile_values(schedule, level, buffer.axes)
+                hold(level, buffer, tile_of[ref], _bytes(buffer.dtype))
             for name, slot in slots.items():
                 array = slot_array(name)  # a K-major copy (isel.kmajor_name) holds its operand's values again
                 buffer = launch.buffers[(compute, array)]
@@ -205,7 +209,7 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
                 "text": step.text,
                 "loops": " ".join(f"{lp.axis}/{lp.tile}" for lp in loops) or "-",
                 "buffers": resident,
-                "resident": {level: " + ".join(texts) for level, texts in shown.items()},
+                "resident": _Shown(schedule, shown),
                 "M": values,
                 "M_bytes": nbytes,
             })
@@ -229,12 +233,33 @@ class _Column:
         self.nbytes[level] = self.nbytes.get(level, 0) + nbytes
 
     def hold(self, level, buffer, count, size, text=None):
-        if text is None:
-            text = f"{buffer.name}[{' '.join(_short(self.schedule.extent(a, level)) for a in buffer.axes)}]"
         self.resident.setdefault(level, []).append(buffer)
-        self.shown.setdefault(level, []).append(text)
+        self.shown.setdefault(level, []).append((buffer, level) if text is None else text)  # _Shown formats it
+        if count.is_Integer:  # bound sizes: sum plain integers (the tuner reads columns thousands of times)
+            count = int(count)
         self.values[level] = self.values.get(level, 0) + count
         self.nbytes[level] = self.nbytes.get(level, 0) + count * size
+
+
+class _Shown(Mapping):
+    """A column's display by level (``"Q[128 64] + K[64 64] x2"``), formatted when it is read: the
+    tuner reads the columns of thousands of configurations for their numbers and shows none."""
+
+    def __init__(self, schedule, shown: dict[str, list]):
+        self._schedule, self._shown, self._text = schedule, shown, {}
+
+    def __getitem__(self, level: str) -> str:
+        if level not in self._text:
+            self._text[level] = " + ".join(
+                item if isinstance(item, str) else f"{item[0].name}[{' '.join(_short(self._schedule.extent(a, item[1])) for a in item[0].axes)}]"
+                for item in self._shown[level])
+        return self._text[level]
+
+    def __iter__(self):
+        return iter(self._shown)
+
+    def __len__(self) -> int:
+        return len(self._shown)
 
 
 def register_transfers(program: Program, step: Step, loops, plan) -> algebra.Expr:
@@ -345,8 +370,6 @@ def _short(value) -> str:
 
 
 def _bytes(dtype: str) -> int:
-    from .diagram import DTYPE_BYTES
-
     return DTYPE_BYTES[dtype]
 
 
