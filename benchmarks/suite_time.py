@@ -201,7 +201,7 @@ def tables(data: dict, top: int = 25) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    pytest_args = argv[argv.index("--") + 1:] if "--" in argv else ["-q", "-n", "auto"]  # the README's command
     argv = argv[:argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", default=None, help="keep the per-test seconds by kind in this file")
@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     path = options.json or str(Path(os.environ.get("TMPDIR", "/tmp")) / f"suite_time_{os.getpid()}.json")
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")])))
+    environment.setdefault("NAPKIN_REQUIRE_OPENCL", "1")  # as the README's command: a missing runtime fails, not skips
     code = subprocess.call([sys.executable, "-m", "pytest", "-p", "suite_time", f"--suite-time-json={path}", *pytest_args],
                            cwd=ROOT, env=environment)
     if Path(path).exists():
