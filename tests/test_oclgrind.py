@@ -116,7 +116,10 @@ _API_NOISE = re.compile(r"Oclgrind - OpenCL runtime error detected\s+Function: c
 
 
 def run_oclgrind(arguments: list[str], flags=FLAGS, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYOPENCL_NO_CACHE="1")
+    # NAPKIN_OPENCL_OPTIMIZE=1: napkin adds no -cl-opt-disable of its own (the suite's default,
+    # tests/conftest.py), so the flags above alone say whether oclgrind's clang optimises; without
+    # it the optimised build of test_the_optimised_build_is_why... would not be one, and it skipped
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYOPENCL_NO_CACHE="1", NAPKIN_OPENCL_OPTIMIZE="1")
     return subprocess.run(["oclgrind", *flags, "python", "-m", "tests.oclgrind_runner", *arguments], check=False, cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
