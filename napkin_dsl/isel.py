@@ -36,16 +36,16 @@ import re
 from dataclasses import dataclass, field, replace
 
 from .diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
-from .layouts import WGMMA_M, WGMMA_MAX_N, CanonicalTile, SwizzledTile, wgmma_k
+from .layouts import MMA_K, MMA_K8, MMA_M, MMA_N, WGMMA_M, WGMMA_MAX_N, CanonicalTile, SwizzledTile, wgmma_k
 from .pseudocode import LaunchProgram, Program, blocks_per_unit, liveness, released_by, split_loop, walk
 from .relabel import bind
 
-MMA_M, MMA_N, MMA_K = 16, 8, 16
+# The mma.sync shapes (MMA_M, MMA_N, MMA_K; MMA_K8 for 8-bit operands) are the layouts' fragments'
+# (layouts.py): one definition, which the plans here are cut to.
 TENSOR_DTYPES = ("bf16", "f16")
 # 8-bit operands run on mma.sync m16n8k32 (sm_89 and later; layouts.MMA_A8, MMA_B8): the same
 # accumulator fragment, 32 values of k an instruction.
 FP8_TENSOR_DTYPES = ("fp8e4m3", "fp8e5m2")
-MMA_K8 = 32
 
 
 def mma_k(dtype: str) -> int:
