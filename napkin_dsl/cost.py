@@ -194,7 +194,7 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
             for name, slot in slots.items():
                 array = slot_array(name)  # a K-major copy (isel.kmajor_name) holds its operand's values again
                 buffer = launch.buffers[(compute, array)]
-                text = f"{name}[{' '.join(_short(schedule.extent(a, compute)) for a in buffer.axes)}]" + (f" x{slot.stages}" if slot.stages > 1 else "")
+                text = _tile_text(schedule, name, buffer.axes, compute) + (f" x{slot.stages}" if slot.stages > 1 else "")
                 hold(compute, buffer, algebra.Integer(slot.bytes // _bytes(buffer.dtype)), _bytes(buffer.dtype), text)
             if plan is not None and plan.tma:  # the arena's mbarriers, after the tiles (isel.smem_layout)
                 tiles = max((slot.offset + slot.bytes for slot in slots.values()), default=0)
@@ -251,7 +251,7 @@ class _Shown(Mapping):
     def __getitem__(self, level: str) -> str:
         if level not in self._text:
             self._text[level] = " + ".join(
-                item if isinstance(item, str) else f"{item[0].name}[{' '.join(_short(self._schedule.extent(a, item[1])) for a in item[0].axes)}]"
+                item if isinstance(item, str) else _tile_text(self._schedule, item[0].name, item[0].axes, item[1])
                 for item in self._shown[level])
         return self._text[level]
 
@@ -363,6 +363,11 @@ def statement_columns(program: Program, rows: list[dict] | None = None, selected
              "M": {level: max_of(memory[target][level]) for level in levels},
              "H": {level: moved[target][level] for level in levels}}
             for target in order]
+
+
+def _tile_text(schedule, name: str, axes, level: str) -> str:
+    """A buffer's tile as a column shows it: ``Q[128 64]``."""
+    return f"{name}[{' '.join(_short(schedule.extent(a, level)) for a in axes)}]"
 
 
 def _short(value) -> str:

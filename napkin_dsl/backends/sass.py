@@ -50,8 +50,8 @@ from ..cache import cache_root, write_atomically
 from ..cost import busy_fraction, flops_by_unit
 from ..errors import NapkinError
 from ..isel import select_program
-from .compiled import SASS_CACHE_SUBDIR
 from ..pseudocode import blocks_per_unit, walk
+from .compiled import SASS_CACHE_SUBDIR
 
 if TYPE_CHECKING:
     from .compiled import CompiledKernel
