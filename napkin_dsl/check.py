@@ -38,34 +38,11 @@ from dataclasses import dataclass
 from . import algebra, elementwise
 from . import syntax as syn
 from .boxes import REDUCTION_OPS, box_kind, statement_flops, work_axes
+from .dtypes import FP8_DTYPES, INTEGER_DTYPES, canonical_dtype
 from .diagram import (
-    COMPARISONS,
-    FP8_DTYPES,
-    OPERATORS,
-    Apply,
-    Array,
-    Axis,
-    BoxSignature,
-    Const,
-    Contract,
-    Diagram,
-    Index,
-    Map,
-    Opaque,
-    Read,
-    Reduce,
-    ScalarParam,
-    INTEGER_DTYPES,
-    ScalarParameter,
-    Softmax,
-    Statement,
-    canonical_dtype,
-    expression_axes,
-    indices,
-    intermediate_dtype,
-    source_dtypes,
-    is_boolean,
-    reads,
+    COMPARISONS, OPERATORS, Apply, Array, Axis, BoxSignature, Const, Contract, Diagram, Index, Map, Opaque, Read,
+    Reduce, ScalarParam, ScalarParameter, Softmax, Statement, expression_axes, indices, intermediate_dtype,
+    source_dtypes, is_boolean, reads,
 )
 from .errors import NapkinError, NapkinTypeError, Span, raise_collected
 from .hardware import all_level_names, hardware_names, load_hardware

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import algebra
-from .diagram import DTYPE_BYTES
+from .dtypes import DTYPE_BYTES
 from .errors import RelabelError
 from .formatting import format_count as _fmt
 from .formatting import json_value
@@ -284,7 +284,7 @@ def register_vector_reads(program: Program, step: Step, loops, plan, loaded: fro
     by ldmatrix, such as the backward's L, D and dL): each fragment element its thread holds reads
     the value it needs, an upper bound on what the compiler's loads move (it may read a pair of
     elements at once, or reuse a row's value)."""
-    from .diagram import DTYPE_BYTES
+    from .dtypes import DTYPE_BYTES
 
     names = vector_reads(program, step, plan, loaded)
     if not names:
@@ -732,7 +732,7 @@ def flops_by_unit(program: Program, selected: ProgramSelection | None = None) ->
                 dtype = step.dtype or "f32"
                 if unit == "tensor" and step.statement is not None:
                     # tensor cores run at the narrowest operand type (P is converted to bf16, as in FA2)
-                    from .diagram import DTYPE_BYTES
+                    from .dtypes import DTYPE_BYTES
 
                     operand_dtypes = [program.diagram.arrays[n].dtype for n in step.statement.inputs]
                     narrow = [d for d in operand_dtypes if DTYPE_BYTES[d] < 4]

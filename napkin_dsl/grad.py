@@ -56,9 +56,10 @@ from fractions import Fraction
 from . import algebra, elementwise
 from . import syntax as syn
 from .check import check_module
+from .dtypes import INTEGER_DTYPES
 from .diagram import (
-    Apply, Const, Contract, Diagram, Expression, Index, INTEGER_DTYPES, Map, Opaque, Read, Reduce, ScalarParam,
-    Softmax, Statement, expression_axes, reads,
+    Apply, Const, Contract, Diagram, Expression, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement,
+    expression_axes, reads,
 )
 from .errors import NapkinError
 from .relabel import make_schedule

@@ -32,6 +32,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from . import algebra
+from .dtypes import FP8_DTYPES
 from .errors import NapkinError
 
 PROFILE_DIR = Path(__file__).parent / "hardware"
@@ -196,7 +197,7 @@ class Hardware:
         if isinstance(rates, dict):
             if dtype in rates:
                 return float(rates[dtype])
-            if dtype.startswith("fp8") and "f16" in rates:
+            if dtype in FP8_DTYPES and "f16" in rates:
                 return float(rates["f16"])  # no fp8 units: fp8 runs at the f16 rate
             return float(rates["f32"]) if "f32" in rates else None
         return float(rates)

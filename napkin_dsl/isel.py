@@ -35,7 +35,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from .diagram import DTYPE_BYTES, Contract, Map, Read, Reduce, Softmax, reads
+from .dtypes import DTYPE_BYTES, FP8_DTYPES
+from .diagram import Contract, Map, Read, Reduce, Softmax, reads
 from .layouts import MMA_K, MMA_K8, MMA_M, MMA_N, WGMMA_M, WGMMA_MAX_N, CanonicalTile, SwizzledTile, wgmma_k
 from .pseudocode import LaunchProgram, Program, blocks_per_unit, liveness, released_by, split_loop, walk
 from .relabel import bind
@@ -45,12 +46,11 @@ from .relabel import bind
 TENSOR_DTYPES = ("bf16", "f16")
 # 8-bit operands run on mma.sync m16n8k32 (sm_89 and later; layouts.MMA_A8, MMA_B8): the same
 # accumulator fragment, 32 values of k an instruction.
-FP8_TENSOR_DTYPES = ("fp8e4m3", "fp8e5m2")
 
 
 def mma_k(dtype: str) -> int:
     """The k of one mma.sync instruction for ``dtype`` operands: 16, or 32 for fp8."""
-    return MMA_K8 if dtype in FP8_TENSOR_DTYPES else MMA_K
+    return MMA_K8 if dtype in FP8_DTYPES else MMA_K
 
 
 def mma_shape(dtype: str) -> str:
@@ -261,7 +261,7 @@ def _target_path(hardware, arch: str, path: str | None, dtype: str | None = None
     Refuses, naming the profile's paths, where the profile gives ``arch`` none."""
     instruction = path if path is not None else BUILT_INSTRUCTION
     shape = None
-    for wanted in ([dtype] if dtype is not None else TENSOR_DTYPES + FP8_TENSOR_DTYPES):
+    for wanted in ([dtype] if dtype is not None else TENSOR_DTYPES + FP8_DTYPES):
         shape = None if path is not None else mma_shape(wanted)
         found = hardware.find_path(instruction, wanted, arch, shape)
         if found is not None:
@@ -284,7 +284,7 @@ def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles
     # where the target builds wgmma (sm_90a), mma.sync's converted fp8 (no 8-bit mma.sync in SASS)
     # is no reason to stay off tensor cores until wgmma has declined the launch as well
     wgmma_here = path is None and any(arch in getattr(hardware.find_path("wgmma", dtype, arch), "archs", ())
-                                      for dtype in TENSOR_DTYPES + FP8_TENSOR_DTYPES)
+                                      for dtype in TENSOR_DTYPES + FP8_DTYPES)
     try:
         plan = _plan(launch, arch, tile, sizes, dict(warp_tiles or {}), path, converted=not wgmma_here)
     except _Refuse as refusal:
@@ -532,12 +532,12 @@ def _operand_refusal(site: _Site, name: str, role: str, loaded: set, row: str | 
     tile, sizes = site.tile, site.sizes
     if name not in loaded:
         return f"{role} operand {name} is not loaded into shared memory"
-    if array.dtype not in TENSOR_DTYPES + FP8_TENSOR_DTYPES:
-        return f"{name} is {array.dtype}; tensor cores here take {', '.join(TENSOR_DTYPES + FP8_TENSOR_DTYPES)}"
+    if array.dtype not in TENSOR_DTYPES + FP8_DTYPES:
+        return f"{name} is {array.dtype}; tensor cores here take {', '.join(TENSOR_DTYPES + FP8_DTYPES)}"
     axes = site.wide(array.axes)
     if len(axes) != 2 or array.axes[-1] != axes[-1]:
         return f"{name} is not a two-dimensional tile whose fastest axis is its last"
-    if role == "A" and array.dtype in FP8_TENSOR_DTYPES and row is not None and axes[1] == row:
+    if role == "A" and array.dtype in FP8_DTYPES and row is not None and axes[1] == row:
         # ldmatrix .trans moves 16-bit values (before sm_100): it cannot transpose bytes, and the
         # m16n8k32 A fragment holds 4 consecutive k of one row in a register.
         return f"A operand {name} is {array.dtype} stored with {row} fastest; an fp8 A is read by ldmatrix, which needs k fastest"
@@ -691,7 +691,7 @@ def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict
     mma.sync's C."""
     statements = launch.launch.statements
     copied: list[str] = []
-    if plan.dtype in FP8_TENSOR_DTYPES:
+    if plan.dtype in FP8_DTYPES:
         # wgmma's 8-bit shape has no transpose immediates: both shared operands K-major. An A from
         # registers (attention's P) is packed to bytes and exchanged within each quad into the
         # ISA's key order (backends/wgmma.py, register_a8), so its B (V) is read as stored; a
@@ -1113,7 +1113,7 @@ CONVERTED_FP8_REGISTERS = 32
 
 
 def _converted_fp8_refusal(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: int, arch: str) -> str | None:
-    if plan.dtype not in FP8_TENSOR_DTYPES:
+    if plan.dtype not in FP8_DTYPES:
         return None
     found = launch.schedule.hardware.find_path("mma.sync", plan.dtype, arch, mma_shape(plan.dtype))
     if found is None or not found.converts:
@@ -1141,7 +1141,7 @@ def gather_registers(plan: TensorPlan, tile: dict) -> int:
     exchanges an fp8 register A within quads (P with V stored k-fastest: the packed words and the
     shuffled halves in flight; measured on examples/fp8_attention_vt.napkin at d = 128, sm_90,
     which spills 436 bytes at 255 registers where the gather's build spills 340), else 0."""
-    gathers = any(m.dtype in FP8_TENSOR_DTYPES and (m.b_trans or m.a_in_registers) for m in plan.mmas.values())
+    gathers = any(m.dtype in FP8_DTYPES and (m.b_trans or m.a_in_registers) for m in plan.mmas.values())
     return GATHER_REGISTERS if gathers else 0
 
 
@@ -1169,7 +1169,7 @@ def describe(selection_: Selection, launch: LaunchProgram) -> list[str]:
             lines.append(f"{s.target}: wgmma (priced, not built) {mma.dtype} -> f32, A = {mma.a} from "
                          f"{'registers' if mma.a_in_registers else 'shared memory'}, B = {mma.b} from shared memory")
             continue
-        if mma.dtype in FP8_TENSOR_DTYPES:  # byte loads for an n-contiguous B (backends/tensorcore.py, mma_fp8)
+        if mma.dtype in FP8_DTYPES:  # byte loads for an n-contiguous B (backends/tensorcore.py, mma_fp8)
             b = f"{mma.b} by {'byte loads, 4 k a register' if mma.b_trans else 'ldmatrix'}"
             lines.append(f"{s.target}: mma.sync.{mma_shape(mma.dtype)} {mma.dtype} -> f32, A = {a}, B = {b}")
             continue

@@ -389,7 +389,8 @@ class Kernel:
         level below (a lower bound: the forward's own schedule may also change) on top of the
         backward's predicted time; a backward the front end cannot fit (a level overflows) is
         priced at infinity."""
-        from .diagram import DTYPE_BYTES, Softmax
+        from .dtypes import DTYPE_BYTES
+        from .diagram import Softmax
         from .hardware import DEFAULT_GPU, load_hardware
 
         if saves is None:

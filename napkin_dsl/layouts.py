@@ -53,6 +53,8 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from itertools import product
 
+from .dtypes import FP8_DTYPES
+
 UNIT = 16  # bytes one lane moves with ldmatrix (a row of an 8x8 b16 matrix) or cp.async
 LINE = 128  # bytes in one shared-memory wavefront: 32 banks x 4 bytes
 
@@ -690,7 +692,7 @@ WGMMA_K8 = 32  # m64nNk32 for .e4m3/.e5m2: 32 bytes of k a row, as the 16-bit sh
 
 def wgmma_k(dtype: str) -> int:
     """The K of one wgmma for operands of ``dtype``: 32 for the 8-bit types, 16 for the 16-bit."""
-    return WGMMA_K8 if dtype in ("fp8e4m3", "fp8e5m2") else WGMMA_K
+    return WGMMA_K8 if dtype in FP8_DTYPES else WGMMA_K
 WGMMA_MAX_N = 256
 WARPGROUP_THREADS = 128
 

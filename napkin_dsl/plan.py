@@ -24,7 +24,8 @@ import dataclasses
 from . import syntax as syn
 from .check import check_size_bounds
 from .cost import as_number, columns, max_of
-from .diagram import DTYPE_BYTES, Diagram, intermediate_dtype, source_dtypes
+from .dtypes import DTYPE_BYTES
+from .diagram import Diagram, intermediate_dtype, source_dtypes
 from .errors import NapkinError
 from .hardware import Hardware, load_hardware
 from .pseudocode import LaunchProgram, Program, co_resident_blocks, elaborate, l2_candidates

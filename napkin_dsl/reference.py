@@ -80,7 +80,8 @@ from . import algebra, elementwise
 
 from .binding import arguments, bind, check_reference_memory, diagram_of
 from .boxes import reduction
-from .diagram import INTEGER_DTYPES, Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from .dtypes import INTEGER_DTYPES
+from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .errors import NapkinCallError
 from .types import convert
 

@@ -43,7 +43,8 @@ from . import syntax as syn
 from .check import check_size_bounds
 from .cost import (CostReport, as_number, busy_fraction, columns, cost_of, flops_by_unit, instruction_path,
                    level_costs, masked_elements, masked_wave_efficiency, step_total, tile_values)
-from .diagram import DTYPE_BYTES, Contract, Diagram
+from .dtypes import DTYPE_BYTES
+from .diagram import Contract, Diagram
 from .errors import NapkinError, RelabelError
 from .formatting import format_count, json_value
 from .hardware import Hardware, load_hardware

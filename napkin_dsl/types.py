@@ -27,7 +27,7 @@ import functools
 
 import numpy as np
 
-from .diagram import DTYPE_BYTES, FP8_MAX, canonical_dtype
+from .dtypes import DTYPE_BYTES, FP8_MAX, canonical_dtype
 
 
 def numpy_dtype(dtype: str) -> np.dtype:
@@ -120,7 +120,7 @@ assert set(DTYPE_BYTES) == {"f64", "f32", "f16", "bf16", "fp8e4m3", "fp8e5m2", "
 def convert(values, dtype: str, order: str = "K") -> np.ndarray:
     """``values`` converted to the napkin dtype ``dtype`` as every napkin backend stores them:
     round to nearest even (ml_dtypes for bf16 and fp8), an integer dtype rounded to the nearest
-    integer first, and an fp8 dtype **saturating** (``diagram.FP8_MAX``): a value whose rounding
+    integer first, and an fp8 dtype **saturating** (``dtypes.FP8_MAX``): a value whose rounding
     would pass the largest finite fp8 value, and an infinity, becomes that value with its sign;
     NaN stays NaN. Always a new array."""
     target = numpy_dtype(dtype)

@@ -66,7 +66,7 @@ def saturating_round(x: float, dtype: str) -> float:
 
 @pytest.mark.parametrize("dtype, largest, least", [("fp8e4m3", 448.0, 2.0**-9), ("fp8e5m2", 57344.0, 2.0**-16)])
 def test_spec_values_are_the_ml_dtypes_bit_patterns(dtype, largest, least):
-    from napkin_dsl.diagram import FP8_MAX
+    from napkin_dsl.dtypes import FP8_MAX
 
     grid = finite_values(dtype)
     assert grid[-1] == largest == FP8_MAX[dtype]

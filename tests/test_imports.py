@@ -128,7 +128,7 @@ def test_importing_napkin_does_not_import_sympy_or_cuda():
 # backends/, its siblings: the acyclicity test orders those). Every module must be placed here,
 # so that a new module is a decision about where it sits.
 STAGES = (
-    ("errors", "algebra"),
+    ("errors", "algebra", "dtypes"),
     ("cache", "formatting", "progress", "layouts", "hardware", "elementwise"),
     ("napkin_dsl",),  # the package: errors and hardware eagerly, the rest on first use
     ("syntax",),

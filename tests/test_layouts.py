@@ -9,8 +9,6 @@ lane = %laneid, g = lane >> 2, t = lane % 4.
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,15 +111,6 @@ def test_the_fragments_cover_the_instruction_shape_isel_plans_for():
     assert sorted(MMA_A.table().values()) == [(r, c) for r in range(m) for c in range(k)]
     assert sorted(MMA_B.table().values()) == [(r, c) for r in range(k) for c in range(n)]
     assert sorted(MMA_C.table().values()) == [(r, c) for r in range(m) for c in range(n)]
-
-
-def test_the_mma_shape_is_defined_once():
-    """layouts.py defines the mma.sync shape; every other module imports it (issue 42)."""
-    package = Path(layouts.__file__).parent
-    defined = [f"{path.relative_to(package)}: {line.strip()}" for path in sorted(package.rglob("*.py"))
-               for line in path.read_text().splitlines() if re.match(r"\s*(MMA_[MNK]\w*(\s*,\s*MMA_[MNK]\w*)*)\s*=", line)]
-    assert defined == ["layouts.py: MMA_M, MMA_N, MMA_K = 16, 8, 16  # the instruction's shape; isel reads the same numbers",
-                       "layouts.py: MMA_K8 = 32  # m16n8k32: k per instruction for 8-bit operands"], defined
 
 
 @pytest.mark.parametrize("trans", [False, True])

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 import napkin_dsl as napkin
 from napkin_dsl.cli import load_file
 from napkin_dsl.cost import columns, level_costs, max_of
-from napkin_dsl.diagram import DTYPE_BYTES
+from napkin_dsl.dtypes import DTYPE_BYTES
 from napkin_dsl.errors import NapkinError
 from napkin_dsl.hardware import load_hardware
 from napkin_dsl.plan import l2_traffic, plan, scoped, shared_cache_level

@@ -514,7 +514,7 @@ def functions_section() -> str:
 
 
 def dtypes_section() -> str:
-    from napkin_dsl.diagram import DTYPE_ALIASES, DTYPE_BYTES
+    from napkin_dsl.dtypes import DTYPE_ALIASES, DTYPE_BYTES
 
     lines = ["| dtype | bytes per value |", "|---|---|"]
     lines += [f"| `{name}` | {size} |" for name, size in DTYPE_BYTES.items()]
@@ -977,7 +977,7 @@ def tc_epilogue_section() -> str:
     """How each tensor-core example's outputs leave the block, read off its printed CUDA."""
     import napkin_dsl as napkin
     from napkin_dsl.backends import cuda
-    from napkin_dsl.diagram import DTYPE_BYTES
+    from napkin_dsl.dtypes import DTYPE_BYTES
     from napkin_dsl.isel import launch_tiles, selection, smem_layout
 
     out = ["| example | output | output tile | shared memory of the launch | epilogue |", "|---|---|---|---|---|"]

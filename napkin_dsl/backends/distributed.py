@@ -30,7 +30,7 @@ import tempfile
 import numpy as np
 
 from ..cost import cost_of, device_block, device_cost, device_parts
-from ..diagram import DTYPE_BYTES
+from ..dtypes import DTYPE_BYTES
 from ..errors import NapkinError
 from ..hardware import load_hardware
 from ..plan import plan

@@ -52,19 +52,8 @@ from .. import algebra
 from ..boxes import REDUCTION_TABLE, accumulated, reduction
 from ..cost import as_number, columns, level_costs
 from .. import elementwise
-from ..diagram import (
-    DTYPE_BYTES,
-    Apply,
-    Const,
-    Contract,
-    Index,
-    Map,
-    Opaque,
-    Read,
-    Reduce,
-    ScalarParam,
-    Softmax,
-)
+from ..dtypes import DTYPE_BYTES
+from ..diagram import Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax
 from ..errors import NapkinError
 from ..isel import FMA_THREADS, REGISTER_TILE, FmaAccumulator, register_tile_axes, select_program
 from ..pseudocode import Loop, Program, Step, liveness, released_by, split_loop, walk
@@ -268,12 +257,6 @@ __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float
         emulation's scratch a warp (OpenCL), unused here."""
         return ["const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);"]
 
-    def wgmma(self, wrapper: str, accumulators: str, da: str, db: str, n: int, trans_a: bool, trans_b: bool,
-              dtype: str, warpgroup_threads: int) -> str:
-        """One wgmma over descriptors ``da``, ``db`` into ``accumulators``: the inline-PTX wrapper
-        (``wgmma.cuda_wrapper``) named ``wrapper``."""
-        return f"{wrapper}({accumulators}, {da}, {db});"
-
     def tensor_map_name(self, entry: str, array: str) -> str:
         return f"nk_tmap_{ident(array)}"  # a kernel parameter: local to its kernel
 
@@ -368,14 +351,6 @@ inline ushort nk_to_bf16(float v) {
         """The emulated primitives exchange lanes' values through a scratch of ``words`` words a
         warp in local memory (``tensorcore.OPENCL_PRELUDE``)."""
         return [f"__local uint nk_scratch[{warps} * {words}];", f"__local uint* nk_ws = nk_scratch + nk_warp * {words};"]
-
-    def wgmma(self, wrapper, accumulators, da, db, n, trans_a, trans_b, dtype, warpgroup_threads):
-        """The emulation (``wgmma.py``'s OpenCL prelude), one work-item's values of the warpgroup's."""
-        if dtype in ("fp8e4m3", "fp8e5m2"):  # the 8-bit shape: K-major operands, no transposes
-            return (f"nk_wgmma8({accumulators}, {da}, {db}, {n}, {int(dtype == 'fp8e5m2')}, "
-                    f"nk_smem, nk_tid % {warpgroup_threads});")
-        return (f"nk_wgmma({accumulators}, {da}, {db}, {n}, {int(trans_a)}, {int(trans_b)}, {int(dtype == 'f16')}, "
-                f"nk_smem, nk_tid % {warpgroup_threads});")
 
     def tensor_map_name(self, entry, array):
         return f"nk_tmap_{entry}_{ident(array)}"  # program scope: one per kernel

@@ -80,23 +80,10 @@ from ..binding import format_gib as _gib
 from ..binding import memory_limit
 from ..cost import contraction_unit, fma_register_launches, plain_tiles, tensor_launches, vector_reads
 from ..boxes import accumulated, opaque_flops, reduction
+from ..dtypes import DTYPE_BYTES, FP8_DTYPES
 from ..diagram import (
-    DTYPE_BYTES,
-    Apply,
-    Const,
-    Contract,
-    Index,
-    Map,
-    Opaque,
-    Read,
-    Reduce,
-    ScalarParam,
-    Softmax,
-    Statement,
-    indices,
-    operation_count,
-    operation_unit,
-    reads,
+    Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement, indices,
+    operation_count, operation_unit, reads,
 )
 from .. import elementwise
 from ..errors import NapkinCallError, NapkinError
@@ -1367,9 +1354,8 @@ def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, se
     }
 
 
-# The 8-bit float types: a kernel with an input of one is quantized, and its run reports its
-# error against the unquantized inputs' reference beside the same kernel's in bf16.
-QUANTIZED_DTYPES = ("fp8e4m3", "fp8e5m2")
+# A kernel with an input of an 8-bit float type (dtypes.FP8_DTYPES) is quantized: its run reports
+# its error against the unquantized inputs' reference beside the same kernel's in bf16.
 
 
 def quantization_accuracy(kernel, hardware, sizes: dict, axis_sizes: dict, seed: int, backend: str,
@@ -1383,7 +1369,7 @@ def quantization_accuracy(kernel, hardware, sizes: dict, axis_sizes: dict, seed:
     from ..reference import evaluate
 
     diagram = kernel.diagram
-    quantized = sorted({a.dtype for a in diagram.input_arrays if a.dtype in QUANTIZED_DTYPES})
+    quantized = sorted({a.dtype for a in diagram.input_arrays if a.dtype in FP8_DTYPES})
     if not quantized:
         return None
     values, scalars = unrounded_arguments(diagram, axis_sizes, seed)
@@ -1392,7 +1378,7 @@ def quantization_accuracy(kernel, hardware, sizes: dict, axis_sizes: dict, seed:
     result = {"inputs": quantized, "outputs": {name: {label: _rmse_max(outputs[name], exact[name])} for name in diagram.outputs},
               "bf16_skipped": None}
     try:
-        retyped = kernel.retyped({dtype: "bf16" for dtype in QUANTIZED_DTYPES})
+        retyped = kernel.retyped({dtype: "bf16" for dtype in FP8_DTYPES})
         program = retyped.program(hardware, **sizes)
         cast = {a.name: values[a.name].astype(numpy_dtype(a.dtype)) for a in retyped.diagram.input_arrays}
         got, _ = run_program(backend, program, cast, scalars, impls, None, arch)

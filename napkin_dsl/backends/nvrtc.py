@@ -47,6 +47,7 @@ from pathlib import Path
 
 from ..cache import cache_root
 from ..errors import NapkinError
+from ..hardware import DEFAULT_ARCH
 
 PIP_NVRTC = "nvidia-cuda-nvrtc>=13.3"
 INSTALL_HINT = f"pip install 'cuda-python' '{PIP_NVRTC}'"
@@ -415,7 +416,7 @@ class NvrtcCompiler:
 
     def __init__(
         self,
-        arch: str = "sm_90",
+        arch: str = DEFAULT_ARCH,
         ptx: bool = False,
         options: Iterable[str] = (),
         *,

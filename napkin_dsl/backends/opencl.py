@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from ..dtypes import FP8_DTYPES
 from ..errors import NapkinError
 from ..isel import STAGES, select_program
 from ..pseudocode import Program
@@ -160,7 +161,7 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
             host = np.ascontiguousarray(inputs[name], dtype=dtype)
             if array_dtype == "bf16":
                 host = host.view(np.uint16)
-            elif array_dtype.startswith("fp8"):  # its bytes, which the kernel decodes
+            elif array_dtype in FP8_DTYPES:  # its bytes, which the kernel decodes
                 host = host.view(np.uint8)
             buffers[name] = cl.Buffer(ctx, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=host)
         else:
@@ -180,7 +181,7 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
     for name in diagram.outputs:
         host = hosts[name]
         dtype = diagram.arrays[name].dtype
-        target = host.view(np.uint16) if dtype == "bf16" else host.view(np.uint8) if dtype.startswith("fp8") else host
+        target = host.view(np.uint16) if dtype == "bf16" else host.view(np.uint8) if dtype in FP8_DTYPES else host
         cl.enqueue_copy(queue, target, buffers[name])
         outputs[name] = host
     queue.finish()

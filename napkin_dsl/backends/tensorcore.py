@@ -43,8 +43,9 @@ from __future__ import annotations
 
 from ..boxes import reduction
 from .. import algebra
-from ..diagram import DTYPE_BYTES, Apply, Const, Contract, Map, Read, Reduce, Softmax, format_expression, reads
-from ..isel import FP8_TENSOR_DTYPES, TensorPlan, smem_layout
+from ..dtypes import DTYPE_BYTES, FP8_DTYPES
+from ..diagram import Apply, Const, Contract, Map, Read, Reduce, Softmax, format_expression, reads
+from ..isel import TensorPlan, smem_layout
 from ..layouts import (
     LDMATRIX_DELIVERS,
     LDMATRIX_DELIVERS_T,
@@ -918,7 +919,7 @@ class TensorPrinter(KernelWriter):
                 self.emit("}")
             self.ring_commit()
         self.ring_started()
-        if node.mask is None and exact and self.sizes[axis] % tile and chunks > 1 and self.plan.dtype in FP8_TENSOR_DTYPES:
+        if node.mask is None and exact and self.sizes[axis] % tile and chunks > 1 and self.plan.dtype in FP8_DTYPES:
             # A ragged stream on 8-bit operands: the chunks before the last are whole, and run the
             # loop with no bounds test (there a test per element, `col < n_x`, on S and on each
             # key's scale, cost fp8 attention's loop 40% more instructions); the short last chunk
@@ -1585,7 +1586,7 @@ class TensorPrinter(KernelWriter):
     def mma(self, target: str, out: str):
         """``out[row, n] += A[row, k] * B[k, n]`` over the block's k tile, on mma.sync."""
         m = self.plan.mmas[target]
-        if m.dtype in FP8_TENSOR_DTYPES:
+        if m.dtype in FP8_DTYPES:
             return self.mma_fp8(target, out)
         # an ldmatrix.x4 of B covers two n-tiles at one k step (layouts.ldmatrix_b_registers)
         b_registers = ldmatrix_b_registers()
@@ -1640,9 +1641,9 @@ class TensorPrinter(KernelWriter):
         """Each ldmatrix site's per-lane row offset and swizzle key, computed once per thread."""
         self.lanes: dict = {}
         for m in self.plan.mmas.values():
-            if m.dtype in FP8_TENSOR_DTYPES and m.b_trans:
+            if m.dtype in FP8_DTYPES and m.b_trans:
                 self.gather_constants(m.b, m.a_in_registers)  # mma_fp8: byte loads, no ldmatrix site
-            sites = ([] if m.dtype in FP8_TENSOR_DTYPES and m.b_trans else [(m.b, "b", m.b_trans)])
+            sites = ([] if m.dtype in FP8_DTYPES and m.b_trans else [(m.b, "b", m.b_trans)])
             sites += [] if m.a_in_registers else [(m.a, "a", m.a_trans)]
             for site in sites:
                 if site in self.lanes:

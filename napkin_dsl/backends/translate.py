@@ -13,6 +13,7 @@ Deliberately not here: printing a launch (the printers), compiling (``nvrtc.py``
 from __future__ import annotations
 
 from ..cost import cost_of
+from ..dtypes import FP8_DTYPES
 from ..isel import FMA_THREADS, ProgramSelection, describe, plan_summary, select_program
 from ..pseudocode import Program
 from .lowering import THREADS, Dialect, LoweredProgram, Printer, bound_sizes, ident
@@ -75,12 +76,12 @@ def lower(program: Program, dialect: Dialect, report=None, threads: int = THREAD
         kernel.path = chosen.path
         kernels.append(kernel)
     double = any(buffer.dtype == "f64" for launch in program.launches for buffer in launch.buffers.values())
-    fp8 = any(array.dtype.startswith("fp8") for array in program.diagram.arrays.values()) or any(
-        buffer.dtype.startswith("fp8") for launch in program.launches for buffer in launch.buffers.values())
+    fp8 = any(array.dtype in FP8_DTYPES for array in program.diagram.arrays.values()) or any(
+        buffer.dtype in FP8_DTYPES for launch in program.launches for buffer in launch.buffers.values())
     parts = [header_comment(program, report, kernels),
              dialect.prelude + (dialect.prelude_f64 if double else "") + (dialect.prelude_fp8 if fp8 else "")
              + (PRELUDES[dialect.name] if tensor else "")
-             + (FP8_PRELUDES[dialect.name] if any(s.plan is not None and s.plan.dtype.startswith("fp8") for s in selected.launches.values()) else "")
+             + (FP8_PRELUDES[dialect.name] if any(s.plan is not None and s.plan.dtype in FP8_DTYPES for s in selected.launches.values()) else "")
              + (wgmma_prelude(dialect.name, kernels) if any(getattr(k, "wgmma", None) for k in kernels) else ""),
              f"#define NK_THREADS {threads}"]
     for k in kernels:

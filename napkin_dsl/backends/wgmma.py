@@ -78,6 +78,7 @@ printer inherits.
 
 from __future__ import annotations
 
+from ..dtypes import FP8_DTYPES
 from ..isel import MBARRIER_BYTES, TensorPlan, TmaLoad, kmajor_name, mbarrier_count
 from ..layouts import MMA_A8, MMA_N, WARPGROUP_THREADS, WGMMA_K, WGMMA_K8, WGMMA_M, descriptor, p_to_a_registers, transpose_split, wgmma_k
 from .driver import TiledTensorMap, tiled_tensor_map
@@ -401,6 +402,25 @@ def wrapper_name(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool 
     return f"nk_wgmma_m64n{n}k{k}_{ptx}_{int(trans_a)}{int(trans_b)}"
 
 
+def wgmma_call(dialect: str, accumulators: str, a: str, db: str, n: int, dtype: str, trans_a: bool, trans_b: bool,
+               a_regs: bool = False) -> str:
+    """One wgmma into ``accumulators`` (the address of the fragment's first register), B by
+    descriptor ``db``, A by descriptor or (``a_regs``) from the four registers ``a``. On CUDA the
+    inline-PTX wrapper :func:`cuda_wrapper` defines; on OpenCL the emulation the prelude above
+    defines, one work-item's values of the warpgroup's: ``nk_wgmma`` (16-bit, descriptors),
+    ``nk_wgmma8`` (8-bit: K-major operands, no transposes) and their ``_rs`` forms with A from
+    registers, which exchange lanes through the warp's scratch ``nk_ws``."""
+    if dialect == "cuda":
+        return f"{wrapper_name(n, dtype, trans_a, trans_b, a_regs)}({accumulators}, {a}, {db});"
+    thread = f"nk_tid % {WARPGROUP_THREADS}"
+    if dtype in FP8_DTYPES:
+        operands = f"{accumulators}, {a}, {db}, {n}, {int(dtype == 'fp8e5m2')}"
+        return f"nk_wgmma_rs8({operands}, nk_smem, nk_ws, {thread});" if a_regs else f"nk_wgmma8({operands}, nk_smem, {thread});"
+    if a_regs:
+        return f"nk_wgmma_rs({accumulators}, {a}, {db}, {n}, {int(trans_b)}, {int(dtype == 'f16')}, nk_smem, nk_ws, {thread});"
+    return f"nk_wgmma({accumulators}, {a}, {db}, {n}, {int(trans_a)}, {int(trans_b)}, {int(dtype == 'f16')}, nk_smem, {thread});"
+
+
 def cuda_wrapper(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool = False) -> str:
     """``wgmma.mma_async.sync.aligned.m64nNk16.f32.<dtype>.<dtype> d, a-desc, b-desc, scale-d,
     imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b`` (PTX ISA 9.7.15.5.2): D is N/2 .f32
@@ -666,19 +686,10 @@ class WgmmaPrinter(TensorPrinter):
         for kk in range(k_steps):
             db = self.descriptor_expr(b_name, not b_trans, "0", kk * k)
             if m.a_in_registers:
-                wrapper = wrapper_name(n, m.dtype, False, b_trans, True)
-                if d.name == "cuda":
-                    self.emit(f"{wrapper}(&{out_var}[0][0][0], nk_a[{kk}], {db});")
-                elif k != WGMMA_K:
-                    self.emit(f"nk_wgmma_rs8(&{out_var}[0][0][0], nk_a[{kk}], {db}, {n}, {int(m.dtype == 'fp8e5m2')}, "
-                              f"nk_smem, nk_ws, nk_tid % {WARPGROUP_THREADS});")
-                else:
-                    self.emit(f"nk_wgmma_rs(&{out_var}[0][0][0], nk_a[{kk}], {db}, {n}, {int(b_trans)}, "
-                              f"{int(m.dtype == 'f16')}, nk_smem, nk_ws, nk_tid % {WARPGROUP_THREADS});")
+                self.emit(wgmma_call(d.name, f"&{out_var}[0][0][0]", f"nk_a[{kk}]", db, n, m.dtype, False, b_trans, True))
                 continue
             da = self.descriptor_expr(m.a, not m.a_trans, a_row, kk * k)
-            self.emit(d.wgmma(wrapper_name(n, m.dtype, m.a_trans, m.b_trans), f"&{out_var}[0][0][0]", da, db,
-                              n, m.a_trans, m.b_trans, m.dtype, WARPGROUP_THREADS))
+            self.emit(wgmma_call(d.name, f"&{out_var}[0][0][0]", da, db, n, m.dtype, m.a_trans, m.b_trans))
         self.emit("NK_WG_COMMIT();")
         self.emit("NK_WG_WAIT(0);  // the product has landed, and this stage is read, before any use or refill")
         if len(self.plan.mmas) > 1:  # a later step reads the accumulator (S) or rescales it (O)
