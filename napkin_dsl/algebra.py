@@ -96,6 +96,14 @@ def as_expr(value) -> "Expr":
     return _from_python(value)
 
 
+def as_number(expr):
+    """The value of a size expression as a Python int (or float), or None when it has symbols."""
+    expr = as_expr(expr)
+    if expr.is_number:
+        return int(expr) if expr.is_integer else float(expr)
+    return None
+
+
 def _is_sympy(value) -> bool:
     return type(value).__module__.startswith("sympy")
 

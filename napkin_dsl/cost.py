@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import algebra
+from .algebra import as_number
 from .dtypes import DTYPE_BYTES
 from .errors import RelabelError
 from .formatting import format_count as _fmt
@@ -48,13 +49,6 @@ def max_of(terms) -> algebra.Expr:
     = qx + xd): ``algebra.Max``."""
     terms = list(terms)
     return algebra.Max.of(*terms) if terms else algebra.Integer(0)
-
-
-def as_number(expr):
-    expr = algebra.as_expr(expr)
-    if expr.is_number:
-        return int(expr) if expr.is_integer else float(expr)
-    return None
 
 
 # ---- totals and columns --------------------------------------------------------------------
@@ -1609,3 +1603,18 @@ def device_lines(report_device: dict | None, ring: dict | None, rows_per_gpu: in
                      f"{r['key_bytes']:g} B x {r['peak'] / 1e12:g} TFLOP/s / ({r['bandwidth'] / 1e9:g} GB/s x {r['pair_flops']:g} FLOP) "
                      f"= {r['rows_needed']:,.0f} per GPU; {held:,} per GPU here: {verdict} under compute")
     return lines
+
+
+def smem_bytes_by_launch(program: Program, arch: str | None = None) -> list[int]:
+    """The report's M in bytes at the compute level, per launch (what the arena must equal), for
+    the paths selection takes on ``arch`` (default: the profile's; an fp8 product is on tensor
+    cores on sm_89 and later only)."""
+    from .isel import select_program
+
+    out = []
+    for launch in program.launches:
+        single = Program(program.schedule, (launch,))
+        selected = select_program(single, arch)  # once, for the columns and the costs alike
+        rows = columns(single, selected)
+        out.append(int(as_number(level_costs(single, rows, selected)[program.schedule.compute_level].M_bytes)))
+    return out

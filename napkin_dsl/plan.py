@@ -23,7 +23,8 @@ import dataclasses
 
 from . import syntax as syn
 from .check import check_size_bounds
-from .cost import as_number, columns, max_of
+from .algebra import as_number
+from .cost import columns, max_of
 from .dtypes import DTYPE_BYTES
 from .diagram import Diagram, intermediate_dtype, source_dtypes
 from .errors import NapkinError

@@ -1543,7 +1543,8 @@ def cost_program(kernel, relabelled: bool, hardware: str | None = None, sizes: d
 
 def cost_table(kernel, relabelled: bool, program: Program) -> CostTable:
     """M and H per column at the compute level, from ``cost.statement_columns`` of the Program."""
-    from .cost import as_number, level_costs, max_of, statement_columns
+    from .algebra import as_number
+    from .cost import level_costs, max_of, statement_columns
     from .cost import columns as program_columns
     from .isel import select_program
 

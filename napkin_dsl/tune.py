@@ -39,9 +39,10 @@ import time as _time
 from dataclasses import dataclass, field
 
 from . import algebra
+from .algebra import as_number
 from . import syntax as syn
 from .check import check_size_bounds
-from .cost import (CostReport, as_number, busy_fraction, columns, cost_of, flops_by_unit, instruction_path,
+from .cost import (CostReport, busy_fraction, columns, cost_of, flops_by_unit, instruction_path,
                    level_costs, masked_elements, masked_wave_efficiency, step_total, tile_values)
 from .dtypes import DTYPE_BYTES
 from .diagram import Contract, Diagram

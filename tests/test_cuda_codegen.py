@@ -9,8 +9,8 @@ import re
 import pytest
 
 import napkin_dsl as napkin
-from napkin_dsl.backends.lowering import LoweringError, smem_bytes_by_launch
-from napkin_dsl.cost import fma_register_launches, tensor_launches
+from napkin_dsl.backends.lowering import LoweringError
+from napkin_dsl.cost import fma_register_launches, smem_bytes_by_launch, tensor_launches
 from napkin_dsl.isel import select_program
 from napkin_dsl.cli import main
 from napkin_dsl.errors import RelabelError

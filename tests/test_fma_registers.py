@@ -16,9 +16,8 @@ import pytest
 import napkin_dsl as napkin
 from napkin_dsl import isel
 from napkin_dsl.backends import opencl
-from napkin_dsl.backends.lowering import smem_bytes_by_launch
 from napkin_dsl.backends.sass import hot_loop, sass_report
-from napkin_dsl.cost import columns, cost_of
+from napkin_dsl.cost import columns, cost_of, smem_bytes_by_launch
 from napkin_dsl.reference import evaluate
 
 from .conftest import EXAMPLES, assert_matches_reference, needs_nvdisasm

@@ -160,6 +160,31 @@ def test_imports_follow_the_pipeline():
     assert not upward, "imports against the pipeline:\n  " + "\n  ".join(upward)
 
 
+def reachable(graph: dict[str, dict[str, set[int]]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen, pending = set(), [start]
+    while pending:
+        for target in graph[pending.pop()]:
+            if target not in seen:
+                seen.add(target)
+                pending.append(target)
+    return seen
+
+
+PRINTERS = ("backends.lowering", "backends.tensorcore", "backends.wgmma", "backends.translate")
+
+
+def test_the_printers_do_not_import_the_cost_model():
+    """Printing a kernel runs no model: its report is handed to the printers, and sizes are
+    evaluated below both (``algebra.as_number``). The launchers, the SASS reader and the NumPy
+    backend may import the model, since they attach or check it."""
+    graph = import_graph()
+    assert "napkin_dsl.cost" in reachable(graph, "napkin_dsl.backends.cuda")  # so that "not in" can fail
+    imports = {m: sorted(reachable(graph, f"napkin_dsl.{m}") & {"napkin_dsl.cost", "napkin_dsl.plan", "napkin_dsl.tune"})
+               for m in PRINTERS}
+    assert imports == {m: [] for m in PRINTERS}
+
+
 def test_napkin_check_loads_no_backend():
     """The CLI imports each command's stages when the command runs: checking a file (which
     plans the relabelled Program for its bookkeeping line) loads neither sympy, NumPy, the code

@@ -25,10 +25,16 @@ import napkin_dsl as napkin
 from napkin_dsl.backends import opencl
 from napkin_dsl.backends.lowering import CudaDialect, OpenCLDialect
 from napkin_dsl.backends.translate import lower
+from napkin_dsl.cost import cost_of
 from napkin_dsl.reference import evaluate
 
 from .conftest import EXAMPLES, assert_matches_reference
 from .test_opencl import random_inputs
+
+
+def printed(program, dialect) -> str:
+    """The translation unit of ``program`` in ``dialect``, its report at its head."""
+    return lower(program, dialect, cost_of(program)).source
 
 
 def kernel_of(signature: str, body: str, relabel: str):
@@ -73,7 +79,7 @@ ARITHMETIC = {
 def test_the_unstreamed_softmax_prints_its_operand_once(case, dialect):
     signature, statement, sizes = ARITHMETIC[case]
     kernel = kernel_of(signature, statement, "smem: group q 16")
-    source = kernels_only(lower(kernel.gpu_program(None, **sizes), dialect).source)
+    source = kernels_only(printed(kernel.gpu_program(None, **sizes), dialect))
     assert "3.25" in statement and len(re.findall(r"3\.25", source)) == 1, source
 
 
@@ -110,7 +116,7 @@ STAGED = {
 @pytest.mark.parametrize("case", sorted(STAGED))
 def test_a_staged_result_prints_one_stage_one_barrier_one_write_out(case, dialect):
     signature, body, relabel, sizes, step = STAGED[case]
-    source = lower(kernel_of(signature, body, relabel).gpu_program(None, **sizes), dialect).source
+    source = printed(kernel_of(signature, body, relabel).gpu_program(None, **sizes), dialect)
     block = steps(kernels_only(source))[step]
     assert len(re.findall(r"\b(?:float|double) stage\[\d+\];", block)) == 1, block
     assert block.count("int k = 0;") == 1 and block.count(dialect.barrier) == 1, block

@@ -158,7 +158,7 @@ def test_a_size_power_out_of_float_range_is_a_clear_error_at_once(tmp_path):
 
 
 def test_a_size_power_out_of_float_range_is_refused_by_every_backend():
-    from napkin_dsl.backends import lowering, translate
+    from napkin_dsl.backends import lowering, opencl
     from napkin_dsl.errors import NapkinCallError
 
     kernel = only(HUGE_POWER)
@@ -171,7 +171,7 @@ def test_a_size_power_out_of_float_range_is_refused_by_every_backend():
         execute(kernel.program(None, i=8), arrays, scalars)
     assert numpy_error.value.message == message and numpy_error.value.span.line == 2
     with pytest.raises(lowering.LoweringError) as lowering_error:
-        translate.lower(kernel.gpu_program(None, i=8), lowering.OpenCLDialect())
+        opencl.generate(kernel.gpu_program(None, i=8))
     assert lowering_error.value.message == message
 
 
@@ -577,7 +577,7 @@ def test_generated_cuda_and_opencl_for_f64_kernels_compute_in_double(name):
 
 def test_the_f64_state_costs_eight_bytes_a_value_in_the_model_and_the_arena():
     from napkin_dsl.backends import cuda
-    from napkin_dsl.backends.lowering import smem_bytes_by_launch
+    from napkin_dsl.cost import smem_bytes_by_launch
 
     text, sizes = F64_KERNELS["attention"]
     wide = only(text).gpu_program(None, **sizes)

@@ -8,9 +8,8 @@ import sympy
 
 import napkin_dsl as napkin
 from napkin_dsl.backends import opencl
-from napkin_dsl.backends.lowering import smem_bytes_by_launch
 from napkin_dsl.backends.numpy import execute
-from napkin_dsl.cost import cost_of
+from napkin_dsl.cost import cost_of, smem_bytes_by_launch
 from napkin_dsl.errors import RelabelError
 from napkin_dsl.reference import evaluate
 

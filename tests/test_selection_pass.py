@@ -15,6 +15,7 @@ import pytest
 
 import napkin_dsl as napkin
 from napkin_dsl import isel
+from napkin_dsl.backends import cuda
 from napkin_dsl.backends.lowering import CudaDialect, OpenCLDialect
 from napkin_dsl.backends.numpy import execute, random_arguments
 from napkin_dsl.backends.translate import lower
@@ -65,7 +66,7 @@ def test_cost_of_selects_each_launch_once(case, select_calls):
 def test_lowering_with_its_report_selects_each_launch_once(case, select_calls):
     program, _ = _program(case)
     select_calls.clear()
-    lower(program, CudaDialect(), arch="sm_90")  # the report (cost_of) and the printers
+    cuda.generate(program, arch="sm_90")  # the report (cost_of) and the printers
     assert select_calls == {(launch.index, "sm_90"): 1 for launch in program.launches}
 
 
@@ -134,7 +135,7 @@ def test_the_paths_the_examples_take_on_the_profiles_sm_90a():
 def test_the_printers_print_the_selected_paths(case, dialect, arch):
     program, _ = _program(case)
     selected = isel.select_program(program, arch)
-    lowered = lower(program, dialect(), arch=arch, selected=selected)
+    lowered = lower(program, dialect(), cost_of(program, arch=arch, selected=selected), arch=arch, selected=selected)
     assert [k.path for k in lowered.kernels] == list(selected.paths)
     for launch, kernel in zip(program.launches, lowered.kernels, strict=True):
         chosen = selected[launch.index]

@@ -43,7 +43,13 @@ def _compiler(arch: str, ptx: bool):
 def generate(program: Program, report: CostReport | None = None, arch: str | None = None,
              selected=None) -> tuple[str, list[KernelSource]]:
     """The CUDA C++ source of a Program (no compile), with the instruction paths ``arch`` selects
-    (``selected``: that selection, ``isel.select_program``, where the caller has it)."""
+    (``selected``: that selection, ``isel.select_program``, where the caller has it) and the
+    model's ``report`` of them at its head (priced here when not given)."""
+    from ..isel import select_program
+
+    bound_sizes(program)  # a size the model cannot evaluate is the printer's error, by name
+    selected = selected if selected is not None else select_program(program, arch)
+    report = report if report is not None else cost_of(program, arch=arch, selected=selected)
     lowered = lower(program, CudaDialect(), report, arch=arch, selected=selected)
     return lowered.source, lowered.kernels
 

@@ -49,13 +49,13 @@ import math
 from dataclasses import dataclass, field
 
 from .. import algebra
+from ..algebra import as_number
 from ..boxes import REDUCTION_TABLE, accumulated, reduction
-from ..cost import as_number, columns, level_costs
 from .. import elementwise
 from ..dtypes import DTYPE_BYTES
 from ..diagram import Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax
 from ..errors import NapkinError
-from ..isel import FMA_THREADS, REGISTER_TILE, FmaAccumulator, register_tile_axes, select_program
+from ..isel import FMA_THREADS, REGISTER_TILE, FmaAccumulator, register_tile_axes
 from ..pseudocode import Loop, Program, Step, liveness, released_by, split_loop, walk
 from ..reference import ReferenceFailure as _Failure
 from ..reference import constant_value
@@ -1852,16 +1852,3 @@ class Printer(KernelWriter):
 
 def _overlaps(a: Slot, b: Slot) -> bool:
     return a.offset < b.offset + b.size and b.offset < a.offset + a.size
-
-
-def smem_bytes_by_launch(program: Program, arch: str | None = None) -> list[int]:
-    """The report's M in bytes at the compute level, per launch (what the arena must equal), for
-    the paths selection takes on ``arch`` (default: the profile's; an fp8 product is on tensor
-    cores on sm_89 and later only)."""
-    out = []
-    for launch in program.launches:
-        single = Program(program.schedule, (launch,))
-        selected = select_program(single, arch)  # once, for the columns and the costs alike
-        rows = columns(single, selected)
-        out.append(int(as_number(level_costs(single, rows, selected)[program.schedule.compute_level].M_bytes)))
-    return out

@@ -17,12 +17,13 @@ import os
 
 import numpy as np
 
+from ..cost import cost_of
 from ..dtypes import FP8_DTYPES
 from ..errors import NapkinError
 from ..isel import STAGES, select_program
 from ..pseudocode import Program
 from ..types import numpy_dtype
-from .lowering import OpenCLDialect, global_arrays, global_sizes, scalar_ctype
+from .lowering import OpenCLDialect, bound_sizes, global_arrays, global_sizes, scalar_ctype
 from .translate import lower
 
 
@@ -69,8 +70,11 @@ def opencl_available() -> bool:
 def generate(program: Program, report=None, arch: str | None = None, stages: int | None = None) -> tuple[str, list]:
     """OpenCL C of ``program`` with the instruction paths isel picks for ``arch`` (default: the
     profile's): ``sm_90a`` prints the wgmma lowering, wgmma emulated (``backends/wgmma.py``).
-    ``stages`` sets the cp.async stages of every streamed mma.sync launch (``isel.stage_count``)."""
-    selected = select_program(program, arch, stages=stages) if stages is not None else None
+    ``stages`` sets the cp.async stages of every streamed mma.sync launch (``isel.stage_count``).
+    The model's ``report`` of those paths heads the source (priced here when not given)."""
+    bound_sizes(program)  # a size the model cannot evaluate is the printer's error, by name
+    selected = select_program(program, arch, stages=stages)
+    report = report if report is not None else cost_of(program, arch=arch, selected=selected)
     lowered = lower(program, OpenCLDialect(), report, arch=arch, selected=selected)
     return lowered.source, lowered.kernels
 

@@ -12,7 +12,6 @@ Deliberately not here: printing a launch (the printers), compiling (``nvrtc.py``
 
 from __future__ import annotations
 
-from ..cost import cost_of
 from ..dtypes import FP8_DTYPES
 from ..isel import FMA_THREADS, ProgramSelection, describe, plan_summary, select_program
 from ..pseudocode import Program
@@ -45,18 +44,18 @@ def header_comment(program: Program, report, kernels=()) -> str:
     return "/*\n" + body.replace("*/", "* /") + "\n */\n"
 
 
-def lower(program: Program, dialect: Dialect, report=None, threads: int = THREADS, arch: str | None = None,
+def lower(program: Program, dialect: Dialect, report, threads: int = THREADS, arch: str | None = None,
           selected: ProgramSelection | None = None) -> LoweredProgram:
     """Print every launch of ``program`` as a kernel in ``dialect``; one translation unit.
 
     Each launch takes the path instruction selection (``isel.py``) chose for ``arch`` (default:
     the hardware profile's): the tensor-core printer (``tensorcore.py``) or the FMA printer (``lowering.py``).
     ``selected``: that selection (``isel.select_program``), where the caller has it; else it runs
-    here once, and the report and every launch read it.
+    here once. ``report``: the model's report of the same selection, whose table heads the
+    source; the caller prices it (``cost.cost_of``), so that printing never runs the model.
     """
-    bound_sizes(program)  # before the model and the arena, which need numbers
+    bound_sizes(program)  # before the arena, which needs numbers
     selected = selected if selected is not None else select_program(program, arch)
-    report = report if report is not None else cost_of(program, arch=arch, selected=selected)
     kernels = []
     tensor = False
     for launch in program.launches:
