@@ -265,11 +265,13 @@ class Kernel:
 
             return compile_program(self.gpu_program(target, **sizes), arch, ptx)
 
-        def planned():  # after a disk-cache hit: the Program and report, when first asked for
+        def planned():  # after a disk-cache hit: the Program, selection and report, when first asked for
             from .backends.cuda import compiled_cost
+            from .isel import select_program
 
             program = self.gpu_program(target, **sizes)
-            return program, compiled_cost(program, arch, compiled.launches, compiled.resources)
+            selected = select_program(program, arch)
+            return program, compiled_cost(program, arch, compiled.launches, compiled.resources, selected=selected), selected
 
         # The disk cache's key is what the source is made from, so that a hit lowers nothing.
         identity = {"kernel": self.name, "signature": self.signature(), "source": self.source,

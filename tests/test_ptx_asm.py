@@ -103,13 +103,7 @@ for _n, _dtype, _ta, _tb, _ in WGMMA_RS_SHAPES:
         ("imm-scale-b", 1, "imm"), ("imm-trans-b", 1, "imm")]
 
 
-class _Shape:
-    def __init__(self, shape):
-        self.wgmma = shape
-        self.tma = True  # the TMA and mbarrier wrappers too
-
-
-WGMMA_PRELUDE = wgmma.prelude("cuda", [_Shape(shape) for shape in WGMMA_SHAPES + WGMMA_RS_SHAPES])
+WGMMA_PRELUDE = wgmma.prelude("cuda", WGMMA_SHAPES + WGMMA_RS_SHAPES, tma=True)  # the TMA and mbarrier wrappers too
 
 
 # ---- parsing the asm statements of the C source ------------------------------------------------

@@ -20,6 +20,7 @@ from napkin_dsl.backends.compiled import CompiledKernel, KernelSource
 from napkin_dsl.backends.numpy import block_loops, default_sizes, random_arguments
 from napkin_dsl.cost import cost_of, launch_blocks
 from napkin_dsl.errors import NapkinError
+from napkin_dsl.isel import select_program
 from napkin_dsl.pseudocode import Loop, walk
 
 from .conftest import EXAMPLES, NAPKIN_EXAMPLES, example_id
@@ -131,7 +132,7 @@ def _compiled(source: str) -> CompiledKernel:
                           ("C", "f32", "out")], [], "mma.sync", ["C: mma.sync"])
     return CompiledKernel("matmul", "sm_90", source, b"\x7fELF" + bytes(4000), [launch],
                           {"napkin_matmul_0": {"registers": 168, "shared_bytes": 0, "spill_bytes": 0}},
-                          lambda: (program, cost_of(program)))
+                          lambda: (program, cost_of(program), select_program(program)))
 
 
 SOURCE = "// <b>not bold</b> & not an entity\n" + "__global__ void napkin_matmul_0() {}\n" * 300

@@ -70,16 +70,43 @@ def test_lowering_with_its_report_selects_each_launch_once(case, select_calls):
     assert select_calls == {(launch.index, "sm_90"): 1 for launch in program.launches}
 
 
-def test_compile_selects_each_launch_once(select_calls):
-    pytest.importorskip("cuda.bindings.nvrtc")
-    from napkin_dsl.backends.cuda import compile_program
+@pytest.fixture
+def launch_selections(monkeypatch):
+    """Counts isel.select's calls per launch object: a Program's launches apart from the
+    candidates planning weighs (the L2 grouping builds and prices Programs of its own)."""
+    calls = collections.Counter()
+    select = isel.select
 
-    program, _ = _program("matmul")
-    select_calls.clear()
-    compiled = compile_program(program, "sm_90")
-    report = compiled.cost  # the compiled report, with ptxas's registers: the same selection
-    assert report.levels["registers"].N == compiled.launches[0].block
-    assert select_calls == {(launch.index, "sm_90"): 1 for launch in program.launches}
+    def counted(launch, arch, *args, **kwargs):
+        calls[id(launch)] += 1
+        return select(launch, arch, *args, **kwargs)
+
+    monkeypatch.setattr(isel, "select", counted)
+    return calls
+
+
+@pytest.mark.parametrize("case", ["attention", "splitk"])
+def test_a_cuda_build_selects_each_launch_once(case, launch_selections, tmp_path, monkeypatch):
+    """What `napkin cuda --resources --sass` and a launch read of a build, from the compile to
+    the TMA operands' tensor maps, is the one selection the source was printed with
+    (``CompiledKernel.selection``): each launch is selected once. After a disk-cache hit, in a
+    kernel loaded afresh, once again (the cubin is read back; the selection is made when asked)."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from napkin_dsl.backends.sass import sass_report
+
+    monkeypatch.setenv("NAPKIN_CACHE_DIR", str(tmp_path))  # a compile, not a hit of another test's
+    name, sizes = CASES[case]
+    for fresh in (True, False):
+        (kernel,) = napkin.load(EXAMPLES / name).values()
+        program = kernel.gpu_program(None, **sizes)  # planning, and the Program compile builds on
+        launch_selections.clear()
+        compiled = kernel.compile("sm_90a", **sizes)
+        assert (compiled.selected is not None) == fresh  # a hit has selected nothing yet
+        assert compiled.program is program and compiled.selection.arch == "sm_90a"
+        compiled.cost, cuda.format_resources(compiled), sass_report(compiled)
+        maps = cuda.tensor_map_arguments(compiled.program, compiled.selection)  # what cuda.run passes
+        assert len(maps) == len(program.launches) and any(maps) == (case == "attention")
+        assert launch_selections == {id(launch): 1 for launch in program.launches}, case
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

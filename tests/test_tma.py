@@ -20,7 +20,7 @@ import pytest
 import napkin_dsl as napkin
 from napkin_dsl import layouts
 from napkin_dsl.backends import driver
-from napkin_dsl.isel import selection
+from napkin_dsl.isel import select_program, selection
 
 from .conftest import EXAMPLES
 from .test_wgmma import _run_opencl, isa_canonical
@@ -130,13 +130,13 @@ def test_matmul_plans_tma_boxes_for_both_operands_and_the_host_encodes_their_map
     assert (loads["A"].box_rows, loads["A"].box_cols, loads["A"].boxes, loads["A"].swizzle) == (128, 32, 1, 64)
     assert (loads["B"].box_rows, loads["B"].box_cols, loads["B"].boxes, loads["B"].swizzle) == (32, 64, 2, 128)
     assert plan.stages >= 2 and not plan.tma_declined
-    (maps,) = cuda.tensor_map_arguments(program, "sm_90a")
+    (maps,) = cuda.tensor_map_arguments(program, select_program(program, "sm_90a"))
     assert [name for name, _ in maps] == [load.array for load in plan.tma]
     by = dict(maps)
     assert by["A"].global_dim == (72, 200) and by["A"].global_strides == (144,) and by["A"].box_dim == (32, 128)
     assert by["B"].global_dim == (136, 72) and by["B"].global_strides == (272,) and by["B"].box_dim == (64, 32)
     assert by["B"].swizzle == driver.TENSOR_MAP_SWIZZLE[128] and by["A"].swizzle == driver.TENSOR_MAP_SWIZZLE[64]
-    assert cuda.tensor_map_arguments(program, "sm_90") == [[]]
+    assert cuda.tensor_map_arguments(program, select_program(program, "sm_90")) == [[]]
 
 
 BMM = """kernel bmm(A: bf16[b m k], B: bf16[b k n]) -> C: f32[b m n]:
@@ -153,7 +153,7 @@ def test_a_batched_operand_goes_by_a_rank_3_map_with_a_box_of_one_batch():
     program = napkin.load(BMM)["bmm"].gpu_program("H100", b=2, m=130, n=136, k=72)
     chosen = selection(program, program.launches[0], "sm_90a")
     assert chosen.path == "wgmma" and not chosen.plan.tma_declined
-    by = dict(cuda.tensor_map_arguments(program, "sm_90a")[0])
+    by = dict(cuda.tensor_map_arguments(program, select_program(program, "sm_90a"))[0])
     assert by["A"].global_dim == (72, 130, 2) and by["A"].global_strides == (144, 144 * 130) and by["A"].box_dim == (32, 128, 1)
     assert by["B"].global_dim == (136, 72, 2) and by["B"].global_strides == (272, 272 * 72) and by["B"].box_dim == (64, 32, 1)
     source, _ = cuda.generate(program, arch="sm_90a")

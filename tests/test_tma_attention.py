@@ -18,7 +18,7 @@ import pytest
 
 import napkin_dsl as napkin
 from napkin_dsl.backends import driver
-from napkin_dsl.isel import selection
+from napkin_dsl.isel import select_program, selection
 
 from .conftest import EXAMPLES, assert_matches_reference
 from .test_tma import tma_write
@@ -64,7 +64,7 @@ def test_attentions_maps_follow_the_driver_apis_rules_with_a_box_of_one_head(nam
 
     program = _program(name, **sizes)
     plan = selection(program, program.launches[0], "sm_90a").plan
-    (maps,) = cuda.tensor_map_arguments(program, "sm_90a")
+    (maps,) = cuda.tensor_map_arguments(program, select_program(program, "sm_90a"))
     assert {array: m.rank for array, m in maps} == ranks
     d = sizes["d"]
     for array, m in maps:

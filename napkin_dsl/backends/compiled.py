@@ -66,9 +66,11 @@ class KernelSource:
 class CompiledKernel:
     """A compiled napkin kernel: source, cubin, resources per launch, and its cost model.
 
-    ``planned`` returns the (Program, CostReport) pair the kernel was compiled from; it runs
-    once, when :attr:`program` or :attr:`cost` is first read (after a disk-cache hit it plans
-    and costs the kernel again; after a compile it hands back what the compile used).
+    ``planned`` returns the (Program, CostReport, ProgramSelection) the kernel was compiled
+    from; it runs once, when :attr:`program`, :attr:`cost` or :attr:`selection` is first read
+    (after a disk-cache hit it plans, selects and costs the kernel again; after a compile it
+    hands back what the compile used). ``selected``: the selection, where the compile has it
+    (so that launching reads it without costing anything).
     """
 
     name: str
@@ -77,12 +79,21 @@ class CompiledKernel:
     image: bytes
     launches: list[KernelSource]
     resources: dict  # entry -> {"registers", "shared_bytes" (static), "spill_bytes"}
-    planned: Callable[[], tuple[Any, Any]] = field(repr=False, compare=False)
+    planned: Callable[[], tuple[Any, Any, Any]] = field(repr=False, compare=False)
     ptx: bool = False
+    selected: Any = field(default=None, repr=False, compare=False)
 
     @functools.cached_property
-    def _plan_and_cost(self) -> tuple[Any, Any]:
+    def _plan_and_cost(self) -> tuple[Any, Any, Any]:
         return self.planned()
+
+    @property
+    def selection(self):
+        """The :class:`~napkin_dsl.isel.ProgramSelection` the source was printed with: what the
+        launcher, the SASS reader and the report read, never selected again."""
+        if self.selected is None:
+            self.selected = self._plan_and_cost[2]
+        return self.selected
 
     @property
     def program(self):
@@ -209,7 +220,7 @@ def _entry_path(key: str) -> Path:
     return cache_dir() / f"{key}.json"
 
 
-def read_compiled(key: str, planned: Callable[[], tuple[Any, Any]]) -> CompiledKernel | None:
+def read_compiled(key: str, planned: Callable[[], tuple[Any, Any, Any]]) -> CompiledKernel | None:
     """The compiled kernel stored under ``key``, or None (no entry, or one that cannot be read)."""
     try:
         data = json.loads(_entry_path(key).read_text(encoding="utf-8"))
@@ -246,7 +257,7 @@ def write_compiled(key: str, compiled: CompiledKernel) -> None:
         warnings.warn(f"napkin: could not write the compiled-kernel cache in {cache_dir()}: {error}", stacklevel=3)
 
 
-def compile_cached(identity: dict, compile: Callable[[], CompiledKernel], planned: Callable[[], tuple[Any, Any]]) -> CompiledKernel:
+def compile_cached(identity: dict, compile: Callable[[], CompiledKernel], planned: Callable[[], tuple[Any, Any, Any]]) -> CompiledKernel:
     """The kernel ``identity`` names: from the disk cache (its Program and cost built by
     ``planned`` when read), else ``compile()``d and stored."""
     key = compile_key(identity)

@@ -72,8 +72,9 @@ def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = Fals
         launches=kernels,
         resources=module.resources,
         # costed with ptxas's counts only when asked: cuda.run never reads it
-        planned=lambda: (program, compiled_cost(program, arch, kernels, module.resources, report, selected)),
+        planned=lambda: (program, compiled_cost(program, arch, kernels, module.resources, report, selected), selected),
         ptx=ptx,
+        selected=selected,
     )
 
 
@@ -169,15 +170,14 @@ def _host_array(name: str, value, dtype: str, shape: tuple) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def tensor_map_arguments(program: Program, arch: str) -> list[list]:
+def tensor_map_arguments(program: Program, selected) -> list[list]:
     """Per launch, the (array, ``driver.TiledTensorMap``) pairs its kernel takes after the scalars,
     as ``const __grid_constant__ CUtensorMap`` parameters: a wgmma plan's TMA operands
-    (``plan.tma``, in order; ``wgmma.tensor_maps``), [] for every other launch."""
-    from ..isel import select_program
+    (``plan.tma``, in order; ``wgmma.tensor_maps``), [] for every other launch. ``selected``: the
+    selection the kernel was printed with (``CompiledKernel.selection``)."""
     from .wgmma import tensor_maps
 
     sizes = {a: int(program.schedule.axis_size(a)) for a in program.diagram.axes}
-    selected = select_program(program, arch)
     out = []
     for launch in program.launches:
         plan = selected[launch.index].plan
@@ -240,7 +240,7 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
         held[name] = buffer
         return buffer
 
-    maps = tensor_map_arguments(program, compiled.arch)
+    maps = tensor_map_arguments(program, compiled.selection)
     if len(maps) != len(compiled.launches):
         raise NotImplementedError("napkin bug: a compiled kernel's launches are not the Program's")
     try:

@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING
 from ..cache import cache_root, write_atomically
 from ..cost import busy_fraction, flops_by_unit
 from ..errors import NapkinError
-from ..isel import select_program
 from ..pseudocode import blocks_per_unit, walk
 from .compiled import SASS_CACHE_SUBDIR
 
@@ -619,7 +618,7 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
     resident = blocks_per_unit(program.schedule, row["shared_bytes"], kernel.block, row["registers"])
     blocks_per_sm = resident[0] if resident else 1
     unit = "fp32" if kernel.path == "fma" else "tensor"
-    selected = select_program(program, compiled.arch)
+    selected = compiled.selection
     _, priced = flops_by_unit(program, selected)
     mine = [(rate, float(amount)) for at, rate, _, amount in priced if at == launch.index]
     total = sum(amount for _, amount in mine)

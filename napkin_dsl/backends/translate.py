@@ -17,7 +17,7 @@ from ..isel import FMA_THREADS, ProgramSelection, describe, plan_summary, select
 from ..pseudocode import Program
 from .lowering import THREADS, Dialect, LoweredProgram, Printer, bound_sizes, ident
 from .tensorcore import FP8_PRELUDES, PRELUDES, TensorPrinter
-from .wgmma import WgmmaPrinter
+from .wgmma import WgmmaPrinter, instruction_shapes
 from .wgmma import prelude as wgmma_prelude
 
 
@@ -74,6 +74,8 @@ def lower(program: Program, dialect: Dialect, report, threads: int = THREADS, ar
             kernel.paths = describe(chosen, launch)
         kernel.path = chosen.path
         kernels.append(kernel)
+    wgmma = [chosen for chosen in selected.launches.values() if chosen.path == "wgmma"]
+    shapes = [shape for chosen in wgmma for shape in instruction_shapes(chosen.plan, chosen.tile).values()]
     double = any(buffer.dtype == "f64" for launch in program.launches for buffer in launch.buffers.values())
     fp8 = any(array.dtype in FP8_DTYPES for array in program.diagram.arrays.values()) or any(
         buffer.dtype in FP8_DTYPES for launch in program.launches for buffer in launch.buffers.values())
@@ -81,7 +83,7 @@ def lower(program: Program, dialect: Dialect, report, threads: int = THREADS, ar
              dialect.prelude + (dialect.prelude_f64 if double else "") + (dialect.prelude_fp8 if fp8 else "")
              + (PRELUDES[dialect.name] if tensor else "")
              + (FP8_PRELUDES[dialect.name] if any(s.plan is not None and s.plan.dtype in FP8_DTYPES for s in selected.launches.values()) else "")
-             + (wgmma_prelude(dialect.name, kernels) if any(getattr(k, "wgmma", None) for k in kernels) else ""),
+             + (wgmma_prelude(dialect.name, shapes, any(c.plan.tma for c in wgmma)) if wgmma else ""),
              f"#define NK_THREADS {threads}"]
     for k in kernels:
         if dialect.name == "opencl":

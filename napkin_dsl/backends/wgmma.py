@@ -455,14 +455,20 @@ def cuda_wrapper(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool 
             f"}}\n")
 
 
-def prelude(dialect: str, kernels) -> str:
-    """The wgmma primitives the wgmma kernels of a translation unit use."""
-    tma = any(getattr(k, "tma", False) for k in kernels)
+def instruction_shapes(plan: TensorPlan, tile: dict) -> dict:
+    """Each product's instruction, by target: (N, dtype, A transposed, B transposed, A from
+    registers). A B copied K-major each chunk (``plan.transposed``) is read untransposed from its copy."""
+    return {target: (tile[m.n], m.dtype, m.a_trans, m.b_trans and m.b not in plan.transposed, m.a_in_registers)
+            for target, m in plan.mmas.items()}
+
+
+def prelude(dialect: str, shapes, tma: bool) -> str:
+    """The wgmma primitives a translation unit's wgmma launches use: on CUDA one inline-PTX
+    wrapper per instruction shape (:func:`instruction_shapes`' tuples), and the TMA and mbarrier
+    primitives where a launch copies by TMA (``tma``)."""
     if dialect != "cuda":
         return _OPENCL_HEAD + (_OPENCL_TMA if tma else "")
-    shapes = sorted({shape for k in kernels if getattr(k, "wgmma", None)
-                     for shape in (getattr(k, "wgmma_shapes", None) or [k.wgmma])})
-    return _CUDA_HEAD + (_CUDA_TMA if tma else "") + "".join(cuda_wrapper(*shape) for shape in shapes)
+    return _CUDA_HEAD + (_CUDA_TMA if tma else "") + "".join(cuda_wrapper(*shape) for shape in sorted(set(shapes)))
 
 
 class WgmmaPrinter(TensorPrinter):
@@ -475,10 +481,7 @@ class WgmmaPrinter(TensorPrinter):
     def __init__(self, program, launch, dialect, plan: TensorPlan):
         assert plan.shape, "napkin bug: the wgmma printer takes the plans isel builds on wgmma"
         super().__init__(program, launch, dialect, plan)
-        # each product's instruction: (N, dtype, A transposed, B transposed, A from registers)
-        # (a B copied K-major each chunk, plan.transposed, is read untransposed from its copy)
-        self.shapes = {target: (self.tile[m.n], m.dtype, m.a_trans, m.b_trans and m.b not in plan.transposed, m.a_in_registers)
-                       for target, m in plan.mmas.items()}
+        self.shapes = instruction_shapes(plan, self.tile)
         self.tma: dict[str, TmaLoad] = {load.array: load for load in plan.tma}
         # the ring's operands (filled a stage at a time, in the stream's load order) and the
         # one-shot copies before the stream (attention's Q), each on its own mbarrier after the ring's
@@ -492,12 +495,7 @@ class WgmmaPrinter(TensorPrinter):
 
     def print(self, entry: str) -> KernelSource:
         self.entry = entry
-        kernel = super().print(entry)
-        shapes = tuple(dict.fromkeys(self.shapes.values()))
-        kernel.wgmma = shapes[0][:4] if len(shapes) == 1 and not shapes[0][4] else shapes[0]
-        kernel.wgmma_shapes = shapes
-        kernel.tma = bool(self.tma)
-        return kernel
+        return super().print(entry)
 
     def extra_parameters(self, entry: str) -> list[str]:
         """The tensor maps, one per TMA operand in ``plan.tma`` order, as the dialect passes
