@@ -262,7 +262,23 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
     intermediates the forward is taken to have saved at the top level (in their dtypes): the
     backward reads them as parameters instead of recomputing them (``P``: save the
     probabilities rather than recompute them from L). ``auxiliary``: outputs the forward returns
-    only for its backward (the lse of :func:`lse_forward`): they carry no cotangent."""
+    only for its backward (the lse of :func:`lse_forward`): they carry no cotangent.
+
+    The steps: refuse what has no backward; sweep the statements in reverse, each box's rule
+    adding terms to its operands' cotangents (:class:`_ReverseSweep`); finish the inputs'
+    gradients; find what the backward reads of the forward (:func:`_recomputation`); write the
+    kernel's text (:func:`_backward_text`)."""
+    _check_differentiable(diagram, save)
+    sweep = _ReverseSweep(diagram, save, auxiliary, rewrite_d)
+    for s in reversed(diagram.statements):
+        sweep.differentiate(s)
+    gradients = sweep.gradients()
+    recompute, recompute_lines, saved = _recomputation(diagram, sweep, save)
+    return _backward_text(diagram, sweep, gradients, recompute, recompute_lines, saved, auxiliary)
+
+
+def _check_differentiable(diagram: Diagram, save: tuple[str, ...]) -> None:
+    """Refuse a ``save`` naming no intermediate, and an opaque box (it declares no backward)."""
     for name in save:
         if name not in diagram.arrays or diagram.arrays[name].role != "intermediate":
             raise NapkinError(f"save={name!r}: {diagram.name} has no intermediate {name!r} to save "
@@ -272,53 +288,65 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
             raise NapkinError(f"opaque box {s.box.box.name} has no declared backward, so {diagram.name} has no derived "
                               f"backward", s.span, "napkin derives the backward of contractions, maps, reductions and "
                               "softmax; write the kernel without the opaque box to differentiate it")
-    fresh = _names(diagram)
-    cotangent = {}  # forward array -> the backward array holding its cotangent
-    contributions: dict[str, list[_Contribution]] = {}
-    lines: list[str] = []  # backward statements, in order
-    cotangent_params = {}
-    for output in diagram.outputs:
-        if output in auxiliary:
-            continue
-        name = fresh(f"d{output}")
-        cotangent_params[output] = name
-        if diagram.arrays[output].dtype not in INTEGER_DTYPES:
-            array = diagram.arrays[output]
-            contributions.setdefault(output, []).append(_Contribution("map", f"{name}[{' '.join(array.axes)}]"))
 
-    def add(array: str, kind: str, text: str) -> None:
-        if diagram.arrays[array].dtype in INTEGER_DTYPES:
+
+class _ReverseSweep:
+    """Reverse mode over a diagram's statements, last first: each array's cotangent is the sum of
+    the terms its readers' rules contribute, written as backward statements (``lines``) once
+    every reader has contributed (:meth:`finish`, when the sweep reaches the array's producer)."""
+
+    def __init__(self, diagram: Diagram, save: tuple[str, ...], auxiliary: tuple[str, ...], rewrite_d: bool):
+        self.diagram, self.save, self.rewrite_d = diagram, save, rewrite_d
+        self.fresh = _names(diagram)
+        self.cotangent: dict[str, str] = {}  # forward array -> the backward array holding its cotangent
+        self.contributions: dict[str, list[_Contribution]] = {}
+        self.lines: list[str] = []  # backward statements, in order
+        self.cotangent_params: dict[str, str] = {}  # forward output -> its cotangent's parameter
+        self.uses_saved_o: set[str] = set()  # outputs FA2's D reads (saved O)
+        for output in diagram.outputs:
+            if output in auxiliary:
+                continue
+            name = self.fresh(f"d{output}")
+            self.cotangent_params[output] = name
+            if diagram.arrays[output].dtype not in INTEGER_DTYPES:
+                array = diagram.arrays[output]
+                self.contributions.setdefault(output, []).append(_Contribution("map", f"{name}[{' '.join(array.axes)}]"))
+
+    def add(self, array: str, kind: str, text: str) -> None:
+        """One more term of ``array``'s cotangent (an integer array has none)."""
+        if self.diagram.arrays[array].dtype in INTEGER_DTYPES:
             return
-        contributions.setdefault(array, []).append(_Contribution(kind, text))
+        self.contributions.setdefault(array, []).append(_Contribution(kind, text))
 
-    def finish(array: str, name: str | None = None) -> str | None:
+    def finish(self, array: str, name: str | None = None) -> str | None:
         """Emit the statements of ``array``'s cotangent; its name, or None when it has none."""
-        terms = contributions.get(array, [])
+        terms = self.contributions.get(array, [])
         if not terms:
             return None
-        if name is None and array in cotangent_params and len(terms) == 1:
-            cotangent[array] = cotangent_params[array]  # an output read by nothing: its cotangent as given
-            return cotangent[array]
-        name = name or fresh(f"d{array}")
-        axes = " ".join(diagram.arrays[array].axes)
+        if name is None and array in self.cotangent_params and len(terms) == 1:
+            self.cotangent[array] = self.cotangent_params[array]  # an output read by nothing: its cotangent as given
+            return self.cotangent[array]
+        name = name or self.fresh(f"d{array}")
+        axes = " ".join(self.diagram.arrays[array].axes)
         if all(t.kind == "map" for t in terms):
-            lines.append(f"{name}[{axes}] = " + " + ".join(t.text for t in terms))
+            self.lines.append(f"{name}[{axes}] = " + " + ".join(t.text for t in terms))
         elif len(terms) == 1:
-            lines.append(f"{name}[{axes}] = {terms[0].text}")
+            self.lines.append(f"{name}[{axes}] = {terms[0].text}")
         else:
             parts = []
             for term in terms:
                 if term.kind == "map":
                     parts.append(term.text)
                 else:
-                    part = fresh(f"{name}_part")
-                    lines.append(f"{part}[{axes}] = {term.text}")
+                    part = self.fresh(f"{name}_part")
+                    self.lines.append(f"{part}[{axes}] = {term.text}")
                     parts.append(f"{part}[{axes}]")
-            lines.append(f"{name}[{axes}] = " + " + ".join(parts))
-        cotangent[array] = name
+            self.lines.append(f"{name}[{axes}] = " + " + ".join(parts))
+        self.cotangent[array] = name
         return name
 
-    def add_leaves(partials: list[tuple[Read, str, tuple[str, ...]]], iteration: tuple[str, ...]) -> None:
+    def add_leaves(self, partials: list[tuple[Read, str, tuple[str, ...]]], iteration: tuple[str, ...]) -> None:
+        """Each read's partial, summed along the iteration axes the read lacks."""
         for read, text, axes in partials:
             missing = [a for a in iteration if a not in read.axes]
             # Along an axis the read lacks, its cotangent sums; where the cotangent does not
@@ -326,113 +354,157 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
             # the cotangent times the axis's size.
             constant = [a for a in missing if a not in axes]
             if constant:
-                text = f"({text} * {size_notation(algebra.Mul(*(diagram.size(a) for a in constant)))})"
+                text = f"({text} * {size_notation(algebra.Mul(*(self.diagram.size(a) for a in constant)))})"
             summed = [a for a in missing if a in axes]
             if not summed:
-                add(read.array, "map", text)  # a map broadcasts it along any axis of the read it lacks
+                self.add(read.array, "map", text)  # a map broadcasts it along any axis of the read it lacks
                 continue
             kept = [a for a in read.axes if a in axes]
             if len(kept) == len(read.axes):
-                add(read.array, "sum", f"sum[{' '.join(summed)}]({text})")
+                self.add(read.array, "sum", f"sum[{' '.join(summed)}]({text})")
             else:  # constant along an axis of the read too: sum first, then broadcast (a sum cannot)
-                reduced = fresh("t")
-                lines.append(f"{reduced}[{' '.join(kept)}] = sum[{' '.join(summed)}]({text})")
-                add(read.array, "map", f"{reduced}[{' '.join(kept)}]")
+                reduced = self.fresh("t")
+                self.lines.append(f"{reduced}[{' '.join(kept)}] = sum[{' '.join(summed)}]({text})")
+                self.add(read.array, "map", f"{reduced}[{' '.join(kept)}]")
 
-    uses_saved_o: set[str] = set()
-    for s in reversed(diagram.statements):
-        if finish(s.target) is None:
-            continue  # nothing downstream depends on this value
-        g = f"{cotangent[s.target]}[{' '.join(s.axes)}]"
-        box = s.box
-        if isinstance(box, Map):
-            add_leaves(_expression_partials(box.expr, g, s.axes), s.axes)
-        elif isinstance(box, Reduce):
-            operand = notation(box.operand)
-            value = f"{s.target}[{' '.join(s.axes)}]"
-            if box.op == "sum":
-                g_operand = g
-            elif box.op == "mean":
-                g_operand = f"({g} / {size_notation(algebra.Mul(*(diagram.size(a) for a in box.axes)))})"
-            elif box.op in ("max", "min"):
-                if s.target in diagram.outputs or s.target in save:
-                    # The arg-max test compares the operand as this kernel computes it with a
-                    # max it computes too: the saved M came from the forward's own rounding
-                    # (another order, another fusion), and E == M could then hold nowhere.
-                    value = f"{fresh(f'{s.target}_b')}[{' '.join(s.axes)}]"
-                    lines.append(f"{value} = {box.op}[{' '.join(box.axes)}]({operand})")
-                g_operand = f"where({operand} == {value}, {g}, 0)"
-            elif box.op == "lse":
-                g_operand = f"({g} * exp({operand} - {value}))"
-            else:
-                raise NotImplementedError(f"the backward has no rule for the reduction {box.op}[...]")
-            # where(operand == value, g, 0) and exp(operand - value) vary along the operand's axes too
-            g_axes = s.axes if box.op in ("sum", "mean") else _union(s.axes, expression_axes(box.operand))
-            add_leaves(_expression_partials(box.operand, g_operand, g_axes), s.iteration_axes)
-        elif isinstance(box, Softmax):
-            kept = [a for a in s.axes if a != box.axis]
-            value = f"{s.target}[{' '.join(s.axes)}]"
-            d_name = fresh("D" if s.target == "P" else f"D{s.target}")
-            fa2 = _fa2_rewrite(diagram, s) if rewrite_d else None
-            if fa2 is not None:
-                out = diagram.arrays[fa2]
-                contracted = [a for a in out.axes if a not in kept]
-                # O's whole cotangent (the given dO plus any reader of O's), finished before P's
-                product = f"{cotangent[fa2]}[{' '.join(out.axes)}] * {fa2}[{' '.join(out.axes)}]"
-                # an output with no axis beyond the softmax's kept ones: D is the product itself
-                lines.append(f"{d_name}[{' '.join(kept)}] = " + (f"sum[{' '.join(contracted)}]({product})" if contracted else product))
-                uses_saved_o.add(fa2)
-            else:
-                lines.append(f"{d_name}[{' '.join(kept)}] = sum[{box.axis}]({g} * {value})")
-            g_operand = f"({value} * ({g} - {d_name}[{' '.join(kept)}]))"
-            add_leaves(_expression_partials(box.operand, g_operand, s.axes), s.axes)
-        elif isinstance(box, Contract):
-            # The product's operands, then its factor's arrays (a scale over the output's axes,
-            # sV[b h] in O = P * V * sV): each one's cotangent is the product of all the others.
-            scale = _product_terms(box.scale) if box.scale is not None else []
-            scale_reads = [f for f in scale if isinstance(f, Read)]
-            numbers = [notation(f) for f in scale if not isinstance(f, Read)]
-            members = list(box.operands) + scale_reads
-            for i, operand in enumerate(members):
-                if diagram.arrays[operand.array].dtype in INTEGER_DTYPES:
-                    continue
-                factors = [(g, s.axes)] + [(notation(o), o.axes) for j, o in enumerate(members) if j != i]
-                # An axis summed away that only one factor carries is summed on that factor first
-                # (a contraction joins two wires: it cannot cap a wire that only one array has).
-                for k, (text, axes) in enumerate(factors):
-                    lonely = [a for a in axes if a not in operand.axes
-                              and sum(a in other for _, other in factors) == 1]
-                    if lonely:
-                        kept_axes = [a for a in axes if a not in lonely]
-                        reduced = fresh("t")
-                        lines.append(f"{reduced}[{' '.join(kept_axes)}] = sum[{' '.join(lonely)}]({text})")
-                        factors[k] = (f"{reduced}[{' '.join(kept_axes)}]", tuple(kept_axes))
-                others = [text for text, _ in factors] + numbers
-                add(operand.array, "contract", " * ".join(others))
-        else:  # pragma: no cover - refused above
-            raise AssertionError(box)
+    def differentiate(self, s: Statement) -> None:
+        """Finish ``s``'s target's cotangent, then apply its box's rule to its operands."""
+        if self.finish(s.target) is None:
+            return  # nothing downstream depends on this value
+        g = f"{self.cotangent[s.target]}[{' '.join(s.axes)}]"
+        if isinstance(s.box, Map):
+            self.add_leaves(_expression_partials(s.box.expr, g, s.axes), s.axes)
+        elif isinstance(s.box, Reduce):
+            self.reduce(s, g)
+        elif isinstance(s.box, Softmax):
+            self.softmax(s, g)
+        elif isinstance(s.box, Contract):
+            self.contract(s, g)
+        else:  # pragma: no cover - refused by _check_differentiable
+            raise AssertionError(s.box)
 
-    gradients = {}
-    for name in diagram.params:
-        if name in diagram.scalars:
-            continue
-        array = diagram.arrays[name]
-        if array.dtype in INTEGER_DTYPES:
-            continue
-        grad_name = fresh(f"d{name}")
-        if finish(name, grad_name) is None:
-            lines.append(f"{grad_name}[{' '.join(array.axes)}] = 0")
-        gradients[name] = grad_name
+    def reduce(self, s: Statement, g: str) -> None:
+        """sum and mean spread g; max and min route it to the arg-max; lse weighs it by exp."""
+        box, diagram = s.box, self.diagram
+        operand = notation(box.operand)
+        value = f"{s.target}[{' '.join(s.axes)}]"
+        if box.op == "sum":
+            g_operand = g
+        elif box.op == "mean":
+            g_operand = f"({g} / {size_notation(algebra.Mul(*(diagram.size(a) for a in box.axes)))})"
+        elif box.op in ("max", "min"):
+            if s.target in diagram.outputs or s.target in self.save:
+                # The arg-max test compares the operand as this kernel computes it with a
+                # max it computes too: the saved M came from the forward's own rounding
+                # (another order, another fusion), and E == M could then hold nowhere.
+                value = f"{self.fresh(f'{s.target}_b')}[{' '.join(s.axes)}]"
+                self.lines.append(f"{value} = {box.op}[{' '.join(box.axes)}]({operand})")
+            g_operand = f"where({operand} == {value}, {g}, 0)"
+        elif box.op == "lse":
+            g_operand = f"({g} * exp({operand} - {value}))"
+        else:
+            raise NotImplementedError(f"the backward has no rule for the reduction {box.op}[...]")
+        # where(operand == value, g, 0) and exp(operand - value) vary along the operand's axes too
+        g_axes = s.axes if box.op in ("sum", "mean") else _union(s.axes, expression_axes(box.operand))
+        self.add_leaves(_expression_partials(box.operand, g_operand, g_axes), s.iteration_axes)
 
-    # What the backward reads of the forward: saved outputs, recomputed intermediates.
-    referenced = set(re.findall(r"[^\W\d]\w*", "\n".join(lines)))
-    recompute: list[Statement] = []
-    saved: list[str] = sorted(uses_saved_o)
+    def softmax(self, s: Statement, g: str) -> None:
+        """P (g - D) with D = rowsum(g P), or FA2's D = rowsum(dO O) where the rewrite applies."""
+        box, diagram = s.box, self.diagram
+        kept = [a for a in s.axes if a != box.axis]
+        value = f"{s.target}[{' '.join(s.axes)}]"
+        d_name = self.fresh("D" if s.target == "P" else f"D{s.target}")
+        fa2 = _fa2_rewrite(diagram, s) if self.rewrite_d else None
+        if fa2 is not None:
+            out = diagram.arrays[fa2]
+            contracted = [a for a in out.axes if a not in kept]
+            # O's whole cotangent (the given dO plus any reader of O's), finished before P's
+            product = f"{self.cotangent[fa2]}[{' '.join(out.axes)}] * {fa2}[{' '.join(out.axes)}]"
+            # an output with no axis beyond the softmax's kept ones: D is the product itself
+            self.lines.append(f"{d_name}[{' '.join(kept)}] = " + (f"sum[{' '.join(contracted)}]({product})" if contracted else product))
+            self.uses_saved_o.add(fa2)
+        else:
+            self.lines.append(f"{d_name}[{' '.join(kept)}] = sum[{box.axis}]({g} * {value})")
+        g_operand = f"({value} * ({g} - {d_name}[{' '.join(kept)}]))"
+        self.add_leaves(_expression_partials(box.operand, g_operand, s.axes), s.axes)
+
+    def contract(self, s: Statement, g: str) -> None:
+        """The product's operands, then its factor's arrays (a scale over the output's axes,
+        sV[b h] in O = P * V * sV): each one's cotangent is the product of all the others."""
+        box, diagram = s.box, self.diagram
+        scale = _product_terms(box.scale) if box.scale is not None else []
+        scale_reads = [f for f in scale if isinstance(f, Read)]
+        numbers = [notation(f) for f in scale if not isinstance(f, Read)]
+        members = list(box.operands) + scale_reads
+        for i, operand in enumerate(members):
+            if diagram.arrays[operand.array].dtype in INTEGER_DTYPES:
+                continue
+            factors = [(g, s.axes)] + [(notation(o), o.axes) for j, o in enumerate(members) if j != i]
+            # An axis summed away that only one factor carries is summed on that factor first
+            # (a contraction joins two wires: it cannot cap a wire that only one array has).
+            for k, (text, axes) in enumerate(factors):
+                lonely = [a for a in axes if a not in operand.axes
+                          and sum(a in other for _, other in factors) == 1]
+                if lonely:
+                    kept_axes = [a for a in axes if a not in lonely]
+                    reduced = self.fresh("t")
+                    self.lines.append(f"{reduced}[{' '.join(kept_axes)}] = sum[{' '.join(lonely)}]({text})")
+                    factors[k] = (f"{reduced}[{' '.join(kept_axes)}]", tuple(kept_axes))
+            others = [text for text, _ in factors] + numbers
+            self.add(operand.array, "contract", " * ".join(others))
+
+    def gradients(self) -> dict[str, str]:
+        """Forward input -> the backward output holding its gradient (0 where nothing reads it)."""
+        gradients = {}
+        for name in self.diagram.params:
+            if name in self.diagram.scalars:
+                continue
+            array = self.diagram.arrays[name]
+            if array.dtype in INTEGER_DTYPES:
+                continue
+            grad_name = self.fresh(f"d{name}")
+            if self.finish(name, grad_name) is None:
+                self.lines.append(f"{grad_name}[{' '.join(array.axes)}] = 0")
+            gradients[name] = grad_name
+        return gradients
+
+
+def _recomputation(diagram: Diagram, sweep: _ReverseSweep, save: tuple[str, ...]) -> tuple[list[Statement], list[str], list[str]]:
+    """What the backward reads of the forward: the intermediates it recomputes (closed under
+    their reads; a softmax with a saved lse from it), their lines, and the saved arrays."""
+    referenced = set(re.findall(r"[^\W\d]\w*", "\n".join(sweep.lines)))
     kept = set(save)
     needed = {n for n in referenced if n in diagram.arrays and diagram.arrays[n].role == "intermediate" and n not in kept}
     needed_outputs = {n for n in referenced if n in diagram.outputs}
+    lse_for = _close_recomputed(diagram, needed, needed_outputs, kept)
+    recompute: list[Statement] = []
+    recompute_lines = []
+    for s in diagram.statements:
+        if s.target not in needed:
+            continue
+        recompute.append(s)
+        array = diagram.arrays[s.target]
+        if s.target in lse_for:
+            lse = lse_for[s.target]
+            saved_lse = f"{lse.target}[{' '.join(lse.axes)}]"
+            body = f"exp({notation(s.box.operand)} - {saved_lse})"
+            if _masked(s.box.operand):
+                # a row masked out entirely has L = -inf, and exp(-inf - -inf) is NaN where the
+                # forward's softmax gives that row 0
+                body = f"where({saved_lse} > -inf, {body}, 0)"
+            recompute_lines.append(statement_text(s, array.dtype, body)
+                                   + f"    # recomputed from the saved {lse.target}: no max or sum over {s.box.axis}")
+        else:
+            recompute_lines.append(statement_text(s, array.dtype) + "    # recomputed")
+    saved = [o for o in diagram.outputs if o in needed_outputs or o in sweep.uses_saved_o]
+    saved += [n for n in save if n in referenced or any(n in s.inputs for s in recompute)]
+    return recompute, recompute_lines, saved
+
+
+def _close_recomputed(diagram: Diagram, needed: set[str], needed_outputs: set[str], kept: set[str]) -> dict:
+    """Close the recomputed set (``needed``, in place) under the forward statements' reads,
+    adding the outputs they read to ``needed_outputs``; softmax target -> its saved lse."""
     lse_for = {}
-    # Close the recomputed set under the forward statements' reads.
     changed = True
     while changed:
         changed = False
@@ -453,27 +525,14 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
                 elif array.role == "output" and r not in needed_outputs:
                     needed_outputs.add(r)
                     changed = True
-    recompute_lines = []
-    for s in diagram.statements:
-        if s.target not in needed:
-            continue
-        recompute.append(s)
-        array = diagram.arrays[s.target]
-        if s.target in lse_for:
-            lse = lse_for[s.target]
-            saved = f"{lse.target}[{' '.join(lse.axes)}]"
-            body = f"exp({notation(s.box.operand)} - {saved})"
-            if _masked(s.box.operand):
-                # a row masked out entirely has L = -inf, and exp(-inf - -inf) is NaN where the
-                # forward's softmax gives that row 0
-                body = f"where({saved} > -inf, {body}, 0)"
-            recompute_lines.append(statement_text(s, array.dtype, body)
-                                   + f"    # recomputed from the saved {lse.target}: no max or sum over {s.box.axis}")
-        else:
-            recompute_lines.append(statement_text(s, array.dtype) + "    # recomputed")
-    saved = [o for o in diagram.outputs if o in needed_outputs or o in uses_saved_o]
-    saved += [n for n in save if n in referenced or any(n in s.inputs for s in recompute)]
+    return lse_for
 
+
+def _backward_text(diagram: Diagram, sweep: _ReverseSweep, gradients: dict, recompute: list[Statement],
+                   recompute_lines: list[str], saved: list[str], auxiliary: tuple[str, ...]) -> Backward:
+    """The backward kernel as napkin text: parameters (the inputs it reads, the saved arrays, the
+    cotangents it reads), the gradients as outputs, a header saying what is saved and recomputed."""
+    referenced = set(re.findall(r"[^\W\d]\w*", "\n".join(sweep.lines)))
     used = referenced | {n for s in recompute for n in s.inputs} | set(saved)
     params = []
     for name in diagram.params:
@@ -487,7 +546,7 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
         array = diagram.arrays[name]
         params.append(f"{name}: {array.dtype}[{' '.join(array.axes)}]")
     cotangents = {}
-    for output, name in cotangent_params.items():
+    for output, name in sweep.cotangent_params.items():
         if name in referenced:
             array = diagram.arrays[output]
             params.append(f"{name}: {array.dtype}[{' '.join(array.axes)}]")
@@ -495,7 +554,7 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
     outputs = [f"{g}: {diagram.arrays[x].dtype}[{' '.join(diagram.arrays[x].axes)}]" for x, g in gradients.items()]
     if not outputs:
         raise NapkinError(f"{diagram.name} has no float array input to differentiate")
-    kernel_name = fresh(f"{diagram.name}_grad")
+    kernel_name = sweep.fresh(f"{diagram.name}_grad")
     header = [
         f"# The backward of {diagram.name}, derived by `napkin grad` (reverse mode on the diagram).",
         "# saved by the forward (read here): " + (", ".join(f"{n} (an lse output the forward adds for this backward)"
@@ -504,7 +563,7 @@ def backward(diagram: Diagram, rewrite_d: bool = False, save: tuple[str, ...] = 
         "# recomputed here: " + (", ".join(s.target for s in recompute) if recompute else "nothing"),
         f"kernel {kernel_name}({', '.join(params)}) -> ({', '.join(outputs)}):",
     ]
-    body = ["    " + line for line in recompute_lines + lines]
+    body = ["    " + line for line in recompute_lines + sweep.lines]
     return Backward("\n".join(header + body) + "\n", kernel_name, tuple(saved), tuple(s.target for s in recompute),
                     cotangents, gradients)
 
