@@ -23,6 +23,7 @@ a printed launch, one block per part, cannot be restricted to yet); a group runs
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -164,6 +165,23 @@ class _PartsInterpreter(Interpreter):
         return self.counts
 
 
+@dataclasses.dataclass
+class _Share:
+    """One rank's share of a device partition: diagram, sizes, cut axis, every part's (unit, start, stop), rank, link."""
+
+    diagram: object
+    sizes: dict
+    axis: str
+    parts: list
+    rank: int
+    link: _Link
+
+    @property
+    def mine(self) -> list:
+        """The parts this rank runs, (part, start, stop) each."""
+        return _parts_on(self.parts, self.rank)
+
+
 def run_rank(kernel, hardware: str | None = None, sizes: dict | None = None, seed: int = 0, backend: str = "numpy",
              group=None, impls: dict | None = None) -> dict | None:
     """This process's share of ``kernel`` across the GPUs of a node, inside an initialised
@@ -176,143 +194,29 @@ def run_rank(kernel, hardware: str | None = None, sizes: dict | None = None, see
     from ..reference import evaluate
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    profile = load_hardware(kernel._target(hardware))
-    if profile.device is None:
-        raise NapkinError(f"{profile.name} has no device level: it is one GPU",
-                          hint="name a node of GPUs, e.g. --hardware H100x8")
-    if world > profile.device.units:
-        raise NapkinError(f"{world} processes, but {profile.name} has {profile.device.units} GPUs")
+    profile = _node_profile(kernel, hardware, world)
     diagram = kernel.diagram
     sizes = {a: int(v) for a, v in (sizes or {}).items()}
-    block, chosen = kernel.relabel, None
-    if block is not None and block.hardware != profile.name:
-        import dataclasses
-
-        block = dataclasses.replace(block, hardware=profile.name)
-    schedule = make_schedule(diagram, profile, block, sizes)
-    if not schedule.device:
-        block, chosen = best_partition(kernel, profile, sizes, world)
-        schedule = make_schedule(diagram, profile, block, sizes)
+    block, chosen, schedule = _device_schedule(kernel, profile, sizes, world)
     partition = schedule.device[0]
     axis, kind = partition.axis, partition.kind
     parts = device_parts(partition, sizes[axis], world)
-    mine = [(p, start, stop) for p, (unit, start, stop) in enumerate(parts) if unit == rank]
-    link = _Link(group)
+    share = _Share(diagram, sizes, axis, parts, rank, _Link(group))
     arrays = scalars = None
     if rank == 0:
         arrays, scalars = random_arguments(diagram, sizes, seed)
     scalars = _broadcast(scalars, group)
-
-    # The inputs of each part: rank 0 sends them; the others receive (an input without the axis once).
-    local: dict[int, dict] = {}  # part -> input name -> the part's slice of an input with the axis
-    whole: dict[str, np.ndarray] = {}  # the inputs without the axis, whole (sent once per rank)
-    for unit in range(world):
-        if rank not in (0, unit) or not any(u == unit for u, _, _ in parts):
-            continue
-        for array in diagram.input_arrays:
-            pieces = ([(p, start, stop) for p, (u, start, stop) in enumerate(parts) if u == unit]
-                      if axis in array.axes else [(None, 0, 0)])
-            for p, start, stop in pieces:
-                cut = tuple(slice(start, stop) if a == axis else slice(None) for a in array.axes)
-                if rank == 0:
-                    value = arrays[array.name][cut] if p is not None else arrays[array.name]
-                    if unit != 0:
-                        link.send(value, array.dtype, unit)
-                else:
-                    shape = tuple(stop - start if a == axis else sizes[a] for a in array.axes) if p is not None else \
-                        tuple(sizes[a] for a in array.axes)
-                    value = link.recv(shape, array.dtype, 0)
-                if unit == rank:
-                    if p is None:
-                        whole[array.name] = value
-                    else:
-                        local.setdefault(p, {})[array.name] = value
-
-    counted: dict[str, int] = {}
-    outputs: dict[str, np.ndarray] = {}
-    predicted_counts: dict[str, int] = {}
+    local, whole = _distribute_inputs(share, arrays, world)
     if kind == "group":
-        one_gpu = device_block(block, profile, None)
-        results = {}
-        for p, start, stop in mine:
-            program = plan(diagram, profile, one_gpu, sizes | {axis: stop - start})
-            inputs = {a.name: (local[p][a.name] if axis in a.axes else whole[a.name]) for a in diagram.input_arrays}
-            out, counts = run_program(backend, program, inputs, scalars, impls)
-            results[p] = out
-            _add(counted, counts)
-        if rank == 0:
-            for name in diagram.outputs:
-                array = diagram.arrays[name]
-                outputs[name] = np.zeros([sizes[a] for a in array.axes], dtype=numpy_dtype(array.dtype))
-            for p, (unit, start, stop) in enumerate(parts):
-                for name in diagram.outputs:
-                    array = diagram.arrays[name]
-                    cut = tuple(slice(start, stop) if a == axis else slice(None) for a in array.axes)
-                    shape = tuple(stop - start if a == axis else sizes[a] for a in array.axes)
-                    outputs[name][cut] = results[p][name] if unit == 0 else link.recv(shape, array.dtype, unit)
-        else:
-            for p, _, _ in mine:
-                for name in diagram.outputs:
-                    link.send(results[p][name], diagram.arrays[name].dtype, 0)
-        if rank == 0:
-            for _, start, stop in parts:
-                _add(predicted_counts, cost_of(plan(diagram, profile, one_gpu, sizes | {axis: stop - start}), check=False))
+        outputs, counted, predicted_counts = _run_group(share, profile, block, backend, local, whole, scalars, impls)
     else:
-        if backend != "numpy":
-            raise NotImplementedError(f"a split across GPUs on the {backend} backend: each GPU runs its own parts of the "
-                                      "parts launch, which the NumPy interpreter restricts itself to and a printed launch "
-                                      "(one block per part) does not yet; run it with --backend numpy")
-        program = plan(diagram, profile, device_block(block, profile, partition), sizes)
-        top = profile.top.name
-        combine = [launch for launch in program.launches if launch.combine == axis]
-        parts_launches = [launch for launch in program.launches if launch.combine is None]
-        if len(parts_launches) != 1 or len(combine) != 1 or program.launches[-1] is not combine[0]:
-            raise NotImplementedError(f"a split across GPUs of a kernel of {len(program.launches)} launches: napkin runs "
-                                      "one parts launch and its combine launch across processes")
-        inputs = {}
-        for array in diagram.input_arrays:
-            if axis not in array.axes:
-                inputs[array.name] = whole[array.name]
-                continue
-            full = np.zeros([sizes[a] for a in array.axes], dtype=numpy_dtype(array.dtype))
-            for p, start, stop in mine:
-                full[tuple(slice(start, stop) if a == axis else slice(None) for a in array.axes)] = local[p][array.name]
-            inputs[array.name] = full
-        interpreter = _PartsInterpreter(program, inputs, scalars, impls, [p for p, _, _ in mine])
-        interpreter.run_launches(parts_launches)
-        states = sorted({step.array: (step.axes, step.dtype) for step, _ in _walk(parts_launches[0].body)
-                         if step.op == "save" and step.dest == top and part_axis(axis) in step.axes}.items())
-        values = interpreter.values[top]
-        if rank == 0:
-            for p, (unit, _, _) in enumerate(parts):
-                if unit == 0:
-                    continue
-                for name, (axes, dtype) in states:
-                    at = axes.index(part_axis(axis))
-                    shape = [sizes[a] for a in axes if a != part_axis(axis)]
-                    index = (slice(None),) * at + (p,)
-                    values[name][index] = link.recv(shape, dtype, unit)
-            interpreter.run_launches(combine)
-            outputs = {name: values[name] for name in diagram.outputs}
-            _add(predicted_counts, cost_of(program, check=False))
-        else:
-            for p, _, _ in mine:
-                for name, (axes, dtype) in states:
-                    at = axes.index(part_axis(axis))
-                    link.send(values[name][(slice(None),) * at + (p,)], dtype, 0)
-        _add(counted, interpreter.counts)
-    everyone = _gather((counted, link.sent, link.received), group)
+        outputs, counted, predicted_counts = _run_split(share, profile, block, partition, backend, local, whole, scalars, impls)
+    everyone = _gather((counted, share.link.sent, share.link.received), group)
     if rank != 0:
         return None
     expected = evaluate(diagram, arrays, scalars, sizes, impls, keep_float64=True)
-    max_abs = scale = 0.0
-    for name in diagram.outputs:
-        error, magnitude = reference_error(outputs[name], expected[name])
-        max_abs, scale = max(max_abs, error), max(scale, magnitude)
-    total: dict[str, int] = {}
-    for counts, _, _ in everyone:
-        for level, h in counts.items():
-            total[level] = total.get(level, 0) + h
+    max_abs, scale = _reference_errors(diagram, outputs, expected)
+    total = _summed_counts(counts for counts, _, _ in everyone)
     model = device_cost(schedule, world)
     limit = tolerance(plan(diagram, profile, device_block(block, profile, partition if kind == "split" else None), sizes))
     max_rel = max_abs / scale if scale > 0 else max_abs
@@ -324,6 +228,241 @@ def run_rank(kernel, hardware: str | None = None, sizes: dict | None = None, see
         "predicted_transfers": model["H"], "counted": total if backend == "numpy" else None,
         "predicted": predicted_counts,
     }
+
+
+def _node_profile(kernel, hardware, world: int):
+    """The hardware profile of the node that ``world`` processes run ``kernel`` on."""
+    profile = load_hardware(kernel._target(hardware))
+    if profile.device is None:
+        raise NapkinError(f"{profile.name} has no device level: it is one GPU",
+                          hint="name a node of GPUs, e.g. --hardware H100x8")
+    if world > profile.device.units:
+        raise NapkinError(f"{world} processes, but {profile.name} has {profile.device.units} GPUs")
+    return profile
+
+
+def _device_schedule(kernel, profile, sizes: dict, world: int):
+    """The relabel block with a device partition, the line naming napkin's choice (None where the block has one), its schedule."""
+    block, chosen = kernel.relabel, None
+    if block is not None and block.hardware != profile.name:
+        block = dataclasses.replace(block, hardware=profile.name)
+    schedule = make_schedule(kernel.diagram, profile, block, sizes)
+    if not schedule.device:
+        block, chosen = best_partition(kernel, profile, sizes, world)
+        schedule = make_schedule(kernel.diagram, profile, block, sizes)
+    return block, chosen, schedule
+
+
+def _parts_on(parts, unit: int) -> list:
+    """The parts on ``unit``, (part, start, stop) each."""
+    return [(p, start, stop) for p, (u, start, stop) in enumerate(parts) if u == unit]
+
+
+def _part_cut(array, axis: str, start: int, stop: int) -> tuple:
+    """The index of a part's slice of ``array``: start:stop along ``axis``, all of every other axis."""
+    return tuple(slice(start, stop) if a == axis else slice(None) for a in array.axes)
+
+
+def _part_shape(array, axis: str, start: int, stop: int, sizes: dict) -> tuple:
+    """The shape of a part's slice of ``array``."""
+    return tuple(stop - start if a == axis else sizes[a] for a in array.axes)
+
+
+def _distribute_inputs(share: _Share, arrays, world: int):
+    """This rank's inputs: (part -> name -> its slice of an input with the axis, name -> an input without it)."""
+    local: dict[int, dict] = {}
+    whole: dict[str, np.ndarray] = {}
+    for unit in range(world):
+        on_unit = _parts_on(share.parts, unit)
+        # Rank 0 sends every rank its pieces; a rank receives only its own.
+        if share.rank not in (0, unit) or not on_unit:
+            continue
+        for array in share.diagram.input_arrays:
+            # An input without the axis moves once per rank, whole.
+            for p, start, stop in (on_unit if share.axis in array.axes else [(None, 0, 0)]):
+                value = _move_input(share, arrays, array, unit, p, start, stop)
+                if unit == share.rank:
+                    if p is None:
+                        whole[array.name] = value
+                    else:
+                        local.setdefault(p, {})[array.name] = value
+    return local, whole
+
+
+def _move_input(share: _Share, arrays, array, unit: int, p, start: int, stop: int) -> np.ndarray:
+    """One piece of an input for ``unit`` (part ``p``, or the whole input where ``p`` is None), sent by rank 0, received by ``unit``."""
+    if share.rank == 0:
+        value = arrays[array.name][_part_cut(array, share.axis, start, stop)] if p is not None else arrays[array.name]
+        if unit != 0:
+            share.link.send(value, array.dtype, unit)
+        return value
+    # An input without the axis has every axis whole: its part's shape is the whole shape.
+    return share.link.recv(_part_shape(array, share.axis, start, stop, share.sizes), array.dtype, 0)
+
+
+def _run_group(share: _Share, profile, block, backend: str, local: dict, whole: dict, scalars, impls):
+    """A group on this rank: (the outputs, the counts, the model's counts), the first and last on rank 0 only."""
+    one_gpu = device_block(block, profile, None)
+    outputs: dict[str, np.ndarray] = {}
+    predicted: dict[str, int] = {}
+    results, counted = _run_group_parts(share, profile, one_gpu, backend, local, whole, scalars, impls)
+    if share.rank == 0:
+        outputs = _collect_group_outputs(share, results)
+        predicted = _group_predicted_counts(share, profile, one_gpu)
+    else:
+        _send_group_outputs(share, results)
+    return outputs, counted, predicted
+
+
+def _part_program(share: _Share, profile, one_gpu, start: int, stop: int):
+    """The one-GPU Program of a group's part start:stop."""
+    return plan(share.diagram, profile, one_gpu, share.sizes | {share.axis: stop - start})
+
+
+def _run_group_parts(share: _Share, profile, one_gpu, backend: str, local: dict, whole: dict, scalars, impls):
+    """The outputs of this rank's parts of a group (part -> name -> array), and their summed counts."""
+    results: dict[int, dict] = {}
+    counted: dict[str, int] = {}
+    for p, start, stop in share.mine:
+        program = _part_program(share, profile, one_gpu, start, stop)
+        inputs = {a.name: (local[p][a.name] if share.axis in a.axes else whole[a.name]) for a in share.diagram.input_arrays}
+        out, counts = run_program(backend, program, inputs, scalars, impls)
+        results[p] = out
+        _add(counted, counts)
+    return results, counted
+
+
+def _collect_group_outputs(share: _Share, results: dict) -> dict:
+    """The whole outputs of a group on rank 0, its own parts' from ``results``, the others' received."""
+    diagram, sizes, axis = share.diagram, share.sizes, share.axis
+    outputs: dict[str, np.ndarray] = {}
+    for name in diagram.outputs:
+        array = diagram.arrays[name]
+        outputs[name] = np.zeros([sizes[a] for a in array.axes], dtype=numpy_dtype(array.dtype))
+    for p, (unit, start, stop) in enumerate(share.parts):
+        for name in diagram.outputs:
+            array = diagram.arrays[name]
+            cut, shape = _part_cut(array, axis, start, stop), _part_shape(array, axis, start, stop, sizes)
+            outputs[name][cut] = results[p][name] if unit == 0 else share.link.recv(shape, array.dtype, unit)
+    return outputs
+
+
+def _send_group_outputs(share: _Share, results: dict) -> None:
+    """Send rank 0 the outputs of this rank's parts of a group."""
+    for p, _, _ in share.mine:
+        for name in share.diagram.outputs:
+            share.link.send(results[p][name], share.diagram.arrays[name].dtype, 0)
+
+
+def _group_predicted_counts(share: _Share, profile, one_gpu) -> dict:
+    """The model's counts per level of a group, summed over its parts."""
+    predicted: dict[str, int] = {}
+    for _, start, stop in share.parts:
+        _add(predicted, cost_of(_part_program(share, profile, one_gpu, start, stop), check=False))
+    return predicted
+
+
+def _run_split(share: _Share, profile, block, partition, backend: str, local: dict, whole: dict, scalars, impls):
+    """A split on this rank: (the outputs, the counts, the model's counts), the first and last on rank 0 only."""
+    _check_split_backend(backend)
+    program = plan(share.diagram, profile, device_block(block, profile, partition), share.sizes)
+    top = profile.top.name
+    parts_launches, combine = _split_launches(program, share.axis)
+    inputs = _split_inputs(share, local, whole)
+    interpreter = _PartsInterpreter(program, inputs, scalars, impls, [p for p, _, _ in share.mine])
+    interpreter.run_launches(parts_launches)
+    states = _split_states(parts_launches[0], top, share.axis)
+    values = interpreter.values[top]
+    outputs: dict[str, np.ndarray] = {}
+    predicted: dict[str, int] = {}
+    if share.rank == 0:
+        _receive_states(share, values, states)
+        interpreter.run_launches(combine)
+        outputs = {name: values[name] for name in share.diagram.outputs}
+        _add(predicted, cost_of(program, check=False))
+    else:
+        _send_states(share, values, states)
+    counted: dict[str, int] = {}
+    _add(counted, interpreter.counts)
+    return outputs, counted, predicted
+
+
+def _check_split_backend(backend: str) -> None:
+    """Refuse a split across GPUs on any backend but NumPy."""
+    if backend != "numpy":
+        raise NotImplementedError(f"a split across GPUs on the {backend} backend: each GPU runs its own parts of the "
+                                  "parts launch, which the NumPy interpreter restricts itself to and a printed launch "
+                                  "(one block per part) does not yet; run it with --backend numpy")
+
+
+def _split_launches(program, axis: str):
+    """A split Program's parts launch and its combine launch over ``axis`` (a list of one each)."""
+    combine = [launch for launch in program.launches if launch.combine == axis]
+    parts_launches = [launch for launch in program.launches if launch.combine is None]
+    if len(parts_launches) != 1 or len(combine) != 1 or program.launches[-1] is not combine[0]:
+        raise NotImplementedError(f"a split across GPUs of a kernel of {len(program.launches)} launches: napkin runs "
+                                  "one parts launch and its combine launch across processes")
+    return parts_launches, combine
+
+
+def _split_inputs(share: _Share, local: dict, whole: dict) -> dict:
+    """The inputs of a split Program on this rank: whole-sized, filled only in this rank's parts along the axis."""
+    inputs = {}
+    for array in share.diagram.input_arrays:
+        if share.axis not in array.axes:
+            inputs[array.name] = whole[array.name]
+            continue
+        full = np.zeros([share.sizes[a] for a in array.axes], dtype=numpy_dtype(array.dtype))
+        for p, start, stop in share.mine:
+            full[_part_cut(array, share.axis, start, stop)] = local[p][array.name]
+        inputs[array.name] = full
+    return inputs
+
+
+def _split_states(parts_launch, top: str, axis: str) -> list:
+    """The states a split's parts launch saves per part at the top level: sorted (name, (axes, dtype)) pairs."""
+    return sorted({step.array: (step.axes, step.dtype) for step, _ in _walk(parts_launch.body)
+                   if step.op == "save" and step.dest == top and part_axis(axis) in step.axes}.items())
+
+
+def _state_index(axes, axis: str, p: int) -> tuple:
+    """The index of part ``p`` in a state of ``axes``."""
+    return (slice(None),) * axes.index(part_axis(axis)) + (p,)
+
+
+def _receive_states(share: _Share, values: dict, states: list) -> None:
+    """Receive into rank 0's ``values`` the states of the other ranks' parts."""
+    for p, (unit, _, _) in enumerate(share.parts):
+        if unit == 0:
+            continue
+        for name, (axes, dtype) in states:
+            shape = [share.sizes[a] for a in axes if a != part_axis(share.axis)]
+            values[name][_state_index(axes, share.axis, p)] = share.link.recv(shape, dtype, unit)
+
+
+def _send_states(share: _Share, values: dict, states: list) -> None:
+    """Send rank 0 the states of this rank's parts."""
+    for p, _, _ in share.mine:
+        for name, (axes, dtype) in states:
+            share.link.send(values[name][_state_index(axes, share.axis, p)], dtype, 0)
+
+
+def _reference_errors(diagram, outputs: dict, expected: dict):
+    """The largest absolute error of the outputs against the reference, and the largest magnitude of the reference."""
+    max_abs = scale = 0.0
+    for name in diagram.outputs:
+        error, magnitude = reference_error(outputs[name], expected[name])
+        max_abs, scale = max(max_abs, error), max(scale, magnitude)
+    return max_abs, scale
+
+
+def _summed_counts(per_rank) -> dict:
+    """The counts per level (level -> H) summed over the ranks'."""
+    total: dict[str, int] = {}
+    for counts in per_rank:
+        for level, h in counts.items():
+            total[level] = total.get(level, 0) + h
+    return total
 
 
 def _walk(body):
