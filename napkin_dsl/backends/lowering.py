@@ -46,6 +46,7 @@ exactly where they are read and encoded saturating where they are stored (:func:
 from __future__ import annotations
 
 import math
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from .. import algebra
@@ -744,6 +745,19 @@ class KernelWriter:
     def emit(self, line: str = ""):
         self.lines.append(("    " * self.depth + line) if line else "")
 
+    @contextmanager
+    def block(self, opening: str):
+        """A braced block: ``opening`` (the line that ends in ``{``: a loop, a test, a bare
+        scope), what is emitted inside one level deeper, then ``}``. A return inside the
+        ``with`` still closes the block; an exception restores the depth without closing it."""
+        self.emit(opening)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        self.emit("}")
+
     def fresh(self, prefix: str) -> str:
         self.counter += 1
         return f"{prefix}{self.counter}"
@@ -1064,19 +1078,16 @@ class Printer(KernelWriter):
                 first, stop = "0", str(chunks)
                 if node.mask is not None:
                     first, stop = self.visited_chunks(node.mask, chunks)
-                self.emit(f"for (int c_{ident(node.axis)} = {first}; c_{ident(node.axis)} < {stop}; ++c_{ident(node.axis)}) {{")
-                self.depth += 1
-                self.emit(f"const int o_{ident(node.axis)} = c_{ident(node.axis)} * {self.tile[node.axis]};")
-                saved_valid = dict(self.valid)
-                self.set_origin(node.axis, f"o_{ident(node.axis)}")
-                if node.mask is not None:
-                    self.held_in_full(node.mask)
-                self.nodes(node.body)
-                self.unmasked = {}
-                self.valid = saved_valid
-                del self.origin[node.axis]
-                self.depth -= 1
-                self.emit("}")
+                with self.block(f"for (int c_{ident(node.axis)} = {first}; c_{ident(node.axis)} < {stop}; ++c_{ident(node.axis)}) {{"):
+                    self.emit(f"const int o_{ident(node.axis)} = c_{ident(node.axis)} * {self.tile[node.axis]};")
+                    saved_valid = dict(self.valid)
+                    self.set_origin(node.axis, f"o_{ident(node.axis)}")
+                    if node.mask is not None:
+                        self.held_in_full(node.mask)
+                    self.nodes(node.body)
+                    self.unmasked = {}
+                    self.valid = saved_valid
+                    del self.origin[node.axis]
                 continue
             self.step(node)
 
@@ -1090,21 +1101,18 @@ class Printer(KernelWriter):
         origin, valid = self.part_origin[axis], self.part_valid[axis]
         exact = valid == str(self.part_tile[axis]) and self.part_tile[axis] % tile == 0
         stop = str(self.part_tile[axis] // tile) if exact else f"(({valid}) + {tile - 1}) / {tile}"
-        self.emit(f"for (int c_{x} = 0; c_{x} < {stop}; ++c_{x}) {{")
-        self.depth += 1
-        self.emit(f"const int o_{x} = {origin} + c_{x} * {tile};")
-        saved_valid = dict(self.valid)
-        self.origin[axis] = f"o_{x}"
-        if exact:
-            self.valid[axis] = str(tile)
-        else:
-            self.emit(f"const int n_{x} = {self.dialect.fmin}({tile}, {origin} + ({valid}) - o_{x});")
-            self.valid[axis] = f"n_{x}"
-        self.nodes(node.body)
-        self.valid = saved_valid
-        del self.origin[axis]
-        self.depth -= 1
-        self.emit("}")
+        with self.block(f"for (int c_{x} = 0; c_{x} < {stop}; ++c_{x}) {{"):
+            self.emit(f"const int o_{x} = {origin} + c_{x} * {tile};")
+            saved_valid = dict(self.valid)
+            self.origin[axis] = f"o_{x}"
+            if exact:
+                self.valid[axis] = str(tile)
+            else:
+                self.emit(f"const int n_{x} = {self.dialect.fmin}({tile}, {origin} + ({valid}) - o_{x});")
+                self.valid[axis] = f"n_{x}"
+            self.nodes(node.body)
+            self.valid = saved_valid
+            del self.origin[axis]
 
     # -- steps
     def step(self, step: Step):
@@ -1112,11 +1120,8 @@ class Printer(KernelWriter):
             return  # transfers into or out of L2, allocations there: the cache's business
         self.real = self.real_type(step)
         self.emit(f"// {step.text}")
-        self.emit("{")
-        self.depth += 1
-        getattr(self, f"step_{step.op}")(step)
-        self.depth -= 1
-        self.emit("}")
+        with self.block("{"):
+            getattr(self, f"step_{step.op}")(step)
         self.emit(self.dialect.barrier)
 
     def step_alloc(self, step: Step):
@@ -1153,42 +1158,34 @@ class Printer(KernelWriter):
             outer = axes[:-1]
             count = " * ".join([f"{self.tile[a]}" for a in outer] + [f"{self.tile[last] // vector}"])
             t = self.fresh("t")
-            self.emit(f"for (int {t} = nk_tid; {t} < {count}; {t} += NK_THREADS) {{")
-            self.depth += 1
-            rest = self.fresh("r")
-            self.emit(f"int {rest} = {t};")
-            self.emit(f"const int i_{ident(last)} = ({rest} % {self.tile[last] // vector}) * {vector}; {rest} /= {self.tile[last] // vector};")
-            for axis in reversed(outer):
-                self.emit(f"const int i_{ident(axis)} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
-            valid = " && ".join(f"i_{ident(a)} < {self.extent_expr(a)}" for a in outer if self.extent_expr(a) != str(self.tile[a])) or "true"
-            dst = f"{self.ptr(name)}[{self.buffer_index(name, axes)}]"
-            src = f"g_{ident(name)}[{self.global_index(name)}]"
-            self.emit(f"if ({valid}) {{ {d.vector_copy(dst, src)} }} else {{ {d.vector_zero(dst)} }}")
-            self.depth -= 1
-            self.emit("}")
+            with self.block(f"for (int {t} = nk_tid; {t} < {count}; {t} += NK_THREADS) {{"):
+                rest = self.fresh("r")
+                self.emit(f"int {rest} = {t};")
+                self.emit(f"const int i_{ident(last)} = ({rest} % {self.tile[last] // vector}) * {vector}; {rest} /= {self.tile[last] // vector};")
+                for axis in reversed(outer):
+                    self.emit(f"const int i_{ident(axis)} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
+                valid = " && ".join(f"i_{ident(a)} < {self.extent_expr(a)}" for a in outer if self.extent_expr(a) != str(self.tile[a])) or "true"
+                dst = f"{self.ptr(name)}[{self.buffer_index(name, axes)}]"
+                src = f"g_{ident(name)}[{self.global_index(name)}]"
+                self.emit(f"if ({valid}) {{ {d.vector_copy(dst, src)} }} else {{ {d.vector_zero(dst)} }}")
             return
         # Scalar path: every element of the tile, zero past the end of the axis.
         t = self.fresh("t")
         count = " * ".join(str(self.tile[a]) for a in axes) or "1"
-        self.emit(f"for (int {t} = nk_tid; {t} < {count}; {t} += NK_THREADS) {{")
-        self.depth += 1
-        rest = self.fresh("r")
-        self.emit(f"int {rest} = {t};")
-        for axis in reversed(axes):
-            self.emit(f"const int i_{ident(axis)} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
-        valid = " && ".join(f"i_{ident(a)} < {self.extent_expr(a)}" for a in axes if self.extent_expr(a) != str(self.tile[a])) or "true"
-        if dtype in FP8_C and self.slots[name].dtype == dtype:
-            # fp8 bytes are copied as they are: a decode and a saturating encode would turn an
-            # e5m2 infinity into the largest finite value before the kernel reads it.
-            self.emit(f"{self.ptr(name)}[{self.buffer_index(name, axes)}] = ({valid}) ? g_{ident(name)}[{self.global_index(name)}] : 0;")
-            self.depth -= 1
-            self.emit("}")
-            return
-        value = d.load(f"g_{ident(name)}", self.global_index(name), dtype, self.real)
-        self.emit(f"const {self.real} v = ({valid}) ? {value} : {self.zero};")
-        self.emit(self.write(name, axes, "v"))
-        self.depth -= 1
-        self.emit("}")
+        with self.block(f"for (int {t} = nk_tid; {t} < {count}; {t} += NK_THREADS) {{"):
+            rest = self.fresh("r")
+            self.emit(f"int {rest} = {t};")
+            for axis in reversed(axes):
+                self.emit(f"const int i_{ident(axis)} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
+            valid = " && ".join(f"i_{ident(a)} < {self.extent_expr(a)}" for a in axes if self.extent_expr(a) != str(self.tile[a])) or "true"
+            if dtype in FP8_C and self.slots[name].dtype == dtype:
+                # fp8 bytes are copied as they are: a decode and a saturating encode would turn an
+                # e5m2 infinity into the largest finite value before the kernel reads it.
+                self.emit(f"{self.ptr(name)}[{self.buffer_index(name, axes)}] = ({valid}) ? g_{ident(name)}[{self.global_index(name)}] : 0;")
+            else:
+                value = d.load(f"g_{ident(name)}", self.global_index(name), dtype, self.real)
+                self.emit(f"const {self.real} v = ({valid}) ? {value} : {self.zero};")
+                self.emit(self.write(name, axes, "v"))
 
     def step_save(self, step: Step):
         name = step.array
@@ -1325,20 +1322,17 @@ class Printer(KernelWriter):
             blocks = {am: f"(({self.extent_expr(am)}) + {rm - 1}) / {rm}", an: f"(({self.extent_expr(an)}) + {rn - 1}) / {rn}"}
             count = " * ".join(f"({blocks.get(a, self.extent_expr(a))})" for a in s.axes)
             t = self.fresh("t")
-            self.emit(f"for (int {t} = nk_tid; {t} < {count}; {t} += NK_THREADS) {{")
-            self.depth += 1
-            rest = self.fresh("r")
-            self.emit(f"int {rest} = {t};")
-            for axis in reversed(s.axes):
-                extent = blocks.get(axis, self.extent_expr(axis))
-                variable = f"b_{ident(axis)}" if axis in blocks else f"i_{ident(axis)}"
-                self.emit(f"const int {variable} = {rest} % ({extent}); {rest} /= ({extent});")
-            self.emit(f"(void){rest};")
-            self.trip_vars.append(None)  # trips not counted: a staged value waits at a running count
-            body()
-            self.trip_vars.pop()
-            self.depth -= 1
-            self.emit("}")
+            with self.block(f"for (int {t} = nk_tid; {t} < {count}; {t} += NK_THREADS) {{"):
+                rest = self.fresh("r")
+                self.emit(f"int {rest} = {t};")
+                for axis in reversed(s.axes):
+                    extent = blocks.get(axis, self.extent_expr(axis))
+                    variable = f"b_{ident(axis)}" if axis in blocks else f"i_{ident(axis)}"
+                    self.emit(f"const int {variable} = {rest} % ({extent}); {rest} /= ({extent});")
+                self.emit(f"(void){rest};")
+                self.trip_vars.append(None)  # trips not counted: a staged value waits at a running count
+                body()
+                self.trip_vars.pop()
             self.valid = saved
 
         def compute(store):
@@ -1362,17 +1356,11 @@ class Printer(KernelWriter):
 
     def each_output(self, am, an, rm, rn, store):
         """for each (u, v) of a register block whose output lies inside the valid tile: store()."""
-        self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) {{")
-        self.depth += 1
-        self.emit(f"const int i_{ident(am)} = {self.interleaved(am, rm, 'u')};")
-        self.emit(f"const int i_{ident(an)} = {self.interleaved(an, rn, 'v')};")
-        self.emit(f"if (i_{ident(am)} < {self.extent_expr(am)} && i_{ident(an)} < {self.extent_expr(an)}) {{")
-        self.depth += 1
-        store()
-        self.depth -= 1
-        self.emit("}")
-        self.depth -= 1
-        self.emit("}")
+        with self.block(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) {{"):
+            self.emit(f"const int i_{ident(am)} = {self.interleaved(am, rm, 'u')};")
+            self.emit(f"const int i_{ident(an)} = {self.interleaved(an, rn, 'v')};")
+            with self.block(f"if (i_{ident(am)} < {self.extent_expr(am)} && i_{ident(an)} < {self.extent_expr(an)}) {{"):
+                store()
 
     def interleaved(self, axis: str, per: int, k: str) -> str:
         """Element `k` of a thread's register block along `axis`: blocks interleave (block b owns
@@ -1400,20 +1388,17 @@ class Printer(KernelWriter):
         j, t = self.fresh("j"), self.fresh("t")
         if self.dialect.unroll:
             self.emit(self.dialect.unroll)
-        self.emit(f"for (int {j} = 0; {j} < {acc.blocks}; ++{j}) {{")
-        self.depth += 1
-        self.emit(f"const int {t} = nk_tid + {j} * NK_THREADS;")
-        self.emit(f"if ({t} >= {count}) break;")
-        rest = self.fresh("r")
-        self.emit(f"int {rest} = {t};")
-        for axis in reversed(axes):
-            extent = blocks.get(axis, self.extent_expr(axis))
-            variable = f"b_{ident(axis)}" if axis in blocks else f"i_{ident(axis)}"
-            self.emit(f"const int {variable} = {rest} % ({extent}); {rest} /= ({extent});")
-        self.emit(f"(void){rest};")
-        body(j)
-        self.depth -= 1
-        self.emit("}")
+        with self.block(f"for (int {j} = 0; {j} < {acc.blocks}; ++{j}) {{"):
+            self.emit(f"const int {t} = nk_tid + {j} * NK_THREADS;")
+            self.emit(f"if ({t} >= {count}) break;")
+            rest = self.fresh("r")
+            self.emit(f"int {rest} = {t};")
+            for axis in reversed(axes):
+                extent = blocks.get(axis, self.extent_expr(axis))
+                variable = f"b_{ident(axis)}" if axis in blocks else f"i_{ident(axis)}"
+                self.emit(f"const int {variable} = {rest} % ({extent}); {rest} /= ({extent});")
+            self.emit(f"(void){rest};")
+            body(j)
 
     def owned_outputs(self, acc: FmaAccumulator, axes, body):
         """for each valid output this thread accumulates: body(register), the register's spelling."""
@@ -1432,22 +1417,26 @@ class Printer(KernelWriter):
         ``sum_uv`` (spelled with u and v): each operand value is read from shared memory once per
         block (a[u] along am, b[v] along an), zero past the tile's valid extent."""
         first, second = box.operands
-        for axis in box.contracted:
-            self.emit(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{")
-            self.depth += 1
-        self.emit(f"{self.real} a[{rm}], b[{rn}];")
-        self.emit(f"for (int u = 0; u < {rm}; ++u) {{")
-        self.emit(f"    const int i_{ident(am)} = {self.interleaved(am, rm, 'u')};")
-        self.emit(f"    a[u] = (i_{ident(am)} < {self.extent_expr(am)}) ? {self.read(first.array, s.iteration_axes)} : {self.zero};")
-        self.emit("}")
-        self.emit(f"for (int v = 0; v < {rn}; ++v) {{")
-        self.emit(f"    const int i_{ident(an)} = {self.interleaved(an, rn, 'v')};")
-        self.emit(f"    b[v] = (i_{ident(an)} < {self.extent_expr(an)}) ? {self.read(second.array, s.iteration_axes)} : {self.zero};")
-        self.emit("}")
-        self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) {sum_uv} += a[u] * b[v];")
-        for _ in box.contracted:
-            self.depth -= 1
+        with self.contracted_loops(box):
+            self.emit(f"{self.real} a[{rm}], b[{rn}];")
+            self.emit(f"for (int u = 0; u < {rm}; ++u) {{")
+            self.emit(f"    const int i_{ident(am)} = {self.interleaved(am, rm, 'u')};")
+            self.emit(f"    a[u] = (i_{ident(am)} < {self.extent_expr(am)}) ? {self.read(first.array, s.iteration_axes)} : {self.zero};")
             self.emit("}")
+            self.emit(f"for (int v = 0; v < {rn}; ++v) {{")
+            self.emit(f"    const int i_{ident(an)} = {self.interleaved(an, rn, 'v')};")
+            self.emit(f"    b[v] = (i_{ident(an)} < {self.extent_expr(an)}) ? {self.read(second.array, s.iteration_axes)} : {self.zero};")
+            self.emit("}")
+            self.emit(f"for (int u = 0; u < {rm}; ++u) for (int v = 0; v < {rn}; ++v) {sum_uv} += a[u] * b[v];")
+
+    @contextmanager
+    def contracted_loops(self, box: Contract):
+        """One loop per contracted axis of ``box`` (i_axis over its valid extent), nested in the
+        box's order; what is emitted inside the ``with`` is the innermost body."""
+        with ExitStack() as loops:
+            for axis in box.contracted:
+                loops.enter_context(self.block(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{"))
+            yield
 
     def finalise_registers(self, step: Step, acc: FmaAccumulator, value):
         """X = value(X.acc) from this thread's registers into X's tile. Where X takes the bytes
@@ -1468,13 +1457,8 @@ class Printer(KernelWriter):
 
         def body(store):
             self.emit(f"{self.real} acc = {self.zero};")
-            for axis in box.contracted:
-                self.emit(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{")
-                self.depth += 1
-            self.emit(f"acc += {product()};")
-            for _ in box.contracted:
-                self.depth -= 1
-                self.emit("}")
+            with self.contracted_loops(box):
+                self.emit(f"acc += {product()};")
             store()
 
         if not staged:
@@ -1494,23 +1478,23 @@ class Printer(KernelWriter):
         count = " * ".join(f"({self.extent_expr(a)})" for a in axes) or "1"
         variable = self.fresh(prefix)
         trips = self.trips(axes, step)
-        if self.stage_depth is not None and trips is not None:
+        counted = self.stage_depth is not None and trips is not None
+        if counted:
             trip = self.fresh("j")
             self.emit(self.dialect.unroll)
-            self.emit(f"for (int {trip} = 0; {trip} < {trips}; ++{trip}) {{")
-            self.depth += 1
-            self.emit(f"const int {variable} = {start} + {trip} * {step};")
-            self.emit(f"if ({variable} >= {count}) break;")
-            self.trip_vars.append((trip, trips))
+            opening = f"for (int {trip} = 0; {trip} < {trips}; ++{trip}) {{"
         else:
-            self.emit(f"for (int {variable} = {start}; {variable} < {count}; {variable} += {step}) {{")
-            self.depth += 1
-            self.trip_vars.append(None)
-        self.decompose(variable, axes)
-        body()
-        self.trip_vars.pop()
-        self.depth -= 1
-        self.emit("}")
+            opening = f"for (int {variable} = {start}; {variable} < {count}; {variable} += {step}) {{"
+        with self.block(opening):
+            if counted:
+                self.emit(f"const int {variable} = {start} + {trip} * {step};")
+                self.emit(f"if ({variable} >= {count}) break;")
+                self.trip_vars.append((trip, trips))
+            else:
+                self.trip_vars.append(None)
+            self.decompose(variable, axes)
+            body()
+            self.trip_vars.pop()
 
     MAX_UNROLLED_TRIPS = 64
     # A staged result waits in registers only where its index is a constant: every loop of the
@@ -1756,12 +1740,9 @@ class Printer(KernelWriter):
                 self.emit(f"const {self.real} fresh = {d.math('max', ['old', 'chunk'], self.real)};")
                 if d.warp_sync:
                     self.emit(d.warp_sync)
-                self.emit(f"if ({self.dialect.lane_zero}) {{")
-                self.depth += 1
-                self.emit(self.write(scale, s.woven, f"(old == -NK_INF) ? {self.zero} : {d.math('exp', ['old - fresh'], self.real)}"))
-                self.emit(self.write(m, s.woven, "fresh"))
-                self.depth -= 1
-                self.emit("}")
+                with self.block(f"if ({self.dialect.lane_zero}) {{"):
+                    self.emit(self.write(scale, s.woven, f"(old == -NK_INF) ? {self.zero} : {d.math('exp', ['old - fresh'], self.real)}"))
+                    self.emit(self.write(m, s.woven, "fresh"))
 
             self.row_loop(s.woven, body)
             return

@@ -41,6 +41,8 @@ split's combine launch (the FMA printer's).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from ..boxes import reduction
 from .. import algebra
 from ..dtypes import DTYPE_BYTES, FP8_DTYPES
@@ -559,11 +561,8 @@ class TensorPrinter(KernelWriter):
     # -- loops over fragments
     def loop(self, var: str, count: int, body):
         self.emit("NK_UNROLL")
-        self.emit(f"for (int {var} = 0; {var} < {count}; ++{var}) {{")
-        self.depth += 1
-        body()
-        self.depth -= 1
-        self.emit("}")
+        with self.block(f"for (int {var} = 0; {var} < {count}; ++{var}) {{"):
+            body()
 
     def each_element(self, col: str | None, body):
         """body() for every fragment element this thread holds: (mt, nt, i) or (mt, h)."""
@@ -725,11 +724,8 @@ class TensorPrinter(KernelWriter):
         if any(ref[1] in self.smem for ref in step.reads):
             self.wait()
         self.emit(f"// {step.text}")
-        self.emit("{")
-        self.depth += 1
-        getattr(self, f"tc_{step.op}")(step)
-        self.depth -= 1
-        self.emit("}")
+        with self.block("{"):
+            getattr(self, f"tc_{step.op}")(step)
 
     # -- transfers
     def copy_constants(self):
@@ -820,11 +816,8 @@ class TensorPrinter(KernelWriter):
             index = self.global_offset(name, coords, origins)
             self.emit(f"NK_CP16({base} + {offset_expr(tile, 'r', 'c')}, g_{ident(name)} + ({index}), {' && '.join(valid) or 1});")
 
-        self.emit(f"for (int u = nk_tid; u < {count}; u += {self.threads}) {{")
-        self.depth += 1
-        body()
-        self.depth -= 1
-        self.emit("}")
+        with self.block(f"for (int u = nk_tid; u < {count}; u += {self.threads}) {{"):
+            body()
 
     def plain_load(self, name: str, sync: bool = True):
         array = self.diagram.arrays[name]
@@ -833,25 +826,21 @@ class TensorPrinter(KernelWriter):
         count = 1
         for axis in array.axes:
             count *= self.tile[axis]
-        if count <= self.threads:  # one value a thread at most: no loop, so a chunk's loop stays innermost
-            self.emit(f"if (nk_tid < {count}) {{")
-            self.depth += 1
-            self.emit("const int u = nk_tid;")
-        else:
-            self.emit(f"for (int u = nk_tid; u < {count}; u += {self.threads}) {{")
-            self.depth += 1
-        self.emit("int rest = u;")
-        coords = {}
-        for axis in reversed(array.axes):
-            self.emit(f"const int i_{ident(axis)} = rest % {self.tile[axis]}; rest /= {self.tile[axis]};")
-            coords[axis] = f"i_{ident(axis)}"
-        valid = " && ".join(f"(i_{ident(a)} < {self.extent_expr(a)})" for a in array.axes if self.extent_expr(a) != str(self.tile[a])) or "1"
-        value = d.load(f"g_{ident(name)}", self.global_offset(name, coords, self.origin), array.dtype)
-        t = d.storage[array.dtype]
-        pointer = d.shared_pointer(t, slot.offset)
-        self.emit(d.store(pointer, "u", f"(({valid}) ? {value} : 0.0f)", array.dtype))
-        self.depth -= 1
-        self.emit("}")
+        single = count <= self.threads  # one value a thread at most: no loop, so a chunk's loop stays innermost
+        opening = f"if (nk_tid < {count}) {{" if single else f"for (int u = nk_tid; u < {count}; u += {self.threads}) {{"
+        with self.block(opening):
+            if single:
+                self.emit("const int u = nk_tid;")
+            self.emit("int rest = u;")
+            coords = {}
+            for axis in reversed(array.axes):
+                self.emit(f"const int i_{ident(axis)} = rest % {self.tile[axis]}; rest /= {self.tile[axis]};")
+                coords[axis] = f"i_{ident(axis)}"
+            valid = " && ".join(f"(i_{ident(a)} < {self.extent_expr(a)})" for a in array.axes if self.extent_expr(a) != str(self.tile[a])) or "1"
+            value = d.load(f"g_{ident(name)}", self.global_offset(name, coords, self.origin), array.dtype)
+            t = d.storage[array.dtype]
+            pointer = d.shared_pointer(t, slot.offset)
+            self.emit(d.store(pointer, "u", f"(({valid}) ? {value} : 0.0f)", array.dtype))
         if sync:
             self.emit("NK_SYNC();")
 
@@ -908,15 +897,11 @@ class TensorPrinter(KernelWriter):
         self.stream_first[axis] = first
         for ahead in range(stages - 1 if streamed else 0):
             guard = f"{first} + {ahead} < {stop}" if ahead or node.mask is not None or chunks <= ahead else None
-            if guard:  # a block that visits fewer chunks loads none past its last
-                self.emit(f"if ({guard}) {{")
-                self.depth += 1
-            for name in streamed:
-                self.load(name, origin=self.chunk_origin(axis, f"({first} + {ahead})" if first != "0" else str(ahead)),
-                          stage=str(ahead), commit=False)
-            if guard:
-                self.depth -= 1
-                self.emit("}")
+            # a block that visits fewer chunks loads none past its last
+            with self.block(f"if ({guard}) {{") if guard else nullcontext():
+                for name in streamed:
+                    self.load(name, origin=self.chunk_origin(axis, f"({first} + {ahead})" if first != "0" else str(ahead)),
+                              stage=str(ahead), commit=False)
             self.ring_commit()
         self.ring_started()
         if node.mask is None and exact and self.sizes[axis] % tile and chunks > 1 and self.plan.dtype in FP8_DTYPES:
@@ -931,11 +916,8 @@ class TensorPrinter(KernelWriter):
             self.whole_chunk_axes.discard(axis)
             last = chunks - 1
             stage = str(last % stages)
-            self.emit(f"{{  // the last chunk, short ({self.sizes[axis] - last * tile} of {tile}): tested per element")
-            self.depth += 1
-            self.chunk(node, axis, streamed, stop, str(last), False, stage)
-            self.depth -= 1
-            self.emit("}")
+            with self.block(f"{{  // the last chunk, short ({self.sizes[axis] - last * tile} of {tile}): tested per element"):
+                self.chunk(node, axis, streamed, stop, str(last), False, stage)
         elif node.mask is None:
             self.unrolled(node, axis, streamed, first, stop, chunks % stages != 0 or not exact)
         else:
@@ -1007,17 +989,11 @@ class TensorPrinter(KernelWriter):
         if stages > 2 and streamed and not self.plan.tma and not masked:
             self.whole_groups(node, axis, streamed, lo, hi, stop)
             return
-        self.emit(f"for (int c_{x} = {lo}; c_{x} < {hi}; c_{x} += {stages}) {{{'  // chunks the mask holds in full: no test' if masked else ''}")
-        self.depth += 1
-        for stage in range(stages):
-            index = f"(c_{x} + {stage})" if stage else f"c_{x}"
-            self.emit(f"{f'if ({index} < {hi}) ' if stage and guarded else ''}{{  // buffer {stage}")
-            self.depth += 1
-            self.chunk(node, axis, streamed, stop or hi, index, masked, str(stage))
-            self.depth -= 1
-            self.emit("}")
-        self.depth -= 1
-        self.emit("}")
+        with self.block(f"for (int c_{x} = {lo}; c_{x} < {hi}; c_{x} += {stages}) {{{'  // chunks the mask holds in full: no test' if masked else ''}"):
+            for stage in range(stages):
+                index = f"(c_{x} + {stage})" if stage else f"c_{x}"
+                with self.block(f"{f'if ({index} < {hi}) ' if stage and guarded else ''}{{  // buffer {stage}"):
+                    self.chunk(node, axis, streamed, stop or hi, index, masked, str(stage))
 
     def rolled(self, node: Loop, axis: str, streamed: list, lo: str, hi: str, stop: str | None):
         """:meth:`unrolled` for a plan whose fragments leave ptxas few registers (``plan.rolled``):
@@ -1029,12 +1005,9 @@ class TensorPrinter(KernelWriter):
         x = ident(axis)
         masked = node.mask is not None
         self.emit("NK_ROLLED")
-        self.emit(f"for (int c_{x} = {lo}; c_{x} < {hi}; ++c_{x}) {{  // one chunk a trip"
-                  f"{', the mask holds them in full: no test' if masked else ''}")
-        self.depth += 1
-        self.chunk(node, axis, streamed, stop or hi, f"c_{x}", masked, self.buffer_of(axis, f"c_{x}"))
-        self.depth -= 1
-        self.emit("}")
+        with self.block(f"for (int c_{x} = {lo}; c_{x} < {hi}; ++c_{x}) {{  // one chunk a trip"
+                        f"{', the mask holds them in full: no test' if masked else ''}"):
+            self.chunk(node, axis, streamed, stop or hi, f"c_{x}", masked, self.buffer_of(axis, f"c_{x}"))
 
     def whole_groups(self, node: Loop, axis: str, streamed: list, lo: str, hi: str, stop: str | None):
         """:meth:`unrolled` at 3 stages and more: a loop over whole groups of ``stages`` chunks
@@ -1049,49 +1022,34 @@ class TensorPrinter(KernelWriter):
         masked = node.mask is not None
         bound = stop or hi
         known = hi.isdigit() and lo.isdigit() and bound == hi
-        self.emit("{")
-        self.depth += 1
-        self.emit(f"int c_{x} = {lo};")
-        note = "; the mask holds them in full" if masked else ""
-        whole = (f"c_{x} + {2 * stages - 2} < {hi}" if bound == hi
-                 else f"c_{x} + {stages - 1} < {hi} && c_{x} + {2 * stages - 2} < {bound}")
-        self.emit(f"for (; {whole}; c_{x} += {stages}) {{  // whole groups of {stages} chunks{note}, every refill in range: no test")
-        self.depth += 1
-        for stage in range(stages):
-            index = f"(c_{x} + {stage})" if stage else f"c_{x}"
-            self.emit(f"{{  // buffer {stage}")
-            self.depth += 1
-            self.chunk(node, axis, streamed, bound, index, masked, str(stage), refill_guard=False)
-            self.depth -= 1
-            self.emit("}")
-        self.depth -= 1
-        self.emit("}")
-        if known:
-            count = int(hi) - int(lo)
-            groups = max(0, -(-(count - (2 * stages - 2)) // stages))
-            last = count - groups * stages
-        else:
-            last = 2 * stages - 2
-        for ahead in range(last):
-            index = f"(c_{x} + {ahead})" if ahead else f"c_{x}"
-            test = "" if known else f"if ({index} < {hi}) "
-            self.emit(f"{test}{{  // the last chunks: buffer {ahead % stages}")
-            self.depth += 1
-            self.chunk(node, axis, streamed, bound, index, masked, str(ahead % stages))
-            self.depth -= 1
-            self.emit("}")
-        self.depth -= 1
-        self.emit("}")
+        with self.block("{"):
+            self.emit(f"int c_{x} = {lo};")
+            note = "; the mask holds them in full" if masked else ""
+            whole = (f"c_{x} + {2 * stages - 2} < {hi}" if bound == hi
+                     else f"c_{x} + {stages - 1} < {hi} && c_{x} + {2 * stages - 2} < {bound}")
+            with self.block(f"for (; {whole}; c_{x} += {stages}) {{  // whole groups of {stages} chunks{note}, every refill in range: no test"):
+                for stage in range(stages):
+                    index = f"(c_{x} + {stage})" if stage else f"c_{x}"
+                    with self.block(f"{{  // buffer {stage}"):
+                        self.chunk(node, axis, streamed, bound, index, masked, str(stage), refill_guard=False)
+            if known:
+                count = int(hi) - int(lo)
+                groups = max(0, -(-(count - (2 * stages - 2)) // stages))
+                last = count - groups * stages
+            else:
+                last = 2 * stages - 2
+            for ahead in range(last):
+                index = f"(c_{x} + {ahead})" if ahead else f"c_{x}"
+                test = "" if known else f"if ({index} < {hi}) "
+                with self.block(f"{test}{{  // the last chunks: buffer {ahead % stages}"):
+                    self.chunk(node, axis, streamed, bound, index, masked, str(ahead % stages))
 
     def runtime_loop(self, node: Loop, axis: str, streamed: list, lo: str, hi: str, stop: str, what: str):
         """Chunks [lo, hi) that the mask cuts, tested per element, one a trip, on the buffer of
         the chunk's index (buffer_of)."""
         x = ident(axis)
-        self.emit(f"for (int c_{x} = {lo}; c_{x} < {hi}; ++c_{x}) {{  // chunks the mask cuts, {what}: tested per element")
-        self.depth += 1
-        self.chunk(node, axis, streamed, stop, f"c_{x}", False, self.buffer_of(axis, f"c_{x}"))
-        self.depth -= 1
-        self.emit("}")
+        with self.block(f"for (int c_{x} = {lo}; c_{x} < {hi}; ++c_{x}) {{  // chunks the mask cuts, {what}: tested per element"):
+            self.chunk(node, axis, streamed, stop, f"c_{x}", False, self.buffer_of(axis, f"c_{x}"))
 
     def buffer_of(self, axis: str, index: str) -> str:
         """The buffer chunk ``index`` of a loop one chunk a trip reads: (index - first) mod
@@ -1112,15 +1070,11 @@ class TensorPrinter(KernelWriter):
         if streamed:
             self.ring_landed()
             self.emit("NK_SYNC();  // ... for every thread, and every warp is done with the previous chunk's buffers")
-            if refill_guard:  # False where the caller knows the refill in range
-                self.emit(f"if ({index} + {stages - 1} < {stop}) {{")
-                self.depth += 1
-            for name in streamed:
-                self.load(name, origin=f"(o_{x} + {(stages - 1) * self.tile[axis]})",
-                          stage=refill, commit=False)
-            if refill_guard:
-                self.depth -= 1
-                self.emit("}")
+            # refill_guard is False where the caller knows the refill in range
+            with self.block(f"if ({index} + {stages - 1} < {stop}) {{") if refill_guard else nullcontext():
+                for name in streamed:
+                    self.load(name, origin=f"(o_{x} + {(stages - 1) * self.tile[axis]})",
+                              stage=refill, commit=False)
             self.ring_commit("  // one group per chunk, empty near the end: wait_group counts them")
             self.ring_ready(stage)
             self.pending = False
@@ -1194,20 +1148,17 @@ class TensorPrinter(KernelWriter):
         self.mask_pending = None
         col = self.plan.fragments[name].col
         self.emit(f"// {name} = where({format_expression(where.args[0])}, {name}, -inf): the chunk's mask, once")
-        self.emit("{")
-        self.depth += 1
-        tests = []
-        for n, constraint in enumerate(mask.constraints):
-            lane = " + ".join(f"{k} * ({self.lane_parts(axis, col)[0]})" for axis, k in constraint.coefficients)
-            t = self.threshold(constraint)
-            written = " + ".join(f"{k}*{axis}" for axis, k in constraint.coefficients)
-            self.emit(f"const int nk_edge{n} = {lane} - ({t});  // {written} >= {t}: this lane's part")
-            unrolled = " + ".join(f"{k} * ({self.lane_parts(axis, col)[1]})" for axis, k in constraint.coefficients)
-            tests.append(f"nk_edge{n} + {unrolled} >= 0")
-        condition = " && ".join(f"({test})" for test in tests)
-        self.each_element(col, lambda: self.emit(f"{self.element(name, False)} = ({condition}) ? {self.element(name, False)} : -NK_INF;"))
-        self.depth -= 1
-        self.emit("}")
+        with self.block("{"):
+            tests = []
+            for n, constraint in enumerate(mask.constraints):
+                lane = " + ".join(f"{k} * ({self.lane_parts(axis, col)[0]})" for axis, k in constraint.coefficients)
+                t = self.threshold(constraint)
+                written = " + ".join(f"{k}*{axis}" for axis, k in constraint.coefficients)
+                self.emit(f"const int nk_edge{n} = {lane} - ({t});  // {written} >= {t}: this lane's part")
+                unrolled = " + ".join(f"{k} * ({self.lane_parts(axis, col)[1]})" for axis, k in constraint.coefficients)
+                tests.append(f"nk_edge{n} + {unrolled} >= 0")
+            condition = " && ".join(f"({test})" for test in tests)
+            self.each_element(col, lambda: self.emit(f"{self.element(name, False)} = ({condition}) ? {self.element(name, False)} : -NK_INF;"))
         self.unmasked[where] = None
 
     def lane_parts(self, axis: str, col: str) -> tuple[str, str] | None:
@@ -1332,17 +1283,14 @@ class TensorPrinter(KernelWriter):
         self.emit("NK_SYNC();  // the staged tile is whole before any thread reads it")
         units = tile.units_per_row
         per = 16 // eb
-        self.emit(f"for (int u = nk_tid; u < {tile.rows * units}; u += {self.threads}) {{")
-        self.depth += 1
-        self.emit(f"const int r = u / {units}, c = (u % {units}) * {per};")
-        row = "r" if mt is None else f"(r / {MMA_M}) * {self.plan.warp_rows} + {mt * MMA_M} + r % {MMA_M}"
-        coords = {self.plan.row: row, col: "c"}
-        valid = [f"({self.origin.get(a, '0')} + {v} < {self.sizes[a]})" for a, v in coords.items() if self.sizes[a] % self.tile[a]]
-        pointer = f"g_{ident(name)} + ({self.global_offset(name, coords, self.origin)})"
-        store = f"NK_ST16({pointer}, {offset_expr(tile, 'r', 'c')});"
-        self.emit(f"if ({' && '.join(valid)}) {store}" if valid else store)
-        self.depth -= 1
-        self.emit("}")
+        with self.block(f"for (int u = nk_tid; u < {tile.rows * units}; u += {self.threads}) {{"):
+            self.emit(f"const int r = u / {units}, c = (u % {units}) * {per};")
+            row = "r" if mt is None else f"(r / {MMA_M}) * {self.plan.warp_rows} + {mt * MMA_M} + r % {MMA_M}"
+            coords = {self.plan.row: row, col: "c"}
+            valid = [f"({self.origin.get(a, '0')} + {v} < {self.sizes[a]})" for a, v in coords.items() if self.sizes[a] % self.tile[a]]
+            pointer = f"g_{ident(name)} + ({self.global_offset(name, coords, self.origin)})"
+            store = f"NK_ST16({pointer}, {offset_expr(tile, 'r', 'c')});"
+            self.emit(f"if ({' && '.join(valid)}) {store}" if valid else store)
 
     # -- computing steps
     def tc_init(self, step: Step):
@@ -1445,14 +1393,11 @@ class TensorPrinter(KernelWriter):
             kind = self.packed[target]
             self.emit("float p0, p1;")
             for e in range(MMA_C_VALUE.extent("e")):
-                self.emit("{")
-                self.depth += 1
-                self.emit(f"const int i = {self.value_index(str(e))};")
-                value = f"nk_exp2({self.value(operand, col)} * {c!r}f - {top})"
-                valid = self.col_valid(col)
-                self.emit(f"p{e} = {f'{valid} ? {value} : 0.0f' if valid else value};")
-                self.depth -= 1
-                self.emit("}")
+                with self.block("{"):
+                    self.emit(f"const int i = {self.value_index(str(e))};")
+                    value = f"nk_exp2({self.value(operand, col)} * {c!r}f - {top})"
+                    valid = self.col_valid(col)
+                    self.emit(f"p{e} = {f'{valid} ? {value} : 0.0f' if valid else value};")
             self.emit(f"const unsigned pk = NK_PACK_{kind}(p0, p1);")
             self.emit(f"{_var(target)}[mt][nt][h] = pk;")
             self.emit(f"{total} += NK_LO_{kind}(pk) + NK_HI_{kind}(pk);")

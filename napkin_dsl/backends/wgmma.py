@@ -579,27 +579,24 @@ class WgmmaPrinter(TensorPrinter):
             expect = load.bytes
             self.awaiting.append(name)
         slot = self.smem[name]
-        self.emit("if (nk_tid == 0) {")
-        self.depth += 1
-        if expect:
-            self.emit(f"NK_MBAR_EXPECT_TX({bar}, {expect});  // the boxes' bytes, out-of-bounds fill included")
-        for box in slot.tile.tma_boxes():
-            coords = []
-            for axis in reversed(load.axes):  # innermost first
-                at = origin if axis == self.plan.stream and origin is not None else self.origin.get(axis, "0")
-                if axis == load.cols and box.col:
-                    at = f"{at} + {box.col}" if at != "0" else str(box.col)
-                coords.append(str(at))
-            if stage is None:
-                dst = str(slot.offset + box.offset)
-            elif stage.isdigit():
-                dst = str(slot.offset + int(stage) * slot.stage_bytes + box.offset)
-            else:
-                dst = f"{slot.offset + box.offset} + ({stage}) * {slot.stage_bytes}"
-            self.emit(f"NK_TMA_{load.rank}D({self.map_name(name)}, g_{ident(name)}, {dst}, {', '.join(coords)}, {bar});"
-                      f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})")
-        self.depth -= 1
-        self.emit("}")
+        with self.block("if (nk_tid == 0) {"):
+            if expect:
+                self.emit(f"NK_MBAR_EXPECT_TX({bar}, {expect});  // the boxes' bytes, out-of-bounds fill included")
+            for box in slot.tile.tma_boxes():
+                coords = []
+                for axis in reversed(load.axes):  # innermost first
+                    at = origin if axis == self.plan.stream and origin is not None else self.origin.get(axis, "0")
+                    if axis == load.cols and box.col:
+                        at = f"{at} + {box.col}" if at != "0" else str(box.col)
+                    coords.append(str(at))
+                if stage is None:
+                    dst = str(slot.offset + box.offset)
+                elif stage.isdigit():
+                    dst = str(slot.offset + int(stage) * slot.stage_bytes + box.offset)
+                else:
+                    dst = f"{slot.offset + box.offset} + ({stage}) * {slot.stage_bytes}"
+                self.emit(f"NK_TMA_{load.rank}D({self.map_name(name)}, g_{ident(name)}, {dst}, {', '.join(coords)}, {bar});"
+                          f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})")
 
     def await_once(self):
         """Every thread waits for the one-shot copies issued (phase 0 of their mbarriers), behind a
@@ -719,24 +716,21 @@ class WgmmaPrinter(TensorPrinter):
                   f"a warp's lanes {1 << (5 - n_bits)} (k) x {1 << n_bits} (n) blocks (layouts.transpose_split: "
                   f"{split.wavefronts} wavefronts a chunk, {split.conflict:.2f}x the conflict-free {split.ideal})")
         self.emit("NK_ROLLED")
-        self.emit(f"for (int nk_tb = nk_tid; nk_tb < {blocks}; nk_tb += {threads}) {{")
-        self.depth += 1
-        self.emit("const int nk_tw = nk_tb >> 5, nk_tl = nk_tb & 31;  // the block's warp patch and lane in it")
-        self.emit(f"const int nk_tk = ((nk_tw / {patches}) << {5 - n_bits} | (nk_tl >> {n_bits})) * 4, "
-                  f"nk_tn = ((nk_tw % {patches}) << {n_bits} | (nk_tl & {(1 << n_bits) - 1})) * 4;  // the block's first k row, n column")
-        for i in range(4):
-            offset = src.tile.layout.c_expr(f"(nk_tk + {i})" if i else "nk_tk", "nk_tn")
-            self.emit(f"const unsigned nk_tw{i} = {self.dialect.shared_word(f'{base} + {offset}')};  // k row nk_tk + {i}, n nk_tn..+3")
-        # rows <-> columns of the 4 x 4 bytes: pairs interleaved (0x5140, 0x7362), then halves (0x5410, 0x7632)
-        self.emit("const unsigned nk_tp0 = NK_PRMT(nk_tw0, nk_tw1, 0x5140u), nk_tp1 = NK_PRMT(nk_tw0, nk_tw1, 0x7362u);")
-        self.emit("const unsigned nk_tp2 = NK_PRMT(nk_tw2, nk_tw3, 0x5140u), nk_tp3 = NK_PRMT(nk_tw2, nk_tw3, 0x7362u);")
-        outs = ["NK_PRMT(nk_tp0, nk_tp2, 0x5410u)", "NK_PRMT(nk_tp0, nk_tp2, 0x7632u)",
-                "NK_PRMT(nk_tp1, nk_tp3, 0x5410u)", "NK_PRMT(nk_tp1, nk_tp3, 0x7632u)"]
-        for j, value in enumerate(outs):
-            offset = dst.tile.layout.c_expr(f"(nk_tn + {j})" if j else "nk_tn", "nk_tk")
-            self.emit(f"{self.dialect.shared_word(f'{dst.offset} + {offset}')} = {value};  // n row nk_tn + {j}, k nk_tk..+3")
-        self.depth -= 1
-        self.emit("}")
+        with self.block(f"for (int nk_tb = nk_tid; nk_tb < {blocks}; nk_tb += {threads}) {{"):
+            self.emit("const int nk_tw = nk_tb >> 5, nk_tl = nk_tb & 31;  // the block's warp patch and lane in it")
+            self.emit(f"const int nk_tk = ((nk_tw / {patches}) << {5 - n_bits} | (nk_tl >> {n_bits})) * 4, "
+                      f"nk_tn = ((nk_tw % {patches}) << {n_bits} | (nk_tl & {(1 << n_bits) - 1})) * 4;  // the block's first k row, n column")
+            for i in range(4):
+                offset = src.tile.layout.c_expr(f"(nk_tk + {i})" if i else "nk_tk", "nk_tn")
+                self.emit(f"const unsigned nk_tw{i} = {self.dialect.shared_word(f'{base} + {offset}')};  // k row nk_tk + {i}, n nk_tn..+3")
+            # rows <-> columns of the 4 x 4 bytes: pairs interleaved (0x5140, 0x7362), then halves (0x5410, 0x7632)
+            self.emit("const unsigned nk_tp0 = NK_PRMT(nk_tw0, nk_tw1, 0x5140u), nk_tp1 = NK_PRMT(nk_tw0, nk_tw1, 0x7362u);")
+            self.emit("const unsigned nk_tp2 = NK_PRMT(nk_tw2, nk_tw3, 0x5140u), nk_tp3 = NK_PRMT(nk_tw2, nk_tw3, 0x7362u);")
+            outs = ["NK_PRMT(nk_tp0, nk_tp2, 0x5410u)", "NK_PRMT(nk_tp0, nk_tp2, 0x7632u)",
+                    "NK_PRMT(nk_tp1, nk_tp3, 0x5410u)", "NK_PRMT(nk_tp1, nk_tp3, 0x7632u)"]
+            for j, value in enumerate(outs):
+                offset = dst.tile.layout.c_expr(f"(nk_tn + {j})" if j else "nk_tn", "nk_tk")
+                self.emit(f"{self.dialect.shared_word(f'{dst.offset} + {offset}')} = {value};  // n row nk_tn + {j}, k nk_tk..+3")
         self.emit("NK_FENCE_PROXY_ASYNC();  // the copy, written through the generic proxy, seen by the async proxy")
         self.emit(f"NK_SYNC();  // every thread's part of {m.b}'s K-major copy is written before any warpgroup reads it")
 
