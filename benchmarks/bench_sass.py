@@ -50,7 +50,7 @@ CASES = [
     ("fp8 matmul", "fp8_matmul.napkin", "fp8_matmul", {"m": 8192, "n": 8192, "k": 8192}),
     # FA3's form (O = P * V * sV, sV per head): on sm_90a both products on wgmma's 8-bit shape,
     # V copied K-major each chunk; on sm_90 m16n8k32 with P packed to e4m3, which at d = 128 sm_90
-    # declines (its f16 conversions would spill: isel.CONVERTED_FP8_REGISTERS): the row is the FMA
+    # declines (its f16 conversions would spill: paths.mma_sync.CONVERTED_FP8_REGISTERS): the row is the FMA
     # path's; d = 64 is the tensor-core build there
     ("fp8 attention", "fp8_attention.napkin", "fp8_attention", {"b": 4, "h": 32, "qb": 64, "qi": 128, "x": 8192, "d": 128}),
     ("fp8 attention d64", "fp8_attention.napkin", "fp8_attention", {"b": 4, "h": 32, "qb": 64, "qi": 128, "x": 8192, "d": 64}),

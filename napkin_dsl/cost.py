@@ -149,7 +149,8 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
     ``selected`` is the selection pass's result (``isel.select_program``) the columns are read
     for; without one, the pass runs for the profile's own target.
     """
-    from .isel import MBARRIER_BYTES, fragment_values, mbarrier_count, slot_array
+    from .isel import MBARRIER_BYTES, mbarrier_count, slot_array
+    from .paths.plan import fragment_values
 
     selected = _selected(program, selected)
     tensor = tensor_launches(program, selected)
@@ -190,7 +191,7 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
                 buffer = launch.buffers[(compute, array)]
                 text = _tile_text(schedule, name, buffer.axes, compute) + (f" x{slot.stages}" if slot.stages > 1 else "")
                 hold(compute, buffer, algebra.Integer(slot.bytes // _bytes(buffer.dtype)), _bytes(buffer.dtype), text)
-            if plan is not None and plan.tma:  # the arena's mbarriers, after the tiles (isel.smem_layout)
+            if plan is not None and mbarrier_count(plan):  # the arena's mbarriers, after the tiles (isel.smem_layout)
                 tiles = max((slot.offset + slot.bytes for slot in slots.values()), default=0)
                 column.hold_bytes(compute, selected[launch.index].smem_bytes - tiles,
                                   f"mbarriers {mbarrier_count(plan)} x {MBARRIER_BYTES} B")
@@ -948,13 +949,15 @@ def loaded_bytes(program: Program, launch, level: str) -> algebra.Expr:
 
 
 def _transposed(program: Program, launch, selected) -> tuple:
-    """A launch's selection and the operands it copies K-major (``TensorPlan.transposed``)."""
+    """A launch's selection and the operands it copies K-major (``WgmmaPlan.transposed``)."""
+    from .paths.wgmma import WgmmaPlan
+
     chosen = _selected(program, selected)[launch.index]
-    return chosen, (chosen.plan.transposed if chosen.plan is not None else ())
+    return chosen, (chosen.plan.transposed if isinstance(chosen.plan, WgmmaPlan) else ())
 
 
 def copied_bytes(program: Program, launch, selected) -> int | None:
-    """Bytes a launch's K-major copies (``TensorPlan.transposed``: an 8-bit wgmma operand stored
+    """Bytes a launch's K-major copies (``WgmmaPlan.transposed``: an 8-bit wgmma operand stored
     MN-major, rewritten K-major each chunk) move through shared memory's port: each byte of the
     operand's tile is read (LDS) and written back (STS) once a chunk it lands. None without one."""
     _, names = _transposed(program, launch, selected)

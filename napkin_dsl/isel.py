@@ -37,31 +37,19 @@ from dataclasses import dataclass, field, replace
 
 from .dtypes import DTYPE_BYTES, FP8_DTYPES
 from .diagram import Contract, Map, Read, Reduce, Softmax, reads
-from .layouts import MMA_K, MMA_K8, MMA_M, MMA_N, WGMMA_M, WGMMA_MAX_N, CanonicalTile, SwizzledTile, wgmma_k
-from .pseudocode import LaunchProgram, Program, blocks_per_unit, liveness, released_by, split_loop, walk
+from .layouts import MMA_K, MMA_M, MMA_N, CanonicalTile, SwizzledTile
+from .paths import offered_paths, path_of
+from .paths.mma_sync import MmaSyncPlan, converted_fp8_refusal, mma_k, mma_shape
+from .paths.plan import (FRAGMENT_BUDGET, MAX_REGISTERS, MAX_WARPS, STAGES, TENSOR_DTYPES, Fragment, Mma, Operand, Refusal,
+                         TensorPlan, budget_refusal, gather_registers, live_fragment_values, refuse_if)
+from .paths.wgmma import WgmmaPlan
+from .pseudocode import LaunchProgram, Program, blocks_per_unit, split_loop, walk
 from .relabel import bind
 
-# The mma.sync shapes (MMA_M, MMA_N, MMA_K; MMA_K8 for 8-bit operands) are the layouts' fragments'
-# (layouts.py): one definition, which the plans here are cut to.
-TENSOR_DTYPES = ("bf16", "f16")
-# 8-bit operands run on mma.sync m16n8k32 (sm_89 and later; layouts.MMA_A8, MMA_B8): the same
-# accumulator fragment, 32 values of k an instruction.
-
-
-def mma_k(dtype: str) -> int:
-    """The k of one mma.sync instruction for ``dtype`` operands: 16, or 32 for fp8."""
-    return MMA_K8 if dtype in FP8_DTYPES else MMA_K
-
-
-def mma_shape(dtype: str) -> str:
-    """The mma.sync shape napkin builds for ``dtype`` operands (``m16n8k16``, fp8's ``m16n8k32``)."""
-    return f"m{MMA_M}n{MMA_N}k{mma_k(dtype)}"
-MAX_WARPS = 8
-WARPGROUP = 4  # warps of one wgmma
+# The plans, their paths and what every path shares are paths/'s (one module a path); this module
+# analyses a launch into mma.sync's layout and asks the paths in order (select). The mma.sync
+# shapes (MMA_M, MMA_N, MMA_K; MMA_K8 for 8-bit operands) are the layouts' fragments' (layouts.py).
 FMA_THREADS = 256  # threads per block of a launch on the FMA path
-# Fragment registers one thread may hold at once; the rest of the 255 hold addresses, operand
-# fragments and temporaries (an FA2-class attention loop at d = 128 compiles to ~184 with ~100 here).
-FRAGMENT_BUDGET = 160
 # ... where the printer keeps the stream loop rolled, one chunk a trip (TensorPlan.rolled), and P
 # packed from its exponentials on (tensorcore.TensorPrinter.packed_fragments): 32-row warps of
 # attention at d = 128 and chunks of 64 keys hold 204 (O.acc 128, S 64, the row max, sum and
@@ -75,8 +63,6 @@ ROLLED_FRAGMENT_BUDGET = 204
 # A100 has the same 255 registers a thread as H100); below it FRAGMENT_BUDGET stays.
 ROLLED_MIN_CAPABILITY = 80
 MIN_WARPS = 4  # the SM's four schedulers: a block of fewer warps leaves some idle
-MAX_REGISTERS = 255  # registers one thread may have (the register level's capacity, 1020 bytes)
-STAGES = 2  # cp.async buffers per streamed operand: the next chunk is in flight while this one is used
 MAX_STAGES = 4  # the deepest cp.async pipeline selection picks (stage_count)
 # Clocks a cp.async copy from global memory takes to land under load: an estimate, not measured
 # here (about 1000 clocks is what issue 22 reads off matmul's one 32-deep chunk in flight; an
@@ -85,142 +71,11 @@ MAX_STAGES = 4  # the deepest cp.async pipeline selection picks (stage_count)
 COPY_LATENCY_CLOCKS = 1000
 
 
-@dataclass(frozen=True)
-class Operand:
-    """A shared-memory tile a contraction reads with ldmatrix: ``rows`` x ``cols`` (fastest)."""
-
-    array: str
-    rows: str
-    cols: str
-    streamed: bool
 
 
-@dataclass(frozen=True)
-class Fragment:
-    """A register-resident array: accumulator fragments over (row, col), or a value per row."""
-
-    name: str
-    col: str | None
 
 
-@dataclass(frozen=True)
-class Mma:
-    """One contraction ``out[row, n] (+)= A[row, k] * B[k, n]`` on mma.sync."""
 
-    a: str  # array name (smem operand) or fragment name (registers)
-    a_in_registers: bool
-    a_trans: bool  # A stored k-major: ldmatrix .trans
-    b: str
-    b_trans: bool  # B stored k-major (k rows, n fastest): ldmatrix .trans
-    k: str
-    n: str
-    dtype: str  # operand dtype the mma runs in
-
-
-@dataclass(frozen=True)
-class TmaLoad:
-    """One operand a wgmma plan copies by TMA (``cp.async.bulk.tensor.<rank>d``): its tile of ``rows``
-    x ``cols`` (``cols`` contiguous in memory and in the box), as ``boxes`` boxes of
-    ``box_rows`` x ``box_cols`` elements (``CanonicalTile.tma_boxes``) with the tensor map's
-    ``swizzle`` span in bytes. The host's tensor map and the OpenCL emulation read it."""
-
-    array: str
-    rows: str
-    cols: str
-    box_rows: int
-    box_cols: int
-    boxes: int
-    swizzle: int
-    element_bytes: int
-    # the array's axes in memory, outermost first (the box is 1 along all but rows and cols), and
-    # whether the tile fills the stream's ring (else one copy before the stream, its own mbarrier)
-    axes: tuple = ()
-    streamed: bool = True
-
-    @property
-    def rank(self) -> int:
-        return len(self.axes)
-
-    def box(self) -> tuple:
-        """The box's extent along each of the array's axes, outermost first."""
-        return tuple(self.box_rows if a == self.rows else self.box_cols if a == self.cols else 1 for a in self.axes)
-
-    @property
-    def bytes(self) -> int:
-        """The bytes one stage of this operand brings (the boxes whole: TMA fills out-of-bounds)."""
-        return self.boxes * self.box_rows * self.box_cols * self.element_bytes
-
-
-MAX_TMA_BOX = 256  # cuTensorMapEncodeTiled: every boxDim at most 256
-MAX_TMA_RANK = 5  # cuTensorMapEncodeTiled: tensorRank 1 .. 5 (cp.async.bulk.tensor.1d .. .5d)
-
-
-@dataclass(frozen=True)
-class TensorPlan:
-    row: str
-    row_tile: int
-    warp_rows: int
-    dtype: str
-    operands: dict = field(default_factory=dict)  # array -> Operand (swizzled smem)
-    plain: tuple = ()  # loaded arrays read elementwise (row-major smem tiles)
-    fragments: dict = field(default_factory=dict)  # buffer name -> Fragment
-    mmas: dict = field(default_factory=dict)  # statement target -> Mma
-    stream: str | None = None
-    stages: int = STAGES
-    split: str | None = None  # a column axis also split among warps (a 2-D warp grid), or None
-    col_tile: int = 0  # the block's tile of `split`
-    warp_cols: int = 0  # columns of `split` a warp owns
-    # The tensor-core instruction: "mma.sync" (what napkin builds: one warp's 16 x 8 x 16
-    # products, operands by ldmatrix) or "wgmma" (sm_90a's warpgroup products, priced only: four
-    # warps share one read of the B tile from shared memory).
-    instruction: str = "mma.sync"
-    # A plan napkin builds on wgmma (sm_90a, ``backends/wgmma.py``): the instruction's shape,
-    # ``m64n128k16``; "" for mma.sync and for the wgmma what-if, which lays fragments out as mma.sync.
-    shape: str = ""
-    # A wgmma plan's TMA copies (``TmaLoad`` per streamed operand, the stream's ring of
-    # ``stages`` stages behind mbarriers); () where the operands go by cp.async, and why.
-    tma: tuple = ()
-    tma_declined: str = ""
-    # A wgmma plan's shape per product (statement target -> "m64n64k16"); ``shape`` joins them.
-    shapes: dict = field(default_factory=dict)
-    # The stream loop runs one chunk a trip on a running buffer, not unrolled by the stages: for
-    # fragments over FRAGMENT_BUDGET, up to ROLLED_FRAGMENT_BUDGET (tensorcore.TensorPrinter.rolled).
-    rolled: bool = False
-    # Operands a wgmma plan copies into a K-major tile of their own each chunk (the 8-bit shape
-    # reads B K-major only: attention's V stored [.. x d] under an fp8 P, backends/wgmma.py's
-    # transpose_b); their slots are smem_layout's "<name>.kmajor".
-    transposed: tuple = ()
-
-    @property
-    def row_warps(self) -> int:
-        return self.row_tile // self.warp_rows
-
-    @property
-    def col_warps(self) -> int:
-        return self.col_tile // self.warp_cols if self.split else 1
-
-    @property
-    def warps(self) -> int:
-        return self.row_warps * self.col_warps
-
-    def cols_per_warp(self, col: str, tile: dict) -> int:
-        """The extent of column axis ``col`` one warp's fragments cover."""
-        return self.warp_cols if col == self.split else tile[col]
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps
-
-    @property
-    def b_readers(self) -> int:
-        """How many times the block reads a B tile from shared memory per product: once per warp
-        row on mma.sync (each warp loads its own fragments), once per warpgroup of four warps on
-        wgmma (the tensor cores read B from shared memory for the whole group)."""
-        return -(-self.row_warps // WARPGROUP) if self.instruction == "wgmma" else self.row_warps
-
-    @property
-    def m_tiles(self) -> int:
-        return self.warp_rows // MMA_M
 
 
 @dataclass(frozen=True)
@@ -231,7 +86,8 @@ class Selection:
 
     plan: TensorPlan | None
     reason: str = ""
-    declined: str = ""  # why a tensor-core plan is not on wgmma where the target has it (sm_90a)
+    declined: str = ""  # why the plan is not on a path selection asked first (wgmma on sm_90a), which refused
+    declined_path: str = ""  # that path's instruction
     tile: dict | None = None  # axis -> tile extent at the compute level (launch_tiles); None: a size is symbolic
     sizes: dict | None = None  # axis -> size (launch_tiles); None with tile
     warp_tiles: dict = field(default_factory=dict)  # the warp tiles the relabelling asks for (warp_tiles_of)
@@ -243,10 +99,6 @@ class Selection:
     @property
     def path(self) -> str:
         return self.plan.instruction if self.plan is not None else "fma"
-
-
-class _Refuse(Exception):
-    pass
 
 
 # The instruction and shape napkin's tensor-core printer builds. Which GPU has it, for which
@@ -268,7 +120,7 @@ def _target_path(hardware, arch: str, path: str | None, dtype: str | None = None
             return found
     shape = None if path is not None else shape if dtype is not None else BUILT_SHAPE
     what = f"{instruction} {shape or ''}".rstrip() + (f" for {dtype}" if dtype is not None else "")
-    raise _Refuse(f"{hardware.name} has no {what} on {arch} (its paths: {hardware.paths_text()})")
+    raise Refusal(f"{hardware.name} has no {what} on {arch} (its paths: {hardware.paths_text()})")
 
 
 def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict | None = None,
@@ -276,58 +128,65 @@ def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles
     """The instruction path of ``launch`` on ``arch`` given its compute-level tile extents and
     the warp tiles a relabel block asks for (axis -> extent at ``registers``).
 
-    ``path`` None selects what napkin builds: mma.sync within the fragment budget its printer
-    compiles without spills. A named path ("mma.sync", "wgmma") is a what-if for pricing: the
-    same register level priced as that instruction, whose fragments must fit the register
-    file's 255 registers per thread (``MAX_REGISTERS``), not napkin's budget."""
+    ``path`` None selects what napkin builds: the launch is analysed into mma.sync's layout within
+    the fragment budget its printer compiles without spills (:func:`_plan`), then the paths the
+    profile offers on ``arch`` are asked in order (``paths.PATHS``: wgmma, then mma.sync), and
+    the first that accepts builds it; a path asked before it that refused is ``declined``. Where
+    every path refuses the launch stays on the FMA path, with the last refusal and the others'.
+    A named path ("mma.sync", "wgmma") is a what-if for pricing: the same register level priced
+    as that instruction, whose fragments must fit the register file's 255 registers per thread
+    (``MAX_REGISTERS``), not napkin's budget."""
     hardware = launch.schedule.hardware
-    # where the target builds wgmma (sm_90a), mma.sync's converted fp8 (no 8-bit mma.sync in SASS)
-    # is no reason to stay off tensor cores until wgmma has declined the launch as well
-    wgmma_here = path is None and any(arch in getattr(hardware.find_path("wgmma", dtype, arch), "archs", ())
-                                      for dtype in TENSOR_DTYPES + FP8_DTYPES)
+    warp_tiles = dict(warp_tiles or {})
     try:
-        plan = _plan(launch, arch, tile, sizes, dict(warp_tiles or {}), path, converted=not wgmma_here)
-    except _Refuse as refusal:
+        # a path's own legality (mma.sync's converted fp8 among it) is its build's, below
+        plan = _plan(launch, arch, tile, sizes, warp_tiles, path, converted=path is not None)
+    except Refusal as refusal:
         return Selection(None, str(refusal))
-    found = hardware.find_path("wgmma", plan.dtype, arch)
-    if path is not None or found is None or arch not in found.archs:
-        return Selection(plan)  # wgmma is built only where the target itself has it (sm_90a), not for the what-if on sm_90
-    try:
-        # the wgmma plan is rebuilt from the mma.sync one, whose loop form is its printer's own
-        return Selection(_wgmma_plan(replace(plan, rolled=False), launch, tile, sizes, dict(warp_tiles or {})))
-    except _Refuse as refusal:
-        converted = _converted_fp8_refusal(plan, launch, tile, FRAGMENT_BUDGET, arch)
-        if converted is not None:
-            return Selection(None, f"{converted}; not wgmma either: {refusal}")
-        return Selection(plan, declined=str(refusal))
+    if path is not None:
+        return Selection(plan)  # priced as `path` on mma.sync's layout; wgmma is built only where the target has it
+    refused: list[tuple[str, str]] = []  # (instruction, why), in the order asked
+    for candidate in offered_paths(hardware, arch, plan.dtype):
+        try:
+            built = candidate.build(plan, launch, tile, sizes, warp_tiles, arch)
+        except Refusal as refusal:
+            refused.append((candidate.instruction, str(refusal)))
+            continue
+        first = refused[0] if refused else ("", "")
+        return Selection(built, declined=first[1], declined_path=first[0])
+    if not refused:
+        raise AssertionError(f"napkin bug: {hardware.name} offers no path on {arch} for the analysed {plan.dtype} plan")
+    last = refused.pop()[1]
+    return Selection(None, last + "".join(f"; not {name} either: {why}" for name, why in refused))
 
 
 def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict, path: str | None = None,
-          converted: bool = True) -> TensorPlan:
-    """The mma.sync plan of ``launch``, step by step; each step refuses (:class:`_Refuse`) with
-    the reason the launch stays on the FMA path, the first that fails deciding the text.
-    ``converted`` False leaves :func:`_converted_fp8_refusal` to the caller (``select``, which
-    tries wgmma first)."""
+          converted: bool = True) -> MmaSyncPlan:
+    """The analysis of ``launch`` into mma.sync's layout (the plan every path builds from), step
+    by step; each step refuses (:class:`Refusal`) with the reason the launch stays on the FMA
+    path, the first that fails deciding the text. ``converted`` False leaves mma.sync's converted
+    fp8 check (``paths.mma_sync.converted_fp8_refusal``) to that path's build, which ``select``
+    asks after wgmma."""
     hardware = launch.schedule.hardware
     _target_path(hardware, arch, path)  # before anything else: a target without the instruction says so
-    _refuse_if(_launch_refusal(launch, tile))
+    refuse_if(_launch_refusal(launch, tile))
     site = _Site(launch, tile, sizes)
     row = _row_axis(site)
     warp_rows, warp_tiles = _warp_rows(site, row, warp_tiles)
     stream, loaded = _stream_and_loaded(launch)
     fragments = _fragments(site, row, loaded)
-    _refuse_if(_reduction_refusal(site, fragments))
+    refuse_if(_reduction_refusal(site, fragments))
     operands, mmas, dtype = _products(site, row, fragments, loaded, stream)
     plain = _plain_tiles(site, row, operands, loaded, stream)
     _target_path(hardware, arch, path, dtype)
     statements = launch.launch.statements
     split = _column_split(statements, fragments, mmas, stream)
-    _refuse_if(_warp_tiles_refusal(row, split, warp_tiles))
+    refuse_if(_warp_tiles_refusal(row, split, warp_tiles))
     budget = FRAGMENT_BUDGET if path is None else MAX_REGISTERS
     if split is None:
-        def rows_plan(rows: int) -> TensorPlan:
-            return TensorPlan(row, tile[row], rows, dtype, operands, plain, fragments, mmas, stream,
-                              instruction=path or "mma.sync")
+        def rows_plan(rows: int) -> MmaSyncPlan:
+            return MmaSyncPlan(row, tile[row], rows, dtype, operands, plain, fragments, mmas, stream,
+                               instruction=path or "mma.sync")
 
         # a what-if wgmma keeps 16-row warps (each warp of a warpgroup holds 16 of its 64 rows), and
         # so does a launch taller warps were not measured on (_measured_taller)
@@ -335,14 +194,14 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
             tile[row], lambda rows: path != "wgmma" and _measured_taller(launch)
             and _budgeted(rows_plan(rows), launch, tile, budget, path, arch)[1] is None)
         plan, refusal = _budgeted(rows_plan(rows), launch, tile, budget, path, arch, converted)
-        _refuse_if(refusal)
+        refuse_if(refusal)
         return plan
     plan = _grid(row, split, tile, warp_rows, warp_tiles.get(split), launch, budget, dtype, operands, plain,
                  fragments, mmas, stream)
     plan = replace(plan, instruction=path or "mma.sync")
-    _refuse_if(_budget_refusal(plan, launch, tile, budget, path))
+    refuse_if(budget_refusal(plan, launch, tile, budget, path))
     if converted:
-        _refuse_if(_converted_fp8_refusal(plan, launch, tile, budget, arch))
+        refuse_if(converted_fp8_refusal(plan, launch, tile, budget, arch))
     return plan
 
 
@@ -383,13 +242,10 @@ def _budgeted(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: int, 
     ROLLED_FRAGMENT_BUDGET (:func:`_rollable`), or the refusal that keeps it off tensor cores."""
     if path is None and _rollable(plan, launch, arch) and FRAGMENT_BUDGET < live_fragment_values(plan, launch, tile) <= ROLLED_FRAGMENT_BUDGET:
         plan, budget = replace(plan, rolled=True), ROLLED_FRAGMENT_BUDGET
-    return plan, _budget_refusal(plan, launch, tile, budget, path) or (
-        _converted_fp8_refusal(plan, launch, tile, budget, arch) if converted else None)
+    return plan, budget_refusal(plan, launch, tile, budget, path) or (
+        converted_fp8_refusal(plan, launch, tile, budget, arch) if converted else None)
 
 
-def _refuse_if(reason: str | None) -> None:
-    if reason is not None:
-        raise _Refuse(reason)
 
 
 class _Site:
@@ -463,10 +319,10 @@ def _row_axis(site: _Site) -> str:
     first = site.contractions[0].box.operands[0]
     rows = [a for a in site.wide(statements[0].axes) if a in common and a in first.axes]
     if not rows:
-        raise _Refuse("no axis is woven through every statement and read by the first contraction's first operand")
+        raise Refusal("no axis is woven through every statement and read by the first contraction's first operand")
     row = rows[0]
     if site.tile[row] % MMA_M:
-        raise _Refuse(f"the {row} tile ({site.tile[row]}) is not a multiple of {MMA_M}")
+        raise Refusal(f"the {row} tile ({site.tile[row]}) is not a multiple of {MMA_M}")
     return row
 
 
@@ -477,7 +333,7 @@ def _warp_rows(site: _Site, row: str, warp_tiles: dict) -> tuple[int | None, dic
     warp_tiles = {axis: min(size, tile[axis]) for axis, size in warp_tiles.items()}
     warp_rows = warp_tiles.pop(row, None)
     if warp_rows is not None and (warp_rows % MMA_M or tile[row] % warp_rows or tile[row] // warp_rows > MAX_WARPS):
-        raise _Refuse(f"warp tiles of {warp_rows} rows do not split the {row} tile of {tile[row]} into at most {MAX_WARPS} warps of whole fragments")
+        raise Refusal(f"warp tiles of {warp_rows} rows do not split the {row} tile of {tile[row]} into at most {MAX_WARPS} warps of whole fragments")
     return warp_rows, warp_tiles
 
 
@@ -502,10 +358,10 @@ def _fragments(site: _Site, row: str, loaded: set) -> dict[str, Fragment]:
             continue
         axes = site.wide(buffer.axes)
         if row not in axes or len(axes) > 2:
-            raise _Refuse(f"{name}[{' '.join(buffer.axes)}] is not a tile of {row} rows by at most one other axis")
+            raise Refusal(f"{name}[{' '.join(buffer.axes)}] is not a tile of {row} rows by at most one other axis")
         col = next((a for a in axes if a != row), None)
         if col is not None and site.tile[col] % (2 * MMA_N):
-            raise _Refuse(f"the {col} tile of {name} ({site.tile[col]}) is not a multiple of {2 * MMA_N}")
+            raise Refusal(f"the {col} tile of {name} ({site.tile[col]}) is not a multiple of {2 * MMA_N}")
         fragments[name] = Fragment(name, col)
     return fragments
 
@@ -557,23 +413,23 @@ def _contraction_axes(site: _Site, s, row: str):
         # A factor over the output's axes alone has left the product already (a post-scale,
         # check.py): each one left carries a contracted axis, so none can be applied after it.
         held = ", ".join(f"{r.array}[{' '.join(r.axes)}]" for r in reads_)
-        raise _Refuse(f"{s.target} contracts {len(reads_)} operands, each over a contracted axis ({held}); mma takes two "
+        raise Refusal(f"{s.target} contracts {len(reads_)} operands, each over a contracted axis ({held}); mma takes two "
                       f"(a factor leaves the product, to scale its result, only where its axes are all axes of {s.target})")
     contracted = site.wide(s.box.contracted)
     if len(contracted) != 1:
-        raise _Refuse(f"{s.target} contracts {len(contracted)} tiled axes; mma contracts one")
+        raise Refusal(f"{s.target} contracts {len(contracted)} tiled axes; mma contracts one")
     k = contracted[0]
     step = max(mma_k(site.diagram.arrays[r.array].dtype) for r in reads_ if r.array in site.diagram.arrays)
     if site.tile[k] % step:
-        raise _Refuse(f"the contracted {k} tile ({site.tile[k]}) is not a multiple of {step}")
+        raise Refusal(f"the contracted {k} tile ({site.tile[k]}) is not a multiple of {step}")
     with_row = [r for r in reads_ if row in r.axes]
     if len(with_row) != 1:
-        raise _Refuse(f"{s.target}: exactly one operand must carry {row}")
+        raise Refusal(f"{s.target}: exactly one operand must carry {row}")
     a, b = with_row[0], next(r for r in reads_ if r is not with_row[0])
     out = site.wide(s.axes)
     n = next((x for x in out if x != row), None)
     if n is None or set(site.wide(b.axes)) != {k, n} or set(site.wide(a.axes)) != {row, k}:
-        raise _Refuse(f"{s.target} is not (rows x {k}) times ({k} x columns)")
+        raise Refusal(f"{s.target} is not (rows x {k}) times ({k} x columns)")
     return a, b, k, n
 
 
@@ -585,7 +441,7 @@ def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str |
     dtypes = set()
 
     def operand(name: str, role: str) -> Operand:
-        _refuse_if(_operand_refusal(site, name, role, loaded, row))
+        refuse_if(_operand_refusal(site, name, role, loaded, row))
         array = site.diagram.arrays[name]
         axes = site.wide(array.axes)
         found = Operand(name, axes[0], axes[1], stream is not None and stream in array.axes)
@@ -597,7 +453,7 @@ def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str |
         b_tile = operand(b.array, "B")
         if a.array in fragments:
             if fragments[a.array].col != k:
-                raise _Refuse(f"{a.array} in registers is not laid out along {k}")
+                raise Refusal(f"{a.array} in registers is not laid out along {k}")
             a_trans, a_regs = False, True
         else:
             a_tile = operand(a.array, "A")
@@ -607,7 +463,7 @@ def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str |
         dtypes.add(dtype)
         mmas[s.target] = Mma(a.array, a_regs, a_trans, b.array, b_tile.rows == k, k, n, dtype)
     if len(dtypes) != 1:
-        raise _Refuse(f"contractions mix {' and '.join(sorted(dtypes))} operands")
+        raise Refusal(f"contractions mix {' and '.join(sorted(dtypes))} operands")
     return operands, mmas, dtypes.pop()
 
 
@@ -624,10 +480,10 @@ def _plain_tiles(site: _Site, row: str, operands: dict, loaded: set, stream: str
         if isinstance(s.box, (Reduce, Softmax)):
             reduced = site.wide(s.box.axes if isinstance(s.box, Reduce) else (s.box.axis,))
             if len(reduced) > 1 or any(a == row for a in reduced):
-                raise _Refuse(f"{s.target} reduces along {' '.join(reduced)}, not along the columns of a row")
+                raise Refusal(f"{s.target} reduces along {' '.join(reduced)}, not along the columns of a row")
         for r in _reads(s):
             if r.array in plain and not set(site.wide(diagram.arrays[r.array].axes)) <= set(site.wide(s.iteration_axes)):
-                raise _Refuse(f"{s.target} reads {r.array} across axes it does not iterate")
+                raise Refusal(f"{s.target} reads {r.array} across axes it does not iterate")
     return tuple(plain)
 
 
@@ -640,146 +496,14 @@ def _warp_tiles_refusal(row: str, split: str | None, warp_tiles: dict) -> str | 
             + ("" if split else ": a row reduction or a fragment fed to mma needs whole rows in one warp"))
 
 
-def _budget_refusal(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: int, path: str | None) -> str | None:
-    """Fragments one thread would hold at once over ``budget``: napkin's (what its printer compiles
-    without spills), or for a what-if path the register file's."""
-    held = live_fragment_values(plan, launch, tile)
-    if held <= budget:
-        return None
-    what = (f"budget {budget}" if path is None
-            else f"the register file's {MAX_REGISTERS} registers per thread")
-    return (f"a thread would hold {held} fragment registers at once with {plan.warp_rows}-row warp tiles "
-            f"({what}); use smaller tiles")
 
 
-# Warpgroups a wgmma block holds at most: 4 x 128 threads, half the 1024 a block may have, and as
-# many as the SM's 4 sub-partitions keep one warp of each on.
-WGMMA_MAX_GROUPS = 4
 
 
-def _wgmma_statements_refusal(plan: TensorPlan, statements) -> str | None:
-    """Why the wgmma printer does not take a launch's statements, or None: it takes the two
-    contractions of an online softmax (attention: the softmax packs P into the second's register
-    A), or contractions whose operands both come from shared memory followed by elementwise maps
-    of their accumulators (matmul; mlp's bias and GELU; swiglu's dual GEMM G, U sharing X's tiles,
-    then silu(G) * U), which run on the D fragments as on mma.sync's C fragments."""
-    if any(isinstance(s.box, Softmax) for s in statements):
-        return None if len(plan.mmas) == 2 else "wgmma takes an online softmax's two contractions (attention), no more"
-    others = [s for s in statements if s.target not in plan.mmas]
-    if not all(isinstance(s.box, Map) for s in others):
-        kinds = sorted({type(s.box).__name__.lower() for s in others if not isinstance(s.box, Map)})
-        return (f"wgmma is built for contractions and elementwise maps of their results, or for attention's two: "
-                f"this launch also has a {', a '.join(kinds)}")
-    last_product = max(s.index for s in statements if s.target in plan.mmas)
-    if any(s.index < last_product for s in others) or any(m.a_in_registers for m in plan.mmas.values()):
-        return "wgmma reads A from registers only as attention's P: a map computed before a contraction stays on mma.sync"
-    return None
 
 
-def _wgmma_plan(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict, warp_tiles: dict) -> TensorPlan:
-    """The mma.sync ``plan`` of a launch rebuilt on ``wgmma.mma_async.m64nNk16`` (sm_90a), or a
-    refusal naming what napkin's wgmma printer (``backends/wgmma.py``) does not take: 64 to 256
-    rows (1 to ``WGMMA_MAX_GROUPS`` warpgroups of 64; each of their warps holds 16 rows of every
-    N-wide accumulator, as mma.sync's 16-row warps do), and each contraction ``out[row, n] (+)= A[row, k]
-    B[k, n]`` with N a multiple of 8 up to 256 and the k chunk a multiple of 16, B in shared memory
-    (by descriptor, in the canonical swizzled layouts of ``layouts.CanonicalTile``) and A there too
-    or in registers (a fragment laid out along k: P of attention, packed to the operands' type as
-    the register A fragment, which is mma.sync's m16n8k16 A fragment per warp). The launch's
-    statements are the online softmax's two contractions (attention, its GQA and log-sum-exp
-    forms) or contractions followed by elementwise maps (:func:`_wgmma_statements_refusal`): the
-    register level's other steps (softmax, maxima, sums, an epilogue) run on the D fragments as on
-    mma.sync's C."""
-    statements = launch.launch.statements
-    copied: list[str] = []
-    if plan.dtype in FP8_DTYPES:
-        # wgmma's 8-bit shape has no transpose immediates: both shared operands K-major. An A from
-        # registers (attention's P) is packed to bytes and exchanged within each quad into the
-        # ISA's key order (backends/wgmma.py, register_a8), so its B (V) is read as stored; a
-        # streamed B stored n-fastest under it (V [.. x d]) is copied K-major each chunk.
-        for mma in plan.mmas.values():
-            if mma.a_in_registers and mma.b_trans and plan.operands[mma.b].streamed:
-                copied.append(mma.b)
-                continue
-            transposed = [name for name, t in ((mma.a, mma.a_trans), (mma.b, mma.b_trans)) if t]
-            if transposed:
-                raise _Refuse(f"wgmma's 8-bit shape (m64nNk32) reads its operands K-major only: {', '.join(transposed)} has "
-                              f"{mma.k} outside its fastest axis (store it with {mma.k} last, [.. {mma.k}]; napkin transposes "
-                              "only a streamed B under a register A in the kernel)")
-    if split_loop(launch) is not None:  # backends/wgmma.py saves no part state: mma.sync's printer does
-        raise _Refuse("a split's parts launch: the wgmma epilogue that saves its part states is not written")
-    if warp_tiles:
-        raise _Refuse(f"a relabelling asks for warp tiles ({', '.join(warp_tiles)}): they are mma.sync's")
-    _refuse_if(_wgmma_statements_refusal(plan, statements))
-    if tile[plan.row] % WGMMA_M or tile[plan.row] > WGMMA_MAX_GROUPS * WGMMA_M:
-        raise _Refuse(f"the {plan.row} tile ({tile[plan.row]}) is not 1 to {WGMMA_MAX_GROUPS} warpgroups of {WGMMA_M} rows")
-    shapes = {}
-    for target, mma in plan.mmas.items():
-        n = tile[mma.n]
-        if n % 8 or n > WGMMA_MAX_N:
-            raise _Refuse(f"the {mma.n} tile ({n}) of {target} is not a multiple of 8 up to {WGMMA_MAX_N} (m64nNk16)")
-        k = wgmma_k(mma.dtype)
-        if tile[mma.k] % k:
-            raise _Refuse(f"the contracted {mma.k} tile ({tile[mma.k]}) is not a multiple of {k}")
-        for name in (mma.b,) if mma.a_in_registers else (mma.a, mma.b):
-            op = plan.operands[name]
-            eb = DTYPE_BYTES[launch.schedule.diagram.arrays[name].dtype]
-            if not CanonicalTile.supports(tile[op.cols], eb):
-                raise _Refuse(f"{name}'s tile rows ({tile[op.cols] * eb} bytes) are not 32, 64 or a multiple of 128: no wgmma swizzle atom covers them")
-            if name in copied and not (CanonicalTile.supports(tile[op.rows], eb) and tile[op.rows] % 4 == 0 and tile[op.cols] % 4 == 0):
-                raise _Refuse(f"{name}'s K-major copy has rows of {tile[op.rows] * eb} bytes: not 32, 64 or a multiple of 128, "
-                              "or not whole 4 x 4 blocks of bytes")
-        if plan.fragments[target].col != mma.n:
-            raise _Refuse(f"{target} is not laid out along {mma.n}")
-        shapes[target] = f"m{WGMMA_M}n{n}k{k}"
-    rows = tile[plan.row]
-    built = replace(plan, warp_rows=MMA_M, split=None, col_tile=0, warp_cols=0, instruction="wgmma",
-                    shape=", ".join(dict.fromkeys(shapes.values())), shapes=shapes, row_tile=rows, transposed=tuple(copied))
-    # each warp of a warpgroup holds N/2 f32 of a 64 x N accumulator: mma.sync's 16-row warp tiles
-    _refuse_if(_budget_refusal(built, launch, tile, FRAGMENT_BUDGET, None))
-    try:
-        return replace(built, tma=_tma_loads(built, launch, tile, sizes))
-    except _Refuse as refusal:
-        return replace(built, tma_declined=str(refusal))
 
 
-def _tma_loads(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict) -> tuple:
-    """The TMA copies of a wgmma plan's shared-memory operands, or a refusal (cp.async stays)
-    naming what napkin's TMA copies do not take. A streamed operand fills the stream's ring of
-    stages (masked streams too: a chunk the mask skips is neither filled nor waited for); one
-    that is not (attention's Q) is one copy before the stream, on its own mbarrier. Each is an
-    array of 2 to 5 axes in memory (a tensor map's rank is at most 5), its tile's columns its
-    innermost axis, its tile's rows at most 256 (a box dimension's limit), every other axis a
-    block tile of 1 (the box's extent there: one (b, h) or one head group), and its rows in
-    memory a multiple of 16 bytes (the strides of a tensor map's dimensions above the first)."""
-    if plan.stream is None:
-        raise _Refuse("no streamed axis: TMA is built for the stream's ring of stages")
-    if plan.stages < 2:
-        raise _Refuse(f"{plan.stages} stage: the TMA ring needs at least 2")
-    level = launch.schedule.compute_level
-    streams = [lp for _, loops in walk(launch.body) for lp in loops if lp.kind == "stream" and lp.level == level]
-    if len({id(lp) for lp in streams}) > 1:
-        raise _Refuse("more than one streamed loop: the TMA ring's phases are built for one")
-    diagram = launch.schedule.diagram
-    loads = []
-    for name, op in plan.operands.items():
-        array = diagram.arrays[name]
-        eb = DTYPE_BYTES[array.dtype]
-        if not 2 <= len(array.axes) <= MAX_TMA_RANK:
-            raise _Refuse(f"{name} has {len(array.axes)} axes in memory: a tensor map has 1 to {MAX_TMA_RANK}")
-        if array.axes[-1] != op.cols:
-            raise _Refuse(f"{name}'s tile columns ({op.cols}) are not its innermost axis in memory")
-        wide = [a for a in array.axes if a not in (op.rows, op.cols) and tile.get(a, sizes[a]) != 1]
-        if wide:
-            raise _Refuse(f"{name}'s block tile is more than 1 along {', '.join(wide)}: a TMA box is its rows x columns")
-        if tile[op.rows] > MAX_TMA_BOX:
-            raise _Refuse(f"{name}'s tile has {tile[op.rows]} rows: a TMA box dimension is at most {MAX_TMA_BOX}")
-        if sizes[op.cols] * eb % 16:
-            raise _Refuse(f"{name}'s rows in memory ({sizes[op.cols] * eb} bytes) are not a multiple of 16: a tensor map's stride must be")
-        canonical = CanonicalTile(tile[op.rows], tile[op.cols], eb)
-        (first, *rest) = canonical.tma_boxes()
-        loads.append(TmaLoad(name, op.rows, op.cols, first.rows, first.cols, 1 + len(rest), canonical.tma_swizzle, eb,
-                             array.axes, op.streamed))
-    return tuple(loads)
 
 
 def _column_split(statements, fragments: dict, mmas: dict, stream: str | None) -> str | None:
@@ -795,7 +519,7 @@ def _column_split(statements, fragments: dict, mmas: dict, stream: str | None) -
     return None if col == stream else col
 
 
-def _grid(row, col, tile, warp_rows, warp_cols, launch, budget, *rest) -> TensorPlan:
+def _grid(row, col, tile, warp_rows, warp_cols, launch, budget, *rest) -> MmaSyncPlan:
     """A 2-D warp grid. Each warp reads its rows of A and its columns of B by ldmatrix, so the
     block reads A once per warp column and B once per warp row: the grid minimising that
     traffic (row_tile x warp columns + col_tile x warp rows) within the fragment budget, with
@@ -807,7 +531,7 @@ def _grid(row, col, tile, warp_rows, warp_cols, launch, budget, *rest) -> Tensor
         for c in cols_options:
             if r % MMA_M or c % (2 * MMA_N) or tile[row] % r or tile[col] % c:
                 continue
-            plan = TensorPlan(row, tile[row], r, *rest, split=col, col_tile=tile[col], warp_cols=c)
+            plan = MmaSyncPlan(row, tile[row], r, *rest, split=col, col_tile=tile[col], warp_cols=c)
             if plan.warps > MAX_WARPS or live_fragment_values(plan, launch, tile) > budget:
                 continue
             # B gathered by byte loads (an fp8 [k n] B) costs each warp row an instruction a
@@ -817,7 +541,7 @@ def _grid(row, col, tile, warp_rows, warp_cols, launch, budget, *rest) -> Tensor
             traffic = tile[row] * plan.col_warps + tile[col] * plan.row_warps * gathered
             candidates.append((plan.warps < 4, traffic, -plan.warps, plan))
     if not candidates:
-        raise _Refuse(f"no warp grid of whole fragments splits the {tile[row]} x {tile[col]} tile of {row} x {col} "
+        raise Refusal(f"no warp grid of whole fragments splits the {tile[row]} x {tile[col]} tile of {row} x {col} "
                       f"into at most {MAX_WARPS} warps within the fragment budget")
     return min(candidates, key=lambda c: c[:3])[3]
 
@@ -963,11 +687,13 @@ MBARRIER_BYTES = 16  # one mbarrier's slot at the arena's end (the object is 8 b
 
 def mbarrier_count(plan: TensorPlan) -> int:
     """The mbarriers a TMA plan keeps after its tiles: one a stage of the ring, one a one-shot copy."""
-    return plan.stages + sum(1 for load in plan.tma if not load.streamed) if plan.tma else 0
+    if not isinstance(plan, WgmmaPlan) or not plan.tma:
+        return 0
+    return plan.stages + sum(1 for load in plan.tma if not load.streamed)
 
 
 def kmajor_name(name: str) -> str:
-    """The slot of operand ``name``'s K-major copy (``TensorPlan.transposed``): no array's name."""
+    """The slot of operand ``name``'s K-major copy (``WgmmaPlan.transposed``): no array's name."""
     return f"{name}.kmajor"
 
 
@@ -987,9 +713,9 @@ def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSl
     """
     slots: dict[str, SmemSlot] = {}
     offset = 0
+    canonical = isinstance(plan, WgmmaPlan)  # wgmma's canonical layouts, each on its swizzle's period
     for name, op in plan.operands.items():
         array = diagram.arrays[name]
-        canonical = plan.shape != ""  # wgmma's canonical layouts, each on its swizzle's period
         swizzled = (CanonicalTile if canonical else SwizzledTile)(tile[op.rows], tile[op.cols], DTYPE_BYTES[array.dtype])
         stages = plan.stages if op.streamed else 1
         align = swizzled.alignment if canonical else 128
@@ -997,7 +723,7 @@ def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSl
         slots[name] = SmemSlot(name, offset, swizzled.bytes, stages, swizzled)
         offset += swizzled.bytes * stages
     # A wgmma plan's K-major copies (plan.transposed): rows and columns swapped, one stage.
-    for name in plan.transposed:
+    for name in plan.transposed if canonical else ():
         op = plan.operands[name]
         copy = CanonicalTile(tile[op.cols], tile[op.rows], DTYPE_BYTES[diagram.arrays[name].dtype])
         offset = -(-offset // copy.alignment) * copy.alignment
@@ -1011,7 +737,7 @@ def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSl
             size *= tile[axis]
         slots[name] = SmemSlot(name, offset, size, 1, None, array.axes)
         offset += size
-    if plan.tma:
+    if mbarrier_count(plan):
         offset = -(-offset // MBARRIER_BYTES) * MBARRIER_BYTES + MBARRIER_BYTES * mbarrier_count(plan)
     return slots, offset
 
@@ -1054,7 +780,7 @@ def stage_count(plan: TensorPlan, launch: LaunchProgram, tile: dict, diagram, ar
         if stages < 2:
             raise ValueError(f"{stages} cp.async stages: the pipeline needs at least 2")
         return stages
-    if plan.instruction != BUILT_INSTRUCTION or plan.shape:
+    if plan.instruction != BUILT_INSTRUCTION:  # a wgmma plan's instruction is its own
         return plan.stages
     clocks = chunk_clocks(plan, launch, tile, arch)
     if clocks is None or clocks <= 0:
@@ -1077,112 +803,42 @@ def stage_count(plan: TensorPlan, launch: LaunchProgram, tile: dict, diagram, ar
     return wanted
 
 
-def fragment_values(plan: TensorPlan, name: str, tile: dict) -> int:
-    """Registers (4-byte values) one thread holds for a register-resident array."""
-    fragment = plan.fragments[name]
-    if fragment.col is None:
-        return plan.m_tiles * 2  # rows g and g + 8 of each 16-row fragment
-    return plan.m_tiles * (plan.cols_per_warp(fragment.col, tile) // MMA_N) * 4
 
 
-def live_fragment_values(plan: TensorPlan, launch: LaunchProgram, tile: dict) -> int:
-    """The most fragment registers one thread holds at any step: the Program's columns at the
-    compute level (an input read for the last time is released as the output is produced),
-    restricted to the arrays the plan keeps in registers."""
-    level = launch.schedule.compute_level
-    sequence, spans = liveness(launch.body)
-    most = 0
-    for index in range(len(sequence)):
-        held = 0
-        for (lvl, name), (first, last) in spans.items():
-            if lvl != level or name not in plan.fragments or not first <= index <= last:
-                continue
-            if released_by(sequence, spans, (lvl, name), index):
-                continue
-            held += fragment_values(plan, name, tile)
-        most = max(most, held)
-    return most + gather_registers(plan, tile)
 
 
-# Where the profile's fp8 mma.sync path ``converts`` (no 8-bit mma.sync in SASS: ptxas converts
-# each operand pair to f16, F2FP.F16.E4M3.UNPACK_B, and issues two HMMA.16816; sm_90, read in
-# tests/test_fp8_tensorcore.py) and P is packed in registers as well (attention's PV), the
-# conversions hold about this many registers more: measured on fp8 attention at d = 128, where
-# sm_89 compiles to 215 registers and sm_90 spills 340 bytes at 255; at d = 64 sm_90 takes 243.
-CONVERTED_FP8_REGISTERS = 32
 
 
-def _converted_fp8_refusal(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: int, arch: str) -> str | None:
-    if plan.dtype not in FP8_DTYPES:
-        return None
-    found = launch.schedule.hardware.find_path("mma.sync", plan.dtype, arch, mma_shape(plan.dtype))
-    if found is None or not found.converts:
-        return None
-    if not any(m.a_in_registers for m in plan.mmas.values()):
-        return None
-    held = live_fragment_values(plan, launch, tile) + CONVERTED_FP8_REGISTERS
-    if held <= budget:
-        return None
-    return (f"{arch} has no 8-bit mma.sync: ptxas converts the fp8 operands to f16, and with P packed in "
-            f"registers a thread would hold {held} fragment registers (budget {budget}); use smaller tiles")
 
 
-# Registers the byte loads of an fp8 B stored n-fastest ([k n]: tensorcore.mma_fp8) take beyond
-# the fragments: the bytes ptxas keeps in flight and their per-lane offsets. Measured on
-# fp8_matmul (sm_90, 128 x 128 block, k chunk 64): warp tiles holding 128 accumulators spill
-# (64 x 64: 176 bytes, 128 x 32: 192 bytes, at 255 registers) where the bf16 kernel takes ~210
-# registers; tiles holding 64 compile with none (32 x 64: 211 registers, 64 x 32: 219). Counted
-# with the fragments, the warp grid avoids the tiles that spill.
-GATHER_REGISTERS = 48
 
 
-def gather_registers(plan: TensorPlan, tile: dict) -> int:
-    """:data:`GATHER_REGISTERS` where a product of the plan gathers an fp8 B by byte loads, or
-    exchanges an fp8 register A within quads (P with V stored k-fastest: the packed words and the
-    shuffled halves in flight; measured on examples/fp8_attention_vt.napkin at d = 128, sm_90,
-    which spills 436 bytes at 255 registers where the gather's build spills 340), else 0."""
-    gathers = any(m.dtype in FP8_DTYPES and (m.b_trans or m.a_in_registers) for m in plan.mmas.values())
-    return GATHER_REGISTERS if gathers else 0
 
 
 def describe(selection_: Selection, launch: LaunchProgram) -> list[str]:
-    """One line per statement of the launch: the instruction path it runs on, and why."""
+    """One line per statement of the launch: the instruction path it runs on, and why (a product's
+    line is its path's, ``TensorPath.product_line``)."""
     plan = selection_.plan
     if plan is None:
         return [f"{s.target}: fma ({selection_.reason})" for s in launch.launch.statements]
-    lines = [f"not wgmma: {selection_.declined}"] if selection_.declined else []
+    lines = [f"not {selection_.declined_path}: {selection_.declined}"] if selection_.declined else []
+    path = path_of(plan)
     for s in launch.launch.statements:
         mma = plan.mmas.get(s.target)
         if mma is None:
             lines.append(f"{s.target}: fma on {plan.row} x {plan.fragments[s.target].col or '1'} fragments in registers")
             continue
-        a = f"{mma.a} from registers (packed to {mma.dtype})" if mma.a_in_registers else f"{mma.a} by ldmatrix{'.trans' if mma.a_trans else ''}"
-        if plan.shape:
-            major = lambda trans: "MN-major" if trans else "K-major"
-            a_from = (f"A = {mma.a} from registers (packed to {mma.dtype})" if mma.a_in_registers
-                      else f"A = {mma.a} by descriptor ({major(mma.a_trans)})")
-            lines.append(f"{s.target}: wgmma.mma_async.{plan.shapes.get(s.target, plan.shape)} {mma.dtype} -> f32, {a_from}, "
-                         f"B = {mma.b} by descriptor ({major(mma.b_trans)}), staged by "
-                         + (f"TMA ({plan.stages}-stage mbarrier ring)" if plan.tma else f"cp.async (not TMA: {plan.tma_declined})"))
-            continue
-        if plan.instruction == "wgmma":
-            lines.append(f"{s.target}: wgmma (priced, not built) {mma.dtype} -> f32, A = {mma.a} from "
-                         f"{'registers' if mma.a_in_registers else 'shared memory'}, B = {mma.b} from shared memory")
-            continue
-        if mma.dtype in FP8_DTYPES:  # byte loads for an n-contiguous B (backends/tensorcore.py, mma_fp8)
-            b = f"{mma.b} by {'byte loads, 4 k a register' if mma.b_trans else 'ldmatrix'}"
-            lines.append(f"{s.target}: mma.sync.{mma_shape(mma.dtype)} {mma.dtype} -> f32, A = {a}, B = {b}")
-            continue
-        lines.append(f"{s.target}: mma.sync.m16n8k16 {mma.dtype} -> f32, A = {a}, B = {mma.b} by ldmatrix{'.trans' if mma.b_trans else ''}")
+        lines.append(path.product_line(plan, s.target, mma))
     return lines
 
 
 def plan_summary(plan: TensorPlan) -> str:
     """The register level in one line: warp tiles, warps, pipeline stages."""
     streamed = [name for name, op in plan.operands.items() if op.streamed]
-    copier = "TMA" if plan.tma else "cp.async"
+    tma = plan.tma if isinstance(plan, WgmmaPlan) else ()
+    copier = "TMA" if tma else "cp.async"
     pipeline = f"; {copier} {plan.stages} stages for {', '.join(streamed)}" if streamed else "; cp.async, 1 stage"
-    once = [load.array for load in plan.tma if not load.streamed]
+    once = [load.array for load in tma if not load.streamed]
     if once:  # copied once before the stream, each on its own mbarrier
         pipeline += f"; {', '.join(once)} by one TMA copy"
     tiles = f"group {plan.row} {plan.warp_rows}" + (f", {plan.split} {plan.warp_cols}" if plan.split else "")
@@ -1191,14 +847,8 @@ def plan_summary(plan: TensorPlan) -> str:
 
 
 def warp_line(plan: TensorPlan) -> str:
-    """The register level as a line of pseudocode: a parallel loop over the block's warps."""
-    held = ", ".join(plan.fragments)
-    shape = f"{plan.warp_rows} {plan.row}" + (f" x {plan.warp_cols} {plan.split}" if plan.split else " rows")
-    if plan.shape:
-        return (f"parallel for warpgroup in {plan.warps // 4} warpgroups of {4 * plan.warp_rows} {plan.row} @registers:"
-                f"  # wgmma {plan.shape}; {held} in registers")
-    return (f"parallel for warp in {plan.warps} warps of {shape} @registers:"
-            f"  # mma.sync m16n8k16; {held} in registers")
+    """The register level as a line of pseudocode: a parallel loop over the block's warps (its path's)."""
+    return path_of(plan).warp_line(plan)
 
 
 # Registers a tensor-core kernel needs beyond its fragments (addresses, operand fragments,

@@ -49,7 +49,8 @@ from .diagram import Contract, Diagram
 from .errors import NapkinError, RelabelError
 from .formatting import format_count, json_value
 from .hardware import Hardware, load_hardware
-from .isel import TENSOR_DTYPES, select_program
+from .isel import select_program
+from .paths.plan import TENSOR_DTYPES
 from .plan import materialise, materialised, plan, shared_cache_level, split_points
 from .pseudocode import Loop, Mask, Program, elaborate, walk
 from .relabel import bind, make_schedule, split_launches
@@ -1036,7 +1037,7 @@ def _fma_only_reason(diagram: Diagram, launch, compute_level: str) -> str | None
     While tiles are symbolic the contractions are priced at the tensor-core path napkin builds
     (mma.sync): a lower bound of the time, as the FMA path is slower. A contraction operand the
     launch loads into the compute level that is not 16-bit keeps it on the FMA path
-    (isel.TENSOR_DTYPES: instruction selection refuses such a tile, as A or B). An operand the
+    (paths.plan.TENSOR_DTYPES: instruction selection refuses such a tile, as A or B). An operand the
     launch computes (attention's P, f32) is a register fragment that tensor cores take
     converted, as the exact model prices it (cost.flops_by_unit): it does not decide the path.
     The tile-dependent rules of instruction selection are checked lazily (_Search.ranked), and

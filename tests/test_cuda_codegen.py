@@ -14,7 +14,7 @@ from napkin_dsl.cost import fma_register_launches, smem_bytes_by_launch, tensor_
 from napkin_dsl.isel import select_program
 from napkin_dsl.cli import main
 from napkin_dsl.errors import RelabelError
-from napkin_dsl.isel import MAX_REGISTERS, live_fragment_values
+from napkin_dsl.paths.plan import MAX_REGISTERS, live_fragment_values
 
 from .conftest import EXAMPLES, ROOT
 

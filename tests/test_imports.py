@@ -138,6 +138,9 @@ STAGES = (
     ("check", "binding"),
     ("relabel",),
     ("pseudocode", "reference", "grad"),  # grad: the backward kernel as text, checked and relabelled
+    ("paths.plan",),  # what every instruction path shares
+    ("paths.mma_sync", "paths.wgmma"),  # one module an instruction path
+    ("paths",),  # the order selection asks the paths in
     ("isel",),  # cost prices the launches instruction selection puts on tensor cores
     ("cost",),
     ("plan",),

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from napkin_dsl import isel, layouts
+from napkin_dsl import layouts
+from napkin_dsl.paths.mma_sync import mma_shape
 from napkin_dsl.layouts import (
     LDMATRIX_DELIVERS,
     LDMATRIX_DELIVERS_T,
@@ -107,7 +108,7 @@ def test_the_row_shuffle_masks_reach_exactly_the_lanes_holding_a_row():
 
 def test_the_fragments_cover_the_instruction_shape_isel_plans_for():
     m, n, k = layouts.MMA_M, layouts.MMA_N, layouts.MMA_K
-    assert isel.mma_shape("bf16") == f"m{m}n{n}k{k}" and isel.mma_shape("fp8e4m3") == f"m{m}n{n}k{layouts.MMA_K8}"
+    assert mma_shape("bf16") == f"m{m}n{n}k{k}" and mma_shape("fp8e4m3") == f"m{m}n{n}k{layouts.MMA_K8}"
     assert sorted(MMA_A.table().values()) == [(r, c) for r in range(m) for c in range(k)]
     assert sorted(MMA_B.table().values()) == [(r, c) for r in range(k) for c in range(n)]
     assert sorted(MMA_C.table().values()) == [(r, c) for r in range(m) for c in range(n)]

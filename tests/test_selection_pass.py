@@ -170,7 +170,7 @@ def test_the_printers_print_the_selected_paths(case, dialect, arch):
             assert kernel.block == chosen.plan.threads
             # the selection's layout is the printed arena, a TMA plan's mbarriers included
             assert kernel.shared_bytes == chosen.smem_bytes
-            if chosen.plan.tma:
+            if isel.mbarrier_count(chosen.plan):
                 assert chosen.smem_bytes % isel.MBARRIER_BYTES == 0 and isel.mbarrier_count(chosen.plan) >= chosen.plan.stages
         else:
             assert kernel.block == isel.FMA_THREADS

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import napkin_dsl as napkin
 from napkin_dsl import isel
+from napkin_dsl.paths.plan import live_fragment_values
 from napkin_dsl.reference import evaluate
 
 from .conftest import EXAMPLES, assert_matches_reference
@@ -551,7 +552,7 @@ def test_d128_attention_takes_four_warps_of_32_rows_on_sm80_and_sm90_and_keeps_1
     for arch in ("sm_90", "sm_80"):
         plan = isel.selection(program, launch, arch).plan
         assert (plan.warps, plan.warp_rows, plan.rolled) == (4, 32, True), arch
-        assert isel.live_fragment_values(plan, launch, isel.launch_tiles(launch)[0]) == isel.ROLLED_FRAGMENT_BUDGET
+        assert live_fragment_values(plan, launch, isel.launch_tiles(launch)[0]) == isel.ROLLED_FRAGMENT_BUDGET
     kept = tensor_kernel("attention_lse.napkin").gpu_program(None, **TALL["attention.napkin"])
     assert isel.selection(kept, kept.launches[0], "sm_90").plan.warp_rows == 16
     for masked in ("causal_attention.napkin", "sliding_window.napkin"):

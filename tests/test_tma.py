@@ -244,7 +244,7 @@ def _swap_strides(original):
 @pytest.mark.parametrize("bug", ["swapped dims", "128B as 64B", "bytes short", "parity"])
 def test_the_emulation_sees_an_encoder_bug(monkeypatch, bug):
     from napkin_dsl.backends import wgmma
-    from napkin_dsl.isel import TmaLoad
+    from napkin_dsl.paths.wgmma import TmaLoad
 
     if bug == "swapped dims":
         monkeypatch.setattr(wgmma, "tiled_tensor_map", _swap_strides(driver.tiled_tensor_map))

@@ -325,10 +325,10 @@ def test_a_three_stage_ring_keeps_every_stages_phase(monkeypatch, name, sizes):
     still pair every fill with its wait (a wrong parity poisons the emulated arena)."""
     from dataclasses import replace
 
-    from napkin_dsl import isel
+    from napkin_dsl.paths.wgmma import WgmmaPath
 
-    original = isel._wgmma_plan
-    monkeypatch.setattr(isel, "_wgmma_plan", lambda plan, *args: original(replace(plan, stages=3), *args))
+    original = WgmmaPath.build
+    monkeypatch.setattr(WgmmaPath, "build", lambda self, plan, *args: original(self, replace(plan, stages=3), *args))
     (kernel,) = napkin.load(EXAMPLES / f"{name}.napkin").values()
     program, outputs, expected = _run(kernel, sizes)
     plan = selection(program, program.launches[0], "sm_90a").plan

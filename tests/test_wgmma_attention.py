@@ -286,17 +286,17 @@ def test_the_emulation_sees_a_wrong_register_a_encoding(monkeypatch, mutation):
 def test_the_emulation_sees_a_wrong_transpose_immediate(monkeypatch):
     """V is MN-major: the instruction's transpose immediate says so, and the emulation reads B
     through it. A printer that clears it reads V's tile as K-major."""
-    from napkin_dsl import isel
+    from napkin_dsl.paths.wgmma import WgmmaPath
 
-    original = isel._wgmma_plan
+    original = WgmmaPath.build
 
-    def cleared(plan, *args):
-        built = original(plan, *args)
+    def cleared(self, plan, *args):
+        built = original(self, plan, *args)
         from dataclasses import replace
 
         return replace(built, mmas={t: replace(m, b_trans=False) if m.a_in_registers else m for t, m in built.mmas.items()})
 
-    monkeypatch.setattr(isel, "_wgmma_plan", cleared)
+    monkeypatch.setattr(WgmmaPath, "build", cleared)
     program, outputs, expected = _run("attention", dict(b=1, h=1, q=64, x=64, d=64))
     assert not np.allclose(outputs["O"].astype(np.float64), expected["O"].astype(np.float64), atol=1e-2)
 

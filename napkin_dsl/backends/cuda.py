@@ -175,13 +175,14 @@ def tensor_map_arguments(program: Program, selected) -> list[list]:
     as ``const __grid_constant__ CUtensorMap`` parameters: a wgmma plan's TMA operands
     (``plan.tma``, in order; ``wgmma.tensor_maps``), [] for every other launch. ``selected``: the
     selection the kernel was printed with (``CompiledKernel.selection``)."""
+    from ..paths.wgmma import WgmmaPlan
     from .wgmma import tensor_maps
 
     sizes = {a: int(program.schedule.axis_size(a)) for a in program.diagram.axes}
     out = []
     for launch in program.launches:
         plan = selected[launch.index].plan
-        if plan is None or not plan.tma:
+        if not isinstance(plan, WgmmaPlan) or not plan.tma:
             out.append([])
             continue
         maps = tensor_maps(plan, program.diagram, sizes)

@@ -20,7 +20,8 @@ import numpy as np
 from ..cost import cost_of
 from ..dtypes import FP8_DTYPES
 from ..errors import NapkinError
-from ..isel import STAGES, select_program
+from ..isel import select_program
+from ..paths.plan import STAGES
 from ..pseudocode import Program
 from ..types import numpy_dtype
 from .lowering import OpenCLDialect, bound_sizes, global_arrays, global_sizes, scalar_ctype

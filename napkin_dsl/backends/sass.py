@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 from ..cache import cache_root, write_atomically
 from ..cost import busy_fraction, flops_by_unit
 from ..errors import NapkinError
+from ..paths.wgmma import WgmmaPlan
 from ..pseudocode import blocks_per_unit, walk
 from .compiled import SASS_CACHE_SUBDIR
 
@@ -642,7 +643,7 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
     if not body:
         return out
     plan = selected[launch.index].plan
-    ring = [load for load in (plan.tma if plan is not None else ()) if load.streamed]
+    ring = [load for load in (plan.tma if isinstance(plan, WgmmaPlan) else ()) if load.streamed]
     fill = (sum(load.bytes for load in ring), sum(load.boxes for load in ring)) if ring else (0, 1)
     loop = loop_ceiling(body, rates, warps, blocks_per_sm, unit, fill)
     out["loop"] = loop

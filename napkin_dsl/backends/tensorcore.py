@@ -1,4 +1,4 @@
-"""The tensor-core lowering: a launch with a :class:`~napkin_dsl.isel.TensorPlan` -> a kernel.
+"""The tensor-core lowering: a launch with a :class:`~napkin_dsl.paths.mma_sync.MmaSyncPlan` -> a kernel.
 
 This is the register level of the napkin method, FlashAttention-2's structure:
 
@@ -47,7 +47,9 @@ from ..boxes import reduction
 from .. import algebra
 from ..dtypes import DTYPE_BYTES, FP8_DTYPES
 from ..diagram import Apply, Const, Contract, Map, Read, Reduce, Softmax, format_expression, reads
-from ..isel import TensorPlan, smem_layout
+from ..isel import smem_layout
+from ..paths.mma_sync import MmaSyncPlan
+from ..paths.plan import TensorPlan
 from ..layouts import (
     LDMATRIX_DELIVERS,
     LDMATRIX_DELIVERS_T,
@@ -491,7 +493,7 @@ class TensorPrinter(KernelWriter):
         part state, which are the exact sum's). Not for wgmma plans, whose printer packs P
         itself, nor fp8 (``mma_fp8``)."""
         plan = self.plan
-        if plan.shape or plan.instruction != "mma.sync":
+        if not isinstance(plan, MmaSyncPlan):
             return {}
         steps = [step for step, _ in walk(self.launch.body) if step.level == self.level]
         found = {}
@@ -979,14 +981,14 @@ class TensorPrinter(KernelWriter):
         x = ident(axis)
         stages = self.plan.stages
         masked = node.mask is not None
-        if self.plan.rolled and streamed:
+        if self.rolled_stream and streamed:
             self.rolled(node, axis, streamed, lo, hi, stop)
             return
         # A masked stream and a TMA ring (plan.tma) keep the loop below at any stage count: the
         # whole-group loop's untested refills and straight-line last chunks are validated for an
         # unmasked cp.async stream only (a 3-stage ring over a masked stream hung on PoCL with
         # them: a wait with no fill; sliding_window's masked cp.async stream ran for minutes).
-        if stages > 2 and streamed and not self.plan.tma and not masked:
+        if stages > 2 and streamed and not self.tma_ring and not masked:
             self.whole_groups(node, axis, streamed, lo, hi, stop)
             return
         with self.block(f"for (int c_{x} = {lo}; c_{x} < {hi}; c_{x} += {stages}) {{{'  // chunks the mask holds in full: no test' if masked else ''}"):
@@ -1611,7 +1613,17 @@ class TensorPrinter(KernelWriter):
         for a rolled plan (attention's 32-row warps at d = 128 spill 72 bytes on sm_80 without it),
         the separate key elsewhere (fp8 attention's 16-row warps at d = 128 on sm_89 spill 8 bytes
         with the keyed form, at 255 registers)."""
+        return self.rolled_stream
+
+    @property
+    def rolled_stream(self) -> bool:
+        """Whether the stream loop runs one chunk a trip (``MmaSyncPlan.rolled``)."""
         return self.plan.rolled
+
+    @property
+    def tma_ring(self) -> bool:
+        """Whether the streamed operands fill a TMA ring (the wgmma printer's); cp.async here."""
+        return False
 
     def ldsm_offset(self, name: str, operand: str, trans: bool, outer: str, k: str) -> str:
         """Byte offset of this lane's ldmatrix row for the fragment at (outer, k): m or n, and k.

@@ -14,11 +14,26 @@ from __future__ import annotations
 
 from ..dtypes import FP8_DTYPES
 from ..isel import FMA_THREADS, ProgramSelection, describe, plan_summary, select_program
+from ..paths.mma_sync import MmaSyncPlan
+from ..paths.wgmma import WgmmaPlan
 from ..pseudocode import Program
 from .lowering import THREADS, Dialect, LoweredProgram, Printer, bound_sizes, ident
 from .tensorcore import FP8_PRELUDES, PRELUDES, TensorPrinter
 from .wgmma import WgmmaPrinter, instruction_shapes
 from .wgmma import prelude as wgmma_prelude
+
+
+# The printer of each plan type (a path's plan, paths/): a plan takes the printer of the first
+# type here it is an instance of, so that a path whose plan extends mma.sync's prints as mma.sync.
+PRINTERS = [(WgmmaPlan, WgmmaPrinter), (MmaSyncPlan, TensorPrinter)]
+
+
+def printer_for(plan):
+    """The printer class that builds ``plan`` (:data:`PRINTERS`)."""
+    for plan_type, printer in PRINTERS:
+        if isinstance(plan, plan_type):
+            return printer
+    raise NotImplementedError(f"no printer builds a {type(plan).__name__}: add one to backends/translate.py's PRINTERS")
 
 
 def header_comment(program: Program, report, kernels=()) -> str:
@@ -63,8 +78,7 @@ def lower(program: Program, dialect: Dialect, report, threads: int = THREADS, ar
         chosen = selected[launch.index]
         if chosen.plan is not None:
             tensor = True
-            printer = WgmmaPrinter if chosen.plan.shape else TensorPrinter  # wgmma: a plan isel built for sm_90a
-            kernel = printer(program, launch, dialect, chosen.plan).print(entry)
+            kernel = printer_for(chosen.plan)(program, launch, dialect, chosen.plan).print(entry)
             kernel.paths = [plan_summary(chosen.plan)] + describe(chosen, launch)
             kernel.stages = chosen.plan.stages if any(op.streamed for op in chosen.plan.operands.values()) else 0
         else:
@@ -74,7 +88,7 @@ def lower(program: Program, dialect: Dialect, report, threads: int = THREADS, ar
             kernel.paths = describe(chosen, launch)
         kernel.path = chosen.path
         kernels.append(kernel)
-    wgmma = [chosen for chosen in selected.launches.values() if chosen.path == "wgmma"]
+    wgmma = [chosen for chosen in selected.launches.values() if isinstance(chosen.plan, WgmmaPlan)]
     shapes = [shape for chosen in wgmma for shape in instruction_shapes(chosen.plan, chosen.tile).values()]
     double = any(buffer.dtype == "f64" for launch in program.launches for buffer in launch.buffers.values())
     fp8 = any(array.dtype in FP8_DTYPES for array in program.diagram.arrays.values()) or any(

@@ -1,4 +1,4 @@
-"""The wgmma lowering (sm_90a): a launch with a wgmma :class:`~napkin_dsl.isel.TensorPlan` -> a kernel.
+"""The wgmma lowering (sm_90a): a launch with a :class:`~napkin_dsl.paths.wgmma.WgmmaPlan` -> a kernel.
 
 Contractions ``out[row, n] (+)= A[row, k] B[k, n]``: one a launch (matmul's), several followed
 by elementwise maps of their accumulators (mlp's bias and GELU; swiglu's G and U, which share X's
@@ -38,7 +38,7 @@ Level Matrix Multiply-Accumulate"):
   register). The shape has no transpose: a V stored ``[.. x d]`` is copied each chunk into a
   K-major tile of its own (``transpose_b``, ``isel.kmajor_name``), fenced for the async proxy
   and published by a barrier before the products read it.
-* where the plan has TMA copies (``plan.tma``, ``isel._tma_loads``), every shared-memory operand
+* where the plan has TMA copies (``plan.tma``, ``paths.wgmma.tma_loads``), every shared-memory operand
   comes instead by ``cp.async.bulk.tensor.<rank>d`` (PTX ISA 9.7.9.25; rank 2 to 5, the
   coordinates innermost first: attention's K and V ``[b h x d]`` by rank-4 maps whose box is one
   (b, h) and one chunk of keys, gqa's Q ``[b kv r q d]`` by a rank-5 map), one box per atom column
@@ -79,7 +79,8 @@ printer inherits.
 from __future__ import annotations
 
 from ..dtypes import FP8_DTYPES
-from ..isel import MBARRIER_BYTES, TensorPlan, TmaLoad, kmajor_name, mbarrier_count
+from ..isel import MBARRIER_BYTES, kmajor_name, mbarrier_count
+from ..paths.wgmma import TmaLoad, WgmmaPlan
 from ..layouts import MMA_A8, MMA_N, WARPGROUP_THREADS, WGMMA_K, WGMMA_K8, WGMMA_M, descriptor, p_to_a_registers, transpose_split, wgmma_k
 from .driver import TiledTensorMap, tiled_tensor_map
 from .lowering import KernelSource, ident
@@ -380,7 +381,7 @@ inline void nk_tma(__local uchar* smem, __constant const ulong* map, __global co
 """
 
 
-def tensor_maps(plan: TensorPlan, diagram, sizes: dict) -> dict[str, TiledTensorMap]:
+def tensor_maps(plan: WgmmaPlan, diagram, sizes: dict) -> dict[str, TiledTensorMap]:
     """The tensor map of each TMA operand of ``plan`` (``plan.tma`` order), over the whole array
     in memory at ``sizes``: what the host encodes and the OpenCL emulation is given."""
     maps = {}
@@ -455,7 +456,7 @@ def cuda_wrapper(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool 
             f"}}\n")
 
 
-def instruction_shapes(plan: TensorPlan, tile: dict) -> dict:
+def instruction_shapes(plan: WgmmaPlan, tile: dict) -> dict:
     """Each product's instruction, by target: (N, dtype, A transposed, B transposed, A from
     registers). A B copied K-major each chunk (``plan.transposed``) is read untransposed from its copy."""
     return {target: (tile[m.n], m.dtype, m.a_trans, m.b_trans and m.b not in plan.transposed, m.a_in_registers)
@@ -472,14 +473,14 @@ def prelude(dialect: str, shapes, tma: bool) -> str:
 
 
 class WgmmaPrinter(TensorPrinter):
-    """Prints one launch of a wgmma plan (``plan.shape`` set by ``isel``)."""
+    """Prints one launch of a :class:`~napkin_dsl.paths.wgmma.WgmmaPlan`."""
 
     # The canonical tiles' swizzle repeats every 8 rows x width bytes from the shared window's
     # address (isel.smem_layout places each on a multiple of 1024 from the arena's base).
     arena_alignment = 1024
 
-    def __init__(self, program, launch, dialect, plan: TensorPlan):
-        assert plan.shape, "napkin bug: the wgmma printer takes the plans isel builds on wgmma"
+    def __init__(self, program, launch, dialect, plan: WgmmaPlan):
+        assert isinstance(plan, WgmmaPlan), "napkin bug: the wgmma printer takes the plans isel builds on wgmma"
         super().__init__(program, launch, dialect, plan)
         self.shapes = instruction_shapes(plan, self.tile)
         self.tma: dict[str, TmaLoad] = {load.array: load for load in plan.tma}
@@ -496,6 +497,14 @@ class WgmmaPrinter(TensorPrinter):
     def print(self, entry: str) -> KernelSource:
         self.entry = entry
         return super().print(entry)
+
+    @property
+    def rolled_stream(self) -> bool:
+        return False  # the stream loop is unrolled by the stages, whatever the fragments
+
+    @property
+    def tma_ring(self) -> bool:
+        return bool(self.tma)
 
     def extra_parameters(self, entry: str) -> list[str]:
         """The tensor maps, one per TMA operand in ``plan.tma`` order, as the dialect passes

@@ -1,0 +1,237 @@
+"""The wgmma path (sm_90a): a warpgroup's asynchronous ``wgmma.mma_async.m64nNk16`` products
+(``m64nNk32`` for 8-bit operands), B (and A, or A from registers) by matrix descriptor from the
+canonical swizzled tiles of ``layouts.CanonicalTile``, staged by TMA into a ring of mbarriers where
+:func:`tma_loads` takes the operands; printed by ``backends/wgmma.py``, which emulates the
+instruction, the descriptors and the tensor maps on OpenCL. Its rates are the profile's
+``[path.*]`` tables with ``instruction = "wgmma"``, for the architectures they list itself
+(``sm_90a``: on ``sm_90`` wgmma is a what-if, priced on mma.sync's layout and not built).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..diagram import Map, Softmax
+from ..dtypes import DTYPE_BYTES, FP8_DTYPES
+from ..layouts import MMA_M, WGMMA_M, WGMMA_MAX_N, CanonicalTile, wgmma_k
+from ..pseudocode import LaunchProgram, split_loop, walk
+from .plan import FRAGMENT_BUDGET, Mma, Refusal, TensorPath, TensorPlan, budget_refusal, refuse_if
+
+
+@dataclass(frozen=True)
+class TmaLoad:
+    """One operand a wgmma plan copies by TMA (``cp.async.bulk.tensor.<rank>d``): its tile of ``rows``
+    x ``cols`` (``cols`` contiguous in memory and in the box), as ``boxes`` boxes of
+    ``box_rows`` x ``box_cols`` elements (``CanonicalTile.tma_boxes``) with the tensor map's
+    ``swizzle`` span in bytes. The host's tensor map and the OpenCL emulation read it."""
+
+    array: str
+    rows: str
+    cols: str
+    box_rows: int
+    box_cols: int
+    boxes: int
+    swizzle: int
+    element_bytes: int
+    # the array's axes in memory, outermost first (the box is 1 along all but rows and cols), and
+    # whether the tile fills the stream's ring (else one copy before the stream, its own mbarrier)
+    axes: tuple = ()
+    streamed: bool = True
+
+    @property
+    def rank(self) -> int:
+        return len(self.axes)
+
+    def box(self) -> tuple:
+        """The box's extent along each of the array's axes, outermost first."""
+        return tuple(self.box_rows if a == self.rows else self.box_cols if a == self.cols else 1 for a in self.axes)
+
+    @property
+    def bytes(self) -> int:
+        """The bytes one stage of this operand brings (the boxes whole: TMA fills out-of-bounds)."""
+        return self.boxes * self.box_rows * self.box_cols * self.element_bytes
+
+
+MAX_TMA_BOX = 256  # cuTensorMapEncodeTiled: every boxDim at most 256
+MAX_TMA_RANK = 5  # cuTensorMapEncodeTiled: tensorRank 1 .. 5 (cp.async.bulk.tensor.1d .. .5d)
+
+
+@dataclass(frozen=True)
+class WgmmaPlan(TensorPlan):
+    """A plan napkin builds on wgmma: 16-row warp tiles, four warps a warpgroup of 64 rows."""
+
+    INSTRUCTION = "wgmma"
+
+    instruction: str = "wgmma"
+    # The instruction's shape, ``m64n128k16`` (the products' shapes joined).
+    shape: str = ""
+    # TMA copies (``TmaLoad`` per operand, the stream's ring of ``stages`` stages behind
+    # mbarriers); () where the operands go by cp.async, and why (``tma_declined``).
+    tma: tuple = ()
+    tma_declined: str = ""
+    # The shape per product (statement target -> "m64n64k16"); ``shape`` joins them.
+    shapes: dict = field(default_factory=dict)
+    # Operands copied into a K-major tile of their own each chunk (the 8-bit shape reads B K-major
+    # only: attention's V stored [.. x d] under an fp8 P, backends/wgmma.py's transpose_b); their
+    # slots are isel.smem_layout's "<name>.kmajor".
+    transposed: tuple = ()
+
+
+# Warpgroups a wgmma block holds at most: 4 x 128 threads, half the 1024 a block may have, and as
+# many as the SM's 4 sub-partitions keep one warp of each on.
+WGMMA_MAX_GROUPS = 4
+
+
+def statements_refusal(plan: TensorPlan, statements) -> str | None:
+    """Why the wgmma printer does not take a launch's statements, or None: it takes the two
+    contractions of an online softmax (attention: the softmax packs P into the second's register
+    A), or contractions whose operands both come from shared memory followed by elementwise maps
+    of their accumulators (matmul; mlp's bias and GELU; swiglu's dual GEMM G, U sharing X's tiles,
+    then silu(G) * U), which run on the D fragments as on mma.sync's C fragments."""
+    if any(isinstance(s.box, Softmax) for s in statements):
+        return None if len(plan.mmas) == 2 else "wgmma takes an online softmax's two contractions (attention), no more"
+    others = [s for s in statements if s.target not in plan.mmas]
+    if not all(isinstance(s.box, Map) for s in others):
+        kinds = sorted({type(s.box).__name__.lower() for s in others if not isinstance(s.box, Map)})
+        return (f"wgmma is built for contractions and elementwise maps of their results, or for attention's two: "
+                f"this launch also has a {', a '.join(kinds)}")
+    last_product = max(s.index for s in statements if s.target in plan.mmas)
+    if any(s.index < last_product for s in others) or any(m.a_in_registers for m in plan.mmas.values()):
+        return "wgmma reads A from registers only as attention's P: a map computed before a contraction stays on mma.sync"
+    return None
+
+
+def _transposed_copies(plan: TensorPlan) -> list[str]:
+    """The B operands the 8-bit shape copies K-major each chunk, or a refusal: wgmma's 8-bit shape
+    has no transpose immediates, so both shared operands are K-major. An A from registers
+    (attention's P) is packed to bytes and exchanged within each quad into the ISA's key order
+    (backends/wgmma.py, register_a8), so its B (V) is read as stored; a streamed B stored
+    n-fastest under it (V [.. x d]) is copied K-major each chunk."""
+    copied: list[str] = []
+    for mma in plan.mmas.values():
+        if mma.a_in_registers and mma.b_trans and plan.operands[mma.b].streamed:
+            copied.append(mma.b)
+            continue
+        transposed = [name for name, t in ((mma.a, mma.a_trans), (mma.b, mma.b_trans)) if t]
+        if transposed:
+            raise Refusal(f"wgmma's 8-bit shape (m64nNk32) reads its operands K-major only: {', '.join(transposed)} has "
+                          f"{mma.k} outside its fastest axis (store it with {mma.k} last, [.. {mma.k}]; napkin transposes "
+                          "only a streamed B under a register A in the kernel)")
+    return copied
+
+
+def tma_loads(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict) -> tuple:
+    """The TMA copies of a wgmma plan's shared-memory operands, or a refusal (cp.async stays)
+    naming what napkin's TMA copies do not take. A streamed operand fills the stream's ring of
+    stages (masked streams too: a chunk the mask skips is neither filled nor waited for); one
+    that is not (attention's Q) is one copy before the stream, on its own mbarrier. Each is an
+    array of 2 to 5 axes in memory (a tensor map's rank is at most 5), its tile's columns its
+    innermost axis, its tile's rows at most 256 (a box dimension's limit), every other axis a
+    block tile of 1 (the box's extent there: one (b, h) or one head group), and its rows in
+    memory a multiple of 16 bytes (the strides of a tensor map's dimensions above the first)."""
+    if plan.stream is None:
+        raise Refusal("no streamed axis: TMA is built for the stream's ring of stages")
+    if plan.stages < 2:
+        raise Refusal(f"{plan.stages} stage: the TMA ring needs at least 2")
+    level = launch.schedule.compute_level
+    streams = [lp for _, loops in walk(launch.body) for lp in loops if lp.kind == "stream" and lp.level == level]
+    if len({id(lp) for lp in streams}) > 1:
+        raise Refusal("more than one streamed loop: the TMA ring's phases are built for one")
+    diagram = launch.schedule.diagram
+    loads = []
+    for name, op in plan.operands.items():
+        array = diagram.arrays[name]
+        eb = DTYPE_BYTES[array.dtype]
+        if not 2 <= len(array.axes) <= MAX_TMA_RANK:
+            raise Refusal(f"{name} has {len(array.axes)} axes in memory: a tensor map has 1 to {MAX_TMA_RANK}")
+        if array.axes[-1] != op.cols:
+            raise Refusal(f"{name}'s tile columns ({op.cols}) are not its innermost axis in memory")
+        wide = [a for a in array.axes if a not in (op.rows, op.cols) and tile.get(a, sizes[a]) != 1]
+        if wide:
+            raise Refusal(f"{name}'s block tile is more than 1 along {', '.join(wide)}: a TMA box is its rows x columns")
+        if tile[op.rows] > MAX_TMA_BOX:
+            raise Refusal(f"{name}'s tile has {tile[op.rows]} rows: a TMA box dimension is at most {MAX_TMA_BOX}")
+        if sizes[op.cols] * eb % 16:
+            raise Refusal(f"{name}'s rows in memory ({sizes[op.cols] * eb} bytes) are not a multiple of 16: a tensor map's stride must be")
+        canonical = CanonicalTile(tile[op.rows], tile[op.cols], eb)
+        (first, *rest) = canonical.tma_boxes()
+        loads.append(TmaLoad(name, op.rows, op.cols, first.rows, first.cols, 1 + len(rest), canonical.tma_swizzle, eb,
+                             array.axes, op.streamed))
+    return tuple(loads)
+
+
+class WgmmaPath(TensorPath):
+    instruction = "wgmma"
+    plan_type = WgmmaPlan
+
+    def build(self, plan, launch, tile, sizes, warp_tiles, arch) -> WgmmaPlan:
+        """The mma.sync ``plan`` of a launch rebuilt on ``wgmma.mma_async.m64nNk16`` (sm_90a), or a
+        refusal naming what napkin's wgmma printer (``backends/wgmma.py``) does not take: 64 to 256
+        rows (1 to ``WGMMA_MAX_GROUPS`` warpgroups of 64; each of their warps holds 16 rows of every
+        N-wide accumulator, as mma.sync's 16-row warps do), and each contraction ``out[row, n] (+)= A[row, k]
+        B[k, n]`` with N a multiple of 8 up to 256 and the k chunk a multiple of 16, B in shared memory
+        (by descriptor, in the canonical swizzled layouts of ``layouts.CanonicalTile``) and A there too
+        or in registers (a fragment laid out along k: P of attention, packed to the operands' type as
+        the register A fragment, which is mma.sync's m16n8k16 A fragment per warp). The launch's
+        statements are the online softmax's two contractions (attention, its GQA and log-sum-exp
+        forms) or contractions followed by elementwise maps (:func:`statements_refusal`): the
+        register level's other steps (softmax, maxima, sums, an epilogue) run on the D fragments as on
+        mma.sync's C."""
+        statements = launch.launch.statements
+        copied = _transposed_copies(plan) if plan.dtype in FP8_DTYPES else []
+        if split_loop(launch) is not None:  # backends/wgmma.py saves no part state: mma.sync's printer does
+            raise Refusal("a split's parts launch: the wgmma epilogue that saves its part states is not written")
+        if warp_tiles:
+            raise Refusal(f"a relabelling asks for warp tiles ({', '.join(warp_tiles)}): they are mma.sync's")
+        refuse_if(statements_refusal(plan, statements))
+        if tile[plan.row] % WGMMA_M or tile[plan.row] > WGMMA_MAX_GROUPS * WGMMA_M:
+            raise Refusal(f"the {plan.row} tile ({tile[plan.row]}) is not 1 to {WGMMA_MAX_GROUPS} warpgroups of {WGMMA_M} rows")
+        shapes = {target: self._shape(plan, launch, tile, target, mma, copied) for target, mma in plan.mmas.items()}
+        common = plan.common_fields() | dict(warp_rows=MMA_M, split=None, col_tile=0, warp_cols=0, instruction="wgmma",
+                                              row_tile=tile[plan.row])
+        built = WgmmaPlan(**common, shape=", ".join(dict.fromkeys(shapes.values())), shapes=shapes, transposed=tuple(copied))
+        # each warp of a warpgroup holds N/2 f32 of a 64 x N accumulator: mma.sync's 16-row warp tiles
+        refuse_if(budget_refusal(built, launch, tile, FRAGMENT_BUDGET, None))
+        try:
+            return replace(built, tma=tma_loads(built, launch, tile, sizes))
+        except Refusal as refusal:
+            return replace(built, tma_declined=str(refusal))
+
+    @staticmethod
+    def _shape(plan, launch, tile: dict, target: str, mma: Mma, copied: list[str]) -> str:
+        """The instruction shape of one product, or a refusal: N, k and the operands' tiles."""
+        n = tile[mma.n]
+        if n % 8 or n > WGMMA_MAX_N:
+            raise Refusal(f"the {mma.n} tile ({n}) of {target} is not a multiple of 8 up to {WGMMA_MAX_N} (m64nNk16)")
+        k = wgmma_k(mma.dtype)
+        if tile[mma.k] % k:
+            raise Refusal(f"the contracted {mma.k} tile ({tile[mma.k]}) is not a multiple of {k}")
+        for name in (mma.b,) if mma.a_in_registers else (mma.a, mma.b):
+            op = plan.operands[name]
+            eb = DTYPE_BYTES[launch.schedule.diagram.arrays[name].dtype]
+            if not CanonicalTile.supports(tile[op.cols], eb):
+                raise Refusal(f"{name}'s tile rows ({tile[op.cols] * eb} bytes) are not 32, 64 or a multiple of 128: no wgmma swizzle atom covers them")
+            if name in copied and not (CanonicalTile.supports(tile[op.rows], eb) and tile[op.rows] % 4 == 0 and tile[op.cols] % 4 == 0):
+                raise Refusal(f"{name}'s K-major copy has rows of {tile[op.rows] * eb} bytes: not 32, 64 or a multiple of 128, "
+                              "or not whole 4 x 4 blocks of bytes")
+        if plan.fragments[target].col != mma.n:
+            raise Refusal(f"{target} is not laid out along {mma.n}")
+        return f"m{WGMMA_M}n{n}k{k}"
+
+    def product_line(self, plan, target: str, mma: Mma) -> str:
+        def major(trans):
+            return "MN-major" if trans else "K-major"
+
+        a_from = (f"A = {mma.a} from registers (packed to {mma.dtype})" if mma.a_in_registers
+                  else f"A = {mma.a} by descriptor ({major(mma.a_trans)})")
+        return (f"{target}: wgmma.mma_async.{plan.shapes.get(target, plan.shape)} {mma.dtype} -> f32, {a_from}, "
+                f"B = {mma.b} by descriptor ({major(mma.b_trans)}), staged by "
+                + (f"TMA ({plan.stages}-stage mbarrier ring)" if plan.tma else f"cp.async (not TMA: {plan.tma_declined})"))
+
+    def warp_line(self, plan) -> str:
+        held = ", ".join(plan.fragments)
+        return (f"parallel for warpgroup in {plan.warps // 4} warpgroups of {4 * plan.warp_rows} {plan.row} @registers:"
+                f"  # wgmma {plan.shape}; {held} in registers")
+
+
+WGMMA = WgmmaPath()
