@@ -124,6 +124,39 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_cost.py",
         ],
     ),
+    # The instruction paths (issue 42): selection's tests, and the wgmma path's plans and TMA copies.
+    "paths.plan": (
+        "napkin_dsl/paths/plan.py",
+        [
+            "tests/test_mutants_isel.py",
+            "tests/test_tensorcore.py",
+            "tests/test_model_paths.py",
+            "tests/test_selection_pass.py",
+        ],
+    ),
+    "paths.mma_sync": (
+        "napkin_dsl/paths/mma_sync.py",
+        [
+            "tests/test_mutants_isel.py",
+            "tests/test_tensorcore.py",
+            "tests/test_fp8_tensorcore.py",
+            "tests/test_selection_pass.py",
+            "tests/test_toy_path.py",
+        ],
+    ),
+    "paths.wgmma": (
+        "napkin_dsl/paths/wgmma.py",
+        [
+            "tests/test_mutants_isel.py",
+            "tests/test_wgmma.py",
+            "tests/test_wgmma_fp8.py",
+            "tests/test_wgmma_fp8_attention.py",
+            "tests/test_wgmma_attention.py",
+            "tests/test_tma.py",
+            "tests/test_selection_pass.py",
+            "tests/test_model_paths.py",
+        ],
+    ),
     "layouts": (
         "napkin_dsl/layouts.py",
         [
@@ -174,6 +207,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
 SELECT = {
     "isel": "not pocl and not opencl and not random_attention and not two_dimensional_warp_grid and not more_threads and not oclgrind",
     "layouts": "not pocl and not opencl and not random_attention and not two_dimensional_warp_grid and not more_threads and not oclgrind",
+    "paths.plan": "not pocl and not opencl and not random_attention and not two_dimensional_warp_grid and not more_threads and not oclgrind",
+    "paths.mma_sync": "not pocl and not opencl and not random_attention and not two_dimensional_warp_grid and not more_threads and not oclgrind",
+    "paths.wgmma": "not pocl and not opencl and not oclgrind and not emulation",
     "tensorcore": "not golden and not oclgrind and not sliding_window and not random_attention",
     "lowering": "not golden and not oclgrind",
 }

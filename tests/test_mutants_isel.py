@@ -13,6 +13,7 @@ import pytest
 
 import napkin_dsl as napkin
 from napkin_dsl import isel
+from napkin_dsl.paths import MmaSyncPlan
 
 from .conftest import EXAMPLES
 
@@ -167,3 +168,26 @@ def test_a_warp_grid_holding_exactly_the_fragment_budget_is_taken():
     (kernel,) = napkin.load(source + "    registers: group m 32, n 256\n").values()
     program = kernel.gpu_program(None, m=512, n=640, k=64)
     assert isel.selection(program, program.launches[0], ARCH).path == "fma"
+
+
+def test_a_priced_path_is_described_as_priced_not_built():
+    """A what-if path (attention on sm_90 priced as wgmma) keeps mma.sync's layout: its header
+    line says it is priced and not built, not which mma.sync instruction would print."""
+    (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
+    program = kernel.gpu_program(None, b=1, h=1, q=512, x=128, d=64)
+    chosen = isel.select_program(program, ARCH, path="wgmma")[0]
+    assert type(chosen.plan) is MmaSyncPlan and not chosen.plan.built
+    assert isel.describe(chosen, program.launches[0])[0] == (
+        "S: wgmma (priced, not built) bf16 -> f32, A = Q from shared memory, B = K from shared memory")
+
+
+def test_a_tma_box_of_256_rows_is_the_largest_taken():
+    """A 256-row tile of A (four warpgroups of 64 rows) is one TMA box of 256 rows, the limit
+    (MAX_TMA_BOX inclusive); the wgmma plan copies it by TMA."""
+    source = (EXAMPLES / "matmul.napkin").read_text()
+    (kernel,) = napkin.load(source).values()
+    wide = kernel.relabelled("smem: group m 256, n 64; stream k 32")
+    program = wide.gpu_program(None, m=512, n=128, k=128)
+    chosen = isel.select_program(program, "sm_90a")[0]
+    assert chosen.path == "wgmma" and chosen.plan.row_tile == 256, chosen.declined or chosen.reason
+    assert not chosen.plan.tma_declined and {load.array: load.box_rows for load in chosen.plan.tma}["A"] == 256
