@@ -146,7 +146,7 @@ STAGES = (
     ("plan",),
     ("tune", "render", "backends", "backends.compiled", "backends.driver", "backends.nvrtc", "backends.sass",
      "backends.lowering", "backends.tensorcore", "backends.wgmma", "backends.translate", "backends.numpy", "backends.cuda",
-     "backends.opencl", "backends.distributed"),
+     "backends.opencl", "backends.distributed", "backends.roles"),
     ("kernel",),
     ("cli",),
 )

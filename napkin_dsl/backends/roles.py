@@ -1,0 +1,252 @@
+"""Asynchronous roles on a CPU: the OpenCL runtime that schedules them in rounds (issue 43).
+
+A warp-specialized kernel is a set of roles that wait on each other through mbarriers: a producer
+that waits for a stage of a ring to be empty and fills it by an asynchronous copy, consumers that
+wait for it to be full, compute, and mark it empty again. PoCL runs a work-group's work-items in
+turn between barriers, so a role that spin-waits on another deadlocks there. This runtime runs
+such a kernel faithfully by scheduling the roles itself (``../shared/DESIGN.md``, "Asynchronous
+roles, and how a CPU verifies them"):
+
+* each role's body is a resumable state machine, a ``switch`` over its segments (the code
+  between two blocking points), run by every work-item of the role; state that crosses segments
+  lives in private or local arrays;
+* the kernel is a uniform loop of rounds (:data:`PRELUDE`'s ``nk_rounds_*``). A round lands the
+  copies due in it and applies the arrivals the last round's segments made (``nk_rounds_settle``),
+  then every role tests the wait its next segment needs without blocking (``nk_rounds_guard``,
+  which returns the segment to run, read before any segment of the round moves it), and every
+  role whose wait is met runs that segment (the kernel's ``switch``);
+* an asynchronous copy (``cp.async.bulk`` into shared memory, completing on an mbarrier with
+  ``complete_tx``) is queued when issued and lands in a later round, drawn by a seeded adversary
+  (``NK_ROLES_SEED``, ``NK_ROLES_MAX_DELAY``). Until it lands its destination holds 0xFF bytes
+  (NaN as f32), so a read before its full barrier completes reads NaN;
+* a round in which no role can run and no copy is in flight is a deadlock: the run ends, and the
+  status words say which role waits on which barrier and parity (:func:`describe_status`). It
+  never hangs.
+
+The mbarrier is the PTX ISA's (9.7.13.15): ``mbarrier.init`` with an expected arrival count; a
+phase completes when its pending arrivals and its tx-count are both zero, and the next phase
+starts with the expected count again; ``expect_tx`` adds bytes to the tx-count and the copy's
+``complete_tx`` removes them; ``try_wait.parity P`` succeeds once the phase of parity P has
+completed (the current phase's parity is not P). It is written here from the ISA, apart from
+``wgmma.py``'s synchronous emulation, which completes a copy when it is issued.
+
+Deliberately not here (the next steps of issue 43): printing napkin's kernels as roles, the wgmma
+groups' deferred completion and register snapshots, named barriers, ``setmaxnreg``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The status words a run leaves (``nk_status``), in order.
+STATUS_WORDS = ("outcome", "round", "role", "barrier", "parity")
+OUTCOMES = {0: "running", 1: "finished", 2: "deadlock", 3: "round limit"}
+
+PRELUDE = r"""
+/* ---- roles scheduled in rounds (napkin_dsl/backends/roles.py) ---- */
+#ifndef NK_ROLES_SEED
+#define NK_ROLES_SEED 1
+#endif
+#ifndef NK_ROLES_MAX_DELAY
+#define NK_ROLES_MAX_DELAY 3      /* a copy lands 1 .. NK_ROLES_MAX_DELAY rounds after it is issued */
+#endif
+#ifndef NK_ROLES_MAX_ROUNDS
+#define NK_ROLES_MAX_ROUNDS 100000
+#endif
+#define NK_MAX_ROLES 8
+#define NK_MAX_COPIES 32
+#define NK_MAX_ARRIVALS 8        /* arrivals one role records in one segment */
+
+/* An mbarrier: completed phases, pending arrivals, tx-count, expected arrivals. */
+typedef struct { int completed; int pending; int tx; int expected; } nk_mbar;
+
+/* The scheduler's state, in local memory, shared by every work-item of the work-group. */
+typedef struct {
+    int round, outcome, ran, finished;
+    int pc[NK_MAX_ROLES], done[NK_MAX_ROLES], ready[NK_MAX_ROLES];
+    int wait_bar[NK_MAX_ROLES], wait_parity[NK_MAX_ROLES];
+    int arrivals[NK_MAX_ROLES], arrive_bar[NK_MAX_ROLES][NK_MAX_ARRIVALS], arrive_tx[NK_MAX_ROLES][NK_MAX_ARRIVALS];
+    int copies, issued;
+    int copy_src[NK_MAX_COPIES], copy_dst[NK_MAX_COPIES], copy_bytes[NK_MAX_COPIES];
+    int copy_bar[NK_MAX_COPIES], copy_due[NK_MAX_COPIES], copy_landing[NK_MAX_COPIES];
+    int blocked_role, blocked_bar, blocked_parity;
+} nk_rounds;
+
+inline void nk_mbar_start(__local nk_mbar* m, int count) {
+    m->completed = 0; m->pending = count; m->tx = 0; m->expected = count;
+}
+inline void nk_mbar_settle(__local nk_mbar* m) {
+    if (m->pending == 0 && m->tx == 0) { m->completed += 1; m->pending = m->expected; }
+}
+/* try_wait.parity: the phase of parity P has completed when the current phase's parity is not P. */
+inline int nk_mbar_passed(__local const nk_mbar* m, int parity) {
+    return (m->completed & 1) != parity;
+}
+
+/* A seeded draw: the rounds a copy takes to land. */
+inline int nk_rounds_delay(int copy) {
+    uint x = (uint)copy * 2654435761u ^ (uint)NK_ROLES_SEED * 40503u;
+    x ^= x >> 15; x *= 2246822519u; x ^= x >> 13;
+    return 1 + (int)(x % (uint)NK_ROLES_MAX_DELAY);
+}
+
+/* Every work-item, once: `roles` roles, each starting at pc 0 with no wait. */
+inline void nk_rounds_start(__local nk_rounds* s, int roles) {
+    if (get_local_id(0) == 0) {
+        s->round = 0; s->outcome = 0; s->ran = 1; s->finished = 0; s->copies = 0; s->issued = 0;
+        for (int r = 0; r < NK_MAX_ROLES; ++r) {
+            s->pc[r] = 0; s->done[r] = r >= roles; s->ready[r] = 0; s->wait_bar[r] = -1; s->wait_parity[r] = 0;
+            s->arrivals[r] = 0;
+        }
+        s->blocked_role = -1; s->blocked_bar = -1; s->blocked_parity = 0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+/* Every work-item, at the start of a round: the arrivals the last round's segments recorded are
+   applied, the copies due land (their bytes copied by every work-item, then complete_tx on their
+   barriers), and the run ends where every role has finished, where no role ran last round and no
+   copy is in flight (a deadlock, naming the first role still waiting), or at the round limit.
+   Returns nonzero when the loop of rounds is to stop (uniform across the work-group). */
+inline int nk_rounds_settle(__local nk_rounds* s, __local nk_mbar* bars, __global const uchar* src, __local uchar* smem) {
+    const int lid = get_local_id(0), size = get_local_size(0);
+    if (lid == 0) {
+        for (int r = 0; r < NK_MAX_ROLES; ++r) {
+            for (int a = 0; a < s->arrivals[r]; ++a) {
+                __local nk_mbar* m = bars + s->arrive_bar[r][a];
+                m->tx += s->arrive_tx[r][a];   /* expect-tx, then arrive-on */
+                m->pending -= 1;
+                nk_mbar_settle(m);
+            }
+            s->arrivals[r] = 0;
+        }
+        for (int c = 0; c < s->copies; ++c) s->copy_landing[c] = s->copy_due[c] <= s->round;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int c = 0; c < s->copies; ++c) {
+        if (!s->copy_landing[c]) continue;
+        for (int i = lid; i < s->copy_bytes[c]; i += size) smem[s->copy_dst[c] + i] = src[s->copy_src[c] + i];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid == 0) {
+        int kept = 0, landed = 0;
+        for (int c = 0; c < s->copies; ++c) {
+            if (s->copy_landing[c]) {
+                __local nk_mbar* m = bars + s->copy_bar[c];
+                m->tx -= s->copy_bytes[c];
+                nk_mbar_settle(m);
+                landed += 1;
+                continue;
+            }
+            s->copy_src[kept] = s->copy_src[c]; s->copy_dst[kept] = s->copy_dst[c];
+            s->copy_bytes[kept] = s->copy_bytes[c]; s->copy_bar[kept] = s->copy_bar[c]; s->copy_due[kept] = s->copy_due[c];
+            kept += 1;
+        }
+        s->copies = kept;
+        int all_done = 1;
+        for (int r = 0; r < NK_MAX_ROLES; ++r) all_done &= s->done[r];
+        if (all_done && s->copies == 0) {
+            s->outcome = 1;
+        } else if (!s->ran && !landed && s->copies == 0) {  /* nothing ran, landed or is in flight */
+            s->outcome = 2;
+            for (int r = 0; r < NK_MAX_ROLES && s->blocked_role < 0; ++r) {
+                if (!s->done[r]) { s->blocked_role = r; s->blocked_bar = s->wait_bar[r]; s->blocked_parity = s->wait_parity[r]; }
+            }
+        } else if (s->round >= NK_ROLES_MAX_ROUNDS) {
+            s->outcome = 3;
+        }
+        s->ran = 0;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return s->outcome != 0;
+}
+
+/* Every work-item: which roles run a segment this round (their wait is met, or they have none).
+   Returns the segment `role` runs (its pc, read here, before any segment moves it), or -1: uniform
+   across the role. */
+inline int nk_rounds_guard(__local nk_rounds* s, __local nk_mbar* bars, int role) {
+    if (get_local_id(0) == 0) {
+        for (int r = 0; r < NK_MAX_ROLES; ++r) {
+            const int bar = s->wait_bar[r];
+            const int met = !s->done[r] && (bar < 0 || nk_mbar_passed(bars + bar, s->wait_parity[r]));
+            s->ready[r] = met ? s->pc[r] : -1;
+            s->ran |= met;
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return s->ready[role];
+}
+
+/* Every work-item, at the end of a round's segments. */
+inline void nk_rounds_next(__local nk_rounds* s) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (get_local_id(0) == 0) s->round += 1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+/* Inside a segment, every work-item of the role calls these; its first work-item (`lane0`)
+   records. A segment ends by naming what the role's next segment waits on (or nothing). */
+inline void nk_role_next(__local nk_rounds* s, int role, int lane0, int pc, int bar, int parity) {
+    if (lane0) { s->pc[role] = pc; s->wait_bar[role] = bar; s->wait_parity[role] = parity; }
+}
+inline void nk_role_finish(__local nk_rounds* s, int role, int lane0) {
+    if (lane0) { s->done[role] = 1; s->wait_bar[role] = -1; }
+}
+inline void nk_role_arrive(__local nk_rounds* s, int role, int lane0, int bar, int tx_bytes) {
+    if (lane0) {
+        const int a = s->arrivals[role];
+        s->arrive_bar[role][a] = bar; s->arrive_tx[role][a] = tx_bytes; s->arrivals[role] = a + 1;
+    }
+}
+/* cp.async.bulk.shared.global.mbarrier::complete_tx::bytes: `bytes` from byte `src_byte` of the
+   copy's source to shared byte `dst`, landing NK_ROLES_MAX_DELAY rounds at most from now; the
+   destination holds 0xFF bytes until then. The role's work-items poison it together; the role
+   has `role_size` of them, and `rank` is this one's place among them. */
+inline void nk_role_copy(__local nk_rounds* s, __local uchar* smem, int role, int rank, int role_size,
+                         int src_byte, int dst, int bytes, int bar) {
+    for (int i = rank; i < bytes; i += role_size) smem[dst + i] = (uchar)0xFF;
+    if (rank == 0) {
+        const int c = atomic_inc(&s->copies);
+        const int id = atomic_inc(&s->issued);
+        s->copy_src[c] = src_byte; s->copy_dst[c] = dst; s->copy_bytes[c] = bytes;
+        s->copy_bar[c] = bar; s->copy_due[c] = s->round + nk_rounds_delay(id);
+    }
+}
+"""
+
+
+@dataclass(frozen=True)
+class RoundsStatus:
+    """How a run of roles ended (the kernel's ``nk_status`` words)."""
+
+    outcome: str
+    round: int
+    role: int
+    barrier: int
+    parity: int
+
+    def describe(self, roles: list[str], barriers: list[str]) -> str:
+        """``finished after 12 rounds``, or ``deadlock: producer waits on empty[1], phase 0``."""
+        if self.outcome == "deadlock":
+            role = roles[self.role] if 0 <= self.role < len(roles) else f"role {self.role}"
+            on = barriers[self.barrier] if 0 <= self.barrier < len(barriers) else f"barrier {self.barrier}"
+            return f"deadlock: {role} waits on {on}, phase {self.parity}"
+        return f"{self.outcome} after {self.round} rounds"
+
+
+def read_status(words) -> RoundsStatus:
+    """The status a kernel wrote to its ``nk_status`` words (:data:`STATUS_WORDS`)."""
+    values = dict(zip(STATUS_WORDS, (int(w) for w in words), strict=True))
+    return RoundsStatus(OUTCOMES.get(values["outcome"], f"outcome {values['outcome']}"), values["round"],
+                        values["role"], values["barrier"], values["parity"])
+
+
+STATUS_STORE = r"""
+/* The status words (roles.STATUS_WORDS), written by the first work-item after the rounds. */
+inline void nk_rounds_status(__local const nk_rounds* s, __global int* status) {
+    if (get_local_id(0) == 0) {
+        status[0] = s->outcome; status[1] = s->round; status[2] = s->blocked_role;
+        status[3] = s->blocked_bar; status[4] = s->blocked_parity;
+    }
+}
+"""

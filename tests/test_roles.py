@@ -1,0 +1,174 @@
+"""The roles runtime (backends/roles.py, issue 43's emulator): a producer and a consumer role in one
+work-group, a ring of stages with full and empty mbarriers, copies that land in a round the seeded
+adversary draws. The ring written right runs to the end under every seed and moves every chunk;
+each ordering bug planted in it fails, by a wrong or poisoned (NaN) result or by a deadlock the
+status names, and never hangs.
+
+The ring is the one CUTLASS's PipelineTmaAsync keeps (and FlashAttention-3's producer warp):
+- the producer waits for stage s to be empty (parity phase ^ 1, so the first pass through the
+  ring does not wait), arrives on full[s] with expect_tx of the chunk's bytes and issues the copy,
+  which completes the bytes on full[s];
+- the consumer waits for full[s] (parity phase), reads the stage and arrives on empty[s];
+- each flips its phase when it wraps to stage 0.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from napkin_dsl.backends import opencl, roles
+
+PRODUCER, CONSUMER = 0, 1
+PRODUCER_ITEMS, CONSUMER_ITEMS = 8, 16  # work-items a role
+
+RING = r"""
+__kernel void ring(__global const float* x, __global float* y, __global int* status) {
+    __local nk_rounds s;
+    __local nk_mbar bars[2 * STAGES];               /* full[0 .. STAGES), then empty[0 .. STAGES) */
+    __local uchar smem[STAGES * CHUNK * 4] __attribute__((aligned(16)));
+    const int lid = get_local_id(0);
+    const int role = lid < PRODUCER_ITEMS ? 0 : 1;
+    const int rank = role == 0 ? lid : lid - PRODUCER_ITEMS;
+    const int items = role == 0 ? PRODUCER_ITEMS : CONSUMER_ITEMS;
+    const int lane0 = rank == 0;
+    if (lid == 0) for (int b = 0; b < 2 * STAGES; ++b) nk_mbar_start(bars + b, 1);
+    nk_rounds_start(&s, 2);
+    int chunk = 0, stage = 0, phase = 0;            /* each role's own, across its segments */
+    for (;;) {
+        if (nk_rounds_settle(&s, bars, (__global const uchar*)x, smem)) break;
+        const int segment = nk_rounds_guard(&s, bars, role);
+        if (segment >= 0) {
+            if (role == 0) {                          /* the producer: one segment a chunk */
+                nk_role_arrive(&s, 0, lane0, stage, EXPECT_BYTES);
+                nk_role_copy(&s, smem, 0, rank, items, chunk * CHUNK * 4, stage * CHUNK * 4, CHUNK * 4, stage);
+                chunk += 1; stage += 1;
+                if (stage == STAGES) { stage = 0; phase ^= 1; }
+                if (chunk == CHUNKS) nk_role_finish(&s, 0, lane0);
+                else nk_role_next(&s, 0, lane0, 0, STAGES + stage, phase ^ 1);
+            } else if (segment == 0) {                /* the consumer's first segment: wait for full[0] */
+                nk_role_next(&s, 1, lane0, 1, 0, 0);
+            } else {
+                __local const float* tile = (__local const float*)(smem + stage * CHUNK * 4);
+                for (int k = rank; k < CHUNK; k += items) y[chunk * CHUNK + k] = 2.0f * tile[k];
+#if BUG != 1                                          /* 1: the empty arrive dropped */
+                nk_role_arrive(&s, 1, lane0, STAGES + stage, 0);
+#endif
+                chunk += 1; stage += 1;
+#if BUG != 2                                          /* 2: the phase not flipped at the wrap */
+                if (stage == STAGES) { stage = 0; phase ^= 1; }
+#else
+                if (stage == STAGES) stage = 0;
+#endif
+                if (chunk == CHUNKS) nk_role_finish(&s, 1, lane0);
+#if BUG == 3                                          /* 3: the next stage read without waiting for it */
+                else nk_role_next(&s, 1, lane0, 1, -1, 0);
+#else
+                else nk_role_next(&s, 1, lane0, 1, stage, phase);
+#endif
+            }
+        }
+        nk_rounds_next(&s);
+    }
+    nk_rounds_status(&s, status);
+}
+"""
+
+BUGS = {None: 0, "empty arrive dropped": 1, "phase not flipped": 2, "full wait skipped": 3, "expect_tx short": 4}
+
+
+def run_ring(stages: int, chunks: int, chunk: int, seed: int, bug: str | None = None):
+    """The ring's output and how the run ended."""
+    if not opencl.opencl_available():
+        pytest.skip("no OpenCL device")
+    import pyopencl as cl
+
+    expect = chunk * 4 - 4 if bug == "expect_tx short" else chunk * 4
+    defines = {"STAGES": stages, "CHUNKS": chunks, "CHUNK": chunk, "PRODUCER_ITEMS": PRODUCER_ITEMS,
+               "CONSUMER_ITEMS": CONSUMER_ITEMS, "BUG": BUGS[bug], "EXPECT_BYTES": expect,
+               "NK_ROLES_SEED": seed, "NK_ROLES_MAX_ROUNDS": 20 * chunks * stages + 100}
+    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
+    context, queue = opencl.context()
+    program = cl.Program(context, head + roles.PRELUDE + roles.STATUS_STORE + RING).build(options=list(opencl.build_options()))
+    x = np.arange(1, chunks * chunk + 1, dtype=np.float32)
+    y = np.zeros_like(x)
+    status = np.zeros(len(roles.STATUS_WORDS), dtype=np.int32)
+    mf = cl.mem_flags
+    buffers = [cl.Buffer(context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x), cl.Buffer(context, mf.WRITE_ONLY, y.nbytes),
+               cl.Buffer(context, mf.WRITE_ONLY, status.nbytes)]
+    program.ring(queue, (PRODUCER_ITEMS + CONSUMER_ITEMS,), (PRODUCER_ITEMS + CONSUMER_ITEMS,), *buffers)
+    cl.enqueue_copy(queue, y, buffers[1])
+    cl.enqueue_copy(queue, status, buffers[2])
+    queue.finish()
+    return x, y, roles.read_status(status)
+
+
+NAMES = (["producer", "consumer"], lambda stages: [f"full[{s}]" for s in range(stages)] + [f"empty[{s}]" for s in range(stages)])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("stages, chunks", [(2, 7), (3, 10), (4, 3)])
+def test_the_ring_moves_every_chunk_under_every_seed(stages, chunks, seed):
+    x, y, status = run_ring(stages, chunks, 40, seed)
+    assert status.outcome == "finished", status.describe(NAMES[0], NAMES[1](stages))
+    np.testing.assert_array_equal(y, 2 * x)
+
+
+def test_the_adversary_moves_the_landings():
+    """Different seeds land the copies in different rounds: the runs take different numbers of rounds."""
+    rounds = {run_ring(3, 10, 40, seed)[2].round for seed in range(1, 7)}
+    assert len(rounds) > 1, rounds
+
+
+def test_a_dropped_empty_arrive_is_a_named_deadlock():
+    _, _, status = run_ring(2, 7, 40, 1, "empty arrive dropped")
+    # after filling both stages, the producer waits for empty[0] to complete its first phase
+    assert status.describe(NAMES[0], NAMES[1](2)) == "deadlock: producer waits on empty[0], phase 0"
+
+
+def test_an_expect_tx_short_of_the_copy_is_a_named_deadlock():
+    """The copy's complete_tx takes more bytes than expected: the tx-count never returns to zero
+    (it is -4 after the landing), so full[0]'s phase never completes."""
+    _, _, status = run_ring(2, 5, 40, 2, "expect_tx short")
+    assert status.describe(NAMES[0], NAMES[1](2)) in (
+        "deadlock: producer waits on empty[0], phase 0", "deadlock: consumer waits on full[0], phase 0")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("bug", ["phase not flipped", "full wait skipped"])
+def test_a_read_before_its_copy_lands_fails_the_run(bug, seed):
+    """A consumer that waits on an already completed phase, or not at all, reads a stage whose copy
+    is in flight (0xFF bytes: NaN) or has not been issued (the previous chunk): never 2 x."""
+    x, y, status = run_ring(2, 7, 40, seed, bug)
+    assert status.outcome == "deadlock" or not np.array_equal(y, 2 * x), status
+
+
+def test_the_status_names_role_barrier_and_phase():
+    status = roles.read_status([2, 17, 1, 3, 1])
+    assert status.describe(["producer", "consumer"], ["full[0]", "full[1]", "empty[0]", "empty[1]"]) == \
+        "deadlock: consumer waits on empty[1], phase 1"
+    assert roles.read_status([1, 17, -1, -1, 0]).describe([], []) == "finished after 17 rounds"
+
+
+def test_the_ring_is_clean_under_oclgrind():
+    """oclgrind (data races, uninitialized reads) finds nothing in a run of the ring: the rounds'
+    barriers order every role's writes before the next phase's reads."""
+    if shutil.which("oclgrind") is None:
+        pytest.skip("oclgrind is not installed")
+    code = ("from tests.test_roles import run_ring\n"
+            "for seed in (1, 2):\n"
+            "    x, y, status = run_ring(3, 5, 24, seed)\n"
+            "    print('@@', status.outcome, bool((y == 2 * x).all()))\n")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root), PYOPENCL_NO_CACHE="1")
+    done = subprocess.run(["oclgrind", "--data-races", "--uninitialized", "--check-api", sys.executable, "-c", code],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("@@ finished True") == 2, done.stdout + done.stderr[-2000:]
+    assert "data race" not in done.stderr and "Uninitialized" not in done.stderr and "Invalid" not in done.stderr, done.stderr[-2000:]
