@@ -19,7 +19,12 @@ roles, and how a CPU verifies them"):
   ``complete_tx``) is queued when issued and lands in a later round, drawn by a seeded adversary
   (``NK_ROLES_SEED``, ``NK_ROLES_MAX_DELAY``). Until it lands its destination holds 0xFF bytes
   (NaN as f32), so a read before its full barrier completes reads NaN;
-* a round in which no role can run and no copy is in flight is a deadlock: the run ends, and the
+* a wgmma group (``commit_group``) is queued too, and completes in a later round after the role's
+  earlier groups; its work (the products' reads of shared memory) runs when it lands, from the
+  two arguments the kernel committed it with. ``wait_group N`` is a wait on the role's pending
+  groups (``nk_role_wait_groups``), so a stage released before its group was waited is refilled,
+  and poisoned, before the group reads it;
+* a round in which no role can run and nothing is in flight is a deadlock: the run ends, and the
   status words say which role waits on which barrier and parity (:func:`describe_status`). It
   never hangs.
 
@@ -30,8 +35,10 @@ starts with the expected count again; ``expect_tx`` adds bytes to the tx-count a
 completed (the current phase's parity is not P). It is written here from the ISA, apart from
 ``wgmma.py``'s synchronous emulation, which completes a copy when it is issued.
 
-Deliberately not here (the next steps of issue 43): printing napkin's kernels as roles, the wgmma
-groups' deferred completion and register snapshots, named barriers, ``setmaxnreg``.
+Deliberately not here (the next steps of issue 43): printing napkin's kernels as roles (the
+wgmma printer's products as deferred groups, their register A operands snapshotted at issue, the
+accumulators poisoned until the wait), TMA tensor copies through the same queue, named barriers,
+``setmaxnreg`` (a no-op here; its budgets are checked in Python and in the SASS).
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ PRELUDE = r"""
 #define NK_MAX_ROLES 8
 #define NK_MAX_COPIES 32
 #define NK_MAX_ARRIVALS 8        /* arrivals one role records in one segment */
+#define NK_MAX_GROUPS 32
 
 /* An mbarrier: completed phases, pending arrivals, tx-count, expected arrivals. */
 typedef struct { int completed; int pending; int tx; int expected; } nk_mbar;
@@ -69,6 +77,9 @@ typedef struct {
     int copies, issued;
     int copy_src[NK_MAX_COPIES], copy_dst[NK_MAX_COPIES], copy_bytes[NK_MAX_COPIES];
     int copy_bar[NK_MAX_COPIES], copy_due[NK_MAX_COPIES], copy_landing[NK_MAX_COPIES];
+    int groups, group_ids;
+    int group_role[NK_MAX_GROUPS], group_due[NK_MAX_GROUPS], group_landing[NK_MAX_GROUPS], group_arg[NK_MAX_GROUPS][2];
+    int pending_groups[NK_MAX_ROLES], wait_groups[NK_MAX_ROLES];
     int blocked_role, blocked_bar, blocked_parity;
 } nk_rounds;
 
@@ -94,9 +105,10 @@ inline int nk_rounds_delay(int copy) {
 inline void nk_rounds_start(__local nk_rounds* s, int roles) {
     if (get_local_id(0) == 0) {
         s->round = 0; s->outcome = 0; s->ran = 1; s->finished = 0; s->copies = 0; s->issued = 0;
+        s->groups = 0; s->group_ids = 0;
         for (int r = 0; r < NK_MAX_ROLES; ++r) {
             s->pc[r] = 0; s->done[r] = r >= roles; s->ready[r] = 0; s->wait_bar[r] = -1; s->wait_parity[r] = 0;
-            s->arrivals[r] = 0;
+            s->arrivals[r] = 0; s->pending_groups[r] = 0; s->wait_groups[r] = -1;
         }
         s->blocked_role = -1; s->blocked_bar = -1; s->blocked_parity = 0;
     }
@@ -121,6 +133,12 @@ inline int nk_rounds_settle(__local nk_rounds* s, __local nk_mbar* bars, __globa
             s->arrivals[r] = 0;
         }
         for (int c = 0; c < s->copies; ++c) s->copy_landing[c] = s->copy_due[c] <= s->round;
+        /* a role's groups complete in the order it committed them */
+        for (int g = 0; g < s->groups; ++g) {
+            int earlier_waits = 0;
+            for (int h = 0; h < g; ++h) earlier_waits |= s->group_role[h] == s->group_role[g] && !s->group_landing[h];
+            s->group_landing[g] = s->group_due[g] <= s->round && !earlier_waits;
+        }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int c = 0; c < s->copies; ++c) {
@@ -143,11 +161,13 @@ inline int nk_rounds_settle(__local nk_rounds* s, __local nk_mbar* bars, __globa
             kept += 1;
         }
         s->copies = kept;
-        int all_done = 1;
+        int all_done = 1, groups_landing = 0;
         for (int r = 0; r < NK_MAX_ROLES; ++r) all_done &= s->done[r];
-        if (all_done && s->copies == 0) {
-            s->outcome = 1;
-        } else if (!s->ran && !landed && s->copies == 0) {  /* nothing ran, landed or is in flight */
+        for (int g = 0; g < s->groups; ++g) groups_landing += s->group_landing[g];
+        if (all_done && s->copies == 0 && s->groups == groups_landing) {
+            s->outcome = groups_landing ? 0 : 1;  /* the last groups complete this round first */
+        } else if (!s->ran && !landed && !groups_landing && s->copies == 0 && s->groups == 0) {
+            /* nothing ran, landed or is in flight */
             s->outcome = 2;
             for (int r = 0; r < NK_MAX_ROLES && s->blocked_role < 0; ++r) {
                 if (!s->done[r]) { s->blocked_role = r; s->blocked_bar = s->wait_bar[r]; s->blocked_parity = s->wait_parity[r]; }
@@ -161,6 +181,30 @@ inline int nk_rounds_settle(__local nk_rounds* s, __local nk_mbar* bars, __globa
     return s->outcome != 0;
 }
 
+/* Every work-item, after nk_rounds_settle and the kernel's completion of the groups it flagged
+   (group_landing[g]: the kernel runs each such group's deferred work, from group_arg[g], with every
+   work-item): the landed groups leave the queue and their roles' pending counts. */
+inline void nk_rounds_retire(__local nk_rounds* s) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (get_local_id(0) == 0) {
+        int kept = 0;
+        for (int g = 0; g < s->groups; ++g) {
+            if (s->group_landing[g]) { s->pending_groups[s->group_role[g]] -= 1; continue; }
+            s->group_role[kept] = s->group_role[g]; s->group_due[kept] = s->group_due[g];
+            s->group_arg[kept][0] = s->group_arg[g][0]; s->group_arg[kept][1] = s->group_arg[g][1];
+            s->group_landing[kept] = 0;
+            kept += 1;
+        }
+        s->groups = kept;
+        if (s->outcome == 0) {
+            int all_done = 1;
+            for (int r = 0; r < NK_MAX_ROLES; ++r) all_done &= s->done[r];
+            if (all_done && s->copies == 0 && s->groups == 0) s->outcome = 1;
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
 /* Every work-item: which roles run a segment this round (their wait is met, or they have none).
    Returns the segment `role` runs (its pc, read here, before any segment moves it), or -1: uniform
    across the role. */
@@ -168,7 +212,8 @@ inline int nk_rounds_guard(__local nk_rounds* s, __local nk_mbar* bars, int role
     if (get_local_id(0) == 0) {
         for (int r = 0; r < NK_MAX_ROLES; ++r) {
             const int bar = s->wait_bar[r];
-            const int met = !s->done[r] && (bar < 0 || nk_mbar_passed(bars + bar, s->wait_parity[r]));
+            const int met = !s->done[r] && (bar < 0 || nk_mbar_passed(bars + bar, s->wait_parity[r]))
+                            && (s->wait_groups[r] < 0 || s->pending_groups[r] <= s->wait_groups[r]);
             s->ready[r] = met ? s->pc[r] : -1;
             s->ran |= met;
         }
@@ -187,7 +232,26 @@ inline void nk_rounds_next(__local nk_rounds* s) {
 /* Inside a segment, every work-item of the role calls these; its first work-item (`lane0`)
    records. A segment ends by naming what the role's next segment waits on (or nothing). */
 inline void nk_role_next(__local nk_rounds* s, int role, int lane0, int pc, int bar, int parity) {
-    if (lane0) { s->pc[role] = pc; s->wait_bar[role] = bar; s->wait_parity[role] = parity; }
+    if (lane0) { s->pc[role] = pc; s->wait_bar[role] = bar; s->wait_parity[role] = parity; s->wait_groups[role] = -1; }
+}
+/* wgmma.wait_group N: the next segment waits, besides its barrier, until at most `n` of the role's
+   committed groups are pending (call after nk_role_next). */
+inline void nk_role_wait_groups(__local nk_rounds* s, int role, int lane0, int n) {
+    if (lane0) s->wait_groups[role] = n;
+}
+/* wgmma.commit_group: the products issued since the last commit become a group that completes in
+   a round the adversary draws, after the role's earlier groups. Its work is deferred to then: the
+   kernel runs it from the group's two arguments when the group lands, so that a product's reads of
+   shared memory happen as late as the hardware may make them (a stage released before its group
+   was waited is refilled, and poisoned, before they happen). */
+inline void nk_role_commit(__local nk_rounds* s, int role, int lane0, int arg0, int arg1) {
+    if (lane0) {
+        const int g = atomic_inc(&s->groups);
+        const int id = atomic_inc(&s->group_ids);
+        s->group_role[g] = role; s->group_due[g] = s->round + nk_rounds_delay(id ^ 0x5bd1);
+        s->group_arg[g][0] = arg0; s->group_arg[g][1] = arg1; s->group_landing[g] = 0;
+        s->pending_groups[role] += 1;
+    }
 }
 inline void nk_role_finish(__local nk_rounds* s, int role, int lane0) {
     if (lane0) { s->done[role] = 1; s->wait_bar[role] = -1; }
