@@ -500,16 +500,22 @@ def _halvings(size: int, least: int = 16) -> list[int]:
 
 
 def _block_text(block: syn.RelabelBlock, kernel: str) -> str:
-    """A relabel block (syntax) as source text."""
+    """A relabel block (syntax) as source text: every clause (group, split, stream), in the order
+    written, so that parsing the text back gives the same block (tests/test_relabel_round_trip.py)."""
     lines = []
     for clauses in block.levels:
         scopes = dict.fromkeys(p.targets for p in clauses.partitions)
         for targets in scopes:
-            mine = [p for p in clauses.partitions if p.targets == targets]
-            parts = [f"{kind} " + ", ".join(f"{p.axis} {p.size}" for p in mine if p.kind == kind)
-                     for kind in ("group", "stream") if any(p.kind == kind for p in mine)]
+            runs: list[tuple[str, list[str]]] = []  # consecutive partitions of one kind: one list
+            for p in clauses.partitions:
+                if p.targets != targets:
+                    continue
+                if runs and runs[-1][0] == p.kind:
+                    runs[-1][1].append(f"{p.axis} {p.size}")
+                else:
+                    runs.append((p.kind, [f"{p.axis} {p.size}"]))
             scope = f" for {', '.join(targets)}" if targets else ""
-            lines.append(f"    {clauses.level}{scope}: {'; '.join(parts)}\n")
+            lines.append(f"    {clauses.level}{scope}: {'; '.join(f'{kind} ' + ', '.join(items) for kind, items in runs)}\n")
     return f"relabel {kernel} on {block.hardware}:\n" + "".join(lines)
 
 
