@@ -529,8 +529,8 @@ def cmd_run(args) -> int:
         if not args.json:
             print(numpy_backend.format_check(k.name, results[k.name]))
     if args.json:
-        keys = ("max_abs_error", "max_rel_error", "counted", "predicted", "wall_s", "tolerance", "ok", "sizes", "hardware", "backend",
-                "accuracy")
+        keys = ("max_abs_error", "max_rel_error", "rounded_outputs", "unrounded_rel_error", "counted", "predicted", "wall_s",
+                "tolerance", "ok", "sizes", "hardware", "backend", "accuracy")
         print(json.dumps({"kernels": {name: {key: r[key] for key in keys} for name, r in results.items()}}, indent=2))
     return 0 if all(r["ok"] for r in results.values()) else 1
 

@@ -126,6 +126,23 @@ def test_a_stored_fp8_output_saturates_in_the_reference_and_the_numpy_backend():
         assert a.min() == -448 and a.max() == 448 and b.max() == 57344
 
 
+@pytest.mark.parametrize("backend", ["numpy", "opencl"])
+def test_a_saturating_fp8_output_runs_ok_against_the_reference_rounded_as_stored(backend, request):
+    """napkin run's check compares an fp8 output with the reference rounded and saturated to the
+    output's dtype, as the kernel stores it (issue 44, found by fuzzing: X * 1000 into fp8e4m3
+    saturates at 448, right, and was reported FAILED against the unrounded reference), and
+    reports the error against the float64 reference beside it."""
+    if backend == "opencl":
+        request.getfixturevalue("opencl_device")
+    kernel = napkin.load("kernel sat(X: f32[r c]) -> Y8: fp8e4m3[r c]:\n    Y8[r c] = X * 1000\n")["sat"]
+    result = check_run(kernel, sizes={"r": 4, "c": 8}, backend=backend)
+    assert result["ok"] and result["max_rel_error"] < 2 ** -4, result["max_rel_error"]
+    assert result["rounded_outputs"] == {"Y8": "fp8e4m3"}
+    assert result["unrounded_rel_error"] > 0.5  # 1000 x saturated at 448: the float64 reference's gap, reported
+    unrounded = napkin.load("kernel plain(X: f32[r c]) -> Y: f32[r c]:\n    Y[r c] = X * 1000\n")["plain"]
+    assert check_run(unrounded, sizes={"r": 4, "c": 8})["unrounded_rel_error"] is None
+
+
 QUANTIZE = """
 kernel quantize_blocks(X: f32[nb ni d]) -> (X8: fp8e4m3[nb ni d], sX: f32[nb]):
     amax[nb] = max[ni d](abs(X))

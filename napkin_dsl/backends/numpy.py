@@ -1292,7 +1292,9 @@ def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, se
     """Run ``kernel`` on seeded random inputs and compare with the reference and the report.
 
     Returns a dict: ``hardware``, ``sizes``, ``backend``, ``max_abs_error``, ``max_rel_error``
-    (max |error| / max |reference|, over every output), ``tolerance``, ``counted`` and
+    (max |error| / max |reference|, over every output; an fp8 output against the reference rounded
+    and saturated to its dtype, as it is stored), ``rounded_outputs`` (those outputs: name ->
+    dtype) and ``unrounded_rel_error`` (their error against the float64 reference, or None), ``tolerance``, ``counted`` and
     ``predicted`` (per level below the top: ``H``; the compute level also has ``flops``, the
     total), ``count_differences``, ``wall_s`` (the backend run alone) and ``ok``. ``progress``,
     a ``(done, total)`` callback, hears of the NumPy backend's blocks as :func:`execute` runs them;
@@ -1321,11 +1323,22 @@ def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, se
     outputs, counts = run_program(backend, program, arrays, scalars, impls, progress, arch)
     wall = time.perf_counter() - started
     report = cost_of(program, check=False)
+    # An fp8 output is stored rounded to nearest even and saturated (types.convert), as the notation
+    # says: the reference is rounded as the dtype does before comparing, and its error against the
+    # float64 reference itself is reported beside (``unrounded_rel_error``).
+    stored = {name: diagram.arrays[name].dtype for name in diagram.outputs if diagram.arrays[name].dtype in FP8_DTYPES}
     max_abs, scale = 0.0, 0.0
+    unrounded_abs, unrounded_scale = 0.0, 0.0
     for name in diagram.outputs:
-        error, magnitude = reference_error(outputs[name], expected[name])
+        want = expected[name]
+        if name in stored:
+            error, magnitude = reference_error(outputs[name], want)
+            unrounded_abs, unrounded_scale = max(unrounded_abs, error), max(unrounded_scale, magnitude)
+            want = convert(want, stored[name]).astype(np.float64)
+        error, magnitude = reference_error(outputs[name], want)
         max_abs, scale = max(max_abs, error), max(scale, magnitude)
     max_rel = max_abs / scale if scale > 0 else max_abs
+    unrounded_rel = (unrounded_abs / unrounded_scale if unrounded_scale > 0 else unrounded_abs) if stored else None
     compute_level = program.schedule.compute_level
     predicted = {level: {"H": _json_number(cost.H)} for level, cost in report.levels.items()}
     predicted[compute_level]["flops"] = _json_number(report.total_flops)
@@ -1344,6 +1357,8 @@ def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, se
         "backend": backend,
         "max_abs_error": max_abs,
         "max_rel_error": max_rel,
+        "rounded_outputs": stored,
+        "unrounded_rel_error": unrounded_rel,
         "tolerance": limit,
         "counted": counted,
         "predicted": predicted,
@@ -1446,6 +1461,10 @@ def format_check(name: str, result: dict) -> str:
     lines = [f"run {name} on {result['backend']} ({result['hardware']} program) with {sizes}: {status}",
              (f"  max abs error {result['max_abs_error']:.3g}, max rel error {result['max_rel_error']:.3g} "
              f"(tolerance {result['tolerance']:g})")]
+    if result.get("rounded_outputs"):
+        outputs = ", ".join(f"{name} to {dtype}" for name, dtype in result["rounded_outputs"].items())
+        lines.append(f"  (against the reference rounded and saturated as stored: {outputs}; max rel error "
+                     f"{result['unrounded_rel_error']:.3g} against the float64 reference itself)")
     rows = [("level", "H counted", "H predicted", "FLOPs counted", "FLOPs predicted")]
     for level, predicted in result["predicted"].items():
         counted = (result["counted"] or {}).get(level, {})
