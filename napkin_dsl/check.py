@@ -251,11 +251,14 @@ class _KernelChecker:
     def float_sources(self, box) -> list[str]:
         """The float arrays and scalars a box's value is computed from ("X (f32)"), followed
         back through the intermediates kept on chip, as :func:`source_dtypes` follows them;
-        none for an opaque box, whose signature declares its result's dtype."""
-        if isinstance(box, Opaque):
-            return []
+        none for an opaque box, whose signature declares its result's dtype. A condition's
+        operands are not among them (:func:`_value_leaves`): ``min[i](where(X == M, i, len(i)))``
+        is an index, whatever X is (torch.argmax)."""
         producers = {s.target: s for s in self.statements}
-        found, seen, pending = [], set(), [r.array for r in _box_reads(box)]
+        found, seen, scalars = [], set(), []
+        leaves = _box_value_leaves(box)
+        pending = [leaf.array for leaf in leaves if isinstance(leaf, Read)]
+        scalars += [leaf.name for leaf in leaves if isinstance(leaf, ScalarParam)]
         while pending:
             name = pending.pop(0)
             if name in seen:
@@ -263,11 +266,12 @@ class _KernelChecker:
             seen.add(name)
             array = self.arrays[name]
             if array.role == "intermediate" and array.level is None and name in producers:
-                pending.extend(producers[name].inputs)
+                held = _box_value_leaves(producers[name].box)
+                pending.extend(leaf.array for leaf in held if isinstance(leaf, Read))
+                scalars += [leaf.name for leaf in held if isinstance(leaf, ScalarParam)]
             elif array.dtype not in INTEGER_DTYPES:
                 found.append(f"{name} ({array.dtype})")
-        found += [f"{s} ({self.scalars[s].dtype})" for s in dict.fromkeys(_box_scalars(box))
-                  if self.scalars[s].dtype not in INTEGER_DTYPES]
+        found += [f"{s} ({self.scalars[s].dtype})" for s in dict.fromkeys(scalars) if self.scalars[s].dtype not in INTEGER_DTYPES]
         return found
 
     def level_ok(self, stmt: syn.Statement) -> bool:
@@ -842,6 +846,31 @@ def _box_scalars(box) -> list[str]:
         return leaves(box.expr)
     if isinstance(box, (Reduce, Softmax)):
         return leaves(box.operand)
+    return []
+
+
+def _value_leaves(expr) -> list:
+    """The reads and scalars an expression's value is computed from, left to right. A condition (a
+    comparison or a logical combination: ``is_boolean``) is 0 or 1 whatever its operands' values,
+    and ``where``'s condition only chooses between its other two arguments: neither passes its
+    operands' values on."""
+    if isinstance(expr, (Read, ScalarParam)):
+        return [expr]
+    if not isinstance(expr, Apply) or is_boolean(expr):
+        return []
+    args = expr.args[1:] if expr.fn == "where" else expr.args
+    return [leaf for arg in args for leaf in _value_leaves(arg)]
+
+
+def _box_value_leaves(box) -> list:
+    """The reads and scalars a box's value is computed from (:func:`_value_leaves`); none for an
+    opaque box, whose signature declares its result's dtype."""
+    if isinstance(box, Contract):
+        return list(box.operands) + (_value_leaves(box.scale) if box.scale is not None else [])
+    if isinstance(box, Map):
+        return _value_leaves(box.expr)
+    if isinstance(box, (Reduce, Softmax)):
+        return _value_leaves(box.operand)
     return []
 
 
