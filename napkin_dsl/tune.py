@@ -134,6 +134,7 @@ class TuneResult:
     written: frozenset = frozenset()  # arrays the source materialises at the top level
     curves: dict = field(default_factory=dict, repr=False)  # "group q for O" -> {size: best estimate (s)}
     optimality: Optimality | None = None  # how far the best can be from the model's optimum (a GPU profile)
+    units: frozenset = frozenset()  # axes whose tiles may also be 1 (unit_axes): an operand's other free axes hold the fragment
 
     @property
     def best(self) -> Configuration:
@@ -174,6 +175,7 @@ class TuneResult:
             "fusion_choices": self.fusion_choices,
             "seconds": self.seconds,
             "multiples": {a: list(ms) for a, ms in self.constraints.items()},
+            "or_one": sorted(a for a in self.units if a in self.constraints),
             "beta": json_value(self.beta) if self.beta is not None else None,
             "optimum": str(self.optimum) if self.optimum is not None else None,
             "relabel_text": self.relabel_text,
@@ -230,8 +232,10 @@ class TuneResult:
             # Each launch keeps its own multiples (a fragment's, or coalescing where it loads along
             # the axis); a tile that is the whole axis is searched too.
             by_launch = " (by launch)" if any(len(ms) > 1 for ms in self.constraints.values()) else ""
+            ones = sorted(a for a in self.units if a in self.constraints)
             lines.append(f"  multiples{by_launch}: " + ", ".join(f"{a} of {_either([str(m) for m in ms])}"
-                                                             for a, ms in self.constraints.items()) + "; or the whole axis")
+                                                             for a, ms in self.constraints.items()) + "; or the whole axis"
+                         + (f"; or 1 for {', '.join(ones)}" if ones else ""))
         if self.optimality is not None:
             lines.append(f"  the best is {self.optimality.text()}")
         if self.beta is not None:
@@ -425,10 +429,32 @@ def divisibility(diagram: Diagram, knobs: list[Knob], statements=None) -> dict[s
     return {a: m for a, m in required.items() if a in tuned}
 
 
-def _candidates(size: int, multiple: int) -> list[int]:
+def unit_axes(diagram: Diagram, knobs: list[Knob], statements=None) -> set[str]:
+    """Tuned axes whose fragment multiple (:func:`divisibility`) may also be met by a tile of 1: a
+    contraction operand's free axes of its own, where it has several (``A[b i j l]`` of
+    ``C[b i j k] = A[b i j l] * B[l k]``). A tile
+    of 1 is not wide (instruction selection reads an operand's tile along its axes over 1), so one
+    of the others carries the fragment's rows, as ``group b 1, i 1, j 128`` does. Not an array's
+    contiguous last axis, whose tile coalesces the loads."""
+    statements = diagram.statements if statements is None else statements
+    found: set[str] = set()
+    for s in statements:
+        if isinstance(s.box, Contract) and len(s.box.operands) >= 2:
+            first, second = s.box.operands[0], s.box.operands[1]
+            for operand, other in ((first, second), (second, first)):
+                # the axes divisibility holds to a fragment: free, and this operand's alone
+                free = [a for a in operand.axes if a in s.axes and a not in other.axes]
+                if len(free) > 1:
+                    found.update(free)
+    last = {array.axes[-1] for array in diagram.arrays.values() if array.axes}
+    return {k.axis for k in knobs if k.axis in found and k.axis not in last}
+
+
+def _candidates(size: int, multiple: int, unit: bool = False) -> list[int]:
     """Sizes to try for an axis of ``size`` that must be a multiple of ``multiple``: the multiple
     times powers of two and times three powers of two (48, 96, 192: tiles between the powers of
-    two often fit where the next power does not), the whole axis and its largest multiple."""
+    two often fit where the next power does not), the whole axis and its largest multiple; and 1
+    where ``unit`` (:func:`unit_axes`)."""
     values = set()
     for factor in (1, 3):
         value = multiple * factor
@@ -438,7 +464,7 @@ def _candidates(size: int, multiple: int) -> list[int]:
     values.add(size)
     if multiple > 1 and size >= multiple:
         values.add(min(size, (size // multiple) * multiple) or multiple)
-    small = {1, 2, 4} if multiple == 1 else set()
+    small = {1, 2, 4} if multiple == 1 else {1} if unit else set()
     return sorted(v for v in values | small if 0 < v <= size)
 
 
@@ -540,7 +566,7 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     searched = next((c.searched for c in configurations if c.searched is not None), None)
     return TuneResult(diagram.name, profile.name, best.knobs, configurations[:max(top, 1)], search.evaluated,
                       _time.perf_counter() - started, {a: tuple(sorted(ms)) for a, ms in search.required.items() if ms != {1}},
-                      fusion_choices=len(choices),
+                      units=frozenset(search.units), fusion_choices=len(choices),
                       written=written, curves=_curves(searched or []), optimality=optimality)
 
 
@@ -641,6 +667,7 @@ class _Search:
         self.tails: dict = {}  # (id(ranked list), one scope) -> suffix minima (_Search.space)
         self.evaluated = 0
         self.required: dict = {}
+        self.units: set = set()  # axes some knob set lets be 1 (unit_axes)
 
     @staticmethod
     def _key(diagram: Diagram, statements, block) -> tuple:
@@ -675,6 +702,7 @@ class _Search:
                     # a knob set leaves the axis free), not the last one scored.
                     for axis in dict.fromkeys(k.axis for k in knobs):
                         self.required.setdefault(axis, set()).add(multiples.get(axis, 1))
+                    self.units |= unit_axes(diagram, knobs, statements)
                 scored.sort(key=lambda item: item[:2])
                 self.memo[key] = self._verified(diagram, index, scored, rescore)
             if not self.memo[key]:
@@ -984,7 +1012,8 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
                                 + blocks_exprs)
     estimate = _Estimate(profile, evaluate, capacity, n_levels, launch_indices, [launch.index for launch in program.launches],
                          bool(unmasked), algebra.lambdify(symbols, blocks_exprs + tile_exprs), compulsory)
-    options = [_candidates(int(sizes[k.axis]), required.get(k.axis, 1)) for k in knobs]
+    units = unit_axes(diagram, knobs, program.launches[0].launch.statements if launch_index is not None else None)
+    options = [_candidates(int(sizes[k.axis]), required.get(k.axis, 1), k.axis in units) for k in knobs]
     scored, evaluated = _scored_candidates(estimate, options, max_candidates)
     return scored, evaluated, required, estimate
 
