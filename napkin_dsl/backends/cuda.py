@@ -140,7 +140,8 @@ def _device():
 
 _TYPESTR = {"f32": ("<f4",), "f64": ("<f8",), "f16": ("<f2",), "bf16": ("<V2", "<u2", "<i2", "|V2"),
             # fp8 arrives as 1-byte opaque values or its bytes
-            "fp8e4m3": ("|V1", "|u1", "|i1", "<V1"), "fp8e5m2": ("|V1", "|u1", "|i1", "<V1")}
+            "fp8e4m3": ("|V1", "|u1", "|i1", "<V1"), "fp8e5m2": ("|V1", "|u1", "|i1", "<V1"),
+            "i32": ("<i4",), "i64": ("<i8",)}
 
 
 def _device_pointer(name: str, value, dtype: str, shape: tuple) -> ctypes.c_uint64:

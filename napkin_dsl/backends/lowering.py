@@ -53,7 +53,7 @@ from .. import algebra
 from ..algebra import as_number
 from ..boxes import REDUCTION_TABLE, accumulated, reduction
 from .. import elementwise
-from ..dtypes import DTYPE_BYTES
+from ..dtypes import DTYPE_BYTES, INTEGER_DTYPES
 from ..diagram import Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax
 from ..errors import NapkinError
 from ..isel import FMA_THREADS, REGISTER_TILE, FmaAccumulator, register_tile_axes
@@ -67,7 +67,7 @@ ALIGN = 16
 
 
 class LoweringError(NapkinError):
-    """The Program cannot be printed as a GPU kernel (unbound sizes, opaque boxes, an i32 array)."""
+    """The Program cannot be printed as a GPU kernel (unbound sizes, opaque boxes)."""
 
 
 # ---- fp8 in memory ---------------------------------------------------------------------------
@@ -157,7 +157,7 @@ class CudaDialect(Dialect):
     name = "cuda"
     float_suffix = "f"
     storage = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16",
-               "fp8e4m3": "unsigned char", "fp8e5m2": "unsigned char"}
+               "fp8e4m3": "unsigned char", "fp8e5m2": "unsigned char", "i32": "int", "i64": "long long"}
     prelude_fp8 = fp8_prelude("__device__ __forceinline__", "__uint_as_float", "__float_as_uint", "rintf",
                               lambda bits: f"__half2float(__ushort_as_half((unsigned short)({bits})))")
     base_prelude = """#include <cuda_fp16.h>
@@ -218,6 +218,8 @@ __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float
         return f"extern __shared__ __align__({align}) unsigned char nk_smem[];"
 
     def load(self, ptr: str, index: str, dtype: str, real: str = "float") -> str:
+        if dtype in INTEGER_DTYPES:  # an index or a count: converted as C converts it
+            return f"(({real}){ptr}[{index}])"
         # fp8 is a byte in memory: nk_f cannot tell e4m3 from e5m2, so each has its decoder.
         read = f"nk_{FP8_C[dtype]}({ptr}[{index}])" if dtype in FP8_C else f"nk_f({ptr}[{index}])"
         if real == "double":  # f64 as it is; narrower values widened before any arithmetic
@@ -225,6 +227,8 @@ __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float
         return read
 
     def store(self, ptr: str, index: str, value: str, dtype: str, real: str = "float") -> str:
+        if dtype in INTEGER_DTYPES:  # an integer-valued float (check.py refuses any other), rounded as types.convert does
+            return f"{ptr}[{index}] = ({self.storage[dtype]}){'rint' if real == 'double' else 'rintf'}({value});"
         if real == "double" and dtype != "f64":
             value = f"(float)({value})"
         convert = {"f32": "{v}", "f64": "(double)({v})", "f16": "__float2half({v})", "bf16": "__float2bfloat16({v})",
@@ -273,7 +277,8 @@ __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float
 class OpenCLDialect(Dialect):
     name = "opencl"
     # bf16 lives in memory as its 16 raw bits; f16 as `half`, read with vload_half.
-    storage = {"f32": "float", "f64": "double", "f16": "half", "bf16": "ushort", "fp8e4m3": "uchar", "fp8e5m2": "uchar"}
+    storage = {"f32": "float", "f64": "double", "f16": "half", "bf16": "ushort", "fp8e4m3": "uchar", "fp8e5m2": "uchar",
+               "i32": "int", "i64": "long"}
     prelude_fp8 = ("inline float nk_half_bits(uint bits) { ushort h = (ushort)bits; return vload_half(0, (const __private half*)&h); }\n"
                    + fp8_prelude("inline", "as_float", "as_uint", "rint", lambda bits: f"nk_half_bits({bits})"))
     prelude = """#pragma OPENCL EXTENSION cl_khr_fp64 : enable
@@ -310,6 +315,8 @@ inline ushort nk_to_bf16(float v) {
         return f"__local uchar nk_smem[NK_ARENA_BYTES] __attribute__((aligned({align})));"
 
     def load(self, ptr, index, dtype, real="float"):
+        if dtype in INTEGER_DTYPES:  # an index or a count: converted as C converts it
+            return f"(({real}){ptr}[{index}])"
         if dtype == "f64":
             return f"{ptr}[{index}]" if real == "double" else f"(float)({ptr}[{index}])"
         value = {"f16": f"vload_half({index}, {ptr})", "bf16": f"nk_bf16({ptr}[{index}])",
@@ -318,6 +325,8 @@ inline ushort nk_to_bf16(float v) {
         return f"((double){value})" if real == "double" else value
 
     def store(self, ptr, index, value, dtype, real="float"):
+        if dtype in INTEGER_DTYPES:  # an integer-valued float (check.py refuses any other), rounded as types.convert does
+            return f"{ptr}[{index}] = ({self.storage[dtype]})rint({value});"
         if real == "double" and dtype != "f64":
             value = f"(float)({value})"
         if dtype == "f16":
