@@ -422,10 +422,17 @@ def divisibility(diagram: Diagram, knobs: list[Knob], statements=None) -> dict[s
                     need(axis, FRAGMENT["n"])
             for axis in s.box.contracted:
                 need(axis, FRAGMENT["k"])
+    present = [diagram.arrays[n] for n in dict.fromkeys(arrays + [s.target for s in statements]) if n in diagram.arrays]
     for name in dict.fromkeys(arrays):  # loaded arrays: coalesce along their contiguous last axis
         array = diagram.arrays.get(name)
-        if array is not None and array.axes:
-            need(array.axes[-1], max(1, COALESCE_BYTES // array.bytes_per_value))
+        if array is None or not array.axes:
+            continue
+        # A broadcast array (its axes a strict subset of another's here: BatchNorm's mu[c] beside
+        # X[n c h w]) is a few values a tile: its loads need no coalescing, and its multiple would
+        # hold the larger array's tile to it (c of 32, where c 1 fits).
+        if any(set(array.axes) < set(other.axes) for other in present):
+            continue
+        need(array.axes[-1], max(1, COALESCE_BYTES // array.bytes_per_value))
     return {a: m for a, m in required.items() if a in tuned}
 
 
