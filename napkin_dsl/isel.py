@@ -2,22 +2,26 @@
 
 For one launch of a :class:`~napkin_dsl.pseudocode.Program` and a target architecture,
 :func:`select` decides once, for every consumer (the CUDA and OpenCL printers, the cost
-model, the kernel header, ``napkin cuda --resources``), whether the launch takes the
-**tensor-core path** or the **FMA path**, and returns a :class:`TensorPlan` or the reason it
-cannot:
+model, the kernel header, ``napkin cuda --resources``), whether the launch takes a
+**tensor-core path** or the **FMA path**, and returns the plan of the path that builds it (a
+``paths`` module's plan type: ``MmaSyncPlan``, ``WgmmaPlan``) or the reason none does:
 
 * the tensor-core path is FlashAttention's register level: the block's tile of the **row
   axis** (q, m, ...) is split into warp tiles of ``warp_rows`` rows (``registers: group q 16``
   in a relabel block, or chosen here); every array the launch computes (S, P, the online max
   and sum, the O accumulator) lives in registers as ``mma.sync.m16n8k16`` accumulator
   fragments of the warp that owns its rows; only the tiles that contractions read from
-  shared memory (Q, K, V) are there, swizzled (``backends/layouts.py``), and those carrying
+  shared memory (Q, K, V) are there, swizzled (``layouts.py``), and those carrying
   the streamed axis are ``stages`` deep behind ``cp.async`` (:func:`stage_count`: 3 or more
   where a chunk's products are shorter than a copy's latency, 2 where not);
 * everything else (f32 operands, extents that are not multiples of the fragment, arrays that
   are not two-dimensional after the block's unit axes, a target whose hardware profile gives it
   no mma.sync m16n8k16 path for the operands' dtype) stays on the FMA path, whose
   arena and costs are the Program's own columns.
+
+The launch is analysed into that mma.sync layout (:func:`_plan`); then the paths the profile
+offers on the architecture are asked in ``paths.PATHS`` order (wgmma on sm_90a, then mma.sync),
+and the first whose ``build`` accepts takes it.
 
 :func:`select_program` is the pass: it selects every launch of a Program once for a target and
 returns a :class:`ProgramSelection`, each launch's :class:`Selection` carrying what the
