@@ -832,23 +832,6 @@ def _product_factors(expr):
     return None
 
 
-def _box_scalars(box) -> list[str]:
-    """The scalar parameters a box's expressions read, left to right."""
-
-    def leaves(expr) -> list[str]:
-        if isinstance(expr, ScalarParam):
-            return [expr.name]
-        return [name for arg in expr.args for name in leaves(arg)] if isinstance(expr, Apply) else []
-
-    if isinstance(box, Contract):
-        return leaves(box.scale) if box.scale is not None else []
-    if isinstance(box, Map):
-        return leaves(box.expr)
-    if isinstance(box, (Reduce, Softmax)):
-        return leaves(box.operand)
-    return []
-
-
 def _value_leaves(expr) -> list:
     """The reads and scalars an expression's value is computed from, left to right. A condition (a
     comparison or a logical combination: ``is_boolean``) is 0 or 1 whatever its operands' values,
@@ -862,26 +845,30 @@ def _value_leaves(expr) -> list:
     return [leaf for arg in args for leaf in _value_leaves(arg)]
 
 
+def _box_parts(box) -> tuple[list, list]:
+    """A box's arrays read whole (a contraction's operands, an opaque box's arguments) and its
+    expressions (a contraction's scale, a map's, a reduction's or softmax's operand)."""
+    if isinstance(box, Contract):
+        return list(box.operands), [box.scale] if box.scale is not None else []
+    if isinstance(box, Map):
+        return [], [box.expr]
+    if isinstance(box, (Reduce, Softmax)):
+        return [], [box.operand]
+    return list(box.args), []
+
+
 def _box_value_leaves(box) -> list:
     """The reads and scalars a box's value is computed from (:func:`_value_leaves`); none for an
     opaque box, whose signature declares its result's dtype."""
-    if isinstance(box, Contract):
-        return list(box.operands) + (_value_leaves(box.scale) if box.scale is not None else [])
-    if isinstance(box, Map):
-        return _value_leaves(box.expr)
-    if isinstance(box, (Reduce, Softmax)):
-        return _value_leaves(box.operand)
-    return []
+    if isinstance(box, Opaque):
+        return []
+    whole, expressions = _box_parts(box)
+    return whole + [leaf for expr in expressions for leaf in _value_leaves(expr)]
 
 
 def _box_reads(box) -> list[Read]:
-    if isinstance(box, Contract):
-        return list(box.operands) + (reads(box.scale) if box.scale is not None else [])
-    if isinstance(box, Map):
-        return reads(box.expr)
-    if isinstance(box, (Reduce, Softmax)):
-        return reads(box.operand)
-    return list(box.args)
+    whole, expressions = _box_parts(box)
+    return whole + [r for expr in expressions for r in reads(expr)]
 
 
 # ---- module level ----------------------------------------------------------------------------

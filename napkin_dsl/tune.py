@@ -399,6 +399,19 @@ def _block(diagram: Diagram, hardware: Hardware, knobs: list[Knob], values: dict
     return syn.RelabelBlock(diagram.name, hardware.name, clauses, None)
 
 
+def _products(statements) -> list:
+    """The contractions of two operands or more: the products a fragment's shape constrains."""
+    return [s for s in statements if isinstance(s.box, Contract) and len(s.box.operands) >= 2]
+
+
+def _own_free_axes(s) -> tuple[list[str], list[str]]:
+    """A product's free axes that only its first operand carries (rows: a fragment's m) and those
+    only its second carries (columns: n), in the order of its axes."""
+    first, second = s.box.operands[0], s.box.operands[1]
+    return ([a for a in s.axes if a in first.axes and a not in second.axes],
+            [a for a in s.axes if a in second.axes and a not in first.axes])
+
+
 def divisibility(diagram: Diagram, knobs: list[Knob], statements=None) -> dict[str, int]:
     """Required multiple per tuned axis: fragment shape and coalescing, by least common multiple.
 
@@ -412,16 +425,14 @@ def divisibility(diagram: Diagram, knobs: list[Knob], statements=None) -> dict[s
         required[axis] = math.lcm(required.get(axis, 1), multiple)
 
     tuned = {k.axis for k in knobs}
-    for s in statements:
-        if isinstance(s.box, Contract) and len(s.box.operands) >= 2:
-            first, second = s.box.operands[0], s.box.operands[1]
-            for axis in s.axes:
-                if axis in first.axes and axis not in second.axes:
-                    need(axis, FRAGMENT["m"])
-                elif axis in second.axes and axis not in first.axes:
-                    need(axis, FRAGMENT["n"])
-            for axis in s.box.contracted:
-                need(axis, FRAGMENT["k"])
+    for s in _products(statements):
+        rows, cols = _own_free_axes(s)
+        for axis in rows:
+            need(axis, FRAGMENT["m"])
+        for axis in cols:
+            need(axis, FRAGMENT["n"])
+        for axis in s.box.contracted:
+            need(axis, FRAGMENT["k"])
     present = [diagram.arrays[n] for n in dict.fromkeys(arrays + [s.target for s in statements]) if n in diagram.arrays]
     for name in dict.fromkeys(arrays):  # loaded arrays: coalesce along their contiguous last axis
         array = diagram.arrays.get(name)
@@ -439,20 +450,15 @@ def divisibility(diagram: Diagram, knobs: list[Knob], statements=None) -> dict[s
 def unit_axes(diagram: Diagram, knobs: list[Knob], statements=None) -> set[str]:
     """Tuned axes whose fragment multiple (:func:`divisibility`) may also be met by a tile of 1: a
     contraction operand's free axes of its own, where it has several (``A[b i j l]`` of
-    ``C[b i j k] = A[b i j l] * B[l k]``). A tile
-    of 1 is not wide (instruction selection reads an operand's tile along its axes over 1), so one
+    ``C[b i j k] = A[b i j l] * B[l k]``). A tile of 1 is not wide (instruction selection reads an operand's tile along its axes over 1), so one
     of the others carries the fragment's rows, as ``group b 1, i 1, j 128`` does. Not an array's
     contiguous last axis, whose tile coalesces the loads."""
     statements = diagram.statements if statements is None else statements
     found: set[str] = set()
-    for s in statements:
-        if isinstance(s.box, Contract) and len(s.box.operands) >= 2:
-            first, second = s.box.operands[0], s.box.operands[1]
-            for operand, other in ((first, second), (second, first)):
-                # the axes divisibility holds to a fragment: free, and this operand's alone
-                free = [a for a in operand.axes if a in s.axes and a not in other.axes]
-                if len(free) > 1:
-                    found.update(free)
+    for s in _products(statements):
+        for own in _own_free_axes(s):  # the axes divisibility holds to a fragment
+            if len(own) > 1:
+                found.update(own)
     last = {array.axes[-1] for array in diagram.arrays.values() if array.axes}
     return {k.axis for k in knobs if k.axis in found and k.axis not in last}
 

@@ -29,7 +29,6 @@ import pytest
 
 from napkin_dsl.backends import opencl, roles
 
-PRODUCER, CONSUMER = 0, 1
 PRODUCER_ITEMS, CONSUMER_ITEMS = 8, 16  # work-items a role
 
 # Both rings: the roles' places in the work-group, the barriers, and the round loop's frame. A

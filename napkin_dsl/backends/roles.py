@@ -70,7 +70,7 @@ typedef struct { int completed; int pending; int tx; int expected; } nk_mbar;
 
 /* The scheduler's state, in local memory, shared by every work-item of the work-group. */
 typedef struct {
-    int round, outcome, ran, finished;
+    int round, outcome, ran;
     int pc[NK_MAX_ROLES], done[NK_MAX_ROLES], ready[NK_MAX_ROLES];
     int wait_bar[NK_MAX_ROLES], wait_parity[NK_MAX_ROLES];
     int arrivals[NK_MAX_ROLES], arrive_bar[NK_MAX_ROLES][NK_MAX_ARRIVALS], arrive_tx[NK_MAX_ROLES][NK_MAX_ARRIVALS];
@@ -104,7 +104,7 @@ inline int nk_rounds_delay(int copy) {
 /* Every work-item, once: `roles` roles, each starting at pc 0 with no wait. */
 inline void nk_rounds_start(__local nk_rounds* s, int roles) {
     if (get_local_id(0) == 0) {
-        s->round = 0; s->outcome = 0; s->ran = 1; s->finished = 0; s->copies = 0; s->issued = 0;
+        s->round = 0; s->outcome = 0; s->ran = 1; s->copies = 0; s->issued = 0;
         s->groups = 0; s->group_ids = 0;
         for (int r = 0; r < NK_MAX_ROLES; ++r) {
             s->pc[r] = 0; s->done[r] = r >= roles; s->ready[r] = 0; s->wait_bar[r] = -1; s->wait_parity[r] = 0;
@@ -161,13 +161,12 @@ inline int nk_rounds_settle(__local nk_rounds* s, __local nk_mbar* bars, __globa
             kept += 1;
         }
         s->copies = kept;
-        int all_done = 1, groups_landing = 0;
+        int all_done = 1;
         for (int r = 0; r < NK_MAX_ROLES; ++r) all_done &= s->done[r];
-        for (int g = 0; g < s->groups; ++g) groups_landing += s->group_landing[g];
-        if (all_done && s->copies == 0 && s->groups == groups_landing) {
-            s->outcome = groups_landing ? 0 : 1;  /* the last groups complete this round first */
-        } else if (!s->ran && !landed && !groups_landing && s->copies == 0 && s->groups == 0) {
-            /* nothing ran, landed or is in flight */
+        if (all_done && s->copies == 0 && s->groups == 0) {
+            s->outcome = 1;
+        } else if (!s->ran && !landed && s->copies == 0 && s->groups == 0) {
+            /* nothing ran, landed or is in flight (a group landing now is in flight until retired) */
             s->outcome = 2;
             for (int r = 0; r < NK_MAX_ROLES && s->blocked_role < 0; ++r) {
                 if (!s->done[r]) { s->blocked_role = r; s->blocked_bar = s->wait_bar[r]; s->blocked_parity = s->wait_parity[r]; }
@@ -195,12 +194,7 @@ inline void nk_rounds_retire(__local nk_rounds* s) {
             s->group_landing[kept] = 0;
             kept += 1;
         }
-        s->groups = kept;
-        if (s->outcome == 0) {
-            int all_done = 1;
-            for (int r = 0; r < NK_MAX_ROLES; ++r) all_done &= s->done[r];
-            if (all_done && s->copies == 0 && s->groups == 0) s->outcome = 1;
-        }
+        s->groups = kept;  /* the next round's settle ends a run these were the last of */
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
