@@ -83,8 +83,8 @@ GPUS = ("A100", "H100", "H200")
 
 AXIS_NAMES = ("i", "j", "k", "m", "n", "b", "h", "q", "x", "d", "r", "c", "t", "kv", "s_1", "w2")
 UNICODE_NAMES = ("Δ", "é")  # the notation allows Unicode letters in names
-DTYPES = ("f32", "bf16", "f16", "f64", "fp8", "fp8e5m2", "i32")
-DTYPE_WEIGHTS = (10, 3, 3, 1, 1, 1, 1)  # inputs; outputs draw from f32, bf16, f16, f64
+DTYPES = ("f32", "bf16", "f16", "f64", "fp8", "fp8e5m2", "i32", "i64")
+DTYPE_WEIGHTS = (10, 3, 3, 1, 1, 1, 1, 1)  # inputs; outputs draw from f32, bf16, f16, f64
 _WEIGHTED_DTYPES = tuple(d for d, w in zip(DTYPES, DTYPE_WEIGHTS, strict=False) for _ in range(w))
 
 
@@ -251,7 +251,7 @@ class _Builder:
         if dtype is None:
             dtype = draw(st.sampled_from(_WEIGHTED_DTYPES))
         name = self.fresh("X")
-        lo, hi = (-2.0, 2.0) if dtype not in ("i32",) else (-9.0, 9.0)
+        lo, hi = (-2.0, 2.0) if dtype not in ("i32", "i64") else (-9.0, 9.0)
         array = _Array(name, tuple(axes), lo, hi, dtype, "input")
         self.arrays[name] = array
         self.params.append(name)
@@ -716,7 +716,7 @@ def _union(*axes_lists) -> tuple:
     return tuple(seen)
 
 
-_WIDTH = {"f64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "fp8": 1, "fp8e4m3": 1, "fp8e5m2": 1}
+_WIDTH = {"f64": 8, "f32": 4, "i32": 4, "i64": 8, "f16": 2, "bf16": 2, "fp8": 1, "fp8e4m3": 1, "fp8e5m2": 1}
 
 
 def _width(dtype: str) -> int:
@@ -1949,8 +1949,8 @@ def minimise(case: Case, reproduces, budget: int = 300, seconds: float = 60.0) -
             improved = True
         while try_texts(_simplifications(case.text)):
             improved = True
-        while try_texts(re.sub(r"\b(bf16|f16|f64|fp8e5m2|fp8e4m3|fp8|i32)\b", "f32", case.text, count=1) for _ in [0]
-                        if re.search(r"\b(bf16|f16|f64|fp8e5m2|fp8e4m3|fp8|i32)\b", case.text)):
+        while try_texts(re.sub(r"\b(bf16|f16|f64|fp8e5m2|fp8e4m3|fp8|i32|i64)\b", "f32", case.text, count=1) for _ in [0]
+                        if re.search(r"\b(bf16|f16|f64|fp8e5m2|fp8e4m3|fp8|i32|i64)\b", case.text)):
             improved = True
         for name, value in sorted(case.sizes.items()):
             for smaller in (1, 2, value // 2):
