@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -516,6 +517,11 @@ def cmd_run(args) -> int:
                                    "for the GPU it runs on (the profile's arch where that GPU runs it), and numpy runs the Program itself")
         for k in kernels:
             load_hardware(k._target(args.hardware)).check_arch(args.arch)
+    if args.emulate_seed is not None:
+        if backend != "opencl":
+            raise NapkinError(f"--emulate-seed applies to --backend opencl, not {backend}",
+                              hint="the seed draws when the OpenCL emulation lands a warp-specialized kernel's copies and products")
+        os.environ["NAPKIN_EMULATE_SEED"] = str(args.emulate_seed)  # read where the emulation is built (opencl.roles_seed)
     if args.devices is not None:
         return _run_devices(args, kernels, given, backend)
     results = {}
@@ -584,6 +590,9 @@ def add_run_command(subparsers) -> None:
                                     "runs (sm_90a: wgmma where selection takes it; sm_90: mma.sync); default: the profile's own")
     add_set(run, "bind a size (axis or group/stream size)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--emulate-seed", type=_positive_count, metavar="N",
+                     help="with --backend opencl: the seed of the roles emulation's adversary, which draws the round each "
+                          "TMA copy and wgmma group of a warp-specialized kernel lands in (NAPKIN_EMULATE_SEED; default 1)")
     run.add_argument("--devices", type=_positive_count, metavar="N",
                      help="run across N processes (torch.distributed, gloo) as the GPUs of a node profile (--hardware H100x8): "
                           "the relabel block's gmem clause, else napkin's best partition for N; rank 0 compares")

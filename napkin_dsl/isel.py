@@ -690,10 +690,12 @@ MBARRIER_BYTES = 16  # one mbarrier's slot at the arena's end (the object is 8 b
 
 
 def mbarrier_count(plan: TensorPlan) -> int:
-    """The mbarriers a TMA plan keeps after its tiles: one a stage of the ring, one a one-shot copy."""
+    """The mbarriers a TMA plan keeps after its tiles: one a stage of the ring (two with roles: full
+    and empty), one a one-shot copy."""
     if not isinstance(plan, WgmmaPlan) or not plan.tma:
         return 0
-    return plan.stages + sum(1 for load in plan.tma if not load.streamed)
+    ring = 2 * plan.stages if plan.roles is not None else plan.stages  # full (and, with roles, empty) per stage
+    return ring + sum(1 for load in plan.tma if not load.streamed)
 
 
 def kmajor_name(name: str) -> str:
@@ -784,6 +786,8 @@ def stage_count(plan: TensorPlan, launch: LaunchProgram, tile: dict, diagram, ar
         if stages < 2:
             raise ValueError(f"{stages} cp.async stages: the pipeline needs at least 2")
         return stages
+    if isinstance(plan, WgmmaPlan) and plan.roles is not None:
+        return ring_stages(plan, launch, tile, diagram)
     if plan.instruction != BUILT_INSTRUCTION:  # a wgmma plan's instruction is its own
         return plan.stages
     clocks = chunk_clocks(plan, launch, tile, arch)
@@ -807,16 +811,21 @@ def stage_count(plan: TensorPlan, launch: LaunchProgram, tile: dict, diagram, ar
     return wanted
 
 
+RING_MAX_STAGES = 8  # the deepest ring a producer warpgroup fills (ring_stages)
 
 
-
-
-
-
-
-
-
-
+def ring_stages(plan: WgmmaPlan, launch: LaunchProgram, tile: dict, diagram) -> int:
+    """The stages of a warp-specialized plan's ring: the producer runs ahead of the consumers by as
+    many chunks as the ring holds, so the ring is as deep as the profile's shared memory per block
+    takes, up to ``RING_MAX_STAGES`` (one block an SM: a deeper ring costs no occupancy), but no
+    deeper than the stream's chunks (at least 2)."""
+    bound = launch_tiles(launch)
+    chunks = -(-bound[1][plan.stream] // tile[plan.stream]) if bound is not None else RING_MAX_STAGES
+    capacity = launch.schedule.hardware.level(launch.schedule.compute_level).capacity
+    wanted = max(2, min(RING_MAX_STAGES, chunks))
+    while wanted > 2 and isinstance(capacity, int) and smem_layout(replace(plan, stages=wanted), tile, diagram)[1] > capacity:
+        wanted -= 1
+    return wanted
 
 
 def describe(selection_: Selection, launch: LaunchProgram) -> list[str]:
@@ -833,7 +842,7 @@ def describe(selection_: Selection, launch: LaunchProgram) -> list[str]:
             lines.append(f"{s.target}: fma on {plan.row} x {plan.fragments[s.target].col or '1'} fragments in registers")
             continue
         lines.append(path.product_line(plan, s.target, mma))
-    return lines
+    return lines + path.schedule_lines(plan)
 
 
 def plan_summary(plan: TensorPlan) -> str:
@@ -845,6 +854,9 @@ def plan_summary(plan: TensorPlan) -> str:
     once = [load.array for load in tma if not load.streamed]
     if once:  # copied once before the stream, each on its own mbarrier
         pipeline += f"; {', '.join(once)} by one TMA copy"
+    if isinstance(plan, WgmmaPlan) and plan.roles is not None:
+        consumers = plan.roles.consumers
+        pipeline += f"; a producer warpgroup, {consumers} consumer warpgroup{'s' if consumers > 1 else ''}"
     tiles = f"group {plan.row} {plan.warp_rows}" + (f", {plan.split} {plan.warp_cols}" if plan.split else "")
     shape = f"{plan.warp_rows} {plan.row}" + (f" x {plan.warp_cols} {plan.split}" if plan.split else " rows")
     return f"registers: {tiles} ({plan.warps} warps of {shape}){pipeline}"

@@ -101,6 +101,22 @@ def has_nvdisasm() -> bool:
 needs_nvdisasm = pytest.mark.skipif(not has_nvdisasm(), reason="nvdisasm not installed (pip install 'napkin-dsl[sass]')")
 
 
+def sm_90a_listing(kernel, **sizes):
+    """A one-launch kernel compiled for sm_90a on H100, checked to spill nothing, and its SASS
+    instructions: (compiled, instructions), or a skip without NVRTC or nvdisasm."""
+    pytest.importorskip("cuda.bindings")
+    from napkin_dsl.backends import sass
+
+    compiled = kernel.compile("sm_90a", hardware="H100", **sizes)
+    (resources,) = compiled.resources.values()
+    assert resources["spill_bytes"] == 0
+    try:
+        (instructions,) = sass.disassemble(compiled.image).values()
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm")
+    return compiled, instructions
+
+
 @pytest.fixture(scope="session")
 def site_build(tmp_path_factory):
     """The documentation site, built once a run by ``mkdocs build --strict``: (site directory,

@@ -145,8 +145,8 @@ STAGES = (
     ("cost",),
     ("plan",),
     ("tune", "render", "backends", "backends.compiled", "backends.driver", "backends.nvrtc", "backends.sass",
-     "backends.lowering", "backends.tensorcore", "backends.wgmma", "backends.translate", "backends.numpy", "backends.cuda",
-     "backends.opencl", "backends.distributed", "backends.roles"),
+     "backends.lowering", "backends.tensorcore", "backends.wgmma", "backends.pipeline", "backends.translate", "backends.numpy",
+     "backends.cuda", "backends.opencl", "backends.distributed", "backends.roles"),
     ("kernel",),
     ("cli",),
 )
@@ -174,7 +174,7 @@ def reachable(graph: dict[str, dict[str, set[int]]], start: str) -> set[str]:
     return seen
 
 
-PRINTERS = ("backends.lowering", "backends.tensorcore", "backends.wgmma", "backends.translate")
+PRINTERS = ("backends.lowering", "backends.tensorcore", "backends.wgmma", "backends.pipeline", "backends.translate")
 
 
 def test_the_printers_do_not_import_the_cost_model():

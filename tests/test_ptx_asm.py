@@ -29,7 +29,7 @@ import pytest
 
 import napkin_dsl as napkin
 from napkin_dsl import layouts
-from napkin_dsl.backends import cuda, tensorcore, wgmma
+from napkin_dsl.backends import cuda, pipeline, tensorcore, wgmma
 
 from .conftest import EXAMPLES
 from .test_layouts import isa_a, isa_b, isa_c
@@ -75,6 +75,11 @@ ISA = {
     "mbarrier.try_wait.parity.shared::cta.b64": [("waitComplete", 1, "pred"), ("addr", 1, "r"), ("phaseParity", 1, "r")],
     "selp.u32": [("d", 1, "=r"), ("a", 1, "imm"), ("b", 1, "imm"), ("c", 1, "pred")],
     "fence.mbarrier_init.release.cluster": [],
+    # a consumer's release of a stage (9.7.13.15.13): mbarrier.arrive.shared::cta.b64 state, [addr]
+    # (state the sink _); setmaxnreg.{inc,dec}.sync.aligned.u32 imm-reg-count (9.7.17.1)
+    "mbarrier.arrive.shared::cta.b64": [("state", 1, "imm"), ("addr", 1, "r")],
+    "setmaxnreg.inc.sync.aligned.u32": [("imm-reg-count", 1, "n")],
+    "setmaxnreg.dec.sync.aligned.u32": [("imm-reg-count", 1, "n")],
     # PTX ISA 9.7.9.25 cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
     # [dstMem], [tensorMap, {tensorCoords}], [mbar]: the map a 64-bit generic address, two 32-bit coordinates
     "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes": [
@@ -207,7 +212,7 @@ def all_asm() -> list[dict]:
 
 
 CUDA_ASM = (asm_statements(tensorcore.CUDA_PRELUDE) + asm_statements(tensorcore.FP8_PRELUDES["cuda"])
-            + asm_statements(WGMMA_PRELUDE))
+            + asm_statements(WGMMA_PRELUDE) + asm_statements(pipeline.prelude("cuda")))
 
 
 def by_function(name: str) -> dict:
@@ -226,7 +231,7 @@ def test_every_inline_asm_is_an_instruction_this_test_checks():
     """A new asm (wgmma, TMA, ...) fails here until its ISA operand list is written above."""
     statements = all_asm()
     assert {s["instruction"] for s in statements} == set(ISA), sorted({s["instruction"] for s in statements})
-    assert all(s["file"] in ("tensorcore.py", "wgmma.py") for s in statements)  # where CUDA_ASM reads them from
+    assert all(s["file"] in ("tensorcore.py", "wgmma.py", "pipeline.py") for s in statements)  # where CUDA_ASM reads them from
     assert len(CUDA_ASM) == len(statements)
 
 

@@ -182,7 +182,10 @@ relabel t on H100:
 # ---- the compiled kernel --------------------------------------------------------------------
 
 
-def test_the_sm_90a_kernel_takes_tensor_maps_and_has_utmaldg_syncs_and_hgmma_in_its_loop():
+def test_the_sm_90a_kernel_takes_tensor_maps_and_its_producer_loop_issues_the_boxes():
+    """The producer warpgroup's loop (backends/pipeline.py; the consumers' is tests/test_pipeline.py's):
+    A's box and B's two by UTMALDG, after the wait on the stage's empty mbarrier and the arrive
+    with expect_tx on its full one, and no product."""
     pytest.importorskip("cuda.bindings")
     from napkin_dsl.backends import sass
 
@@ -199,22 +202,25 @@ def test_the_sm_90a_kernel_takes_tensor_maps_and_has_utmaldg_syncs_and_hgmma_in_
     (instructions,) = listing.values()
     opcodes = collections.Counter(i.opcode.split(".")[0] for i in instructions)
     assert opcodes["LDL"] == opcodes["STL"] == 0 and opcodes["LDGSTS"] == 0  # no local memory, no cp.async
-    body = _chunk_loop(instructions)
+    body = _chunk_loop(instructions, "UTMALDG")
     hot = collections.Counter(i.opcode.split(".")[0] for i in body)
-    # two stages unrolled: per stage 2 HGMMA (k 32), 3 UTMALDG (A's box, B's two), 2 SYNCS (expect_tx, try_wait)
-    assert hot["HGMMA"] == 4 and hot["UTMALDG"] == 6 and hot["SYNCS"] == 4, hot
+    assert hot["UTMALDG"] == 3 and hot["HGMMA"] == 0, hot
     syncs = [i.opcode for i in body if i.opcode.startswith("SYNCS")]
     assert sorted(set(syncs)) == ["SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK.TRANS64.TRYWAIT"], syncs
     assert all(i.operands.startswith("2D") or "[" in i.operands for i in body if i.opcode.startswith("UTMALDG"))
 
 
-def _chunk_loop(instructions):
-    """The loop the HGMMAs run in (``sass.tensor_loops``: ptxas wraps each UTMALDG in a one-trip
-    ELECT loop and may move a try_wait's retry out of line, whose branch back makes a range that
-    crosses the chunk loop's end): the one holding the most HGMMAs."""
+def _chunk_loop(instructions, opcode: str = "HGMMA"):
+    """The loop the ``opcode`` instructions run in: of the loops (ptxas wraps each UTMALDG in a
+    one-trip ELECT loop, and may move a try_wait's retry out of line, whose unconditional branch
+    back makes a range that is no loop), the one holding the most of them, the smallest of those."""
     from napkin_dsl.backends import sass
 
-    return max(sass.tensor_loops(instructions), key=lambda body: sum(i.opcode.startswith("HGMMA") for i in body))
+    at = {i.address: i for i in instructions}
+    # a loop's branch back is conditional; an unconditional one is a wait's retry moved out of line
+    ranges = [(s, e) for s, e in sass.loop_ranges(instructions) if at[e].predicate]
+    loops = [[i for i in instructions if s <= i.address <= e] for s, e in ranges]
+    return max(loops, key=lambda body: (sum(i.opcode.startswith(opcode) for i in body), -len(body)))
 
 
 # ---- the emulation: the TMA ring on PoCL ----------------------------------------------------
@@ -241,8 +247,11 @@ def _swap_strides(original):
     return wrong
 
 
-@pytest.mark.parametrize("bug", ["swapped dims", "128B as 64B", "bytes short", "parity"])
+@pytest.mark.parametrize("bug", ["swapped dims", "128B as 64B", "bytes short"])
 def test_the_emulation_sees_an_encoder_bug(monkeypatch, bug):
+    """A wrong result, or the roles' deadlock (bytes short: a full barrier's tx-count never
+    returns to zero). The ring's phase bugs are tests/test_pipeline.py's."""
+    from napkin_dsl.backends import opencl
     from napkin_dsl.backends import wgmma
     from napkin_dsl.paths.wgmma import TmaLoad
 
@@ -250,15 +259,16 @@ def test_the_emulation_sees_an_encoder_bug(monkeypatch, bug):
         monkeypatch.setattr(wgmma, "tiled_tensor_map", _swap_strides(driver.tiled_tensor_map))
     elif bug == "128B as 64B":
         monkeypatch.setitem(driver.TENSOR_MAP_SWIZZLE, 128, driver.TENSOR_MAP_SWIZZLE[64])
-    elif bug == "bytes short":
+    else:
         monkeypatch.setattr(TmaLoad, "bytes", property(lambda self: self.box_rows * self.box_cols * self.element_bytes))
-    else:  # waiting on the phase after the one the copies complete
-        original = wgmma.WgmmaPrinter.stream_loop
-
-        def shifted(self, node):
-            start = len(self.lines)
-            original(self, node)
-            self.lines[start:] = [line.replace("unsigned nk_phase_k = 0;", "unsigned nk_phase_k = 1;") for line in self.lines[start:]]
-        monkeypatch.setattr(wgmma.WgmmaPrinter, "stream_loop", shifted)
-    out, reference = _run_opencl(dict(m=128, n=128, k=64))
-    assert not np.allclose(out, reference, atol=1e-2)
+    def fails(seed: int) -> bool:
+        monkeypatch.setenv("NAPKIN_EMULATE_SEED", str(seed))
+        try:
+            out, reference = _run_opencl(dict(m=128, n=128, k=320))  # 10 chunks: the ring wraps
+        except opencl.RolesFailure as failure:
+            assert "deadlock: " in str(failure)
+            return True
+        return not np.allclose(out, reference, atol=1e-2)
+    # bytes short completes a stage's phase before its last box lands: a read the adversary
+    # catches where it lands that box in a later round than the others (a seed in three)
+    assert any(fails(seed) for seed in (1, 2, 3))

@@ -127,7 +127,8 @@ def test_matmul_is_planned_on_wgmma_for_sm_90a_only():
     program = _program(m=256, n=256, k=256)
     (launch,) = program.launches
     built = selection(program, launch, "sm_90a")
-    assert built.path == "wgmma" and built.plan.shape == "m64n128k16" and built.plan.threads == 256
+    # two consumer warpgroups of 64 rows, and a producer warpgroup (tests/test_pipeline.py)
+    assert built.path == "wgmma" and built.plan.shape == "m64n128k16" and built.plan.warps == 8 and built.plan.threads == 384
     assert selection(program, launch, "sm_90").path == "mma.sync"
     assert type(selection(program, launch, "sm_90").plan) is MmaSyncPlan
     from napkin_dsl.cost import cost_of, instruction_path

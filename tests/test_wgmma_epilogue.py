@@ -45,8 +45,8 @@ def test_mlp_and_both_swiglu_launches_are_planned_on_wgmma_for_sm_90a():
     # the dual GEMM: G and U read the same A (X), each its own B, each its own accumulator
     g, u = first.plan.mmas["G"], first.plan.mmas["U"]
     assert g.a == u.a == "X" and (g.b, u.b) == ("W1", "W3")
-    # swiglu's t tile of 192 rows: three warpgroups of four warps
-    assert first.plan.row_tile == 192 and first.plan.threads == 384
+    # swiglu's t tile of 192 rows: three consumer warpgroups of four warps, and a producer warpgroup
+    assert first.plan.row_tile == 192 and first.plan.warps == 12 and first.plan.roles.consumers == 3 and first.plan.threads == 512
 
 
 RELABELLED = """

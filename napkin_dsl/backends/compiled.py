@@ -55,6 +55,10 @@ class KernelSource:
     path: str = "fma"  # the instruction path isel chose: "mma.sync" or "fma"
     paths: list = field(default_factory=list)  # per statement: what it runs on (isel.describe)
     stages: int = 0  # the cp.async (or TMA) stages of a streamed tensor-core launch; 0 where it has none
+    # A warp-specialized launch (backends/pipeline.py): its roles' and ring barriers' names, by
+    # index, with which a run of the OpenCL roles runtime names a deadlock; () for any other.
+    roles: tuple = ()
+    barriers: tuple = ()
 
     def __repr__(self) -> str:
         # Without the text: the whole kernel source made the repr of every compiled kernel pages long.
@@ -239,9 +243,10 @@ def read_compiled(key: str, planned: Callable[[], tuple[Any, Any, Any]]) -> Comp
 
 
 def _launch(stored: dict) -> KernelSource:
-    """A KernelSource read back from JSON, which turned its tuples (arrays, scalars) into lists."""
+    """A KernelSource read back from JSON, which turned its tuples (arrays, scalars, roles, barriers) into lists."""
     tupled = {key: [tuple(item) if isinstance(item, list) else item for item in stored[key]] for key in ("arrays", "scalars")}
-    return KernelSource(**{**stored, **tupled})
+    named = {key: tuple(stored[key]) for key in ("roles", "barriers") if key in stored}
+    return KernelSource(**{**stored, **tupled, **named})
 
 
 def write_compiled(key: str, compiled: CompiledKernel) -> None:

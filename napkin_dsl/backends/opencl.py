@@ -25,6 +25,7 @@ from ..paths.plan import STAGES
 from ..pseudocode import Program
 from ..types import numpy_dtype
 from .lowering import OpenCLDialect, bound_sizes, global_arrays, global_sizes, scalar_ctype
+from .roles import STATUS_WORDS, read_status
 from .translate import lower
 
 
@@ -80,6 +81,20 @@ def generate(program: Program, report=None, arch: str | None = None, stages: int
     return lowered.source, lowered.kernels
 
 
+class RolesFailure(NapkinError):
+    """A warp-specialized kernel's roles did not finish on the emulation (``backends/roles.py``):
+    a deadlock, named by the role, the barrier and the phase it waits on, or the round limit."""
+
+
+def roles_seed() -> int:
+    """The seed of the roles runtime's adversary (when each copy and wgmma group lands):
+    ``NAPKIN_EMULATE_SEED`` (``napkin run --emulate-seed``), 1 by default."""
+    flag = os.environ.get("NAPKIN_EMULATE_SEED", "1").strip()
+    if not flag.isdigit() or int(flag) < 1:
+        raise NapkinError(f"NAPKIN_EMULATE_SEED is {flag!r}; it takes a positive integer")
+    return int(flag)
+
+
 def build_options() -> tuple[str, ...]:
     """The options every napkin program is built with. ``NAPKIN_OPENCL_OPTIMIZE=0`` adds
     ``-cl-opt-disable``: PoCL then compiles a kernel's work-group function without LLVM's
@@ -92,7 +107,8 @@ def build_options() -> tuple[str, ...]:
     flag = os.environ.get("NAPKIN_OPENCL_OPTIMIZE", "1").strip()
     if flag not in ("0", "1"):
         raise NapkinError(f"NAPKIN_OPENCL_OPTIMIZE is {flag!r}; it takes 0 (build with -cl-opt-disable) or 1 (optimize)")
-    return ("-cl-std=CL1.2",) if flag == "1" else ("-cl-std=CL1.2", "-cl-opt-disable")
+    seed = f"-DNK_ROLES_SEED={roles_seed()}"
+    return ("-cl-std=CL1.2", seed) if flag == "1" else ("-cl-std=CL1.2", "-cl-opt-disable", seed)
 
 
 def _built(source: str):
@@ -181,7 +197,20 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
         kernel = built[k.entry]
         args = [buffer(name) for name, _, _ in k.arrays]
         args += [(np.float64 if scalar_ctype(diagram, name) == "double" else np.float32)(scalars[name]) for name in k.scalars]
-        kernel(queue, (k.grid * k.block,), (k.block,), *args)
+        if not k.roles:
+            kernel(queue, (k.grid * k.block,), (k.block,), *args)
+            continue
+        status = np.zeros((k.grid, len(STATUS_WORDS)), np.int32)
+        status_buffer = cl.Buffer(ctx, flags.WRITE_ONLY, size=status.nbytes)
+        kernel(queue, (k.grid * k.block,), (k.block,), *args, status_buffer)
+        cl.enqueue_copy(queue, status, status_buffer)
+        ended = [(block, read_status(words)) for block, words in enumerate(status)]
+        failed = [(block, s) for block, s in ended if s.outcome != "finished"]
+        if failed:
+            block, first = failed[0]
+            raise RolesFailure(f"{k.entry}, block {block} of {k.grid} (seed {roles_seed()}): "
+                               f"{first.describe(list(k.roles), list(k.barriers))}"
+                               + (f"; {len(failed) - 1} more blocks did not finish" if len(failed) > 1 else ""))
     outputs = {}
     for name in diagram.outputs:
         host = hosts[name]

@@ -35,19 +35,23 @@ starts with the expected count again; ``expect_tx`` adds bytes to the tx-count a
 completed (the current phase's parity is not P). It is written here from the ISA, apart from
 ``wgmma.py``'s synchronous emulation, which completes a copy when it is issued.
 
-Deliberately not here (the next steps of issue 43): printing napkin's kernels as roles (the
-wgmma printer's products as deferred groups, their register A operands snapshotted at issue, the
-accumulators poisoned until the wait), TMA tensor copies through the same queue, named barriers,
-``setmaxnreg`` (a no-op here; its budgets are checked in Python and in the SASS).
+The kernels napkin prints as roles (``pipeline.py``: matmul's producer and consumer warpgroups)
+land their own tensor copies (``nk_role_tensor_copy``: the runtime knows no tensor map) and run
+their groups' products between ``nk_rounds_settle`` and ``nk_rounds_retire``.
+
+Deliberately not here: named barriers and ``setmaxnreg`` (a no-op here; its budgets are checked
+in Python and in the SASS).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The status words a run leaves (``nk_status``), in order.
-STATUS_WORDS = ("outcome", "round", "role", "barrier", "parity")
-OUTCOMES = {0: "running", 1: "finished", 2: "deadlock", 3: "round limit"}
+# The status words a run leaves (``nk_status``), in order: the outcome, the round, and for each of
+# the runtime's roles whether it had not finished, and the barrier and parity it waited on.
+MAX_ROLES = 8  # NK_MAX_ROLES
+STATUS_WORDS = ("outcome", "round") + tuple(f"{word}{r}" for r in range(MAX_ROLES) for word in ("waiting", "barrier", "parity"))
+OUTCOMES = {0: "running", 1: "finished", 2: "deadlock", 3: "round limit", 4: "queue overflow"}
 
 PRELUDE = r"""
 /* ---- roles scheduled in rounds (napkin_dsl/backends/roles.py) ---- */
@@ -55,13 +59,13 @@ PRELUDE = r"""
 #define NK_ROLES_SEED 1
 #endif
 #ifndef NK_ROLES_MAX_DELAY
-#define NK_ROLES_MAX_DELAY 3      /* a copy lands 1 .. NK_ROLES_MAX_DELAY rounds after it is issued */
+#define NK_ROLES_MAX_DELAY 8      /* a copy or a group lands 1 .. NK_ROLES_MAX_DELAY rounds after it is issued */
 #endif
 #ifndef NK_ROLES_MAX_ROUNDS
 #define NK_ROLES_MAX_ROUNDS 100000
 #endif
-#define NK_MAX_ROLES 8
-#define NK_MAX_COPIES 32
+#define NK_MAX_ROLES 8           /* roles.MAX_ROLES */
+#define NK_MAX_COPIES 64
 #define NK_MAX_ARRIVALS 8        /* arrivals one role records in one segment */
 #define NK_MAX_GROUPS 32
 
@@ -77,10 +81,11 @@ typedef struct {
     int copies, issued;
     int copy_src[NK_MAX_COPIES], copy_dst[NK_MAX_COPIES], copy_bytes[NK_MAX_COPIES];
     int copy_bar[NK_MAX_COPIES], copy_due[NK_MAX_COPIES], copy_landing[NK_MAX_COPIES];
+    int copy_kind[NK_MAX_COPIES], copy_arg[NK_MAX_COPIES][6];  /* 1: a tensor copy (map, c0 .. c4) the kernel lands */
     int groups, group_ids;
     int group_role[NK_MAX_GROUPS], group_due[NK_MAX_GROUPS], group_landing[NK_MAX_GROUPS], group_arg[NK_MAX_GROUPS][2];
+    uint group_sum[NK_MAX_GROUPS];  /* its operands' bytes at issue (nk_bytes_sum), then whether they held */
     int pending_groups[NK_MAX_ROLES], wait_groups[NK_MAX_ROLES];
-    int blocked_role, blocked_bar, blocked_parity;
 } nk_rounds;
 
 inline void nk_mbar_start(__local nk_mbar* m, int count) {
@@ -110,19 +115,23 @@ inline void nk_rounds_start(__local nk_rounds* s, int roles) {
             s->pc[r] = 0; s->done[r] = r >= roles; s->ready[r] = 0; s->wait_bar[r] = -1; s->wait_parity[r] = 0;
             s->arrivals[r] = 0; s->pending_groups[r] = 0; s->wait_groups[r] = -1;
         }
-        s->blocked_role = -1; s->blocked_bar = -1; s->blocked_parity = 0;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
 /* Every work-item, at the start of a round: the arrivals the last round's segments recorded are
-   applied, the copies due land (their bytes copied by every work-item, then complete_tx on their
-   barriers), and the run ends where every role has finished, where no role ran last round and no
-   copy is in flight (a deadlock, naming the first role still waiting), or at the round limit.
-   Returns nonzero when the loop of rounds is to stop (uniform across the work-group). */
-inline int nk_rounds_settle(__local nk_rounds* s, __local nk_mbar* bars, __global const uchar* src, __local uchar* smem) {
+   applied, the copies due this round and the groups that land are flagged (copy_landing[c],
+   group_landing[g]), and the flagged flat copies' bytes are copied by every work-item. The kernel
+   then lands the flagged tensor copies (a tensor map's box, decoded by the kernel's own emulation,
+   which sets copy_bytes[c] to the bytes it wrote) and runs the flagged groups' deferred work, and
+   calls nk_rounds_retire. */
+inline void nk_rounds_settle(__local nk_rounds* s, __local nk_mbar* bars, __global const uchar* src, __local uchar* smem) {
     const int lid = get_local_id(0), size = get_local_size(0);
     if (lid == 0) {
+        if (s->copies > NK_MAX_COPIES || s->groups > NK_MAX_GROUPS) {
+            s->outcome = 4;
+            s->copies = min(s->copies, NK_MAX_COPIES); s->groups = min(s->groups, NK_MAX_GROUPS);
+        }
         for (int r = 0; r < NK_MAX_ROLES; ++r) {
             for (int a = 0; a < s->arrivals[r]; ++a) {
                 __local nk_mbar* m = bars + s->arrive_bar[r][a];
@@ -142,11 +151,21 @@ inline int nk_rounds_settle(__local nk_rounds* s, __local nk_mbar* bars, __globa
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int c = 0; c < s->copies; ++c) {
-        if (!s->copy_landing[c]) continue;
+        if (!s->copy_landing[c] || s->copy_kind[c] != 0) continue;
         for (int i = lid; i < s->copy_bytes[c]; i += size) smem[s->copy_dst[c] + i] = src[s->copy_src[c] + i];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (lid == 0) {
+}
+
+/* Every work-item, after nk_rounds_settle and the kernel's landings: complete_tx of each landed
+   copy's bytes on its barrier; the landed copies and groups leave the queues (a group, its role's
+   pending count); and the run ends where every role has finished with nothing in flight, where no
+   role ran last round and nothing landed or is in flight (a deadlock, naming the first role still
+   waiting), at the round limit, or where a queue overflowed. Returns nonzero when the loop of
+   rounds is to stop (uniform across the work-group). */
+inline int nk_rounds_retire(__local nk_rounds* s, __local nk_mbar* bars) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (get_local_id(0) == 0) {
         int kept = 0, landed = 0;
         for (int c = 0; c < s->copies; ++c) {
             if (s->copy_landing[c]) {
@@ -158,19 +177,30 @@ inline int nk_rounds_settle(__local nk_rounds* s, __local nk_mbar* bars, __globa
             }
             s->copy_src[kept] = s->copy_src[c]; s->copy_dst[kept] = s->copy_dst[c];
             s->copy_bytes[kept] = s->copy_bytes[c]; s->copy_bar[kept] = s->copy_bar[c]; s->copy_due[kept] = s->copy_due[c];
+            s->copy_kind[kept] = s->copy_kind[c];
+            if (s->copy_kind[c]) for (int a = 0; a < 6; ++a) s->copy_arg[kept][a] = s->copy_arg[c][a];
+            s->copy_landing[kept] = 0;
             kept += 1;
         }
         s->copies = kept;
+        kept = 0;
+        for (int g = 0; g < s->groups; ++g) {
+            if (s->group_landing[g]) { s->pending_groups[s->group_role[g]] -= 1; landed += 1; continue; }
+            s->group_role[kept] = s->group_role[g]; s->group_due[kept] = s->group_due[g];
+            s->group_arg[kept][0] = s->group_arg[g][0]; s->group_arg[kept][1] = s->group_arg[g][1];
+            s->group_sum[kept] = s->group_sum[g];
+            s->group_landing[kept] = 0;
+            kept += 1;
+        }
+        s->groups = kept;
         int all_done = 1;
         for (int r = 0; r < NK_MAX_ROLES; ++r) all_done &= s->done[r];
-        if (all_done && s->copies == 0 && s->groups == 0) {
+        if (s->outcome != 0) {
+            /* a queue overflowed (nk_rounds_settle): the run ends with it */
+        } else if (all_done && s->copies == 0 && s->groups == 0) {
             s->outcome = 1;
         } else if (!s->ran && !landed && s->copies == 0 && s->groups == 0) {
-            /* nothing ran, landed or is in flight (a group landing now is in flight until retired) */
-            s->outcome = 2;
-            for (int r = 0; r < NK_MAX_ROLES && s->blocked_role < 0; ++r) {
-                if (!s->done[r]) { s->blocked_role = r; s->blocked_bar = s->wait_bar[r]; s->blocked_parity = s->wait_parity[r]; }
-            }
+            s->outcome = 2;  /* nothing ran, landed or is in flight: the status names every waiting role */
         } else if (s->round >= NK_ROLES_MAX_ROUNDS) {
             s->outcome = 3;
         }
@@ -178,25 +208,6 @@ inline int nk_rounds_settle(__local nk_rounds* s, __local nk_mbar* bars, __globa
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     return s->outcome != 0;
-}
-
-/* Every work-item, after nk_rounds_settle and the kernel's completion of the groups it flagged
-   (group_landing[g]: the kernel runs each such group's deferred work, from group_arg[g], with every
-   work-item): the landed groups leave the queue and their roles' pending counts. */
-inline void nk_rounds_retire(__local nk_rounds* s) {
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (get_local_id(0) == 0) {
-        int kept = 0;
-        for (int g = 0; g < s->groups; ++g) {
-            if (s->group_landing[g]) { s->pending_groups[s->group_role[g]] -= 1; continue; }
-            s->group_role[kept] = s->group_role[g]; s->group_due[kept] = s->group_due[g];
-            s->group_arg[kept][0] = s->group_arg[g][0]; s->group_arg[kept][1] = s->group_arg[g][1];
-            s->group_landing[kept] = 0;
-            kept += 1;
-        }
-        s->groups = kept;  /* the next round's settle ends a run these were the last of */
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
 }
 
 /* Every work-item: which roles run a segment this round (their wait is met, or they have none).
@@ -237,15 +248,26 @@ inline void nk_role_wait_groups(__local nk_rounds* s, int role, int lane0, int n
    a round the adversary draws, after the role's earlier groups. Its work is deferred to then: the
    kernel runs it from the group's two arguments when the group lands, so that a product's reads of
    shared memory happen as late as the hardware may make them (a stage released before its group
-   was waited is refilled, and poisoned, before they happen). */
-inline void nk_role_commit(__local nk_rounds* s, int role, int lane0, int arg0, int arg1) {
+   was waited is refilled, and poisoned, before they happen). The hardware may also read them as
+   early as the issue: `sum` is the operands' bytes then (nk_bytes_sum, by the role's first
+   work-item), which the kernel sums again when the group lands; bytes that changed in between
+   (still landing at the issue, or refilled before the landing) make the group's result NaN. */
+inline void nk_role_commit(__local nk_rounds* s, int role, int lane0, int arg0, int arg1, uint sum) {
     if (lane0) {
-        const int g = atomic_inc(&s->groups);
+        const int g = atomic_inc(&s->groups);  /* roles commit in the same phase */
         const int id = atomic_inc(&s->group_ids);
+        if (g >= NK_MAX_GROUPS) return;        /* the next settle ends the run: queue overflow */
         s->group_role[g] = role; s->group_due[g] = s->round + nk_rounds_delay(id ^ 0x5bd1);
-        s->group_arg[g][0] = arg0; s->group_arg[g][1] = arg1; s->group_landing[g] = 0;
+        s->group_arg[g][0] = arg0; s->group_arg[g][1] = arg1; s->group_landing[g] = 0; s->group_sum[g] = sum;
         s->pending_groups[role] += 1;
     }
+}
+/* A sum of `bytes` bytes of shared memory from `start` (FNV-1a over 4-byte words; both multiples of 4). */
+inline uint nk_bytes_sum(__local const uchar* smem, int start, int bytes) {
+    __local const uint* words = (__local const uint*)(smem + start);
+    uint h = 2166136261u;
+    for (int i = 0; i < bytes / 4; ++i) h = (h ^ words[i]) * 16777619u;
+    return h;
 }
 inline void nk_role_finish(__local nk_rounds* s, int role, int lane0) {
     if (lane0) { s->done[role] = 1; s->wait_bar[role] = -1; }
@@ -256,18 +278,42 @@ inline void nk_role_arrive(__local nk_rounds* s, int role, int lane0, int bar, i
         s->arrive_bar[role][a] = bar; s->arrive_tx[role][a] = tx_bytes; s->arrivals[role] = a + 1;
     }
 }
+/* A queued copy's slot (rank 0 of the issuing role), or -1 where the queue is full (the run ends). */
+inline int nk_rounds_enqueue(__local nk_rounds* s, int kind, int dst, int bytes, int bar) {
+    const int c = atomic_inc(&s->copies);  /* roles issue in the same phase */
+    const int id = atomic_inc(&s->issued);
+    if (c >= NK_MAX_COPIES) return -1;      /* the next settle ends the run: queue overflow */
+    s->copy_kind[c] = kind; s->copy_dst[c] = dst; s->copy_bytes[c] = bytes; s->copy_bar[c] = bar;
+    s->copy_due[c] = s->round + nk_rounds_delay(id); s->copy_landing[c] = 0;
+    return c;
+}
 /* cp.async.bulk.shared.global.mbarrier::complete_tx::bytes: `bytes` from byte `src_byte` of the
    copy's source to shared byte `dst`, landing NK_ROLES_MAX_DELAY rounds at most from now; the
    destination holds 0xFF bytes until then. The role's work-items poison it together; the role
    has `role_size` of them, and `rank` is this one's place among them. */
-inline void nk_role_copy(__local nk_rounds* s, __local uchar* smem, int role, int rank, int role_size,
+inline void nk_role_copy(__local nk_rounds* s, __local uchar* smem, int rank, int role_size,
                          int src_byte, int dst, int bytes, int bar) {
     for (int i = rank; i < bytes; i += role_size) smem[dst + i] = (uchar)0xFF;
     if (rank == 0) {
-        const int c = atomic_inc(&s->copies);
-        const int id = atomic_inc(&s->issued);
-        s->copy_src[c] = src_byte; s->copy_dst[c] = dst; s->copy_bytes[c] = bytes;
-        s->copy_bar[c] = bar; s->copy_due[c] = s->round + nk_rounds_delay(id);
+        const int c = nk_rounds_enqueue(s, 0, dst, bytes, bar);
+        if (c >= 0) s->copy_src[c] = src_byte;
+    }
+}
+/* cp.async.bulk.tensor.<rank>d ... mbarrier::complete_tx::bytes: the box of tensor map `map` (the
+   kernel's index of it) at coordinates c0 .. c4 (innermost first) to shared byte `dst`, its
+   `bytes` poisoned (0xFF) until it lands. The kernel lands it (the runtime knows no tensor map):
+   in the round it is flagged, it copies the box and sets copy_bytes[c] to the bytes it wrote,
+   which complete_tx then takes from bar. */
+inline void nk_role_tensor_copy(__local nk_rounds* s, __local uchar* smem, int rank, int role_size,
+                                int map, int dst, int bytes, int bar, int c0, int c1, int c2, int c3, int c4) {
+    for (int i = rank; i < bytes; i += role_size) smem[dst + i] = (uchar)0xFF;
+    if (rank == 0) {
+        const int c = nk_rounds_enqueue(s, 1, dst, bytes, bar);
+        if (c >= 0) {
+            s->copy_src[c] = 0;
+            s->copy_arg[c][0] = map; s->copy_arg[c][1] = c0; s->copy_arg[c][2] = c1;
+            s->copy_arg[c][3] = c2; s->copy_arg[c][4] = c3; s->copy_arg[c][5] = c4;
+        }
     }
 }
 """
@@ -275,36 +321,42 @@ inline void nk_role_copy(__local nk_rounds* s, __local uchar* smem, int role, in
 
 @dataclass(frozen=True)
 class RoundsStatus:
-    """How a run of roles ended (the kernel's ``nk_status`` words)."""
+    """How a run of roles ended (the kernel's ``nk_status`` words): the outcome, the round, and
+    what each role that had not finished waited on, ``(role, barrier, parity)``."""
 
     outcome: str
     round: int
-    role: int
-    barrier: int
-    parity: int
+    waiting: tuple = ()
 
     def describe(self, roles: list[str], barriers: list[str]) -> str:
-        """``finished after 12 rounds``, or ``deadlock: producer waits on empty[1], phase 0``."""
-        if self.outcome == "deadlock":
-            role = roles[self.role] if 0 <= self.role < len(roles) else f"role {self.role}"
-            on = barriers[self.barrier] if 0 <= self.barrier < len(barriers) else f"barrier {self.barrier}"
-            return f"deadlock: {role} waits on {on}, phase {self.parity}"
-        return f"{self.outcome} after {self.round} rounds"
+        """``finished after 12 rounds``, or ``deadlock: consumer 0 waits on full[1], phase 1;
+        producer waits on empty[1], phase 0`` (every role still waiting, in role order)."""
+        if self.outcome != "deadlock":
+            return f"{self.outcome} after {self.round} rounds"
+        waits = []
+        for role, bar, parity in self.waiting:
+            name = roles[role] if role < len(roles) else f"role {role}"
+            on = barriers[bar] if 0 <= bar < len(barriers) else f"barrier {bar}"
+            waits.append(f"{name} waits on {on}, phase {parity}")
+        return "deadlock: " + "; ".join(waits)
 
 
 def read_status(words) -> RoundsStatus:
-    """The status a kernel wrote to its ``nk_status`` words (:data:`STATUS_WORDS`)."""
-    values = dict(zip(STATUS_WORDS, (int(w) for w in words), strict=True))
-    return RoundsStatus(OUTCOMES.get(values["outcome"], f"outcome {values['outcome']}"), values["round"],
-                        values["role"], values["barrier"], values["parity"])
+    """The status a kernel wrote to its ``nk_status`` words (:data:`STATUS_WORDS` of them)."""
+    values = [int(w) for w in words]
+    assert len(values) == len(STATUS_WORDS), "napkin bug: a roles kernel's status words"
+    waiting = tuple((r, values[2 + 3 * r + 1], values[2 + 3 * r + 2]) for r in range(MAX_ROLES) if values[2 + 3 * r])
+    return RoundsStatus(OUTCOMES.get(values[0], f"outcome {values[0]}"), values[1], waiting)
 
 
 STATUS_STORE = r"""
 /* The status words (roles.STATUS_WORDS), written by the first work-item after the rounds. */
 inline void nk_rounds_status(__local const nk_rounds* s, __global int* status) {
     if (get_local_id(0) == 0) {
-        status[0] = s->outcome; status[1] = s->round; status[2] = s->blocked_role;
-        status[3] = s->blocked_bar; status[4] = s->blocked_parity;
+        status[0] = s->outcome; status[1] = s->round;
+        for (int r = 0; r < NK_MAX_ROLES; ++r) {
+            status[2 + 3 * r] = !s->done[r]; status[3 + 3 * r] = s->wait_bar[r]; status[4 + 3 * r] = s->wait_parity[r];
+        }
     }
 }
 """

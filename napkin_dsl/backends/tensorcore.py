@@ -443,6 +443,16 @@ class TensorPrinter(KernelWriter):
         self.free_after = self.saves_after_shared_reads()
         self.fold_scales()
         self.packed = self.packed_fragments()
+        self.compute()
+        return self.close_kernel(entry, arrays, scalars)
+
+    def compute(self):
+        """The launch's registers and steps: the fragments declared, then the Program's nodes."""
+        self.declare_fragments()
+        self.nodes(self.launch.body)
+
+    def declare_fragments(self):
+        plan = self.plan
         for name in plan.fragments:
             if name in self.packed:  # two values a register, as the A fragment takes them
                 cols = self.plan.cols_per_warp(self.plan.fragments[name].col, self.tile) // MMA_N
@@ -451,8 +461,6 @@ class TensorPrinter(KernelWriter):
             self.emit(f"float {_var(name)}{self.dims(name)};")
         for name in sorted(self.tops):
             self.emit(f"float nk_top_{ident(name)}[{plan.m_tiles}][{MMA_C_PAIR.extent('h')}];  // {name}'s shift this chunk (log2 domain)")
-        self.nodes(self.launch.body)
-        return self.close_kernel(entry, arrays, scalars)
 
     def extra_parameters(self, entry: str) -> list[str]:
         """Parameters after the arrays and scalars (wgmma's tensor maps): none here."""

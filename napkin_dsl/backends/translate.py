@@ -18,6 +18,8 @@ from ..paths.mma_sync import MmaSyncPlan
 from ..paths.wgmma import WgmmaPlan
 from ..pseudocode import Program
 from .lowering import THREADS, Dialect, LoweredProgram, Printer, bound_sizes, ident
+from .pipeline import RolesPrinter
+from .pipeline import prelude as roles_prelude
 from .tensorcore import FP8_PRELUDES, PRELUDES, TensorPrinter
 from .wgmma import WgmmaPrinter, instruction_shapes
 from .wgmma import prelude as wgmma_prelude
@@ -29,7 +31,10 @@ PRINTERS = [(WgmmaPlan, WgmmaPrinter), (MmaSyncPlan, TensorPrinter)]
 
 
 def printer_for(plan):
-    """The printer class that builds ``plan`` (:data:`PRINTERS`)."""
+    """The printer class that builds ``plan`` (:data:`PRINTERS`; a wgmma plan with roles, its
+    warp-specialized schedule, by ``pipeline.py``)."""
+    if isinstance(plan, WgmmaPlan) and plan.roles is not None:
+        return RolesPrinter
     for plan_type, printer in PRINTERS:
         if isinstance(plan, plan_type):
             return printer
@@ -97,7 +102,8 @@ def lower(program: Program, dialect: Dialect, report, threads: int = THREADS, ar
              dialect.prelude + (dialect.prelude_f64 if double else "") + (dialect.prelude_fp8 if fp8 else "")
              + (PRELUDES[dialect.name] if tensor else "")
              + (FP8_PRELUDES[dialect.name] if any(s.plan is not None and s.plan.dtype in FP8_DTYPES for s in selected.launches.values()) else "")
-             + (wgmma_prelude(dialect.name, shapes, any(c.plan.tma for c in wgmma)) if wgmma else ""),
+             + (wgmma_prelude(dialect.name, shapes, any(c.plan.tma for c in wgmma)) if wgmma else "")
+             + (roles_prelude(dialect.name) if any(c.plan.roles is not None for c in wgmma) else ""),
              f"#define NK_THREADS {threads}"]
     for k in kernels:
         if dialect.name == "opencl":

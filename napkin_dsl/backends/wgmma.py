@@ -69,11 +69,12 @@ encoding.
 
 Deliberately not here: choosing the path (``isel.py``), a reduction or a map before a
 contraction in a wgmma launch, wgmma left in flight across steps (the softmax of one chunk under the products
-of the next), a producer warp and consumers' "empty" mbarriers (thread 0 of the consumers
-issues the copies, behind the chunk's block barrier), clusters and TMA multicast, TMA stores,
-warp specialization, pingpong and ``setmaxnreg`` (issue 27, later steps); the mma.sync
-printer (``tensorcore.py``), whose node walk, pipeline, copies, masks, softmax and epilogue this
-printer inherits.
+of the next), clusters and TMA multicast, TMA stores, pingpong; the warp-specialized schedule
+(a producer warpgroup, consumers' "empty" mbarriers, ``setmaxnreg``: ``pipeline.py``, which
+extends this printer, for the plans ``paths.wgmma.roles_of`` takes; here thread 0 of the
+consumers issues the copies, behind the chunk's block barrier); the mma.sync printer
+(``tensorcore.py``), whose node walk, pipeline, copies, masks, softmax and epilogue this printer
+inherits.
 """
 
 from __future__ import annotations
@@ -325,13 +326,13 @@ inline void nk_mbar_wait(__local uchar* smem, int bar, int parity) {
    c[i] + j elementStrides[i]), dense in shared memory innermost first; each byte address is then
    swizzled by the map's span (bits [4, 4 + b) XOR bits [7, 7 + b), b = log2(span / 16)).
    Elements outside globalDim in any dimension read as zeros (oobFill NONE) or NaN
-   (NAN_REQUEST_ZERO_FMA); complete_tx of the box's bytes on bar. A map the emulation does not
-   take (rank outside 1 .. 5, interleaved, another swizzle, an inner box over the span) poisons
-   the arena. */
-inline void nk_tma(__local uchar* smem, __constant const ulong* map, __global const uchar* base,
-                   int dst, int c0, int c1, int c2, int c3, int c4, int bar) {
+   (NAN_REQUEST_ZERO_FMA). nk_tma_box writes the box and returns its bytes, or -1 for a map the
+   emulation does not take (rank outside 1 .. 5, interleaved, another swizzle, an inner box over
+   the span); nk_tma then completes the bytes on bar, or poisons the arena. */
+inline int nk_tma_box(__local uchar* smem, __constant const ulong* map, __global const uchar* base,
+                      int dst, int c0, int c1, int c2, int c3, int c4) {
     const int rank = (int)map[1];
-    if (rank < 1 || rank > 5) { for (int i = 0; i < bar; ++i) smem[i] = (uchar)0xFF; return; }
+    if (rank < 1 || rank > 5) return -1;
     const int eb = nk_tmap_element_bytes(map[0]);
     const int at[5] = {c0, c1, c2, c3, c4};
     long dim[5], stride[5];
@@ -347,7 +348,7 @@ inline void nk_tma(__local uchar* smem, __constant const ulong* map, __global co
     const int tail = 2 + 4 * rank - 1;
     const int interleave = (int)map[tail], swizzle = (int)map[tail + 1], oob = (int)map[tail + 3];
     const int span = swizzle == 1 ? 32 : swizzle == 2 ? 64 : swizzle == 3 ? 128 : 0;
-    if (interleave != 0 || swizzle > 3 || (span && count[0] * eb > span)) { for (int i = 0; i < bar; ++i) smem[i] = (uchar)0xFF; return; }
+    if (interleave != 0 || swizzle > 3 || (span && count[0] * eb > span)) return -1;
     int e = 0;  /* the element's place in the dense box, innermost fastest */
     for (int j4 = 0; j4 < count[4]; ++j4)
     for (int j3 = 0; j3 < count[3]; ++j3)
@@ -367,7 +368,13 @@ inline void nk_tma(__local uchar* smem, __constant const ulong* map, __global co
         for (int b = 0; b < eb; ++b)
             smem[addr + b] = inside ? base[from + b] : (oob ? (uchar)0xFF : (uchar)0);
     }
-    nk_mbar_complete_tx(smem, bar, e * eb);
+    return e * eb;
+}
+inline void nk_tma(__local uchar* smem, __constant const ulong* map, __global const uchar* base,
+                   int dst, int c0, int c1, int c2, int c3, int c4, int bar) {
+    const int bytes = nk_tma_box(smem, map, base, dst, c0, c1, c2, c3, c4);
+    if (bytes < 0) { for (int i = 0; i < bar; ++i) smem[i] = (uchar)0xFF; return; }
+    nk_mbar_complete_tx(smem, bar, bytes);
 }
 #define NK_MBAR_INIT(bar, count) nk_mbar_init(nk_smem, (bar), (count))
 #define NK_FENCE_MBAR_INIT()
@@ -487,10 +494,11 @@ class WgmmaPrinter(TensorPrinter):
         # the ring's operands (filled a stage at a time, in the stream's load order) and the
         # one-shot copies before the stream (attention's Q), each on its own mbarrier after the ring's
         self.ring = [name for name, load in self.tma.items() if load.streamed]
-        self.once = {name: plan.stages + i for i, name in enumerate(n for n, load in self.tma.items() if not load.streamed)}
+        ring = 2 * plan.stages if plan.roles is not None else plan.stages  # full (and, with roles, empty) mbarriers
+        self.once = {name: ring + i for i, name in enumerate(n for n, load in self.tma.items() if not load.streamed)}
         self.awaiting: list[str] = []  # one-shot copies issued and not yet waited for
         if self.tma:  # the mbarriers after the tiles, one a stage and one a one-shot copy (isel.smem_layout)
-            assert len(self.once) + plan.stages == mbarrier_count(plan), "napkin bug: the layout's mbarriers"
+            assert len(self.once) + ring == mbarrier_count(plan), "napkin bug: the layout's mbarriers"
             self.bars = self.arena - MBARRIER_BYTES * mbarrier_count(plan)
             self.maps = tensor_maps(plan, self.diagram, self.sizes)
 
@@ -587,25 +595,33 @@ class WgmmaPrinter(TensorPrinter):
             bar = self.bar(str(self.once[name]))
             expect = load.bytes
             self.awaiting.append(name)
-        slot = self.smem[name]
         with self.block("if (nk_tid == 0) {"):
             if expect:
                 self.emit(f"NK_MBAR_EXPECT_TX({bar}, {expect});  // the boxes' bytes, out-of-bounds fill included")
-            for box in slot.tile.tma_boxes():
-                coords = []
-                for axis in reversed(load.axes):  # innermost first
-                    at = origin if axis == self.plan.stream and origin is not None else self.origin.get(axis, "0")
-                    if axis == load.cols and box.col:
-                        at = f"{at} + {box.col}" if at != "0" else str(box.col)
-                    coords.append(str(at))
-                if stage is None:
-                    dst = str(slot.offset + box.offset)
-                elif stage.isdigit():
-                    dst = str(slot.offset + int(stage) * slot.stage_bytes + box.offset)
-                else:
-                    dst = f"{slot.offset + box.offset} + ({stage}) * {slot.stage_bytes}"
+            for box, dst, coords in self.tma_boxes(name, origin, stage):
                 self.emit(f"NK_TMA_{load.rank}D({self.map_name(name)}, g_{ident(name)}, {dst}, {', '.join(coords)}, {bar});"
                           f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})")
+
+    def tma_boxes(self, name: str, origin: str | None, stage: str | None) -> list[tuple]:
+        """Each box of operand ``name``'s tile: (the box, its shared destination, its tensor
+        coordinates innermost first), the streamed axis at ``origin`` and the tile in ``stage``."""
+        load, slot = self.tma[name], self.smem[name]
+        boxes = []
+        for box in slot.tile.tma_boxes():
+            coords = []
+            for axis in reversed(load.axes):  # innermost first
+                at = origin if axis == self.plan.stream and origin is not None else self.origin.get(axis, "0")
+                if axis == load.cols and box.col:
+                    at = f"{at} + {box.col}" if at != "0" else str(box.col)
+                coords.append(str(at))
+            if stage is None:
+                dst = str(slot.offset + box.offset)
+            elif stage.isdigit():
+                dst = str(slot.offset + int(stage) * slot.stage_bytes + box.offset)
+            else:
+                dst = f"{slot.offset + box.offset} + ({stage}) * {slot.stage_bytes}"
+            boxes.append((box, dst, coords))
+        return boxes
 
     def await_once(self):
         """Every thread waits for the one-shot copies issued (phase 0 of their mbarriers), behind a
@@ -672,14 +688,28 @@ class WgmmaPrinter(TensorPrinter):
         complete (``wait_group 0``) before anything reads ``out`` or refills the stage. A by
         descriptor, or from registers (P: ``register_a``)."""
         m = self.plan.mmas[target]
-        d = self.dialect
         out_var = "f_" + ident(out)  # the fragment array TensorPrinter declares for it
-        k = wgmma_k(m.dtype)
-        k_steps = self.tile[m.k] // k
-        shape = self.shapes[target]
-        n = shape[0]
+        n = self.shapes[target][0]
         if m.a_in_registers:
             self.register_a(m)
+        self.products(target, f"&{out_var}[0][0][0]")
+        self.emit("NK_WG_COMMIT();")
+        self.emit("NK_WG_WAIT(0);  // the product has landed, and this stage is read, before any use or refill")
+        if len(self.plan.mmas) > 1:  # a later step reads the accumulator (S) or rescales it (O)
+            self.loop("nk_v", n // 2, lambda: self.emit(f"NK_WG_PIN_F({out_var}[0][nk_v / 4][nk_v % 4]);"))
+        if m.a_in_registers:
+            k_steps = self.tile[m.k] // wgmma_k(m.dtype)
+            self.loop("kk", k_steps, lambda: self.loop("j", 4, lambda: self.emit("NK_WG_PIN_R(nk_a[kk][j]);")))
+
+    def products(self, target: str, accumulators: str):
+        """The chunk's wgmmas of product ``target`` into ``accumulators`` (the address of its D
+        fragment's first register), after ``wgmma.fence``; its B copied K-major first where the
+        plan copies it (``transpose_b``)."""
+        m = self.plan.mmas[target]
+        d = self.dialect
+        k = wgmma_k(m.dtype)
+        k_steps = self.tile[m.k] // k
+        n = self.shapes[target][0]
         b_name, b_trans = m.b, m.b_trans
         if m.b in self.plan.transposed:
             self.transpose_b(m)
@@ -690,16 +720,10 @@ class WgmmaPrinter(TensorPrinter):
         for kk in range(k_steps):
             db = self.descriptor_expr(b_name, not b_trans, "0", kk * k)
             if m.a_in_registers:
-                self.emit(wgmma_call(d.name, f"&{out_var}[0][0][0]", f"nk_a[{kk}]", db, n, m.dtype, False, b_trans, True))
+                self.emit(wgmma_call(d.name, accumulators, f"nk_a[{kk}]", db, n, m.dtype, False, b_trans, True))
                 continue
             da = self.descriptor_expr(m.a, not m.a_trans, a_row, kk * k)
-            self.emit(wgmma_call(d.name, f"&{out_var}[0][0][0]", da, db, n, m.dtype, m.a_trans, m.b_trans))
-        self.emit("NK_WG_COMMIT();")
-        self.emit("NK_WG_WAIT(0);  // the product has landed, and this stage is read, before any use or refill")
-        if len(self.plan.mmas) > 1:  # a later step reads the accumulator (S) or rescales it (O)
-            self.loop("nk_v", n // 2, lambda: self.emit(f"NK_WG_PIN_F({out_var}[0][nk_v / 4][nk_v % 4]);"))
-        if m.a_in_registers:
-            self.loop("kk", k_steps, lambda: self.loop("j", 4, lambda: self.emit("NK_WG_PIN_R(nk_a[kk][j]);")))
+            self.emit(wgmma_call(d.name, accumulators, da, db, n, m.dtype, m.a_trans, m.b_trans))
 
     def transpose_b(self, m):
         """B's chunk (``plan.transposed``: V [x d] under an fp8 P, MN-major as TMA wrote it) copied

@@ -165,6 +165,10 @@ class TensorPath:
         """The register level as a line of pseudocode: a parallel loop over the block's warps."""
         raise NotImplementedError(f"the {self.instruction} path prints no register level")
 
+    def schedule_lines(self, plan) -> list[str]:
+        """The kernel header's lines for how the plan's stream is scheduled, after its products'."""
+        return []
+
 
 def fragment_values(plan: TensorPlan, name: str, tile: dict) -> int:
     """Registers (4-byte values) one thread holds for a register-resident array."""

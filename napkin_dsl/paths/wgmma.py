@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from ..diagram import Map, Softmax
 from ..dtypes import DTYPE_BYTES, FP8_DTYPES
-from ..layouts import MMA_M, WGMMA_M, WGMMA_MAX_N, CanonicalTile, wgmma_k
+from ..layouts import MMA_M, WARPGROUP_THREADS, WGMMA_M, WGMMA_MAX_N, CanonicalTile, wgmma_k
 from ..pseudocode import LaunchProgram, split_loop, walk
 from .plan import FRAGMENT_BUDGET, Mma, Refusal, TensorPath, TensorPlan, budget_refusal, refuse_if
 
@@ -56,6 +56,64 @@ MAX_TMA_BOX = 256  # cuTensorMapEncodeTiled: every boxDim at most 256
 MAX_TMA_RANK = 5  # cuTensorMapEncodeTiled: tensorRank 1 .. 5 (cp.async.bulk.tensor.1d .. .5d)
 
 
+# setmaxnreg (PTX ISA 9.7.17.1): a warpgroup's registers a thread, a multiple of 8 in 24 .. 256.
+# The producer issues TMA from one thread and keeps FlashAttention-3's 24; the consumers share
+# what the register file leaves, at most 240 (FlashAttention-3's with two consumer warpgroups).
+PRODUCER_REGISTERS = 24
+CONSUMER_REGISTERS = 240
+REGISTER_FILE = 65536  # 32-bit registers of an SM's file: the block's, at one block an SM
+
+
+@dataclass(frozen=True)
+class Roles:
+    """A warp-specialized schedule of a wgmma plan's stream (CUTLASS's ``PipelineTmaAsync``,
+    FlashAttention-3's producer warp), printed by ``backends/pipeline.py``:
+
+    * a producer warpgroup gives up registers (``setmaxnreg.dec`` to ``producer_registers``) and
+      one of its threads fills the ring: for each chunk it waits on the stage's empty mbarrier,
+      arrives on its full mbarrier with ``expect_tx`` of the chunk's bytes and issues the TMA
+      copies, whose ``complete_tx`` completes it;
+    * ``consumers`` warpgroups take the registers (``setmaxnreg.inc`` to ``consumer_registers``);
+      each waits on a stage's full mbarrier, issues its products and commits them, waits until at
+      most ``wait_depth`` of its groups are in flight, and then releases the stage the earlier
+      product read (one arrival a warpgroup on its empty mbarrier). No block-wide barrier runs
+      inside the loop.
+
+    The ring's stages are the plan's ``stages`` (isel.ring_stages), with a full and an empty
+    mbarrier each."""
+
+    consumers: int
+    wait_depth: int = 1
+    producer_registers: int = PRODUCER_REGISTERS
+    consumer_registers: int = CONSUMER_REGISTERS
+
+    @property
+    def threads(self) -> int:
+        return WARPGROUP_THREADS * (self.consumers + 1)
+
+
+def roles_of(plan: "WgmmaPlan", launch: LaunchProgram) -> Roles:
+    """The warp-specialized schedule of a wgmma plan with a TMA ring, or a refusal naming what the
+    roles printer does not take yet (its next steps: attention's softmax and one-shot Q, plain
+    operands such as a bias read elementwise, K-major copies, masked streams)."""
+    if not plan.tma:
+        raise Refusal(f"no TMA ring ({plan.tma_declined})")
+    statements = launch.launch.statements
+    if any(isinstance(s.box, Softmax) for s in statements) or any(m.a_in_registers for m in plan.mmas.values()):
+        raise Refusal("an online softmax (attention) keeps the synchronous ring: its roles are not written")
+    if any(not load.streamed for load in plan.tma):
+        raise Refusal("a one-shot TMA copy before the stream: the roles printer fills the ring only")
+    if plan.plain:
+        raise Refusal(f"{', '.join(plan.plain)} read elementwise from shared memory: the consumers' block barrier is not a named one yet")
+    if plan.transposed:
+        raise Refusal("a K-major copy each chunk (8-bit B stored n-fastest) needs the consumers' barrier")
+    if any(lp.mask is not None for _, loops in walk(launch.body) for lp in loops):
+        raise Refusal("a masked stream: the producer's visited chunks are not written")
+    consumers = plan.row_tile // WGMMA_M
+    share = (REGISTER_FILE - WARPGROUP_THREADS * PRODUCER_REGISTERS) // (WARPGROUP_THREADS * consumers)
+    return Roles(consumers, consumer_registers=min(CONSUMER_REGISTERS, share // 8 * 8))
+
+
 @dataclass(frozen=True)
 class WgmmaPlan(TensorPlan):
     """A plan napkin builds on wgmma: 16-row warp tiles, four warps a warpgroup of 64 rows."""
@@ -75,6 +133,14 @@ class WgmmaPlan(TensorPlan):
     # only: attention's V stored [.. x d] under an fp8 P, backends/wgmma.py's transpose_b); their
     # slots are isel.smem_layout's "<name>.kmajor".
     transposed: tuple = ()
+    # A producer warpgroup and consumer warpgroups around a ring of full and empty mbarriers
+    # (``Roles``), or None and why not (``roles_declined``): the synchronous ring.
+    roles: Roles | None = None
+    roles_declined: str = ""
+
+    @property
+    def threads(self) -> int:
+        return self.roles.threads if self.roles is not None else 32 * self.warps
 
 
 # Warpgroups a wgmma block holds at most: 4 x 128 threads, half the 1024 a block may have, and as
@@ -193,9 +259,13 @@ class WgmmaPath(TensorPath):
         # each warp of a warpgroup holds N/2 f32 of a 64 x N accumulator: mma.sync's 16-row warp tiles
         refuse_if(budget_refusal(built, launch, tile, FRAGMENT_BUDGET, None))
         try:
-            return replace(built, tma=tma_loads(built, launch, tile, sizes))
+            built = replace(built, tma=tma_loads(built, launch, tile, sizes))
         except Refusal as refusal:
-            return replace(built, tma_declined=str(refusal))
+            built = replace(built, tma_declined=str(refusal))
+        try:
+            return replace(built, roles=roles_of(built, launch))
+        except Refusal as refusal:
+            return replace(built, roles_declined=str(refusal))
 
     @staticmethod
     def _shape(plan, launch, tile: dict, target: str, mma: Mma, copied: list[str]) -> str:
@@ -230,8 +300,22 @@ class WgmmaPath(TensorPath):
 
     def warp_line(self, plan) -> str:
         held = ", ".join(plan.fragments)
+        roles = plan.roles
+        if roles is not None:
+            return (f"parallel for warpgroup in {roles.consumers} consumer warpgroups of {4 * plan.warp_rows} {plan.row} @registers:"
+                    f"  # wgmma {plan.shape}; {held} in registers; a producer warpgroup fills the {plan.stages}-stage ring")
         return (f"parallel for warpgroup in {plan.warps // 4} warpgroups of {4 * plan.warp_rows} {plan.row} @registers:"
                 f"  # wgmma {plan.shape}; {held} in registers")
+
+    def schedule_lines(self, plan) -> list[str]:
+        """The roles, or (for a TMA ring) why the ring is synchronous."""
+        roles = plan.roles
+        if roles is None:
+            return [f"synchronous ring, no producer warpgroup: {plan.roles_declined}"] if plan.tma else []
+        return [(f"roles: a producer warpgroup (setmaxnreg.dec {roles.producer_registers}; one thread issues TMA) and "
+                f"{roles.consumers} consumer warpgroup{'s' if roles.consumers > 1 else ''} (setmaxnreg.inc "
+                f"{roles.consumer_registers}), a {plan.stages}-stage ring of full and empty mbarriers, "
+                f"wgmma.wait_group {roles.wait_depth}")]
 
 
 WGMMA = WgmmaPath()

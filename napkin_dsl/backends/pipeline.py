@@ -1,0 +1,450 @@
+"""The warp-specialized wgmma lowering (sm_90a): a plan with :class:`~napkin_dsl.paths.wgmma.Roles`
+-> a kernel of a producer warpgroup and consumer warpgroups around a ring of full and empty
+mbarriers (issue 43), printed once as roles and rendered for CUDA and for the OpenCL roles runtime.
+
+The roles, as CUTLASS's ``PipelineTmaAsync`` and FlashAttention-3's producer warp order them:
+
+* the **producer** (the warpgroup after the consumers) gives up registers
+  (``setmaxnreg.dec``); one of its threads, for each chunk c on stage s = c mod S, waits on
+  ``empty[s]`` for the parity of the ring's previous pass (``(c / S) & 1 ^ 1``: the first pass
+  does not wait), arrives on ``full[s]`` with ``expect_tx`` of the chunk's bytes, and issues the
+  chunk's TMA boxes, whose ``complete_tx`` completes ``full[s]``;
+* each **consumer** warpgroup takes the registers (``setmaxnreg.inc``), waits on ``full[s]`` for
+  the pass's parity, issues its products and commits them, waits until at most ``wait_depth``
+  of its groups are in flight (``wgmma.wait_group``), and then releases the stage the previous
+  chunk's products read: one arrival a warpgroup on its ``empty`` mbarrier (initialised with
+  the consumer count). After the stream it waits for every group and runs the epilogue from its
+  accumulators. No block-wide barrier runs after the mbarriers are initialised.
+
+A role's code is a list of *operations*: lines of C, :class:`Wait` (a blocking point: an
+mbarrier's phase, the role's wgmma groups, or both) and :class:`Loop` (the stream's chunks, with
+the lines each chunk derives from its index). The CUDA rendering prints them as straight code
+with real waits. The OpenCL rendering runs them on ``roles.py``'s runtime: each role is a
+resumable state machine, a ``switch`` over the segments between its blocking points, inside the
+runtime's uniform loop of rounds; a loop's index and the fragments are the role's state across
+segments, and each segment derives the chunk's stage, parity and origin again. There:
+
+* a TMA box is queued when issued (``nk_role_tensor_copy``: its destination poisoned with 0xFF
+  bytes) and lands in a round the seeded adversary draws, copied by the TMA emulation
+  (``wgmma.py``'s ``nk_tma_box``, which decodes the tensor map's words) and completing the bytes
+  it wrote on its barrier;
+* a committed group (``nk_role_commit``) is the product's deferred work: its accumulator's values
+  move to a shadow and the fragment holds NaN until the group lands, when the emulated wgmma runs
+  on the shadow with the stage it was issued on (so that its reads of shared memory happen as
+  late as the hardware may make them) and, with the accumulator's last group, the fragment takes
+  the shadow back. A stage released before its group was waited is refilled, and poisoned,
+  before the group reads it; an accumulator read before its wait reads NaN;
+* a round in which no role can run and nothing is in flight is a deadlock: the run ends, and
+  ``opencl.run`` names the role, the barrier and the phase it waits on.
+
+Deliberately not here (issue 43's next steps): attention's softmax between its two products, the
+one-shot Q copy and a register A operand (their snapshot at issue); plain operands read
+elementwise and K-major copies, which need a named barrier among the consumers; masked streams;
+a TMA store epilogue and a persistent tile scheduler. ``paths.wgmma.roles_of`` refuses them by
+name, and they keep the synchronous ring of ``wgmma.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..layouts import WARPGROUP_THREADS
+from ..paths.wgmma import WgmmaPlan
+from ..pseudocode import walk
+from .lowering import KernelSource, ident
+from .roles import PRELUDE as ROLES_PRELUDE
+from .roles import STATUS_STORE, STATUS_WORDS
+from .wgmma import WgmmaPrinter
+
+
+@dataclass
+class Wait:
+    """A role's blocking point: ``bar`` (an mbarrier's index in the ring, a C expression) for the
+    phase of parity ``parity``, and/or until at most ``groups`` of its wgmma groups are pending."""
+
+    bar: str | None = None
+    parity: str = "0"
+    groups: int | None = None
+    note: str = ""
+
+
+@dataclass
+class Loop:
+    """``for (var = 0; var < count; ++var) body``, where each chunk first derives ``derived``."""
+
+    var: str
+    count: str
+    derived: list = field(default_factory=list)
+    body: list = field(default_factory=list)
+
+
+_CUDA = r"""
+// ---- roles (backends/pipeline.py): setmaxnreg (PTX ISA 9.7.17.1), mbarrier.arrive (9.7.13.15.13) ----
+#define NK_SETMAXNREG_DEC(n) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(n))
+#define NK_SETMAXNREG_INC(n) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(n))
+__device__ __forceinline__ void nk_mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+#define NK_MBAR_ARRIVE(bar) nk_mbar_arrive(nk_sbase + (bar))
+"""
+
+
+def prelude(dialect: str) -> str:
+    """What a translation unit with warp-specialized launches adds: on CUDA setmaxnreg and the
+    consumers' arrive; on OpenCL the roles runtime and its status words."""
+    return _CUDA if dialect == "cuda" else ROLES_PRELUDE + STATUS_STORE
+
+
+class RolesPrinter(WgmmaPrinter):
+    """Prints one launch of a :class:`~napkin_dsl.paths.wgmma.WgmmaPlan` with roles."""
+
+    def __init__(self, program, launch, dialect, plan: WgmmaPlan):
+        super().__init__(program, launch, dialect, plan)
+        assert plan.roles is not None and self.tma and not self.once, "napkin bug: paths.wgmma.roles_of takes this plan"
+        self.roles = plan.roles
+        self.consumers = plan.roles.consumers
+        self.ring_node = None  # the stream's loop node and its streamed operands (stream_loop)
+        self.sites: list[list[str]] = []  # OpenCL: each product's deferred work, by its group's site
+        self.site_operands: list[list[str]] = []  # ... and the shared tiles it reads
+        self.held: list[str] = []  # the accumulators the products write (their shadows, on OpenCL)
+        self.step_wait: Wait | None = None  # a product's wait, placed after its step's block (mma)
+
+    @property
+    def opencl(self) -> bool:
+        return self.dialect.name == "opencl"
+
+    def print(self, entry: str) -> KernelSource:
+        kernel = super().print(entry)
+        kernel.roles = tuple([f"consumer {w}" for w in range(self.consumers)] + ["producer"])
+        stages = self.plan.stages
+        kernel.barriers = tuple([f"full[{s}]" for s in range(stages)] + [f"empty[{s}]" for s in range(stages)])
+        return kernel
+
+    def extra_parameters(self, entry: str) -> list[str]:
+        params = super().extra_parameters(entry)
+        return params + ["__global int* nk_status"] if self.opencl else params
+
+    def full(self, stage: str) -> str:
+        return stage
+
+    def empty(self, stage: str) -> str:
+        return f"{self.plan.stages} + {stage}" if not stage.isdigit() else str(self.plan.stages + int(stage))
+
+    def save_tile(self, step):
+        """No output staged through shared memory: its barrier would be block-wide, and the
+        producer has left (the consumers store their fragments directly)."""
+        return None
+
+    # -- the kernel's frame
+    def lane_constants(self):
+        """The warpgroup's first row and the ring's mbarriers: ``full[s]`` expects the producer's
+        one arrival (with its bytes), ``empty[s]`` one arrival a consumer warpgroup. On OpenCL the
+        runtime's state and mbarriers, at the kernel's scope as local memory must be."""
+        self.lanes = {}
+        stages, w = self.plan.stages, self.consumers
+        self.emit(f"const int nk_wg = nk_warp >> 2;  // this thread's warpgroup: consumers 0 .. {w - 1}, then the producer")
+        self.emit("NK_DESC_BASE();  // the descriptors' start address field of the arena's base")
+        counts = [1] * stages + [w] * stages
+        if self.opencl:
+            self.emit("__local nk_rounds nk_rs;")
+            self.emit(f"__local nk_mbar nk_bars[{2 * stages}];  // full[0 .. {stages}), then empty[0 .. {stages})")
+            self.emit("const int nk_role = nk_wg, nk_rank = nk_tid % " f"{WARPGROUP_THREADS}, nk_lane0 = nk_rank == 0;")
+            inits = " ".join(f"nk_mbar_start(nk_bars + {b}, {count});" for b, count in enumerate(counts))
+            self.emit(f"if (nk_tid == 0) {{ {inits} }}")
+            return
+        inits = " ".join(f"NK_MBAR_INIT({self.bar(str(b))}, {count});" for b, count in enumerate(counts))
+        self.emit(f"if (nk_tid == 0) {{ {inits} NK_FENCE_MBAR_INIT(); }}")
+        self.emit("NK_SYNC();  // the mbarriers are initialised before any thread waits on one; no block barrier after")
+
+    def compute(self):
+        """The consumers' code (the fragments, the Program's nodes with the stream as a ring loop)
+        and the producer's, as operations; then rendered for the dialect."""
+        start, depth = len(self.lines), self.depth
+        self.depth = 0
+        self.declare_fragments()
+        declared = len(self.lines)
+        self.nodes(self.launch.body)
+        declarations, consumer = self.lines[start:declared], self.lines[declared:]
+        del self.lines[start:]
+        self.depth = depth
+        assert self.ring_node is not None, "napkin bug: a roles plan streams"
+        assert not any(isinstance(op, str) and "NK_SYNC" in op for op in consumer), \
+            "napkin bug: a block barrier among the consumers (paths.wgmma.roles_of refuses what needs one)"
+        producer = self.producer_ops()
+        if self.opencl:
+            self.rounds(declarations, consumer, producer)
+            return
+        w = self.consumers
+        with self.block(f"if (nk_wg == {w}) {{  // the producer warpgroup: one thread fills the ring"):
+            self.emit(f"NK_SETMAXNREG_DEC({self.roles.producer_registers});")
+            with self.block(f"if (nk_tid == {w * WARPGROUP_THREADS}) {{"):
+                self.straight(producer)
+        with self.block(f"else {{  // the consumer warpgroups: rows {64} * nk_wg of the tile"):
+            self.emit(f"NK_SETMAXNREG_INC({self.roles.consumer_registers});")
+            for line in declarations:
+                self.emit(line)
+            self.straight(consumer)
+
+    # -- the roles' operations
+    def chunk_derived(self, axis: str) -> list[str]:
+        x, stages = ident(axis), self.plan.stages
+        return [f"const int nk_stage = c_{x} % {stages};",
+                f"const unsigned nk_parity = (unsigned)(c_{x} / {stages}) & 1u;  // the ring's pass, mod 2",
+                f"const int o_{x} = {self.chunk_origin(axis, f'c_{x}')};"]
+
+    def stream_loop(self, node):
+        """The consumers' loop over the chunks: wait for the stage to be full, the chunk's steps
+        (the products committed, then waited down to the wait depth), then release the stage
+        the previous chunk read. After it, every group is waited for."""
+        axis = node.axis
+        x = ident(axis)
+        streamed = [s.array for s, _ in walk(node.body) if s.op == "load" and s.level == self.level
+                    and s.array in self.plan.operands]
+        assert set(streamed) == set(self.ring), "napkin bug: the ring holds the stream's operands"
+        self.ring_node = (node, streamed)
+        chunks = -(-self.sizes[axis] // self.tile[axis])
+        self.emit(f"// for {axis} in {chunks} chunks of {self.tile[axis]}: a {self.plan.stages}-stage ring the producer fills")
+        start, depth = len(self.lines), self.depth
+        self.depth = 0
+        self.lines.append(Wait(self.full("nk_stage"), "nk_parity", note="the chunk's boxes have landed"))
+        saved_valid = dict(self.valid)
+        self.set_origin(axis, f"o_{x}")
+        for name in streamed:
+            self.buffers[name] = "nk_stage"
+        self.chunk_vectors(node)
+        self.nodes(node.body)
+        self.chunk_loaded.clear()
+        for name in streamed:
+            del self.buffers[name]
+        self.valid = saved_valid
+        del self.origin[axis]
+        stages = self.plan.stages
+        self.emit(f"if (c_{x} > 0) {self.arrive(self.empty(f'(c_{x} + {stages - 1}) % {stages}'))}"
+                  "  // the previous chunk's products have landed: its stage is empty")
+        body = self.lines[start:]
+        del self.lines[start:]
+        self.depth = depth
+        self.lines.append(Loop(f"c_{x}", str(chunks), self.chunk_derived(axis), body))
+        self.lines.append(Wait(groups=0, note="every product has landed"))
+        for acc in self.held:  # read after the wait, never before (the compiler cannot see the asm's asynchrony)
+            self.loop("nk_v", self.fragment_count(acc), lambda acc=acc: self.emit(f"NK_WG_PIN_F((&f_{ident(acc)}[0][0][0])[nk_v]);"))
+
+    def each_value(self, name: str, body):
+        """``body(index)`` for every value of fragment ``name``, in loops over its dimensions."""
+        extents = [int(e) for e in re.findall(r"\[(\d+)\]", self.dims(name))]
+
+        def level(depth: int, index: str):
+            if depth == len(extents):
+                body(index)
+                return
+            with self.block(f"for (int v{depth} = 0; v{depth} < {extents[depth]}; ++v{depth}) {{"):
+                level(depth + 1, f"{index}[v{depth}]")
+        with self.block("{"):
+            level(0, "")
+
+    def fragment_count(self, name: str) -> int:
+        n = self.tile[self.plan.fragments[name].col]
+        return self.plan.m_tiles * n // 2
+
+    def arrive(self, bar: str) -> str:
+        """One arrival of this warpgroup on ``bar`` (a consumer releasing a stage)."""
+        if self.opencl:
+            return f"nk_role_arrive(&nk_rs, nk_role, nk_lane0, {bar}, 0);"
+        return f"if (nk_tid % {WARPGROUP_THREADS} == 0) NK_MBAR_ARRIVE({self.bar(bar)});"
+
+    def step(self, step):
+        """A step; a product's wait follows the step's braces, so that a segment never ends inside
+        a block."""
+        super().step(step)
+        if self.step_wait is not None:
+            self.lines.append(self.step_wait)
+            self.step_wait = None
+
+    def mma(self, target: str, out: str):
+        """The chunk's products of ``target``, committed as one group, then a wait until at most
+        the wait depth of the warpgroup's groups are pending. On OpenCL the group is the runtime's:
+        the accumulator moves to its shadow (the fragment holds NaN until the group lands) and the
+        products run when it lands, on the stage it was issued on."""
+        acc = "f_" + ident(out)
+        if out not in self.held:
+            self.held.append(out)
+        if not self.opencl:
+            self.products(target, f"&{acc}[0][0][0]")
+            self.emit("NK_WG_COMMIT();")
+            self.step_wait = Wait(groups=self.roles.wait_depth, note="the previous chunk's products have landed")
+            return
+        site = len(self.sites)
+        start, depth = len(self.lines), self.depth
+        self.depth = 0
+        saved = dict(self.buffers)
+        self.buffers = {name: "nk_gstage" for name in self.buffers}
+        self.products(target, f"&nk_sh_{ident(out)}[0][0][0]")
+        self.buffers = saved
+        shadow = f"nk_sh_{ident(out)}"
+        self.emit("if (!nk_held)  // the operands changed between the issue and the landing: the result is undefined")
+        self.each_value(out, lambda at: self.emit(f"{shadow}{at} = NAN;"))
+        self.emit(f"if (--nk_pend_{ident(out)} == 0)  // the accumulator's last group: its fragment takes the values")
+        self.each_value(out, lambda at: self.emit(f"{acc}{at} = {shadow}{at};"))
+        self.sites.append(self.lines[start:])
+        del self.lines[start:]
+        self.depth = depth
+        self.emit(f"// issue: {out}'s values move to its shadow, and its fragment reads NaN until the group lands")
+        self.each_value(out, lambda at: self.emit(f"if (nk_pend_{ident(out)} == 0) {shadow}{at} = {acc}{at}; {acc}{at} = NAN;"))
+        self.emit(f"nk_pend_{ident(out)} += 1;")
+        m = self.plan.mmas[target]
+        self.site_operands.append([m.b] if m.a_in_registers else [m.a, m.b])
+        self.emit(f"nk_role_commit(&nk_rs, nk_role, nk_lane0, {site}, nk_stage, nk_lane0 ? {self.operand_sum(site, 'nk_stage')} : 0u);")
+        self.step_wait = Wait(groups=self.roles.wait_depth, note="the previous chunk's products have landed")
+
+    def producer_ops(self) -> list:
+        """The producer's loop: wait for the stage to be empty, then expect the chunk's bytes on
+        its full mbarrier and issue the chunk's boxes."""
+        node, streamed = self.ring_node
+        axis = node.axis
+        x = ident(axis)
+        chunks = -(-self.sizes[axis] // self.tile[axis])
+        full = self.full("nk_stage")
+        expect = sum(self.tma[name].bytes for name in streamed)
+        body: list = [Wait(self.empty("nk_stage"), "nk_parity ^ 1u", note="the consumers released the stage")]
+        if self.opencl:
+            body.append(f"nk_role_arrive(&nk_rs, nk_role, nk_lane0, {full}, {expect});  // expect_tx of the boxes' bytes, then arrive")
+        else:
+            body.append(f"NK_MBAR_EXPECT_TX({self.bar(full)}, {expect});  // the boxes' bytes, out-of-bounds fill included")
+        for name in streamed:
+            load, index = self.tma[name], self.ring.index(name)
+            for box, dst, coords in self.tma_boxes(name, f"o_{x}", "nk_stage"):
+                where = f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})"
+                if self.opencl:
+                    padded = coords + ["0"] * (5 - len(coords))
+                    body.append(f"nk_role_tensor_copy(&nk_rs, nk_smem, nk_rank, {WARPGROUP_THREADS}, {index}, {dst}, "
+                                f"{box.rows * box.cols * load.element_bytes}, {full}, {', '.join(padded)});{where}")
+                else:
+                    body.append(f"NK_TMA_{load.rank}D({self.map_name(name)}, g_{ident(name)}, {dst}, {', '.join(coords)}, "
+                                f"{self.bar(full)});{where}")
+        return [Loop(f"c_{x}", str(chunks), self.chunk_derived(axis), body)]
+
+    # -- CUDA: straight code
+    def straight(self, ops: list):
+        for op in ops:
+            if isinstance(op, Loop):
+                with self.block(f"for (int {op.var} = 0; {op.var} < {op.count}; ++{op.var}) {{"):
+                    for line in op.derived:
+                        self.emit(line)
+                    self.straight(op.body)
+            elif isinstance(op, Wait):
+                if op.bar is not None:
+                    self.emit(f"NK_MBAR_WAIT({self.bar(op.bar)}, {op.parity});  // {op.note}")
+                if op.groups is not None:
+                    self.emit(f"NK_WG_WAIT({op.groups});  // {op.note}")
+            else:
+                self.emit(op)
+
+    # -- OpenCL: the roles runtime's rounds
+    def rounds(self, declarations: list[str], consumer: list, producer: list):
+        w = self.consumers
+        for line in declarations:
+            self.emit(line)
+        for out in self.held:
+            self.emit(f"float nk_sh_{ident(out)}{self.dims(out)};  // {out} while its groups are in flight")
+            self.emit(f"int nk_pend_{ident(out)} = 0;  // its groups in flight")
+        x = ident(self.ring_node[0].axis)
+        self.emit(f"int c_{x} = 0;  // the role's chunk")
+        self.emit(f"nk_rounds_start(&nk_rs, {w + 1});")
+        with self.block("for (;;) {"):
+            self.emit("nk_rounds_settle(&nk_rs, nk_bars, (__global const uchar*)0, nk_smem);")
+            self.land_copies()
+            self.emit("barrier(CLK_LOCAL_MEM_FENCE);  // the boxes have landed before the groups read them")
+            self.land_groups()
+            self.emit("if (nk_rounds_retire(&nk_rs, nk_bars)) break;")
+            self.emit("const int nk_segment = nk_rounds_guard(&nk_rs, nk_bars, nk_role);")
+            with self.block("if (nk_segment >= 0) {"):
+                with self.block(f"if (nk_role == {w}) {{  // the producer"):
+                    self.machine(producer)
+                with self.block("else {  // a consumer"):
+                    self.machine(consumer)
+            self.emit("nk_rounds_next(&nk_rs);")
+        self.emit(f"nk_rounds_status(&nk_rs, nk_status + {len(STATUS_WORDS)} * get_group_id(0));")
+
+    def land_copies(self):
+        """The tensor copies that land this round, by the first work-item: the box the map's words
+        give, and the bytes it wrote (complete_tx takes them; a map the emulation refuses takes
+        none, so the stage never completes)."""
+        with self.block("if (nk_tid == 0) for (int c = 0; c < nk_rs.copies; ++c) {"):
+            self.emit("if (!nk_rs.copy_landing[c] || nk_rs.copy_kind[c] != 1) continue;")
+            self.emit("__constant const ulong* map = 0; __global const uchar* base = 0;")
+            with self.block("switch (nk_rs.copy_arg[c][0]) {"):
+                for index, name in enumerate(self.ring):
+                    self.emit(f"case {index}: map = {self.map_name(name)}; base = (__global const uchar*)g_{ident(name)}; break;")
+            self.emit("const int bytes = nk_tma_box(nk_smem, map, base, nk_rs.copy_dst[c], nk_rs.copy_arg[c][1], "
+                      "nk_rs.copy_arg[c][2], nk_rs.copy_arg[c][3], nk_rs.copy_arg[c][4], nk_rs.copy_arg[c][5]);")
+            self.emit("nk_rs.copy_bytes[c] = bytes < 0 ? 0 : bytes;")
+
+    def operand_sum(self, site: int, stage: str) -> str:
+        """The sum of the bytes of the shared tiles site ``site``'s products read on ``stage``."""
+        sums = [f"nk_bytes_sum(nk_smem, {self.smem[name].offset} + ({stage}) * {self.smem[name].stage_bytes}, "
+                f"{self.smem[name].stage_bytes})" for name in self.site_operands[site]]
+        return "(" + " ^ 31u * ".join(sums) + ")"
+
+    def land_groups(self):
+        """The groups that land this round: whether their operands' bytes held since the issue (by
+        the first work-item, for every role), then each role's own, in the order committed: their
+        products, NaN where the bytes did not hold."""
+        with self.block("if (nk_tid == 0) for (int g = 0; g < nk_rs.groups; ++g) {"):
+            self.emit("if (!nk_rs.group_landing[g]) continue;")
+            with self.block("switch (nk_rs.group_arg[g][0]) {"):
+                for site in range(len(self.sites)):
+                    self.emit(f"case {site}: nk_rs.group_sum[g] = {self.operand_sum(site, 'nk_rs.group_arg[g][1]')} "
+                              "== nk_rs.group_sum[g]; break;")
+        self.emit("barrier(CLK_LOCAL_MEM_FENCE);")
+        with self.block("for (int g = 0; g < nk_rs.groups; ++g) {"):
+            self.emit("if (!nk_rs.group_landing[g] || nk_rs.group_role[g] != nk_role) continue;")
+            self.emit("const int nk_gstage = nk_rs.group_arg[g][1], nk_held = nk_rs.group_sum[g];")
+            with self.block("switch (nk_rs.group_arg[g][0]) {"):
+                for site, lines in enumerate(self.sites):
+                    with self.block(f"case {site}: {{"):
+                        for line in lines:
+                            self.emit(line)
+                        self.emit("break;")
+
+    def machine(self, ops: list):
+        """A role's operations as a ``switch`` over its segments: a segment ends at each blocking
+        point by naming the next segment and what it waits on; a loop's head tests its index, and
+        its end goes back to the head."""
+        cases: list[list[str]] = [[]]
+        after_marks: list[tuple[str, int]] = []  # a loop's exit, named before its index is known
+
+        def goto(pc: int | str, wait: Wait | None = None) -> list[str]:
+            bar, parity = (wait.bar, wait.parity) if wait is not None and wait.bar is not None else ("-1", "0")
+            lines = [f"nk_role_next(&nk_rs, nk_role, nk_lane0, {pc}, {bar}, {parity});"]
+            if wait is not None and wait.groups is not None:
+                lines.append(f"nk_role_wait_groups(&nk_rs, nk_role, nk_lane0, {wait.groups});")
+            return lines
+
+        def compile_ops(ops: list, derived: list[str]):
+            for op in ops:
+                if isinstance(op, Wait):
+                    cases[-1] += goto(len(cases), op) + [f"break;  // wait: {op.note}"]
+                    cases.append(list(derived))
+                elif isinstance(op, Loop):
+                    cases[-1] += [f"{op.var} = 0;"] + goto(len(cases)) + ["break;"]
+                    head = len(cases)
+                    inner = derived + op.derived
+                    mark = f"@after{head}@"
+                    cases.append(inner + [f"if ({op.var} >= {op.count}) {{ {' '.join(goto(mark))} break; }}"])
+                    compile_ops(op.body, inner)
+                    cases[-1] += [f"++{op.var};"] + goto(head) + ["break;"]
+                    after_marks.append((mark, len(cases)))
+                    cases.append(list(derived))
+                else:
+                    cases[-1].append(op)
+
+        compile_ops(ops, [])
+        cases[-1] += ["nk_role_finish(&nk_rs, nk_role, nk_lane0);", "break;"]
+        with self.block("switch (nk_segment) {"):
+            for pc, lines in enumerate(cases):
+                with self.block(f"case {pc}: {{"):
+                    for line in lines:
+                        for mark, after in after_marks:
+                            line = line.replace(mark, str(after))
+                        self.emit(line)

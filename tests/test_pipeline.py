@@ -1,0 +1,230 @@
+"""Warp-specialized wgmma kernels (issue 43, step 2): matmul as a producer warpgroup and consumer
+warpgroups around a ring of full and empty mbarriers, printed once as roles (backends/pipeline.py).
+
+The CUDA rendering is checked in its SASS: ``USETMAXREG`` in both roles, the only block barrier
+before the roles split, and a consumer hot loop of HGMMA with a wait depth of 1 (``WARPGROUP.DEPBAR.LE
+gsb0, 0x1``), its try_wait on the full mbarrier and its arrive on the empty one, and no UTMALDG;
+the producer's loop issues the boxes. The OpenCL rendering runs on the roles runtime
+(backends/roles.py), whose copies and wgmma groups land in rounds a seeded adversary draws, with
+their destinations and accumulators poisoned until then: it must match the float64 product at
+ragged sizes under several seeds with a ring that wraps, and each ordering bug planted in the
+printer must fail the run, by a wrong or poisoned result or by a deadlock named in the error.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import napkin_dsl as napkin
+from napkin_dsl.backends import driver, opencl, pipeline
+from napkin_dsl.isel import mbarrier_count, selection
+from napkin_dsl.paths import wgmma as wgmma_path
+
+from .conftest import EXAMPLES, sm_90a_listing
+
+MATMUL = EXAMPLES / "matmul.napkin"
+# 11 chunks of 32 (the last one 8 deep): the ring (at most 8 stages) wraps, so every stage is
+# filled again after the consumers release it, on the next phase.
+WRAPPING = dict(m=130, n=136, k=328)
+
+
+def _program(**sizes):
+    return napkin.load(MATMUL)["matmul"].gpu_program("H100", **sizes)
+
+
+def _run(sizes, seed=1, monkeypatch=None):
+    if not opencl.opencl_available():
+        pytest.skip("no OpenCL device")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    if monkeypatch is not None:
+        monkeypatch.setenv("NAPKIN_EMULATE_SEED", str(seed))
+    rng = np.random.default_rng(sum(sizes.values()))
+    a = rng.standard_normal((sizes["m"], sizes["k"])).astype(np.float32).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((sizes["k"], sizes["n"])).astype(np.float32).astype(ml_dtypes.bfloat16)
+    program = _program(**sizes)
+    assert opencl.generate(program, arch="sm_90a")[1][0].roles, "napkin bug in the test: not a roles kernel"
+    out = opencl.run(program, {"A": a, "B": b}, arch="sm_90a")["C"]
+    return out, a.astype(np.float64) @ b.astype(np.float64)
+
+
+def _right(out, reference) -> bool:
+    return bool(np.isfinite(out).all() and np.abs(out - reference).max() <= 1e-4 * max(1.0, np.abs(reference).max()))
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+
+
+def test_matmul_on_sm_90a_is_planned_with_a_producer_and_two_consumers():
+    program = _program(m=8192, n=8192, k=8192)
+    chosen = selection(program, program.launches[0], "sm_90a")
+    plan = chosen.plan
+    assert plan.roles == wgmma_path.Roles(consumers=2, wait_depth=1, producer_registers=24, consumer_registers=240)
+    assert plan.threads == 384 and plan.stages >= 4
+    assert mbarrier_count(plan) == 2 * plan.stages  # a full and an empty mbarrier a stage
+    source, (kernel,) = opencl.generate(program, arch="sm_90a")
+    assert kernel.roles == ("consumer 0", "consumer 1", "producer") and len(kernel.barriers) == 2 * plan.stages
+    assert f"roles: a producer warpgroup (setmaxnreg.dec 24; one thread issues TMA) and 2 consumer warpgroups " \
+           f"(setmaxnreg.inc 240), a {plan.stages}-stage ring of full and empty mbarriers, wgmma.wait_group 1" in source
+
+
+@pytest.mark.parametrize("consumers", [1, 2, 3, 4])
+def test_the_setmaxnreg_budgets_fit_the_register_file(consumers):
+    """setmaxnreg takes a multiple of 8 in 24 .. 256 (PTX ISA 9.7.17.1), and the roles' registers
+    together fit the SM's 65,536 at one block an SM."""
+    program = napkin.load(MATMUL)["matmul"].relabelled(f"smem: group m {64 * consumers}, n 64; stream k 32") \
+        .gpu_program("H100", m=1024, n=1024, k=1024)
+    roles = selection(program, program.launches[0], "sm_90a").plan.roles
+    assert roles.consumers == consumers
+    for count in (roles.producer_registers, roles.consumer_registers):
+        assert count % 8 == 0 and 24 <= count <= 256
+    assert 128 * (roles.producer_registers + consumers * roles.consumer_registers) <= 65536
+
+
+def test_what_the_roles_printer_does_not_take_keeps_the_synchronous_ring_and_says_why():
+    program = napkin.load(EXAMPLES / "attention.napkin")["attention"].gpu_program("H100", b=1, h=2, q=256, x=256, d=128)
+    plan = selection(program, program.launches[0], "sm_90a").plan
+    assert plan.roles is None and plan.tma
+    assert "an online softmax (attention) keeps the synchronous ring" in plan.roles_declined
+    source, _ = opencl.generate(program, arch="sm_90a")
+    assert "synchronous ring, no producer warpgroup: an online softmax" in source
+
+
+# ---- the emulation ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("sizes", [WRAPPING, dict(m=200, n=136, k=72), dict(m=64, n=16, k=16)], ids=str)
+def test_the_roles_compute_a_times_b_at_ragged_sizes_under_every_seed(sizes, seed, monkeypatch):
+    out, reference = _run(sizes, seed, monkeypatch)
+    assert _right(out, reference), np.abs(out - reference).max()
+
+
+def _drop_empty_arrive(monkeypatch):
+    monkeypatch.setattr(pipeline.RolesPrinter, "arrive", lambda self, bar: ";")
+
+
+def _release_the_stage_in_flight(monkeypatch):
+    # the stage the product just issued reads, before its group was waited, for the previous one
+    original = pipeline.RolesPrinter.arrive
+    monkeypatch.setattr(pipeline.RolesPrinter, "arrive", lambda self, bar: original(self, self.empty("nk_stage")))
+
+
+def _phase_not_flipped(monkeypatch):
+    original = pipeline.RolesPrinter.chunk_derived
+    monkeypatch.setattr(pipeline.RolesPrinter, "chunk_derived",
+                        lambda self, axis: [line.replace(f"(unsigned)(c_{axis} / {self.plan.stages}) & 1u", "0u")
+                                            for line in original(self, axis)])
+
+
+def _swizzle_differs(monkeypatch):
+    # the tensor maps say 64B where the descriptors (and the tiles) say 128B
+    monkeypatch.setitem(driver.TENSOR_MAP_SWIZZLE, 128, driver.TENSOR_MAP_SWIZZLE[64])
+
+
+def _accumulator_read_before_its_wait(monkeypatch):
+    original = pipeline.RolesPrinter.stream_loop
+
+    def without_last_wait(self, node):
+        original(self, node)
+        (at,) = [i for i, op in enumerate(self.lines) if isinstance(op, pipeline.Wait) and op.groups == 0]
+        del self.lines[at]
+    monkeypatch.setattr(pipeline.RolesPrinter, "stream_loop", without_last_wait)
+
+
+def _expect_tx_short(monkeypatch):
+    monkeypatch.setattr(wgmma_path.TmaLoad, "bytes", property(lambda self: self.boxes * self.box_rows * self.box_cols))
+
+
+BUGS = {"empty arrive dropped": _drop_empty_arrive, "stage released before its product was waited": _release_the_stage_in_flight,
+        "phase not flipped at the wrap": _phase_not_flipped, "tensor map swizzle differs from the descriptor's": _swizzle_differs,
+        "accumulator read before its wait": _accumulator_read_before_its_wait, "expect_tx short of the boxes": _expect_tx_short}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_each_planted_ordering_bug_fails_the_run(bug, seed, monkeypatch):
+    BUGS[bug](monkeypatch)
+    try:
+        out, reference = _run(WRAPPING, seed, monkeypatch)
+    except opencl.RolesFailure as failure:
+        assert "deadlock: " in str(failure) and "(seed " in str(failure), failure
+        return
+    assert not _right(out, reference)
+
+
+def test_a_deadlock_is_named_by_role_barrier_and_phase(monkeypatch):
+    _drop_empty_arrive(monkeypatch)
+    with pytest.raises(opencl.RolesFailure, match=r"napkin_matmul_0, block 0 of 4 \(seed 1\): deadlock: consumer 0 waits on "
+                                                   r"full\[0\], phase 1; consumer 1 waits on full\[0\], phase 1; "
+                                                   r"producer waits on empty\[0\], phase 0; 3 more blocks"):
+        _run(WRAPPING, 1, monkeypatch)
+
+
+def test_a_bad_seed_is_a_napkin_error(monkeypatch):
+    from napkin_dsl.errors import NapkinError
+
+    monkeypatch.setenv("NAPKIN_EMULATE_SEED", "zero")
+    with pytest.raises(NapkinError, match="NAPKIN_EMULATE_SEED is 'zero'; it takes a positive integer"):
+        opencl.build_options()
+
+
+def test_the_roles_are_clean_under_oclgrind():
+    """oclgrind (data races, uninitialized reads) finds nothing in a run of the roles kernel: a
+    64 x 64 tile (one consumer) whose ring fits oclgrind's 32 KiB of local memory. Unoptimized:
+    oclgrind's uninitialized-value plugin does not take LLVM's ``freeze``."""
+    if shutil.which("oclgrind") is None:
+        if os.environ.get("NAPKIN_REQUIRE_OPENCL"):
+            pytest.fail("no oclgrind, and NAPKIN_REQUIRE_OPENCL is set (CI installs it)")
+        pytest.skip("no oclgrind (apt-get install oclgrind)")
+    code = ("import numpy as np, ml_dtypes\n"
+            "import napkin_dsl as napkin\n"
+            "from napkin_dsl.backends import opencl\n"
+            f"kernel = napkin.load({str(MATMUL)!r})['matmul'].relabelled('smem: group m 64, n 64; stream k 16')\n"
+            "program = kernel.gpu_program('H100', m=64, n=64, k=56)\n"
+            "assert opencl.generate(program, arch='sm_90a')[1][0].roles\n"
+            "rng = np.random.default_rng(0)\n"
+            "a = rng.standard_normal((64, 56)).astype(ml_dtypes.bfloat16)\n"
+            "b = rng.standard_normal((56, 64)).astype(ml_dtypes.bfloat16)\n"
+            "out = opencl.run(program, {'A': a, 'B': b}, arch='sm_90a')['C']\n"
+            "print('@@ error', float(np.abs(out - a.astype(np.float64) @ b.astype(np.float64)).max()))\n")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root), PYOPENCL_NO_CACHE="1", NAPKIN_OPENCL_OPTIMIZE="0")
+    done = subprocess.run(["oclgrind", "--data-races", "--uninitialized", sys.executable, "-c", code],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report[-2000:]
+    errors = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("@@ error")]
+    assert errors and errors[0] < 1e-3, report[-2000:]
+    assert "data race" not in report and "Uninitialized" not in report and "Invalid" not in report, report[-2000:]
+
+
+# ---- the CUDA rendering, in its SASS ------------------------------------------------------------
+
+
+def test_matmul_8192_has_a_producer_and_a_consumer_loop_with_wait_depth_1_and_no_block_barrier():
+    from napkin_dsl.backends import sass
+
+    _, instructions = sm_90a_listing(napkin.load(MATMUL)["matmul"], m=8192, n=8192, k=8192)
+    opcodes = collections.Counter(i.opcode for i in instructions)
+    assert opcodes["USETMAXREG.DEALLOC.CTAPOOL"] == 1 and opcodes["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1, opcodes
+    assert sum(n for op, n in opcodes.items() if op.startswith("BAR.")) == 1  # the mbarriers' initialisation, before the roles
+    assert not any(op.startswith(("LDL", "STL", "LDGSTS")) for op in opcodes)
+    loops = sass.innermost_loops(instructions)
+    consumer = max(loops, key=lambda body: sum(i.opcode.startswith("HGMMA") for i in body))
+    hot = collections.Counter(i.opcode for i in consumer)
+    assert sum(n for op, n in hot.items() if op.startswith("HGMMA")) == 2  # k 32: two m64n128k16
+    assert [i.operands for i in consumer if i.opcode == "WARPGROUP.DEPBAR.LE"] == ["gsb0, 0x1"]
+    assert hot["SYNCS.PHASECHK.TRANS64.TRYWAIT"] == 1 and hot["SYNCS.ARRIVE.TRANS64.A1T0"] == 1, hot  # full's wait, empty's arrive
+    assert not any(op.startswith(("UTMALDG", "BAR.")) for op in hot), hot
+    # the producer's loop: A's box and B's two a chunk, and no product
+    assert any(sum(i.opcode.startswith("UTMALDG") for i in instructions if start <= i.address <= end) == 3
+               and not any(i.opcode.startswith("HGMMA") for i in instructions if start <= i.address <= end)
+               for start, end in sass.loop_ranges(instructions))
