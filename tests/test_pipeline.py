@@ -70,7 +70,8 @@ def test_matmul_on_sm_90a_is_planned_with_a_producer_and_two_consumers():
     assert plan.threads == 384 and plan.stages >= 4
     assert mbarrier_count(plan) == 2 * plan.stages  # a full and an empty mbarrier a stage
     source, (kernel,) = opencl.generate(program, arch="sm_90a")
-    assert kernel.roles == ("consumer 0", "consumer 1", "producer") and len(kernel.barriers) == 2 * plan.stages
+    # on OpenCL the two consumer warpgroups run in lockstep, one role; the producer on the first's work-items
+    assert kernel.roles == ("consumers", "producer") and kernel.block == 256 and len(kernel.barriers) == 2 * plan.stages
     assert f"roles: a producer warpgroup (setmaxnreg.dec 24; one thread issues TMA) and 2 consumer warpgroups " \
            f"(setmaxnreg.inc 240), a {plan.stages}-stage ring of full and empty mbarriers, wgmma.wait_group 1" in source
 
@@ -120,8 +121,8 @@ def _release_the_stage_in_flight(monkeypatch):
 def _phase_not_flipped(monkeypatch):
     original = pipeline.RolesPrinter.chunk_derived
     monkeypatch.setattr(pipeline.RolesPrinter, "chunk_derived",
-                        lambda self, axis: [line.replace(f"(unsigned)(c_{axis} / {self.plan.stages}) & 1u", "0u")
-                                            for line in original(self, axis)])
+                        lambda self, axis, var: [line.replace(f"(unsigned)({var} / {self.plan.stages}) & 1u", "0u")
+                                                 for line in original(self, axis, var)])
 
 
 def _swizzle_differs(monkeypatch):
@@ -162,9 +163,8 @@ def test_each_planted_ordering_bug_fails_the_run(bug, seed, monkeypatch):
 
 def test_a_deadlock_is_named_by_role_barrier_and_phase(monkeypatch):
     _drop_empty_arrive(monkeypatch)
-    with pytest.raises(opencl.RolesFailure, match=r"napkin_matmul_0, block 0 of 4 \(seed 1\): deadlock: consumer 0 waits on "
-                                                   r"full\[0\], phase 1; consumer 1 waits on full\[0\], phase 1; "
-                                                   r"producer waits on empty\[0\], phase 0; 3 more blocks"):
+    with pytest.raises(opencl.RolesFailure, match=r"napkin_matmul_0, block 0 of 4 \(seed 1\): deadlock: consumers wait on "
+                                                   r"full\[0\], phase 1; producer waits on empty\[0\], phase 0; 3 more blocks"):
         _run(WRAPPING, 1, monkeypatch)
 
 
@@ -209,13 +209,16 @@ def test_the_roles_are_clean_under_oclgrind():
 # ---- the CUDA rendering, in its SASS ------------------------------------------------------------
 
 
-def test_matmul_8192_has_a_producer_and_a_consumer_loop_with_wait_depth_1_and_no_block_barrier():
+def test_matmul_8192_has_a_producer_and_a_consumer_loop_with_wait_depth_1_and_one_block_barrier():
     from napkin_dsl.backends import sass
 
     _, instructions = sm_90a_listing(napkin.load(MATMUL)["matmul"], m=8192, n=8192, k=8192)
     opcodes = collections.Counter(i.opcode for i in instructions)
     assert opcodes["USETMAXREG.DEALLOC.CTAPOOL"] == 1 and opcodes["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1, opcodes
-    assert sum(n for op, n in opcodes.items() if op.startswith("BAR.")) == 1  # the mbarriers' initialisation, before the roles
+    # one block barrier (the mbarriers' initialisation, before the roles split); the epilogue's
+    # staged save passes barriers among the 256 consumer threads only (id 1)
+    barriers = collections.Counter(i.operands for i in instructions if i.opcode.startswith("BAR."))
+    assert barriers["0x0"] == 1 and set(barriers) == {"0x0", "0x1, 0x100"}, barriers
     assert not any(op.startswith(("LDL", "STL", "LDGSTS")) for op in opcodes)
     loops = sass.innermost_loops(instructions)
     consumer = max(loops, key=lambda body: sum(i.opcode.startswith("HGMMA") for i in body))
@@ -228,3 +231,28 @@ def test_matmul_8192_has_a_producer_and_a_consumer_loop_with_wait_depth_1_and_no
     assert any(sum(i.opcode.startswith("UTMALDG") for i in instructions if start <= i.address <= end) == 3
                and not any(i.opcode.startswith("HGMMA") for i in instructions if start <= i.address <= end)
                for start, end in sass.loop_ranges(instructions))
+
+
+# ---- the epilogue launches: mlp's bias and GELU, swiglu's dual GEMM and its down projection -------
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("name, sizes", [("mlp", dict(b=130, k=328, n=136)), ("swiglu", dict(t=200, m=328, f=136, e=136))])
+def test_the_epilogue_launches_run_as_roles(name, sizes, seed, monkeypatch):
+    """mlp reads its bias elementwise from shared memory behind a barrier among the consumers (a
+    named one on CUDA, ``bar.sync 1, 256``); swiglu's first launch commits two products a chunk
+    (G and U on one stage of X) and its second reads H."""
+    from napkin_dsl.reference import evaluate
+
+    from .conftest import assert_matches_reference
+    from .test_opencl import random_inputs
+
+    if not opencl.opencl_available():
+        pytest.skip("no OpenCL device")
+    kernel = napkin.load(EXAMPLES / f"{name}.napkin")[name]
+    program = kernel.gpu_program("H100", **sizes)
+    assert all(k.roles for k in opencl.generate(program, arch="sm_90a")[1])
+    inputs, scalars = random_inputs(kernel.diagram, sizes)
+    monkeypatch.setenv("NAPKIN_EMULATE_SEED", str(seed))
+    assert_matches_reference(program, opencl.run(program, inputs, scalars, arch="sm_90a"),
+                             evaluate(kernel.diagram, inputs, scalars, sizes))

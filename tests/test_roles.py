@@ -104,7 +104,7 @@ RING = ring(r"""
 # (empty arrive) in the next segment, after wgmma.wait_group 0.
 RING_ASYNC = ring(r"""
                 if (segment == 1) {                   /* the product of this stage, committed */
-                    nk_role_commit(&s, 1, lane0, chunk, stage, 0);
+                    nk_role_commit(&s, 1, 1, lane0, chunk, stage, 0);
 #if BUG == 5                                          /* 5: the stage released before its group was waited */
                     nk_role_arrive(&s, 1, lane0, STAGES + stage, 0);
                     NEXT(1, 1, 0, 0);

@@ -14,7 +14,8 @@ The roles, as CUTLASS's ``PipelineTmaAsync`` and FlashAttention-3's producer war
   of its groups are in flight (``wgmma.wait_group``), and then releases the stage the previous
   chunk's products read: one arrival a warpgroup on its ``empty`` mbarrier (initialised with
   the consumer count). After the stream it waits for every group and runs the epilogue from its
-  accumulators. No block-wide barrier runs after the mbarriers are initialised.
+  accumulators. No block-wide barrier runs after the mbarriers are initialised: a barrier among
+  the consumers (a plain operand's load, a staged save) is a named one (``bar.sync 1, threads``).
 
 A role's code is a list of *operations*: lines of C, :class:`Wait` (a blocking point: an
 mbarrier's phase, the role's wgmma groups, or both) and :class:`Loop` (the stream's chunks, with
@@ -22,7 +23,11 @@ the lines each chunk derives from its index). The CUDA rendering prints them as 
 with real waits. The OpenCL rendering runs them on ``roles.py``'s runtime: each role is a
 resumable state machine, a ``switch`` over the segments between its blocking points, inside the
 runtime's uniform loop of rounds; a loop's index and the fragments are the role's state across
-segments, and each segment derives the chunk's stage, parity and origin again. There:
+segments, and each segment derives the chunk's stage, parity and origin again. The consumer
+warpgroups are one role of every work-item there, in lockstep, so that a segment's lane exchanges
+(the emulated shuffles) and barriers meet every work-item of the work-group; the producer's
+segments run on the first warpgroup's work-items in a phase of their own (it has no lane
+exchange). There:
 
 * a TMA box is queued when issued (``nk_role_tensor_copy``: its destination poisoned with 0xFF
   bytes) and lands in a round the seeded adversary draws, copied by the TMA emulation
@@ -38,9 +43,8 @@ segments, and each segment derives the chunk's stage, parity and origin again. T
   ``opencl.run`` names the role, the barrier and the phase it waits on.
 
 Deliberately not here (issue 43's next steps): attention's softmax between its two products, the
-one-shot Q copy and a register A operand (their snapshot at issue); plain operands read
-elementwise and K-major copies, which need a named barrier among the consumers; masked streams;
-a TMA store epilogue and a persistent tile scheduler. ``paths.wgmma.roles_of`` refuses them by
+one-shot Q copy and a register A operand (their snapshot at issue); K-major copies (fp8
+attention); masked streams; a TMA store epilogue and a persistent tile scheduler. ``paths.wgmma.roles_of`` refuses them by
 name, and they keep the synchronous ring of ``wgmma.py``.
 """
 
@@ -79,6 +83,10 @@ class Loop:
     body: list = field(default_factory=list)
 
 
+# The runtime's roles on OpenCL (the consumer warpgroups in lockstep, one role), by index.
+CONSUMERS, PRODUCER = 0, 1
+ROLE_NAMES = ("consumers", "producer")
+
 _CUDA = r"""
 // ---- roles (backends/pipeline.py): setmaxnreg (PTX ISA 9.7.17.1), mbarrier.arrive (9.7.13.15.13) ----
 #define NK_SETMAXNREG_DEC(n) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(n))
@@ -87,6 +95,8 @@ __device__ __forceinline__ void nk_mbar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
 }
 #define NK_MBAR_ARRIVE(bar) nk_mbar_arrive(nk_sbase + (bar))
+// a barrier among the consumer warpgroups only (PTX ISA 9.7.13.1 bar.sync a, b: b threads, id a > 0)
+#define NK_BAR_SYNC(id, threads) asm volatile("bar.sync %0, %1;\n" :: "n"(id), "n"(threads) : "memory")
 """
 
 
@@ -104,6 +114,11 @@ class RolesPrinter(WgmmaPrinter):
         assert plan.roles is not None and self.tma and not self.once, "napkin bug: paths.wgmma.roles_of takes this plan"
         self.roles = plan.roles
         self.consumers = plan.roles.consumers
+        # The consumers' cooperative loops (a plain operand's load, a staged save) run over their
+        # threads; the block has the producer's too on CUDA, and on OpenCL only the consumers'
+        # work-items (the producer's segments run on the first warpgroup's, in a phase of their own).
+        self.threads = self.consumers * WARPGROUP_THREADS
+        self.block_threads = plan.threads if not self.opencl else self.threads
         self.ring_node = None  # the stream's loop node and its streamed operands (stream_loop)
         self.sites: list[list[str]] = []  # OpenCL: each product's deferred work, by its group's site
         self.site_operands: list[list[str]] = []  # ... and the shared tiles it reads
@@ -114,9 +129,15 @@ class RolesPrinter(WgmmaPrinter):
     def opencl(self) -> bool:
         return self.dialect.name == "opencl"
 
+    def open_kernel(self, entry: str, arrays, scalars, extra=()):
+        consumers, self.threads = self.threads, self.block_threads  # the launch bounds are the block's
+        super().open_kernel(entry, arrays, scalars, extra)
+        self.threads = consumers
+
     def print(self, entry: str) -> KernelSource:
         kernel = super().print(entry)
-        kernel.roles = tuple([f"consumer {w}" for w in range(self.consumers)] + ["producer"])
+        kernel.block = self.block_threads
+        kernel.roles = ROLE_NAMES
         stages = self.plan.stages
         kernel.barriers = tuple([f"full[{s}]" for s in range(stages)] + [f"empty[{s}]" for s in range(stages)])
         return kernel
@@ -131,11 +152,6 @@ class RolesPrinter(WgmmaPrinter):
     def empty(self, stage: str) -> str:
         return f"{self.plan.stages} + {stage}" if not stage.isdigit() else str(self.plan.stages + int(stage))
 
-    def save_tile(self, step):
-        """No output staged through shared memory: its barrier would be block-wide, and the
-        producer has left (the consumers store their fragments directly)."""
-        return None
-
     # -- the kernel's frame
     def lane_constants(self):
         """The warpgroup's first row and the ring's mbarriers: ``full[s]`` expects the producer's
@@ -149,7 +165,7 @@ class RolesPrinter(WgmmaPrinter):
         if self.opencl:
             self.emit("__local nk_rounds nk_rs;")
             self.emit(f"__local nk_mbar nk_bars[{2 * stages}];  // full[0 .. {stages}), then empty[0 .. {stages})")
-            self.emit("const int nk_role = nk_wg, nk_rank = nk_tid % " f"{WARPGROUP_THREADS}, nk_lane0 = nk_rank == 0;")
+            self.emit(f"const int nk_lane0 = nk_tid % {WARPGROUP_THREADS} == 0, nk_lead = nk_tid == 0;  // a warpgroup's first work-item; the role's")
             inits = " ".join(f"nk_mbar_start(nk_bars + {b}, {count});" for b, count in enumerate(counts))
             self.emit(f"if (nk_tid == 0) {{ {inits} }}")
             return
@@ -169,8 +185,6 @@ class RolesPrinter(WgmmaPrinter):
         del self.lines[start:]
         self.depth = depth
         assert self.ring_node is not None, "napkin bug: a roles plan streams"
-        assert not any(isinstance(op, str) and "NK_SYNC" in op for op in consumer), \
-            "napkin bug: a block barrier among the consumers (paths.wgmma.roles_of refuses what needs one)"
         producer = self.producer_ops()
         if self.opencl:
             self.rounds(declarations, consumer, producer)
@@ -184,14 +198,16 @@ class RolesPrinter(WgmmaPrinter):
             self.emit(f"NK_SETMAXNREG_INC({self.roles.consumer_registers});")
             for line in declarations:
                 self.emit(line)
-            self.straight(consumer)
+            # a barrier among the consumers is a named one: the producer does not take part
+            self.straight(consumer, sync=f"NK_BAR_SYNC(1, {self.threads});")
 
     # -- the roles' operations
-    def chunk_derived(self, axis: str) -> list[str]:
+    def chunk_derived(self, axis: str, var: str) -> list[str]:
+        """What a chunk derives from its index ``var``: its stage, the ring's pass parity, its origin."""
         x, stages = ident(axis), self.plan.stages
-        return [f"const int nk_stage = c_{x} % {stages};",
-                f"const unsigned nk_parity = (unsigned)(c_{x} / {stages}) & 1u;  // the ring's pass, mod 2",
-                f"const int o_{x} = {self.chunk_origin(axis, f'c_{x}')};"]
+        return [f"const int nk_stage = {var} % {stages};",
+                f"const unsigned nk_parity = (unsigned)({var} / {stages}) & 1u;  // the ring's pass, mod 2",
+                f"const int o_{x} = {self.chunk_origin(axis, var)};"]
 
     def stream_loop(self, node):
         """The consumers' loop over the chunks: wait for the stage to be full, the chunk's steps
@@ -225,7 +241,7 @@ class RolesPrinter(WgmmaPrinter):
         body = self.lines[start:]
         del self.lines[start:]
         self.depth = depth
-        self.lines.append(Loop(f"c_{x}", str(chunks), self.chunk_derived(axis), body))
+        self.lines.append(Loop(f"c_{x}", str(chunks), self.chunk_derived(axis, f"c_{x}"), body))
         self.lines.append(Wait(groups=0, note="every product has landed"))
         for acc in self.held:  # read after the wait, never before (the compiler cannot see the asm's asynchrony)
             self.loop("nk_v", self.fragment_count(acc), lambda acc=acc: self.emit(f"NK_WG_PIN_F((&f_{ident(acc)}[0][0][0])[nk_v]);"))
@@ -250,7 +266,7 @@ class RolesPrinter(WgmmaPrinter):
     def arrive(self, bar: str) -> str:
         """One arrival of this warpgroup on ``bar`` (a consumer releasing a stage)."""
         if self.opencl:
-            return f"nk_role_arrive(&nk_rs, nk_role, nk_lane0, {bar}, 0);"
+            return f"nk_role_arrive(&nk_rs, {CONSUMERS}, nk_lane0, {bar}, 0);"
         return f"if (nk_tid % {WARPGROUP_THREADS} == 0) NK_MBAR_ARRIVE({self.bar(bar)});"
 
     def step(self, step):
@@ -294,7 +310,7 @@ class RolesPrinter(WgmmaPrinter):
         self.emit(f"nk_pend_{ident(out)} += 1;")
         m = self.plan.mmas[target]
         self.site_operands.append([m.b] if m.a_in_registers else [m.a, m.b])
-        self.emit(f"nk_role_commit(&nk_rs, nk_role, nk_lane0, {site}, nk_stage, nk_lane0 ? {self.operand_sum(site, 'nk_stage')} : 0u);")
+        self.emit(f"nk_role_commit(&nk_rs, {CONSUMERS}, nk_wg, nk_lane0, {site}, nk_stage, nk_lane0 ? {self.operand_sum(site, 'nk_stage')} : 0u);")
         self.step_wait = Wait(groups=self.roles.wait_depth, note="the previous chunk's products have landed")
 
     def producer_ops(self) -> list:
@@ -308,7 +324,7 @@ class RolesPrinter(WgmmaPrinter):
         expect = sum(self.tma[name].bytes for name in streamed)
         body: list = [Wait(self.empty("nk_stage"), "nk_parity ^ 1u", note="the consumers released the stage")]
         if self.opencl:
-            body.append(f"nk_role_arrive(&nk_rs, nk_role, nk_lane0, {full}, {expect});  // expect_tx of the boxes' bytes, then arrive")
+            body.append(f"nk_role_arrive(&nk_rs, {PRODUCER}, nk_lead, {full}, {expect});  // expect_tx of the boxes' bytes, then arrive")
         else:
             body.append(f"NK_MBAR_EXPECT_TX({self.bar(full)}, {expect});  // the boxes' bytes, out-of-bounds fill included")
         for name in streamed:
@@ -317,52 +333,56 @@ class RolesPrinter(WgmmaPrinter):
                 where = f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})"
                 if self.opencl:
                     padded = coords + ["0"] * (5 - len(coords))
-                    body.append(f"nk_role_tensor_copy(&nk_rs, nk_smem, nk_rank, {WARPGROUP_THREADS}, {index}, {dst}, "
+                    body.append(f"nk_role_tensor_copy(&nk_rs, nk_smem, nk_tid, {WARPGROUP_THREADS}, {index}, {dst}, "
                                 f"{box.rows * box.cols * load.element_bytes}, {full}, {', '.join(padded)});{where}")
                 else:
                     body.append(f"NK_TMA_{load.rank}D({self.map_name(name)}, g_{ident(name)}, {dst}, {', '.join(coords)}, "
                                 f"{self.bar(full)});{where}")
-        return [Loop(f"c_{x}", str(chunks), self.chunk_derived(axis), body)]
+        return [Loop(f"p_{x}", str(chunks), self.chunk_derived(axis, f"p_{x}"), body)]
 
     # -- CUDA: straight code
-    def straight(self, ops: list):
+    def straight(self, ops: list, sync: str = "NK_SYNC();"):
+        """Operations as straight code, a block barrier among them printed as ``sync``."""
         for op in ops:
             if isinstance(op, Loop):
                 with self.block(f"for (int {op.var} = 0; {op.var} < {op.count}; ++{op.var}) {{"):
                     for line in op.derived:
                         self.emit(line)
-                    self.straight(op.body)
+                    self.straight(op.body, sync)
             elif isinstance(op, Wait):
                 if op.bar is not None:
                     self.emit(f"NK_MBAR_WAIT({self.bar(op.bar)}, {op.parity});  // {op.note}")
                 if op.groups is not None:
                     self.emit(f"NK_WG_WAIT({op.groups});  // {op.note}")
             else:
-                self.emit(op)
+                self.emit(op.replace("NK_SYNC();", sync))
 
     # -- OpenCL: the roles runtime's rounds
     def rounds(self, declarations: list[str], consumer: list, producer: list):
-        w = self.consumers
+        """The roles on the runtime's rounds. The consumers are one role of every work-item, in
+        lockstep, so that a segment's lane exchanges (the emulated shuffles and register A) and a
+        barrier among them meet every work-item; the producer's segments run on the first
+        warpgroup's work-items, in a phase of their own before the consumers'."""
         for line in declarations:
             self.emit(line)
         for out in self.held:
             self.emit(f"float nk_sh_{ident(out)}{self.dims(out)};  // {out} while its groups are in flight")
             self.emit(f"int nk_pend_{ident(out)} = 0;  // its groups in flight")
         x = ident(self.ring_node[0].axis)
-        self.emit(f"int c_{x} = 0;  // the role's chunk")
-        self.emit(f"nk_rounds_start(&nk_rs, {w + 1});")
+        self.emit(f"int c_{x} = 0, p_{x} = 0;  // the consumers' chunk, the producer's")
+        self.emit(f"nk_rounds_start(&nk_rs, {len(ROLE_NAMES)});")
         with self.block("for (;;) {"):
             self.emit("nk_rounds_settle(&nk_rs, nk_bars, (__global const uchar*)0, nk_smem);")
             self.land_copies()
             self.emit("barrier(CLK_LOCAL_MEM_FENCE);  // the boxes have landed before the groups read them")
             self.land_groups()
             self.emit("if (nk_rounds_retire(&nk_rs, nk_bars)) break;")
-            self.emit("const int nk_segment = nk_rounds_guard(&nk_rs, nk_bars, nk_role);")
-            with self.block("if (nk_segment >= 0) {"):
-                with self.block(f"if (nk_role == {w}) {{  // the producer"):
-                    self.machine(producer)
-                with self.block("else {  // a consumer"):
-                    self.machine(consumer)
+            self.emit(f"const int nk_segment = nk_rounds_guard(&nk_rs, nk_bars, {CONSUMERS}), nk_produce = nk_rs.ready[{PRODUCER}];")
+            with self.block(f"if (nk_produce >= 0 && nk_tid < {WARPGROUP_THREADS}) {{  // the producer"):
+                self.machine(producer, PRODUCER, "nk_produce")
+            self.emit("barrier(CLK_LOCAL_MEM_FENCE);  // the producer's copies are queued, their stages poisoned")
+            with self.block("if (nk_segment >= 0) {  // the consumers, every work-item"):
+                self.machine(consumer, CONSUMERS, "nk_segment")
             self.emit("nk_rounds_next(&nk_rs);")
         self.emit(f"nk_rounds_status(&nk_rs, nk_status + {len(STATUS_WORDS)} * get_group_id(0));")
 
@@ -398,7 +418,7 @@ class RolesPrinter(WgmmaPrinter):
                               "== nk_rs.group_sum[g]; break;")
         self.emit("barrier(CLK_LOCAL_MEM_FENCE);")
         with self.block("for (int g = 0; g < nk_rs.groups; ++g) {"):
-            self.emit("if (!nk_rs.group_landing[g] || nk_rs.group_role[g] != nk_role) continue;")
+            self.emit("if (!nk_rs.group_landing[g] || nk_rs.group_owner[g] != nk_wg) continue;")
             self.emit("const int nk_gstage = nk_rs.group_arg[g][1], nk_held = nk_rs.group_sum[g];")
             with self.block("switch (nk_rs.group_arg[g][0]) {"):
                 for site, lines in enumerate(self.sites):
@@ -407,7 +427,7 @@ class RolesPrinter(WgmmaPrinter):
                             self.emit(line)
                         self.emit("break;")
 
-    def machine(self, ops: list):
+    def machine(self, ops: list, role: int, segment: str):
         """A role's operations as a ``switch`` over its segments: a segment ends at each blocking
         point by naming the next segment and what it waits on; a loop's head tests its index, and
         its end goes back to the head."""
@@ -416,9 +436,9 @@ class RolesPrinter(WgmmaPrinter):
 
         def goto(pc: int | str, wait: Wait | None = None) -> list[str]:
             bar, parity = (wait.bar, wait.parity) if wait is not None and wait.bar is not None else ("-1", "0")
-            lines = [f"nk_role_next(&nk_rs, nk_role, nk_lane0, {pc}, {bar}, {parity});"]
+            lines = [f"nk_role_next(&nk_rs, {role}, nk_lead, {pc}, {bar}, {parity});"]
             if wait is not None and wait.groups is not None:
-                lines.append(f"nk_role_wait_groups(&nk_rs, nk_role, nk_lane0, {wait.groups});")
+                lines.append(f"nk_role_wait_groups(&nk_rs, {role}, nk_lead, {wait.groups});")
             return lines
 
         def compile_ops(ops: list, derived: list[str]):
@@ -440,8 +460,8 @@ class RolesPrinter(WgmmaPrinter):
                     cases[-1].append(op)
 
         compile_ops(ops, [])
-        cases[-1] += ["nk_role_finish(&nk_rs, nk_role, nk_lane0);", "break;"]
-        with self.block("switch (nk_segment) {"):
+        cases[-1] += [f"nk_role_finish(&nk_rs, {role}, nk_lead);", "break;"]
+        with self.block(f"switch ({segment}) {{"):
             for pc, lines in enumerate(cases):
                 with self.block(f"case {pc}: {{"):
                     for line in lines:

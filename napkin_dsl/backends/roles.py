@@ -66,8 +66,9 @@ PRELUDE = r"""
 #endif
 #define NK_MAX_ROLES 8           /* roles.MAX_ROLES */
 #define NK_MAX_COPIES 64
-#define NK_MAX_ARRIVALS 8        /* arrivals one role records in one segment */
+#define NK_MAX_ARRIVALS 8        /* arrivals one role records in one segment (one a warpgroup) */
 #define NK_MAX_GROUPS 32
+#define NK_MAX_OWNERS 8          /* the warpgroups that commit wgmma groups */
 
 /* An mbarrier: completed phases, pending arrivals, tx-count, expected arrivals. */
 typedef struct { int completed; int pending; int tx; int expected; } nk_mbar;
@@ -83,9 +84,10 @@ typedef struct {
     int copy_bar[NK_MAX_COPIES], copy_due[NK_MAX_COPIES], copy_landing[NK_MAX_COPIES];
     int copy_kind[NK_MAX_COPIES], copy_arg[NK_MAX_COPIES][6];  /* 1: a tensor copy (map, c0 .. c4) the kernel lands */
     int groups, group_ids;
-    int group_role[NK_MAX_GROUPS], group_due[NK_MAX_GROUPS], group_landing[NK_MAX_GROUPS], group_arg[NK_MAX_GROUPS][2];
+    int group_owner[NK_MAX_GROUPS], group_due[NK_MAX_GROUPS], group_landing[NK_MAX_GROUPS], group_arg[NK_MAX_GROUPS][2];
     uint group_sum[NK_MAX_GROUPS];  /* its operands' bytes at issue (nk_bytes_sum), then whether they held */
-    int pending_groups[NK_MAX_ROLES], wait_groups[NK_MAX_ROLES];
+    int wait_groups[NK_MAX_ROLES];
+    int owner_role[NK_MAX_OWNERS], owner_pending[NK_MAX_OWNERS];  /* an owner's role, and its groups in flight */
 } nk_rounds;
 
 inline void nk_mbar_start(__local nk_mbar* m, int count) {
@@ -113,8 +115,9 @@ inline void nk_rounds_start(__local nk_rounds* s, int roles) {
         s->groups = 0; s->group_ids = 0;
         for (int r = 0; r < NK_MAX_ROLES; ++r) {
             s->pc[r] = 0; s->done[r] = r >= roles; s->ready[r] = 0; s->wait_bar[r] = -1; s->wait_parity[r] = 0;
-            s->arrivals[r] = 0; s->pending_groups[r] = 0; s->wait_groups[r] = -1;
+            s->arrivals[r] = 0; s->wait_groups[r] = -1;
         }
+        for (int o = 0; o < NK_MAX_OWNERS; ++o) { s->owner_role[o] = -1; s->owner_pending[o] = 0; }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
@@ -133,6 +136,7 @@ inline void nk_rounds_settle(__local nk_rounds* s, __local nk_mbar* bars, __glob
             s->copies = min(s->copies, NK_MAX_COPIES); s->groups = min(s->groups, NK_MAX_GROUPS);
         }
         for (int r = 0; r < NK_MAX_ROLES; ++r) {
+            if (s->arrivals[r] > NK_MAX_ARRIVALS) { s->outcome = 4; s->arrivals[r] = NK_MAX_ARRIVALS; }
             for (int a = 0; a < s->arrivals[r]; ++a) {
                 __local nk_mbar* m = bars + s->arrive_bar[r][a];
                 m->tx += s->arrive_tx[r][a];   /* expect-tx, then arrive-on */
@@ -142,10 +146,10 @@ inline void nk_rounds_settle(__local nk_rounds* s, __local nk_mbar* bars, __glob
             s->arrivals[r] = 0;
         }
         for (int c = 0; c < s->copies; ++c) s->copy_landing[c] = s->copy_due[c] <= s->round;
-        /* a role's groups complete in the order it committed them */
+        /* an owner's groups complete in the order it committed them */
         for (int g = 0; g < s->groups; ++g) {
             int earlier_waits = 0;
-            for (int h = 0; h < g; ++h) earlier_waits |= s->group_role[h] == s->group_role[g] && !s->group_landing[h];
+            for (int h = 0; h < g; ++h) earlier_waits |= s->group_owner[h] == s->group_owner[g] && !s->group_landing[h];
             s->group_landing[g] = s->group_due[g] <= s->round && !earlier_waits;
         }
     }
@@ -185,8 +189,8 @@ inline int nk_rounds_retire(__local nk_rounds* s, __local nk_mbar* bars) {
         s->copies = kept;
         kept = 0;
         for (int g = 0; g < s->groups; ++g) {
-            if (s->group_landing[g]) { s->pending_groups[s->group_role[g]] -= 1; landed += 1; continue; }
-            s->group_role[kept] = s->group_role[g]; s->group_due[kept] = s->group_due[g];
+            if (s->group_landing[g]) { s->owner_pending[s->group_owner[g]] -= 1; landed += 1; continue; }
+            s->group_owner[kept] = s->group_owner[g]; s->group_due[kept] = s->group_due[g];
             s->group_arg[kept][0] = s->group_arg[g][0]; s->group_arg[kept][1] = s->group_arg[g][1];
             s->group_sum[kept] = s->group_sum[g];
             s->group_landing[kept] = 0;
@@ -217,8 +221,10 @@ inline int nk_rounds_guard(__local nk_rounds* s, __local nk_mbar* bars, int role
     if (get_local_id(0) == 0) {
         for (int r = 0; r < NK_MAX_ROLES; ++r) {
             const int bar = s->wait_bar[r];
-            const int met = !s->done[r] && (bar < 0 || nk_mbar_passed(bars + bar, s->wait_parity[r]))
-                            && (s->wait_groups[r] < 0 || s->pending_groups[r] <= s->wait_groups[r]);
+            int groups_met = 1;  /* wgmma.wait_group N: each of the role's owners has at most N in flight */
+            for (int o = 0; o < NK_MAX_OWNERS && s->wait_groups[r] >= 0; ++o)
+                groups_met &= s->owner_role[o] != r || s->owner_pending[o] <= s->wait_groups[r];
+            const int met = !s->done[r] && (bar < 0 || nk_mbar_passed(bars + bar, s->wait_parity[r])) && groups_met;
             s->ready[r] = met ? s->pc[r] : -1;
             s->ran |= met;
         }
@@ -239,8 +245,8 @@ inline void nk_rounds_next(__local nk_rounds* s) {
 inline void nk_role_next(__local nk_rounds* s, int role, int lane0, int pc, int bar, int parity) {
     if (lane0) { s->pc[role] = pc; s->wait_bar[role] = bar; s->wait_parity[role] = parity; s->wait_groups[role] = -1; }
 }
-/* wgmma.wait_group N: the next segment waits, besides its barrier, until at most `n` of the role's
-   committed groups are pending (call after nk_role_next). */
+/* wgmma.wait_group N: the next segment waits, besides its barrier, until each of the role's owners
+   has at most `n` committed groups pending (call after nk_role_next). */
 inline void nk_role_wait_groups(__local nk_rounds* s, int role, int lane0, int n) {
     if (lane0) s->wait_groups[role] = n;
 }
@@ -252,14 +258,15 @@ inline void nk_role_wait_groups(__local nk_rounds* s, int role, int lane0, int n
    early as the issue: `sum` is the operands' bytes then (nk_bytes_sum, by the role's first
    work-item), which the kernel sums again when the group lands; bytes that changed in between
    (still landing at the issue, or refilled before the landing) make the group's result NaN. */
-inline void nk_role_commit(__local nk_rounds* s, int role, int lane0, int arg0, int arg1, uint sum) {
-    if (lane0) {
-        const int g = atomic_inc(&s->groups);  /* roles commit in the same phase */
+inline void nk_role_commit(__local nk_rounds* s, int role, int owner, int lead, int arg0, int arg1, uint sum) {
+    if (lead) {  /* the owner's (a warpgroup's) first work-item */
+        const int g = atomic_inc(&s->groups);  /* owners commit in the same phase */
         const int id = atomic_inc(&s->group_ids);
         if (g >= NK_MAX_GROUPS) return;        /* the next settle ends the run: queue overflow */
-        s->group_role[g] = role; s->group_due[g] = s->round + nk_rounds_delay(id ^ 0x5bd1);
+        s->group_owner[g] = owner; s->group_due[g] = s->round + nk_rounds_delay(id ^ 0x5bd1);
         s->group_arg[g][0] = arg0; s->group_arg[g][1] = arg1; s->group_landing[g] = 0; s->group_sum[g] = sum;
-        s->pending_groups[role] += 1;
+        s->owner_role[owner] = role;
+        s->owner_pending[owner] += 1;
     }
 }
 /* A sum of `bytes` bytes of shared memory from `start` (FNV-1a over 4-byte words; both multiples of 4). */
@@ -273,9 +280,9 @@ inline void nk_role_finish(__local nk_rounds* s, int role, int lane0) {
     if (lane0) { s->done[role] = 1; s->wait_bar[role] = -1; }
 }
 inline void nk_role_arrive(__local nk_rounds* s, int role, int lane0, int bar, int tx_bytes) {
-    if (lane0) {
-        const int a = s->arrivals[role];
-        s->arrive_bar[role][a] = bar; s->arrive_tx[role][a] = tx_bytes; s->arrivals[role] = a + 1;
+    if (lane0) {  /* one arrival: a role of several warpgroups arrives once from each */
+        const int a = atomic_inc(&s->arrivals[role]);
+        if (a < NK_MAX_ARRIVALS) { s->arrive_bar[role][a] = bar; s->arrive_tx[role][a] = tx_bytes; }
     }
 }
 /* A queued copy's slot (rank 0 of the issuing role), or -1 where the queue is full (the run ends). */
@@ -337,7 +344,7 @@ class RoundsStatus:
         for role, bar, parity in self.waiting:
             name = roles[role] if role < len(roles) else f"role {role}"
             on = barriers[bar] if 0 <= bar < len(barriers) else f"barrier {bar}"
-            waits.append(f"{name} waits on {on}, phase {parity}")
+            waits.append(f"{name} {'wait' if name.endswith('s') else 'waits'} on {on}, phase {parity}")
         return "deadlock: " + "; ".join(waits)
 
 

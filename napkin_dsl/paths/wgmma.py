@@ -94,8 +94,8 @@ class Roles:
 
 def roles_of(plan: "WgmmaPlan", launch: LaunchProgram) -> Roles:
     """The warp-specialized schedule of a wgmma plan with a TMA ring, or a refusal naming what the
-    roles printer does not take yet (its next steps: attention's softmax and one-shot Q, plain
-    operands such as a bias read elementwise, K-major copies, masked streams)."""
+    roles printer does not take yet (its next steps: attention's softmax and one-shot Q, K-major
+    copies, masked streams)."""
     if not plan.tma:
         raise Refusal(f"no TMA ring ({plan.tma_declined})")
     statements = launch.launch.statements
@@ -103,8 +103,6 @@ def roles_of(plan: "WgmmaPlan", launch: LaunchProgram) -> Roles:
         raise Refusal("an online softmax (attention) keeps the synchronous ring: its roles are not written")
     if any(not load.streamed for load in plan.tma):
         raise Refusal("a one-shot TMA copy before the stream: the roles printer fills the ring only")
-    if plan.plain:
-        raise Refusal(f"{', '.join(plan.plain)} read elementwise from shared memory: the consumers' block barrier is not a named one yet")
     if plan.transposed:
         raise Refusal("a K-major copy each chunk (8-bit B stored n-fastest) needs the consumers' barrier")
     if any(lp.mask is not None for _, loops in walk(launch.body) for lp in loops):
