@@ -99,10 +99,10 @@ WARP_ROWS = {False: 32, True: 16}
 
 
 def attention_counts(b, h, q, x, d, causal: bool, tensor: bool, b_readers: int | None = None,
-                     warp_rows: int | None = None) -> dict:
+                     warp_rows: int | None = None, stages: int = 2) -> dict:
     """``b_readers``: how many times a block reads each K and V chunk into the tensor cores (None:
     once per warp, mma.sync's ldmatrix); ``warp_rows``: the rows a warp holds (None: mma.sync's,
-    WARP_ROWS)."""
+    WARP_ROWS); ``stages``: the K and V chunks the block holds at once."""
     warp_rows = warp_rows or WARP_ROWS[causal]
     groups, chunks = tiles(q, Q_TILE), tiles(x, X_TILE)
 
@@ -140,10 +140,10 @@ def attention_counts(b, h, q, x, d, causal: bool, tensor: bool, b_readers: int |
         # and every warp reads the whole K chunk and the whole V chunk (B); P stays in registers
         readers = warps if b_readers is None else b_readers
         want["H"]["registers"] = rows_x_chunks * d + readers * 2 * keys_per_group * d
-        # smem per block: the Q tile, and K and V chunks double-buffered behind cp.async
+        # smem per block: the Q tile, and `stages` K and V chunks (double-buffered behind cp.async)
         # registers per thread: S (then P, in place) over warp_rows x 64, O.acc over warp_rows x d,
         # and the running max, sum and factor of the thread's two rows (g and g + 8) per 16
-        want["M"] = {"smem": Q_TILE * d + 2 * X_TILE * d + 2 * X_TILE * d,
+        want["M"] = {"smem": Q_TILE * d + stages * X_TILE * d + stages * X_TILE * d,
                      "registers": (warp_rows * X_TILE + warp_rows * d) // 32 + 3 * 2 * (warp_rows // 16),
                      "l2": 2 * q * d + 2 * x * d}  # one (b, h): Q, K, V, O whole
     else:
@@ -170,8 +170,9 @@ def test_attention_counts_on_wgmma_read_k_and_v_once_per_warpgroup(name, causal)
     sizes = dict(b=1, h=2, q=200, x=150, d=64)
     kernel = example(name, None)
     warpgroups = Q_TILE // 16 // 4  # a wgmma warp holds 16 rows of its warpgroup's 64
+    ring = min(8, cdiv(sizes["x"], X_TILE))  # the producer's ring: every chunk, up to 8 stages
     report, program = check(kernel, sizes, attention_counts(**sizes, causal=causal, tensor=True, b_readers=warpgroups,
-                                                            warp_rows=16),
+                                                            warp_rows=16, stages=ring),
                             arch="sm_90a")
     assert [isel.selection(program, launch, "sm_90a").path for launch in program.launches] == ["wgmma"]
 

@@ -118,12 +118,13 @@ def test_a_launch_without_a_mask_has_no_masked_wave_efficiency():
 
 
 def test_streamed_shared_tiles_show_their_stages_and_others_none():
-    # attention on H100 runs on tensor cores: K and V stream through two stages, Q is loaded once;
-    # on sm_90a (the profile's own arch) TMA fills them, one mbarrier a ring stage and one for Q
+    # attention on H100 runs on tensor cores: K and V stream through stages, Q is loaded once; on
+    # sm_90a (the profile's own arch) a producer's TMA fills them, 8 stages deep, a full and an
+    # empty mbarrier a stage and one for Q
     attention = napkin.load(EXAMPLES / "attention.napkin")["attention"]
     rows = columns(attention.program("H100", b=1, h=1, q=1024, x=1024, d=64))
     shown = {row["resident"].get("smem") for row in rows}
-    assert "K[1 1 64 64] x2 + Q[1 1 128 64] + V[1 1 64 64] x2 + mbarriers 3 x 16 B" in shown
+    assert "K[1 1 64 64] x8 + Q[1 1 128 64] + V[1 1 64 64] x8 + mbarriers 17 x 16 B" in shown
     program = attention.program("H100", b=1, h=1, q=1024, x=1024, d=64)
     on_sm90 = {row["resident"].get("smem") for row in columns(program, select_program(program, "sm_90"))}
     assert "K[1 1 64 64] x2 + Q[1 1 128 64] + V[1 1 64 64] x2" in on_sm90  # cp.async: no mbarriers

@@ -49,12 +49,13 @@ def test_a_stream_of_whole_chunks_the_stages_do_not_divide_stops_at_its_last_chu
 
 
 @pytest.mark.parametrize("arch, path", [("sm_90a", "wgmma")])
-@pytest.mark.parametrize("name, sizes", [("attention.napkin", dict(b=1, h=1, q=64, x=192, d=32))])
-def test_a_ring_of_whole_chunks_the_stages_do_not_divide_stops_at_its_last_chunk(name, sizes, arch, path, opencl_device):
-    """Three whole chunks (x = 3 x 64) through a two-stage pipeline: the loop unrolled by the stages
-    runs one chunk too many unless its second body is guarded, and with no ragged tail no mask
-    would hide that chunk's stale buffer. On wgmma's synchronous ring (sm_90a, the H100 profile's
-    own arch, whose printer unrolls its ring by the stages too; mma.sync's is the test above).
-    Matmul's roles loop one chunk a trip, its ring wrapping at any count (tests/test_pipeline.py)."""
+@pytest.mark.parametrize("name, sizes", [("attention.napkin", dict(b=1, h=1, q=64, x=192, d=32)),
+                                         ("matmul.napkin", dict(m=128, n=128, k=96))])
+def test_a_ring_of_whole_chunks_the_stages_do_not_divide_stops_at_its_last_chunk(name, sizes, arch, path, opencl_device,
+                                                                                 monkeypatch):
+    """Three whole chunks (x = 3 x 64, k = 3 x 32) through a two-stage ring: the loops must stop at
+    the last chunk, and with no ragged tail no mask would hide a chunk too many. On wgmma (sm_90a,
+    the H100 profile's own arch): the roles' ring, its depth set to 2 (mma.sync's is the test above)."""
+    monkeypatch.setattr(isel, "ring_stages", lambda *args: 2)
     program, _ = run_on_pocl((EXAMPLES / name).read_text(), name, [path], arch=arch, **sizes)
     assert isel.selection(program, program.launches[0], arch).plan.stages == 2

@@ -89,13 +89,16 @@ def test_the_setmaxnreg_budgets_fit_the_register_file(consumers):
     assert 128 * (roles.producer_registers + consumers * roles.consumer_registers) <= 65536
 
 
-def test_what_the_roles_printer_does_not_take_keeps_the_synchronous_ring_and_says_why():
+def test_roles_of_names_what_it_does_not_take():
+    from dataclasses import replace
+
     program = napkin.load(EXAMPLES / "attention.napkin")["attention"].gpu_program("H100", b=1, h=2, q=256, x=256, d=128)
     plan = selection(program, program.launches[0], "sm_90a").plan
-    assert plan.roles is None and plan.tma
-    assert "an online softmax (attention) keeps the synchronous ring" in plan.roles_declined
-    source, _ = opencl.generate(program, arch="sm_90a")
-    assert "synchronous ring, no producer warpgroup: an online softmax" in source
+    with pytest.raises(wgmma_path.Refusal, match="an 8-bit register A"):
+        wgmma_path.roles_of(replace(plan, mmas={t: replace(m, dtype="fp8e4m3") for t, m in plan.mmas.items()}),
+                            program.launches[0])
+    with pytest.raises(wgmma_path.Refusal, match="no TMA ring"):
+        wgmma_path.roles_of(replace(plan, tma=(), tma_declined="a test"), program.launches[0])
 
 
 # ---- the emulation ------------------------------------------------------------------------------
@@ -256,3 +259,126 @@ def test_the_epilogue_launches_run_as_roles(name, sizes, seed, monkeypatch):
     monkeypatch.setenv("NAPKIN_EMULATE_SEED", str(seed))
     assert_matches_reference(program, opencl.run(program, inputs, scalars, arch="sm_90a"),
                              evaluate(kernel.diagram, inputs, scalars, sizes))
+
+
+# ---- attention: the softmax between its two products, P from registers, Q by one copy ----------
+
+
+ATTENTION_CASES = [("attention", dict(b=1, h=2, q=200, x=600, d=32)),  # 10 chunks: the ring wraps; two warpgroups
+                   ("gqa", dict(b=1, kv=2, r=2, q=130, x=150, d=64)),  # rank-5 Q
+                   ("attention_lse", dict(b=1, h=1, q=130, x=150, d=32)),
+                   # masked: each block's ring from the first chunk it visits to its last
+                   ("causal_attention", dict(b=1, h=1, q=330, x=600, d=32)),
+                   ("sliding_window", dict(b=1, h=1, q=600, x=700, d=32))]
+
+
+def _attention(name, sizes, seed, monkeypatch):
+    from napkin_dsl.reference import evaluate
+
+    from .test_opencl import random_inputs
+
+    if not opencl.opencl_available():
+        pytest.skip("no OpenCL device")
+    kernel = napkin.load(EXAMPLES / f"{name}.napkin")[name]
+    program = kernel.gpu_program("H100", **sizes)
+    assert opencl.generate(program, arch="sm_90a")[1][0].roles, "napkin bug in the test: not a roles kernel"
+    inputs, scalars = random_inputs(kernel.diagram, sizes)
+    monkeypatch.setenv("NAPKIN_EMULATE_SEED", str(seed))
+    return program, opencl.run(program, inputs, scalars, arch="sm_90a"), evaluate(kernel.diagram, inputs, scalars, sizes)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("name, sizes", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
+def test_attention_runs_as_roles_under_every_seed(name, sizes, seed, monkeypatch):
+    from .conftest import assert_matches_reference
+
+    program, outputs, expected = _attention(name, sizes, seed, monkeypatch)
+    assert_matches_reference(program, outputs, expected, name)
+
+
+def test_the_softmax_waits_for_s_and_the_consumers_leave_pv_in_flight():
+    program = napkin.load(EXAMPLES / "attention.napkin")["attention"].gpu_program("H100", b=1, h=2, q=256, x=256, d=128)
+    source, _ = opencl.generate(program, arch="sm_90a")
+    assert "wait: S's product has landed" in source and "wait: the previous chunk's products have landed" in source
+
+
+def _clobber_p(monkeypatch):
+    # P's registers overwritten after its product was issued and before it was waited for
+    original = pipeline.RolesPrinter.mma
+
+    def clobbered(self, target, out):
+        original(self, target, out)
+        if self.plan.mmas[target].a_in_registers:
+            self.emit("nk_a[0][1] ^= 0x00010001u;")
+    monkeypatch.setattr(pipeline.RolesPrinter, "mma", clobbered)
+
+
+def _s_left_in_flight(monkeypatch):
+    # a wait depth of 1 after S, which the softmax reads: the depth 0 it needs, dropped
+    monkeypatch.setattr(pipeline.RolesPrinter, "drained_products", lambda self, node: set())
+
+
+def _q_parity(monkeypatch):
+    original = pipeline.RolesPrinter.load
+
+    def parity_one(self, name, origin=None, stage=None, commit=True):
+        start = len(self.lines)
+        original(self, name, origin, stage, commit)
+        for op in self.lines[start:]:
+            if isinstance(op, pipeline.Wait):
+                op.parity = "1"
+    monkeypatch.setattr(pipeline.RolesPrinter, "load", parity_one)
+
+
+def _coordinates_outermost_first(monkeypatch):
+    from napkin_dsl.backends import wgmma
+
+    original = wgmma.WgmmaPrinter.tma_boxes
+    monkeypatch.setattr(wgmma.WgmmaPrinter, "tma_boxes",
+                        lambda self, name, origin, stage: [(box, dst, coords[::-1]) for box, dst, coords in original(self, name, origin, stage)])
+
+
+ATTENTION_BUGS = {"P's registers overwritten before its wait": _clobber_p, "S read at a wait depth of 1": _s_left_in_flight,
+                  "coordinates outermost first": _coordinates_outermost_first}
+
+
+def _attention_fails(seed, monkeypatch) -> bool:
+    try:
+        _, outputs, expected = _attention("attention", dict(b=1, h=2, q=130, x=330, d=32), seed, monkeypatch)
+    except opencl.RolesFailure as failure:
+        assert "deadlock: " in str(failure), failure
+        return True
+    return not np.allclose(np.nan_to_num(outputs["O"].astype(np.float64), nan=1e9), expected["O"], atol=1e-2)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("bug", sorted(ATTENTION_BUGS))
+def test_each_planted_attention_bug_fails_the_run(bug, seed, monkeypatch):
+    ATTENTION_BUGS[bug](monkeypatch)
+    assert _attention_fails(seed, monkeypatch)
+
+
+def test_q_waited_at_the_wrong_phase_fails_where_the_adversary_lands_q_late(monkeypatch):
+    """The wait passes at once and the products may read Q before it lands: a race the adversary
+    exposes where it lands Q after the first K stage (some seeds; the hardware, some runs)."""
+    _q_parity(monkeypatch)
+    assert any(_attention_fails(seed, monkeypatch) for seed in (1, 2, 3, 4))
+
+
+@pytest.mark.parametrize("name, sizes", [("attention", dict(b=4, h=32, q=8192, x=8192, d=128)),
+                                         ("gqa", dict(b=4, kv=8, r=4, q=8192, x=8192, d=128)),
+                                         ("causal_attention", dict(b=4, h=32, q=8192, x=8192, d=128)),
+                                         ("sliding_window", dict(b=4, h=32, q=8192, x=8192, d=128))])
+def test_attentions_consumer_loop_waits_s_to_depth_0_and_pv_to_1_with_no_copy_or_block_barrier(name, sizes):
+    from napkin_dsl.backends import sass
+
+    _, instructions = sm_90a_listing(napkin.load(EXAMPLES / f"{name}.napkin")[name], **sizes)
+    opcodes = collections.Counter(i.opcode for i in instructions)
+    assert opcodes["USETMAXREG.DEALLOC.CTAPOOL"] == 1 and opcodes["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1, opcodes
+    consumer = max(sass.innermost_loops(instructions), key=lambda body: sum(i.opcode.startswith("HGMMA") for i in body))
+    hot = collections.Counter(i.opcode for i in consumer)
+    # a chunk: S's 8 HGMMA.64x64x16 (d 128), O's 4 HGMMA.64x128x16 (64 keys)
+    assert hot["HGMMA.64x64x16.F32.BF16"] == 8 and hot["HGMMA.64x128x16.F32.BF16"] == 4, hot
+    assert [i.operands for i in consumer if i.opcode == "WARPGROUP.DEPBAR.LE"] == ["gsb0, 0x0", "gsb0, 0x1"]
+    assert hot["SYNCS.PHASECHK.TRANS64.TRYWAIT"] == 1 and hot["SYNCS.ARRIVE.TRANS64.A1T0"] == 1, hot
+    assert not any(op.startswith(("UTMALDG", "BAR.")) for op in hot), hot

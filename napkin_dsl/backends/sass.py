@@ -516,7 +516,7 @@ def _least_imbalance(warps: int, blocks_per_sm: int) -> float:
 
 
 def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per_sm: int = 1, unit: str = "tensor",
-                 tma_ring: tuple[int, int] = (0, 1)) -> dict:
+                 tma_ring: tuple[int, int] = (0, 1), fills: int | None = None) -> dict:
     """The clocks one iteration of a loop takes on each resource of an SM, for every warp of a
     block running it once, and the FLOP rate that implies.
 
@@ -527,7 +527,8 @@ def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per
     ``shared`` is every warp's shared-memory bytes (:func:`shared_bytes`) at the SM's bytes per
     clock, plus TMA's box writes into shared memory once a block: ``tma_ring`` is the (bytes,
     boxes) of one fill of the plan's TMA ring, whose whole fills the loop's UTMALDGs are (the
-    instruction names no size). The binding resource is the one
+    instruction names no size), or where another warp issues them (a producer's: ``fills``) the
+    fills one iteration consumes. The binding resource is the one
     with the most clocks; ``unit`` says which FLOPs the
     rate counts: ``tensor`` (the MMAs') or ``fp32`` (2 per FFMA, 1 per FMUL, FADD, FMNMX, times
     32 lanes: an FMA-path launch).
@@ -566,7 +567,7 @@ def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per
         counts["mufu"] += base == "MUFU"
         counts["fp32"] += base in FP32_PIPE
         counts["fp32_flops"] += FP32_FLOPS.get(base, 0)
-    block_bytes = copies * tma_ring[0] / tma_ring[1]
+    block_bytes = (fills if fills is not None else copies / tma_ring[1]) * tma_ring[0]
     imbalance = _least_imbalance(warps, blocks_per_sm)
     per_partition = warps / SUBPARTITIONS * imbalance  # warps of a block on the busiest sub-partition, on average
     clocks = {
@@ -616,6 +617,8 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
     launch = program.launches[index]
     row = compiled.launch_table()[index]
     warps = -(-kernel.block // WARP_LANES)
+    if kernel.roles:  # warp-specialized: the hot loop is the consumers'; the producer warpgroup's 4 warps run their own
+        warps -= 4
     resident = blocks_per_unit(program.schedule, row["shared_bytes"], kernel.block, row["registers"])
     blocks_per_sm = resident[0] if resident else 1
     unit = "fp32" if kernel.path == "fma" else "tensor"
@@ -645,7 +648,10 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
     plan = selected[launch.index].plan
     ring = [load for load in (plan.tma if isinstance(plan, WgmmaPlan) else ()) if load.streamed]
     fill = (sum(load.bytes for load in ring), sum(load.boxes for load in ring)) if ring else (0, 1)
-    loop = loop_ceiling(body, rates, warps, blocks_per_sm, unit, fill)
+    # with roles the producer's loop issues the boxes: the consumers' loop takes a fill a full-barrier wait
+    roles = isinstance(plan, WgmmaPlan) and plan.roles is not None
+    fills = sum(i.opcode.startswith("SYNCS.PHASECHK") for i in body) if roles else None
+    loop = loop_ceiling(body, rates, warps, blocks_per_sm, unit, fill, fills)
     out["loop"] = loop
     out["binding"] = loop["binding"]
     if loop["tflops"] is None or not on_unit:

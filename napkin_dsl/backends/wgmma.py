@@ -201,13 +201,21 @@ inline void nk_wgmma8(float* d, ulong da, ulong db, int n, int e5m2, __local con
    registers to the warp's scratch and each reads the lane and element holding A(row, k) by the
    inverse of that map. B is K x n (k x cols) by descriptor, of operand type `kind` as nk_wgmma_k's
    (the 8-bit types K-major only). */
+inline void nk_wgmma_rs_words(float* d, __local const uint* ws, ulong db, int n, int trans_b, int kind,
+                              __local const uchar* smem, int thread);
 inline void nk_wgmma_rs_k(float* d, const uint a[4], ulong db, int n, int trans_b, int kind,
                           __local const uchar* smem, __local uint* ws, int thread) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int j = 0; j < 4; ++j) ws[4 * (thread % 32) + j] = a[j];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    nk_wgmma_rs_words(d, ws, db, n, trans_b, kind, smem, thread);
+}
+/* The product from the A registers the warp's lanes posted, lane l's four at ws[4 l .. 4 l + 3]
+   (the roles emulation posts them when the product is issued, and runs this when it lands). */
+inline void nk_wgmma_rs_words(float* d, __local const uint* ws, ulong db, int n, int trans_b, int kind,
+                              __local const uchar* smem, int thread) {
     const int lane = thread % 32, group = lane / 4, tig = lane % 4;
     const int eight = kind >= 2, per = eight ? 4 : 2, eb = eight ? 1 : 2;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int j = 0; j < 4; ++j) ws[4 * lane + j] = a[j];
-    barrier(CLK_LOCAL_MEM_FENCE);
     for (int v = 0; v < n / 2; ++v) {
         const int row = group + 8 * ((v / 2) % 2);  /* within the warp's 16 rows */
         const int col = 8 * (v / 4) + 2 * tig + v % 2;
@@ -411,19 +419,23 @@ def wrapper_name(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool 
 
 
 def wgmma_call(dialect: str, accumulators: str, a: str, db: str, n: int, dtype: str, trans_a: bool, trans_b: bool,
-               a_regs: bool = False) -> str:
+               a_regs: bool = False, posted: bool = False) -> str:
     """One wgmma into ``accumulators`` (the address of the fragment's first register), B by
     descriptor ``db``, A by descriptor or (``a_regs``) from the four registers ``a``. On CUDA the
     inline-PTX wrapper :func:`cuda_wrapper` defines; on OpenCL the emulation the prelude above
     defines, one work-item's values of the warpgroup's: ``nk_wgmma`` (16-bit, descriptors),
     ``nk_wgmma8`` (8-bit: K-major operands, no transposes) and their ``_rs`` forms with A from
-    registers, which exchange lanes through the warp's scratch ``nk_ws``."""
+    registers, which exchange lanes through the warp's scratch ``nk_ws``; ``posted``: on OpenCL, ``a``
+    is the warp's posted A words instead (``nk_wgmma_rs_words``, no lane exchange: the roles
+    emulation's products when they land)."""
     if dialect == "cuda":
         return f"{wrapper_name(n, dtype, trans_a, trans_b, a_regs)}({accumulators}, {a}, {db});"
     thread = f"nk_tid % {WARPGROUP_THREADS}"
     if dtype in FP8_DTYPES:
         operands = f"{accumulators}, {a}, {db}, {n}, {int(dtype == 'fp8e5m2')}"
         return f"nk_wgmma_rs8({operands}, nk_smem, nk_ws, {thread});" if a_regs else f"nk_wgmma8({operands}, nk_smem, {thread});"
+    if a_regs and posted:
+        return f"nk_wgmma_rs_words({accumulators}, {a}, {db}, {n}, {int(trans_b)}, {int(dtype == 'f16')}, nk_smem, {thread});"
     if a_regs:
         return f"nk_wgmma_rs({accumulators}, {a}, {db}, {n}, {int(trans_b)}, {int(dtype == 'f16')}, nk_smem, nk_ws, {thread});"
     return f"nk_wgmma({accumulators}, {a}, {db}, {n}, {int(trans_a)}, {int(trans_b)}, {int(dtype == 'f16')}, nk_smem, {thread});"
@@ -701,10 +713,11 @@ class WgmmaPrinter(TensorPrinter):
             k_steps = self.tile[m.k] // wgmma_k(m.dtype)
             self.loop("kk", k_steps, lambda: self.loop("j", 4, lambda: self.emit("NK_WG_PIN_R(nk_a[kk][j]);")))
 
-    def products(self, target: str, accumulators: str):
+    def products(self, target: str, accumulators: str, a_words=None):
         """The chunk's wgmmas of product ``target`` into ``accumulators`` (the address of its D
         fragment's first register), after ``wgmma.fence``; its B copied K-major first where the
-        plan copies it (``transpose_b``)."""
+        plan copies it (``transpose_b``). A register A from ``nk_a``, or on OpenCL from the words
+        ``a_words(kk)`` names (the warp's posted registers of k step kk)."""
         m = self.plan.mmas[target]
         d = self.dialect
         k = wgmma_k(m.dtype)
@@ -720,7 +733,8 @@ class WgmmaPrinter(TensorPrinter):
         for kk in range(k_steps):
             db = self.descriptor_expr(b_name, not b_trans, "0", kk * k)
             if m.a_in_registers:
-                self.emit(wgmma_call(d.name, accumulators, f"nk_a[{kk}]", db, n, m.dtype, False, b_trans, True))
+                a = a_words(kk) if a_words is not None else f"nk_a[{kk}]"
+                self.emit(wgmma_call(d.name, accumulators, a, db, n, m.dtype, False, b_trans, True, a_words is not None))
                 continue
             da = self.descriptor_expr(m.a, not m.a_trans, a_row, kk * k)
             self.emit(wgmma_call(d.name, accumulators, da, db, n, m.dtype, m.a_trans, m.b_trans))

@@ -94,19 +94,14 @@ class Roles:
 
 def roles_of(plan: "WgmmaPlan", launch: LaunchProgram) -> Roles:
     """The warp-specialized schedule of a wgmma plan with a TMA ring, or a refusal naming what the
-    roles printer does not take yet (its next steps: attention's softmax and one-shot Q, K-major
-    copies, masked streams)."""
+    roles printer does not take yet (its next step: fp8 attention's register A and K-major
+    copies)."""
     if not plan.tma:
         raise Refusal(f"no TMA ring ({plan.tma_declined})")
-    statements = launch.launch.statements
-    if any(isinstance(s.box, Softmax) for s in statements) or any(m.a_in_registers for m in plan.mmas.values()):
-        raise Refusal("an online softmax (attention) keeps the synchronous ring: its roles are not written")
-    if any(not load.streamed for load in plan.tma):
-        raise Refusal("a one-shot TMA copy before the stream: the roles printer fills the ring only")
+    if any(m.a_in_registers and m.dtype in FP8_DTYPES for m in plan.mmas.values()):
+        raise Refusal("an 8-bit register A (P's bytes exchanged within quads) keeps the synchronous ring: its roles are not written")
     if plan.transposed:
         raise Refusal("a K-major copy each chunk (8-bit B stored n-fastest) needs the consumers' barrier")
-    if any(lp.mask is not None for _, loops in walk(launch.body) for lp in loops):
-        raise Refusal("a masked stream: the producer's visited chunks are not written")
     consumers = plan.row_tile // WGMMA_M
     share = (REGISTER_FILE - WARPGROUP_THREADS * PRODUCER_REGISTERS) // (WARPGROUP_THREADS * consumers)
     return Roles(consumers, consumer_registers=min(CONSUMER_REGISTERS, share // 8 * 8))
