@@ -12,7 +12,9 @@ qi=128 x=8192, d=128 and d=64, for sm_90a, sm_90 and sm_80, disassembles each cu
 tensor-core instructions and instructions per tensor instruction ('-' without any), the same for
 the leanest loop with as many tensor instructions (a masked stream's full chunks), its FFMAs,
 LDSMs and async copies (LDGSTS and UTMALDG), and, for the whole kernel, its UTMALDG (TMA) and
-SYNCS (mbarrier) instructions, local-memory instructions and ptxas's spill bytes;
+SYNCS (mbarrier) instructions, local-memory instructions and ptxas's spill bytes, a warp-specialized
+launch's roles (``sass.roles_summary``: setmaxnreg, the consumers' wait depths, no copies or block
+barriers in their loop);
 then the static ceiling of each launch (``sass.launch_ceiling``: the hot loop priced at the
 profile's per-SM rates, sm_80 on A100, sm_90 and sm_90a on H100): its binding resource, the TFLOP/s it
 allows the launch, and the model's prediction for the same launch.
@@ -72,6 +74,20 @@ def lean(entry: dict, hot: dict) -> str:
     return "-" if not loops else f"{min(loop['per_tensor'] for loop in loops):.2f}"
 
 
+def roles_cell(entry: dict) -> str:
+    """A warp-specialized launch's roles (``sass.roles_summary``): setmaxnreg's producer/consumer
+    counts, the depths the consumers' waits leave in flight, and the UTMALDGs and block barriers
+    in their loop ('-' for a launch without roles)."""
+    roles = entry.get("roles")
+    if roles is None:
+        return "-"
+    moves = roles["setmaxnreg"]
+    consumer = roles.get("consumer_loop", {})
+    depths = ",".join(str(d) for d in consumer.get("wait_depths", [])) or "?"
+    return (f"{moves.get('DEALLOC', '?')}/{moves.get('TRY_ALLOC', '?')} regs, waits {depths}, "
+            f"{consumer.get('utmaldg', '?')} TMA/{consumer.get('block_barriers', '?')} BAR in loop")
+
+
 def rows(arches, cases=CASES) -> list[list[str]]:
     import napkin_dsl as napkin
     from napkin_dsl.backends.sass import disassemble, hot_loop, sass_report
@@ -102,6 +118,7 @@ def rows(arches, cases=CASES) -> list[list[str]]:
                     str(bases.count("SYNCS")),
                     str(entry["whole"].get("local", 0)),
                     "?" if entry["spill_bytes"] is None else str(entry["spill_bytes"]),
+                    roles_cell(entry),
                     entry["ceiling"]["binding"] or "-",
                     "-" if entry["ceiling"]["tflops"] is None else f"{entry['ceiling']['tflops']:.1f}",
                     "-" if entry["ceiling"]["model_tflops"] is None else f"{entry['ceiling']['model_tflops']:.1f}",
@@ -119,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no case is labelled {args.kernel}; the labels: {', '.join(case[0] for case in CASES)}")
 
     header = ["kernel", "arch", "hot-loop instrs", "tensor", "instrs/tensor", "leanest", "FFMA", "LDSM", "LDGSTS",
-              "UTMALDG (kernel)", "SYNCS (kernel)", "local ops (kernel)", "spill B", "binding", "ceiling TFLOP/s", "model TFLOP/s"]
+              "UTMALDG (kernel)", "SYNCS (kernel)", "local ops (kernel)", "spill B", "roles", "binding", "ceiling TFLOP/s",
+              "model TFLOP/s"]
     table = [header, *rows(args.arch or ARCHES, cases)]
     widths = [max(len(row[c]) for row in table) for c in range(len(header))]
     for row in table:
@@ -128,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     print("hot-loop columns count the innermost loop with the most tensor, then FFMA, instructions; static counts")
     print("leanest: instructions per tensor instruction of the leanest loop with the hot loop's tensor count (a"
           " masked stream's loop over its full chunks)")
+    print("roles: a warp-specialized launch's setmaxnreg (producer/consumers), the depths its consumers' wgmma waits"
+          " leave in flight, and the UTMALDGs and block barriers in their loop (none: the producer issues the copies)")
     print("ceiling: the hot loop's binding resource and the launch's TFLOP/s at it (an upper bound); model: the"
           " cost model's prediction for the built kernel")
     for label, _, _, sizes in cases:

@@ -215,7 +215,15 @@ def test_the_roles_are_clean_under_oclgrind():
 def test_matmul_8192_has_a_producer_and_a_consumer_loop_with_wait_depth_1_and_one_block_barrier():
     from napkin_dsl.backends import sass
 
-    _, instructions = sm_90a_listing(napkin.load(MATMUL)["matmul"], m=8192, n=8192, k=8192)
+    compiled, instructions = sm_90a_listing(napkin.load(MATMUL)["matmul"], m=8192, n=8192, k=8192)
+    # what `napkin cuda --sass` and benchmarks/bench_sass.py report of the roles
+    (entry,) = sass.sass_report(compiled, ceiling=False)["launches"]
+    roles = entry["roles"]
+    assert roles["setmaxnreg"] == {"DEALLOC": 24, "TRY_ALLOC": 240}
+    assert roles["consumer_loop"]["hgmma"] == 2 and roles["consumer_loop"]["wait_depths"] == [1]
+    assert roles["consumer_loop"]["utmaldg"] == roles["consumer_loop"]["block_barriers"] == 0
+    assert roles["producer_loop"]["utmaldg"] == 3
+    assert "consumers' loop" in "\n".join(sass.format_roles(roles))
     opcodes = collections.Counter(i.opcode for i in instructions)
     assert opcodes["USETMAXREG.DEALLOC.CTAPOOL"] == 1 and opcodes["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1, opcodes
     # one block barrier (the mbarriers' initialisation, before the roles split); the epilogue's

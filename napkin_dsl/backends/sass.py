@@ -710,15 +710,61 @@ def sass_report(compiled: CompiledKernel, ceiling: bool = True) -> dict:
             "whole": _ordered(histogram(instructions)),
             "loops": [_loop_summary(body) for body in bodies],
         }
+        hottest = hot_loop(entry)
+        body = bodies[entry["loops"].index(hottest)] if hottest is not None else None
+        if launch.roles:
+            entry["roles"] = roles_summary(instructions, body)
         if ceiling:
-            hottest = hot_loop(entry)
-            body = bodies[entry["loops"].index(hottest)] if hottest is not None else None
             entry["ceiling"] = launch_ceiling(compiled, index, body, instructions, rates)
         launches.append(entry)
     out = {"kernel": compiled.name, "arch": compiled.arch, "launches": launches}
     if ceiling:
         out["hardware"] = compiled.program.hardware.name
     return out
+
+
+def roles_summary(instructions: list[Instruction], consumer: list[Instruction] | None) -> dict:
+    """A warp-specialized launch's roles in its SASS (backends/pipeline.py): the register moves
+    (``USETMAXREG``: the producer's DEALLOC, the consumers' TRY_ALLOC, each with its count), the
+    consumers' loop (the hot loop: its HGMMAs, the depths its ``WARPGROUP.DEPBAR`` waits leave in
+    flight, and the UTMALDGs and block barriers it should not have) and the producer's (the loop,
+    closed by a conditional branch, with the most UTMALDGs and no HGMMA)."""
+    moves = {i.opcode.split(".")[1]: int(i.operands.split(",")[-1].strip(), 16)
+             for i in instructions if i.base == "USETMAXREG"}
+    out: dict = {"setmaxnreg": moves}
+    if consumer:
+        out["consumer_loop"] = {
+            "start": consumer[0].address, "end": consumer[-1].address, "instructions": len(consumer),
+            "hgmma": sum(i.base == "HGMMA" for i in consumer),
+            "wait_depths": [int(i.operands.split(",")[-1].strip(), 16) for i in consumer if i.opcode == "WARPGROUP.DEPBAR.LE"],
+            "utmaldg": sum(i.base == "UTMALDG" for i in consumer),
+            "block_barriers": sum(i.base == "BAR" for i in consumer)}
+    at = {i.address: i for i in instructions}
+    loops = [[i for i in instructions if start <= i.address <= end] for start, end in loop_ranges(instructions)
+             if at[end].predicate]  # an unconditional branch back is a wait's retry moved out of line
+    producers = [body for body in loops if not any(i.base == "HGMMA" for i in body) and any(i.base == "UTMALDG" for i in body)]
+    if producers:
+        body = max(producers, key=lambda b: (sum(i.base == "UTMALDG" for i in b), -len(b)))
+        out["producer_loop"] = {"start": body[0].address, "end": body[-1].address, "instructions": len(body),
+                                "utmaldg": sum(i.base == "UTMALDG" for i in body)}
+    return out
+
+
+def format_roles(roles: dict) -> list[str]:
+    """The roles of :func:`roles_summary` as lines of text."""
+    moves = " and ".join(f"USETMAXREG.{kind} {count}" for kind, count in roles["setmaxnreg"].items()) or "no USETMAXREG"
+    lines = [f"  roles: {moves}"]
+    consumer = roles.get("consumer_loop")
+    if consumer:
+        depths = ", ".join(str(d) for d in consumer["wait_depths"]) or "none"
+        lines.append(f"    consumers' loop {consumer['start']:04x}-{consumer['end']:04x}: {consumer['instructions']} instructions, "
+                     f"{consumer['hgmma']} HGMMA, wgmma waits to depth {depths}, {consumer['utmaldg']} UTMALDG, "
+                     f"{consumer['block_barriers']} block barriers")
+    producer = roles.get("producer_loop")
+    if producer:
+        lines.append(f"    producer's loop {producer['start']:04x}-{producer['end']:04x}: {producer['instructions']} instructions, "
+                     f"{producer['utmaldg']} UTMALDG")
+    return lines
 
 
 def hot_loop(report_entry: dict) -> dict | None:
@@ -763,6 +809,8 @@ def format_sass_report(report: dict) -> str:
             lines.append("  " + "  ".join(cells).rstrip())
         if hottest is not None:
             lines.append("  * the hot loop: the innermost loop with the most tensor, then FFMA, instructions")
+        if "roles" in entry:
+            lines.extend(format_roles(entry["roles"]))
         if entry.get("ceiling") is not None:
             lines.extend(format_ceiling(entry["ceiling"], report.get("hardware")))
     return "\n".join(lines)
