@@ -390,3 +390,43 @@ def test_attentions_consumer_loop_waits_s_to_depth_0_and_pv_to_1_with_no_copy_or
     assert [i.operands for i in consumer if i.opcode == "WARPGROUP.DEPBAR.LE"] == ["gsb0, 0x0", "gsb0, 0x1"]
     assert hot["SYNCS.PHASECHK.TRANS64.TRYWAIT"] == 1 and hot["SYNCS.ARRIVE.TRANS64.A1T0"] == 1, hot
     assert not any(op.startswith(("UTMALDG", "BAR.")) for op in hot), hot
+
+
+def test_the_tuned_matmul_8192_is_predicted_over_700_tflops_and_under_its_own_ceiling():
+    """matmul with no relabel block takes the tuner's tiles (128 x 256, k chunks of 64 on H100:
+    FlashAttention-3's and CUTLASS's two consumer warpgroups of 64 x 256): on the roles, with
+    at least 4 stages, the model predicts at least 700 TFLOP/s, and no more than the static
+    ceiling of the kernel it builds."""
+    from napkin_dsl.backends import sass
+
+    source = MATMUL.read_text().split("relabel")[0]
+    kernel = napkin.load(source)["matmul"]
+    compiled, _ = sm_90a_listing(kernel, m=8192, n=8192, k=8192)
+    plan = compiled.selection[0].plan
+    assert plan.roles is not None and plan.roles.consumers == 2 and plan.stages >= 4, plan
+    (entry,) = sass.sass_report(compiled)["launches"]
+    ceiling = entry["ceiling"]
+    assert ceiling["binding"] == "tensor", ceiling
+    assert 700 <= ceiling["model_tflops"] <= ceiling["tflops"], ceiling
+    roles = entry["roles"]
+    assert roles["setmaxnreg"] == {"DEALLOC": 24, "TRY_ALLOC": 240}
+    consumer = roles["consumer_loop"]
+    assert consumer["wait_depths"] == [1] and consumer["utmaldg"] == consumer["block_barriers"] == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_tuned_tile_runs_as_roles_at_ragged_sizes(seed, monkeypatch):
+    """The tuner's 128 x 256 tile, k chunks of 64: B in four 64-column boxes a stage, the ring wrapping."""
+    if not opencl.opencl_available():
+        pytest.skip("no OpenCL device")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    sizes = dict(m=130, n=264, k=584)  # 10 chunks of 64, the last one 8 deep
+    program = napkin.load(MATMUL)["matmul"].relabelled("smem: group m 128, n 256; stream k 64").gpu_program("H100", **sizes)
+    plan = selection(program, program.launches[0], "sm_90a").plan
+    assert plan.roles is not None and -(-sizes["k"] // 64) > plan.stages
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((sizes["m"], sizes["k"])).astype(np.float32).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((sizes["k"], sizes["n"])).astype(np.float32).astype(ml_dtypes.bfloat16)
+    monkeypatch.setenv("NAPKIN_EMULATE_SEED", str(seed))
+    out = opencl.run(program, {"A": a, "B": b}, arch="sm_90a")["C"]
+    assert _right(out, a.astype(np.float64) @ b.astype(np.float64))
