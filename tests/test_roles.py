@@ -126,8 +126,9 @@ BUGS = {None: 0, "empty arrive dropped": 1, "phase not flipped": 2, "full wait s
         "stage released before its group was waited": 5}
 
 
-def run_ring(stages: int, chunks: int, chunk: int, seed: int, bug: str | None = None, kernel: str = RING):
-    """The ring's output and how the run ended."""
+def run_ring(stages: int, chunks: int, chunk: int, seed: int, bug: str | None = None, kernel: str = RING,
+             max_copies: int | None = None):
+    """The ring's output and how the run ended (``max_copies``: the runtime's queue of copies)."""
     if not opencl.opencl_available():
         pytest.skip("no OpenCL device")
     import pyopencl as cl
@@ -136,6 +137,8 @@ def run_ring(stages: int, chunks: int, chunk: int, seed: int, bug: str | None = 
     defines = {"STAGES": stages, "CHUNKS": chunks, "CHUNK": chunk, "PRODUCER_ITEMS": PRODUCER_ITEMS,
                "CONSUMER_ITEMS": CONSUMER_ITEMS, "BUG": BUGS[bug], "EXPECT_BYTES": expect,
                "NK_ROLES_SEED": seed, "NK_ROLES_MAX_ROUNDS": 20 * chunks * stages + 100}
+    if max_copies is not None:
+        defines["NK_MAX_COPIES"] = max_copies
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     context, queue = opencl.context()
     program = cl.Program(context, head + roles.PRELUDE + roles.STATUS_STORE + kernel).build(options=[o for o in opencl.build_options() if not o.startswith("-DNK_ROLES_SEED")])
@@ -207,6 +210,15 @@ def test_a_stage_released_before_its_group_was_waited_fails_the_run(seed):
     reads land: the product reads NaN, or another chunk."""
     x, y, status = run_ring(2, 7, 40, seed, "stage released before its group was waited", kernel=RING_ASYNC)
     assert status.outcome == "finished" and not np.array_equal(y, 2 * x)
+
+
+def test_a_queue_too_short_for_the_copies_in_flight_ends_the_run_as_an_overflow():
+    """Four stages keep up to four copies in flight: a queue of two overflows, and the run says so
+    (never writing past the queue)."""
+    _, _, status = run_ring(4, 9, 40, 1, max_copies=2)
+    assert status.outcome == "queue overflow", status
+    _, y, status = run_ring(4, 9, 40, 1, max_copies=4)
+    assert status.outcome == "finished", status
 
 
 def test_the_status_names_every_waiting_role_with_its_barrier_and_phase():

@@ -65,7 +65,9 @@ PRELUDE = r"""
 #define NK_ROLES_MAX_ROUNDS 100000
 #endif
 #define NK_MAX_ROLES 8           /* roles.MAX_ROLES */
-#define NK_MAX_COPIES 64
+#ifndef NK_MAX_COPIES
+#define NK_MAX_COPIES 64         /* copies in flight at once */
+#endif
 #define NK_MAX_ARRIVALS 8        /* arrivals one role records in one segment (one a warpgroup) */
 #define NK_MAX_GROUPS 32
 #define NK_MAX_OWNERS 8          /* the warpgroups that commit wgmma groups */

@@ -101,7 +101,7 @@ def roles_of(plan: "WgmmaPlan", launch: LaunchProgram) -> Roles:
     if any(m.a_in_registers and m.dtype in FP8_DTYPES for m in plan.mmas.values()):
         raise Refusal("an 8-bit register A (P's bytes exchanged within quads) keeps the synchronous ring: its roles are not written")
     if plan.transposed:
-        raise Refusal("a K-major copy each chunk (8-bit B stored n-fastest) needs the consumers' barrier")
+        raise Refusal("a K-major copy each chunk (8-bit B stored n-fastest) keeps the synchronous ring: its roles are not written")
     consumers = plan.row_tile // WGMMA_M
     share = (REGISTER_FILE - WARPGROUP_THREADS * PRODUCER_REGISTERS) // (WARPGROUP_THREADS * consumers)
     return Roles(consumers, consumer_registers=min(CONSUMER_REGISTERS, share // 8 * 8))
