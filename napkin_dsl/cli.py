@@ -614,7 +614,7 @@ def cmd_cuda(args) -> int:
     kernels = _selected(args)
     check_symbols(sizes, kernels, args.hardware)
     for kernel in kernels:
-        compiled = kernel.compile(args.arch, args.hardware, ptx=args.ptx, **sizes)
+        compiled = kernel.compile(args.arch, args.hardware, ptx=args.ptx, synchronous=args.synchronous, **sizes)
         results[kernel.name] = compiled
         text = compiled.image.rstrip(b"\0").decode() if args.ptx else compiled.source
         if args.output:
@@ -652,6 +652,9 @@ def add_cuda_command(subparsers) -> None:
                                      f"default: the profile's own (without --hardware, the relabel block's GPU's, else {DEFAULT_ARCH})")
     cuda.add_argument("-o", "--output", metavar="FILE.cu", help="write the source (or PTX) here instead of stdout")
     cuda.add_argument("--ptx", action="store_true", help="emit PTX instead of the CUDA source")
+    cuda.add_argument("--synchronous", action="store_true",
+                      help="sm_90a: build wgmma launches on the synchronous ring, without the producer and consumer "
+                           "warpgroups (the build to compare the roles with)")
     cuda.add_argument("--resources", action="store_true", help="print registers, shared memory and spills per launch")
     cuda.add_argument("--sass", action="store_true",
                       help="disassemble the cubin (nvdisasm) and print instruction classes per launch and innermost loop, "

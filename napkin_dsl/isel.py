@@ -624,14 +624,16 @@ class ProgramSelection:
 
 
 def select_program(program: Program, arch: str | None = None, path: str | None = None,
-                   stages: int | None = None) -> ProgramSelection:
+                   stages: int | None = None, synchronous: bool = False) -> ProgramSelection:
     """Instruction selection as one pass: the :class:`Selection` of every launch of ``program``
     for ``arch`` (default: its hardware profile's), with its tiles, shared-memory layout and FMA
     register accumulators. ``path`` prices a what-if instruction path (:func:`select`); ``stages``
-    sets every streamed tensor-core launch's cp.async stages (:func:`stage_count`). The model,
-    the printers, the NumPy counts and the kernel header read the result; none asks again."""
+    sets every streamed tensor-core launch's cp.async stages (:func:`stage_count`);
+    ``synchronous`` keeps every wgmma launch on the synchronous ring, without roles (the build
+    before warp specialization, kept to compare with). The model, the printers, the NumPy counts
+    and the kernel header read the result; none asks again."""
     arch = arch or program.hardware.arch
-    return ProgramSelection(arch, path, {launch.index: _select_launch(program, launch, arch, path, stages)
+    return ProgramSelection(arch, path, {launch.index: _select_launch(program, launch, arch, path, stages, synchronous)
                                          for launch in program.launches})
 
 
@@ -642,7 +644,7 @@ def selection(program: Program, launch: LaunchProgram, arch: str | None = None, 
 
 
 def _select_launch(program: Program, launch: LaunchProgram, arch: str | None, path: str | None,
-                   stages: int | None = None) -> Selection:
+                   stages: int | None = None, synchronous: bool = False) -> Selection:
     bound = launch_tiles(launch)
     tile, sizes = bound if bound is not None else (None, None)
     warp_tiles = warp_tiles_of(launch)
@@ -652,6 +654,8 @@ def _select_launch(program: Program, launch: LaunchProgram, arch: str | None, pa
         chosen = Selection(None, "sizes are symbolic")
     else:
         chosen = select(launch, arch, tile, sizes, warp_tiles=warp_tiles, path=path)
+    if synchronous and isinstance(chosen.plan, WgmmaPlan) and chosen.plan.roles is not None:
+        chosen = replace(chosen, plan=replace(chosen.plan, roles=None, roles_declined="the synchronous ring was asked for"))
     if chosen.plan is not None:
         chosen = replace(chosen, plan=replace(chosen.plan, stages=stage_count(chosen.plan, launch, tile, program.diagram, arch, stages)))
     slots, smem_bytes = smem_layout(chosen.plan, tile, program.diagram) if chosen.plan is not None else ({}, 0)

@@ -240,13 +240,16 @@ class Kernel:
         self._cache[key] = plan(diagram, target, block, check_sizes(sizes))
         return self._cache[key]
 
-    def compile(self, arch: str | None = None, hardware: str | None = None, ptx: bool = False, **sizes: int):
+    def compile(self, arch: str | None = None, hardware: str | None = None, ptx: bool = False, synchronous: bool = False,
+                **sizes: int):
         """Generate CUDA C++ and compile it with NVRTC (a :class:`~napkin_dsl.backends.cuda.CompiledKernel`).
 
         Every size must be bound. The hardware defaults to the relabel block's GPU, else the GPU
         of ``arch`` (``hardware.gpu_for_arch``: sm_80: A100, sm_90: H100); ``arch`` defaults to
         the hardware's own (its profile's ``arch``), else ``DEFAULT_GPU``'s. An ``arch`` the hardware's
         profile does not list in its ``archs`` is a :class:`NapkinError` naming those it does.
+        ``synchronous``: sm_90a's wgmma launches on the synchronous ring, without the producer and
+        consumer warpgroups (the build to compare the roles with).
         """
         from .backends.compiled import compile_cached
         from .hardware import DEFAULT_GPU, gpu_for_arch, load_hardware
@@ -256,28 +259,28 @@ class Kernel:
             arch = load_hardware(hardware or own or DEFAULT_GPU).arch
         target = hardware or (None if own else gpu_for_arch(arch))
         load_hardware(target or own).check_arch(arch)
-        key = ("compile", arch, target, ptx, tuple(sorted(sizes.items())))
+        key = ("compile", arch, target, ptx, synchronous, tuple(sorted(sizes.items())))
         if key in self._cache:
             return self._cache[key]
 
         def compile_now():
             from .backends.cuda import compile_program
 
-            return compile_program(self.gpu_program(target, **sizes), arch, ptx)
+            return compile_program(self.gpu_program(target, **sizes), arch, ptx, synchronous=synchronous)
 
         def planned():  # after a disk-cache hit: the Program, selection and report, when first asked for
             from .backends.cuda import compiled_cost
             from .isel import select_program
 
             program = self.gpu_program(target, **sizes)
-            selected = select_program(program, arch)
+            selected = select_program(program, arch, synchronous=synchronous)
             return program, compiled_cost(program, arch, compiled.launches, compiled.resources, selected=selected), selected
 
         # The disk cache's key is what the source is made from, so that a hit lowers nothing.
         identity = {"kernel": self.name, "signature": self.signature(), "source": self.source,
                     "relabel": self.relabel_text(), "levels": [[s.target, s.level] for s in self.diagram.statements],
                     "hardware": repr(load_hardware(self._gpu_target(target))), "sizes": sorted(sizes.items()),
-                    "arch": arch, "ptx": ptx}
+                    "arch": arch, "ptx": ptx, **({"synchronous": True} if synchronous else {})}
         compiled = compile_cached(identity, compile_now, planned)
         self._cache[key] = compiled
         return compiled

@@ -208,6 +208,9 @@ class Case:
     scalars: dict = field(default_factory=dict)
     relabel: str | None = None  # the relabel block's lines, in place of the file's (";;" between lines)
     arch: str | None = None  # compile for this arch instead of the profile's (sm_90: mma.sync), where the GPU runs it
+    # sm_90a: wgmma launches on the synchronous ring, without the producer and consumer warpgroups
+    # (the build the roles replaced: beside them, what warp specialization buys)
+    synchronous: bool = False
 
 
 CASES: list[Case] = [
@@ -225,6 +228,11 @@ CASES: list[Case] = [
          arch="sm_90a"),
     # The mma.sync builds (sm_90) of the headline cases, beside the default's wgmma
     Case("matmul_sm90", "matmul.napkin", "matmul", {"m": 8192, "k": 8192, "n": 8192}, {"m": 64}, "matmul", arch="sm_90"),
+    # The synchronous ring the roles (a producer warpgroup, consumers, full and empty mbarriers) replaced
+    Case("matmul_synchronous", "matmul.napkin", "matmul", {"m": 8192, "k": 8192, "n": 8192}, {"m": 64}, "matmul",
+         synchronous=True),
+    Case("attention_synchronous", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
+         {"b": 2, "q": 32}, "sdpa", synchronous=True),
     Case("attention_sm90", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
          {"b": 2, "q": 32}, "sdpa", arch="sm_90"),
     Case("mlp", "mlp.napkin", "mlp", {"b": 8192, "k": 4096, "n": 4096}, {"b": 64}, "mlp"),
@@ -647,7 +655,7 @@ def dry_run_case(case: Case, arch: str | None, profile: str) -> Row:
         kernel = load_case(case)
         check_sample_axes(kernel, case)
         row.arch = arch
-        compiled = kernel.compile(arch, hardware=profile, **case.sizes)
+        compiled = kernel.compile(arch, hardware=profile, synchronous=case.synchronous, **case.sizes)
         describe_compiled(row, compiled)
         describe_sass(row, compiled)
         row.checked = {a: len(i) for a, i in sample_indices(case).items()}
@@ -984,7 +992,7 @@ def gpu_case(case: Case, profile_override: str | None, timing_budget_s: float, c
         check_sample_axes(kernel, case)
         arch = case_arch(case, row.profile, device.arch)
         row.arch = arch
-        compiled = kernel.compile(arch, hardware=row.profile, **case.sizes)
+        compiled = kernel.compile(arch, hardware=row.profile, synchronous=case.synchronous, **case.sizes)
         program = kernel.gpu_program(row.profile, **case.sizes)
         describe_compiled(row, compiled)
         if not check_only:

@@ -430,3 +430,51 @@ def test_the_tuned_tile_runs_as_roles_at_ragged_sizes(seed, monkeypatch):
     monkeypatch.setenv("NAPKIN_EMULATE_SEED", str(seed))
     out = opencl.run(program, {"A": a, "B": b}, arch="sm_90a")["C"]
     assert _right(out, a.astype(np.float64) @ b.astype(np.float64))
+
+
+# ---- the synchronous ring, kept as a choice (the build to compare the roles with) -------------
+
+
+def test_the_synchronous_ring_is_a_choice_that_says_so():
+    from napkin_dsl.isel import select_program
+
+    program = napkin.load(EXAMPLES / "attention.napkin")["attention"].gpu_program("H100", b=1, h=2, q=256, x=256, d=128)
+    plan = select_program(program, "sm_90a", synchronous=True)[0].plan
+    assert plan.roles is None and plan.roles_declined == "the synchronous ring was asked for" and plan.stages == 2
+    assert plan.threads == 256  # no producer warpgroup
+    source, (kernel,) = opencl.generate(program, arch="sm_90a", synchronous=True)
+    assert not kernel.roles and "synchronous ring, no producer warpgroup: the synchronous ring was asked for" in source
+
+
+@pytest.mark.parametrize("name, sizes", [("attention", dict(b=1, h=2, q=130, x=150, d=32)),
+                                         ("causal_attention", dict(b=1, h=1, q=200, x=150, d=32))])
+def test_the_synchronous_ring_still_runs_on_pocl(name, sizes):
+    from napkin_dsl.reference import evaluate
+
+    from .conftest import assert_matches_reference
+    from .test_opencl import random_inputs
+
+    if not opencl.opencl_available():
+        pytest.skip("no OpenCL device")
+    kernel = napkin.load(EXAMPLES / f"{name}.napkin")[name]
+    program = kernel.gpu_program("H100", **sizes)
+    inputs, scalars = random_inputs(kernel.diagram, sizes)
+    outputs = opencl.run(program, inputs, scalars, arch="sm_90a", synchronous=True)
+    assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), name)
+
+
+def test_the_synchronous_build_issues_its_copies_in_the_loop_it_computes_in():
+    """What the roles replaced, in the SASS: no USETMAXREG, and the chunk loop of the HGMMAs holds
+    the UTMALDGs and a block barrier."""
+    from napkin_dsl.backends import sass
+
+    pytest.importorskip("cuda.bindings")
+    compiled = napkin.load(MATMUL)["matmul"].compile("sm_90a", hardware="H100", synchronous=True, m=8192, n=8192, k=8192)
+    try:
+        (instructions,) = sass.disassemble(compiled.image).values()
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm")
+    assert not any(i.base == "USETMAXREG" for i in instructions)
+    assert compiled.launches[0].block == 256 and not compiled.launches[0].roles
+    loop = max(sass.tensor_loops(instructions), key=lambda body: sum(i.base == "HGMMA" for i in body))
+    assert any(i.base == "UTMALDG" for i in loop) and any(i.base == "BAR" for i in loop)

@@ -69,13 +69,15 @@ def opencl_available() -> bool:
         return False
 
 
-def generate(program: Program, report=None, arch: str | None = None, stages: int | None = None) -> tuple[str, list]:
+def generate(program: Program, report=None, arch: str | None = None, stages: int | None = None,
+             synchronous: bool = False) -> tuple[str, list]:
     """OpenCL C of ``program`` with the instruction paths isel picks for ``arch`` (default: the
     profile's): ``sm_90a`` prints the wgmma lowering, wgmma emulated (``backends/wgmma.py``).
-    ``stages`` sets the cp.async stages of every streamed mma.sync launch (``isel.stage_count``).
-    The model's ``report`` of those paths heads the source (priced here when not given)."""
+    ``stages`` sets the cp.async stages of every streamed mma.sync launch (``isel.stage_count``);
+    ``synchronous`` keeps wgmma launches on the synchronous ring, without roles. The model's
+    ``report`` of those paths heads the source (priced here when not given)."""
     bound_sizes(program)  # a size the model cannot evaluate is the printer's error, by name
-    selected = select_program(program, arch, stages=stages)
+    selected = select_program(program, arch, stages=stages, synchronous=synchronous)
     report = report if report is not None else cost_of(program, arch=arch, selected=selected)
     lowered = lower(program, OpenCLDialect(), report, arch=arch, selected=selected)
     return lowered.source, lowered.kernels
@@ -150,20 +152,21 @@ def check_fits(kernel, k, device) -> None:
                           f"takes at most {largest} for it")
 
 
-def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str | None = None) -> dict:
-    """Run every launch of ``program`` on the OpenCL device, printed for ``arch`` (:func:`generate`);
-    returns the outputs (NumPy)."""
+def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str | None = None,
+        synchronous: bool = False) -> dict:
+    """Run every launch of ``program`` on the OpenCL device, printed for ``arch`` (:func:`generate`,
+    ``synchronous`` as it takes it); returns the outputs (NumPy)."""
     import pyopencl as cl
 
     ctx, queue = context()
     device = queue.device
-    source, kernels = generate(program, arch=arch)
+    source, kernels = generate(program, arch=arch, synchronous=synchronous)
     built = _built(source)
     if any(k.stages > STAGES for k in kernels) and any(local_memory(built[k.entry], device) > device.local_mem_size
                                                          for k in kernels):
         # The stages past two are the profile's GPU's latency cover, chosen for its shared memory;
         # a device with less local memory (oclgrind: 32 KiB) runs the same Program double-buffered.
-        source, kernels = generate(program, arch=arch, stages=STAGES)
+        source, kernels = generate(program, arch=arch, stages=STAGES, synchronous=synchronous)
         built = _built(source)
     diagram = program.diagram
     sizes = global_sizes(program)  # with a split's part axes (x#)
