@@ -17,8 +17,8 @@ def printed_sources(monkeypatch) -> list[str]:
     seen = []
     generate = opencl.generate
 
-    def spy(program, report=None, arch=None):
-        source, kernels = generate(program, report, arch)
+    def spy(program, report=None, arch=None, **options):
+        source, kernels = generate(program, report, arch, **options)
         seen.append(source)
         return source, kernels
 
