@@ -657,7 +657,8 @@ def _select_launch(program: Program, launch: LaunchProgram, arch: str | None, pa
     if synchronous and isinstance(chosen.plan, WgmmaPlan) and chosen.plan.roles is not None:
         chosen = replace(chosen, plan=replace(chosen.plan, roles=None, roles_declined="the synchronous ring was asked for"))
     if chosen.plan is not None:
-        chosen = replace(chosen, plan=replace(chosen.plan, stages=stage_count(chosen.plan, launch, tile, program.diagram, arch, stages)))
+        chosen = replace(chosen, plan=replace(chosen.plan, stages=stage_count(chosen.plan, launch, tile, program.diagram, arch, stages,
+                                                                               sizes)))
     slots, smem_bytes = smem_layout(chosen.plan, tile, program.diagram) if chosen.plan is not None else ({}, 0)
     kept, refused = {}, {}
     hardware = program.hardware
@@ -774,7 +775,8 @@ def chunk_clocks(plan: TensorPlan, launch: LaunchProgram, tile: dict, arch: str)
     return flops / (rate / (units * hardware.clock_hz))
 
 
-def stage_count(plan: TensorPlan, launch: LaunchProgram, tile: dict, diagram, arch: str, stages: int | None = None) -> int:
+def stage_count(plan: TensorPlan, launch: LaunchProgram, tile: dict, diagram, arch: str, stages: int | None = None,
+                sizes: dict | None = None) -> int:
     """The cp.async stages of a built mma.sync plan that streams: ``stages`` where asked for (the
     tuner's and the user's knob, at least 2), else enough chunks in flight to cover a copy's
     latency, ``1 + ceil(COPY_LATENCY_CLOCKS / chunk_clocks)`` between 3 and ``MAX_STAGES`` (at
@@ -791,7 +793,7 @@ def stage_count(plan: TensorPlan, launch: LaunchProgram, tile: dict, diagram, ar
             raise ValueError(f"{stages} cp.async stages: the pipeline needs at least 2")
         return stages
     if isinstance(plan, WgmmaPlan) and plan.roles is not None:
-        return ring_stages(plan, launch, tile, diagram)
+        return ring_stages(plan, launch, tile, sizes, diagram)
     if plan.instruction != BUILT_INSTRUCTION:  # a wgmma plan's instruction is its own
         return plan.stages
     clocks = chunk_clocks(plan, launch, tile, arch)
@@ -818,13 +820,12 @@ def stage_count(plan: TensorPlan, launch: LaunchProgram, tile: dict, diagram, ar
 RING_MAX_STAGES = 8  # the deepest ring a producer warpgroup fills (ring_stages)
 
 
-def ring_stages(plan: WgmmaPlan, launch: LaunchProgram, tile: dict, diagram) -> int:
+def ring_stages(plan: WgmmaPlan, launch: LaunchProgram, tile: dict, sizes: dict, diagram) -> int:
     """The stages of a warp-specialized plan's ring: the producer runs ahead of the consumers by as
     many chunks as the ring holds, so the ring is as deep as the profile's shared memory per block
     takes, up to ``RING_MAX_STAGES`` (one block an SM: a deeper ring costs no occupancy), but no
     deeper than the stream's chunks (at least 2)."""
-    bound = launch_tiles(launch)
-    chunks = -(-bound[1][plan.stream] // tile[plan.stream]) if bound is not None else RING_MAX_STAGES
+    chunks = -(-sizes[plan.stream] // tile[plan.stream])
     capacity = launch.schedule.hardware.level(launch.schedule.compute_level).capacity
     wanted = max(2, min(RING_MAX_STAGES, chunks))
     while wanted > 2 and isinstance(capacity, int) and smem_layout(replace(plan, stages=wanted), tile, diagram)[1] > capacity:

@@ -41,18 +41,14 @@ def _program(**sizes):
 
 
 def _run(sizes, seed=1, monkeypatch=None):
-    if not opencl.opencl_available():
-        pytest.skip("no OpenCL device")
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    """matmul's output and float64 product on the emulator (tests/test_wgmma.py's run), a roles kernel."""
+    from .test_wgmma import _run_opencl
+
+    program = _program(**sizes)
+    assert selection(program, program.launches[0], "sm_90a").plan.roles is not None, "napkin bug in the test: not a roles kernel"
     if monkeypatch is not None:
         monkeypatch.setenv("NAPKIN_EMULATE_SEED", str(seed))
-    rng = np.random.default_rng(sum(sizes.values()))
-    a = rng.standard_normal((sizes["m"], sizes["k"])).astype(np.float32).astype(ml_dtypes.bfloat16)
-    b = rng.standard_normal((sizes["k"], sizes["n"])).astype(np.float32).astype(ml_dtypes.bfloat16)
-    program = _program(**sizes)
-    assert opencl.generate(program, arch="sm_90a")[1][0].roles, "napkin bug in the test: not a roles kernel"
-    out = opencl.run(program, {"A": a, "B": b}, arch="sm_90a")["C"]
-    return out, a.astype(np.float64) @ b.astype(np.float64)
+    return _run_opencl(sizes)
 
 
 def _right(out, reference) -> bool:
@@ -281,18 +277,13 @@ ATTENTION_CASES = [("attention", dict(b=1, h=2, q=200, x=600, d=32)),  # 10 chun
 
 
 def _attention(name, sizes, seed, monkeypatch):
-    from napkin_dsl.reference import evaluate
+    """An attention example on the emulator under ``seed`` (tests/test_wgmma_attention.py's run), a roles kernel."""
+    from .test_wgmma_attention import _run as run_attention
 
-    from .test_opencl import random_inputs
-
-    if not opencl.opencl_available():
-        pytest.skip("no OpenCL device")
-    kernel = napkin.load(EXAMPLES / f"{name}.napkin")[name]
-    program = kernel.gpu_program("H100", **sizes)
-    assert opencl.generate(program, arch="sm_90a")[1][0].roles, "napkin bug in the test: not a roles kernel"
-    inputs, scalars = random_inputs(kernel.diagram, sizes)
     monkeypatch.setenv("NAPKIN_EMULATE_SEED", str(seed))
-    return program, opencl.run(program, inputs, scalars, arch="sm_90a"), evaluate(kernel.diagram, inputs, scalars, sizes)
+    program, outputs, expected = run_attention(name, sizes)
+    assert selection(program, program.launches[0], "sm_90a").plan.roles is not None, "napkin bug in the test: not a roles kernel"
+    return program, outputs, expected
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -216,11 +216,7 @@ def _chunk_loop(instructions, opcode: str = "HGMMA"):
     back makes a range that is no loop), the one holding the most of them, the smallest of those."""
     from napkin_dsl.backends import sass
 
-    at = {i.address: i for i in instructions}
-    # a loop's branch back is conditional; an unconditional one is a wait's retry moved out of line
-    ranges = [(s, e) for s, e in sass.loop_ranges(instructions) if at[e].predicate]
-    loops = [[i for i in instructions if s <= i.address <= e] for s, e in ranges]
-    return max(loops, key=lambda body: (sum(i.opcode.startswith(opcode) for i in body), -len(body)))
+    return max(sass.closed_loops(instructions), key=lambda body: (sum(i.opcode.startswith(opcode) for i in body), -len(body)))
 
 
 # ---- the emulation: the TMA ring on PoCL ----------------------------------------------------

@@ -60,6 +60,7 @@ name, and they keep the synchronous ring of ``wgmma.py``.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -139,7 +140,6 @@ class RolesPrinter(WgmmaPrinter):
         self.drained: set[str] = set()  # products a later step of the chunk reads: waited to depth 0
         self.hoisted: list[str] = []  # register A's declaration: it lives across the consumers' segments
         self.posted = 0  # OpenCL: the k steps of register A the products post (their slots in nk_asnap)
-        self.warps = plan.warps
         self.step_wait: Wait | None = None  # a product's wait, placed after its step's block (mma)
         self.visits = ("0", "0")  # the first and past-the-last chunk the block visits (stream_loop)
         self.preamble: list[str] = []  # what both roles read, before they split: a masked stream's bounds
@@ -161,7 +161,7 @@ class RolesPrinter(WgmmaPrinter):
         kernel.barriers = tuple([f"full[{s}]" for s in range(stages)] + [f"empty[{s}]" for s in range(stages)]
                                 + [f"{name}'s copy" for name in self.once])
         if self.opencl:  # the register A words the products post, now that their count is known
-            words = max(1, self.posted * self.warps * WARPGROUP_THREADS)
+            words = max(1, self.posted * self.plan.warps * WARPGROUP_THREADS)
             kernel.text = kernel.text.replace(POSTED_MARK, f"__local uint nk_asnap[{words}];  // register A, posted at each issue")
         return kernel
 
@@ -264,18 +264,7 @@ class RolesPrinter(WgmmaPrinter):
         origin = [line.strip() for line in self.lines[start:]]  # the chunk's extent: derived in every segment
         del self.lines[start:]
         self.lines.append(Wait(self.full("nk_stage"), "nk_parity", note="the chunk's boxes have landed"))
-        for name in streamed:
-            self.buffers[name] = "nk_stage"
-        if node.mask is not None:  # every visited chunk tested (the diagonal's and the others alike)
-            self.mask_pending = self.masked_in_place(node.mask)
-        self.chunk_vectors(node)
-        self.nodes(node.body)
-        self.chunk_loaded.clear()
-        self.unmasked = {}
-        self.mask_pending = None
-        self.tops_ready.clear()
-        for name in streamed:
-            del self.buffers[name]
+        self.chunk_steps(node, streamed, "nk_stage", full=False)  # every visited chunk tested, the diagonal's and the others alike
         self.valid = saved_valid
         del self.origin[axis]
         stages = self.plan.stages
@@ -311,9 +300,13 @@ class RolesPrinter(WgmmaPrinter):
                 drained.add(steps[i].statement.target)
         return drained
 
+    def extents(self, name: str) -> list[int]:
+        """Fragment ``name``'s dimensions, as it is declared (``dims``)."""
+        return [int(e) for e in re.findall(r"\[(\d+)\]", self.dims(name))]
+
     def each_value(self, name: str, body):
         """``body(index)`` for every value of fragment ``name``, in loops over its dimensions."""
-        extents = [int(e) for e in re.findall(r"\[(\d+)\]", self.dims(name))]
+        extents = self.extents(name)
 
         def level(depth: int, index: str):
             if depth == len(extents):
@@ -323,10 +316,6 @@ class RolesPrinter(WgmmaPrinter):
                 level(depth + 1, f"{index}[v{depth}]")
         with self.block("{"):
             level(0, "")
-
-    def fragment_count(self, name: str) -> int:
-        n = self.tile[self.plan.fragments[name].col]
-        return self.plan.m_tiles * n // 2
 
     def arrive(self, bar: str) -> str:
         """One arrival of this warpgroup on ``bar`` (a consumer releasing a stage)."""
@@ -397,7 +386,7 @@ class RolesPrinter(WgmmaPrinter):
 
     def posted_word(self, slot, lane: str) -> str:
         """The words the warp posted for register A's k step ``slot`` (a C expression), from lane ``lane``'s four."""
-        return f"(nk_asnap + (({slot}) * {self.warps} + nk_warp) * {WARPGROUP_THREADS} + 4 * {lane})"
+        return f"(nk_asnap + (({slot}) * {self.plan.warps} + nk_warp) * {WARPGROUP_THREADS} + 4 * {lane})"
 
     def register_a(self, m):
         """The wgmma printer's packing of P, its declaration hoisted: the registers live across the
@@ -439,14 +428,13 @@ class RolesPrinter(WgmmaPrinter):
         load = self.tma[name]
         lines = []
         for box, dst, coords in self.tma_boxes(name, origin, stage):
-            where = f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})"
             if self.opencl:
                 padded = coords + ["0"] * (5 - len(coords))
                 lines.append(f"nk_role_tensor_copy(&nk_rs, nk_smem, nk_tid, {WARPGROUP_THREADS}, {list(self.tma).index(name)}, "
-                             f"{dst}, {box.rows * box.cols * load.element_bytes}, {bar}, {', '.join(padded)});{where}")
+                             f"{dst}, {box.rows * box.cols * load.element_bytes}, {bar}, {', '.join(padded)});"
+                             f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})")
             else:
-                lines.append(f"NK_TMA_{load.rank}D({self.map_name(name)}, g_{ident(name)}, {dst}, {', '.join(coords)}, "
-                             f"{self.bar(bar)});{where}")
+                lines.append(self.tma_copy(name, box, dst, coords, self.bar(bar)))
         return lines
 
     def load(self, name: str, origin: str | None = None, stage: str | None = None, commit: bool = True):
@@ -473,7 +461,7 @@ class RolesPrinter(WgmmaPrinter):
                     self.emit(f"NK_WG_WAIT({op.groups});  // {op.note}")
                 if op.groups == 0:  # every product has landed: their registers are read and reused after this, never before
                     for acc in self.held:
-                        self.loop("nk_v", self.fragment_count(acc), lambda acc=acc: self.emit(f"NK_WG_PIN_F((&f_{ident(acc)}[0][0][0])[nk_v]);"))
+                        self.loop("nk_v", math.prod(self.extents(acc)), lambda acc=acc: self.emit(f"NK_WG_PIN_F((&f_{ident(acc)}[0][0][0])[nk_v]);"))
                     if self.hoisted:
                         self.emit("NK_UNROLL")
                         self.emit("for (int kk = 0; kk < (int)(sizeof(nk_a) / sizeof(nk_a[0])); ++kk) { NK_WG_PIN_R(nk_a[kk][0]); "

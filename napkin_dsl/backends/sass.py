@@ -359,6 +359,14 @@ def loop_ranges(instructions: list[Instruction]) -> list[tuple[int, int]]:
     return sorted(ends.items())
 
 
+def closed_loops(instructions: list[Instruction]) -> list[list[Instruction]]:
+    """The loops closed by a conditional branch back: an unconditional one is a wait's retry that
+    ptxas moved out of line, whose range is no loop."""
+    at = {i.address: i for i in instructions}
+    return [[i for i in instructions if start <= i.address <= end] for start, end in loop_ranges(instructions)
+            if at[end].predicate]
+
+
 def innermost_loops(instructions: list[Instruction]) -> list[list[Instruction]]:
     """The instructions of every loop that contains no other loop, in address order."""
     ranges = loop_ranges(instructions)
@@ -616,13 +624,14 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
     kernel = compiled.launches[index]
     launch = program.launches[index]
     row = compiled.launch_table()[index]
-    warps = -(-kernel.block // WARP_LANES)
-    if kernel.roles:  # warp-specialized: the hot loop is the consumers'; the producer warpgroup's 4 warps run their own
-        warps -= 4
+    selected = compiled.selection
+    plan = selected[launch.index].plan
+    roles = isinstance(plan, WgmmaPlan) and plan.roles is not None
+    # warp-specialized: the hot loop is the consumers' warps'; the producer warpgroup runs its own
+    warps = plan.warps if roles else -(-kernel.block // WARP_LANES)
     resident = blocks_per_unit(program.schedule, row["shared_bytes"], kernel.block, row["registers"])
     blocks_per_sm = resident[0] if resident else 1
     unit = "fp32" if kernel.path == "fma" else "tensor"
-    selected = compiled.selection
     _, priced = flops_by_unit(program, selected)
     mine = [(rate, float(amount)) for at, rate, _, amount in priced if at == launch.index]
     total = sum(amount for _, amount in mine)
@@ -645,11 +654,9 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
         body, out["whole_function"] = function, True
     if not body:
         return out
-    plan = selected[launch.index].plan
     ring = [load for load in (plan.tma if isinstance(plan, WgmmaPlan) else ()) if load.streamed]
     fill = (sum(load.bytes for load in ring), sum(load.boxes for load in ring)) if ring else (0, 1)
     # with roles the producer's loop issues the boxes: the consumers' loop takes a fill a full-barrier wait
-    roles = isinstance(plan, WgmmaPlan) and plan.roles is not None
     fills = sum(i.opcode.startswith("SYNCS.PHASECHK") for i in body) if roles else None
     loop = loop_ceiling(body, rates, warps, blocks_per_sm, unit, fill, fills)
     out["loop"] = loop
@@ -739,10 +746,7 @@ def roles_summary(instructions: list[Instruction], consumer: list[Instruction] |
             "wait_depths": [int(i.operands.split(",")[-1].strip(), 16) for i in consumer if i.opcode == "WARPGROUP.DEPBAR.LE"],
             "utmaldg": sum(i.base == "UTMALDG" for i in consumer),
             "block_barriers": sum(i.base == "BAR" for i in consumer)}
-    at = {i.address: i for i in instructions}
-    loops = [[i for i in instructions if start <= i.address <= end] for start, end in loop_ranges(instructions)
-             if at[end].predicate]  # an unconditional branch back is a wait's retry moved out of line
-    producers = [body for body in loops if not any(i.base == "HGMMA" for i in body) and any(i.base == "UTMALDG" for i in body)]
+    producers = [body for body in closed_loops(instructions) if not any(i.base == "HGMMA" for i in body) and any(i.base == "UTMALDG" for i in body)]
     if producers:
         body = max(producers, key=lambda b: (sum(i.base == "UTMALDG" for i in b), -len(b)))
         out["producer_loop"] = {"start": body[0].address, "end": body[-1].address, "instructions": len(body),

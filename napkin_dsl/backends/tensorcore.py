@@ -1094,6 +1094,14 @@ class TensorPrinter(KernelWriter):
             self.valid[axis] = str(self.tile[axis])
         else:
             self.set_origin(axis, f"o_{x}")
+        self.chunk_steps(node, streamed, stage, full)
+        self.valid = saved_valid
+        del self.origin[axis]
+
+    def chunk_steps(self, node: Loop, streamed: list, stage: str, full: bool):
+        """A chunk's steps, its origin set, its streamed operands read from ``stage``: the mask
+        held in full (``full``) or tested, the chunk's vectors, the body; then the chunk's state
+        cleared for the next one."""
         if node.mask is not None and full:
             where = self.mask_where(node.mask)
             if where is not None:
@@ -1104,7 +1112,7 @@ class TensorPrinter(KernelWriter):
             self.buffers[name] = stage
         if not self.keyed_lanes:
             for (name, _, _), lane in self.lanes.items():
-                if name in streamed and not constant:  # a running buffer joins the lane's row once a chunk
+                if name in streamed and not stage.isdigit():  # a running buffer joins the lane's row once a chunk
                     self.emit(f"const int nk_lbs{lane} = nk_lb{lane} + {stage} * {self.smem[name].stage_bytes};")
         self.chunk_vectors(node)
         self.nodes(node.body)
@@ -1114,8 +1122,6 @@ class TensorPrinter(KernelWriter):
         self.tops_ready.clear()  # the next chunk's rescale writes them again
         for name in streamed:
             del self.buffers[name]
-        self.valid = saved_valid
-        del self.origin[axis]
 
     def masked_in_place(self, mask) -> tuple | None:
         """(the where, S) when a chunk the mask cuts may test it once, on S's fragment in place

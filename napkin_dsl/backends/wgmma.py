@@ -611,8 +611,13 @@ class WgmmaPrinter(TensorPrinter):
             if expect:
                 self.emit(f"NK_MBAR_EXPECT_TX({bar}, {expect});  // the boxes' bytes, out-of-bounds fill included")
             for box, dst, coords in self.tma_boxes(name, origin, stage):
-                self.emit(f"NK_TMA_{load.rank}D({self.map_name(name)}, g_{ident(name)}, {dst}, {', '.join(coords)}, {bar});"
-                          f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})")
+                self.emit(self.tma_copy(name, box, dst, coords, bar))
+
+    def tma_copy(self, name: str, box, dst: str, coords: list[str], bar: str) -> str:
+        """One box of operand ``name`` by ``cp.async.bulk.tensor``, completing on mbarrier offset ``bar``."""
+        load = self.tma[name]
+        return (f"NK_TMA_{load.rank}D({self.map_name(name)}, g_{ident(name)}, {dst}, {', '.join(coords)}, {bar});"
+                f"  // {name}: {box.rows} x {box.cols} from ({load.rows}, {load.cols} + {box.col})")
 
     def tma_boxes(self, name: str, origin: str | None, stage: str | None) -> list[tuple]:
         """Each box of operand ``name``'s tile: (the box, its shared destination, its tensor
