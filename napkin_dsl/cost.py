@@ -397,12 +397,13 @@ class LevelCost:
 
 
 def _time_json(value):
-    """A time entry as JSON: seconds by level or kind, seconds per launch, a label or a number."""
+    """A time entry as JSON: seconds by level or kind, seconds per launch, a launch's chain, a label
+    or a number."""
     if isinstance(value, dict):
-        return {name: json_value(v) for name, v in value.items()}
+        return {name: _time_json(v) for name, v in value.items()}
     if isinstance(value, list):
-        return [json_value(v) for v in value]
-    return value if isinstance(value, str) else json_value(value)
+        return [_time_json(v) for v in value]
+    return value if isinstance(value, (str, bool)) or value is None else json_value(value)
 
 
 @dataclass
@@ -515,6 +516,7 @@ class CostReport:
                 lines.append(f"  compute by unit, at each unit's peak{'' if hidden else ', in turn'}: "
                              + ", ".join(f"{UNIT_NAMES.get(u, u)} {_fmt_time(v)}" for u, v in units.items())
                              + how + f"; the most: {UNIT_NAMES.get(most, most)}")
+            lines += chain_lines(t.get("chain") or {})
             fixed = {kind: s for kind, s in (t.get("fixed_s") or {}).items() if s}
             if fixed:
                 lines.append("  fixed costs (in the time above): " + ", ".join(f"{kind} {_fmt_time(s)}" for kind, s in fixed.items()))
@@ -547,6 +549,23 @@ class CostReport:
         return (f"<p>cost of {html.escape(self.kernel)} on {html.escape(self.hardware)}: {summary}</p>"
                 "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(body) + "</table>"
                 + "".join(f"<p>{html.escape(n)}</p>" for n in notes))
+
+
+def chain_lines(chains: dict) -> list[str]:
+    """The table's lines for each launch's warpgroup chain (``time["chain"]``, chain.Chain.describe):
+    a chunk's units, the links its chain exposes, the ring's pace, the factor on the compute time,
+    what runs hidden, and each latency's source, once."""
+    lines, sources = [], {}
+    for index, c in chains.items():
+        links = "".join(f" + {link['what']} {link['clocks']:.0f}" for link in c["links"])
+        ring = (f"{c['stages']}-stage ring of {c['copy_clocks']:.0f}-clock copies keeps pace at {c['ring_clocks']:.0f}")
+        lines.append(f"  chain of launch {index} ({c['build']}): a chunk's units {c['units_clocks']:.0f} clocks{links}; the {ring}; "
+                     f"a chunk {c['chunk_clocks']:.0f} clocks, {c['resident']} block{'s' if c['resident'] != 1 else ''} an SM: "
+                     f"compute x{c['factor']:.3f}")
+        lines += [f"    hidden: {what}" for what in c["hidden"]]
+        sources.update(c["sources"])
+    lines += [f"  latency {name}: {source}" for name, source in sources.items()]
+    return lines
 
 
 def _fmt_time(seconds) -> str:
@@ -1044,7 +1063,7 @@ def tiles_of(mask, program: Program, axis: str) -> range:
 
 def predict_time(program: Program, levels: dict, priced: list, occupancy: dict | None = None,
                  launch_levels: dict | None = None, fma: dict | None = None, hidden: dict | None = None,
-                 copied: dict | None = None) -> dict:
+                 copied: dict | None = None, chains: dict | None = None) -> dict:
     """Roofline prediction; None entries where a rate, bandwidth or size is unknown.
 
     Launches run one after another, each on its own roofline: its compute (over its own busy
@@ -1055,7 +1074,9 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
     maps a launch to the units its schedule runs under the tensor cores (:class:`Overlap`);
     a launch it omits takes its units in turn. ``copied`` maps a launch to the bytes its K-major
     copies move through shared memory's port (:func:`copied_bytes`), scaled by their bank
-    conflicts (:func:`copy_conflict`), added to the port's term."""
+    conflicts (:func:`copy_conflict`), added to the port's term. ``chains`` maps a wgmma launch
+    to its :class:`~napkin_dsl.chain.Chain` and the chunks its blocks run (:func:`launch_chains`):
+    its compute time is then stretched by the chain's factor, at the blocks an SM holds."""
     hardware = program.hardware
     schedule = program.schedule
     time: dict = {"overlapped_s": None, "serial_s": None, "compute_s": None}
@@ -1110,6 +1131,13 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
         if not occupancy and as_number(launch_levels[launch.index][schedule.compute_level].M_bytes) is not None:
             resident = blocks_per_unit(schedule, launch_levels[launch.index][schedule.compute_level].M_bytes)
         seconds = compute[launch.index]
+        if launch.index in (chains or {}) and seconds > 0:
+            chain, visits = chains[launch.index]
+            # one block's units a chunk, in clocks of one SM: the launch's units over every chunk it runs
+            units_clocks = seconds * float(hardware.clock_hz) * units / visits
+            on_sm = resident[0] if resident is not None else 1
+            time.setdefault("chain", {})[launch.index] = chain.describe(units_clocks, on_sm)
+            seconds *= chain.factor(units_clocks, on_sm)
         own, efficiency = launch_levels[launch.index], 1.0
         if entry is not None and entry[1] and resident is not None:
             seconds /= subpartition_balance(-(-entry[1] // 32), resident[0])
@@ -1156,6 +1184,45 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
     if len(program.launches) > 1:
         time["launch_s"] = [max([seconds] + list(moved.values())) for seconds, moved in per_launch.values()]
     return time
+
+
+def chunk_visits(program: Program, launch, axis: str) -> int | None:
+    """The chunks of ``axis`` a launch's blocks run in all: every block's every chunk, or where a
+    mask skips chunks, those each group tile visits (:func:`~napkin_dsl.pseudocode.mask_visits`).
+    None where a size is symbolic."""
+    from .paths.wgmma import stream_loop
+
+    loop = stream_loop(launch, axis)
+    blocks = as_number(launch_blocks(program, launch))
+    if loop is None or not isinstance(blocks, int):
+        return None
+    if loop.mask is not None:
+        visits = mask_visits(loop.mask, lambda a: program.schedule.axis_size(a))
+        if visits is not None and blocks % len(visits) == 0:
+            return blocks // len(visits) * sum(group.visited for group in visits)
+    trips = as_number(loop.trips)
+    return blocks * trips if isinstance(trips, int) else None
+
+
+def launch_chains(program: Program, selected: ProgramSelection) -> tuple[dict, list[str]]:
+    """Per wgmma launch that streams, its chain (:func:`napkin_dsl.chain.chain_of`) and the chunks
+    its blocks run, for :func:`predict_time`; and notes for the launches whose chain the profile
+    cannot price (its ``[latency]`` table lacks an entry)."""
+    from .chain import MissingLatency, chain_of
+
+    chains, notes = {}, []
+    for launch in program.launches:
+        plan = selected[launch.index].plan
+        try:
+            chain = chain_of(plan, program.hardware)
+        except MissingLatency as missing:
+            notes.append(f"launch {launch.index}: the warpgroup chain is not priced: {program.hardware.name}'s [latency] table "
+                         f"has no {missing} entry (docs/method.md, the warpgroup chain)")
+            continue
+        visits = chunk_visits(program, launch, plan.stream) if chain is not None else None
+        if chain is not None and visits:
+            chains[launch.index] = (chain, visits)
+    return chains, notes
 
 
 def launch_level_costs(program: Program, rows: list[dict], levels: dict, selected: ProgramSelection | None = None) -> dict:
@@ -1394,11 +1461,14 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     copied = {launch.index: n for launch in program.launches
               if not hardware.symbolic and (n := copied_bytes(program, launch, selected)) is not None}
     conflicts = {launch.index: copy_conflict(program, launch, selected) for launch in program.launches if launch.index in copied}
+    built = priced_overlap.name == BUILT_OVERLAP and not hardware.symbolic
+    chains, chain_notes = launch_chains(program, selected) if built else ({}, [])
     time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, selected), fma, hidden,
-                        {index: n * conflicts[index] for index, n in copied.items()})
+                        {index: n * conflicts[index] for index, n in copied.items()}, chains)
     time["overlap"] = priced_overlap.name
     schedule = program.schedule
-    notes = list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program) + accumulator_notes(program, selected)
+    notes = (list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program) + accumulator_notes(program, selected)
+             + chain_notes)
     for index, n in copied.items():
         names = " and ".join(selected[index].plan.transposed)
         notes.append(f"launch {index}: {names}'s K-major copy (8-bit wgmma reads B K-major only) moves {_fmt(n)} bytes "

@@ -108,11 +108,19 @@ class Hardware:
     paths: dict = field(default_factory=dict)  # table name -> InstructionPath, in the profile's order
     clock_hz: float | None = None
     fixed: dict = field(default_factory=dict)  # fixed costs in seconds: launch_s
+    # Clocks a warpgroup's chain waits on, by name (``[latency]``, :class:`Latency`): what the model's
+    # chain (napkin_dsl/chain.py) and the static ceiling add where the built code serializes.
+    latency: dict = field(default_factory=dict)
     # The device level of a node of GPUs (H100x8): a ``[[level]]`` with ``per = "node"`` above the
     # top, whose units are the GPUs and whose bandwidth is the link between them (NVLink, each
     # way per GPU). Not in ``levels``: each GPU's chain is one GPU's, and a relabel clause at the
     # top level (``gmem: split x 4096``) partitions across the units (relabel.device_partitions).
     device: Level | None = None
+
+    def latency_clocks(self, name: str) -> float | None:
+        """The profile's ``[latency]`` entry ``name`` in clocks, or None where it names none."""
+        entry = self.latency.get(name)
+        return None if entry is None else entry.clocks
 
     @property
     def launch_s(self) -> float:
@@ -314,8 +322,36 @@ def _profile(data: dict) -> Hardware:
         paths=paths,
         clock_hz=data.get("clock_hz"),
         fixed=dict(data.get("fixed", {})),
+        latency={name: _latency(name, entry) for name, entry in data.get("latency", {}).items()},
         device=None if device is None else _device_level(device),
     )
+
+
+@dataclass(frozen=True)
+class Latency:
+    """One ``[latency]`` entry of a profile: the clocks something takes to complete beyond the
+    throughput of the units it uses, and where the figure comes from (a measurement's citation, or
+    an estimate and its reasoning: the report prints it beside the chain that uses it)."""
+
+    clocks: float
+    source: str
+
+
+LATENCY_NAMES = {
+    "copy": "a chunk's copy from global memory into shared memory under load (TMA or cp.async), issue to landing",
+    "wgmma_drain": "a wgmma group's wait_group 0 after its products' tensor time: the pipeline's drain",
+    "mbarrier_wait": "an mbarrier try_wait whose phase has completed, to the next instruction",
+    "bar_sync": "a block barrier (bar.sync) every warp has reached, to the next instruction",
+}
+
+
+def _latency(name: str, entry) -> Latency:
+    if name not in LATENCY_NAMES:
+        raise ValueError(f"[latency] has an entry {name!r}; the model reads {', '.join(LATENCY_NAMES)}")
+    if not isinstance(entry, dict) or not isinstance(entry.get("clocks"), (int, float)) or entry["clocks"] < 0 \
+            or not isinstance(entry.get("source"), str) or not entry["source"].strip():
+        raise ValueError(f"[latency] {name} must be {{ clocks = <clocks, 0 or more>, source = \"<where the figure comes from>\" }}")
+    return Latency(float(entry["clocks"]), entry["source"])
 
 
 def _device_level(entry: dict) -> Level:
@@ -410,8 +446,8 @@ class Overlap:
 
 
 OVERLAPS = {o.name: o for o in (
-    Overlap("serial", (), "each warpgroup waits for every product it issues, and a block barrier a chunk keeps "
-            "its warpgroups in step (what napkin builds)",
+    Overlap("serial", (), "a warpgroup's softmax runs between its own products, and nothing orders it under another "
+            "warpgroup's (what napkin builds; the model adds the latencies its chain waits on, napkin_dsl/chain.py)",
             "the sum is within 3% of FA3's ablation rows that drop one of the two overlaps below"),
     Overlap("pipelined", (), "within a warpgroup, chunk j+1's QK^T is issued before chunk j's softmax and waited "
             "for after it (FA3's intra-warpgroup pipelining), without warp specialization",

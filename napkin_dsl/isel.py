@@ -68,11 +68,18 @@ ROLLED_FRAGMENT_BUDGET = 204
 ROLLED_MIN_CAPABILITY = 80
 MIN_WARPS = 4  # the SM's four schedulers: a block of fewer warps leaves some idle
 MAX_STAGES = 4  # the deepest cp.async pipeline selection picks (stage_count)
-# Clocks a cp.async copy from global memory takes to land under load: an estimate, not measured
-# here (about 1000 clocks is what issue 22 reads off matmul's one 32-deep chunk in flight; an
-# unloaded DRAM access on A100/H100 is some 500-700 ns, 700-1300 clocks). The chunks in flight
-# (stages - 1) must cover it for the copies to hide behind the products (stage_count).
+# Clocks a cp.async copy from global memory takes to land under load, for a profile whose
+# [latency] table names no ``copy`` (the GPU profiles do, with its reasoning: copy_latency). The
+# chunks in flight (stages - 1) must cover it for the copies to hide behind the products
+# (stage_count).
 COPY_LATENCY_CLOCKS = 1000
+
+
+def copy_latency(hardware) -> float:
+    """The clocks a chunk's copy takes to land: the profile's ``[latency] copy``, else
+    :data:`COPY_LATENCY_CLOCKS`."""
+    clocks = hardware.latency_clocks("copy")
+    return COPY_LATENCY_CLOCKS if clocks is None else clocks
 
 
 
@@ -779,7 +786,7 @@ def stage_count(plan: TensorPlan, launch: LaunchProgram, tile: dict, diagram, ar
                 sizes: dict | None = None) -> int:
     """The cp.async stages of a built mma.sync plan that streams: ``stages`` where asked for (the
     tuner's and the user's knob, at least 2), else enough chunks in flight to cover a copy's
-    latency, ``1 + ceil(COPY_LATENCY_CLOCKS / chunk_clocks)`` between 3 and ``MAX_STAGES`` (at
+    latency (:func:`copy_latency`), ``1 + ceil(latency / chunk_clocks)`` between 3 and ``MAX_STAGES`` (at
     least 3: a 2-stage pipeline has one chunk in flight), and 2 where the chunk alone covers it
     (attention at d = 128: 2048 clocks of products a chunk; a third stage there also spills, as
     ptxas compiles the three unrolled chunks). Fewer, down to 2, where the arena of that many
@@ -799,8 +806,9 @@ def stage_count(plan: TensorPlan, launch: LaunchProgram, tile: dict, diagram, ar
     clocks = chunk_clocks(plan, launch, tile, arch)
     if clocks is None or clocks <= 0:
         return plan.stages
-    wanted = STAGES if clocks >= COPY_LATENCY_CLOCKS else min(MAX_STAGES, max(3, 1 + -(-COPY_LATENCY_CLOCKS // int(clocks))))
     hardware = launch.schedule.hardware
+    latency = copy_latency(hardware)
+    wanted = STAGES if clocks >= latency else min(MAX_STAGES, max(3, 1 + -(-int(latency) // int(clocks))))
     capacity = hardware.level(launch.schedule.compute_level).capacity
     registers = estimated_registers(plan, launch, tile)
 

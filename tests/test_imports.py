@@ -142,6 +142,7 @@ STAGES = (
     ("paths.mma_sync", "paths.wgmma"),  # one module an instruction path
     ("paths",),  # the order selection asks the paths in
     ("isel",),  # cost prices the launches instruction selection puts on tensor cores
+    ("chain",),  # the warpgroup chain a built wgmma plan waits on: the model and the static ceiling price it
     ("cost",),
     ("plan",),
     ("tune", "render", "backends", "backends.compiled", "backends.driver", "backends.nvrtc", "backends.sass",

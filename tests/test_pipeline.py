@@ -314,7 +314,9 @@ def _clobber_p(monkeypatch):
 
 def _s_left_in_flight(monkeypatch):
     # a wait depth of 1 after S, which the softmax reads: the depth 0 it needs, dropped
-    monkeypatch.setattr(pipeline.RolesPrinter, "drained_products", lambda self, node: set())
+    from napkin_dsl.paths import wgmma as wgmma_path
+
+    monkeypatch.setattr(wgmma_path, "drained_products", lambda plan, launch: ())
 
 
 def _q_parity(monkeypatch):
@@ -371,7 +373,7 @@ def test_q_waited_at_the_wrong_phase_fails_where_the_adversary_lands_q_late(monk
 def test_attentions_consumer_loop_waits_s_to_depth_0_and_pv_to_1_with_no_copy_or_block_barrier(name, sizes):
     from napkin_dsl.backends import sass
 
-    _, instructions = sm_90a_listing(napkin.load(EXAMPLES / f"{name}.napkin")[name], **sizes)
+    compiled, instructions = sm_90a_listing(napkin.load(EXAMPLES / f"{name}.napkin")[name], **sizes)
     opcodes = collections.Counter(i.opcode for i in instructions)
     assert opcodes["USETMAXREG.DEALLOC.CTAPOOL"] == 1 and opcodes["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1, opcodes
     consumer = max(sass.innermost_loops(instructions), key=lambda body: sum(i.opcode.startswith("HGMMA") for i in body))
@@ -381,6 +383,12 @@ def test_attentions_consumer_loop_waits_s_to_depth_0_and_pv_to_1_with_no_copy_or
     assert [i.operands for i in consumer if i.opcode == "WARPGROUP.DEPBAR.LE"] == ["gsb0, 0x0", "gsb0, 0x1"]
     assert hot["SYNCS.PHASECHK.TRANS64.TRYWAIT"] == 1 and hot["SYNCS.ARRIVE.TRANS64.A1T0"] == 1, hot
     assert not any(op.startswith(("UTMALDG", "BAR.")) for op in hot), hot
+    # the static ceiling holds S's drain as the model does (the chain), and the model is under it
+    (entry,) = sass.sass_report(compiled)["launches"]
+    ceiling = entry["ceiling"]
+    drain = compiled.program.hardware.latency_clocks("wgmma_drain")
+    assert ceiling["loop"]["clocks"]["chain"] == pytest.approx(ceiling["loop"]["clocks"]["tensor"] + drain, abs=0.01), ceiling
+    assert ceiling["model_tflops"] <= ceiling["tflops"], ceiling
 
 
 def test_the_tuned_matmul_8192_is_predicted_over_700_tflops_and_under_its_own_ceiling():
@@ -469,3 +477,10 @@ def test_the_synchronous_build_issues_its_copies_in_the_loop_it_computes_in():
     assert compiled.launches[0].block == 256 and not compiled.launches[0].roles
     loop = max(sass.tensor_loops(instructions), key=lambda body: sum(i.base == "HGMMA" for i in body))
     assert any(i.base == "UTMALDG" for i in loop) and any(i.base == "BAR" for i in loop)
+    # its chain (napkin_dsl/chain.py) binds the static ceiling and the model alike: one chunk in
+    # flight, a chunk waits on its copy; the model is at most that ceiling
+    (entry,) = sass.sass_report(compiled)["launches"]
+    ceiling = entry["ceiling"]
+    assert ceiling["binding"] == "chain", ceiling
+    assert ceiling["model_tflops"] <= ceiling["tflops"] * (1 + 1e-9), ceiling
+    assert compiled.cost.time["chain"][0]["build"] == "synchronous ring"

@@ -415,7 +415,7 @@ def test_blocks_per_sm_are_the_limit_of_ptxas_registers_threads_and_shared_memor
 @pytest.mark.parametrize("arch, hardware", [("sm_80", "A100"), ("sm_90", "H100")])
 def test_selection_stages_a_short_chunk_three_deep_and_a_long_one_two_deep(arch, hardware):
     """matmul's 128 x 128 x 32 chunk is 512 clocks of mma.sync on an SM, under a copy's
-    latency (isel.COPY_LATENCY_CLOCKS): 3 stages, 2 chunks in flight; attention's d = 128 chunk
+    latency (isel.copy_latency: the profile's [latency] copy): 3 stages, 2 chunks in flight; attention's d = 128 chunk
     (two 128 x 64 x 128 products, 2048 clocks) covers it alone: 2. The arena and the model's
     shared-memory M count every stage."""
     matmul = tensor_kernel("matmul.napkin").gpu_program(hardware, m=8192, n=8192, k=8192)

@@ -209,10 +209,13 @@ def test_attention_compiles_for_sm_90a_with_hgmma_for_both_products_and_no_spill
     assert not any(i.base in ("LDSM", "HMMA") for i in body)
     ceiling = entry["ceiling"]
     clocks = ceiling["loop"]["clocks"]
-    if d == 128:  # each consumer warp's instructions issue under the tensor clocks of its HGMMAs
-        assert ceiling["binding"] == "tensor" and clocks["issue"] < clocks["tensor"], clocks
-    else:  # at d = 64 the products take half the clocks a chunk, and the softmax (issue, MUFU) binds
-        assert ceiling["binding"] in ("issue", "mufu") and clocks["tensor"] < clocks[ceiling["binding"]], clocks
+    # the consumers' chain: a chunk's products, then S's drain before the softmax reads it (napkin_dsl/chain.py)
+    drain = compiled.program.hardware.latency_clocks("wgmma_drain")
+    assert clocks["chain"] == pytest.approx(clocks["tensor"] + chunks * drain, abs=0.1), clocks
+    if d == 128:  # each consumer warp's instructions issue under the tensor clocks of its HGMMAs; S's drain follows them
+        assert ceiling["binding"] == "chain" and clocks["issue"] < clocks["tensor"], clocks
+    else:  # at d = 64 the products take half the clocks a chunk: the softmax's issue and MUFU come near the chain
+        assert ceiling["binding"] == "chain" and clocks["tensor"] < min(clocks["issue"], clocks["mufu"]), clocks
     assert not ceiling["loop"]["unpriced"]
     # ... and the model promises no more than the code can run at
     assert ceiling["model_tflops"] <= ceiling["tflops"] * (1 + 1e-9)

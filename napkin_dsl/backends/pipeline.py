@@ -248,7 +248,7 @@ class RolesPrinter(WgmmaPrinter):
                     and s.array in self.plan.operands]
         assert set(streamed) == set(self.ring), "napkin bug: the ring holds the stream's operands"
         self.ring_node = (node, streamed)
-        self.drained = self.drained_products(node)
+        self.drained = set(self.roles.drained)
         chunks = -(-self.sizes[axis] // self.tile[axis])
         self.emit(f"// for {axis} in {chunks} chunks of {self.tile[axis]}: a {self.plan.stages}-stage ring the producer fills")
         start, depth = len(self.lines), self.depth
@@ -276,29 +276,6 @@ class RolesPrinter(WgmmaPrinter):
         self.depth = depth
         self.lines.append(Loop(f"c_{x}", stop, self.chunk_derived(axis, f"c_{x}") + origin, body, first))
         self.lines.append(Wait(groups=0, note="every product has landed"))
-
-    def drained_products(self, node) -> set[str]:
-        """The products of the stream's chunk that are waited to depth 0: those whose accumulator
-        a later step of the chunk reads (the softmax reads S), and those whose accumulator a step
-        before them reads with no such product before it (it would read the previous chunk's
-        product in flight). The others (matmul's, attention's O += P V) leave the wait depth in
-        flight."""
-        steps = [st for st, _ in walk(node.body) if st.level == self.level and st.op != "load" and st.statement is not None]
-
-        def is_product(st) -> bool:
-            return (st.statement.target in self.plan.mmas and st.op in ("compute", "accumulate")
-                    and not (st.op == "compute" and (st.level, st.statement.target) in st.reads))
-
-        products = [i for i, st in enumerate(steps) if is_product(st)]
-        drained: set[str] = set()
-        for i in products:
-            written = {name for _, name in steps[i].writes}
-            readers = [j for j, st in enumerate(steps) if j not in products and written & {name for _, name in st.reads}]
-            early = [j for j in readers if j < i]
-            covered = not early or any(k < min(early) and steps[k].statement.target in drained for k in products)
-            if any(j > i for j in readers) or not covered:
-                drained.add(steps[i].statement.target)
-        return drained
 
     def extents(self, name: str) -> list[int]:
         """Fragment ``name``'s dimensions, as it is declared (``dims``)."""
@@ -334,7 +311,7 @@ class RolesPrinter(WgmmaPrinter):
     def mma(self, target: str, out: str):
         """The chunk's products of ``target``, committed as one group, then a wait until at most
         the wait depth of the warpgroup's groups are pending (0 where a later step reads them:
-        ``drained_products``). On OpenCL the group is the runtime's: the accumulator moves to its
+        ``Roles.drained``). On OpenCL the group is the runtime's: the accumulator moves to its
         shadow (the fragment holds NaN until the group lands), a register A is posted to the
         warp's words, and the products run when the group lands, on the stage it was issued on,
         from the posted A, NaN where a shared operand's bytes or a lane's A registers changed in

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..cache import cache_root, write_atomically
+from ..chain import MissingLatency, chain_of
 from ..cost import busy_fraction, flops_by_unit
 from ..errors import NapkinError
 from ..paths.wgmma import WgmmaPlan
@@ -425,7 +426,7 @@ _OPERAND_DTYPES = {"BF16": "bf16", "TF32": "f32", "E4M3": "fp8e4m3", "E5M2": "fp
 FP32_PIPE = frozenset({"FFMA", "FMUL", "FADD"})  # one FP32 lane each (FFMA: 2 FLOPs)
 # FP32 FLOPs per lane, as the model counts them (a max is one FLOP, an FMA two).
 FP32_FLOPS = {"FFMA": 2, "FMUL": 1, "FADD": 1, "FMNMX": 1}
-RESOURCES = ("tensor", "issue", "shared", "mufu", "fp32")
+RESOURCES = ("tensor", "issue", "shared", "mufu", "fp32", "chain")
 
 
 def tensor_work(opcode: str) -> tuple[int, str, str] | None:
@@ -524,7 +525,7 @@ def _least_imbalance(warps: int, blocks_per_sm: int) -> float:
 
 
 def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per_sm: int = 1, unit: str = "tensor",
-                 tma_ring: tuple[int, int] = (0, 1), fills: int | None = None) -> dict:
+                 tma_ring: tuple[int, int] = (0, 1), fills: int | None = None, chain=None) -> dict:
     """The clocks one iteration of a loop takes on each resource of an SM, for every warp of a
     block running it once, and the FLOP rate that implies.
 
@@ -536,7 +537,11 @@ def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per
     clock, plus TMA's box writes into shared memory once a block: ``tma_ring`` is the (bytes,
     boxes) of one fill of the plan's TMA ring, whose whole fills the loop's UTMALDGs are (the
     instruction names no size), or where another warp issues them (a producer's: ``fills``) the
-    fills one iteration consumes. The binding resource is the one
+    fills one iteration consumes. ``chain`` (a wgmma launch's :class:`~napkin_dsl.chain.Chain`)
+    adds the ``chain`` resource: each chunk the iteration runs (its fills, else 1) takes the
+    chain's clocks with its products' tensor clocks as the units' time, over the blocks an SM
+    runs side by side, the least the model's chain allows (never more than the model charges: the
+    units' time it stretches is at least the products'). The binding resource is the one
     with the most clocks; ``unit`` says which FLOPs the
     rate counts: ``tensor`` (the MMAs') or ``fp32`` (2 per FFMA, 1 per FMUL, FADD, FMNMX, times
     32 lanes: an FMA-path launch).
@@ -585,6 +590,9 @@ def loop_ceiling(body: list[Instruction], rates: SMRates, warps: int, blocks_per
         "mufu": per_partition * counts["mufu"] * WARP_LANES / (rates.mufu / SUBPARTITIONS),
         "fp32": per_partition * counts["fp32"] * WARP_LANES / (rates.fp32 / SUBPARTITIONS),
     }
+    chunks = max(fills if fills is not None else copies / tma_ring[1] if copies else 1, 1)
+    clocks["chain"] = (chunks * chain.chunk_clocks(clocks["tensor"] / chunks) / max(blocks_per_sm, 1)
+                       if chain is not None and clocks["tensor"] else 0.0)
     flops = warps * (tensor_flops if unit == "tensor" else counts["fp32_flops"] * WARP_LANES)
     binding = max(RESOURCES, key=lambda r: clocks[r])
     longest = clocks[binding]
@@ -658,7 +666,7 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
     fill = (sum(load.bytes for load in ring), sum(load.boxes for load in ring)) if ring else (0, 1)
     # with roles the producer's loop issues the boxes: the consumers' loop takes a fill a full-barrier wait
     fills = sum(i.opcode.startswith("SYNCS.PHASECHK") for i in body) if roles else None
-    loop = loop_ceiling(body, rates, warps, blocks_per_sm, unit, fill, fills)
+    loop = loop_ceiling(body, rates, warps, blocks_per_sm, unit, fill, fills, launch_chain(plan, program.hardware))
     out["loop"] = loop
     out["binding"] = loop["binding"]
     if loop["tflops"] is None or not on_unit:
@@ -668,6 +676,15 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
     floor_s = on_unit / (loop["tflops"] * 1e12 * busy)
     out.update(busy=round(busy, 4), floor_s=floor_s, tflops=total / floor_s / 1e12)
     return out
+
+
+def launch_chain(plan, hardware):
+    """The chain the model prices a launch's plan with (:func:`napkin_dsl.chain.chain_of`), or None
+    (no wgmma stream, or a profile whose ``[latency]`` table cannot price it: nor does the model)."""
+    try:
+        return chain_of(plan, hardware)
+    except MissingLatency:
+        return None
 
 
 # ---- the report ---------------------------------------------------------------------------------

@@ -77,13 +77,15 @@ class Roles:
       each waits on a stage's full mbarrier, issues its products and commits them, waits until at
       most ``wait_depth`` of its groups are in flight, and then releases the stage the earlier
       product read (one arrival a warpgroup on its empty mbarrier). No block-wide barrier runs
-      inside the loop.
+      inside the loop. The products in ``drained`` are waited to depth 0 instead
+      (:func:`drained_products`: a later step of the chunk reads them, as the softmax reads S).
 
     The ring's stages are the plan's ``stages`` (isel.ring_stages), with a full and an empty
     mbarrier each."""
 
     consumers: int
     wait_depth: int = 1
+    drained: tuple = ()
     producer_registers: int = PRODUCER_REGISTERS
     consumer_registers: int = CONSUMER_REGISTERS
 
@@ -104,7 +106,42 @@ def roles_of(plan: "WgmmaPlan", launch: LaunchProgram) -> Roles:
         raise Refusal("a K-major copy each chunk (8-bit B stored n-fastest) keeps the synchronous ring: its roles are not written")
     consumers = plan.row_tile // WGMMA_M
     share = (REGISTER_FILE - WARPGROUP_THREADS * PRODUCER_REGISTERS) // (WARPGROUP_THREADS * consumers)
-    return Roles(consumers, consumer_registers=min(CONSUMER_REGISTERS, share // 8 * 8))
+    return Roles(consumers, drained=drained_products(plan, launch), consumer_registers=min(CONSUMER_REGISTERS, share // 8 * 8))
+
+
+def stream_loop(launch: LaunchProgram, axis: str | None):
+    """The launch's loop streaming ``axis`` at its compute level (the ring's), or None."""
+    level = launch.schedule.compute_level
+    return next((lp for _, loops in walk(launch.body) for lp in loops
+                 if lp.kind == "stream" and lp.level == level and lp.axis == axis), None)
+
+
+def drained_products(plan: TensorPlan, launch: LaunchProgram) -> tuple[str, ...]:
+    """The products of the stream's chunk that a warp-specialized consumer waits to depth 0: those
+    whose accumulator a later step of the chunk reads (the softmax reads S), and those whose
+    accumulator a step before them reads with no such product before it (it would read the
+    previous chunk's product in flight). The others (matmul's, attention's O += P V) leave the
+    wait depth in flight. In the chunk's order."""
+    node = stream_loop(launch, plan.stream)
+    if node is None:
+        return tuple(plan.mmas)
+    level = launch.schedule.compute_level
+    steps = [st for st, _ in walk(node.body) if st.level == level and st.op != "load" and st.statement is not None]
+
+    def is_product(st) -> bool:
+        return (st.statement.target in plan.mmas and st.op in ("compute", "accumulate")
+                and not (st.op == "compute" and (st.level, st.statement.target) in st.reads))
+
+    products = [i for i, st in enumerate(steps) if is_product(st)]
+    drained: list[str] = []
+    for i in products:
+        written = {name for _, name in steps[i].writes}
+        readers = [j for j, st in enumerate(steps) if j not in products and written & {name for _, name in st.reads}]
+        early = [j for j in readers if j < i]
+        covered = not early or any(k < min(early) and steps[k].statement.target in drained for k in products)
+        if any(j > i for j in readers) or not covered:
+            drained.append(steps[i].statement.target)
+    return tuple(dict.fromkeys(drained))
 
 
 @dataclass(frozen=True)
