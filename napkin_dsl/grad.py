@@ -80,7 +80,9 @@ def _number_text(value) -> str:
 
 def size_notation(value: algebra.Expr) -> str:
     """A size expression in the notation, every size spelled ``len(x)`` (valid in any statement,
-    whether or not it iterates over x) and powers with ``^``."""
+    whether or not it iterates over x) and powers with ``^``; a sum or a product parenthesised,
+    so that it stays one operand where it is written (a mean's cotangent over two axes divides
+    by their product)."""
     if value in (algebra.oo, -algebra.oo):
         return "inf" if value > 0 else "-inf"
     terms = []
@@ -89,6 +91,9 @@ def size_notation(value: algebra.Expr) -> str:
         for atom, exponent in monomial:
             factors.append(_atom_text(atom) + ("" if exponent == 1 else f"^{_number_text(Fraction(exponent))}"))
         terms.append(" * ".join(factors) if factors else "1")
+    if len(terms) == 1 and " * " in terms[0]:
+        # a product is one operand wherever it is written: after a division, dR / (len(i) * len(j))
+        return f"({terms[0]})"
     return "(" + " + ".join(terms) + ")" if len(terms) > 1 else (terms[0] if terms else "0")
 
 

@@ -465,3 +465,16 @@ def test_training_through_attention_runs_the_lse_forward_and_matches_torch():
     for got, want in zip((Q, K, V), reference, strict=True):
         error = (got.grad - want.grad).abs().max() / want.grad.abs().max()
         assert error <= allowed, float(error)
+
+
+def test_a_mean_over_two_axes_divides_its_cotangent_by_their_product():
+    """Found by tests/test_grad_fuzz.py: the backward wrote a mean's cotangent as dR / len(i) *
+    len(j), which the notation reads as (dR / len(i)) * len(j); a size product is one operand."""
+    kernel = napkin.load("kernel k(X: f64[i j], A: f64[]) -> R: f64[]:\n    R = mean[i j](max(A, X[i j]))\n")["k"]
+    assert "/ (len(i) * len(j))" in kernel.grad().source
+    X = torch.tensor([[0.3, -0.5, 0.9]], dtype=torch.float64, requires_grad=True)
+    A = torch.tensor(0.1, dtype=torch.float64, requires_grad=True)
+    kernel(X, A).backward()
+    X2, A2 = X.detach().clone().requires_grad_(), A.detach().clone().requires_grad_()
+    torch.maximum(A2, X2).mean().backward()
+    assert torch.allclose(X.grad, X2.grad) and torch.allclose(A.grad, A2.grad)
