@@ -459,6 +459,17 @@ class Kernel:
         """
         return _call(self, arrays, named, backend, cast, hardware, impls, sizes)
 
+    def torch_op(self, *, backend: str = "numpy", hardware: str | None = None, save_lse: bool | None = None,
+                 grad: bool = True, **sizes: int):
+        """This kernel as torch custom ops (``torch.library.custom_op``), forward and derived
+        backward, with a fake implementation for tracing: a callable that ``torch.compile`` traces
+        with no graph break (``napkin_dsl/torch_op.py``). ``backend`` runs CPU tensors (numpy or
+        opencl); ``sizes`` binds axes no input carries and, all axes bound, picks the model's
+        backward there. The same text and options give the same op."""
+        from .torch_op import torch_op
+
+        return torch_op(self, backend=backend, hardware=hardware, save_lse=save_lse, grad=grad, **sizes)
+
     def distributed(self, hardware: str | None = None, seed: int = 0, backend: str = "numpy", group=None,
                     **sizes: int) -> dict | None:
         """Run this kernel across the processes of an initialised torch.distributed group (inside a
@@ -899,6 +910,8 @@ def _call_with_autograd(kernel: Kernel, array_args: dict, scalar_args: dict, bac
     backward kernel accumulates in f32 (every napkin intermediate is f32 on chip)."""
     import torch
 
+    from .torch_op import backward_arguments, input_gradients
+
     diagram = kernel.diagram
     for name, value in scalar_args.items():
         if _requires_grad(value):
@@ -933,29 +946,14 @@ def _call_with_autograd(kernel: Kernel, array_args: dict, scalar_args: dict, bac
 
         @staticmethod
         def backward(ctx, *cotangents):
-            saved = ctx.saved_tensors
+            saved = [t.detach() for t in ctx.saved_tensors]
             inputs = dict(zip(names, saved[:len(names)], strict=True))
             outputs = dict(zip(running.diagram.outputs, saved[len(names):], strict=True))
-            wanted = set(backward_kernel.diagram.params)
-            call = {name: value.detach() for name, value in inputs.items() if name in wanted}
-            call.update({name: value for name, value in scalar_args.items() if name in wanted})
-            call.update({name: outputs[name].detach() for name in derivation.saved})
-            for output, cotangent in zip(diagram.outputs, cotangents, strict=True):
-                parameter = derivation.cotangents.get(output)
-                if parameter is not None:
-                    dtype = outputs[output].dtype
-                    call[parameter] = (torch.zeros_like(outputs[output]) if cotangent is None
-                                       else cotangent.detach().to(dtype).contiguous())
+            call = backward_arguments(derivation, backward_kernel.diagram.params, inputs, scalar_args, outputs,
+                                      dict(zip(diagram.outputs, cotangents, strict=True)))
             result = _call(backward_kernel, (), call, **backward_options)
             result = result if len(backward_kernel.diagram.outputs) > 1 else {backward_kernel.diagram.outputs[0]: result}
-            grads = []
-            for name, value in inputs.items():
-                gradient = derivation.gradients.get(name)
-                if gradient is None or not ctx.needs_input_grad[names.index(name)]:
-                    grads.append(None)
-                else:
-                    grads.append(result[gradient].to(value.dtype))
-            return tuple(grads)
+            return input_gradients(derivation, names, inputs, result, ctx.needs_input_grad)
 
     tensors = [value for value in array_args.values()]
     if not all(isinstance(t, torch.Tensor) for t in tensors):

@@ -148,6 +148,7 @@ STAGES = (
     ("tune", "render", "backends", "backends.compiled", "backends.driver", "backends.nvrtc", "backends.sass",
      "backends.lowering", "backends.tensorcore", "backends.wgmma", "backends.pipeline", "backends.translate", "backends.numpy",
      "backends.cuda", "backends.opencl", "backends.distributed", "backends.roles"),
+    ("torch_op",),  # a kernel as torch custom ops: it calls the kernel it is given, and imports no kernel module
     ("kernel",),
     ("cli",),
 )
