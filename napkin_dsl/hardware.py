@@ -388,6 +388,22 @@ def hardware_names() -> list[str]:
     return sorted(path.stem for path in PROFILE_DIR.glob("*.toml"))
 
 
+def profile_for_device(name: str) -> str:
+    """The bundled single-GPU profile of a GPU the driver names ``name`` ("NVIDIA H100 80GB
+    HBM3": H100): the profile whose name is a word of it. A GPU napkin has no profile for is a
+    :class:`NapkinError` naming the profiles and how to add one."""
+    import re
+
+    words = {w.upper() for w in re.split(r"[^A-Za-z0-9]+", name) if w}
+    found = [p for p in hardware_names() if p.upper() in words and load_hardware(p).archs and load_hardware(p).device is None]
+    if len(found) == 1:
+        return found[0]
+    profiles = ", ".join(p for p in hardware_names() if load_hardware(p).archs and load_hardware(p).device is None)
+    raise NapkinError(f"napkin has no hardware profile for the GPU {_shown(name)} (its profiles: {profiles})",
+                      hint="pass hardware= a profile file for it: copy one of these and change its figures "
+                           "(docs/hardware.md, Adding a GPU)")
+
+
 def gpu_for_arch(arch: str) -> str:
     """The bundled profile code for ``arch`` is planned on when no GPU is named: the first (by
     name) whose own architecture it is, else the first that runs it (sm_80: A100, sm_90: H100).

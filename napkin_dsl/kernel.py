@@ -120,6 +120,16 @@ class Kernel:
             self._cache[key] = plan(self.diagram, self._target(hardware), self.relabel, check_sizes(sizes))
         return self._cache[key]
 
+    def _selection(self, hardware: str | None, program, **sizes: int):
+        """Instruction selection of :meth:`program`'s Program for the profile's own target, once
+        per Program (what the NumPy backend's counts follow): a repeated call selects nothing."""
+        from .isel import select_program
+
+        key = ("selection", self._target(hardware), tuple(sorted(sizes.items())))
+        if key not in self._cache:
+            self._cache[key] = select_program(program)
+        return self._cache[key]
+
     def pseudocode(self, format: str = "text", hardware: str | None = None, arch: str | None = None,
                    **sizes: int) -> str:
         """The paper's looped pseudocode as text (``format="text"``) or a Markdown table of columns,
@@ -877,13 +887,32 @@ def _call(kernel: Kernel, arrays: tuple, named: dict, backend: str, cast: bool, 
         check_memory(kernel.program(hardware, **guessed, **partition_sizes), tiles=backend == "numpy")
     # The CUDA backend reads the caller's CUDA arrays in place; the outputs go back as the caller's array type.
     binding = bind(diagram, array_args, scalar_args, cast, sizes=axis_sizes, keep_on_device=backend == "cuda")
+    if backend == "cuda":
+        return _call_cuda(kernel, binding, partition_sizes, hardware)
     program = kernel.program(hardware, **binding.sizes, **partition_sizes)
+    selected = kernel._selection(hardware, program, **binding.sizes, **partition_sizes) if backend == "numpy" else None
     # As `napkin run` shows it: on a terminal's stderr after about a second, never into a pipe,
     # a notebook or captured output (progress.wanted); a bar of blocks done on NumPy.
     with Progress(f"run {kernel.name} on {backend}", enabled=wanted()) as progress:
-        outputs, _ = run_program(backend, program, binding.inputs, binding.scalars, impls, progress)
+        outputs, _ = run_program(backend, program, binding.inputs, binding.scalars, impls, progress, selected=selected)
     outputs = binding.deliver(outputs)
     return outputs[diagram.outputs[0]] if len(diagram.outputs) == 1 else outputs
+
+
+def _call_cuda(kernel: Kernel, binding, partition_sizes: dict, hardware):
+    """A call on the GPU runs what :meth:`Kernel.compile` builds (one road): planned and tuned
+    on the profile of the GPU it runs on (``hardware``, else the driver's name for the device,
+    ``hardware.profile_for_device``), for the arch the model priced there, cached per kernel,
+    sizes, arch and profile, so that a repeated call binds and launches only."""
+    from .backends.cuda import current_device, launch
+    from .hardware import load_hardware, profile_for_device
+
+    device = current_device()
+    target = hardware or profile_for_device(device.name)
+    arch = load_hardware(target).arch_for_device(device.arch)
+    compiled = kernel.compile(arch, target, **binding.sizes, **partition_sizes)
+    outputs = binding.deliver(launch(compiled, binding.inputs, binding.scalars))
+    return outputs[kernel.diagram.outputs[0]] if len(kernel.diagram.outputs) == 1 else outputs
 
 
 # ---- torch.autograd ------------------------------------------------------------------------------

@@ -314,11 +314,15 @@ def test_report_includes_the_run_check(capsys):
 
 
 def test_the_cuda_backend_gets_cuda_arrays_in_place(monkeypatch):
-    """Zero-copy hand-off: a CUDA array reaches the CUDA backend as its own device pointer.
+    """Zero-copy hand-off: a CUDA array reaches the launch as its own device pointer.
 
-    No GPU here: the array poses as CUDA memory through __dlpack_device__ and the backend is a
-    stand-in that records what it was given; the pointer is never dereferenced."""
-    from napkin_dsl.binding import DeviceArray
+    No GPU here: the array poses as CUDA memory through __dlpack_device__, and the driver is
+    replaced at its boundary (tests/test_one_road.py's recording device); the pointer is never
+    dereferenced. The kernel is compiled through NVRTC as on a GPU."""
+    pytest.importorskip("cuda.bindings")
+    from napkin_dsl.backends import cuda
+
+    from .test_one_road import RecordingDevice
 
     class PosingAsCuda:
         def __init__(self, array):
@@ -330,20 +334,14 @@ def test_the_cuda_backend_gets_cuda_arrays_in_place(monkeypatch):
         def __dlpack_device__(self):
             return (2, 0)
 
-    calls = []
-
-    def run(program, inputs, scalars):
-        calls.append(inputs)
-        return {"Y": np.zeros((4, 8), np.float32)}
-
-    fake = types.ModuleType("napkin_dsl.backends.cuda")
-    fake.run = run
-    monkeypatch.setitem(sys.modules, "napkin_dsl.backends.cuda", fake)
-    monkeypatch.setattr(driver, "cuda_available", lambda: True)
+    device = RecordingDevice()
+    launched = []
+    monkeypatch.setattr(device, "launch", lambda function, grid, block, args, shared_bytes=0, stream=None: launched.append(args))
+    monkeypatch.setattr(cuda, "current_device", lambda: device)
+    monkeypatch.setattr(cuda, "_modules", {})
     (softmax,) = napkin.load(EXAMPLES / "softmax.napkin").values()
     X = np.ones((4, 8), np.float32)
     softmax(PosingAsCuda(X), backend="cuda")
-    (inputs,) = calls
-    assert isinstance(inputs["X"], DeviceArray) and inputs["X"].__cuda_array_interface__["data"][0] == X.ctypes.data
+    assert [a.value for args in launched for a in args if hasattr(a, "value")] == [X.ctypes.data]
     with pytest.raises(NapkinCallError, match="host backends"):
         softmax(PosingAsCuda(X), backend="numpy")

@@ -134,7 +134,9 @@ def compiled_cost(program: Program, arch: str, launches: list[KernelSource], res
 
 
 @functools.lru_cache(maxsize=1)
-def _device():
+def current_device():
+    """The process's CUDA device 0, opened once: its primary context, and the modules loaded on
+    it (``_loaded``), serve every later call. Raises NoCudaDevice without a GPU."""
     from .driver import Device
 
     return Device(0)
@@ -204,11 +206,19 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
     used in place. Outputs and intermediates materialised in device memory are allocated
     here. Raises NoCudaDevice without a GPU, NapkinCallError for a missing or mismatched input.
     """
-    from ..errors import NapkinCallError
-    from .driver import encode_tiled
+    device = current_device()
+    return launch(compile_program(program, arch or program.hardware.arch_for_device(device.arch)), inputs, scalars, stream)
 
-    device = _device()
-    compiled = compile_program(program, arch or program.hardware.arch_for_device(device.arch))
+
+def launch(compiled: CompiledKernel, inputs: dict, scalars: dict | None = None, stream=None) -> dict:
+    """Run a compiled kernel on the GPU (:func:`run`'s inputs and outputs): the module loaded
+    once per device, each TMA operand's tensor map encoded once per device address (a caller's
+    CUDA tensor keeps its map from call to call), and nothing planned, selected, lowered or
+    priced: the compiled kernel carries its launches and its selection."""
+    from ..errors import NapkinCallError
+
+    device = current_device()
+    program = compiled.program
     module = _loaded(device, compiled)
     diagram = program.diagram
     scalars = dict(scalars or {})
@@ -244,7 +254,7 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
         held[name] = buffer
         return buffer
 
-    maps = tensor_map_arguments(program, compiled.selection)
+    maps = _tensor_map_specs(compiled)
     if len(maps) != len(compiled.launches):
         raise NotImplementedError("napkin bug: a compiled kernel's launches are not the Program's")
     try:
@@ -253,13 +263,35 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
             args = [argument(name) for name, _, _ in k.arrays]
             args += [(np.float64 if scalar_ctype(diagram, name) == "double" else np.float32)(scalars[name]) for name in k.scalars]
             # TMA operands: the driver encodes each tensor map over the operand's device memory
-            args += [encode_tiled(tensor_map, _address(argument(name))) for name, tensor_map in tensor_maps]
+            args += [_encoded(compiled, name, tensor_map, _address(argument(name))) for name, tensor_map in tensor_maps]
             device.launch(function, k.grid, k.block, args, shared_bytes=k.shared_bytes, stream=stream)
         device.synchronize(stream)
         return {name: device.copy_to_host(held[name], host) for name, host in host_outputs.items()}
     finally:
         for buffer in owned:
             device.free(buffer)
+
+
+_specs: dict = {}  # compiled image -> its launches' tensor map specs (tensor_map_arguments)
+_maps: dict = {}  # (compiled image, array, address) -> the encoded map
+
+
+def _tensor_map_specs(compiled: CompiledKernel) -> list[list]:
+    key = hash(compiled.image)
+    if key not in _specs:
+        _specs[key] = tensor_map_arguments(compiled.program, compiled.selection)
+    return _specs[key]
+
+
+def _encoded(compiled: CompiledKernel, name: str, tensor_map, address: int):
+    """A TMA operand's map over ``address``, encoded once: the map is the address and the shape
+    and strides the kernel was compiled for."""
+    from .driver import encode_tiled
+
+    key = (hash(compiled.image), name, address)
+    if key not in _maps:
+        _maps[key] = encode_tiled(tensor_map, address)
+    return _maps[key]
 
 
 def _address(value) -> int:

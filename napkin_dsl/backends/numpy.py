@@ -1421,18 +1421,19 @@ def _json_number(value):
 
 
 def run_program(backend: str, program: Program, inputs: dict, scalars: dict, impls: dict | None = None,
-                progress=None, arch: str | None = None) -> tuple[dict, Counts | None]:
+                progress=None, arch: str | None = None, selected: ProgramSelection | None = None) -> tuple[dict, Counts | None]:
     """Run a Program on a backend: ``(outputs, Counts)`` here with NumPy, ``(outputs, None)`` through
     ``napkin_dsl.backends.cuda.run`` or ``napkin_dsl.backends.opencl.run``. ``progress`` goes to
     :func:`execute` (the GPU backends say nothing of how far they are). ``arch`` picks the
     instruction paths the OpenCL emulation prints (``sm_90a``: wgmma where selection takes it);
-    the CUDA backend compiles for the GPU it runs on, and NumPy runs the Program itself.
+    the CUDA backend compiles for the GPU it runs on, and NumPy runs the Program itself, its
+    counts following ``selected`` where the caller has the selection (a kernel call keeps it).
 
     A missing GPU backend raises NotImplementedError naming what is missing; ``cuda`` without a
     GPU raises :class:`~napkin_dsl.backends.driver.NoCudaDevice`.
     """
     if backend == "numpy":
-        return execute(program, inputs, scalars, impls, progress)
+        return execute(program, inputs, scalars, impls, progress, selected)
     if backend == "cuda":
         from . import driver
 
