@@ -151,3 +151,20 @@ def test_a_repeated_call_on_numpy_plans_selects_and_prices_nothing():
     first = _profiled(lambda: kernel(q, q, q))
     assert ("isel.py", "select_program") in first or ("plan.py", "plan") in first  # so that "not in" below can fail
     assert not _profiled(lambda: kernel(q, q, q)) & STAGES
+
+
+def test_the_launch_description_carries_its_tensor_maps_through_the_disk_cache(tmp_path, monkeypatch):
+    """What the printer decided reaches the launcher as the compiled launch itself: its tensor
+    maps are the ones the Program's selection gives, and they survive the disk cache."""
+    pytest.importorskip("cuda.bindings")
+    from napkin_dsl.backends.compiled import read_compiled, write_compiled
+
+    compiled = _matmul().compile(**SIZES)
+    (launch,) = compiled.launches
+    assert sorted(name for name, _ in launch.tensor_maps) == ["A", "B"]
+    assert list(launch.tensor_maps) == cuda.tensor_map_arguments(compiled.program, compiled.selection)[0]
+    monkeypatch.setenv("NAPKIN_CACHE_DIR", str(tmp_path))
+    write_compiled("k", compiled)
+    assert list(tmp_path.rglob("k.json"))
+    (again,) = read_compiled("k", lambda: pytest.fail("reading the launches planned the kernel")).launches
+    assert again == launch

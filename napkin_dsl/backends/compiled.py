@@ -33,7 +33,7 @@ from typing import Any, Callable
 from ..cache import cache_root, write_atomically
 
 # Bumped when the entry layout or the key's recipe changes, so that old entries are never read.
-COMPILED_FORMAT = 1
+COMPILED_FORMAT = 2  # 2: each launch carries its tensor maps (an entry without them would launch a TMA kernel without its maps)
 COMPILED_CACHE_SUBDIR = "compiled-kernels"
 SASS_CACHE_SUBDIR = "sass-listings"  # nvdisasm's listings of cubins (backends/sass.py), cleared with them
 # The packages whose NVRTC builds the cubins: a new one is a new key.
@@ -59,6 +59,10 @@ class KernelSource:
     # index, with which a run of the OpenCL roles runtime names a deadlock; () for any other.
     roles: tuple = ()
     barriers: tuple = ()
+    # The TMA operands' tensor maps, (array, driver.TiledTensorMap) in the kernel's parameter
+    # order after the scalars: what the launcher encodes over each operand's address (a wgmma
+    # plan's ``plan.tma``, at the sizes printed); () for a launch without TMA.
+    tensor_maps: tuple = ()
 
     def __repr__(self) -> str:
         # Without the text: the whole kernel source made the repr of every compiled kernel pages long.
@@ -243,10 +247,15 @@ def read_compiled(key: str, planned: Callable[[], tuple[Any, Any, Any]]) -> Comp
 
 
 def _launch(stored: dict) -> KernelSource:
-    """A KernelSource read back from JSON, which turned its tuples (arrays, scalars, roles, barriers) into lists."""
+    """A KernelSource read back from JSON, which turned its tuples (arrays, scalars, roles, barriers)
+    into lists and its tensor maps into dicts."""
+    from .driver import TiledTensorMap
+
     tupled = {key: [tuple(item) if isinstance(item, list) else item for item in stored[key]] for key in ("arrays", "scalars")}
     named = {key: tuple(stored[key]) for key in ("roles", "barriers") if key in stored}
-    return KernelSource(**{**stored, **tupled, **named})
+    maps = tuple((name, TiledTensorMap(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}))
+                 for name, fields in stored.get("tensor_maps", ()))
+    return KernelSource(**{**stored, **tupled, **named, "tensor_maps": maps})
 
 
 def write_compiled(key: str, compiled: CompiledKernel) -> None:

@@ -213,8 +213,10 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, stream=None
 def launch(compiled: CompiledKernel, inputs: dict, scalars: dict | None = None, stream=None) -> dict:
     """Run a compiled kernel on the GPU (:func:`run`'s inputs and outputs): the module loaded
     once per device, each TMA operand's tensor map encoded once per device address (a caller's
-    CUDA tensor keeps its map from call to call), and nothing planned, selected, lowered or
-    priced: the compiled kernel carries its launches and its selection."""
+    CUDA tensor keeps its map from call to call), and nothing selected, lowered or priced: each of
+    the compiled kernel's launches carries its grid, block, shared bytes and tensor maps
+    (``KernelSource``). Its Program gives the arrays' shapes (planned again only after a
+    disk-cache hit, once)."""
     from ..errors import NapkinCallError
 
     device = current_device()
@@ -254,16 +256,13 @@ def launch(compiled: CompiledKernel, inputs: dict, scalars: dict | None = None, 
         held[name] = buffer
         return buffer
 
-    maps = _tensor_map_specs(compiled)
-    if len(maps) != len(compiled.launches):
-        raise NotImplementedError("napkin bug: a compiled kernel's launches are not the Program's")
     try:
-        for k, tensor_maps in zip(compiled.launches, maps, strict=True):
+        for k in compiled.launches:
             function = device.function(module, k.entry)
             args = [argument(name) for name, _, _ in k.arrays]
             args += [(np.float64 if scalar_ctype(diagram, name) == "double" else np.float32)(scalars[name]) for name in k.scalars]
             # TMA operands: the driver encodes each tensor map over the operand's device memory
-            args += [_encoded(compiled, name, tensor_map, _address(argument(name))) for name, tensor_map in tensor_maps]
+            args += [_encoded(compiled, name, tensor_map, _address(argument(name))) for name, tensor_map in k.tensor_maps]
             device.launch(function, k.grid, k.block, args, shared_bytes=k.shared_bytes, stream=stream)
         device.synchronize(stream)
         return {name: device.copy_to_host(held[name], host) for name, host in host_outputs.items()}
@@ -272,15 +271,7 @@ def launch(compiled: CompiledKernel, inputs: dict, scalars: dict | None = None, 
             device.free(buffer)
 
 
-_specs: dict = {}  # compiled image -> its launches' tensor map specs (tensor_map_arguments)
 _maps: dict = {}  # (compiled image, array, address) -> the encoded map
-
-
-def _tensor_map_specs(compiled: CompiledKernel) -> list[list]:
-    key = hash(compiled.image)
-    if key not in _specs:
-        _specs[key] = tensor_map_arguments(compiled.program, compiled.selection)
-    return _specs[key]
 
 
 def _encoded(compiled: CompiledKernel, name: str, tensor_map, address: int):

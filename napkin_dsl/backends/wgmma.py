@@ -79,6 +79,8 @@ inherits.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..dtypes import FP8_DTYPES
 from ..isel import MBARRIER_BYTES, kmajor_name, mbarrier_count
 from ..paths.wgmma import TmaLoad, WgmmaPlan
@@ -515,8 +517,11 @@ class WgmmaPrinter(TensorPrinter):
             self.maps = tensor_maps(plan, self.diagram, self.sizes)
 
     def print(self, entry: str) -> KernelSource:
+        """The launch's kernel, with the tensor maps its TMA operands take (``plan.tma`` order):
+        the launcher encodes them as they are, and selects, plans and sizes nothing."""
         self.entry = entry
-        return super().print(entry)
+        source = super().print(entry)
+        return replace(source, tensor_maps=tuple((name, self.maps[name]) for name in self.tma)) if self.tma else source
 
     @property
     def rolled_stream(self) -> bool:
