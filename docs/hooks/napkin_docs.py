@@ -13,6 +13,7 @@ Pages are Markdown with a few fenced blocks that this hook replaces by real outp
     under that name, so that later commands on the page can use it.
 ``python-run``  Python executed in one namespace per page; shown with what it prints. A
     NapkinError is shown the way Python reports it (``expect=error`` says one is wanted).
+    ``figure=NAME.svg``: the SVG the block writes, shown under it as napkin-draw's are.
 
 and HTML comments replaced by generated sections: ``<!-- napkin:grammar -->``,
 ``<!-- napkin:functions -->``, ``<!-- napkin:dtypes -->``, ``<!-- napkin:hardware -->``,
@@ -363,6 +364,12 @@ class Page:
             shown = _fenced(body, "python")
             if outcome.text.strip():
                 shown += "\n\n" + _fenced(outcome.text, "text", title="output")
+            figure = attrs.get("figure")
+            if figure and outcome.ok and self.files is not None:
+                if not figure.endswith(".svg") or "/" in figure or not (self.cwd / figure).is_file():
+                    self.complain(f"a python-run block with figure={figure} must write NAME.svg in its directory")
+                else:
+                    shown += "\n\n" + self.publish(figure, attrs.get("alt", figure))
             return _indent(shown, indent)
         if kind == "napkin-md":
             line = body.strip()
@@ -418,13 +425,18 @@ class Page:
         shown = _fenced(f"$ {line}\n{outcome.text.rstrip()}", "text")
         if not outcome.ok:
             return shown
+        return f"{shown}\n\n{self.publish(name, attrs.get('alt', name))}"
+
+    def publish(self, name: str, alt: str) -> str:
+        """The SVG file ``name`` a block wrote in the page's scratch directory, made a file of the
+        site beside the page, and its slot in the page (:func:`_diagram_slot`)."""
         directory = self.src_uri.rsplit("/", 1)[0] + "/" if "/" in self.src_uri else ""
         stem = self.src_uri.rsplit("/", 1)[-1][: -len(".md")]
         site_name = f"{stem}.{name}"
         svg = (self.cwd / name).read_text()
         self.files.append(File.generated(self.config, directory + site_name, content=svg))
         _state.setdefault("diagrams", {})[directory + site_name] = svg
-        return f"{shown}\n\n{_diagram_slot(attrs.get('alt', name), directory + site_name)}"
+        return _diagram_slot(alt, directory + site_name)
 
     def diagram(self, source: str = "", variant: str = "relabelled") -> str:
         """``<!-- napkin:diagram examples/X.napkin [written|relabelled] -->``: the example's drawing,
