@@ -23,13 +23,13 @@ import itertools
 import sys
 import textwrap
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from . import syntax as syn
 from .check import CheckedKernel, check_module, check_sizes
-from .errors import NapkinError, NapkinSyntaxError, Span
+from .errors import NapkinError, NapkinSyntaxError, RelabelError, Span
 from .hardware import hardware_names
 from .progress import Progress, wanted
 
@@ -117,7 +117,12 @@ class Kernel:
 
         key = ("program", self._target(hardware), tuple(sorted(sizes.items())))
         if key not in self._cache:
-            self._cache[key] = plan(self.diagram, self._target(hardware), self.relabel, check_sizes(sizes))
+            refit = self._refit(self._target(hardware), sizes)
+            if refit is not None:
+                diagram, block, note = refit
+                self._cache[key] = _noted(plan(diagram, self._target(hardware), block, check_sizes(sizes)), note)
+            else:
+                self._cache[key] = plan(self.diagram, self._target(hardware), self.relabel, check_sizes(sizes))
         return self._cache[key]
 
     def _selection(self, hardware: str | None, program, **sizes: int):
@@ -223,7 +228,8 @@ class Kernel:
 
     def gpu_program(self, hardware: str | None = None, **sizes: int):
         """The Program code generation uses on a GPU profile: the relabel block's, or, for a kernel
-        without one (or relabelled for an abstract model), the tuner's best configuration."""
+        without one (or relabelled for an abstract model), the tuner's best configuration, as for a
+        block written for another GPU that does not fit this one (:meth:`_refit`, noted)."""
         from .hardware import load_hardware
         from .plan import plan
 
@@ -238,17 +244,53 @@ class Kernel:
             raise LoweringError(f"box {opaque[0].box.box.name} is opaque: it has no body to compile", opaque[0].span,
                                 "opaque boxes are for the cost model; run them with the NumPy backend and impls=")
         block = self.relabel
-        if block is None or load_hardware(block.hardware).symbolic:
+        refit = self._refit(target, sizes)
+        if refit is not None:
+            diagram, block, note = refit
+        elif block is None or load_hardware(block.hardware).symbolic:
             from .tune import tune
 
             best = tune(self.diagram, target, None, check_sizes(sizes), top=1, keep_written=True)
             block = best.block(self.diagram, load_hardware(target))
             # The tuner may materialise intermediates the source fuses (never fuse what it materialises).
-            diagram = best.best.diagram or self.diagram
+            diagram, note = best.best.diagram or self.diagram, None
         else:
-            diagram = self.diagram
-        self._cache[key] = plan(diagram, target, block, check_sizes(sizes))
+            diagram, note = self.diagram, None
+        self._cache[key] = _noted(plan(diagram, target, block, check_sizes(sizes)), note)
         return self._cache[key]
+
+    def _refit(self, target: str, sizes: dict):
+        """Where this kernel's relabel block was written for another GPU than ``target`` and does not
+        fit it at ``sizes`` (every axis bound): the tuner's schedule there, the written block among its
+        candidates, as (diagram, block, the note that says why); None where the written block stands."""
+        from .hardware import load_hardware
+
+        block = self.relabel
+        profile = load_hardware(target)
+        if (block is None or block.hardware == profile.name or profile.symbolic or load_hardware(block.hardware).symbolic
+                or not set(self.diagram.axes) <= set(sizes)):
+            return None
+        key = ("refit", profile.name, tuple(sorted(sizes.items())))
+        if key not in self._cache:
+            from .cost import cost_of
+            from .plan import plan
+            from .tune import retarget, tune
+
+            try:
+                cost_of(plan(self.diagram, target, block, check_sizes(sizes)))
+                self._cache[key] = None
+            except RelabelError as error:
+                best = tune(self.diagram, target, retarget(block, profile), check_sizes(sizes), top=1, keep_written=True)
+                tuned = best.block(self.diagram, profile)
+                note = (f"the relabel block written for {block.hardware} does not fit {profile.name} "
+                        f"({str(error.message).splitlines()[0]}): the tuner's schedule for {profile.name} runs "
+                        f"({self._block_line(tuned)})")
+                self._cache[key] = (best.best.diagram or self.diagram, tuned, note)
+        return self._cache[key]
+
+    @staticmethod
+    def _block_line(block) -> str:
+        return "; ".join(line.strip() for line in _block_text(block, "").splitlines()[1:])
 
     def compile(self, arch: str | None = None, hardware: str | None = None, ptx: bool = False, synchronous: bool = False,
                 **sizes: int):
@@ -521,6 +563,13 @@ def _halvings(size: int, least: int = 16) -> list[int]:
     while found[-1] % 2 == 0 and found[-1] // 2 >= least and (found[-1] // 2) % least == 0:
         found.append(found[-1] // 2)
     return found
+
+
+def _noted(program, note: str | None):
+    """``program`` with ``note`` among its schedule's notes (which the cost report prints)."""
+    if note is None:
+        return program
+    return replace(program, schedule=replace(program.schedule, notes=program.schedule.notes + (note,)))
 
 
 def _block_text(block: syn.RelabelBlock, kernel: str) -> str:

@@ -673,13 +673,13 @@ def dry_run_case(case: Case, arch: str | None, profile: str) -> Row:
 def profile_for(device_name: str, arch: str) -> tuple[str, str]:
     """(napkin hardware profile, how it was chosen) for a GPU."""
     from napkin_dsl.errors import NapkinError
-    from napkin_dsl.hardware import gpu_for_arch, hardware_names, load_hardware
+    from napkin_dsl.hardware import gpu_for_arch, hardware_names, load_hardware, profile_for_device
 
-    upper = device_name.upper()
     gpus = [name for name in hardware_names() if load_hardware(name).archs]  # the GPU profiles, not the abstract ones
-    for name in sorted(gpus, key=len, reverse=True):  # the longest name first: a profile "H100 PCIe" before "H100"
-        if name.upper() in upper:
-            return name, "by device name"
+    try:
+        return profile_for_device(device_name), "by device name"  # the one map a kernel call uses too
+    except NapkinError:
+        pass
     try:
         guess = gpu_for_arch(arch)
     except NapkinError:  # no profile lists this arch: the GPU of its major version (sm_89: A100)

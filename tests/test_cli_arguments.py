@@ -154,10 +154,10 @@ def test_each_gpu_profile_lists_the_architectures_it_runs_and_its_default_is_one
     archs = {name: load_hardware(name).archs for name in hardware_names()}
     hopper = ("sm_80", "sm_90", "sm_90a")
     assert archs == {"A100": ("sm_80",), "H100": hopper, "H200": hopper, "H100x8": hopper, "H200x8": hopper,
-                     "three_level": (), "two_level": ()}
-    for name in ("A100", "H100", "H200"):
+                     "L40S": ("sm_80", "sm_89"), "three_level": (), "two_level": ()}
+    for name in ("A100", "H100", "H200", "L40S"):
         assert load_hardware(name).arch in archs[name]
-    assert (gpu_for_arch("sm_80"), gpu_for_arch("sm_90")) == ("A100", "H100")
+    assert (gpu_for_arch("sm_80"), gpu_for_arch("sm_89"), gpu_for_arch("sm_90")) == ("A100", "L40S", "H100")
     with pytest.raises(NapkinError, match="no hardware profile runs 'sm_100'"):
         gpu_for_arch("sm_100")
 

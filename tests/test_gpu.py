@@ -483,7 +483,10 @@ def test_profile_by_device_name():
     assert gpu_check.profile_for("NVIDIA H200", "sm_90")[0] == "H200"
     assert gpu_check.profile_for("NVIDIA H100 80GB HBM3", "sm_90")[0] == "H100"
     assert gpu_check.profile_for("NVIDIA A100-SXM4-80GB", "sm_80")[0] == "A100"
-    profile, how = gpu_check.profile_for("NVIDIA L4", "sm_89")
+    assert gpu_check.profile_for("NVIDIA L40S", "sm_89")[0] == "L40S"
+    profile, how = gpu_check.profile_for("NVIDIA L4", "sm_89")  # Ada, no profile of its own: the L40S, by its arch
+    assert profile == "L40S" and "no profile" in how
+    profile, how = gpu_check.profile_for("NVIDIA A10", "sm_86")  # no profile runs sm_86: the newest of its major version
     assert profile == "A100" and "no profile" in how
     # A GPU no profile lists runs the cubin of its profile's newest arch of its major version.
     assert gpu_check.compile_arch("A100", "sm_89") == "sm_80"

@@ -24,13 +24,14 @@ from .conftest import EXAMPLES
 
 
 @pytest.mark.parametrize("name, profile", [("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100"),
-                                           ("NVIDIA H200", "H200"), ("NVIDIA A100-SXM4-80GB", "A100")])
+                                           ("NVIDIA H200", "H200"), ("NVIDIA A100-SXM4-80GB", "A100"),
+                                           ("NVIDIA L40S", "L40S")])
 def test_the_driver_name_of_a_gpu_maps_to_its_profile(name, profile):
     assert profile_for_device(name) == profile
 
 
 def test_a_gpu_without_a_profile_is_named_with_the_profiles_and_how_to_add_one():
-    with pytest.raises(NapkinError, match=r"no hardware profile for the GPU 'NVIDIA GeForce RTX 4090' \(its profiles: A100, H100, H200\)") as error:
+    with pytest.raises(NapkinError, match=r"no hardware profile for the GPU 'NVIDIA GeForce RTX 4090' \(its profiles: A100, H100, H200, L40S\)") as error:
         profile_for_device("NVIDIA GeForce RTX 4090")
     assert "Adding a GPU" in error.value.hint
 

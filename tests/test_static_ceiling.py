@@ -40,7 +40,7 @@ from napkin_dsl.pseudocode import walk
 from .conftest import EXAMPLES, needs_nvdisasm
 from .test_cuda_codegen import CASES, SIZES
 
-TARGETS = [("sm_80", "A100"), ("sm_90", "H100"), ("sm_90a", "H100")]  # sm_90a: wgmma where isel takes it
+TARGETS = [("sm_80", "A100"), ("sm_90", "H100"), ("sm_90a", "H100"), ("sm_89", "L40S")]  # sm_90a: wgmma where isel takes it
 
 
 def body(*opcodes: str, predicate: str = "") -> list[Instruction]:
