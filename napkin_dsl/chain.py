@@ -14,8 +14,9 @@ A chunk costs a block its units' time U (the model's tensor, FMA and MUFU time i
 
 * synchronous: the block barrier, the full-barrier wait, and a drain per product group;
 * roles: a drain per product a later step of the chunk reads (``Roles.drained``: the softmax reads
-  S); the full-barrier wait only where no product stays in flight across chunks (at wait depth 1
-  it runs under the previous chunk's products, as matmul's does);
+  S); two barriers among the consumers around the chunk's plain tiles (``Roles.vectors``: fp8's
+  per-key scales); the full-barrier wait only where no product stays in flight across chunks (at
+  wait depth 1 it runs under the previous chunk's products, as matmul's does);
 
 and the copy. With the roles, a ring of s stages holds each chunk from its copy's issue until its
 release, so the consumers take a chunk at most every (copy + U + links) / s (Little's law). The
@@ -121,6 +122,9 @@ def chain_of(plan, hardware) -> Chain | None:
         links += [link(f"{target}'s drain (wait_group 0)", "wgmma_drain") for target in plan.mmas]
         return Chain("synchronous ring", tuple(links), (), copy, plan.stages)
     links = [link(f"{target}'s drain (wait_group 0: a later step reads it)", "wgmma_drain") for target in roles.drained]
+    if roles.vectors:  # the consumers' two barriers around the chunk's plain tiles (RolesPrinter.chunk_vectors)
+        names = " and ".join(roles.vectors)
+        links += [link(f"the consumers' barrier before {names}", "bar_sync"), link(f"the consumers' barrier after {names}", "bar_sync")]
     hidden = []
     if set(roles.drained) >= set(plan.mmas):
         links.insert(0, link("the full-barrier wait", "mbarrier_wait"))

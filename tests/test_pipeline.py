@@ -90,9 +90,6 @@ def test_roles_of_names_what_it_does_not_take():
 
     program = napkin.load(EXAMPLES / "attention.napkin")["attention"].gpu_program("H100", b=1, h=2, q=256, x=256, d=128)
     plan = selection(program, program.launches[0], "sm_90a").plan
-    with pytest.raises(wgmma_path.Refusal, match="an 8-bit register A"):
-        wgmma_path.roles_of(replace(plan, mmas={t: replace(m, dtype="fp8e4m3") for t, m in plan.mmas.items()}),
-                            program.launches[0])
     with pytest.raises(wgmma_path.Refusal, match="no TMA ring"):
         wgmma_path.roles_of(replace(plan, tma=(), tma_declined="a test"), program.launches[0])
 
@@ -357,6 +354,70 @@ def _attention_fails(seed, monkeypatch) -> bool:
 def test_each_planted_attention_bug_fails_the_run(bug, seed, monkeypatch):
     ATTENTION_BUGS[bug](monkeypatch)
     assert _attention_fails(seed, monkeypatch)
+
+
+# ---- fp8 attention on the roles: an 8-bit register A, and a per-key scale loaded each chunk -------
+
+FP8_SIZES = dict(b=1, h=2, qb=2, qi=128, x=208, d=64)  # two consumer warpgroups; the last of 4 chunks 16 keys
+
+
+def _fp8_attention(seed, monkeypatch, sizes=FP8_SIZES):
+    from napkin_dsl.backends.numpy import random_arguments
+    from napkin_dsl.reference import evaluate
+
+    (kernel,) = napkin.load(EXAMPLES / "fp8_attention_vt.napkin").values()
+    program = kernel.gpu_program("H100", **sizes)
+    arrays, scalars = random_arguments(kernel.diagram, sizes, seed)
+    monkeypatch.setenv("NAPKIN_EMULATE_SEED", str(seed))
+    outputs = opencl.run(program, arrays, scalars, arch="sm_90a")
+    return program, outputs, evaluate(kernel.diagram, arrays, scalars, sizes)
+
+
+def test_fp8_attention_with_v_keys_fastest_is_planned_on_the_roles():
+    """V [d x]: read as stored, no K-major copy. P's 8-bit register A is exchanged within quads
+    on the consumers' lanes, and sK, a vector a chunk, sits between two consumer barriers."""
+    (kernel,) = napkin.load(EXAMPLES / "fp8_attention_vt.napkin").values()
+    program = kernel.gpu_program("H100", **FP8_SIZES)
+    plan = selection(program, program.launches[0], "sm_90a").plan
+    assert plan.roles is not None and plan.roles.consumers == 2
+    assert plan.roles.drained == ("S",) and plan.roles.vectors == ("sK",)
+    # V stored [x d] under an 8-bit P: a K-major copy each chunk, which the roles do not take yet
+    (other,) = napkin.load(EXAMPLES / "fp8_attention.napkin").values()
+    program = other.gpu_program("H100", **FP8_SIZES)
+    assert "K-major copy" in selection(program, program.launches[0], "sm_90a").plan.roles_declined
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fp8_attention_runs_as_roles_under_every_seed(seed, monkeypatch):
+    from .conftest import assert_matches_reference
+
+    if not opencl.opencl_available():
+        pytest.skip("no OpenCL device")
+    program, outputs, expected = _fp8_attention(seed, monkeypatch)
+    assert_matches_reference(program, outputs, expected, "fp8_attention_vt")
+
+
+def test_an_8_bit_p_overwritten_before_its_wait_fails_the_run(monkeypatch):
+    if not opencl.opencl_available():
+        pytest.skip("no OpenCL device")
+    _clobber_p(monkeypatch)
+    _, outputs, expected = _fp8_attention(1, monkeypatch)
+    assert not np.allclose(np.nan_to_num(outputs["O"].astype(np.float64), nan=1e9), expected["O"], atol=5e-2)
+
+
+def test_fp8_attentions_consumer_loop_has_qgmma_and_only_the_consumers_barriers():
+    from napkin_dsl.backends import sass
+
+    (kernel,) = napkin.load(EXAMPLES / "fp8_attention_vt.napkin").values()
+    compiled, instructions = sm_90a_listing(kernel, b=4, h=32, qb=64, qi=128, x=8192, d=128)
+    (entry,) = sass.sass_report(compiled)["launches"]
+    consumer = entry["roles"]["consumer_loop"]
+    assert entry["roles"]["setmaxnreg"] == {"DEALLOC": 24, "TRY_ALLOC": 240}
+    assert consumer["hgmma"] > 0 and consumer["wait_depths"] == [0, 1], consumer
+    assert consumer["utmaldg"] == consumer["block_barriers"] == 0 and consumer["consumer_barriers"] == 2, consumer
+    ceiling = entry["ceiling"]
+    assert ceiling["model_tflops"] <= ceiling["tflops"], ceiling
+    assert [link["latency"] for link in compiled.cost.time["chain"][0]["links"]] == ["wgmma_drain", "bar_sync", "bar_sync"]
 
 
 def test_q_waited_at_the_wrong_phase_fails_where_the_adversary_lands_q_late(monkeypatch):

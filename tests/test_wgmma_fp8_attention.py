@@ -178,7 +178,9 @@ def _run(text, sizes, seed=0):
     assert selection(program, program.launches[0], "sm_90a").path == "wgmma"
     source, _ = opencl.generate(program, arch="sm_90a")
     body = source.split("__kernel")[1]
-    assert "nk_wgmma_rs8(" in body and "NK_SHFL_IDX_U(" in body and "NK_PRMT(" in body
+    # P exchanged within quads, then the 8-bit product from registers: issued (the synchronous ring)
+    # or posted and run when its group lands (the roles, V keys-fastest)
+    assert ("nk_wgmma_rs8(" in body or "nk_wgmma_rs_words(" in body) and "NK_SHFL_IDX_U(" in body and "NK_PRMT(" in body
     inputs, scalars = random_inputs(kernel.diagram, sizes, seed)
     outputs = opencl.run(program, inputs, scalars, arch="sm_90a")
     return program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes)

@@ -51,8 +51,14 @@ exchange). There:
   (``visited_chunks``, printed before the roles split), the ring's stages and phases counted
   from the first of them; every visited chunk is tested.
 
-Deliberately not here (issue 43's next steps): fp8 attention (its register A's quad exchange and
-K-major copies); a masked stream's full chunks in a loop of their own, untested; the
+* an 8-bit register A (fp8 attention's P) is exchanged within quads on the consumers' lanes
+  before it is posted, as the synchronous ring does; a plain tile loaded each chunk (fp8's
+  per-key scales) sits between two barriers among the consumers (``chunk_vectors``). The
+  consumers run in lockstep here, so a race between two consumer warpgroups (the first of those
+  barriers dropped) is not one this emulation can show: that barrier is argued, not tested.
+
+Deliberately not here (issue 43's next steps): the K-major copy of fp8 attention's V [.. x d]; a
+masked stream's full chunks in a loop of their own, untested; the
 intra-warpgroup pipeline and pingpong (issue 48); a TMA store epilogue and a persistent tile
 scheduler. ``paths.wgmma.roles_of`` refuses them by
 name, and they keep the synchronous ring of ``wgmma.py``.
@@ -360,6 +366,17 @@ class RolesPrinter(WgmmaPrinter):
         self.site_operands.append([m.b] if m.a_in_registers else [m.a, m.b])
         self.emit(f"nk_role_commit(&nk_rs, {CONSUMERS}, nk_wg, nk_lane0, {site}, nk_stage, nk_lane0 ? {self.operand_sum(site, 'nk_stage')} : 0u);")
         self.step_wait = wait
+
+    def chunk_vectors(self, node):
+        """The chunk's plain tiles (fp8's per-key scales), between two barriers among the
+        consumers: no chunk barrier opens a consumer's chunk here (the producer is not in step),
+        so the first keeps a warp from overwriting the previous chunk's vectors while another
+        warpgroup still reads them (``Roles.vectors``, which the model's chain prices)."""
+        start = len(self.lines)
+        super().chunk_vectors(node)
+        if len(self.lines) > start:
+            self.emit("NK_SYNC();  // every consumer warp is done with the previous chunk's vectors")
+            self.lines.insert(start, self.lines.pop())
 
     def posted_word(self, slot, lane: str) -> str:
         """The words the warp posted for register A's k step ``slot`` (a C expression), from lane ``lane``'s four."""

@@ -750,25 +750,43 @@ def sass_report(compiled: CompiledKernel, ceiling: bool = True) -> dict:
 def roles_summary(instructions: list[Instruction], consumer: list[Instruction] | None) -> dict:
     """A warp-specialized launch's roles in its SASS (backends/pipeline.py): the register moves
     (``USETMAXREG``: the producer's DEALLOC, the consumers' TRY_ALLOC, each with its count), the
-    consumers' loop (the hot loop: its HGMMAs, the depths its ``WARPGROUP.DEPBAR`` waits leave in
-    flight, and the UTMALDGs and block barriers it should not have) and the producer's (the loop,
-    closed by a conditional branch, with the most UTMALDGs and no HGMMA)."""
+    consumers' loop (the hot loop: its HGMMAs or QGMMAs, the depths its ``WARPGROUP.DEPBAR``
+    waits leave in flight, the UTMALDGs and block barriers it should not have, and the named
+    barriers among the consumers its chunk's vectors take) and the producer's (the loop, closed by
+    a conditional branch, with the most UTMALDGs and no wgmma)."""
     moves = {i.opcode.split(".")[1]: int(i.operands.split(",")[-1].strip(), 16)
              for i in instructions if i.base == "USETMAXREG"}
     out: dict = {"setmaxnreg": moves}
     if consumer:
         out["consumer_loop"] = {
             "start": consumer[0].address, "end": consumer[-1].address, "instructions": len(consumer),
-            "hgmma": sum(i.base == "HGMMA" for i in consumer),
+            "hgmma": sum(i.base in WARPGROUP_MMA for i in consumer),
             "wait_depths": [int(i.operands.split(",")[-1].strip(), 16) for i in consumer if i.opcode == "WARPGROUP.DEPBAR.LE"],
             "utmaldg": sum(i.base == "UTMALDG" for i in consumer),
-            "block_barriers": sum(i.base == "BAR" for i in consumer)}
-    producers = [body for body in closed_loops(instructions) if not any(i.base == "HGMMA" for i in body) and any(i.base == "UTMALDG" for i in body)]
+            "block_barriers": sum(i.base == "BAR" and _barrier_id(i) == 0 for i in consumer),
+            "consumer_barriers": sum(i.base == "BAR" and _barrier_id(i) != 0 for i in consumer)}
+    producers = [body for body in closed_loops(instructions) if not any(i.base in WARPGROUP_MMA for i in body)
+                 and any(i.base == "UTMALDG" for i in body)]
     if producers:
         body = max(producers, key=lambda b: (sum(i.base == "UTMALDG" for i in b), -len(b)))
         out["producer_loop"] = {"start": body[0].address, "end": body[-1].address, "instructions": len(body),
                                 "utmaldg": sum(i.base == "UTMALDG" for i in body)}
     return out
+
+
+WARPGROUP_MMA = ("HGMMA", "QGMMA")  # wgmma in SASS: 16-bit and 8-bit operands
+
+
+def _barrier_id(instruction: Instruction) -> int | None:
+    """A BAR's barrier: 0 (``BAR.SYNC 0x0`` or no operand), the block's; else a named one (the
+    consumers' ``bar.sync 1, n``); None where the operand is a register."""
+    first = instruction.operands.split(",")[0].strip()
+    if not first:
+        return 0
+    try:
+        return int(first, 16)
+    except ValueError:
+        return None
 
 
 def format_roles(roles: dict) -> list[str]:
@@ -779,8 +797,8 @@ def format_roles(roles: dict) -> list[str]:
     if consumer:
         depths = ", ".join(str(d) for d in consumer["wait_depths"]) or "none"
         lines.append(f"    consumers' loop {consumer['start']:04x}-{consumer['end']:04x}: {consumer['instructions']} instructions, "
-                     f"{consumer['hgmma']} HGMMA, wgmma waits to depth {depths}, {consumer['utmaldg']} UTMALDG, "
-                     f"{consumer['block_barriers']} block barriers")
+                     f"{consumer['hgmma']} HGMMA/QGMMA, wgmma waits to depth {depths}, {consumer['utmaldg']} UTMALDG, "
+                     f"{consumer['block_barriers']} block barriers, {consumer['consumer_barriers']} among the consumers")
     producer = roles.get("producer_loop")
     if producer:
         lines.append(f"    producer's loop {producer['start']:04x}-{producer['end']:04x}: {producer['instructions']} instructions, "

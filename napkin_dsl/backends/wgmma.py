@@ -433,6 +433,8 @@ def wgmma_call(dialect: str, accumulators: str, a: str, db: str, n: int, dtype: 
     if dialect == "cuda":
         return f"{wrapper_name(n, dtype, trans_a, trans_b, a_regs)}({accumulators}, {a}, {db});"
     thread = f"nk_tid % {WARPGROUP_THREADS}"
+    if dtype in FP8_DTYPES and a_regs and posted:  # nk_wgmma_rs_words' operand kinds: 2 e4m3, 3 e5m2 (K-major B)
+        return f"nk_wgmma_rs_words({accumulators}, {a}, {db}, {n}, 0, {2 + int(dtype == 'fp8e5m2')}, nk_smem, {thread});"
     if dtype in FP8_DTYPES:
         operands = f"{accumulators}, {a}, {db}, {n}, {int(dtype == 'fp8e5m2')}"
         return f"nk_wgmma_rs8({operands}, nk_smem, nk_ws, {thread});" if a_regs else f"nk_wgmma8({operands}, nk_smem, {thread});"

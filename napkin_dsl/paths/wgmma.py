@@ -86,6 +86,9 @@ class Roles:
     consumers: int
     wait_depth: int = 1
     drained: tuple = ()
+    # Plain tiles the consumers load each chunk (fp8's per-key scales sK), between two barriers
+    # among the consumers: no warp overwrites the previous chunk's while another still reads them.
+    vectors: tuple = ()
     producer_registers: int = PRODUCER_REGISTERS
     consumer_registers: int = CONSUMER_REGISTERS
 
@@ -96,17 +99,27 @@ class Roles:
 
 def roles_of(plan: "WgmmaPlan", launch: LaunchProgram) -> Roles:
     """The warp-specialized schedule of a wgmma plan with a TMA ring, or a refusal naming what the
-    roles printer does not take yet (its next step: fp8 attention's register A and K-major
-    copies)."""
+    roles printer does not take yet (its next step: the K-major copy of an 8-bit B stored
+    n-fastest, fp8 attention's V [.. x d])."""
     if not plan.tma:
         raise Refusal(f"no TMA ring ({plan.tma_declined})")
-    if any(m.a_in_registers and m.dtype in FP8_DTYPES for m in plan.mmas.values()):
-        raise Refusal("an 8-bit register A (P's bytes exchanged within quads) keeps the synchronous ring: its roles are not written")
     if plan.transposed:
         raise Refusal("a K-major copy each chunk (8-bit B stored n-fastest) keeps the synchronous ring: its roles are not written")
     consumers = plan.row_tile // WGMMA_M
     share = (REGISTER_FILE - WARPGROUP_THREADS * PRODUCER_REGISTERS) // (WARPGROUP_THREADS * consumers)
-    return Roles(consumers, drained=drained_products(plan, launch), consumer_registers=min(CONSUMER_REGISTERS, share // 8 * 8))
+    return Roles(consumers, drained=drained_products(plan, launch), vectors=chunk_vectors(plan, launch),
+                 consumer_registers=min(CONSUMER_REGISTERS, share // 8 * 8))
+
+
+def chunk_vectors(plan: TensorPlan, launch: LaunchProgram) -> tuple[str, ...]:
+    """The plain (row-major) tiles loaded inside the stream's chunk: vectors along the streamed
+    axis, such as fp8 attention's per-key scales, which every warp reads."""
+    node = stream_loop(launch, plan.stream)
+    if node is None:
+        return ()
+    level = launch.schedule.compute_level
+    return tuple(dict.fromkeys(s.array for s, _ in walk(node.body) if s.op == "load" and s.level == level
+                               and s.array in plan.plain and s.array not in plan.operands))
 
 
 def stream_loop(launch: LaunchProgram, axis: str | None):
