@@ -57,6 +57,17 @@ from .relabel import bind, make_schedule, split_launches
 
 FRAGMENT = {"m": 16, "n": 8, "k": 16}  # mma.sync m16n8k16
 COALESCE_BYTES = 128
+# The coalescing multiple of an 8-bit array's contiguous axis: 64 values, 64 bytes (two whole 32-byte
+# sectors, and the 64-byte swizzle span of a TMA box), as many values as a 16-bit array's. 128
+# would hold fp8 attention's key chunk to 128 where V is stored keys-fastest, and its S, O and P
+# fragments do not fit one thread's registers with 16-row warp tiles at d = 128 (issue 44).
+NARROW_COALESCE_VALUES = 64
+
+
+def coalescing_multiple(bytes_per_value: int) -> int:
+    """The values a tile of an array's contiguous axis is a multiple of, for coalesced loads:
+    ``COALESCE_BYTES`` of them, and ``NARROW_COALESCE_VALUES`` for 8-bit values."""
+    return NARROW_COALESCE_VALUES if bytes_per_value == 1 else max(1, COALESCE_BYTES // bytes_per_value)
 
 
 @dataclass(frozen=True)
@@ -443,7 +454,7 @@ def divisibility(diagram: Diagram, knobs: list[Knob], statements=None) -> dict[s
         # hold the larger array's tile to it (c of 32, where c 1 fits).
         if any(set(array.axes) < set(other.axes) for other in present):
             continue
-        need(array.axes[-1], max(1, COALESCE_BYTES // array.bytes_per_value))
+        need(array.axes[-1], coalescing_multiple(array.bytes_per_value))
     return {a: m for a, m in required.items() if a in tuned}
 
 
@@ -1013,7 +1024,7 @@ def _score(diagram: Diagram, profile: Hardware, knobs: list[Knob], sizes: dict, 
     n_levels, memory_exprs, capacity = _memory_exprs(profile, schedule, columns(program))
     traffic_expr = _traffic_expr(profile, program, compute_level, unmasked)
     fma_launches = {launch.index for launch in program.launches
-                    if _fma_only_reason(diagram, launch, compute_level) is not None}
+                    if _fma_only_reason(diagram, launch, compute_level, profile) is not None}
     terms = _compute_terms(profile, priced, fma_launches)
     launch_indices = sorted({launch for launch, _ in terms})
     compute_keys = [(index, on_fma) for index in launch_indices for on_fma in (False, True)]
@@ -1072,26 +1083,29 @@ def _traffic_expr(profile: Hardware, program: Program, compute_level: str, unmas
     return moved / bandwidth if bandwidth else algebra.Integer(0)
 
 
-def _fma_only_reason(diagram: Diagram, launch, compute_level: str) -> str | None:
+def _fma_only_reason(diagram: Diagram, launch, compute_level: str, profile: Hardware) -> str | None:
     """Why ``launch`` stays on the FMA path whatever its tiles, or None when tensor cores may
     take it.
 
     While tiles are symbolic the contractions are priced at the tensor-core path napkin builds
     (mma.sync): a lower bound of the time, as the FMA path is slower. A contraction operand the
-    launch loads into the compute level that is not 16-bit keeps it on the FMA path
-    (paths.plan.TENSOR_DTYPES: instruction selection refuses such a tile, as A or B). An operand the
+    launch loads into the compute level of a dtype no tensor-core path of the profile's arch takes
+    keeps it on the FMA path (16-bit everywhere, paths.plan.TENSOR_DTYPES; fp8 where the profile
+    lists an 8-bit path: instruction selection refuses anything else, as A or B). An operand the
     launch computes (attention's P, f32) is a register fragment that tensor cores take
     converted, as the exact model prices it (cost.flops_by_unit): it does not decide the path.
     The tile-dependent rules of instruction selection are checked lazily (_Search.ranked), and
     a candidate they refuse is re-priced on the FMA path (``rescore``)."""
     loaded = {step.array for step, _ in walk(launch.body) if step.op == "load" and step.level == compute_level}
+    taken = set(TENSOR_DTYPES) | {dtype for path in profile.paths.values()
+                                  if profile.arch is not None and path.runs_on(profile.arch) for dtype in path.dtypes}
     for s in launch.launch.statements:
         if not (isinstance(s.box, Contract) and len(s.box.operands) >= 2):
             continue
         for r in s.box.operands[:2]:
-            if r.array in loaded and (dtype := diagram.arrays[r.array].dtype) not in TENSOR_DTYPES:
+            if r.array in loaded and (dtype := diagram.arrays[r.array].dtype) not in taken:
                 return (f"{s.target}'s operand {r.array} is {dtype}, loaded into {compute_level}; tensor cores take "
-                        f"{', '.join(sorted(TENSOR_DTYPES))}")
+                        f"{', '.join(sorted(taken))}")
     return None
 
 

@@ -49,11 +49,19 @@ def test_fma_only_reason_names_an_operand_tensor_cores_do_not_take(h100):
     f32 = diagram_of(MATMUL.format(t="f32"))
     _, schedule, program = symbolic(f32, MM_SIZES, h100)
     (launch,) = program.launches
-    reason = _fma_only_reason(f32, launch, schedule.compute_level)
+    reason = _fma_only_reason(f32, launch, schedule.compute_level, h100)
     assert reason is not None and "operand A is f32" in reason and "bf16, f16" in reason
     bf16 = diagram_of(MATMUL.format(t="bf16"))
     _, schedule, program = symbolic(bf16, MM_SIZES, h100)
-    assert _fma_only_reason(bf16, program.launches[0], schedule.compute_level) is None
+    assert _fma_only_reason(bf16, program.launches[0], schedule.compute_level, h100) is None
+    # 8-bit operands: tensor cores where the profile's arch has an 8-bit path (wgmma's on sm_90a,
+    # mma.sync's on sm_89), the FMA path on A100's sm_80, which has none
+    fp8 = diagram_of(MATMUL.format(t="fp8e4m3"))
+    for name, taken in (("H100", True), ("L40S", True), ("A100", False)):
+        profile = load_hardware(name)
+        _, schedule, program = symbolic(fp8, MM_SIZES, profile)
+        reason = _fma_only_reason(fp8, program.launches[0], schedule.compute_level, profile)
+        assert (reason is None) == taken, (name, reason)
 
 
 def test_compulsory_skip_reason_leaves_out_masked_launches_only(h100):

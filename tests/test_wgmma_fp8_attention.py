@@ -391,3 +391,19 @@ def test_the_printed_copy_hands_out_the_splits_blocks():
     for tb in range(rows * cols // 16):
         scope = {"nk_tw": tb >> 5, "nk_tl": tb & 31}
         assert (eval(tk.replace("/", "//"), scope), eval(tn.replace("/", "//"), scope)) == split.block(tb >> 5, tb & 31)
+
+
+@pytest.mark.parametrize("name", ["fp8_attention", "fp8_attention_vt"])
+def test_the_tuner_finds_the_fused_fp8_build(name):
+    """Issue 44, item 2: with no relabel block, fp8 attention tunes to one fused launch on wgmma,
+    as bf16 attention does. The tuner priced a launch loading fp8 operands on the FMA path (its
+    tensor dtypes were the 16-bit ones), and held V [d x]'s key chunk to 128 (128 bytes of fp8),
+    where the fragments do not fit: it materialised S at 20-27 TFLOP/s."""
+    text = (EXAMPLES / f"{name}.napkin").read_text().split("relabel")[0]
+    (kernel,) = napkin.load(text).values()
+    sizes = dict(b=4, h=32, qb=64, qi=128, x=8192, d=128)
+    program = kernel.gpu_program("H100", **sizes)
+    (launch,) = program.launches
+    assert selection(program, launch, "sm_90a").path == "wgmma"
+    best = kernel.tune("H100", **sizes).best
+    assert not best.materialised and best.time_s < 0.01, best  # fused: nothing at gmem; a few ms, not 170
