@@ -115,14 +115,11 @@ class Kernel:
         """The elaborated pseudocode (:class:`~napkin_dsl.pseudocode.Program`) on a hardware profile."""
         from .plan import plan
 
-        key = ("program", self._target(hardware), tuple(sorted(sizes.items())))
+        target = self._target(hardware)
+        key = ("program", target, tuple(sorted(sizes.items())))
         if key not in self._cache:
-            refit = self._refit(self._target(hardware), sizes)
-            if refit is not None:
-                diagram, block, note = refit
-                self._cache[key] = _noted(plan(diagram, self._target(hardware), block, check_sizes(sizes)), note)
-            else:
-                self._cache[key] = plan(self.diagram, self._target(hardware), self.relabel, check_sizes(sizes))
+            diagram, block, note = self._refit(target, sizes) or (self.diagram, self.relabel, None)
+            self._cache[key] = _noted(plan(diagram, target, block, check_sizes(sizes)), note)
         return self._cache[key]
 
     def _selection(self, hardware: str | None, program, **sizes: int):

@@ -27,12 +27,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from .dtypes import INTEGER_DTYPES
 from .errors import NapkinError
+from .types import numpy_dtype
 
-# napkin dtype -> torch dtype attribute
-TORCH_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "fp8e4m3": "float8_e4m3fn",
-                "fp8e5m2": "float8_e5m2", "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8",
-                "bool": "bool"}
 NAMESPACE = "napkin"
 _REGISTERED: dict[tuple, TorchOp] = {}  # (kernel text, options) -> the op made for it: torch.library names are global
 
@@ -96,8 +94,7 @@ def torch_op(kernel, *, backend: str = "numpy", hardware: str | None = None, sav
             raise NapkinError(f"parameter {name!r} cannot name a torch schema argument")
     backward_kernel = None
     running = kernel
-    if grad and any(diagram.arrays[p].dtype not in ("i32", "i64", "i16", "i8", "u8", "bool")
-                    for p in diagram.params if p in diagram.arrays):
+    if grad and any(diagram.arrays[p].dtype not in INTEGER_DTYPES for p in diagram.params if p in diagram.arrays):
         bound = {a: n for a, n in sizes.items() if a in diagram.axes}
         backward_kernel = kernel.grad(hardware=hardware, save_lse=save_lse, **bound)
         if backward_kernel.derivation.auxiliary:
@@ -146,7 +143,8 @@ def _register(kernel, name: str, backend: str, hardware, sizes: dict):
     diagram = kernel.diagram
     _output_axes(diagram, sizes)
     params, outputs = diagram.params, diagram.outputs
-    dtypes = {o: getattr(torch, TORCH_DTYPES[diagram.arrays[o].dtype]) for o in outputs}
+    # torch names its dtypes as NumPy and ml_dtypes do (bfloat16, float8_e4m3fn), as binding.py reads them
+    dtypes = {o: getattr(torch, numpy_dtype(diagram.arrays[o].dtype).name) for o in outputs}
     given = {a: n for a, n in sizes.items() if a in diagram.axes}
 
     def run(run_backend):
