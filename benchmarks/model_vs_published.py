@@ -94,12 +94,13 @@ def price(row: dict, overlap: str | None = None) -> dict:
         kernel = napkin.load(text)["attention"]
         program = kernel.program(row["gpu"], **sizes)
         arch, what_if = ARCH[row["instruction_path"]], WHAT_IF[row["instruction_path"]]
-        built = select_program(program, arch)
+        schedule = overlap or OVERLAP[row["instruction_path"]]
+        # a schedule napkin builds (the pipelined consumers) is selected and priced as built
+        built = select_program(program, arch, order="pipelined" if schedule == "pipelined" else "serial")
         if all(chosen.path == row["instruction_path"] for chosen in built.launches.values()):
             what_if = None  # napkin builds this row's path itself: price its own code
         selected = built if what_if is None else select_program(program, arch, what_if)
-        report = cost_of(program, arch=arch, path=what_if, selected=selected,
-                         overlap=overlap or OVERLAP[row["instruction_path"]])
+        report = cost_of(program, arch=arch, path=what_if, selected=selected, overlap=schedule)
     except napkin.NapkinError as error:
         return {"skipped": str(error).splitlines()[0]}
     for chosen in selected.launches.values():  # priced on another path, it would not be this row's code

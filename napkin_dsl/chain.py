@@ -7,7 +7,10 @@ napkin builds two schedules of a wgmma stream on sm_90a (``paths/wgmma.py``):
   warpgroup waits on full[s], issues its products, commits them, waits until ``wait_depth`` groups
   are pending and releases the stage;
 * the **synchronous ring**: a block barrier a chunk, after which one thread issues the next
-  chunk's copy, and every product waited to depth 0.
+  chunk's copy, and every product waited to depth 0;
+* the roles **pipelined** (``Roles.order``, FlashAttention-3's intra-warpgroup order): chunk c's
+  S issued before chunk c - 1's P V, waited at depth 1 while the latter runs, and the softmax
+  of chunk c under it.
 
 A chunk costs a block its units' time U (the model's tensor, FMA and MUFU time in turn,
 ``cost.overlapped_compute``) plus the links of its chain that nothing runs under:
@@ -17,6 +20,10 @@ A chunk costs a block its units' time U (the model's tensor, FMA and MUFU time i
   S); two barriers among the consumers around the chunk's plain tiles (``Roles.vectors``: fp8's
   per-key scales); the full-barrier wait only where no product stays in flight across chunks (at
   wait depth 1 it runs under the previous chunk's products, as matmul's does);
+* pipelined: the full-barrier wait (the chunk starts with nothing in flight) and the previous
+  chunk's P V drain: ptxas schedules its depth-0 wait right after the softmax's row maximum,
+  before the exponentials, so only the maximum runs under the product (read in the SASS; no
+  PTX dependency orders a wait after ALU work). S's drain runs under that P V;
 
 and the copy. With the roles, a ring of s stages holds each chunk from its copy's issue until its
 release, so the consumers take a chunk at most every (copy + U + links) / s (Little's law). The
@@ -52,7 +59,7 @@ class Link:
 class Chain:
     """The chain of one wgmma launch's chunk (see the module's docstring)."""
 
-    build: str  # "roles" or "synchronous ring"
+    build: str  # "roles", "roles, pipelined" or "synchronous ring"
     links: tuple[Link, ...]
     hidden: tuple[str, ...]  # waits that run under a product in flight: named, not priced
     copy_link: Link  # the copy's latency
@@ -64,7 +71,7 @@ class Chain:
 
     @property
     def roles(self) -> bool:
-        return self.build == "roles"
+        return self.build.startswith("roles")
 
     @property
     def link_clocks(self) -> float:
@@ -121,6 +128,16 @@ def chain_of(plan, hardware) -> Chain | None:
             links.append(link("the full-barrier wait", "mbarrier_wait"))
         links += [link(f"{target}'s drain (wait_group 0)", "wgmma_drain") for target in plan.mmas]
         return Chain("synchronous ring", tuple(links), (), copy, plan.stages)
+    if roles.order == "pipelined":  # FlashAttention-3's intra-warpgroup order (RolesPrinter.pipelined_chunks)
+        ahead, behind = roles.drained[0], next(t for t in plan.mmas if t not in roles.drained)
+        hidden = (f"{ahead}'s drain, under the previous chunk's {behind} product issued behind it (wait_group 1)",)
+        # The chunk starts with nothing in flight (its full-barrier wait runs under no product),
+        # and ptxas places the depth-0 wait right after the softmax's row maximum, before its
+        # exponentials (tests/test_pipelined.py reads it in the SASS): the drain is waited on.
+        links = (link("the full-barrier wait", "mbarrier_wait"),
+                 link(f"the previous chunk's {behind} drain (wait_group 0, which ptxas places before the exponentials)",
+                      "wgmma_drain"))
+        return Chain("roles, pipelined", links, hidden, copy, plan.stages)
     links = [link(f"{target}'s drain (wait_group 0: a later step reads it)", "wgmma_drain") for target in roles.drained]
     if roles.vectors:  # the consumers' two barriers around the chunk's plain tiles (RolesPrinter.chunk_vectors)
         names = " and ".join(roles.vectors)

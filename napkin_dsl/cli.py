@@ -32,7 +32,7 @@ from pathlib import Path
 from .check import MAX_SIZE_TEXT, check_size
 from .errors import NapkinError, Span
 from .formatting import json_value
-from .hardware import BUILT_OVERLAP, DEFAULT_ARCH, OVERLAPS, gpu_archs, gpu_paths, hardware_names, load_hardware
+from .hardware import BUILT_OVERLAP, BUILT_OVERLAPS, DEFAULT_ARCH, OVERLAPS, gpu_archs, gpu_paths, hardware_names, load_hardware
 from .kernel import Kernel, load
 from .progress import Progress, wanted
 
@@ -614,7 +614,8 @@ def cmd_cuda(args) -> int:
     kernels = _selected(args)
     check_symbols(sizes, kernels, args.hardware)
     for kernel in kernels:
-        compiled = kernel.compile(args.arch, args.hardware, ptx=args.ptx, synchronous=args.synchronous, **sizes)
+        compiled = kernel.compile(args.arch, args.hardware, ptx=args.ptx, synchronous=args.synchronous, overlap=args.overlap,
+                                  **sizes)
         results[kernel.name] = compiled
         text = compiled.image.rstrip(b"\0").decode() if args.ptx else compiled.source
         if args.output:
@@ -655,6 +656,9 @@ def add_cuda_command(subparsers) -> None:
     cuda.add_argument("--synchronous", action="store_true",
                       help="sm_90a: build wgmma launches on the synchronous ring, without the producer and consumer "
                            "warpgroups (the build to compare the roles with)")
+    cuda.add_argument("--overlap", metavar="SCHEDULE", choices=list(BUILT_OVERLAPS),
+                      help=f"sm_90a: the consumer warpgroups' schedule to build ({', '.join(BUILT_OVERLAPS)}; pipelined: "
+                           f"FlashAttention-3's intra-warpgroup pipeline, where a launch takes it); default {BUILT_OVERLAP}")
     cuda.add_argument("--resources", action="store_true", help="print registers, shared memory and spills per launch")
     cuda.add_argument("--sass", action="store_true",
                       help="disassemble the cubin (nvdisasm) and print instruction classes per launch and innermost loop, "
@@ -769,7 +773,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "sm_90a: wgmma where selection takes it; sm_90: mma.sync); default: the profile's own")
     cost.add_argument("--overlap", metavar="SCHEDULE", choices=list(OVERLAPS),
                       help=f"price the wgmma warpgroups under this schedule ({', '.join(OVERLAPS)}; "
-                           f"pingpong+pipelined: FlashAttention-3's); a what-if: napkin builds {BUILT_OVERLAP}")
+                           f"pingpong+pipelined: FlashAttention-3's): napkin builds {' and '.join(BUILT_OVERLAPS)}, "
+                           "and prices the others as what-ifs")
     cost.set_defaults(run=cmd_cost)
 
     tune = sub.add_parser("tune", help="choose group/stream sizes minimising predicted time")

@@ -33,7 +33,7 @@ from .dtypes import DTYPE_BYTES
 from .errors import RelabelError
 from .formatting import format_count as _fmt
 from .formatting import json_value
-from .hardware import BUILT_OVERLAP, OVERLAPS
+from .hardware import BUILT_OVERLAP, BUILT_OVERLAPS, OVERLAPS
 from .layouts import transpose_split
 from .pseudocode import MAX_MASK_GROUPS, Loop, Program, Step, chunk_span, liveness, mask_visits, released_by, split_loop, walk
 from .relabel import bind
@@ -1430,8 +1430,10 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     H100 and H200, whose arch is sm_90a, wgmma where isel takes it). ``selected``: the selection
     pass's result for that ``arch`` and ``path`` (``isel.select_program``), where the caller has it (a compile
     prints the same launches); otherwise it runs here, once, and every term reads it. ``overlap``
-    (a name in :data:`OVERLAPS`) prices the wgmma launches' warpgroups under that schedule, a
-    what-if: napkin builds :data:`BUILT_OVERLAP`."""
+    (a name in :data:`OVERLAPS`) prices the wgmma launches' warpgroups under that schedule: one
+    napkin builds (:data:`BUILT_OVERLAPS`: "pipelined" selects FlashAttention-3's intra-warpgroup
+    order where a launch takes it, and prices its chain) or a what-if (the pingpong schedules).
+    Without it, the selection's own order is priced."""
     from .isel import select_program
 
     hardware = program.hardware
@@ -1445,9 +1447,15 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     if arch is not None and not hardware.symbolic:
         hardware.check_arch(arch)  # an arch the profile does not describe: say which it does
     if selected is None:
-        selected = select_program(program, arch, path)
+        selected = select_program(program, arch, path, order="pipelined" if overlap == "pipelined" else "serial")
     elif (selected.arch, selected.path) != (arch or hardware.arch, path):
         raise AssertionError(f"napkin bug: a selection for {selected.arch} {selected.path} priced as {arch} {path}")
+    if overlap is None and built_order(selected) != "serial":  # the selection's own schedule
+        overlap = built_order(selected)
+    elif overlap in BUILT_OVERLAPS and overlap != built_order(selected):
+        if not any(getattr(chosen.plan, "order_declined", "") for chosen in selected.launches.values()):
+            raise AssertionError(f"napkin bug: a selection built {built_order(selected)} priced as {overlap}")
+        overlap = built_order(selected)  # every launch declined the order asked for: the notes say why
     rows = columns(program, selected)
     levels = level_costs(program, rows, selected)
     if check:
@@ -1461,7 +1469,7 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     copied = {launch.index: n for launch in program.launches
               if not hardware.symbolic and (n := copied_bytes(program, launch, selected)) is not None}
     conflicts = {launch.index: copy_conflict(program, launch, selected) for launch in program.launches if launch.index in copied}
-    built = priced_overlap.name == BUILT_OVERLAP and not hardware.symbolic
+    built = priced_overlap.name in BUILT_OVERLAPS and not hardware.symbolic
     chains, chain_notes = launch_chains(program, selected) if built else ({}, [])
     time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, selected), fma, hidden,
                         {index: n * conflicts[index] for index, n in copied.items()}, chains)
@@ -1474,9 +1482,12 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
         notes.append(f"launch {index}: {names}'s K-major copy (8-bit wgmma reads B K-major only) moves {_fmt(n)} bytes "
                      f"through shared memory's port, an LDS and an STS a byte, at {conflicts[index]:.2f}x the conflict-free "
                      "wavefronts (layouts.transpose_split), in the registers term")
-    if priced_overlap.name != BUILT_OVERLAP:
+    if priced_overlap.name not in BUILT_OVERLAPS:
         notes.append(f"priced with the {priced_overlap.name} warpgroup schedule: {priced_overlap.does} (a what-if: "
-                     f"napkin builds {BUILT_OVERLAP} warpgroups; evidence: {priced_overlap.evidence})")
+                     f"napkin builds {' and '.join(BUILT_OVERLAPS)} warpgroups; evidence: {priced_overlap.evidence})")
+    for index, chosen in selected.launches.items():
+        if getattr(chosen.plan, "order_declined", ""):
+            notes.append(f"launch {index}'s consumers keep the serial order, {chosen.plan.order_declined}")
     if path is not None:
         built = sorted({c.path for c in select_program(program, arch).launches.values() if c.plan is not None})
         notes.append(f"priced as if the contractions ran on {path} (a what-if: napkin builds "
@@ -1506,6 +1517,29 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
         device=device,
         ring=ring,
     )
+
+
+def consumer_order(overlap: str | None) -> str:
+    """The consumer warpgroups' order to build for the schedule ``overlap`` (``Roles.order``), or a
+    :class:`NapkinError` for one napkin prices only, as a what-if."""
+    from .errors import NapkinError
+
+    if overlap is None or overlap == BUILT_OVERLAP:
+        return "serial"
+    if overlap in BUILT_OVERLAPS:
+        return overlap
+    known = ", ".join(OVERLAPS)
+    raise NapkinError(f"napkin builds the {' and '.join(BUILT_OVERLAPS)} warpgroup schedules, not {overlap!r}"
+                      + (" (it prices it as a what-if: napkin cost --overlap)" if overlap in OVERLAPS else f" (the schedules: {known})"),
+                      hint="docs/method.md, overlap of the compute units")
+
+
+def built_order(selected: ProgramSelection) -> str:
+    """The consumer order a selection built (``Roles.order``): "pipelined" where a wgmma launch's
+    consumers run FlashAttention-3's intra-warpgroup order, else "serial"."""
+    orders = {chosen.plan.roles.order for chosen in selected.launches.values()
+              if getattr(chosen.plan, "roles", None) is not None}
+    return "pipelined" if "pipelined" in orders else "serial"
 
 
 def overlap_name(program: Program, selected, overlap: str | None) -> str:

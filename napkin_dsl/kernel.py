@@ -290,7 +290,7 @@ class Kernel:
         return "; ".join(line.strip() for line in _block_text(block, "").splitlines()[1:])
 
     def compile(self, arch: str | None = None, hardware: str | None = None, ptx: bool = False, synchronous: bool = False,
-                **sizes: int):
+                overlap: str | None = None, **sizes: int):
         """Generate CUDA C++ and compile it with NVRTC (a :class:`~napkin_dsl.backends.cuda.CompiledKernel`).
 
         Every size must be bound. The hardware defaults to the relabel block's GPU, else the GPU
@@ -298,9 +298,12 @@ class Kernel:
         the hardware's own (its profile's ``arch``), else ``DEFAULT_GPU``'s. An ``arch`` the hardware's
         profile does not list in its ``archs`` is a :class:`NapkinError` naming those it does.
         ``synchronous``: sm_90a's wgmma launches on the synchronous ring, without the producer and
-        consumer warpgroups (the build to compare the roles with).
+        consumer warpgroups (the build to compare the roles with). ``overlap``: the warpgroup
+        schedule to build, "serial" (the default) or "pipelined" (FlashAttention-3's
+        intra-warpgroup order, where a launch takes it; ``cost.consumer_order``).
         """
         from .backends.compiled import compile_cached
+        from .cost import consumer_order
         from .hardware import DEFAULT_GPU, gpu_for_arch, load_hardware
 
         own = self.hardware if self.hardware and load_hardware(self.hardware).archs else None  # the relabel block's GPU
@@ -308,28 +311,30 @@ class Kernel:
             arch = load_hardware(hardware or own or DEFAULT_GPU).arch
         target = hardware or (None if own else gpu_for_arch(arch))
         load_hardware(target or own).check_arch(arch)
-        key = ("compile", arch, target, ptx, synchronous, tuple(sorted(sizes.items())))
+        order = consumer_order(overlap)  # a schedule napkin only prices is refused here, before any work
+        key = ("compile", arch, target, ptx, synchronous, order, tuple(sorted(sizes.items())))
         if key in self._cache:
             return self._cache[key]
 
         def compile_now():
             from .backends.cuda import compile_program
 
-            return compile_program(self.gpu_program(target, **sizes), arch, ptx, synchronous=synchronous)
+            return compile_program(self.gpu_program(target, **sizes), arch, ptx, synchronous=synchronous, overlap=order)
 
         def planned():  # after a disk-cache hit: the Program, selection and report, when first asked for
             from .backends.cuda import compiled_cost
             from .isel import select_program
 
             program = self.gpu_program(target, **sizes)
-            selected = select_program(program, arch, synchronous=synchronous)
+            selected = select_program(program, arch, synchronous=synchronous, order=order)
             return program, compiled_cost(program, arch, compiled.launches, compiled.resources, selected=selected), selected
 
         # The disk cache's key is what the source is made from, so that a hit lowers nothing.
         identity = {"kernel": self.name, "signature": self.signature(), "source": self.source,
                     "relabel": self.relabel_text(), "levels": [[s.target, s.level] for s in self.diagram.statements],
                     "hardware": repr(load_hardware(self._gpu_target(target))), "sizes": sorted(sizes.items()),
-                    "arch": arch, "ptx": ptx, **({"synchronous": True} if synchronous else {})}
+                    "arch": arch, "ptx": ptx, **({"synchronous": True} if synchronous else {}),
+                    **({"order": order} if order != "serial" else {})}
         compiled = compile_cached(identity, compile_now, planned)
         self._cache[key] = compiled
         return compiled

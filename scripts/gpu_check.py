@@ -211,6 +211,9 @@ class Case:
     # sm_90a: wgmma launches on the synchronous ring, without the producer and consumer warpgroups
     # (the build the roles replaced: beside them, what warp specialization buys)
     synchronous: bool = False
+    # sm_90a: the consumer warpgroups' schedule to build (cost.consumer_order: "pipelined" is
+    # FlashAttention-3's intra-warpgroup order), None the default
+    overlap: str | None = None
 
 
 CASES: list[Case] = [
@@ -233,6 +236,9 @@ CASES: list[Case] = [
          synchronous=True),
     Case("attention_synchronous", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
          {"b": 2, "q": 32}, "sdpa", synchronous=True),
+    # FlashAttention-3's intra-warpgroup order on the roles, beside the serial one (issue 48)
+    Case("attention_pipelined", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
+         {"b": 2, "q": 32}, "sdpa", overlap="pipelined"),
     Case("attention_sm90", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
          {"b": 2, "q": 32}, "sdpa", arch="sm_90"),
     Case("mlp", "mlp.napkin", "mlp", {"b": 8192, "k": 4096, "n": 4096}, {"b": 64}, "mlp"),
@@ -655,7 +661,7 @@ def dry_run_case(case: Case, arch: str | None, profile: str) -> Row:
         kernel = load_case(case)
         check_sample_axes(kernel, case)
         row.arch = arch
-        compiled = kernel.compile(arch, hardware=profile, synchronous=case.synchronous, **case.sizes)
+        compiled = kernel.compile(arch, hardware=profile, synchronous=case.synchronous, overlap=case.overlap, **case.sizes)
         describe_compiled(row, compiled)
         describe_sass(row, compiled)
         row.checked = {a: len(i) for a, i in sample_indices(case).items()}
@@ -992,7 +998,8 @@ def gpu_case(case: Case, profile_override: str | None, timing_budget_s: float, c
         check_sample_axes(kernel, case)
         arch = case_arch(case, row.profile, device.arch)
         row.arch = arch
-        compiled = kernel.compile(arch, hardware=row.profile, synchronous=case.synchronous, **case.sizes)
+        compiled = kernel.compile(arch, hardware=row.profile, synchronous=case.synchronous, overlap=case.overlap,
+                                  **case.sizes)
         program = kernel.gpu_program(row.profile, **case.sizes)
         describe_compiled(row, compiled)
         if not check_only:

@@ -134,3 +134,28 @@ def site_build(tmp_path_factory):
             log.write_text(result.stdout + "\n" + result.stderr)
             status.write_text(str(result.returncode))
     return out, int(status.read_text()), log.read_text()
+
+
+def assert_clean_under_oclgrind(code: str, max_error: float):
+    """Run ``code`` (Python that prints ``@@ error <value>``) under ``oclgrind --data-races
+    --uninitialized``, unoptimized (oclgrind's uninitialized-value plugin does not take LLVM's
+    ``freeze``), and check that it ran, that its error is under ``max_error`` and that oclgrind
+    reported nothing. Skipped without oclgrind, unless NAPKIN_REQUIRE_OPENCL is set."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("oclgrind") is None:
+        if os.environ.get("NAPKIN_REQUIRE_OPENCL"):
+            pytest.fail("no oclgrind, and NAPKIN_REQUIRE_OPENCL is set (CI installs it)")
+        pytest.skip("no oclgrind (apt-get install oclgrind)")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root), PYOPENCL_NO_CACHE="1", NAPKIN_OPENCL_OPTIMIZE="0")
+    done = subprocess.run(["oclgrind", "--data-races", "--uninitialized", sys.executable, "-c", code],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report[-2000:]
+    errors = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("@@ error")]
+    assert errors and errors[0] < max_error, report[-2000:]
+    assert "data race" not in report and "Uninitialized" not in report and "Invalid" not in report, report[-2000:]

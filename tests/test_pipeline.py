@@ -14,11 +14,6 @@ printer must fail the run, by a wrong or poisoned result or by a deadlock named 
 from __future__ import annotations
 
 import collections
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,32 +169,21 @@ def test_a_bad_seed_is_a_napkin_error(monkeypatch):
 
 def test_the_roles_are_clean_under_oclgrind():
     """oclgrind (data races, uninitialized reads) finds nothing in a run of the roles kernel: a
-    64 x 64 tile (one consumer) whose ring fits oclgrind's 32 KiB of local memory. Unoptimized:
-    oclgrind's uninitialized-value plugin does not take LLVM's ``freeze``."""
-    if shutil.which("oclgrind") is None:
-        if os.environ.get("NAPKIN_REQUIRE_OPENCL"):
-            pytest.fail("no oclgrind, and NAPKIN_REQUIRE_OPENCL is set (CI installs it)")
-        pytest.skip("no oclgrind (apt-get install oclgrind)")
-    code = ("import numpy as np, ml_dtypes\n"
-            "import napkin_dsl as napkin\n"
-            "from napkin_dsl.backends import opencl\n"
-            f"kernel = napkin.load({str(MATMUL)!r})['matmul'].relabelled('smem: group m 64, n 64; stream k 16')\n"
-            "program = kernel.gpu_program('H100', m=64, n=64, k=56)\n"
-            "assert opencl.generate(program, arch='sm_90a')[1][0].roles\n"
-            "rng = np.random.default_rng(0)\n"
-            "a = rng.standard_normal((64, 56)).astype(ml_dtypes.bfloat16)\n"
-            "b = rng.standard_normal((56, 64)).astype(ml_dtypes.bfloat16)\n"
-            "out = opencl.run(program, {'A': a, 'B': b}, arch='sm_90a')['C']\n"
-            "print('@@ error', float(np.abs(out - a.astype(np.float64) @ b.astype(np.float64)).max()))\n")
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=str(root), PYOPENCL_NO_CACHE="1", NAPKIN_OPENCL_OPTIMIZE="0")
-    done = subprocess.run(["oclgrind", "--data-races", "--uninitialized", sys.executable, "-c", code],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    report = done.stdout + done.stderr
-    assert done.returncode == 0, report[-2000:]
-    errors = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("@@ error")]
-    assert errors and errors[0] < 1e-3, report[-2000:]
-    assert "data race" not in report and "Uninitialized" not in report and "Invalid" not in report, report[-2000:]
+    64 x 64 tile (one consumer) whose ring fits oclgrind's 32 KiB of local memory."""
+    from .conftest import assert_clean_under_oclgrind
+
+    assert_clean_under_oclgrind(
+        "import numpy as np, ml_dtypes\n"
+        "import napkin_dsl as napkin\n"
+        "from napkin_dsl.backends import opencl\n"
+        f"kernel = napkin.load({str(MATMUL)!r})['matmul'].relabelled('smem: group m 64, n 64; stream k 16')\n"
+        "program = kernel.gpu_program('H100', m=64, n=64, k=56)\n"
+        "assert opencl.generate(program, arch='sm_90a')[1][0].roles\n"
+        "rng = np.random.default_rng(0)\n"
+        "a = rng.standard_normal((64, 56)).astype(ml_dtypes.bfloat16)\n"
+        "b = rng.standard_normal((56, 64)).astype(ml_dtypes.bfloat16)\n"
+        "out = opencl.run(program, {'A': a, 'B': b}, arch='sm_90a')['C']\n"
+        "print('@@ error', float(np.abs(out - a.astype(np.float64) @ b.astype(np.float64)).max()))\n", 1e-3)
 
 
 # ---- the CUDA rendering, in its SASS ------------------------------------------------------------

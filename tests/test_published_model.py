@@ -98,9 +98,12 @@ def test_each_fa3_ablation_configuration_is_priced_under_its_schedule_within_fiv
     for r in rows.values():
         assert "skipped" not in r, r
         assert abs(r["error"]) <= 0.05, (r["configuration"], r["predicted_tflops"], r["measured_tflops"])
-    # only both overlaps together move the time: either alone is priced as the serial sum
-    assert rows["pingpong"]["predicted_tflops"] == rows["pipelined"]["predicted_tflops"]
-    assert rows["pingpong+pipelined"]["predicted_tflops"] > 1.05 * rows["pingpong"]["predicted_tflops"]
+    # only both overlaps together hide a unit: either alone sums the units, pingpong as a what-if
+    # without a chain, pipelined as napkin builds it (at 176 keys its consumers keep the serial
+    # order, the packed P over the register budget, and the report says so)
+    assert rows["pingpong+pipelined"]["predicted_tflops"] > 1.05 * max(rows["pingpong"]["predicted_tflops"],
+                                                                      rows["pipelined"]["predicted_tflops"])
+    assert any("keep the serial order, not pipelined: a thread would hold" in note for note in rows["pipelined"]["notes"])
 
 
 def test_the_script_prints_the_ablation(capsys):

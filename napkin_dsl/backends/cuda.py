@@ -55,13 +55,16 @@ def generate(program: Program, report: CostReport | None = None, arch: str | Non
 
 
 def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = False, report: CostReport | None = None,
-                    synchronous: bool = False) -> CompiledKernel:
+                    synchronous: bool = False, overlap: str | None = None) -> CompiledKernel:
     """Generate and compile ``program`` for ``arch``; cached in memory and on disk by source hash.
-    ``synchronous``: wgmma launches on the synchronous ring, without roles (``isel.select_program``)."""
+    ``synchronous``: wgmma launches on the synchronous ring, without roles (``isel.select_program``);
+    ``overlap`` ("pipelined"): their consumers in that order (``cost.consumer_order``)."""
+    from ..cost import consumer_order
     from ..isel import select_program
 
     bound_sizes(program)
-    selected = select_program(program, arch, synchronous=synchronous)  # once: the report, the printers and the compiled report read it
+    # once: the report, the printers and the compiled report read it
+    selected = select_program(program, arch, synchronous=synchronous, order=consumer_order(overlap))
     report = report if report is not None else cost_of(program, arch=arch, selected=selected)
     source, kernels = generate(program, report, arch, selected)
     name = f"napkin_{ident(program.diagram.name)}.cu"  # ASCII, as the entries

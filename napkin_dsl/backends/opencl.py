@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from ..cost import cost_of
+from ..cost import consumer_order, cost_of
 from ..dtypes import FP8_DTYPES
 from ..errors import NapkinError
 from ..isel import select_program
@@ -70,14 +70,15 @@ def opencl_available() -> bool:
 
 
 def generate(program: Program, report=None, arch: str | None = None, stages: int | None = None,
-             synchronous: bool = False) -> tuple[str, list]:
+             synchronous: bool = False, overlap: str | None = None) -> tuple[str, list]:
     """OpenCL C of ``program`` with the instruction paths isel picks for ``arch`` (default: the
     profile's): ``sm_90a`` prints the wgmma lowering, wgmma emulated (``backends/wgmma.py``).
     ``stages`` sets the cp.async stages of every streamed mma.sync launch (``isel.stage_count``);
-    ``synchronous`` keeps wgmma launches on the synchronous ring, without roles. The model's
-    ``report`` of those paths heads the source (priced here when not given)."""
+    ``synchronous`` keeps wgmma launches on the synchronous ring, without roles; ``overlap``
+    ("pipelined") orders their consumers so (``cost.consumer_order``). The model's ``report`` of
+    those paths heads the source (priced here when not given)."""
     bound_sizes(program)  # a size the model cannot evaluate is the printer's error, by name
-    selected = select_program(program, arch, stages=stages, synchronous=synchronous)
+    selected = select_program(program, arch, stages=stages, synchronous=synchronous, order=consumer_order(overlap))
     report = report if report is not None else cost_of(program, arch=arch, selected=selected)
     lowered = lower(program, OpenCLDialect(), report, arch=arch, selected=selected)
     return lowered.source, lowered.kernels
@@ -153,20 +154,20 @@ def check_fits(kernel, k, device) -> None:
 
 
 def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str | None = None,
-        synchronous: bool = False) -> dict:
+        synchronous: bool = False, overlap: str | None = None) -> dict:
     """Run every launch of ``program`` on the OpenCL device, printed for ``arch`` (:func:`generate`,
-    ``synchronous`` as it takes it); returns the outputs (NumPy)."""
+    ``synchronous`` and ``overlap`` as it takes them); returns the outputs (NumPy)."""
     import pyopencl as cl
 
     ctx, queue = context()
     device = queue.device
-    source, kernels = generate(program, arch=arch, synchronous=synchronous)
+    source, kernels = generate(program, arch=arch, synchronous=synchronous, overlap=overlap)
     built = _built(source)
     if any(k.stages > STAGES for k in kernels) and any(local_memory(built[k.entry], device) > device.local_mem_size
                                                          for k in kernels):
         # The stages past two are the profile's GPU's latency cover, chosen for its shared memory;
         # a device with less local memory (oclgrind: 32 KiB) runs the same Program double-buffered.
-        source, kernels = generate(program, arch=arch, stages=STAGES, synchronous=synchronous)
+        source, kernels = generate(program, arch=arch, stages=STAGES, synchronous=synchronous, overlap=overlap)
         built = _built(source)
     diagram = program.diagram
     sizes = global_sizes(program)  # with a split's part axes (x#)

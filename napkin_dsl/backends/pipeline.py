@@ -57,11 +57,16 @@ exchange). There:
   consumers run in lockstep here, so a race between two consumer warpgroups (the first of those
   barriers dropped) is not one this emulation can show: that barrier is argued, not tested.
 
+* the consumers pipelined (``Roles.order``, FlashAttention-3's intra-warpgroup order,
+  :meth:`RolesPrinter.pipelined_chunks`): chunk c's S and chunk c - 1's P V committed as two
+  groups, S waited at depth 1 and the softmax run while P V may still be in flight, P V waited
+  at depth 0 and only then P packed again; the first and the last chunk peeled. A product
+  printed twice shares its posted register A slots (its groups are never in flight at once).
+
 Deliberately not here (issue 43's next steps): the K-major copy of fp8 attention's V [.. x d]; a
-masked stream's full chunks in a loop of their own, untested; the
-intra-warpgroup pipeline and pingpong (issue 48); a TMA store epilogue and a persistent tile
-scheduler. ``paths.wgmma.roles_of`` refuses them by
-name, and they keep the synchronous ring of ``wgmma.py``.
+masked stream's full chunks in a loop of their own, untested; pingpong (issue 48); a TMA store
+epilogue and a persistent tile scheduler. ``paths.wgmma.roles_of`` refuses them by name, and
+they keep the synchronous ring of ``wgmma.py``.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..layouts import WARPGROUP_THREADS, wgmma_k
-from ..paths.wgmma import WgmmaPlan
+from ..paths.wgmma import WgmmaPlan, pipeline_parts
 from ..pseudocode import walk
 from .lowering import KernelSource, ident
 from .roles import PRELUDE as ROLES_PRELUDE
@@ -88,6 +93,9 @@ class Wait:
     parity: str = "0"
     groups: int | None = None
     note: str = ""
+    # The accumulators known landed after it (CUDA pins their registers there), where a group is
+    # left in flight: None, every accumulator (at depth 0)
+    landed: tuple | None = None
 
 
 @dataclass
@@ -99,6 +107,7 @@ class Loop:
     derived: list = field(default_factory=list)
     body: list = field(default_factory=list)
     start: str = "0"
+    once: bool = False  # at most one trip (a peeled chunk): straight code under a test on CUDA
 
 
 # The runtime's roles on OpenCL (the consumer warpgroups in lockstep, one role), by index.
@@ -146,9 +155,11 @@ class RolesPrinter(WgmmaPrinter):
         self.drained: set[str] = set()  # products a later step of the chunk reads: waited to depth 0
         self.hoisted: list[str] = []  # register A's declaration: it lives across the consumers' segments
         self.posted = 0  # OpenCL: the k steps of register A the products post (their slots in nk_asnap)
+        self.post_slots: dict[str, int] = {}  # ... the first slot of each product's
         self.step_wait: Wait | None = None  # a product's wait, placed after its step's block (mma)
         self.visits = ("0", "0")  # the first and past-the-last chunk the block visits (stream_loop)
         self.preamble: list[str] = []  # what both roles read, before they split: a masked stream's bounds
+        self.placed_waits = False  # the pipelined order places the products' waits itself (pipelined_chunks)
 
     @property
     def opencl(self) -> bool:
@@ -269,6 +280,9 @@ class RolesPrinter(WgmmaPrinter):
         self.set_origin(axis, f"o_{x}")
         origin = [line.strip() for line in self.lines[start:]]  # the chunk's extent: derived in every segment
         del self.lines[start:]
+        if self.roles.order == "pipelined":
+            self.pipelined_chunks(node, streamed, origin, saved_valid)
+            return
         self.lines.append(Wait(self.full("nk_stage"), "nk_parity", note="the chunk's boxes have landed"))
         self.chunk_steps(node, streamed, "nk_stage", full=False)  # every visited chunk tested, the diagonal's and the others alike
         self.valid = saved_valid
@@ -282,6 +296,91 @@ class RolesPrinter(WgmmaPrinter):
         self.depth = depth
         self.lines.append(Loop(f"c_{x}", stop, self.chunk_derived(axis, f"c_{x}") + origin, body, first))
         self.lines.append(Wait(groups=0, note="every product has landed"))
+
+    def pipelined_chunks(self, node, streamed: list, origin: list[str], saved_valid: dict):
+        """The consumers' chunks in FlashAttention-3's intra-warpgroup order
+        (``paths.wgmma.pipeline_parts``), the first and the last peeled:
+
+        * chunk ``first``: wait for its stage, issue S, wait for it (depth 0), its softmax, and
+          P packed into the register A;
+        * each later chunk c: wait for its stage, issue S(c), rescale O by the previous chunk's
+          scale, issue P(c - 1) V(c - 1) from the previous chunk's stage; wait until S(c) has
+          landed (depth 1: the other still runs) and run c's softmax under it; wait for it
+          (depth 0), release the previous chunk's stage and pack P(c);
+        * after them, O rescaled by the last chunk's scale and its P V, waited for.
+
+        As FlashAttention-3 orders it: the pack writes the register A the previous product
+        reads, after that product has landed, and O is rescaled only once it has. ptxas still
+        schedules the depth-0 wait right after the softmax's row maximum, before the
+        exponentials (no PTX dependency orders a wait after ALU work): the chain prices P V's
+        drain as waited on (``napkin_dsl/chain.py``), and tests/test_pipelined.py reads the
+        wait's place in the SASS."""
+        axis, x, stages = node.axis, ident(node.axis), self.plan.stages
+        parts = pipeline_parts(self.plan, self.launch, self.tile)
+        body = list(node.body)
+
+        def part(name: str) -> list:
+            return [st for st, p in zip(body, parts.parts, strict=True) if p == name]
+        behind = self.plan.mmas[parts.behind]
+        ahead_out = self.fragment_of(parts.ahead)
+        first, stop = self.visits
+        self.placed_waits = True
+        start, depth = len(self.lines), self.depth
+
+        def take() -> list:
+            ops = self.lines[start:]
+            del self.lines[start:]
+            return ops
+
+        def issue_behind(stage: str):
+            saved = dict(self.buffers)
+            self.buffers.update({name: stage for name in streamed})
+            self.nodes(part("behind"))
+            self.buffers = saved
+
+        # the first chunk: S, waited for, its softmax, P packed
+        self.lines.append(Wait(self.full("nk_stage"), "nk_parity", note="the chunk's boxes have landed"))
+        self.chunk_begin(node, streamed, "nk_stage", full=False)
+        self.nodes(part("ahead"))
+        self.lines.append(Wait(groups=0, note=f"{parts.ahead}'s product has landed"))
+        self.nodes(part("softmax"))
+        self.register_a(behind)
+        self.chunk_end(streamed)
+        derived = self.chunk_derived(axis, f"c_{x}") + origin
+        prologue = take()
+        # chunk c: S(c) ahead, the rescale and P V(c - 1) behind, c's softmax under it
+        self.lines.append(Wait(self.full("nk_stage"), "nk_parity", note="the chunk's boxes have landed"))
+        self.chunk_begin(node, streamed, "nk_stage", full=False)
+        self.nodes(part("ahead"))
+        self.nodes(part("rescale"))
+        issue_behind("nk_pstage")
+        self.lines.append(Wait(groups=1, landed=(ahead_out,),
+                               note=f"{parts.ahead}'s product has landed; the previous chunk's {parts.behind} runs under the softmax"))
+        self.nodes(part("softmax"))
+        self.lines.append(Wait(groups=0, note=f"the previous chunk's {parts.behind} product has landed"))
+        self.emit(f"{self.arrive(self.empty('nk_pstage'))}  // the previous chunk's products have landed: its stage is empty")
+        self.register_a(behind)
+        self.chunk_end(streamed)
+        steady = take()
+        # the last chunk's rescale and P V
+        self.nodes(part("rescale"))
+        issue_behind("nk_stage")
+        self.lines.append(Wait(groups=0, note=f"the last chunk's {parts.behind} product has landed"))
+        last = take()
+        self.valid = saved_valid
+        del self.origin[axis]
+        self.depth = depth
+        self.placed_waits = False
+        previous = f"const int nk_pstage = (nk_stage + {stages - 1}) % {stages};  // the previous chunk's stage"
+        self.lines.append(Loop(f"c_{x}", stop, derived, prologue, first, once=True))
+        self.lines.append(Loop(f"c_{x}", stop, derived + [previous], steady, f"{first} + 1"))
+        self.lines.append(Loop(f"c_{x}", stop, self.chunk_derived(axis, f"c_{x}")[:1], last, f"max({first}, {stop} - 1)", once=True))
+
+    def fragment_of(self, target: str) -> str:
+        """The fragment product ``target`` accumulates into (its statement's output: O.acc for O)."""
+        op = next(st.op for st, _ in walk(self.launch.body) if st.statement is not None and st.statement.target == target
+                  and st.level == self.level and st.op in ("compute", "accumulate"))
+        return target if op == "compute" else f"{target}.acc"  # as tc_compute and tc_accumulate name it
 
     def extents(self, name: str) -> list[int]:
         """Fragment ``name``'s dimensions, as it is declared (``dims``)."""
@@ -328,8 +427,10 @@ class RolesPrinter(WgmmaPrinter):
             self.held.append(out)
         depth = 0 if target in self.drained else self.roles.wait_depth
         wait = Wait(groups=depth, note=f"{out}'s product has landed" if depth == 0 else "the previous chunk's products have landed")
-        if m.a_in_registers:
+        if m.a_in_registers and not self.placed_waits:  # the pipelined order packs it after the previous product's wait
             self.register_a(m)
+        if self.placed_waits:  # ... and places the waits (pipelined_chunks)
+            wait = None
         if not self.opencl:
             self.products(target, f"&{acc}[0][0][0]")
             self.emit("NK_WG_COMMIT();")
@@ -339,7 +440,11 @@ class RolesPrinter(WgmmaPrinter):
         a_words = None
         if m.a_in_registers:
             k_steps = self.tile[m.k] // wgmma_k(m.dtype)
-            first, self.posted = self.posted, self.posted + k_steps
+            # one set of slots a product: its sites (the pipelined order prints it twice) never
+            # have groups in flight at once, the next issued only after the last was waited for
+            if target not in self.post_slots:
+                self.post_slots[target], self.posted = self.posted, self.posted + k_steps
+            first = self.post_slots[target]
             self.site_registers[site] = (first, k_steps)
             self.emit("// issue: the warp's lanes post A's registers, which the product reads when it lands")
             self.loop("kk", k_steps, lambda: self.loop("j", 4, lambda: self.emit(f"{self.posted_word(f'{first} + kk', 'nk_lane')}[j] = nk_a[kk][j];")))
@@ -364,7 +469,8 @@ class RolesPrinter(WgmmaPrinter):
         self.each_value(out, lambda at: self.emit(f"if (nk_pend_{ident(out)} == 0) {shadow}{at} = {acc}{at}; {acc}{at} = NAN;"))
         self.emit(f"nk_pend_{ident(out)} += 1;")
         self.site_operands.append([m.b] if m.a_in_registers else [m.a, m.b])
-        self.emit(f"nk_role_commit(&nk_rs, {CONSUMERS}, nk_wg, nk_lane0, {site}, nk_stage, nk_lane0 ? {self.operand_sum(site, 'nk_stage')} : 0u);")
+        stage = self.buffers.get(m.b, "nk_stage")  # the stage its products read: the previous chunk's for a product issued behind
+        self.emit(f"nk_role_commit(&nk_rs, {CONSUMERS}, nk_wg, nk_lane0, {site}, {stage}, nk_lane0 ? {self.operand_sum(site, stage)} : 0u);")
         self.step_wait = wait
 
     def chunk_vectors(self, node):
@@ -443,7 +549,13 @@ class RolesPrinter(WgmmaPrinter):
     def straight(self, ops: list, sync: str = "NK_SYNC();"):
         """Operations as straight code, a block barrier among them printed as ``sync``."""
         for op in ops:
-            if isinstance(op, Loop):
+            if isinstance(op, Loop) and op.once:  # not a loop ptxas would unroll
+                with self.block(f"if ({op.start} < {op.stop}) {{"):
+                    self.emit(f"const int {op.var} = {op.start};")
+                    for line in op.derived:
+                        self.emit(line)
+                    self.straight(op.body, sync)
+            elif isinstance(op, Loop):
                 with self.block(f"for (int {op.var} = {op.start}; {op.var} < {op.stop}; ++{op.var}) {{"):
                     for line in op.derived:
                         self.emit(line)
@@ -453,10 +565,11 @@ class RolesPrinter(WgmmaPrinter):
                     self.emit(f"NK_MBAR_WAIT({self.bar(op.bar)}, {op.parity});  // {op.note}")
                 if op.groups is not None:
                     self.emit(f"NK_WG_WAIT({op.groups});  // {op.note}")
-                if op.groups == 0:  # every product has landed: their registers are read and reused after this, never before
-                    for acc in self.held:
+                if op.groups is not None and (op.groups == 0 or op.landed):
+                    # the products landed: their registers are read and reused after this, never before
+                    for acc in (self.held if op.groups == 0 else op.landed):
                         self.loop("nk_v", math.prod(self.extents(acc)), lambda acc=acc: self.emit(f"NK_WG_PIN_F((&f_{ident(acc)}[0][0][0])[nk_v]);"))
-                    if self.hoisted:
+                    if self.hoisted and op.groups == 0:  # a register A in flight stays unpinned
                         self.emit("NK_UNROLL")
                         self.emit("for (int kk = 0; kk < (int)(sizeof(nk_a) / sizeof(nk_a[0])); ++kk) { NK_WG_PIN_R(nk_a[kk][0]); "
                                   "NK_WG_PIN_R(nk_a[kk][1]); NK_WG_PIN_R(nk_a[kk][2]); NK_WG_PIN_R(nk_a[kk][3]); }")
@@ -571,7 +684,7 @@ class RolesPrinter(WgmmaPrinter):
                     mark = f"@after{head}@"
                     cases.append(inner + [f"if ({op.var} >= {op.stop}) {{ {' '.join(goto(mark))} break; }}"])
                     compile_ops(op.body, inner)
-                    cases[-1] += [f"++{op.var};"] + goto(head) + ["break;"]
+                    cases[-1] += (goto(mark) if op.once else [f"++{op.var};"] + goto(head)) + ["break;"]
                     after_marks.append((mark, len(cases)))
                     cases.append(list(derived))
                 else:

@@ -1102,6 +1102,13 @@ class TensorPrinter(KernelWriter):
         """A chunk's steps, its origin set, its streamed operands read from ``stage``: the mask
         held in full (``full``) or tested, the chunk's vectors, the body; then the chunk's state
         cleared for the next one."""
+        self.chunk_begin(node, streamed, stage, full)
+        self.nodes(node.body)
+        self.chunk_end(streamed)
+
+    def chunk_begin(self, node: Loop, streamed: list, stage: str, full: bool):
+        """A chunk's state before its steps (:meth:`chunk_steps`): the mask, the streamed
+        operands' stage, the lanes' rows in it, the chunk's vectors."""
         if node.mask is not None and full:
             where = self.mask_where(node.mask)
             if where is not None:
@@ -1115,7 +1122,9 @@ class TensorPrinter(KernelWriter):
                 if name in streamed and not stage.isdigit():  # a running buffer joins the lane's row once a chunk
                     self.emit(f"const int nk_lbs{lane} = nk_lb{lane} + {stage} * {self.smem[name].stage_bytes};")
         self.chunk_vectors(node)
-        self.nodes(node.body)
+
+    def chunk_end(self, streamed: list):
+        """The chunk's state cleared for the next one (:meth:`chunk_steps`)."""
         self.chunk_loaded.clear()
         self.unmasked = {}
         self.mask_pending = None

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from ..diagram import Map, Softmax
 from ..dtypes import DTYPE_BYTES, FP8_DTYPES
 from ..layouts import MMA_M, WARPGROUP_THREADS, WGMMA_M, WGMMA_MAX_N, CanonicalTile, wgmma_k
-from ..pseudocode import LaunchProgram, split_loop, walk
-from .plan import FRAGMENT_BUDGET, Mma, Refusal, TensorPath, TensorPlan, budget_refusal, refuse_if
+from ..pseudocode import LaunchProgram, Loop, split_loop, walk
+from .plan import FRAGMENT_BUDGET, Mma, Refusal, TensorPath, TensorPlan, budget_refusal, live_fragment_values, refuse_if
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,111 @@ class Roles:
     vectors: tuple = ()
     producer_registers: int = PRODUCER_REGISTERS
     consumer_registers: int = CONSUMER_REGISTERS
+    # The consumers' order of a chunk's products (:data:`CONSUMER_ORDERS`): "serial", or
+    # "pipelined", FlashAttention-3's intra-warpgroup pipeline (:func:`pipeline_parts`).
+    order: str = "serial"
 
     @property
     def threads(self) -> int:
         return WARPGROUP_THREADS * (self.consumers + 1)
+
+
+# How a consumer warpgroup orders a chunk's products (issue 48). "serial": each chunk's steps in
+# the Program's order, a product a later step reads waited to depth 0 at once. "pipelined"
+# (FlashAttention-3's intra-warpgroup pipelining, its algorithm 2): chunk c's first product (S)
+# is issued, then chunk c - 1's last (O += P V), and the softmax of chunk c is ordered while the
+# latter may be on the tensor cores (ptxas runs its row maximum there: napkin_dsl/chain.py).
+CONSUMER_ORDERS = ("serial", "pipelined")
+
+
+@dataclass(frozen=True)
+class PipelineParts:
+    """A stream chunk's top-level steps in the pipelined order (:func:`pipeline_parts`): each
+    step's part, by its index in the chunk's body.
+
+    * ``ahead``: the loads before it and the product issued ahead (S(c));
+    * ``behind``: the product issued a chunk late (P(c - 1) V(c - 1)), from a register A the
+      previous chunk's softmax computed, and the loads that only it reads;
+    * ``softmax``: the steps between them that do not touch ``behind``'s accumulator, run while
+      it is on the tensor cores;
+    * ``rescale``: those that do (O *= the chunk's scale), in the next chunk, after the
+      previous ``behind`` has landed and before this chunk's is issued."""
+
+    ahead: str
+    behind: str
+    parts: tuple[str, ...]
+    packed_registers: int  # the register A (P(c - 1), packed) a thread holds across the softmax
+
+
+def pipeline_parts(plan: TensorPlan, launch: LaunchProgram, tile: dict) -> PipelineParts:
+    """The pipelined order of a roles plan's chunk, or a refusal naming what it does not take:
+    the chunk's steps are two products, the first waited to depth 0 (a later step reads it, as
+    the softmax reads S) and the second last, reading a register A (attention's P); the steps
+    between them that rescale the second's accumulator read nothing the others write after
+    them; no plain tile is loaded each chunk; and the registers of the packed A, held across the
+    next chunk's softmax, fit :data:`FRAGMENT_BUDGET` with the fragments."""
+    node = stream_loop(launch, plan.stream)
+    if node is None:
+        raise Refusal("no streamed loop: the pipeline orders a stream's chunks")
+    if any(isinstance(st, Loop) for st in node.body):
+        raise Refusal("the chunk holds a loop of its own: the pipeline orders a chunk of steps")
+    if chunk_vectors(plan, launch):
+        raise Refusal("a plain tile loaded each chunk (fp8's per-key scales) sits between the consumers' barriers, "
+                      "which the pipeline does not order yet")
+    level = launch.schedule.compute_level
+    body = list(node.body)
+    products = [i for i, st in enumerate(body) if st.level == level and is_product(plan, st)]
+    if len(products) != 2:
+        raise Refusal(f"the chunk has {len(products)} products: the pipeline issues one ahead of the softmax and one behind it")
+    first, second = products
+    ahead, behind = body[first].statement.target, body[second].statement.target
+    if not plan.mmas[behind].a_in_registers:
+        raise Refusal(f"{behind}'s product reads no register A: nothing computed between the products feeds it")
+    if any(st.level == level and st.op != "load" for st in body[second + 1:]):
+        raise Refusal(f"a step follows {behind}'s product in the chunk: it would read the product in flight")
+    if any(st.op != "load" for st in body[:first]):
+        raise Refusal(f"a step comes before {ahead}'s product in the chunk")
+    accumulator = {name for _, name in body[second].writes}
+    parts = []
+    for i, st in enumerate(body):
+        if i <= first:
+            parts.append("ahead")
+        elif i >= second or (st.op == "load" and not any((st.level, st.array) in later.reads for later in body[first + 1:second])):
+            parts.append("behind")
+        elif {name for _, name in st.writes} & accumulator:
+            parts.append("rescale")
+        else:
+            parts.append("softmax")
+    rescales = [i for i, part in enumerate(parts) if part == "rescale"]
+    for i in rescales:  # a rescale moves after every softmax step: none after it may write what it reads
+        reads = {name for _, name in body[i].reads}
+        later = [st for j, st in enumerate(body) if j > i and parts[j] == "softmax" and {name for _, name in st.writes} & reads]
+        if later:
+            raise Refusal(f"{body[i].statement.target}'s rescale reads what a later step writes: it cannot wait for {behind}")
+    if any(parts[j] == "softmax" and {name for _, name in body[j].reads} & accumulator for j in range(len(body))):
+        raise Refusal(f"a step between the products reads {behind}'s accumulator, which is in flight under it")
+    m = plan.mmas[behind]
+    per_register = 4 if m.dtype in FP8_DTYPES else 2
+    packed = -(-tile[m.k] * plan.warp_rows // (32 * per_register))
+    held = live_fragment_values(plan, launch, tile) + packed
+    if held > FRAGMENT_BUDGET:
+        raise Refusal(f"a thread would hold {held} fragment registers at once with {m.a} of the previous chunk packed beside "
+                      f"{ahead} ({packed} of them; budget {FRAGMENT_BUDGET}): use a smaller {m.k} tile or the serial order")
+    return PipelineParts(ahead, behind, tuple(parts), packed)
+
+
+def ordered_roles(plan: "WgmmaPlan", launch: LaunchProgram, tile: dict, order: str) -> "WgmmaPlan":
+    """The plan with its consumers in ``order`` (:data:`CONSUMER_ORDERS`), or a refusal where the
+    plan has no roles or the order does not apply (:func:`pipeline_parts`)."""
+    if order not in CONSUMER_ORDERS:
+        raise AssertionError(f"napkin bug: no consumer order {order!r} (the orders: {', '.join(CONSUMER_ORDERS)})")
+    if plan.roles is None or plan.roles.order == order:
+        if plan.roles is None and order != "serial":
+            raise Refusal(f"no producer and consumer warpgroups ({plan.roles_declined}): the {order} order is the consumers'")
+        return plan
+    if order == "pipelined":
+        pipeline_parts(plan, launch, tile)
+    return replace(plan, roles=replace(plan.roles, order=order))
 
 
 def roles_of(plan: "WgmmaPlan", launch: LaunchProgram) -> Roles:
@@ -129,6 +230,13 @@ def stream_loop(launch: LaunchProgram, axis: str | None):
                  if lp.kind == "stream" and lp.level == level and lp.axis == axis), None)
 
 
+def is_product(plan: TensorPlan, st) -> bool:
+    """Whether step ``st`` is one of the plan's products (not the scalar factor applied to an
+    accumulator in place, ``S *= d^-0.5``)."""
+    return (st.statement is not None and st.statement.target in plan.mmas and st.op in ("compute", "accumulate")
+            and not (st.op == "compute" and (st.level, st.statement.target) in st.reads))
+
+
 def drained_products(plan: TensorPlan, launch: LaunchProgram) -> tuple[str, ...]:
     """The products of the stream's chunk that a warp-specialized consumer waits to depth 0: those
     whose accumulator a later step of the chunk reads (the softmax reads S), and those whose
@@ -140,12 +248,7 @@ def drained_products(plan: TensorPlan, launch: LaunchProgram) -> tuple[str, ...]
         return tuple(plan.mmas)
     level = launch.schedule.compute_level
     steps = [st for st, _ in walk(node.body) if st.level == level and st.op != "load" and st.statement is not None]
-
-    def is_product(st) -> bool:
-        return (st.statement.target in plan.mmas and st.op in ("compute", "accumulate")
-                and not (st.op == "compute" and (st.level, st.statement.target) in st.reads))
-
-    products = [i for i, st in enumerate(steps) if is_product(st)]
+    products = [i for i, st in enumerate(steps) if is_product(plan, st)]
     drained: list[str] = []
     for i in products:
         written = {name for _, name in steps[i].writes}
@@ -180,6 +283,8 @@ class WgmmaPlan(TensorPlan):
     # (``Roles``), or None and why not (``roles_declined``): the synchronous ring.
     roles: Roles | None = None
     roles_declined: str = ""
+    # Why the consumers keep the serial order where another was asked for (ordered_roles)
+    order_declined: str = ""
 
     @property
     def threads(self) -> int:
@@ -355,10 +460,12 @@ class WgmmaPath(TensorPath):
         roles = plan.roles
         if roles is None:
             return [f"synchronous ring, no producer warpgroup: {plan.roles_declined}"] if plan.tma else []
+        order = (", pipelined: a chunk's first product issued before the previous chunk's last, which runs under its softmax"
+                 if roles.order == "pipelined" else "")
         return [(f"roles: a producer warpgroup (setmaxnreg.dec {roles.producer_registers}; one thread issues TMA) and "
                 f"{roles.consumers} consumer warpgroup{'s' if roles.consumers > 1 else ''} (setmaxnreg.inc "
                 f"{roles.consumer_registers}), a {plan.stages}-stage ring of full and empty mbarriers, "
-                f"wgmma.wait_group {roles.wait_depth}")]
+                f"wgmma.wait_group {roles.wait_depth}{order}")]
 
 
 WGMMA = WgmmaPath()
