@@ -95,8 +95,11 @@ def price(row: dict, overlap: str | None = None) -> dict:
         program = kernel.program(row["gpu"], **sizes)
         arch, what_if = ARCH[row["instruction_path"]], WHAT_IF[row["instruction_path"]]
         schedule = overlap or OVERLAP[row["instruction_path"]]
-        # a schedule napkin builds (the pipelined consumers) is selected and priced as built
-        built = select_program(program, arch, order="pipelined" if schedule == "pipelined" else "serial")
+        # the schedule built where napkin builds it at the row's tiles; where it declines a part
+        # (the report's notes say why), the row's schedule priced as a what-if on the serial build
+        built = select_program(program, arch, schedule=schedule) if schedule else select_program(program, arch)
+        if any(getattr(chosen.plan, "order_declined", "") for chosen in built.launches.values()):
+            built = select_program(program, arch)
         if all(chosen.path == row["instruction_path"] for chosen in built.launches.values()):
             what_if = None  # napkin builds this row's path itself: price its own code
         selected = built if what_if is None else select_program(program, arch, what_if)

@@ -20,6 +20,9 @@ A chunk costs a block its units' time U (the model's tensor, FMA and MUFU time i
   S); two barriers among the consumers around the chunk's plain tiles (``Roles.vectors``: fp8's
   per-key scales); the full-barrier wait only where no product stays in flight across chunks (at
   wait depth 1 it runs under the previous chunk's products, as matmul's does);
+* pingpong (``Roles.pingpong``, FlashAttention-3's turns): a ``bar.sync`` before each phase of
+  product issues (one a chunk pipelined, one a product serial); a warpgroup's drains and its
+  full-barrier wait run under the other warpgroup's products;
 * pipelined: the full-barrier wait (the chunk starts with nothing in flight) and the previous
   chunk's P V drain: ptxas schedules its depth-0 wait right after the softmax's row maximum,
   before the exponentials, so only the maximum runs under the product (read in the SASS; no
@@ -59,7 +62,7 @@ class Link:
 class Chain:
     """The chain of one wgmma launch's chunk (see the module's docstring)."""
 
-    build: str  # "roles", "roles, pipelined" or "synchronous ring"
+    build: str  # "roles", "roles, <schedule>" (Roles.schedule) or "synchronous ring"
     links: tuple[Link, ...]
     hidden: tuple[str, ...]  # waits that run under a product in flight: named, not priced
     copy_link: Link  # the copy's latency
@@ -128,6 +131,11 @@ def chain_of(plan, hardware) -> Chain | None:
             links.append(link("the full-barrier wait", "mbarrier_wait"))
         links += [link(f"{target}'s drain (wait_group 0)", "wgmma_drain") for target in plan.mmas]
         return Chain("synchronous ring", tuple(links), (), copy, plan.stages)
+    if roles.pingpong:  # FlashAttention-3's turns (RolesPrinter.turns): a warpgroup waits while the other's products run
+        phases = 1 if roles.order == "pipelined" else len(plan.mmas)  # the issue phases of a chunk
+        links = tuple(link(f"pingpong's bar.sync before the chunk's issue phase {i + 1} of {phases}", "bar_sync") for i in range(phases))
+        hidden = ("the products' drains and the full-barrier wait, under the other consumer warpgroup's products",)
+        return Chain(f"roles, {roles.schedule}", links, hidden, copy, plan.stages)
     if roles.order == "pipelined":  # FlashAttention-3's intra-warpgroup order (RolesPrinter.pipelined_chunks)
         ahead, behind = roles.drained[0], next(t for t in plan.mmas if t not in roles.drained)
         hidden = (f"{ahead}'s drain, under the previous chunk's {behind} product issued behind it (wait_group 1)",)

@@ -658,7 +658,8 @@ def add_cuda_command(subparsers) -> None:
                            "warpgroups (the build to compare the roles with)")
     cuda.add_argument("--overlap", metavar="SCHEDULE", choices=list(BUILT_OVERLAPS),
                       help=f"sm_90a: the consumer warpgroups' schedule to build ({', '.join(BUILT_OVERLAPS)}; pipelined: "
-                           f"FlashAttention-3's intra-warpgroup pipeline, where a launch takes it); default {BUILT_OVERLAP}")
+                           "FlashAttention-3's intra-warpgroup pipeline, pingpong: its warpgroups' turns on the tensor cores, "
+                           f"each where a launch takes it); default {BUILT_OVERLAP}")
     cuda.add_argument("--resources", action="store_true", help="print registers, shared memory and spills per launch")
     cuda.add_argument("--sass", action="store_true",
                       help="disassemble the cubin (nvdisasm) and print instruction classes per launch and innermost loop, "
@@ -772,9 +773,9 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--arch", help=f"price the code built for this architecture, one the profile runs ({gpu_archs()}; "
                                      "sm_90a: wgmma where selection takes it; sm_90: mma.sync); default: the profile's own")
     cost.add_argument("--overlap", metavar="SCHEDULE", choices=list(OVERLAPS),
-                      help=f"price the wgmma warpgroups under this schedule ({', '.join(OVERLAPS)}; "
-                           f"pingpong+pipelined: FlashAttention-3's): napkin builds {' and '.join(BUILT_OVERLAPS)}, "
-                           "and prices the others as what-ifs")
+                      help=f"build and price the wgmma warpgroups under this schedule ({', '.join(OVERLAPS)}; "
+                           "pingpong+pipelined: FlashAttention-3's), each part where a launch takes it (the notes say "
+                           "which does not)")
     cost.set_defaults(run=cmd_cost)
 
     tune = sub.add_parser("tune", help="choose group/stream sizes minimising predicted time")

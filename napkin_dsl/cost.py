@@ -1447,15 +1447,14 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     if arch is not None and not hardware.symbolic:
         hardware.check_arch(arch)  # an arch the profile does not describe: say which it does
     if selected is None:
-        selected = select_program(program, arch, path, order="pipelined" if overlap == "pipelined" else "serial")
+        selected = select_program(program, arch, path, schedule=overlap if overlap in BUILT_OVERLAPS else "serial")
     elif (selected.arch, selected.path) != (arch or hardware.arch, path):
         raise AssertionError(f"napkin bug: a selection for {selected.arch} {selected.path} priced as {arch} {path}")
-    if overlap is None and built_order(selected) != "serial":  # the selection's own schedule
-        overlap = built_order(selected)
-    elif overlap in BUILT_OVERLAPS and overlap != built_order(selected):
-        if not any(getattr(chosen.plan, "order_declined", "") for chosen in selected.launches.values()):
-            raise AssertionError(f"napkin bug: a selection built {built_order(selected)} priced as {overlap}")
-        overlap = built_order(selected)  # every launch declined the order asked for: the notes say why
+    built_as = built_schedule(selected)
+    if overlap is None:  # the selection's own schedule
+        overlap = built_as
+    elif overlap != built_as and any(getattr(chosen.plan, "order_declined", "") for chosen in selected.launches.values()):
+        overlap = built_as  # the selection asked for it and declined (a part of) it: the notes say why
     rows = columns(program, selected)
     levels = level_costs(program, rows, selected)
     if check:
@@ -1469,7 +1468,8 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     copied = {launch.index: n for launch in program.launches
               if not hardware.symbolic and (n := copied_bytes(program, launch, selected)) is not None}
     conflicts = {launch.index: copy_conflict(program, launch, selected) for launch in program.launches if launch.index in copied}
-    built = priced_overlap.name in BUILT_OVERLAPS and not hardware.symbolic
+    what_if = priced_overlap.name != built_as
+    built = not what_if and not hardware.symbolic
     chains, chain_notes = launch_chains(program, selected) if built else ({}, [])
     time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, selected), fma, hidden,
                         {index: n * conflicts[index] for index, n in copied.items()}, chains)
@@ -1482,12 +1482,13 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
         notes.append(f"launch {index}: {names}'s K-major copy (8-bit wgmma reads B K-major only) moves {_fmt(n)} bytes "
                      f"through shared memory's port, an LDS and an STS a byte, at {conflicts[index]:.2f}x the conflict-free "
                      "wavefronts (layouts.transpose_split), in the registers term")
-    if priced_overlap.name not in BUILT_OVERLAPS:
+    if what_if:
         notes.append(f"priced with the {priced_overlap.name} warpgroup schedule: {priced_overlap.does} (a what-if: "
-                     f"napkin builds {' and '.join(BUILT_OVERLAPS)} warpgroups; evidence: {priced_overlap.evidence})")
+                     f"these launches are built {built_as}; evidence: {priced_overlap.evidence})")
     for index, chosen in selected.launches.items():
         if getattr(chosen.plan, "order_declined", ""):
-            notes.append(f"launch {index}'s consumers keep the serial order, {chosen.plan.order_declined}")
+            notes.append(f"launch {index}'s consumers are built {chosen.plan.roles.schedule if chosen.plan.roles else 'serial'}, "
+                         f"{chosen.plan.order_declined}")
     if path is not None:
         built = sorted({c.path for c in select_program(program, arch).launches.values() if c.plan is not None})
         notes.append(f"priced as if the contractions ran on {path} (a what-if: napkin builds "
@@ -1519,27 +1520,24 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     )
 
 
-def consumer_order(overlap: str | None) -> str:
-    """The consumer warpgroups' order to build for the schedule ``overlap`` (``Roles.order``), or a
-    :class:`NapkinError` for one napkin prices only, as a what-if."""
+def build_schedule(overlap: str | None) -> str:
+    """The warpgroup schedule to build for ``overlap`` (a name in :data:`BUILT_OVERLAPS`; None:
+    the default), or a :class:`NapkinError` naming the schedules."""
     from .errors import NapkinError
 
-    if overlap is None or overlap == BUILT_OVERLAP:
-        return "serial"
+    if overlap is None:
+        return BUILT_OVERLAP
     if overlap in BUILT_OVERLAPS:
         return overlap
-    known = ", ".join(OVERLAPS)
-    raise NapkinError(f"napkin builds the {' and '.join(BUILT_OVERLAPS)} warpgroup schedules, not {overlap!r}"
-                      + (" (it prices it as a what-if: napkin cost --overlap)" if overlap in OVERLAPS else f" (the schedules: {known})"),
+    raise NapkinError(f"no warpgroup schedule {overlap!r} to build (the schedules: {', '.join(BUILT_OVERLAPS)})",
                       hint="docs/method.md, overlap of the compute units")
 
 
-def built_order(selected: ProgramSelection) -> str:
-    """The consumer order a selection built (``Roles.order``): "pipelined" where a wgmma launch's
-    consumers run FlashAttention-3's intra-warpgroup order, else "serial"."""
-    orders = {chosen.plan.roles.order for chosen in selected.launches.values()
-              if getattr(chosen.plan, "roles", None) is not None}
-    return "pipelined" if "pipelined" in orders else "serial"
+def built_schedule(selected: ProgramSelection) -> str:
+    """The warpgroup schedule a selection built (``Roles.schedule``): the most a wgmma launch's
+    consumers take, "serial" where none has roles."""
+    built = [chosen.plan.roles.schedule for chosen in selected.launches.values() if getattr(chosen.plan, "roles", None) is not None]
+    return max(built, key=BUILT_OVERLAPS.index, default=BUILT_OVERLAP)
 
 
 def overlap_name(program: Program, selected, overlap: str | None) -> str:

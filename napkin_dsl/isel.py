@@ -46,7 +46,7 @@ from .paths import offered_paths, path_of
 from .paths.mma_sync import MmaSyncPlan, converted_fp8_refusal, mma_k, mma_shape
 from .paths.plan import (FRAGMENT_BUDGET, MAX_REGISTERS, MAX_WARPS, STAGES, TENSOR_DTYPES, Fragment, Mma, Operand, Refusal,
                          TensorPlan, budget_refusal, gather_registers, live_fragment_values, refuse_if)
-from .paths.wgmma import WgmmaPlan, ordered_roles
+from .paths.wgmma import WgmmaPlan, scheduled_roles
 from .pseudocode import LaunchProgram, Program, blocks_per_unit, split_loop, walk
 from .relabel import bind
 
@@ -631,19 +631,19 @@ class ProgramSelection:
 
 
 def select_program(program: Program, arch: str | None = None, path: str | None = None,
-                   stages: int | None = None, synchronous: bool = False, order: str = "serial") -> ProgramSelection:
+                   stages: int | None = None, synchronous: bool = False, schedule: str = "serial") -> ProgramSelection:
     """Instruction selection as one pass: the :class:`Selection` of every launch of ``program``
     for ``arch`` (default: its hardware profile's), with its tiles, shared-memory layout and FMA
     register accumulators. ``path`` prices a what-if instruction path (:func:`select`); ``stages``
     sets every streamed tensor-core launch's cp.async stages (:func:`stage_count`);
     ``synchronous`` keeps every wgmma launch on the synchronous ring, without roles (the build
-    before warp specialization, kept to compare with); ``order`` orders the consumer warpgroups'
-    products where a launch has them (``paths.wgmma.CONSUMER_ORDERS``: "pipelined" is
-    FlashAttention-3's intra-warpgroup pipeline; a launch it does not apply to keeps the serial
-    order and says why, ``order_declined``). The model, the printers, the NumPy counts and the
-    kernel header read the result; none asks again."""
+    before warp specialization, kept to compare with); ``schedule`` orders the consumer
+    warpgroups where a launch has them (``paths.wgmma.SCHEDULES``: "pipelined" is
+    FlashAttention-3's intra-warpgroup pipeline, "pingpong" its named-barrier turns; a launch
+    keeps what does not apply to it serial and says why, ``order_declined``). The model, the
+    printers, the NumPy counts and the kernel header read the result; none asks again."""
     arch = arch or program.hardware.arch
-    return ProgramSelection(arch, path, {launch.index: _select_launch(program, launch, arch, path, stages, synchronous, order)
+    return ProgramSelection(arch, path, {launch.index: _select_launch(program, launch, arch, path, stages, synchronous, schedule)
                                          for launch in program.launches})
 
 
@@ -654,7 +654,7 @@ def selection(program: Program, launch: LaunchProgram, arch: str | None = None, 
 
 
 def _select_launch(program: Program, launch: LaunchProgram, arch: str | None, path: str | None,
-                   stages: int | None = None, synchronous: bool = False, order: str = "serial") -> Selection:
+                   stages: int | None = None, synchronous: bool = False, schedule: str = "serial") -> Selection:
     bound = launch_tiles(launch)
     tile, sizes = bound if bound is not None else (None, None)
     warp_tiles = warp_tiles_of(launch)
@@ -666,11 +666,9 @@ def _select_launch(program: Program, launch: LaunchProgram, arch: str | None, pa
         chosen = select(launch, arch, tile, sizes, warp_tiles=warp_tiles, path=path)
     if synchronous and isinstance(chosen.plan, WgmmaPlan) and chosen.plan.roles is not None:
         chosen = replace(chosen, plan=replace(chosen.plan, roles=None, roles_declined="the synchronous ring was asked for"))
-    if order != "serial" and isinstance(chosen.plan, WgmmaPlan):
-        try:
-            chosen = replace(chosen, plan=ordered_roles(chosen.plan, launch, tile, order))
-        except Refusal as refusal:
-            chosen = replace(chosen, plan=replace(chosen.plan, order_declined=f"not {order}: {refusal}"))
+    if schedule != "serial" and isinstance(chosen.plan, WgmmaPlan):
+        plan, declined = scheduled_roles(chosen.plan, launch, tile, schedule)
+        chosen = replace(chosen, plan=replace(plan, order_declined=declined))
     if chosen.plan is not None:
         chosen = replace(chosen, plan=replace(chosen.plan, stages=stage_count(chosen.plan, launch, tile, program.diagram, arch, stages,
                                                                                sizes)))

@@ -299,11 +299,12 @@ class Kernel:
         profile does not list in its ``archs`` is a :class:`NapkinError` naming those it does.
         ``synchronous``: sm_90a's wgmma launches on the synchronous ring, without the producer and
         consumer warpgroups (the build to compare the roles with). ``overlap``: the warpgroup
-        schedule to build, "serial" (the default) or "pipelined" (FlashAttention-3's
-        intra-warpgroup order, where a launch takes it; ``cost.consumer_order``).
+        schedule to build (``cost.build_schedule``): "serial" (the default), "pipelined"
+        (FlashAttention-3's intra-warpgroup order), "pingpong" (its consumer warpgroups' turns)
+        or both, each where a launch takes it.
         """
         from .backends.compiled import compile_cached
-        from .cost import consumer_order
+        from .cost import build_schedule
         from .hardware import DEFAULT_GPU, gpu_for_arch, load_hardware
 
         own = self.hardware if self.hardware and load_hardware(self.hardware).archs else None  # the relabel block's GPU
@@ -311,7 +312,7 @@ class Kernel:
             arch = load_hardware(hardware or own or DEFAULT_GPU).arch
         target = hardware or (None if own else gpu_for_arch(arch))
         load_hardware(target or own).check_arch(arch)
-        order = consumer_order(overlap)  # a schedule napkin only prices is refused here, before any work
+        order = build_schedule(overlap)  # an unknown schedule is refused here, before any work
         key = ("compile", arch, target, ptx, synchronous, order, tuple(sorted(sizes.items())))
         if key in self._cache:
             return self._cache[key]
@@ -326,7 +327,7 @@ class Kernel:
             from .isel import select_program
 
             program = self.gpu_program(target, **sizes)
-            selected = select_program(program, arch, synchronous=synchronous, order=order)
+            selected = select_program(program, arch, synchronous=synchronous, schedule=order)
             return program, compiled_cost(program, arch, compiled.launches, compiled.resources, selected=selected), selected
 
         # The disk cache's key is what the source is made from, so that a hit lowers nothing.

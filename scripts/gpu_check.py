@@ -236,9 +236,11 @@ CASES: list[Case] = [
          synchronous=True),
     Case("attention_synchronous", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
          {"b": 2, "q": 32}, "sdpa", synchronous=True),
-    # FlashAttention-3's intra-warpgroup order on the roles, beside the serial one (issue 48)
-    Case("attention_pipelined", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
-         {"b": 2, "q": 32}, "sdpa", overlap="pipelined"),
+    # FlashAttention-3's overlaps on the roles, beside the serial order (issue 48): the
+    # intra-warpgroup pipeline, pingpong, and both (FA3's schedule)
+    *(Case(f"attention_{schedule.replace('+', '_')}", "attention.napkin", "attention",
+           {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128}, {"b": 2, "q": 32}, "sdpa", overlap=schedule)
+      for schedule in ("pipelined", "pingpong", "pingpong+pipelined")),
     Case("attention_sm90", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 8192, "x": 8192, "d": 128},
          {"b": 2, "q": 32}, "sdpa", arch="sm_90"),
     Case("mlp", "mlp.napkin", "mlp", {"b": 8192, "k": 4096, "n": 4096}, {"b": 64}, "mlp"),

@@ -147,7 +147,7 @@ STAGES = (
     ("plan",),
     ("tune", "render", "backends", "backends.compiled", "backends.driver", "backends.nvrtc", "backends.sass",
      "backends.lowering", "backends.tensorcore", "backends.wgmma", "backends.pipeline", "backends.translate", "backends.numpy",
-     "backends.cuda", "backends.opencl", "backends.distributed", "backends.roles"),
+     "backends.cuda", "backends.opencl", "backends.distributed", "backends.roles", "backends.barriers"),
     ("torch_op",),  # a kernel as torch custom ops: it calls the kernel it is given, and imports no kernel module
     ("kernel",),
     ("cli",),

@@ -80,8 +80,10 @@ ISA = {
     "mbarrier.arrive.shared::cta.b64": [("state", 1, "imm"), ("addr", 1, "r")],
     "setmaxnreg.inc.sync.aligned.u32": [("imm-reg-count", 1, "n")],
     "setmaxnreg.dec.sync.aligned.u32": [("imm-reg-count", 1, "n")],
-    # a barrier among the consumer warpgroups (9.7.13.1): bar.sync a, b; a the barrier's id, b the threads
+    # a barrier among the consumer warpgroups (9.7.13.1): bar.sync a, b; a the barrier's id, b the threads;
+    # bar.arrive a, b the same operands, arriving without waiting (pingpong's turns)
     "bar.sync": [("a", 1, "n"), ("b", 1, "n")],
+    "bar.arrive": [("a", 1, "n"), ("b", 1, "n")],
     # PTX ISA 9.7.9.25 cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
     # [dstMem], [tensorMap, {tensorCoords}], [mbar]: the map a 64-bit generic address, two 32-bit coordinates
     "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes": [

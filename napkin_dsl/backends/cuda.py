@@ -58,13 +58,13 @@ def compile_program(program: Program, arch: str = DEFAULT_ARCH, ptx: bool = Fals
                     synchronous: bool = False, overlap: str | None = None) -> CompiledKernel:
     """Generate and compile ``program`` for ``arch``; cached in memory and on disk by source hash.
     ``synchronous``: wgmma launches on the synchronous ring, without roles (``isel.select_program``);
-    ``overlap`` ("pipelined"): their consumers in that order (``cost.consumer_order``)."""
-    from ..cost import consumer_order
+    ``overlap``: their consumers' schedule (``cost.build_schedule``)."""
+    from ..cost import build_schedule
     from ..isel import select_program
 
     bound_sizes(program)
     # once: the report, the printers and the compiled report read it
-    selected = select_program(program, arch, synchronous=synchronous, order=consumer_order(overlap))
+    selected = select_program(program, arch, synchronous=synchronous, schedule=build_schedule(overlap))
     report = report if report is not None else cost_of(program, arch=arch, selected=selected)
     source, kernels = generate(program, report, arch, selected)
     name = f"napkin_{ident(program.diagram.name)}.cu"  # ASCII, as the entries

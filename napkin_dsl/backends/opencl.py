@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from ..cost import consumer_order, cost_of
+from ..cost import build_schedule, cost_of
 from ..dtypes import FP8_DTYPES
 from ..errors import NapkinError
 from ..isel import select_program
@@ -75,10 +75,10 @@ def generate(program: Program, report=None, arch: str | None = None, stages: int
     profile's): ``sm_90a`` prints the wgmma lowering, wgmma emulated (``backends/wgmma.py``).
     ``stages`` sets the cp.async stages of every streamed mma.sync launch (``isel.stage_count``);
     ``synchronous`` keeps wgmma launches on the synchronous ring, without roles; ``overlap``
-    ("pipelined") orders their consumers so (``cost.consumer_order``). The model's ``report`` of
+    builds their consumers' schedule (``cost.build_schedule``). The model's ``report`` of
     those paths heads the source (priced here when not given)."""
     bound_sizes(program)  # a size the model cannot evaluate is the printer's error, by name
-    selected = select_program(program, arch, stages=stages, synchronous=synchronous, order=consumer_order(overlap))
+    selected = select_program(program, arch, stages=stages, synchronous=synchronous, schedule=build_schedule(overlap))
     report = report if report is not None else cost_of(program, arch=arch, selected=selected)
     lowered = lower(program, OpenCLDialect(), report, arch=arch, selected=selected)
     return lowered.source, lowered.kernels

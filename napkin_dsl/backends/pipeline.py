@@ -63,9 +63,15 @@ exchange). There:
   at depth 0 and only then P packed again; the first and the last chunk peeled. A product
   printed twice shares its posted register A slots (its groups are never in flight at once).
 
+* pingpong (``Roles.pingpong``, :meth:`RolesPrinter.turns`): the two consumer warpgroups take
+  turns issuing their products, a ``bar.sync`` on their own named barrier before a phase of
+  issues and a ``bar.arrive`` on the other's after it. The consumers run in lockstep here, so the
+  turns are comments in the OpenCL kernel, and ``barriers.run_turns`` runs them (the PTX ISA's
+  named barriers, apart from this printer) whenever such a kernel is printed.
+
 Deliberately not here (issue 43's next steps): the K-major copy of fp8 attention's V [.. x d]; a
-masked stream's full chunks in a loop of their own, untested; pingpong (issue 48); a TMA store
-epilogue and a persistent tile scheduler. ``paths.wgmma.roles_of`` refuses them by name, and
+masked stream's full chunks in a loop of their own, untested; a TMA store epilogue and a
+persistent tile scheduler. ``paths.wgmma.roles_of`` refuses them by name, and
 they keep the synchronous ring of ``wgmma.py``.
 """
 
@@ -76,7 +82,8 @@ import re
 from dataclasses import dataclass, field
 
 from ..layouts import WARPGROUP_THREADS, wgmma_k
-from ..paths.wgmma import WgmmaPlan, pipeline_parts
+from ..paths.wgmma import PINGPONG_BARRIERS, WgmmaPlan, pipeline_parts
+from .barriers import BarrierOp, run_turns
 from ..pseudocode import walk
 from .lowering import KernelSource, ident
 from .roles import PRELUDE as ROLES_PRELUDE
@@ -108,6 +115,27 @@ class Loop:
     body: list = field(default_factory=list)
     start: str = "0"
     once: bool = False  # at most one trip (a peeled chunk): straight code under a test on CUDA
+    # Which of the n chunks a block visits it runs: "all", or the pipelined order's "first",
+    # "later" (all but the first) and "last" (barriers.run_turns's trips)
+    chunks: str = "all"
+
+
+@dataclass
+class Bar:
+    """A named barrier of pingpong (``paths.wgmma.PINGPONG_BARRIERS``): ``bar.sync`` (``kind``
+    "sync") or ``bar.arrive`` on this warpgroup's barrier (``barrier`` "own") or the other's,
+    by both consumer warpgroups or by ``who`` only. ``phase``: the sync that opens a phase of
+    product issues (RolesPrinter.turns closes it with an arrive at the next wait)."""
+
+    kind: str
+    barrier: str
+    who: int | None = None
+    phase: bool = False
+    note: str = ""
+
+    def barrier_id(self, warpgroup: int) -> int:
+        own, other = PINGPONG_BARRIERS[warpgroup], PINGPONG_BARRIERS[1 - warpgroup]
+        return own if self.barrier == "own" else other
 
 
 # The runtime's roles on OpenCL (the consumer warpgroups in lockstep, one role), by index.
@@ -123,8 +151,10 @@ __device__ __forceinline__ void nk_mbar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
 }
 #define NK_MBAR_ARRIVE(bar) nk_mbar_arrive(nk_sbase + (bar))
-// a barrier among the consumer warpgroups only (PTX ISA 9.7.13.1 bar.sync a, b: b threads, id a > 0)
+// a barrier among the consumer warpgroups only (PTX ISA 9.7.13.1 bar.sync a, b: b threads, id a > 0);
+// bar.arrive a, b arrives without waiting (pingpong's turns)
 #define NK_BAR_SYNC(id, threads) asm volatile("bar.sync %0, %1;\n" :: "n"(id), "n"(threads) : "memory")
+#define NK_BAR_ARRIVE(id, threads) asm volatile("bar.arrive %0, %1;\n" :: "n"(id), "n"(threads) : "memory")
 """
 
 
@@ -226,6 +256,8 @@ class RolesPrinter(WgmmaPrinter):
         del self.lines[start:]
         self.depth = depth
         assert self.ring_node is not None, "napkin bug: a roles plan streams"
+        if self.roles.pingpong:
+            consumer = self.turns(consumer)
         producer = self.producer_ops()
         for line in self.preamble:
             self.emit(line)
@@ -243,6 +275,43 @@ class RolesPrinter(WgmmaPrinter):
                 self.emit(line)
             # a barrier among the consumers is a named one: the producer does not take part
             self.straight(consumer, sync=f"NK_BAR_SYNC(1, {self.threads});")
+
+    # -- pingpong's turns
+    def turns(self, consumer: list) -> list:
+        """:meth:`turn_ops`, run for every visited chunk count up to 3 (``barriers.run_turns``):
+        a protocol that deadlocks or leaves arrivals is a napkin bug, raised here."""
+        ops = self.turn_ops(consumer)
+        for chunks in range(4):
+            run_turns(turn_programs(ops, chunks, self.threads))
+        return ops
+
+    def turn_ops(self, consumer: list) -> list:
+        """The consumers' operations with pingpong's named barriers (FlashAttention-3's
+        ``warp_scheduler_barrier``): a phase of product issues (the products committed between
+        two waits) opens with a ``bar.sync`` on the warpgroup's own barrier and closes with a
+        ``bar.arrive`` on the other's; warpgroup 1 arrives on warpgroup 0's once before its
+        first, so that 0 goes first, and warpgroup 0 waits on its own once after its last, which
+        takes 1's last arrival."""
+
+        def close(ops: list) -> list:
+            out, open_ = [], False
+            for op in ops:
+                if isinstance(op, Bar) and op.phase:
+                    if not open_:
+                        out.append(op)
+                        open_ = True
+                    continue
+                if isinstance(op, Wait) and open_:
+                    out.append(Bar("arrive", "other", note="the products are issued: the other warpgroup's turn"))
+                    open_ = False
+                if isinstance(op, Loop):
+                    op = Loop(op.var, op.stop, op.derived, close(op.body), op.start, op.once, op.chunks)
+                out.append(op)
+            assert not open_, "napkin bug: a phase of product issues with no wait after it"
+            return out
+
+        return ([Bar("arrive", "other", who=1, note="warpgroup 0 takes the first turn")] + close(consumer)
+                + [Bar("sync", "own", who=0, note="warpgroup 1's last arrival")])
 
     # -- the roles' operations
     def chunk_derived(self, axis: str, var: str) -> list[str]:
@@ -294,7 +363,7 @@ class RolesPrinter(WgmmaPrinter):
         body = self.lines[start:]
         del self.lines[start:]
         self.depth = depth
-        self.lines.append(Loop(f"c_{x}", stop, self.chunk_derived(axis, f"c_{x}") + origin, body, first))
+        self.lines.append(Loop(f"c_{x}", stop, self.chunk_derived(axis, f"c_{x}") + origin, body, first, chunks="all"))
         self.lines.append(Wait(groups=0, note="every product has landed"))
 
     def pipelined_chunks(self, node, streamed: list, origin: list[str], saved_valid: dict):
@@ -372,9 +441,10 @@ class RolesPrinter(WgmmaPrinter):
         self.depth = depth
         self.placed_waits = False
         previous = f"const int nk_pstage = (nk_stage + {stages - 1}) % {stages};  // the previous chunk's stage"
-        self.lines.append(Loop(f"c_{x}", stop, derived, prologue, first, once=True))
-        self.lines.append(Loop(f"c_{x}", stop, derived + [previous], steady, f"{first} + 1"))
-        self.lines.append(Loop(f"c_{x}", stop, self.chunk_derived(axis, f"c_{x}")[:1], last, f"max({first}, {stop} - 1)", once=True))
+        self.lines.append(Loop(f"c_{x}", stop, derived, prologue, first, once=True, chunks="first"))
+        self.lines.append(Loop(f"c_{x}", stop, derived + [previous], steady, f"{first} + 1", chunks="later"))
+        self.lines.append(Loop(f"c_{x}", stop, self.chunk_derived(axis, f"c_{x}")[:1], last, f"max({first}, {stop} - 1)",
+                               once=True, chunks="last"))
 
     def fragment_of(self, target: str) -> str:
         """The fragment product ``target`` accumulates into (its statement's output: O.acc for O)."""
@@ -429,6 +499,8 @@ class RolesPrinter(WgmmaPrinter):
         wait = Wait(groups=depth, note=f"{out}'s product has landed" if depth == 0 else "the previous chunk's products have landed")
         if m.a_in_registers and not self.placed_waits:  # the pipelined order packs it after the previous product's wait
             self.register_a(m)
+        if self.roles.pingpong:  # this warpgroup's turn on the tensor cores (turns)
+            self.lines.append(Bar("sync", "own", phase=True, note="this warpgroup's turn to issue its products"))
         if self.placed_waits:  # ... and places the waits (pipelined_chunks)
             wait = None
         if not self.opencl:
@@ -560,6 +632,8 @@ class RolesPrinter(WgmmaPrinter):
                     for line in op.derived:
                         self.emit(line)
                     self.straight(op.body, sync)
+            elif isinstance(op, Bar):
+                self.emit(self.bar_line(op))
             elif isinstance(op, Wait):
                 if op.bar is not None:
                     self.emit(f"NK_MBAR_WAIT({self.bar(op.bar)}, {op.parity});  // {op.note}")
@@ -575,6 +649,19 @@ class RolesPrinter(WgmmaPrinter):
                                   "NK_WG_PIN_R(nk_a[kk][1]); NK_WG_PIN_R(nk_a[kk][2]); NK_WG_PIN_R(nk_a[kk][3]); }")
             else:
                 self.emit(op.replace("NK_SYNC();", sync))
+
+    def bar_line(self, op: Bar) -> str:
+        """A pingpong barrier: on CUDA its ``bar.sync`` or ``bar.arrive`` for both consumer
+        warpgroups' threads, with each warpgroup's id as an immediate; on OpenCL, where the
+        consumers run in lockstep, a comment (``turns`` runs the protocol)."""
+        macro = "NK_BAR_SYNC" if op.kind == "sync" else "NK_BAR_ARRIVE"
+        what = f"{'bar.sync' if op.kind == 'sync' else 'bar.arrive'} on the {op.barrier} warpgroup's barrier: {op.note}"
+        if self.opencl:
+            return f"// pingpong: {what} (run by barriers.run_turns: PoCL runs the consumers in lockstep)"
+        if op.who is not None:
+            return f"if (nk_wg == {op.who}) {macro}({op.barrier_id(op.who)}, {self.threads});  // {what}"
+        return (f"if (nk_wg == 0) {macro}({op.barrier_id(0)}, {self.threads}); "
+                f"else {macro}({op.barrier_id(1)}, {self.threads});  // {what}")
 
     # -- OpenCL: the roles runtime's rounds
     def rounds(self, declarations: list[str], consumer: list, producer: list):
@@ -687,6 +774,8 @@ class RolesPrinter(WgmmaPrinter):
                     cases[-1] += (goto(mark) if op.once else [f"++{op.var};"] + goto(head)) + ["break;"]
                     after_marks.append((mark, len(cases)))
                     cases.append(list(derived))
+                elif isinstance(op, Bar):
+                    cases[-1].append(self.bar_line(op))
                 else:
                     cases[-1].append(op)
 
@@ -699,3 +788,23 @@ class RolesPrinter(WgmmaPrinter):
                         for mark, after in after_marks:
                             line = line.replace(mark, str(after))
                         self.emit(line)
+
+
+def turn_programs(ops: list, chunks: int, threads: int) -> dict[int, list[BarrierOp]]:
+    """Each consumer warpgroup's pingpong barrier operations (:class:`Bar`) in the order it runs
+    them, for a block that visits ``chunks`` chunks (each chunk loop run the trips its
+    ``Loop.chunks`` gives): what ``barriers.run_turns`` runs."""
+    trips = {"all": chunks, "first": min(chunks, 1), "later": max(chunks - 1, 0), "last": min(chunks, 1)}
+    programs: dict[int, list[BarrierOp]] = {0: [], 1: []}
+
+    def walk_ops(ops: list, where: str):
+        for op in ops:
+            if isinstance(op, Loop):
+                for c in range(trips[op.chunks]):
+                    walk_ops(op.body, f"{op.chunks} chunk loop, trip {c}")
+            elif isinstance(op, Bar):
+                for w, program in programs.items():
+                    if op.who is None or op.who == w:
+                        program.append(BarrierOp(op.kind == "sync", op.barrier_id(w), threads, f"{op.note}; {where}"))
+    walk_ops(ops, "before the chunks")
+    return programs

@@ -94,10 +94,18 @@ class Roles:
     # The consumers' order of a chunk's products (:data:`CONSUMER_ORDERS`): "serial", or
     # "pipelined", FlashAttention-3's intra-warpgroup pipeline (:func:`pipeline_parts`).
     order: str = "serial"
+    # FlashAttention-3's pingpong (:func:`pingpong_refusal`): the two consumer warpgroups take
+    # turns issuing their products, ordered by named barriers (:data:`PINGPONG_BARRIERS`).
+    pingpong: bool = False
 
     @property
     def threads(self) -> int:
         return WARPGROUP_THREADS * (self.consumers + 1)
+
+    @property
+    def schedule(self) -> str:
+        """The warpgroup schedule built, as ``hardware.OVERLAPS`` names it."""
+        return "+".join(["pingpong"] * self.pingpong + ["pipelined"] * (self.order == "pipelined")) or "serial"
 
 
 # How a consumer warpgroup orders a chunk's products (issue 48). "serial": each chunk's steps in
@@ -106,6 +114,17 @@ class Roles:
 # is issued, then chunk c - 1's last (O += P V), and the softmax of chunk c is ordered while the
 # latter may be on the tensor cores (ptxas runs its row maximum there: napkin_dsl/chain.py).
 CONSUMER_ORDERS = ("serial", "pipelined")
+# The schedules napkin builds (hardware.OVERLAPS's names): an order, with or without pingpong.
+SCHEDULES = ("serial", "pipelined", "pingpong", "pingpong+pipelined")
+# Named barriers of pingpong (PTX ISA 9.7.13.1, bar.sync and bar.arrive, ids 0 .. 15): consumer
+# warpgroup w waits on 2 + w before it issues its products and arrives on the other's after; id
+# 1 is the consumers' own barrier (a plain tile's load, a staged save) and 0 the block's.
+PINGPONG_BARRIERS = (2, 3)
+# Registers of a consumer thread beyond its fragments, on the roles (wgmma's operands go by
+# descriptor: no ldmatrix addresses). Measured with sm_90a builds of attention at b4 h32 8k
+# d128: pipelined at 64 and 128 keys (118 and 166 fragment registers) compile with 0 spills
+# under setmaxnreg 240, at 176 keys (202) with 104 bytes of spills.
+ROLES_OVERHEAD = 64
 
 
 @dataclass(frozen=True)
@@ -178,24 +197,61 @@ def pipeline_parts(plan: TensorPlan, launch: LaunchProgram, tile: dict) -> Pipel
     per_register = 4 if m.dtype in FP8_DTYPES else 2
     packed = -(-tile[m.k] * plan.warp_rows // (32 * per_register))
     held = live_fragment_values(plan, launch, tile) + packed
-    if held > FRAGMENT_BUDGET:
+    budget = pipelined_budget(plan)
+    if held > budget:
         raise Refusal(f"a thread would hold {held} fragment registers at once with {m.a} of the previous chunk packed beside "
-                      f"{ahead} ({packed} of them; budget {FRAGMENT_BUDGET}): use a smaller {m.k} tile or the serial order")
+                      f"{ahead} ({packed} of them; budget {budget}): use a smaller {m.k} tile or the serial order")
     return PipelineParts(ahead, behind, tuple(parts), packed)
 
 
-def ordered_roles(plan: "WgmmaPlan", launch: LaunchProgram, tile: dict, order: str) -> "WgmmaPlan":
-    """The plan with its consumers in ``order`` (:data:`CONSUMER_ORDERS`), or a refusal where the
-    plan has no roles or the order does not apply (:func:`pipeline_parts`)."""
-    if order not in CONSUMER_ORDERS:
-        raise AssertionError(f"napkin bug: no consumer order {order!r} (the orders: {', '.join(CONSUMER_ORDERS)})")
-    if plan.roles is None or plan.roles.order == order:
-        if plan.roles is None and order != "serial":
-            raise Refusal(f"no producer and consumer warpgroups ({plan.roles_declined}): the {order} order is the consumers'")
-        return plan
-    if order == "pipelined":
-        pipeline_parts(plan, launch, tile)
-    return replace(plan, roles=replace(plan.roles, order=order))
+def pipelined_budget(plan: TensorPlan) -> int:
+    """Fragment registers a pipelined consumer thread may hold: its setmaxnreg share less
+    :data:`ROLES_OVERHEAD` (:data:`FRAGMENT_BUDGET` without roles)."""
+    roles = getattr(plan, "roles", None)
+    return roles.consumer_registers - ROLES_OVERHEAD if roles is not None else FRAGMENT_BUDGET
+
+
+def pingpong_refusal(plan: "WgmmaPlan", launch: LaunchProgram) -> str | None:
+    """Why the consumers cannot take turns (FlashAttention-3's pingpong), or None: pingpong pairs
+    two consumer warpgroups, and what it overlaps is one's softmax with the other's products, so
+    a product a later step of the chunk reads (``Roles.drained``: attention's S) must exist; a
+    plain tile loaded each chunk keeps its own barrier among the consumers (fp8's scales), which
+    is not ordered with the pair's yet."""
+    roles = plan.roles
+    if roles.consumers != 2:
+        return f"pingpong pairs two consumer warpgroups (FlashAttention-3's): this tile has {roles.consumers}"
+    if not roles.drained:
+        return "no step of the chunk reads a product: there is no softmax to run under the other warpgroup's products"
+    if roles.vectors:
+        return f"{', '.join(roles.vectors)}, loaded each chunk between the consumers' barriers, is not ordered with pingpong's yet"
+    return None
+
+
+def scheduled_roles(plan: "WgmmaPlan", launch: LaunchProgram, tile: dict, schedule: str) -> tuple["WgmmaPlan", str]:
+    """The plan with its consumers in ``schedule`` (:data:`SCHEDULES`), as far as it applies, and
+    why a part of it does not ("" where all does): the pipelined order (:func:`pipeline_parts`)
+    and pingpong (:func:`pingpong_refusal`) are each taken where they fit."""
+    if schedule not in SCHEDULES:
+        raise AssertionError(f"napkin bug: no schedule {schedule!r} (the schedules: {', '.join(SCHEDULES)})")
+    parts = schedule.split("+")
+    if plan.roles is None:
+        if schedule == "serial":
+            return plan, ""
+        return plan, f"not {schedule}: no producer and consumer warpgroups ({plan.roles_declined})"
+    order, pingpong, declined = "serial", False, []
+    if "pipelined" in parts:
+        try:
+            pipeline_parts(plan, launch, tile)
+            order = "pipelined"
+        except Refusal as refusal:
+            declined.append(f"not pipelined: {refusal}")
+    if "pingpong" in parts:
+        reason = pingpong_refusal(plan, launch)
+        if reason is None:
+            pingpong = True
+        else:
+            declined.append(f"not pingpong: {reason}")
+    return replace(plan, roles=replace(plan.roles, order=order, pingpong=pingpong)), "; ".join(declined)
 
 
 def roles_of(plan: "WgmmaPlan", launch: LaunchProgram) -> Roles:
@@ -283,7 +339,7 @@ class WgmmaPlan(TensorPlan):
     # (``Roles``), or None and why not (``roles_declined``): the synchronous ring.
     roles: Roles | None = None
     roles_declined: str = ""
-    # Why the consumers keep the serial order where another was asked for (ordered_roles)
+    # Why the consumers do not take (all of) the schedule asked for (scheduled_roles)
     order_declined: str = ""
 
     @property
@@ -462,6 +518,9 @@ class WgmmaPath(TensorPath):
             return [f"synchronous ring, no producer warpgroup: {plan.roles_declined}"] if plan.tma else []
         order = (", pipelined: a chunk's first product issued before the previous chunk's last, which runs under its softmax"
                  if roles.order == "pipelined" else "")
+        if roles.pingpong:
+            order += (f", pingpong: the two consumer warpgroups take turns issuing their products (named barriers "
+                      f"{' and '.join(map(str, PINGPONG_BARRIERS))})")
         return [(f"roles: a producer warpgroup (setmaxnreg.dec {roles.producer_registers}; one thread issues TMA) and "
                 f"{roles.consumers} consumer warpgroup{'s' if roles.consumers > 1 else ''} (setmaxnreg.inc "
                 f"{roles.consumer_registers}), a {plan.stages}-stage ring of full and empty mbarriers, "
