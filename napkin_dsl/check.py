@@ -45,7 +45,7 @@ from .diagram import (
     source_dtypes, is_boolean, reads,
 )
 from .errors import NapkinError, NapkinTypeError, Span, raise_collected
-from .hardware import all_level_names, hardware_names, load_hardware
+from .hardware import BUILT_OVERLAPS, all_level_names, hardware_names, load_hardware
 
 
 @dataclass(frozen=True)
@@ -958,6 +958,10 @@ def check_module(module: syn.Module, *, hardware: str | None = None, relabels: t
         block = blocks.get(kdef.name)
         hardware_name, level_names = _relabel_hardware(block, out, hardware)
         if block is not None:
+            if block.overlap is not None and block.overlap not in BUILT_OVERLAPS:
+                out.error(f"no warpgroup schedule {block.overlap!r} (the schedules: {', '.join(BUILT_OVERLAPS)})",
+                          block.overlap_span, _did_you_mean(block.overlap, BUILT_OVERLAPS)
+                          or "docs/method.md, overlap of the compute units")
             for clauses in block.levels:
                 if level_names is not None and clauses.level not in level_names:
                     out.error(

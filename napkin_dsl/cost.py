@@ -1447,7 +1447,7 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     if arch is not None and not hardware.symbolic:
         hardware.check_arch(arch)  # an arch the profile does not describe: say which it does
     if selected is None:
-        selected = select_program(program, arch, path, schedule=overlap if overlap in BUILT_OVERLAPS else "serial")
+        selected = select_program(program, arch, path, schedule=overlap if overlap in BUILT_OVERLAPS else None)
     elif (selected.arch, selected.path) != (arch or hardware.arch, path):
         raise AssertionError(f"napkin bug: a selection for {selected.arch} {selected.path} priced as {arch} {path}")
     built_as = built_schedule(selected)
@@ -1520,14 +1520,12 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     )
 
 
-def build_schedule(overlap: str | None) -> str:
+def build_schedule(overlap: str | None) -> str | None:
     """The warpgroup schedule to build for ``overlap`` (a name in :data:`BUILT_OVERLAPS`; None:
-    the default), or a :class:`NapkinError` naming the schedules."""
+    the relabel block's, ``isel.select_program``), or a :class:`NapkinError` naming the schedules."""
     from .errors import NapkinError
 
-    if overlap is None:
-        return BUILT_OVERLAP
-    if overlap in BUILT_OVERLAPS:
+    if overlap is None or overlap in BUILT_OVERLAPS:
         return overlap
     raise NapkinError(f"no warpgroup schedule {overlap!r} to build (the schedules: {', '.join(BUILT_OVERLAPS)})",
                       hint="docs/method.md, overlap of the compute units")

@@ -631,18 +631,19 @@ class ProgramSelection:
 
 
 def select_program(program: Program, arch: str | None = None, path: str | None = None,
-                   stages: int | None = None, synchronous: bool = False, schedule: str = "serial") -> ProgramSelection:
+                   stages: int | None = None, synchronous: bool = False, schedule: str | None = None) -> ProgramSelection:
     """Instruction selection as one pass: the :class:`Selection` of every launch of ``program``
     for ``arch`` (default: its hardware profile's), with its tiles, shared-memory layout and FMA
     register accumulators. ``path`` prices a what-if instruction path (:func:`select`); ``stages``
     sets every streamed tensor-core launch's cp.async stages (:func:`stage_count`);
     ``synchronous`` keeps every wgmma launch on the synchronous ring, without roles (the build
-    before warp specialization, kept to compare with); ``schedule`` orders the consumer
-    warpgroups where a launch has them (``paths.wgmma.SCHEDULES``: "pipelined" is
+    before warp specialization, kept to compare with); ``schedule`` (default: the relabel
+    block's ``overlap:`` line, else "serial") orders the consumer warpgroups where a launch has them (``paths.wgmma.SCHEDULES``: "pipelined" is
     FlashAttention-3's intra-warpgroup pipeline, "pingpong" its named-barrier turns; a launch
     keeps what does not apply to it serial and says why, ``order_declined``). The model, the
     printers, the NumPy counts and the kernel header read the result; none asks again."""
     arch = arch or program.hardware.arch
+    schedule = schedule or program.schedule.overlap or "serial"  # asked for, else the relabel block's
     return ProgramSelection(arch, path, {launch.index: _select_launch(program, launch, arch, path, stages, synchronous, schedule)
                                          for launch in program.launches})
 

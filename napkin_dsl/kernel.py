@@ -94,6 +94,8 @@ class Kernel:
                 kinds.setdefault(p.kind, []).append(f"{p.axis} {p.size}")
             scope = next((f" for {', '.join(p.targets)}" for p in level.partitions if p.targets), "")
             clauses.append(f"{level.level}{scope}: " + "; ".join(f"{k} {', '.join(v)}" for k, v in kinds.items()))
+        if self.relabel.overlap is not None:
+            clauses.append(f"overlap: {self.relabel.overlap}")
         return f"on {self.relabel.hardware}" + (": " + " | ".join(clauses) if clauses else "")
 
     # -- later stages
@@ -335,7 +337,7 @@ class Kernel:
                     "relabel": self.relabel_text(), "levels": [[s.target, s.level] for s in self.diagram.statements],
                     "hardware": repr(load_hardware(self._gpu_target(target))), "sizes": sorted(sizes.items()),
                     "arch": arch, "ptx": ptx, **({"synchronous": True} if synchronous else {}),
-                    **({"order": order} if order != "serial" else {})}
+                    **({"order": order} if order is not None else {})}
         compiled = compile_cached(identity, compile_now, planned)
         self._cache[key] = compiled
         return compiled
@@ -592,6 +594,8 @@ def _block_text(block: syn.RelabelBlock, kernel: str) -> str:
                     runs.append((p.kind, [f"{p.axis} {p.size}"]))
             scope = f" for {', '.join(targets)}" if targets else ""
             lines.append(f"    {clauses.level}{scope}: {'; '.join(f'{kind} ' + ', '.join(items) for kind, items in runs)}\n")
+    if block.overlap is not None:
+        lines.append(f"    overlap: {block.overlap}\n")
     return f"relabel {kernel} on {block.hardware}:\n" + "".join(lines)
 
 

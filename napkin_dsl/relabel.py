@@ -128,6 +128,9 @@ class Schedule:
     # level: one group or split at most. Each GPU runs this Schedule's Program on its share
     # (backends/distributed.py); cost.device_cost prices what crosses the links.
     device: tuple[Partition, ...] = ()
+    # The warpgroup schedule the relabel block asks to build (its `overlap:` line), or None:
+    # isel.select_program's default
+    overlap: str | None = None
 
     def __repr__(self) -> str:
         return f"<Schedule {self.summary()}; {self.partitions_text() or 'no partitions'}>"
@@ -458,7 +461,7 @@ def make_schedule(
     parts = {part_axis(p.axis): (p.axis, p.size) for p in partitions if p.kind == "split"}
     notes = _carried_notes(diagram, profile, split) + _ragged_notes(diagram, partitions, sizes)
     return Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, tuple(notes), parts,
-                    device=tuple(device))
+                    device=tuple(device), overlap=block.overlap if block is not None else None)
 
 
 def _clause_partitions(diagram: Diagram, profile: Hardware, block, split: list) -> tuple[list, list, list]:

@@ -175,6 +175,9 @@ class RelabelBlock:
     hardware: str
     levels: tuple[LevelClauses, ...]
     span: Span
+    # `overlap: SCHEDULE`: the warpgroup schedule to build (hardware.OVERLAPS), and where
+    overlap: str | None = None
+    overlap_span: Span | None = None
 
 
 @dataclass(frozen=True)
@@ -304,15 +307,37 @@ class _Builder:
 
     def relabel_block(self, tree: lark.Tree) -> RelabelBlock:
         kernel, hardware, *levels = tree.children
+        schedules = [level for level in levels if isinstance(level.children[-1], lark.Tree)
+                     and level.children[-1].data == "schedule_name"]
+        overlap = overlap_span = None
+        for clause in schedules:
+            name, scope, value = clause.children
+            written = "+".join(str(part) for part in value.children)
+            if str(name) != "overlap":
+                raise NapkinSyntaxError(f"'{name}: {written}' names no partitions: a level's clause is "
+                                        f"'{name}: group AXIS SIZE' (or stream, split)", self.span(name),
+                                        f"the warpgroup schedule is written 'overlap: {written}'")
+            if scope is not None:
+                raise NapkinSyntaxError("the warpgroup schedule is the kernel's: 'overlap' takes no 'for'", self.span(name),
+                                        f"write 'overlap: {written}'")
+            if overlap is not None:
+                raise NapkinSyntaxError(f"the relabelling names its warpgroup schedule twice ('{overlap}' and '{written}')",
+                                        self.span(name), "keep one 'overlap:' line")
+            overlap, overlap_span = written, self.span(value)
         return RelabelBlock(
             str(kernel) if kernel is not None else None,
             str(hardware),
-            tuple(self.level_clauses(level) for level in levels),
+            tuple(self.level_clauses(level) for level in levels if level not in schedules),
             self.span(hardware),
+            overlap,
+            overlap_span,
         )
 
     def level_clauses(self, tree: lark.Tree) -> LevelClauses:
         level, scope, *lists = tree.children
+        if str(level) == "overlap":
+            raise NapkinSyntaxError("'overlap' takes a warpgroup schedule, not partitions", self.span(level),
+                                    "write 'overlap: pingpong+pipelined' (or serial, pipelined, pingpong)")
         targets = tuple(str(name) for name in scope.children) if scope is not None else None
         partitions = []
         for partition_list in lists:
@@ -498,6 +523,7 @@ _CURATED: list[tuple[str, str, list[str]]] = [
         [
             "relabel k on H100:\n    group q 128\n",
             "relabel k on H100:\n    smem: q 128\n",
+            "relabel k on H100:\n    smem: grop q 128\n",
             "relabel k on H100:\n    smem: group q\n",
             "relabel k on H100:\n    smem: group q 128,\n",
         ],
@@ -724,6 +750,10 @@ _KEYWORDS = {"_KERNEL": ("kernel",), "_RELABEL": ("relabel",), "_BOX": ("box",),
 # Lines that can only be a declaration with its keyword glued to the name: no statement's
 # target is followed by '(' and none holds the reserved word 'on'.
 _GLUED_DECLARATION = re.compile(r"\s*(?:(kernel|box)(\w+)\s*\(|(relabel)(\w+)(?:\s+\w+)?\s+on(?!\w))")
+# A level clause whose first partition kind runs into its axis (`smem: groupi 4`): the
+# glued word first reads as a schedule's name (`overlap: pingpong`), and the size after it
+# is what the parser refuses.
+_GLUED_PARTITION = re.compile(r"\s*\w+(?:\s+for\s+[\w\s,]+?)?\s*:\s*(group|stream|split)(\w+)\s+\w")
 
 
 def _glued_keyword(exc: UnexpectedInput, source_line: str, column: int) -> tuple[str, str, int] | None:
@@ -742,6 +772,9 @@ def _glued_keyword(exc: UnexpectedInput, source_line: str, column: int) -> tuple
     if match:
         group = 1 if match.group(1) else 3
         return match.group(group), match.group(group + 1), match.start(group) + 1
+    match = _GLUED_PARTITION.match(source_line)
+    if match:
+        return match.group(1), match.group(2), match.start(1) + 1
     return None
 
 

@@ -48,7 +48,7 @@ from .dtypes import DTYPE_BYTES
 from .diagram import Contract, Diagram
 from .errors import NapkinError, RelabelError
 from .formatting import format_count, json_value
-from .hardware import Hardware, load_hardware
+from .hardware import BUILT_OVERLAPS, Hardware, load_hardware
 from .isel import select_program
 from .paths.plan import TENSOR_DTYPES
 from .plan import materialise, materialised, plan, shared_cache_level, split_points
@@ -98,6 +98,7 @@ class Configuration:
     materialised: frozenset | None = None  # arrays at the top level when not as written
     diagram: Diagram | None = field(default=None, repr=False)  # the diagram it was costed on
     searched: list | None = field(default=None, repr=False)  # per launch scope: (estimate, rank, knobs, sizes) searched
+    overlap: str | None = None  # the warpgroup schedule it was costed under (schedule_candidates), None the default
 
     def __repr__(self) -> str:
         where = f", at gmem: {', '.join(sorted(self.materialised)) or 'none'}" if self.materialised is not None else ""
@@ -124,6 +125,8 @@ class Configuration:
                      + ([f"stream {', '.join(streams)}"] if streams else []))
             scope = f" for {', '.join(targets)}" if targets else ""
             lines.append(f"{level}{scope}: " + "; ".join(parts))
+        if self.overlap is not None:
+            lines.append(f"overlap: {self.overlap}")
         return lines
 
     def relabel_line(self, knobs=None) -> str:
@@ -169,7 +172,7 @@ class TuneResult:
 
     def block(self, diagram: Diagram, hardware: Hardware) -> syn.RelabelBlock:
         """The best configuration as a relabel block (syntax), for planning."""
-        return _block(diagram, hardware, self.best.knobs, self.best.values or self.best.sizes)
+        return _block(diagram, hardware, self.best.knobs, self.best.values or self.best.sizes, self.best.overlap)
 
     def source_text(self, source: str, diagram: Diagram, relabels=()) -> str:
         """``source`` (a .napkin text defining ``diagram``) with the best configuration applied:
@@ -248,7 +251,9 @@ class TuneResult:
                                                              for a, ms in self.constraints.items()) + "; or the whole axis"
                          + (f"; or 1 for {', '.join(ones)}" if ones else ""))
         if self.optimality is not None:
-            lines.append(f"  the best is {self.optimality.text()}")
+            lines.append(f"  the best is {self.optimality.text()}" + (
+                f" under the default warpgroup schedule; the {SCHEDULED} best then costed under each schedule napkin builds"
+                if any(c.overlap is not None for c in self.configurations) else ""))
         if self.beta is not None:
             lines.append(f"  optimum: H* = {self.optimum}   (beta = {self.beta})")
             lines.append(f"  {getattr(self, 'fit_note', '')}")
@@ -399,15 +404,16 @@ def knobs_for(diagram: Diagram, hardware: Hardware, block: syn.RelabelBlock | No
     return sets[0] if sets else []
 
 
-def _block(diagram: Diagram, hardware: Hardware, knobs: list[Knob], values: dict) -> syn.RelabelBlock:
-    """A relabel block for knobs; ``values`` by Knob or by axis, missing ones stay symbols."""
+def _block(diagram: Diagram, hardware: Hardware, knobs: list[Knob], values: dict, overlap: str | None = None) -> syn.RelabelBlock:
+    """A relabel block for knobs; ``values`` by Knob or by axis, missing ones stay symbols;
+    ``overlap`` its warpgroup schedule line."""
     by_level: dict[tuple, list] = {}
     for k in knobs:
         size = values.get(k, values.get(k.axis, k.symbol.name))
         partition = syn.Partition(k.kind, k.axis, int(size) if not isinstance(size, str) else size, None, k.targets)
         by_level.setdefault((k.level, k.targets), []).append(partition)
     clauses = tuple(syn.LevelClauses(level, tuple(ps), None) for (level, _), ps in by_level.items())
-    return syn.RelabelBlock(diagram.name, hardware.name, clauses, None)
+    return syn.RelabelBlock(diagram.name, hardware.name, clauses, None, overlap)
 
 
 def _products(statements) -> list:
@@ -573,6 +579,7 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     # ask for. `napkin tune` offers splits, and its relabel block writes the one it picks.
     if not keep_written:
         candidates += split_candidates(diagram, profile, sizes, candidates)
+    candidates += schedule_candidates(diagram, profile, sizes, candidates)
     compute_level = profile.compute_level.name
     # Ties in predicted time go to the configuration that moves fewer bytes into the compute level.
     candidates.sort(key=lambda c: (c.time_s if c.time_s is not None else math.inf,
@@ -592,6 +599,38 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
                       _time.perf_counter() - started, {a: tuple(sorted(ms)) for a, ms in search.required.items() if ms != {1}},
                       units=frozenset(search.units), fusion_choices=len(choices),
                       written=written, curves=_curves(searched or []), optimality=optimality)
+
+
+# The best configurations (by their time under the default schedule) that the tuner costs under
+# each other warpgroup schedule napkin builds: the schedule is a knob of the tiles chosen.
+SCHEDULED = 3
+
+
+def schedule_candidates(diagram: Diagram, profile: Hardware, sizes: dict, candidates: list) -> list[Configuration]:
+    """The :data:`SCHEDULED` best configurations costed under each warpgroup schedule napkin builds
+    besides the default (``hardware.BUILT_OVERLAPS``: FlashAttention-3's pipelined order and
+    pingpong), where one of their launches has consumer warpgroups; a schedule a launch declines
+    is not listed (its notes would price the default again)."""
+    if profile.symbolic or profile.arch is None:
+        return []
+    ranked = sorted((c for c in candidates if c.time_s is not None and c.overlap is None), key=lambda c: c.time_s)[:SCHEDULED]
+    out = []
+    for c in ranked:
+        variant = c.diagram or diagram
+        try:
+            program = plan(variant, profile, _block(variant, profile, c.knobs, c.values or c.sizes), sizes)
+        except RelabelError:
+            continue
+        if not any(getattr(chosen.plan, "roles", None) is not None for chosen in select_program(program).launches.values()):
+            continue
+        for schedule in BUILT_OVERLAPS[1:]:
+            try:
+                report = cost_of(program, overlap=schedule)
+            except (RelabelError, NapkinError):
+                continue
+            if report.time.get("overlap") == schedule:
+                out.append(dataclasses.replace(c, time_s=report.time.get("overlapped_s"), report=report, overlap=schedule))
+    return out
 
 
 def _without_splits(block: syn.RelabelBlock) -> syn.RelabelBlock:
