@@ -22,7 +22,7 @@ A chunk costs a block its units' time U (the model's tensor, FMA and MUFU time i
   wait depth 1 it runs under the previous chunk's products, as matmul's does);
 * pingpong (``Roles.pingpong``, FlashAttention-3's turns): a ``bar.sync`` before each phase of
   product issues (one a chunk pipelined, one a product serial); a warpgroup's drains and its
-  full-barrier wait run under the other warpgroup's products;
+  full-barrier wait run under the other warpgroups' products;
 * pipelined: the full-barrier wait (the chunk starts with nothing in flight) and the previous
   chunk's P V drain: ptxas schedules its depth-0 wait right after the softmax's row maximum,
   before the exponentials, so only the maximum runs under the product (read in the SASS; no
@@ -134,7 +134,7 @@ def chain_of(plan, hardware) -> Chain | None:
     if roles.pingpong:  # FlashAttention-3's turns (RolesPrinter.turns): a warpgroup waits while the other's products run
         phases = 1 if roles.order == "pipelined" else len(plan.mmas)  # the issue phases of a chunk
         links = tuple(link(f"pingpong's bar.sync before the chunk's issue phase {i + 1} of {phases}", "bar_sync") for i in range(phases))
-        hidden = ("the products' drains and the full-barrier wait, under the other consumer warpgroup's products",)
+        hidden = ("the products' drains and the full-barrier wait, under the other consumer warpgroups' products",)
         return Chain(f"roles, {roles.schedule}", links, hidden, copy, plan.stages)
     if roles.order == "pipelined":  # FlashAttention-3's intra-warpgroup order (RolesPrinter.pipelined_chunks)
         ahead, behind = roles.drained[0], next(t for t in plan.mmas if t not in roles.drained)

@@ -153,11 +153,40 @@ def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles
         # a path's own legality (mma.sync's converted fp8 among it) is its build's, below
         plan = _plan(launch, arch, tile, sizes, warp_tiles, path, converted=path is not None)
     except Refusal as refusal:
-        return Selection(None, str(refusal))
+        if path is not None:
+            return Selection(None, str(refusal))
+        return _warpgroup_selection(launch, arch, tile, sizes, warp_tiles, str(refusal))
     if path is not None:
         return Selection(plan)  # priced as `path` on mma.sync's layout; wgmma is built only where the target has it
+    return _built_selection(launch, arch, tile, sizes, warp_tiles, plan, offered_paths(hardware, arch, plan.dtype))
+
+
+def _warpgroup_selection(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict,
+                         refusal: str) -> Selection:
+    """The launch on wgmma where mma.sync's layout refused it (``refusal``) and the target has
+    wgmma: its warps hold 16 rows each whatever the tile's height, where mma.sync's at most
+    ``MAX_WARPS`` warps would hold 32 or more (FlashAttention-3's 192-row tiles), and wgmma's
+    build checks its own budget. Else the FMA path, with mma.sync's refusal."""
+    try:
+        plan = _plan(launch, arch, tile, sizes, dict(warp_tiles), warpgroup_rows=True)
+    except Refusal:
+        return Selection(None, refusal)  # a step before the budget refused: mma.sync's text says it
+    wgmma = [p for p in offered_paths(launch.schedule.hardware, arch, plan.dtype) if p.instruction == "wgmma"]
+    if not wgmma:
+        return Selection(None, refusal)
+    selection = _built_selection(launch, arch, tile, sizes, warp_tiles, plan, wgmma)
+    if selection.plan is None:
+        return Selection(None, f"{refusal}; not wgmma either: {selection.reason}")
+    return selection
+
+
+def _built_selection(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict, plan: MmaSyncPlan,
+                     paths: list) -> Selection:
+    """The first of ``paths`` that builds ``plan``, with the refusals of those asked before it, or
+    the FMA path with every refusal."""
+    hardware = launch.schedule.hardware
     refused: list[tuple[str, str]] = []  # (instruction, why), in the order asked
-    for candidate in offered_paths(hardware, arch, plan.dtype):
+    for candidate in paths:
         try:
             built = candidate.build(plan, launch, tile, sizes, warp_tiles, arch)
         except Refusal as refusal:
@@ -172,12 +201,14 @@ def select(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles
 
 
 def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles: dict, path: str | None = None,
-          converted: bool = True) -> MmaSyncPlan:
+          converted: bool = True, warpgroup_rows: bool = False) -> MmaSyncPlan:
     """The analysis of ``launch`` into mma.sync's layout (the plan every path builds from), step
     by step; each step refuses (:class:`Refusal`) with the reason the launch stays on the FMA
     path, the first that fails deciding the text. ``converted`` False leaves mma.sync's converted
     fp8 check (``paths.mma_sync.converted_fp8_refusal``) to that path's build, which ``select``
-    asks after wgmma."""
+    asks after wgmma. ``warpgroup_rows``: the layout wgmma's warps hold whatever the tile's
+    height (16 rows each, up to ``WGMMA_MAX_GROUPS`` warpgroups: FlashAttention-3's 192-row tiles
+    at d = 64 are 12 warps), with the budget left to that path's build."""
     hardware = launch.schedule.hardware
     _target_path(hardware, arch, path)  # before anything else: a target without the instruction says so
     refuse_if(_launch_refusal(launch, tile))
@@ -194,6 +225,8 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
     split = _column_split(statements, fragments, mmas, stream)
     refuse_if(_warp_tiles_refusal(row, split, warp_tiles))
     budget = FRAGMENT_BUDGET if path is None else MAX_REGISTERS
+    if warpgroup_rows:
+        return MmaSyncPlan(row, tile[row], MMA_M, dtype, operands, plain, fragments, mmas, stream)
     if split is None:
         def rows_plan(rows: int) -> MmaSyncPlan:
             return MmaSyncPlan(row, tile[row], rows, dtype, operands, plain, fragments, mmas, stream,

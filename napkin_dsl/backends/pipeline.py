@@ -63,9 +63,9 @@ exchange). There:
   at depth 0 and only then P packed again; the first and the last chunk peeled. A product
   printed twice shares its posted register A slots (its groups are never in flight at once).
 
-* pingpong (``Roles.pingpong``, :meth:`RolesPrinter.turns`): the two consumer warpgroups take
+* pingpong (``Roles.pingpong``, :meth:`RolesPrinter.turns`): the consumer warpgroups take
   turns issuing their products, a ``bar.sync`` on their own named barrier before a phase of
-  issues and a ``bar.arrive`` on the other's after it. The consumers run in lockstep here, so the
+  issues and a ``bar.arrive`` on the next one's after it (the last's next is the first). The consumers run in lockstep here, so the
   turns are comments in the OpenCL kernel, and ``barriers.run_turns`` runs them (the PTX ISA's
   named barriers, apart from this printer) whenever such a kernel is printed.
 
@@ -123,9 +123,11 @@ class Loop:
 @dataclass
 class Bar:
     """A named barrier of pingpong (``paths.wgmma.PINGPONG_BARRIERS``): ``bar.sync`` (``kind``
-    "sync") or ``bar.arrive`` on this warpgroup's barrier (``barrier`` "own") or the other's,
-    by both consumer warpgroups or by ``who`` only. ``phase``: the sync that opens a phase of
-    product issues (RolesPrinter.turns closes it with an arrive at the next wait)."""
+    "sync") or ``bar.arrive`` on this warpgroup's barrier (``barrier`` "own") or the next
+    one's ("next": warpgroup w + 1 modulo the consumers), by every consumer warpgroup or by
+    ``who`` only. ``phase``: the sync that opens a phase of product issues (RolesPrinter.turns
+    closes it with an arrive at the next wait). A phase of a barrier is its warpgroup's sync and
+    the previous warpgroup's arrival: :data:`TURN_THREADS`."""
 
     kind: str
     barrier: str
@@ -133,9 +135,11 @@ class Bar:
     phase: bool = False
     note: str = ""
 
-    def barrier_id(self, warpgroup: int) -> int:
-        own, other = PINGPONG_BARRIERS[warpgroup], PINGPONG_BARRIERS[1 - warpgroup]
-        return own if self.barrier == "own" else other
+    def barrier_id(self, warpgroup: int, consumers: int) -> int:
+        return PINGPONG_BARRIERS[warpgroup if self.barrier == "own" else (warpgroup + 1) % consumers]
+
+
+TURN_THREADS = 2 * WARPGROUP_THREADS  # a turn's barrier: the warpgroup taking it and the one giving it
 
 
 # The runtime's roles on OpenCL (the consumer warpgroups in lockstep, one role), by index.
@@ -282,16 +286,16 @@ class RolesPrinter(WgmmaPrinter):
         a protocol that deadlocks or leaves arrivals is a napkin bug, raised here."""
         ops = self.turn_ops(consumer)
         for chunks in range(4):
-            run_turns(turn_programs(ops, chunks, self.threads))
+            run_turns(turn_programs(ops, chunks, self.consumers))
         return ops
 
     def turn_ops(self, consumer: list) -> list:
         """The consumers' operations with pingpong's named barriers (FlashAttention-3's
         ``warp_scheduler_barrier``): a phase of product issues (the products committed between
         two waits) opens with a ``bar.sync`` on the warpgroup's own barrier and closes with a
-        ``bar.arrive`` on the other's; warpgroup 1 arrives on warpgroup 0's once before its
-        first, so that 0 goes first, and warpgroup 0 waits on its own once after its last, which
-        takes 1's last arrival."""
+        ``bar.arrive`` on the next one's; the last warpgroup arrives on warpgroup 0's once before
+        its first, so that 0 goes first, and warpgroup 0 waits on its own once after its last,
+        which takes the last one's last arrival."""
 
         def close(ops: list) -> list:
             out, open_ = [], False
@@ -302,7 +306,7 @@ class RolesPrinter(WgmmaPrinter):
                         open_ = True
                     continue
                 if isinstance(op, Wait) and open_:
-                    out.append(Bar("arrive", "other", note="the products are issued: the other warpgroup's turn"))
+                    out.append(Bar("arrive", "next", note="the products are issued: the next warpgroup's turn"))
                     open_ = False
                 if isinstance(op, Loop):
                     op = Loop(op.var, op.stop, op.derived, close(op.body), op.start, op.once, op.chunks)
@@ -310,8 +314,9 @@ class RolesPrinter(WgmmaPrinter):
             assert not open_, "napkin bug: a phase of product issues with no wait after it"
             return out
 
-        return ([Bar("arrive", "other", who=1, note="warpgroup 0 takes the first turn")] + close(consumer)
-                + [Bar("sync", "own", who=0, note="warpgroup 1's last arrival")])
+        last = self.consumers - 1
+        return ([Bar("arrive", "next", who=last, note="warpgroup 0 takes the first turn")] + close(consumer)
+                + [Bar("sync", "own", who=0, note=f"warpgroup {last}'s last arrival")])
 
     # -- the roles' operations
     def chunk_derived(self, axis: str, var: str) -> list[str]:
@@ -651,17 +656,21 @@ class RolesPrinter(WgmmaPrinter):
                 self.emit(op.replace("NK_SYNC();", sync))
 
     def bar_line(self, op: Bar) -> str:
-        """A pingpong barrier: on CUDA its ``bar.sync`` or ``bar.arrive`` for both consumer
-        warpgroups' threads, with each warpgroup's id as an immediate; on OpenCL, where the
-        consumers run in lockstep, a comment (``turns`` runs the protocol)."""
+        """A pingpong barrier: on CUDA its ``bar.sync`` or ``bar.arrive`` for the two warpgroups of
+        a turn (:data:`TURN_THREADS`), with each warpgroup's id as an immediate; on OpenCL, where
+        the consumers run in lockstep, a comment (``turns`` runs the protocol)."""
         macro = "NK_BAR_SYNC" if op.kind == "sync" else "NK_BAR_ARRIVE"
         what = f"{'bar.sync' if op.kind == 'sync' else 'bar.arrive'} on the {op.barrier} warpgroup's barrier: {op.note}"
         if self.opencl:
             return f"// pingpong: {what} (run by barriers.run_turns: PoCL runs the consumers in lockstep)"
+
+        def call(w: int) -> str:
+            return f"{macro}({op.barrier_id(w, self.consumers)}, {TURN_THREADS});"
+
         if op.who is not None:
-            return f"if (nk_wg == {op.who}) {macro}({op.barrier_id(op.who)}, {self.threads});  // {what}"
-        return (f"if (nk_wg == 0) {macro}({op.barrier_id(0)}, {self.threads}); "
-                f"else {macro}({op.barrier_id(1)}, {self.threads});  // {what}")
+            return f"if (nk_wg == {op.who}) {call(op.who)}  // {what}"
+        branches = [f"if (nk_wg == {w}) {call(w)}" for w in range(self.consumers - 1)]
+        return " else ".join(branches + [call(self.consumers - 1)]) + f"  // {what}"
 
     # -- OpenCL: the roles runtime's rounds
     def rounds(self, declarations: list[str], consumer: list, producer: list):
@@ -790,12 +799,12 @@ class RolesPrinter(WgmmaPrinter):
                         self.emit(line)
 
 
-def turn_programs(ops: list, chunks: int, threads: int) -> dict[int, list[BarrierOp]]:
-    """Each consumer warpgroup's pingpong barrier operations (:class:`Bar`) in the order it runs
-    them, for a block that visits ``chunks`` chunks (each chunk loop run the trips its
-    ``Loop.chunks`` gives): what ``barriers.run_turns`` runs."""
+def turn_programs(ops: list, chunks: int, consumers: int) -> dict[int, list[BarrierOp]]:
+    """Each of the ``consumers`` warpgroups' pingpong barrier operations (:class:`Bar`) in the
+    order it runs them, for a block that visits ``chunks`` chunks (each chunk loop run the trips
+    its ``Loop.chunks`` gives): what ``barriers.run_turns`` runs."""
     trips = {"all": chunks, "first": min(chunks, 1), "later": max(chunks - 1, 0), "last": min(chunks, 1)}
-    programs: dict[int, list[BarrierOp]] = {0: [], 1: []}
+    programs: dict[int, list[BarrierOp]] = {w: [] for w in range(consumers)}
 
     def walk_ops(ops: list, where: str):
         for op in ops:
@@ -805,6 +814,7 @@ def turn_programs(ops: list, chunks: int, threads: int) -> dict[int, list[Barrie
             elif isinstance(op, Bar):
                 for w, program in programs.items():
                     if op.who is None or op.who == w:
-                        program.append(BarrierOp(op.kind == "sync", op.barrier_id(w), threads, f"{op.note}; {where}"))
+                        program.append(BarrierOp(op.kind == "sync", op.barrier_id(w, consumers), TURN_THREADS,
+                                                 f"{op.note}; {where}"))
     walk_ops(ops, "before the chunks")
     return programs

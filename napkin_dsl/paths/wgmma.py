@@ -94,8 +94,8 @@ class Roles:
     # The consumers' order of a chunk's products (:data:`CONSUMER_ORDERS`): "serial", or
     # "pipelined", FlashAttention-3's intra-warpgroup pipeline (:func:`pipeline_parts`).
     order: str = "serial"
-    # FlashAttention-3's pingpong (:func:`pingpong_refusal`): the two consumer warpgroups take
-    # turns issuing their products, ordered by named barriers (:data:`PINGPONG_BARRIERS`).
+    # FlashAttention-3's pingpong (:func:`pingpong_refusal`): the consumer warpgroups take turns
+    # issuing their products, ordered by named barriers (:data:`PINGPONG_BARRIERS`).
     pingpong: bool = False
 
     @property
@@ -117,14 +117,22 @@ CONSUMER_ORDERS = ("serial", "pipelined")
 # The schedules napkin builds (hardware.OVERLAPS's names): an order, with or without pingpong.
 SCHEDULES = ("serial", "pipelined", "pingpong", "pingpong+pipelined")
 # Named barriers of pingpong (PTX ISA 9.7.13.1, bar.sync and bar.arrive, ids 0 .. 15): consumer
-# warpgroup w waits on 2 + w before it issues its products and arrives on the other's after; id
-# 1 is the consumers' own barrier (a plain tile's load, a staged save) and 0 the block's.
-PINGPONG_BARRIERS = (2, 3)
-# Registers of a consumer thread beyond its fragments, on the roles (wgmma's operands go by
-# descriptor: no ldmatrix addresses). Measured with sm_90a builds of attention at b4 h32 8k
-# d128: pipelined at 64 and 128 keys (118 and 166 fragment registers) compile with 0 spills
-# under setmaxnreg 240, at 176 keys (202) with 104 bytes of spills.
-ROLES_OVERHEAD = 64
+# warpgroup w waits on 2 + w before it issues its products and arrives on the next one's (w + 1
+# modulo the consumers: the other of two, FlashAttention-3's WarpSchedulerWG1 .. 3 of three)
+# after; id 1 is the consumers' own barrier (a plain tile's load, a staged save) and 0 the block's.
+PINGPONG_BARRIERS = (2, 3, 4, 5)
+# The fragment registers a consumer thread may hold, as a share of its setmaxnreg registers R:
+# what ptxas compiled without spills in sm_90a builds of attention at b4 h32 8k, by schedule
+# (fragments held, R: spilled bytes; tests/test_pingpong.py builds the edges):
+#   serial:    158 at 240: 0 (128 x 176, d128); at 160 (three consumer warpgroups) 102: 0
+#              (192 x 128, d64), 118: 0 (192 x 96, d128) and 88 (192 x 160, d64), 134: 304
+#              (192 x 192, d64); at 120 (four) 70: 0, 102: 1168
+#   pipelined: 190 at 240: 0 (128 x 160, d128), 202: 104 (128 x 176); at 160 134: 0 (192 x 128,
+#              d64), 142: 80 (192 x 96, d128), 158: 404; at 120 86: 0, 134: spills
+# Neither is R less a constant (the spare registers grow with R): serial takes 2/3 of R
+# (FRAGMENT_BUDGET, 160 of 240, as without roles) and pipelined 21/25 (201 of 240, 134 of 160).
+SERIAL_SHARE = (FRAGMENT_BUDGET, CONSUMER_REGISTERS)
+PIPELINED_SHARE = (21, 25)
 
 
 @dataclass(frozen=True)
@@ -204,24 +212,31 @@ def pipeline_parts(plan: TensorPlan, launch: LaunchProgram, tile: dict) -> Pipel
     return PipelineParts(ahead, behind, tuple(parts), packed)
 
 
+def consumer_budget(roles: "Roles | None", share: tuple[int, int] = SERIAL_SHARE) -> int:
+    """Fragment registers a consumer thread may hold: ``share`` of its setmaxnreg registers
+    (:data:`SERIAL_SHARE`, :data:`PIPELINED_SHARE`), :data:`FRAGMENT_BUDGET` without roles."""
+    if roles is None:
+        return FRAGMENT_BUDGET
+    return roles.consumer_registers * share[0] // share[1]
+
+
 def pipelined_budget(plan: TensorPlan) -> int:
-    """Fragment registers a pipelined consumer thread may hold: its setmaxnreg share less
-    :data:`ROLES_OVERHEAD` (:data:`FRAGMENT_BUDGET` without roles)."""
-    roles = getattr(plan, "roles", None)
-    return roles.consumer_registers - ROLES_OVERHEAD if roles is not None else FRAGMENT_BUDGET
+    """Fragment registers a pipelined consumer thread may hold (:data:`PIPELINED_SHARE`)."""
+    return consumer_budget(getattr(plan, "roles", None), PIPELINED_SHARE)
 
 
 def pingpong_refusal(plan: "WgmmaPlan", launch: LaunchProgram) -> str | None:
-    """Why the consumers cannot take turns (FlashAttention-3's pingpong), or None: pingpong pairs
-    two consumer warpgroups, and what it overlaps is one's softmax with the other's products, so
-    a product a later step of the chunk reads (``Roles.drained``: attention's S) must exist; a
-    plain tile loaded each chunk keeps its own barrier among the consumers (fp8's scales), which
-    is not ordered with the pair's yet."""
+    """Why the consumers cannot take turns (FlashAttention-3's pingpong), or None: pingpong passes
+    the tensor cores around two or more consumer warpgroups (each the next its turn, the last
+    the first), and what it overlaps is one's softmax with the others' products, so a product a
+    later step of the chunk reads (``Roles.drained``: attention's S) must exist; a plain tile
+    loaded each chunk keeps its own barrier among the consumers (fp8's scales), which is not
+    ordered with the turns yet."""
     roles = plan.roles
-    if roles.consumers != 2:
-        return f"pingpong pairs two consumer warpgroups (FlashAttention-3's): this tile has {roles.consumers}"
+    if roles.consumers < 2:
+        return f"pingpong takes turns among two or more consumer warpgroups: this tile has {roles.consumers}"
     if not roles.drained:
-        return "no step of the chunk reads a product: there is no softmax to run under the other warpgroup's products"
+        return "no step of the chunk reads a product: there is no softmax to run under the other warpgroups' products"
     if roles.vectors:
         return f"{', '.join(roles.vectors)}, loaded each chunk between the consumers' barriers, is not ordered with pingpong's yet"
     return None
@@ -467,9 +482,16 @@ class WgmmaPath(TensorPath):
         except Refusal as refusal:
             built = replace(built, tma_declined=str(refusal))
         try:
-            return replace(built, roles=roles_of(built, launch))
+            roles = roles_of(built, launch)
         except Refusal as refusal:
             return replace(built, roles_declined=str(refusal))
+        if roles.consumer_registers < CONSUMER_REGISTERS:  # three or four consumer warpgroups share the file
+            held, budget = live_fragment_values(built, launch, tile), consumer_budget(roles)
+            if held > budget:
+                raise Refusal(f"a thread would hold {held} fragment registers at once, where {roles.consumers} consumer "
+                              f"warpgroups take {roles.consumer_registers} registers each (budget {budget}); use a "
+                              f"smaller {plan.stream or plan.row} tile")
+        return replace(built, roles=roles)
 
     @staticmethod
     def _shape(plan, launch, tile: dict, target: str, mma: Mma, copied: list[str]) -> str:
@@ -519,8 +541,11 @@ class WgmmaPath(TensorPath):
         order = (", pipelined: a chunk's first product issued before the previous chunk's last, which runs under its softmax"
                  if roles.order == "pipelined" else "")
         if roles.pingpong:
-            order += (f", pingpong: the two consumer warpgroups take turns issuing their products (named barriers "
-                      f"{' and '.join(map(str, PINGPONG_BARRIERS))})")
+            ids = [str(i) for i in PINGPONG_BARRIERS[:roles.consumers]]
+            who = ("the two consumer warpgroups" if roles.consumers == 2
+                   else f"the {roles.consumers} consumer warpgroups, each after the one before,")
+            order += (f", pingpong: {who} take turns issuing their products (named barriers "
+                      f"{', '.join(ids[:-1])} and {ids[-1]})")
         return [(f"roles: a producer warpgroup (setmaxnreg.dec {roles.producer_registers}; one thread issues TMA) and "
                 f"{roles.consumers} consumer warpgroup{'s' if roles.consumers > 1 else ''} (setmaxnreg.inc "
                 f"{roles.consumer_registers}), a {plan.stages}-stage ring of full and empty mbarriers, "
