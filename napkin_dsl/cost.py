@@ -1489,6 +1489,11 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
         if getattr(chosen.plan, "order_declined", ""):
             notes.append(f"launch {index}'s consumers are built {chosen.plan.roles.schedule if chosen.plan.roles else 'serial'}, "
                          f"{chosen.plan.order_declined}")
+    if path is None and not hardware.symbolic:  # never a silent fall to the FMA path: say why
+        for launch in program.launches:
+            chosen = selected[launch.index]
+            if chosen.plan is None and _tensor_refusal(hardware, chosen.reason):
+                notes.append(f"launch {launch.index} stays on the FMA path: {chosen.reason}")
     if path is not None:
         built = sorted({c.path for c in select_program(program, arch).launches.values() if c.plan is not None})
         notes.append(f"priced as if the contractions ran on {path} (a what-if: napkin builds "
@@ -1518,6 +1523,13 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
         device=device,
         ring=ring,
     )
+
+
+def _tensor_refusal(hardware, reason: str) -> bool:
+    """Whether ``reason`` keeps a launch off tensor cores the target has for it: not a launch
+    without a contraction, nor one whose dtype or target has no tensor-core path (the FMA
+    path is then the only one, and says so in the profile)."""
+    return bool(reason) and reason not in ("no contraction", "sizes are symbolic") and not reason.startswith(f"{hardware.name} has no ")
 
 
 def build_schedule(overlap: str | None) -> str | None:

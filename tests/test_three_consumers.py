@@ -154,3 +154,15 @@ def test_fa3s_d64_tile_builds_three_turns_without_spills():
     ceiling = entry["ceiling"]
     assert ceiling["model_tflops"] <= ceiling["tflops"], ceiling
     assert compiled.cost.time["overlap"] == "pingpong+pipelined"
+
+
+def test_the_cost_report_says_why_a_launch_stays_on_the_fma_path():
+    """Never a silent fall to a path 100x slower: the report's notes carry the refusals."""
+    report = _kernel("attention", 192, 192).cost("H100", **D64)
+    (note,) = [n for n in report.notes if n.startswith("launch 0 stays on the FMA path: ")]
+    assert "not wgmma either: a thread would hold 134 fragment registers at once" in note
+    # a launch on tensor cores gets no such note; an f32 one is told the dtypes they take
+    assert not any("FMA path" in n for n in _kernel("attention", 192, 128).cost("H100", **D64).notes)
+    f32 = napkin.load("kernel k(A: f32[m k], B: f32[k n]) -> C: f32[m n]:\n    C[m n] = A * B\n")["k"]
+    f32 = f32.relabelled("relabel k on H100:\n    smem: group m 64, n 64; stream k 32\n")
+    assert "launch 0 stays on the FMA path: B is f32; tensor cores here take bf16" in " ".join(f32.cost("H100", m=256, n=256, k=256).notes)

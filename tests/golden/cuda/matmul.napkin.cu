@@ -27,6 +27,7 @@
  *   note: group m 128 does not divide m = 300: 3 groups, the last one masked (44 of 128)
  *   note: group n 128 does not divide n = 200: 2 groups, the last one masked (72 of 128)
  *   note: stream k 32 does not divide k = 100: 4 chunks, the last one masked (4 of 32)
+ *   note: launch 0 stays on the FMA path: A's rows in memory (k = 100) are not a multiple of 16 bytes: cp.async copies 16-byte units
  *   note: the l2 groups are derived: co-resident thread blocks in a swizzled launch order share L2 (docs: method, the L2 level)
  */
 
