@@ -224,9 +224,9 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
     statements = launch.launch.statements
     split = _column_split(statements, fragments, mmas, stream)
     refuse_if(_warp_tiles_refusal(row, split, warp_tiles))
-    budget = FRAGMENT_BUDGET if path is None else MAX_REGISTERS
     if warpgroup_rows:
         return MmaSyncPlan(row, tile[row], MMA_M, dtype, operands, plain, fragments, mmas, stream)
+    budget = FRAGMENT_BUDGET if path is None else MAX_REGISTERS
     if split is None:
         def rows_plan(rows: int) -> MmaSyncPlan:
             return MmaSyncPlan(row, tile[row], rows, dtype, operands, plain, fragments, mmas, stream,
@@ -671,8 +671,9 @@ def select_program(program: Program, arch: str | None = None, path: str | None =
     sets every streamed tensor-core launch's cp.async stages (:func:`stage_count`);
     ``synchronous`` keeps every wgmma launch on the synchronous ring, without roles (the build
     before warp specialization, kept to compare with); ``schedule`` (default: the relabel
-    block's ``overlap:`` line, else "serial") orders the consumer warpgroups where a launch has them (``paths.wgmma.SCHEDULES``: "pipelined" is
-    FlashAttention-3's intra-warpgroup pipeline, "pingpong" its named-barrier turns; a launch
+    block's ``overlap:`` line, else "serial") orders the consumer warpgroups where a launch has
+    them (``paths.wgmma.SCHEDULES``: "pipelined" is FlashAttention-3's intra-warpgroup
+    pipeline, "pingpong" its named-barrier turns; a launch
     keeps what does not apply to it serial and says why, ``order_declined``). The model, the
     printers, the NumPy counts and the kernel header read the result; none asks again."""
     arch = arch or program.hardware.arch

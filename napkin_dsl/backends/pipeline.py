@@ -65,9 +65,10 @@ exchange). There:
 
 * pingpong (``Roles.pingpong``, :meth:`RolesPrinter.turns`): the consumer warpgroups take
   turns issuing their products, a ``bar.sync`` on their own named barrier before a phase of
-  issues and a ``bar.arrive`` on the next one's after it (the last's next is the first). The consumers run in lockstep here, so the
-  turns are comments in the OpenCL kernel, and ``barriers.run_turns`` runs them (the PTX ISA's
-  named barriers, apart from this printer) whenever such a kernel is printed.
+  issues and a ``bar.arrive`` on the next one's after it (the last's next is the first). The
+  consumers run in lockstep here, so the turns are comments in the OpenCL kernel, and
+  ``barriers.run_turns`` runs them (the PTX ISA's named barriers, apart from this printer)
+  whenever such a kernel is printed.
 
 Deliberately not here (issue 43's next steps): the K-major copy of fp8 attention's V [.. x d]; a
 masked stream's full chunks in a loop of their own, untested; a TMA store epilogue and a

@@ -123,7 +123,7 @@ SCHEDULES = ("serial", "pipelined", "pingpong", "pingpong+pipelined")
 PINGPONG_BARRIERS = (2, 3, 4, 5)
 # The fragment registers a consumer thread may hold, as a share of its setmaxnreg registers R:
 # what ptxas compiled without spills in sm_90a builds of attention at b4 h32 8k, by schedule
-# (fragments held, R: spilled bytes; tests/test_pingpong.py builds the edges):
+# (fragments held, R: spilled bytes; tests/test_pipelined.py and test_three_consumers.py hold the edges):
 #   serial:    158 at 240: 0 (128 x 176, d128); at 160 (three consumer warpgroups) 102: 0
 #              (192 x 128, d64), 118: 0 (192 x 96, d128) and 88 (192 x 160, d64), 134: 304
 #              (192 x 192, d64); at 120 (four) 70: 0, 102: 1168
@@ -485,12 +485,12 @@ class WgmmaPath(TensorPath):
             roles = roles_of(built, launch)
         except Refusal as refusal:
             return replace(built, roles_declined=str(refusal))
-        if roles.consumer_registers < CONSUMER_REGISTERS:  # three or four consumer warpgroups share the file
-            held, budget = live_fragment_values(built, launch, tile), consumer_budget(roles)
-            if held > budget:
-                raise Refusal(f"a thread would hold {held} fragment registers at once, where {roles.consumers} consumer "
-                              f"warpgroups take {roles.consumer_registers} registers each (budget {budget}); use a "
-                              f"smaller {plan.stream or plan.row} tile")
+        # the consumers' share of the file: FRAGMENT_BUDGET (checked above) at two or fewer, less at three or four
+        held, budget = live_fragment_values(built, launch, tile), consumer_budget(roles)
+        if held > budget:
+            raise Refusal(f"a thread would hold {held} fragment registers at once, where {roles.consumers} consumer "
+                          f"warpgroups take {roles.consumer_registers} registers each (budget {budget}); use a "
+                          f"smaller {plan.stream or plan.row} tile")
         return replace(built, roles=roles)
 
     @staticmethod
