@@ -1479,7 +1479,7 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
              + chain_notes)
     for index, n in copied.items():
         names = " and ".join(selected[index].plan.transposed)
-        notes.append(f"launch {index}: {names}'s K-major copy (8-bit wgmma reads B K-major only) moves {_fmt(n)} bytes "
+        notes.append(f"launch {index}: {names}'s K-major copy (8-bit wgmma reads its shared operands K-major only) moves {_fmt(n)} bytes "
                      f"through shared memory's port, an LDS and an STS a byte, at {conflicts[index]:.2f}x the conflict-free "
                      "wavefronts (layouts.transpose_split), in the registers term")
     if what_if:

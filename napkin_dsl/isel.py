@@ -437,10 +437,6 @@ def _operand_refusal(site: _Site, name: str, role: str, loaded: set, row: str | 
     axes = site.wide(array.axes)
     if len(axes) != 2 or array.axes[-1] != axes[-1]:
         return f"{name} is not a two-dimensional tile whose fastest axis is its last"
-    if role == "A" and array.dtype in FP8_DTYPES and row is not None and axes[1] == row:
-        # ldmatrix .trans moves 16-bit values (before sm_100): it cannot transpose bytes, and the
-        # m16n8k32 A fragment holds 4 consecutive k of one row in a register.
-        return f"A operand {name} is {array.dtype} stored with {row} fastest; an fp8 A is read by ldmatrix, which needs k fastest"
     if not SwizzledTile.supports(tile[axes[1]], DTYPE_BYTES[array.dtype]):
         return (f"{name}'s tile rows ({tile[axes[1]]} values of {axes[1]}, "
                 f"{tile[axes[1]] * DTYPE_BYTES[array.dtype]} bytes) are not 32, 64 or a multiple of 128 bytes: no swizzle covers them")

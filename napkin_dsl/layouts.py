@@ -49,7 +49,7 @@ operands.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, cached_property
 from itertools import product
 
@@ -877,31 +877,47 @@ def descriptor(tile: CanonicalTile, k_major: bool, start: int = 0) -> MatrixDesc
 
 
 # ---- the K-major copy of an 8-bit operand ---------------------------------------------------
-# wgmma's 8-bit shape reads B K-major only, so an MN-major chunk (V [x d] as TMA wrote it) is
-# copied into a K-major tile by the block: each thread takes a block of 4 k rows x 4 n bytes,
-# reads four words (one a k row), swaps bytes, and writes four (one an n row). Which blocks a
-# warp's 32 lanes take decides the bank conflicts of both sides: lanes spread along n read one
-# k row's consecutive words (conflict-free) but write n rows whose swizzle keys repeat every
-# 8 rows (16-way at 128-byte rows); lanes spread along k do the reverse. The split of the lane
-# bits between the two is chosen here, by counting wavefronts on the two tiles' layouts.
+# wgmma's 8-bit shape reads its shared operands K-major only, so an MN-major chunk (V [x d], a
+# GEMM's B [k n] or A [k m], as TMA wrote it) is copied into a K-major tile by the block: each thread takes a block of 4 k rows
+# x 4 n bytes, reads four words (one a k row), swaps bytes, and writes four (one an n row). Which
+# blocks a warp's 32 lanes take decides the bank conflicts of both sides: lanes spread along n
+# read one k row's consecutive words (conflict-free) but write n rows whose swizzle keys repeat
+# every 8 rows (16-way at 128-byte rows); lanes spread along k do the reverse. No rectangular
+# patch of lanes serves both (3x the conflict-free wavefronts at best), so the patch is skewed:
+# a lane's k block is rotated by its n block (k + skew * n, modulo the chunk's k blocks), which
+# spreads the written rows' swizzle keys while the reads stay on distinct words; and where an n
+# row holds fewer than 128 bytes (two rows share a line), lanes of odd n blocks write their four
+# rows in swapped pairs (row i ^ 1 at the i-th store), so that one store covers both halves of
+# the banks. The split of the lane bits, the skew and the swap are chosen here, by counting
+# wavefronts on the two tiles' layouts.
 
 TRANSPOSE_BLOCK = 4  # the 4 x 4 bytes one thread swaps with byte permutes
+TRANSPOSE_SKEWS = (0, 1, 2, 4)  # the rotations tried: small, so the search stays cheap
 
 
 @dataclass(frozen=True)
 class TransposeSplit:
     """A warp's lanes as a 2**(5 - n_bits) (k blocks) x 2**n_bits (n blocks) patch of the
-    copy's blocks; warps tile the chunk n-patch fastest. ``wavefronts`` is what every warp's
-    four reads and four writes take over the whole chunk, ``ideal`` that without conflicts."""
+    copy's blocks, each lane's k block rotated by ``skew`` times its n block (modulo
+    ``k_blocks``); warps tile the chunk n-patch fastest. With ``swap``, a lane of an odd n block
+    writes its rows in swapped pairs. ``wavefronts`` is what every warp's four reads and four
+    writes take over the whole chunk, ``ideal`` that without conflicts."""
 
     n_bits: int
     n_blocks: int  # the chunk's blocks along n
+    k_blocks: int  # the chunk's blocks along k (the skew's modulus)
     wavefronts: int
     ideal: int
+    skew: int = 0
+    swap: bool = False
 
     def block(self, warp: int, lane: int) -> tuple[int, int]:
         """The (k, n) origin of the block lane ``lane`` of warp ``warp`` copies."""
-        return _transpose_block(self.n_bits, self.n_blocks, warp, lane)
+        return _transpose_block(self.n_bits, self.n_blocks, self.k_blocks, self.skew, warp, lane)
+
+    def written_row(self, n: int, store: int) -> int:
+        """The n row (of the block at n) that a lane's ``store``-th write goes to."""
+        return n + (store ^ (self.swap and (n // TRANSPOSE_BLOCK) & 1))
 
     @property
     def conflict(self) -> float:
@@ -909,33 +925,68 @@ class TransposeSplit:
         return self.wavefronts / self.ideal
 
 
-def _transpose_block(n_bits: int, n_blocks: int, warp: int, lane: int) -> tuple[int, int]:
+def _transpose_block(n_bits: int, n_blocks: int, k_blocks: int, skew: int, warp: int, lane: int) -> tuple[int, int]:
     patches = n_blocks >> n_bits
     n = (warp % patches) << n_bits | (lane & ((1 << n_bits) - 1))
     k = (warp // patches) << (5 - n_bits) | (lane >> n_bits)
-    return TRANSPOSE_BLOCK * k, TRANSPOSE_BLOCK * n
+    return TRANSPOSE_BLOCK * ((k + skew * n) % k_blocks), TRANSPOSE_BLOCK * n
 
 
-def _transpose_wavefronts(src: CanonicalTile, dst: CanonicalTile, n_bits: int) -> int:
-    total = 0
-    for warp in range(src.rows * src.cols // (TRANSPOSE_BLOCK * TRANSPOSE_BLOCK * 32)):
-        blocks = [_transpose_block(n_bits, src.cols // TRANSPOSE_BLOCK, warp, lane) for lane in range(32)]
-        for i in range(TRANSPOSE_BLOCK):
-            total += wavefronts([src.layout(k + i, n) for k, n in blocks], width=4)
-            total += wavefronts([dst.layout(n + i, k) for k, n in blocks], width=4)
-    return total
+@cache
+def _word_table(tile: CanonicalTile):
+    """The 4-byte word index of every (row, 4-byte column) of an 8-bit tile, as an array."""
+    import numpy as np
+
+    return np.array([[tile.layout(row, col) // 4 for col in range(0, tile.cols, 4)] for row in range(tile.rows)])
+
+
+def _warp_wavefronts(words) -> int:
+    """The wavefronts of warp-wide 4-byte accesses, one per row of ``words`` (lanes along the
+    last axis), summed: each takes the most distinct words any bank is asked for (``wavefronts``)."""
+    import numpy as np
+
+    words = np.sort(words, axis=-1)
+    distinct = np.ones(words.shape, dtype=bool)
+    distinct[..., 1:] = words[..., 1:] != words[..., :-1]
+    per_bank = np.zeros((words.shape[0], 32), dtype=np.int64)
+    np.add.at(per_bank, (np.arange(words.shape[0])[:, None].repeat(words.shape[1], 1), words % 32), distinct)
+    return int(per_bank.max(axis=1).sum())
+
+
+def _transpose_wavefronts(src: CanonicalTile, dst: CanonicalTile, split: TransposeSplit) -> int:
+    import numpy as np
+
+    src_words, dst_words = _word_table(src), _word_table(dst)
+    warps = src.rows * src.cols // (TRANSPOSE_BLOCK * TRANSPOSE_BLOCK * 32)
+    # _transpose_block over every (warp, lane) at once
+    warp, lane = np.arange(warps)[:, None], np.arange(32)[None, :]
+    patches = split.n_blocks >> split.n_bits
+    n = (warp % patches) << split.n_bits | (lane & ((1 << split.n_bits) - 1))
+    k = ((warp // patches) << (5 - split.n_bits) | (lane >> split.n_bits)) + split.skew * n
+    k, swapped = k % split.k_blocks, (n & 1) if split.swap else 0
+    reads = np.concatenate([src_words[TRANSPOSE_BLOCK * k + i, n] for i in range(TRANSPOSE_BLOCK)])
+    writes = np.concatenate([dst_words[TRANSPOSE_BLOCK * n + (i ^ swapped), k] for i in range(TRANSPOSE_BLOCK)])
+    return _warp_wavefronts(reads) + _warp_wavefronts(writes)
 
 
 @cache  # the model and the printer ask for the same tiles' split, the tuner many times
 def transpose_split(src: CanonicalTile, dst: CanonicalTile) -> TransposeSplit:
-    """The lane split with the fewest wavefronts for copying ``src`` (k rows x n bytes) into
-    ``dst`` (n rows x k bytes); the fewest n bits among equals. Needs 8-bit tiles whose
-    4 x 4 blocks fill whole warps."""
+    """The lane map with the fewest wavefronts for copying ``src`` (k rows x n bytes) into
+    ``dst`` (n rows x k bytes); among equals the plainest (no swap, the least skew, the fewest
+    n bits). Needs 8-bit tiles whose 4 x 4 blocks fill whole warps."""
     assert src.element_bytes == dst.element_bytes == 1 and (dst.rows, dst.cols) == (src.cols, src.rows)
     k_blocks, n_blocks = src.rows // TRANSPOSE_BLOCK, src.cols // TRANSPOSE_BLOCK
     warps = k_blocks * n_blocks // 32
     assert warps * 32 == k_blocks * n_blocks, "the copy's blocks fill whole warps"
-    fits = [n_bits for n_bits in range(6) if (1 << n_bits) <= n_blocks and (1 << (5 - n_bits)) <= k_blocks]
-    counts = {n_bits: _transpose_wavefronts(src, dst, n_bits) for n_bits in fits}
-    n_bits = min(fits, key=lambda n_bits: (counts[n_bits], n_bits))
-    return TransposeSplit(n_bits, n_blocks, counts[n_bits], warps * 2 * TRANSPOSE_BLOCK)
+    ideal = warps * 2 * TRANSPOSE_BLOCK
+    best = None
+    for swap in (False, True):
+        for skew in (s for s in TRANSPOSE_SKEWS if s < k_blocks):
+            for n_bits in (b for b in range(6) if (1 << b) <= n_blocks and (1 << (5 - b)) <= k_blocks):
+                split = TransposeSplit(n_bits, n_blocks, k_blocks, 0, ideal, skew, swap)
+                counted = replace(split, wavefronts=_transpose_wavefronts(src, dst, split))
+                if best is None or counted.wavefronts < best.wavefronts:
+                    best = counted
+                if best.wavefronts == ideal:
+                    return best
+    return best

@@ -53,11 +53,11 @@ def test_fp8_matmul_is_planned_on_m16n8k32_where_the_profile_has_it():
     # sm_80 has no 8-bit mma.sync: the FMA path, naming what is missing
     a100 = selected(MATMUL, "sm_80", "A100", m=512, n=512, k=512)
     assert a100.plan is None and "no mma.sync m16n8k32 for fp8e4m3 on sm_80" in a100.reason
-    # sm_90a: wgmma's 8-bit shape reads both operands K-major, so it declines the [k n] B by name
-    # and mma.sync m16n8k32 runs it; B stored [n k] is wgmma's (tests/test_wgmma_fp8.py)
+    # sm_90a: wgmma's 8-bit shape reads both operands K-major, so it copies the [k n] B K-major
+    # each chunk; B stored [n k] needs no copy (tests/test_wgmma_fp8.py)
     hopper = selected(MATMUL, "sm_90a", m=512, n=512, k=512)
-    assert hopper.path == "mma.sync" and "m64nNk32" in hopper.declined and "K-major only: B" in hopper.declined
-    assert selected(MATMUL_NK, "sm_90a", m=512, n=512, k=512).path == "wgmma"
+    assert hopper.path == "wgmma" and hopper.plan.transposed == ("B",)
+    assert selected(MATMUL_NK, "sm_90a", m=512, n=512, k=512).plan.transposed == ()
 
 
 def test_fp8_operands_that_m16n8k32_cannot_read_are_declined_by_name():

@@ -2,10 +2,12 @@
 
 The 8-bit shape reads both operands from shared memory by K-major descriptors (it has no
 transpose immediates), 32 bytes of k an instruction, into the 16-bit shape's f32 accumulator.
-examples/fp8_matmul.napkin stores B [k n], which the 8-bit shape declines by name; stored [n k]
-(a Linear layer's weight), both operands are K-major and the product is wgmma's. Held here:
-selection (the example on wgmma; a [k n] B and a k tile that is not whole instructions declined
-by name; attention's register A is tests/test_wgmma_fp8_attention.py's), the wrapper's PTX,
+Stored [n k] (a Linear layer's weight), both operands are K-major and the product is wgmma's.
+examples/fp8_matmul.napkin stores B [k n], and an A may be stored [k m]: such an operand is
+copied K-major each chunk of the stream (issue 44, item 3; the copy's lanes are
+tests/test_wgmma_fp8_attention.py's, where V [x d] takes the same copy). Held here: selection
+(the example on wgmma; an MN-major operand copied, or declined by name when k is not streamed;
+a k tile that is not whole instructions declined by name), the wrapper's PTX,
 NVRTC's sm_90a SASS (QGMMA, SASS's name for the 8-bit wgmma, in the hot loop with both operands
 by descriptor, TMA and mbarriers, no spills, no local memory, the model under the static
 ceiling), and PoCL runs of the OpenCL printing, whose emulation decodes the descriptors and each
@@ -54,8 +56,8 @@ def test_the_fp8_matmul_with_a_k_fastest_b_is_planned_on_wgmmas_8_bit_shape_for_
 
 
 @pytest.mark.parametrize("what, text, sizes, reason", [
-    ("B stored [k n] (the example)", (EXAMPLES / "fp8_matmul.napkin").read_text(), dict(m=512, n=512, k=512),
-     "K-major only: B"),
+    ("B stored [k n] with k whole", (EXAMPLES / "fp8_matmul.napkin").read_text().replace("; stream k 64", ""),
+     dict(m=512, n=512, k=64), "K-major only: B has k outside its fastest axis and is not streamed"),
     ("a k tile of 48", EXAMPLE.replace("stream k 64", "stream k 48"), dict(m=512, n=512, k=480), "not a multiple of 32"),
 ])
 def test_what_the_8_bit_wgmma_does_not_take_is_declined_by_name(what, text, sizes, reason):
@@ -183,12 +185,138 @@ def test_the_emulation_sees_a_swapped_stride_field(monkeypatch):
     assert not np.allclose(outputs["C"].astype(np.float64), expected, atol=1e-2)
 
 
-def test_oclgrind_finds_no_race_or_bad_access_in_the_emulated_8_bit_wgmma(tmp_path):
+@pytest.mark.parametrize("layout", ["A [m k], B [n k]", "A [k m], B [k n]"])
+def test_oclgrind_finds_no_race_or_bad_access_in_the_emulated_8_bit_wgmma(layout, tmp_path):
+    """Both operands K-major as stored, and both copied K-major each chunk (the copies' writes and
+    the products' reads ordered by the barrier after them, the next chunk's copy by the one
+    before its products)."""
     from .test_tensorcore import oclgrind
 
+    # oclgrind's 32 KB of local memory: the copies' chunk is 32 of k (a test, not a schedule)
+    text = EXAMPLE if layout == "A [m k], B [n k]" else MN_MAJOR[layout][0].replace("stream k 64", "stream k 32")
+    sizes = dict(m=144, n=80, k=64) if layout == "A [m k], B [n k]" else dict(m=144, n=64, k=96)
+    program = _program(text, **sizes)
+    assert selection(program, program.launches[0], "sm_90a").path == "wgmma"
     path = tmp_path / "fp8_linear.napkin"
-    path.write_text(EXAMPLE)
-    result = oclgrind(str(path), ["m=80", "n=72", "k=64"], "--arch", "sm_90a")
+    path.write_text(text)
+    result = oclgrind(str(path), [f"{axis}={size}" for axis, size in sizes.items()], "--arch", "sm_90a")
     assert result.returncode == 0, result.stderr[-2000:]
     report = result.stdout + result.stderr
     assert "data race" not in report and "Invalid" not in report and "error" in report, report[-2000:]
+
+
+# ---- an operand stored MN-major: copied K-major each chunk (issue 44, item 3) --------------
+
+# examples/fp8_matmul.napkin as written stores B [k n]; A may be stored [k m] as well
+MN_MAJOR = {
+    "B [k n]": ((EXAMPLES / "fp8_matmul.napkin").read_text(), ("B",)),
+    "A [k m]": (EXAMPLE.replace("A: fp8e4m3[m k]", "A: fp8e4m3[k m]"), ("A",)),
+    "A [k m], B [k n]": ((EXAMPLES / "fp8_matmul.napkin").read_text().replace("A: fp8e4m3[m k]", "A: fp8e4m3[k m]"), ("A", "B")),
+}
+
+
+@pytest.mark.parametrize("layout", MN_MAJOR)
+def test_an_mn_major_8_bit_operand_is_copied_k_major_on_wgmma(layout):
+    text, copied = MN_MAJOR[layout]
+    program = _program(text, m=512, n=512, k=512)
+    chosen = selection(program, program.launches[0], "sm_90a")
+    assert chosen.path == "wgmma" and chosen.plan.transposed == copied
+    assert chosen.plan.shape == "m64n128k32"
+    for name in copied:  # the copy: rows and columns swapped, one stage, on the canonical layout
+        staged, copy = chosen.slots[name], chosen.slots[f"{name}.kmajor"]
+        assert (copy.tile.rows, copy.tile.cols, copy.stages) == (staged.tile.cols, staged.tile.rows, 1)
+        assert layouts.transpose_split(staged.tile, copy.tile).conflict == 1.0  # 64 rows of 128 bytes
+
+
+def test_an_mn_major_8_bit_a_stays_off_mma_sync_by_name():
+    """mma.sync's A comes by ldmatrix, whose .trans moves 16-bit values: an fp8 A [k m] is
+    refused there by name (on sm_90, where the 8-bit wgmma is not), and the launch says so."""
+    text, _ = MN_MAJOR["A [k m]"]
+    program = _program(text, m=512, n=512, k=512)
+    chosen = selection(program, program.launches[0], "sm_90")
+    assert chosen.path != "mma.sync" and "an fp8 A is read by ldmatrix, which needs k fastest" in chosen.reason
+
+
+# ragged wherever the copies allow: a row in memory is whole 16-byte units (TMA's strides)
+@pytest.mark.parametrize("layout, dtype, sizes", [
+    ("B [k n]", "fp8e4m3", dict(m=200, n=144, k=96)),
+    ("B [k n]", "fp8e5m2", dict(m=64, n=32, k=32)),
+    ("A [k m]", "fp8e4m3", dict(m=144, n=264, k=160)),
+    ("A [k m], B [k n]", "fp8e4m3", dict(m=144, n=176, k=99)),
+], ids=str)
+def test_the_emulated_copies_match_the_reference(layout, dtype, sizes):
+    from napkin_dsl.reference import evaluate
+
+    from .test_tensorcore import random_inputs
+
+    text = MN_MAJOR[layout][0].replace("fp8e4m3", dtype)
+    (kernel,) = napkin.load(text).values()
+    inputs, _ = random_inputs(kernel.diagram, sizes, seed=sum(sizes.values()))
+    program, outputs = _run(text, inputs, sizes)
+    assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, {}, sizes), f"{layout} {dtype} {sizes}")
+
+
+def test_a_copy_that_writes_its_rows_unswapped_fails_on_pocl(monkeypatch):
+    """The example's copy (64 k rows of 128 bytes into 128 n rows of 64) writes odd n blocks'
+    rows in swapped pairs, with the selectors traded to match: a printer that trades the
+    selectors but keeps the rows in order puts B's values on the wrong n, and C is wrong."""
+    from napkin_dsl.backends import wgmma
+    from napkin_dsl.reference import evaluate
+
+    from .test_tensorcore import random_inputs
+
+    original = wgmma.WgmmaPrinter.transpose
+
+    def unswapped(self, name):
+        start = len(self.lines)
+        original(self, name)
+        assert any("nk_ts" in line for line in self.lines[start:]), "the split swaps no rows: nothing to plant"
+        self.lines[start:] = [line.replace("(nk_tn + nk_ts)", "nk_tn").replace(" ^ nk_ts)", ")") for line in self.lines[start:]]
+
+    monkeypatch.setattr(wgmma.WgmmaPrinter, "transpose", unswapped)
+    text = MN_MAJOR["B [k n]"][0]
+    sizes = dict(m=64, n=128, k=64)
+    (kernel,) = napkin.load(text).values()
+    inputs, _ = random_inputs(kernel.diagram, sizes)
+    program, outputs = _run(text, inputs, sizes)
+    with pytest.raises(AssertionError):
+        assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, {}, sizes), "unswapped")
+
+
+def test_the_example_as_written_compiles_for_sm_90a_on_qgmma_with_a_conflict_free_copy():
+    """examples/fp8_matmul.napkin (B [k n]) at 8192^3: QGMMA by descriptor in the hot loop, no
+    16-bit product and no conversion of fp8 operands (F2FP: mma.sync's road on sm_90a before
+    the copy), no spills, no local memory; the printed copy is the split's, conflict-free; the
+    model under the static ceiling, both above the 16-bit peak."""
+    pytest.importorskip("cuda.bindings")
+    from napkin_dsl.backends import sass
+
+    from .test_wgmma_fp8_attention import assert_printed_copy_is_the_split
+
+    text = MN_MAJOR["B [k n]"][0]
+    (kernel,) = napkin.load(text).values()
+    compiled = kernel.compile("sm_90a", hardware="H100", **BIG)
+    assert compiled.launches[0].path == "wgmma"
+    (resources,) = compiled.resources.values()
+    assert resources["spill_bytes"] == 0
+    split = assert_printed_copy_is_the_split(text, BIG, "B")
+    assert split.conflict == 1.0
+    try:
+        listing = sass.disassemble(compiled.image)
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm")
+    (instructions,) = listing.values()
+    opcodes = collections.Counter(i.base for i in instructions)
+    assert opcodes["LDL"] == opcodes["STL"] == 0 and opcodes["QGMMA"], opcodes
+    assert not opcodes["HMMA"] and not opcodes["HGMMA"] and not opcodes["QMMA"], opcodes
+    ranges = [(s, e) for s, e in sass.loop_ranges(instructions)
+              if any(s <= i.address <= e and i.base == "QGMMA" for i in instructions)]
+    start, end = min(ranges, key=lambda r: r[1] - r[0])
+    body = collections.Counter(i.base for i in instructions if start <= i.address <= end)
+    qgmma = [i for i in instructions if start <= i.address <= end and i.base == "QGMMA"]
+    assert qgmma and all("gdesc[" in i.operands and "tnsp" not in i.operands for i in qgmma)
+    assert not body["F2FP"] and body["PRMT"] and body["STS"], body  # the copy's byte permutes, no conversion
+    (entry,) = sass.sass_report(compiled)["launches"]
+    ceiling = entry["ceiling"]
+    assert ceiling["model_tflops"] <= ceiling["tflops"] * (1 + 1e-9)
+    assert ceiling["model_tflops"] > compiled.program.hardware.peak("wgmma", "bf16") / 1e12 * 0.9

@@ -36,7 +36,7 @@ Level Matrix Multiply-Accumulate"):
   the ISA's key order, so P's bytes are exchanged within each quad (``register_a8``:
   ``layouts.p_words8``, ``QUAD_SOURCE``, ``QUAD_HALF``; two shuffles and a byte permute a
   register). The shape has no transpose: a V stored ``[.. x d]`` is copied each chunk into a
-  K-major tile of its own (``transpose_b``, ``isel.kmajor_name``), fenced for the async proxy
+  K-major tile of its own (``transpose``, ``isel.kmajor_name``), fenced for the async proxy
   and published by a barrier before the products read it.
 * where the plan has TMA copies (``plan.tma``, ``paths.wgmma.tma_loads``), every shared-memory operand
   comes instead by ``cp.async.bulk.tensor.<rank>d`` (PTX ISA 9.7.9.25; rank 2 to 5, the
@@ -481,8 +481,9 @@ def cuda_wrapper(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool 
 
 def instruction_shapes(plan: WgmmaPlan, tile: dict) -> dict:
     """Each product's instruction, by target: (N, dtype, A transposed, B transposed, A from
-    registers). A B copied K-major each chunk (``plan.transposed``) is read untransposed from its copy."""
-    return {target: (tile[m.n], m.dtype, m.a_trans, m.b_trans and m.b not in plan.transposed, m.a_in_registers)
+    registers). An operand copied K-major each chunk (``plan.transposed``) is read untransposed from its copy."""
+    return {target: (tile[m.n], m.dtype, m.a_trans and m.a not in plan.transposed, m.b_trans and m.b not in plan.transposed,
+                     m.a_in_registers)
             for target, m in plan.mmas.items()}
 
 
@@ -728,16 +729,23 @@ class WgmmaPrinter(TensorPrinter):
     def products(self, target: str, accumulators: str, a_words=None):
         """The chunk's wgmmas of product ``target`` into ``accumulators`` (the address of its D
         fragment's first register), after ``wgmma.fence``; its B copied K-major first where the
-        plan copies it (``transpose_b``). A register A from ``nk_a``, or on OpenCL from the words
+        plan copies it (``transpose``). A register A from ``nk_a``, or on OpenCL from the words
         ``a_words(kk)`` names (the warp's posted registers of k step kk)."""
         m = self.plan.mmas[target]
         d = self.dialect
         k = wgmma_k(m.dtype)
         k_steps = self.tile[m.k] // k
         n = self.shapes[target][0]
-        b_name, b_trans = m.b, m.b_trans
-        if m.b in self.plan.transposed:
-            self.transpose_b(m)
+        a_name, a_trans, b_name, b_trans = m.a, m.a_trans, m.b, m.b_trans
+        copied = [name for name in (m.a, m.b) if name in self.plan.transposed]
+        for name in copied:
+            self.transpose(name)
+        if copied:
+            self.emit("NK_FENCE_PROXY_ASYNC();  // the copy, written through the generic proxy, seen by the async proxy")
+            self.emit(f"NK_SYNC();  // every thread's part of {' and '.join(copied)}'s K-major copy is written before any warpgroup reads it")
+        if m.a in copied:
+            a_name, a_trans = kmajor_name(m.a), False
+        if m.b in copied:
             b_name, b_trans = kmajor_name(m.b), False
         self.emit("NK_WG_FENCE();  // the accumulator (and A) registers were written by other instructions")
         # A: this warpgroup's 64 rows; B: all N columns (K-major unless stored with k as rows)
@@ -748,50 +756,59 @@ class WgmmaPrinter(TensorPrinter):
                 a = a_words(kk) if a_words is not None else f"nk_a[{kk}]"
                 self.emit(wgmma_call(d.name, accumulators, a, db, n, m.dtype, False, b_trans, True, a_words is not None))
                 continue
-            da = self.descriptor_expr(m.a, not m.a_trans, a_row, kk * k)
-            self.emit(wgmma_call(d.name, accumulators, da, db, n, m.dtype, m.a_trans, m.b_trans))
+            da = self.descriptor_expr(a_name, not a_trans, a_row, kk * k)
+            self.emit(wgmma_call(d.name, accumulators, da, db, n, m.dtype, a_trans, b_trans))
 
-    def transpose_b(self, m):
-        """B's chunk (``plan.transposed``: V [x d] under an fp8 P, MN-major as TMA wrote it) copied
-        into its K-major tile (``isel.kmajor_name``) for the 8-bit shape, which has no transpose:
-        every thread of the block takes 4 x 4 blocks of bytes (a warp a patch of them, shaped by
-        ``layouts.transpose_split`` for the fewest bank conflicts), reads four 32-bit words (4
-        consecutive n of 4 rows of k, each within one 16-byte unit of the swizzled tile), swaps
-        rows and columns with byte permutes, and writes four words (4 consecutive k of 4 rows of
-        n) at the copy's swizzled offsets (``CanonicalTile.layout`` of each tile). The barrier
+    def transpose(self, name: str):
+        """An operand's chunk (``plan.transposed``: V [x d] under an fp8 P, a GEMM's B [k n] or A
+        [k m], MN-major as TMA wrote it) copied into its K-major tile (``isel.kmajor_name``) for the 8-bit shape,
+        which has no transpose: every thread of the block takes 4 x 4 blocks of bytes (a warp a
+        skewed patch of them, shaped by ``layouts.transpose_split`` for the fewest bank
+        conflicts), reads four 32-bit words (4 consecutive n of 4 rows of k, each within one
+        16-byte unit of the swizzled tile), swaps rows and columns with byte permutes, and writes
+        four words (4 consecutive k of 4 rows of n) at the copy's swizzled offsets
+        (``CanonicalTile.layout`` of each tile). The barrier
         before this chunk's products already ordered the previous chunk's reads of the copy; the
         copy's generic-proxy writes are fenced for the async proxy and a barrier publishes them."""
-        src, dst = self.smem[m.b], self.smem[kmajor_name(m.b)]
-        k_rows, n_cols = src.tile.rows, src.tile.cols  # the stage: k (x) rows, n (d) columns
+        src, dst = self.smem[name], self.smem[kmajor_name(name)]
+        k_rows, n_cols = src.tile.rows, src.tile.cols  # the stage: k (x) rows, n (d) or m columns
         assert (dst.tile.rows, dst.tile.cols) == (n_cols, k_rows), "napkin bug: the K-major copy's shape"
-        stage = self.buffers.get(m.b)
+        stage = self.buffers.get(name)
         base = f"{src.offset}" if stage is None else f"{src.offset} + ({stage}) * {src.stage_bytes}"
         blocks = (k_rows // 4) * (n_cols // 4)
         threads = self.plan.threads
         assert threads % 32 == 0, "napkin bug: the copy hands blocks out a warp at a time"
         split = transpose_split(src.tile, dst.tile)
         n_bits, patches = split.n_bits, split.n_blocks >> split.n_bits
-        self.emit(f"// {m.b}'s chunk, K-major for the 8-bit wgmma: {blocks} blocks of 4 x 4 bytes over {threads} threads, "
-                  f"a warp's lanes {1 << (5 - n_bits)} (k) x {1 << n_bits} (n) blocks (layouts.transpose_split: "
-                  f"{split.wavefronts} wavefronts a chunk, {split.conflict:.2f}x the conflict-free {split.ideal})")
+        self.emit(f"// {name}'s chunk, K-major for the 8-bit wgmma: {blocks} blocks of 4 x 4 bytes over {threads} threads, "
+                  f"a warp's lanes {1 << (5 - n_bits)} (k) x {1 << n_bits} (n) blocks, k rotated by {split.skew} x n"
+                  + (", odd n blocks' rows written in swapped pairs" if split.swap else "")
+                  + f" (layouts.transpose_split: {split.wavefronts} wavefronts a chunk, {split.conflict:.2f}x the conflict-free {split.ideal})")
         self.emit("NK_ROLLED")
         with self.block(f"for (int nk_tb = nk_tid; nk_tb < {blocks}; nk_tb += {threads}) {{"):
             self.emit("const int nk_tw = nk_tb >> 5, nk_tl = nk_tb & 31;  // the block's warp patch and lane in it")
-            self.emit(f"const int nk_tk = ((nk_tw / {patches}) << {5 - n_bits} | (nk_tl >> {n_bits})) * 4, "
-                      f"nk_tn = ((nk_tw % {patches}) << {n_bits} | (nk_tl & {(1 << n_bits) - 1})) * 4;  // the block's first k row, n column")
+            n_block = f"((nk_tw % {patches}) << {n_bits} | (nk_tl & {(1 << n_bits) - 1}))"
+            k_block = f"((nk_tw / {patches}) << {5 - n_bits} | (nk_tl >> {n_bits}))"
+            if split.skew:
+                k_block = f"(({k_block} + {split.skew} * {n_block}) % {split.k_blocks})"
+            self.emit(f"const int nk_tn = {n_block} * 4, nk_tk = {k_block} * 4;  // the block's first n column, k row")
             for i in range(4):
                 offset = src.tile.layout.c_expr(f"(nk_tk + {i})" if i else "nk_tk", "nk_tn")
                 self.emit(f"const unsigned nk_tw{i} = {self.dialect.shared_word(f'{base} + {offset}')};  // k row nk_tk + {i}, n nk_tn..+3")
             # rows <-> columns of the 4 x 4 bytes: pairs interleaved (0x5140, 0x7362), then halves (0x5410, 0x7632)
             self.emit("const unsigned nk_tp0 = NK_PRMT(nk_tw0, nk_tw1, 0x5140u), nk_tp1 = NK_PRMT(nk_tw0, nk_tw1, 0x7362u);")
             self.emit("const unsigned nk_tp2 = NK_PRMT(nk_tw2, nk_tw3, 0x5140u), nk_tp3 = NK_PRMT(nk_tw2, nk_tw3, 0x7362u);")
-            outs = ["NK_PRMT(nk_tp0, nk_tp2, 0x5410u)", "NK_PRMT(nk_tp0, nk_tp2, 0x7632u)",
-                    "NK_PRMT(nk_tp1, nk_tp3, 0x5410u)", "NK_PRMT(nk_tp1, nk_tp3, 0x7632u)"]
+            even, odd = "0x5410u", "0x7632u"  # the selectors of n rows 0 and 2, 1 and 3 of the block
+            if split.swap:  # an odd n block's i-th store writes row i ^ 1: its selectors trade places
+                self.emit("const int nk_ts = (nk_tn >> 2) & 1;  // the block's n parity: its rows go in swapped pairs")
+                self.emit("const unsigned nk_tse = nk_ts ? 0x7632u : 0x5410u, nk_tso = nk_ts ? 0x5410u : 0x7632u;")
+                even, odd = "nk_tse", "nk_tso"
+            outs = [f"NK_PRMT(nk_tp0, nk_tp2, {even})", f"NK_PRMT(nk_tp0, nk_tp2, {odd})",
+                    f"NK_PRMT(nk_tp1, nk_tp3, {even})", f"NK_PRMT(nk_tp1, nk_tp3, {odd})"]
             for j, value in enumerate(outs):
-                offset = dst.tile.layout.c_expr(f"(nk_tn + {j})" if j else "nk_tn", "nk_tk")
-                self.emit(f"{self.dialect.shared_word(f'{dst.offset} + {offset}')} = {value};  // n row nk_tn + {j}, k nk_tk..+3")
-        self.emit("NK_FENCE_PROXY_ASYNC();  // the copy, written through the generic proxy, seen by the async proxy")
-        self.emit(f"NK_SYNC();  // every thread's part of {m.b}'s K-major copy is written before any warpgroup reads it")
+                row = (f"(nk_tn + ({j} ^ nk_ts))" if j else "(nk_tn + nk_ts)") if split.swap else (f"(nk_tn + {j})" if j else "nk_tn")
+                offset = dst.tile.layout.c_expr(row, "nk_tk")
+                self.emit(f"{self.dialect.shared_word(f'{dst.offset} + {offset}')} = {value};  // n row {row}, k nk_tk..+3")
 
     def register_a(self, m):
         """Every k step's A fragment of a register operand (P), packed to the operands' 16-bit

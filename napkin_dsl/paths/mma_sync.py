@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..dtypes import FP8_DTYPES
 from ..layouts import MMA_K, MMA_K8, MMA_M, MMA_N
 from ..pseudocode import LaunchProgram
-from .plan import FRAGMENT_BUDGET, Mma, TensorPath, TensorPlan, live_fragment_values, refuse_if
+from .plan import FRAGMENT_BUDGET, Mma, Refusal, TensorPath, TensorPlan, live_fragment_values, refuse_if
 
 
 def mma_k(dtype: str) -> int:
@@ -72,6 +72,12 @@ class MmaSyncPath(TensorPath):
         return hardware.find_path(self.instruction, dtype, arch, mma_shape(dtype)) is not None
 
     def build(self, plan, launch, tile, sizes, warp_tiles, arch) -> MmaSyncPlan:
+        for mma in plan.mmas.values():
+            if mma.dtype in FP8_DTYPES and mma.a_trans and not mma.a_in_registers:
+                # ldmatrix .trans moves 16-bit values (before sm_100): it cannot transpose bytes, and
+                # the m16n8k32 A fragment holds 4 consecutive k of one row in a register.
+                raise Refusal(f"A operand {mma.a} is {mma.dtype} stored with {plan.row} fastest; an fp8 A is read by "
+                              f"ldmatrix, which needs {mma.k} fastest")
         # an fp8 plan is never rolled (isel._rollable): its budget is FRAGMENT_BUDGET
         refuse_if(converted_fp8_refusal(plan, launch, tile, FRAGMENT_BUDGET, arch))
         return plan

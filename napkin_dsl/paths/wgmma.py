@@ -346,9 +346,9 @@ class WgmmaPlan(TensorPlan):
     tma_declined: str = ""
     # The shape per product (statement target -> "m64n64k16"); ``shape`` joins them.
     shapes: dict = field(default_factory=dict)
-    # Operands copied into a K-major tile of their own each chunk (the 8-bit shape reads B K-major
-    # only: attention's V stored [.. x d] under an fp8 P, backends/wgmma.py's transpose_b); their
-    # slots are isel.smem_layout's "<name>.kmajor".
+    # Operands copied into a K-major tile of their own each chunk (the 8-bit shape reads its shared
+    # operands K-major only: attention's V stored [.. x d] under an fp8 P, a GEMM's B [k n] or A
+    # [k m]; backends/wgmma.py's transpose); their slots are isel.smem_layout's "<name>.kmajor".
     transposed: tuple = ()
     # A producer warpgroup and consumer warpgroups around a ring of full and empty mbarriers
     # (``Roles``), or None and why not (``roles_declined``): the synchronous ring.
@@ -387,22 +387,24 @@ def statements_refusal(plan: TensorPlan, statements) -> str | None:
 
 
 def _transposed_copies(plan: TensorPlan) -> list[str]:
-    """The B operands the 8-bit shape copies K-major each chunk, or a refusal: wgmma's 8-bit shape
-    has no transpose immediates, so both shared operands are K-major. An A from registers
-    (attention's P) is packed to bytes and exchanged within each quad into the ISA's key order
-    (backends/wgmma.py, register_a8), so its B (V) is read as stored; a streamed B stored
-    n-fastest under it (V [.. x d]) is copied K-major each chunk."""
+    """The shared operands the 8-bit shape copies K-major each chunk, or a refusal: wgmma's 8-bit
+    shape has no transpose immediates, so both shared operands are read K-major. A streamed
+    operand stored MN-major (a GEMM's B [k n] or A [k m], V [.. x d] under attention's P) is
+    copied into a K-major tile of its own each chunk. An A from registers (attention's P) is
+    packed to bytes and exchanged within each quad into the ISA's key order (backends/wgmma.py,
+    register_a8), so it needs no copy."""
     copied: list[str] = []
     for mma in plan.mmas.values():
-        if mma.a_in_registers and mma.b_trans and plan.operands[mma.b].streamed:
-            copied.append(mma.b)
-            continue
-        transposed = [name for name, t in ((mma.a, mma.a_trans), (mma.b, mma.b_trans)) if t]
-        if transposed:
-            raise Refusal(f"wgmma's 8-bit shape (m64nNk32) reads its operands K-major only: {', '.join(transposed)} has "
-                          f"{mma.k} outside its fastest axis (store it with {mma.k} last, [.. {mma.k}]; napkin transposes "
-                          "only a streamed B under a register A in the kernel)")
-    return copied
+        shared = ((mma.b, mma.b_trans),) if mma.a_in_registers else ((mma.a, mma.a_trans), (mma.b, mma.b_trans))
+        for name, trans in shared:
+            if not trans:
+                continue
+            if not plan.operands[name].streamed:
+                raise Refusal(f"wgmma's 8-bit shape (m64nNk32) reads its operands K-major only: {name} has {mma.k} "
+                              f"outside its fastest axis and is not streamed (napkin copies an operand K-major a chunk "
+                              f"of the stream at a time; store it with {mma.k} last, [.. {mma.k}], or stream {mma.k})")
+            copied.append(name)
+    return list(dict.fromkeys(copied))
 
 
 def tma_loads(plan: TensorPlan, launch: LaunchProgram, tile: dict, sizes: dict) -> tuple:
