@@ -603,7 +603,7 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
 
 # The best configurations (by their time under the default schedule) that the tuner costs under
 # each other warpgroup schedule napkin builds: the schedule is a knob of the tiles chosen.
-SCHEDULED = 3
+SCHEDULED = 16
 
 
 def schedule_candidates(diagram: Diagram, profile: Hardware, sizes: dict, candidates: list) -> list[Configuration]:

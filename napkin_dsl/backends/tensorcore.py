@@ -396,6 +396,11 @@ class TensorPrinter(KernelWriter):
         # not applied to the fragment but folded, with log2(e), into the one FFMA of each exp2
         # argument (FlashAttention-2's scale_log2). target -> the scale.
         self.folded: dict[str, float] = {}
+        # A contraction's constant scale that only softmaxes of a product read (fp8's
+        # softmax(S * sQ * sK)): not applied to the fragment but multiplied into the product's
+        # other factors, which are grouped apart from the fragment (grouped_factors), so that
+        # a value takes one multiply by a loop-invariant factor. target -> the scale.
+        self.factor_folded: dict[str, object] = {}
         # Online softmaxes whose running max is kept in the log2 domain (max(v) * c, c the
         # exponent's multiplier) and whose rescale leaves this chunk's shift, with a row masked so
         # far (max -inf) shifted by 0, in nk_top_<P>: -inf is tested once per row and chunk.
@@ -488,6 +493,8 @@ class TensorPrinter(KernelWriter):
             later = [t for t in sequence[index + 1:] if any(ref[1] == s.target for ref in t.reads)]
             if scale is not None and later and all(self.softmax_of(t) == s.target for t in later):
                 self.folded[s.target] = scale
+            elif isinstance(s.box.scale, Const) and later and all(self.softmax_of_product(t) == s.target for t in later):
+                self.factor_folded[s.target] = s.box.scale
 
     def packed_fragments(self) -> dict[str, str]:
         """The online softmaxes' outputs (P) that only mma.sync products read, as their A
@@ -541,6 +548,38 @@ class TensorPrinter(KernelWriter):
                 and operand.args[2].value == -algebra.oo):
             operand = operand.args[1]
         return operand.array if isinstance(operand, Read) else None
+
+    def softmax_of_product(self, step: Step) -> str | None:
+        """The fragment a softmax step exponentiates a product of, ``S * f * ...`` (or that under
+        ``where(COND, ..., -inf)``), read once and every other factor no fragment, else None."""
+        box = step.statement.box if step.statement is not None else None
+        if step.op not in ("rescale", "online", "compute") or not isinstance(box, Softmax):
+            return None
+        operand = box.operand
+        if (isinstance(operand, Apply) and operand.fn == "where" and isinstance(operand.args[2], Const)
+                and operand.args[2].value == -algebra.oo):
+            operand = operand.args[1]
+        factors = _factors(operand)
+        held = [f for f in factors if isinstance(f, Read) and f.array in self.plan.fragments]
+        return held[0].array if len(factors) > 1 and len(held) == 1 else None
+
+    def grouped_factors(self, expr):
+        """``expr`` with each product's factors that are no fragment (constants, scalars,
+        vectors in shared memory) multiplied together apart from the fragments, a folded scale
+        of a fragment read among them (:attr:`factor_folded`): ``S * (c * sQ * sK)``, whose
+        loop-invariant part the compiler computes once, where ``((S * c) * sQ) * sK`` takes
+        three multiplies a value (C's order is the source's)."""
+        if not isinstance(expr, Apply):
+            return expr
+        if expr.fn != "mul":
+            return Apply(expr.fn, tuple(self.grouped_factors(a) for a in expr.args))
+        factors = _factors(expr)
+        held = [f for f in factors if isinstance(f, Read) and f.array in self.plan.fragments]
+        rest = [self.grouped_factors(f) for f in factors if not (isinstance(f, Read) and f.array in self.plan.fragments)]
+        rest = [self.factor_folded[f.array] for f in held if f.array in self.factor_folded] + rest
+        if not held or not rest:
+            return _product([self.grouped_factors(f) for f in factors])
+        return Apply("mul", (_product(held), _product(rest)))
 
     def exponent_scale(self, operand) -> float:
         """c in exp(v - max) = 2^(v c - max c): log2(e), times the folded scale of the array read."""
@@ -634,8 +673,8 @@ class TensorPrinter(KernelWriter):
             return self.printed(e, read, lambda axis: self.lane_index(axis, col))
 
         if expr in self.unmasked:  # a chunk the mask holds in full: the where's value, untested
-            return f"({printed(expr.args[1])})"
-        return printed(expr)
+            return f"({printed(self.grouped_factors(expr.args[1]))})"
+        return printed(self.grouped_factors(expr))
 
     def lane_index(self, axis: str, col: str | None) -> str:
         """The whole array's index along ``axis`` of the fragment element this lane holds: its
@@ -1335,6 +1374,9 @@ class TensorPrinter(KernelWriter):
                 if target in self.folded:
                     self.emit("// folded into the softmax's exp2 argument: one FFMA a value")
                     return
+                if target in self.factor_folded:
+                    self.emit("// folded into the softmax operand's loop-invariant factor: one multiply a value")
+                    return
                 scale = self.value(box.scale, col)
                 self.each_element(col, lambda: self.emit(f"{self.element(target, col is None)} *= {scale};"))
                 return
@@ -1808,3 +1850,18 @@ class TensorPrinter(KernelWriter):
                       f"(({unit} ^ {g}_k{byte}) << 4) + {nt_offset}")
             parts.append(f"((unsigned)nk_smem[{base} + {offset}] << {8 * byte})")
         return "(" + " | ".join(parts) + ")"
+
+
+def _factors(expr) -> list:
+    """The factors of a product (a chain of ``mul``), or ``[expr]``."""
+    if isinstance(expr, Apply) and expr.fn == "mul":
+        return [f for a in expr.args for f in _factors(a)]
+    return [expr]
+
+
+def _product(factors: list):
+    """The left-nested product of ``factors`` (one of them: itself)."""
+    out = factors[0]
+    for f in factors[1:]:
+        out = Apply("mul", (out, f))
+    return out

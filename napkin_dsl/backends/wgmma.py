@@ -784,8 +784,13 @@ class WgmmaPrinter(TensorPrinter):
                   f"a warp's lanes {1 << (5 - n_bits)} (k) x {1 << n_bits} (n) blocks, k rotated by {split.skew} x n"
                   + (", odd n blocks' rows written in swapped pairs" if split.swap else "")
                   + f" (layouts.transpose_split: {split.wavefronts} wavefronts a chunk, {split.conflict:.2f}x the conflict-free {split.ideal})")
-        self.emit("NK_ROLLED")
-        with self.block(f"for (int nk_tb = nk_tid; nk_tb < {blocks}; nk_tb += {threads}) {{"):
+        trips = -(-blocks // threads)
+        # a loop of a known trip count, unrolled: a thread's blocks are the same every chunk, so
+        # their lane arithmetic is loop-invariant and the compiler hoists it out of the stream
+        with self.block(f"NK_UNROLL for (int nk_tt = 0; nk_tt < {trips}; ++nk_tt) {{"):
+            self.emit(f"const int nk_tb = nk_tid + nk_tt * {threads};")
+            if blocks % threads:
+                self.emit(f"if (nk_tb >= {blocks}) break;  // the last trip's threads past the chunk's blocks")
             self.emit("const int nk_tw = nk_tb >> 5, nk_tl = nk_tb & 31;  // the block's warp patch and lane in it")
             n_block = f"((nk_tw % {patches}) << {n_bits} | (nk_tl & {(1 << n_bits) - 1}))"
             k_block = f"((nk_tw / {patches}) << {5 - n_bits} | (nk_tl >> {n_bits}))"

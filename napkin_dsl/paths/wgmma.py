@@ -121,17 +121,22 @@ SCHEDULES = ("serial", "pipelined", "pingpong", "pingpong+pipelined")
 # modulo the consumers: the other of two, FlashAttention-3's WarpSchedulerWG1 .. 3 of three)
 # after; id 1 is the consumers' own barrier (a plain tile's load, a staged save) and 0 the block's.
 PINGPONG_BARRIERS = (2, 3, 4, 5)
-# The fragment registers a consumer thread may hold, as a share of its setmaxnreg registers R:
-# what ptxas compiled without spills in sm_90a builds of attention at b4 h32 8k, by schedule
-# (fragments held, R: spilled bytes; tests/test_pipelined.py and test_three_consumers.py hold the edges):
-#   serial:    158 at 240: 0 (128 x 176, d128); at 160 (three consumer warpgroups) 102: 0
+# The fragment registers a consumer thread may hold, by its setmaxnreg registers R: what ptxas
+# compiled without spills in sm_90a builds of attention at b4 h32 8k, by schedule (fragments
+# held, R: spilled bytes; tests/test_pipelined.py, test_three_consumers.py and
+# test_wgmma_fp8_attention.py hold the edges):
+#   serial:    182 at 240: 0 (fp8, 128 x 128, d128), 166: 0 (bf16 128 x 192, d128; 128 x 256,
+#              d64), 158: 0 (128 x 176, d128); at 160 (three consumer warpgroups) 102: 0
 #              (192 x 128, d64), 118: 0 (192 x 96, d128) and 88 (192 x 160, d64), 134: 304
 #              (192 x 192, d64); at 120 (four) 70: 0, 102: 1168
 #   pipelined: 190 at 240: 0 (128 x 160, d128), 202: 104 (128 x 176); at 160 134: 0 (192 x 128,
 #              d64), 142: 80 (192 x 96, d128), 158: 404; at 120 86: 0, 134: spills
-# Neither is R less a constant (the spare registers grow with R): serial takes 2/3 of R
-# (FRAGMENT_BUDGET, 160 of 240, as without roles) and pipelined 21/25 (201 of 240, 134 of 160).
-SERIAL_SHARE = (FRAGMENT_BUDGET, CONSUMER_REGISTERS)
+# Neither is R less a constant, nor a share of R: serial keeps 58 spare at 240 but needs more than
+# 42 at 160. Serial takes the most measured at 240 and 2/3 of R below it; pipelined 21/25 (201
+# of 240, 134 of 160). A synchronous ring of at most two warpgroups (up to 255 registers, fp8
+# attention's copy of V [x d]: 182 at 128 x 128, d128, 0 spills) takes serial's budget at 240.
+SERIAL_BUDGET = 182  # at CONSUMER_REGISTERS
+SERIAL_SHARE = (2, 3)  # below it
 PIPELINED_SHARE = (21, 25)
 
 
@@ -213,11 +218,22 @@ def pipeline_parts(plan: TensorPlan, launch: LaunchProgram, tile: dict) -> Pipel
 
 
 def consumer_budget(roles: "Roles | None", share: tuple[int, int] = SERIAL_SHARE) -> int:
-    """Fragment registers a consumer thread may hold: ``share`` of its setmaxnreg registers
-    (:data:`SERIAL_SHARE`, :data:`PIPELINED_SHARE`), :data:`FRAGMENT_BUDGET` without roles."""
+    """Fragment registers a consumer thread may hold: in the serial order :data:`SERIAL_BUDGET` at
+    :data:`CONSUMER_REGISTERS` and :data:`SERIAL_SHARE` of fewer setmaxnreg registers; pipelined
+    :data:`PIPELINED_SHARE` of them; :data:`FRAGMENT_BUDGET` without roles."""
     if roles is None:
         return FRAGMENT_BUDGET
+    if share == SERIAL_SHARE and roles.consumer_registers >= CONSUMER_REGISTERS:
+        return SERIAL_BUDGET
     return roles.consumer_registers * share[0] // share[1]
+
+
+def ring_budget(plan: TensorPlan) -> int:
+    """Fragment registers a thread of the synchronous ring (no roles) may hold: with at most two
+    warpgroups a thread may have 255 registers, and takes serial's budget at 240 (fp8
+    attention's 128 x 128 tile with its copy of V, measured); more warpgroups,
+    :data:`FRAGMENT_BUDGET`."""
+    return SERIAL_BUDGET if plan.row_tile <= 2 * WGMMA_M else FRAGMENT_BUDGET
 
 
 def pipelined_budget(plan: TensorPlan) -> int:
@@ -477,8 +493,6 @@ class WgmmaPath(TensorPath):
         common = plan.common_fields() | dict(warp_rows=MMA_M, split=None, col_tile=0, warp_cols=0, instruction="wgmma",
                                               row_tile=tile[plan.row])
         built = WgmmaPlan(**common, shape=", ".join(dict.fromkeys(shapes.values())), shapes=shapes, transposed=tuple(copied))
-        # each warp of a warpgroup holds N/2 f32 of a 64 x N accumulator: mma.sync's 16-row warp tiles
-        refuse_if(budget_refusal(built, launch, tile, FRAGMENT_BUDGET, None))
         try:
             built = replace(built, tma=tma_loads(built, launch, tile, sizes))
         except Refusal as refusal:
@@ -486,8 +500,10 @@ class WgmmaPath(TensorPath):
         try:
             roles = roles_of(built, launch)
         except Refusal as refusal:
+            # each warp of a warpgroup holds N/2 f32 of a 64 x N accumulator: mma.sync's 16-row warp tiles
+            refuse_if(budget_refusal(built, launch, tile, ring_budget(built), None))
             return replace(built, roles_declined=str(refusal))
-        # the consumers' share of the file: FRAGMENT_BUDGET (checked above) at two or fewer, less at three or four
+        # the consumers' share of the registers setmaxnreg gives them
         held, budget = live_fragment_values(built, launch, tile), consumer_budget(roles)
         if held > budget:
             raise Refusal(f"a thread would hold {held} fragment registers at once, where {roles.consumers} consumer "

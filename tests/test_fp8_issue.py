@@ -1,0 +1,137 @@
+"""fp8 attention at FlashAttention-3's tile, issued in fewer instructions (issue 44, items 1 and 4).
+
+FA3's fp8 tile at d = 128 is 128 query rows by chunks of 128 keys. Its fragments (182 a
+thread) are over the 160 an unspecialized mma.sync warp holds, but within what ptxas compiled
+without spills for wgmma's consumers at 240 registers and for the synchronous ring of two
+warpgroups (``paths.wgmma.SERIAL_BUDGET``): it builds on QGMMA, and is not refused to FMA.
+
+A chunk's scores were multiplied three times each: by d^-0.5 where S was produced, then by
+sQ and by sK in the softmax's operand, in the source's order, which the compiler keeps. The
+printer now leaves S unscaled and groups the operand's factors that are no fragment apart from
+it, the scale among them (``TensorPrinter.grouped_factors``, ``factor_folded``):
+``S * ((d^-0.5 * sQ) * sK)``, whose loop-invariant part is computed once. With per-tensor scales
+that is one multiply a score, and an iteration issues at most 1,300 clocks of instructions
+against the tensor cores' 1,024, by the static ceiling's count of the SASS. Held here on the
+SASS, and on PoCL against the float64 reference, where a fold that drops the scale fails.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+import napkin_dsl as napkin
+
+from .conftest import assert_matches_reference
+
+# FA3's form of fp8 attention with per-tensor scales, V stored keys fastest or as TMA writes it
+PER_TENSOR = """kernel fp8_fa3(Q: fp8e4m3[b h q d], sQ: f32, K: fp8e4m3[b h x d], sK: f32, V: fp8e4m3[b h V_AXES], sV: f32) -> O: bf16[b h q d]:
+    S[b h q x] = Q * K * d^-0.5
+    P[b h q x] = softmax[x](S * sQ * sK)
+    O[b h q d] = P * V * sV
+
+relabel fp8_fa3 on H100:
+    smem: group b 1, h 1, q 128; stream x 128
+"""
+LAYOUTS = {"V [d x]": PER_TENSOR.replace("V_AXES", "d x"), "V [x d]": PER_TENSOR.replace("V_AXES", "x d")}
+BIG = dict(b=4, h=32, q=8192, x=8192, d=128)
+
+
+def _kernel(text):
+    (kernel,) = napkin.load(text).values()
+    return kernel
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fa3s_fp8_tile_is_built_on_wgmma_not_refused_to_fma(layout):
+    from napkin_dsl.isel import selection
+    from napkin_dsl.paths.plan import live_fragment_values
+    from napkin_dsl.paths.wgmma import SERIAL_BUDGET
+
+    program = _kernel(LAYOUTS[layout]).gpu_program("H100", **BIG)
+    chosen = selection(program, program.launches[0], "sm_90a")
+    assert chosen.path == "wgmma", chosen.reason
+    held = live_fragment_values(chosen.plan, program.launches[0], chosen.tile)
+    assert 160 < held <= SERIAL_BUDGET  # over mma.sync's budget, within wgmma's measured one
+    # V stored keys fastest takes the roles; V [x d] is copied K-major on the synchronous ring
+    assert (chosen.plan.roles is not None) == (layout == "V [d x]")
+    assert chosen.plan.transposed == (() if layout == "V [d x]" else ("V",))
+
+
+def test_the_printed_softmax_multiplies_each_score_once_by_the_grouped_invariant_factor():
+    source = _kernel(LAYOUTS["V [d x]"]).compile("sm_90a", hardware="H100", **BIG).source
+    assert "// folded into the softmax operand's loop-invariant factor: one multiply a value" in source
+    exponent = [line.strip() for line in source.splitlines() if "nk_exp2(" in line and "p_sQ" in line]
+    assert exponent and all("(f_S[mt][nt][i] * ((0.08838834764831845f * p_sQ) * p_sK))" in line for line in exponent), exponent
+    assert "*= 0.08838834764831845f" not in source  # S is not scaled in place
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_an_iteration_issues_at_most_1300_clocks_against_1024_tensor_clocks(layout):
+    """The static ceiling's clocks of the hot loop, per 1,024 tensor clocks (a chunk of 128
+    keys): issue at most 1,300 (2,222 with V [x d] and 1,728 with V [d x] when the issue was
+    filed, at chunks of 64), QGMMA in the loop, no spills, no local memory, the model under
+    the ceiling."""
+    pytest.importorskip("cuda.bindings")
+    from napkin_dsl.backends import sass
+
+    compiled = _kernel(LAYOUTS[layout]).compile("sm_90a", hardware="H100", **BIG)
+    (resources,) = compiled.resources.values()
+    assert resources["spill_bytes"] == 0
+    try:
+        listing = sass.disassemble(compiled.image)
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm")
+    (instructions,) = listing.values()
+    opcodes = collections.Counter(i.base for i in instructions)
+    assert opcodes["LDL"] == opcodes["STL"] == 0 and opcodes["QGMMA"], opcodes
+    (entry,) = sass.sass_report(compiled)["launches"]
+    ceiling = entry["ceiling"]
+    clocks = ceiling["loop"]["clocks"]
+    assert clocks["issue"] / clocks["tensor"] * 1024 <= 1300, clocks
+    assert ceiling["model_tflops"] <= ceiling["tflops"] * (1 + 1e-9)
+
+
+def _run(text, sizes):
+    from napkin_dsl.backends import opencl
+    from napkin_dsl.reference import evaluate
+
+    from .test_tensorcore import random_inputs
+
+    if not opencl.opencl_available():
+        pytest.skip("no OpenCL device")
+    from napkin_dsl.isel import selection
+
+    kernel = _kernel(text)
+    program = kernel.gpu_program("H100", **sizes)
+    assert selection(program, program.launches[0], "sm_90a").path == "wgmma"
+    inputs, scalars = random_inputs(kernel.diagram, sizes, seed=sum(sizes.values()))
+    # scales of either sign: the grouped factor multiplies before the max, so no sign is assumed
+    scalars.update(sQ=1.75, sK=-0.625, sV=0.5)
+    outputs = opencl.run(program, inputs, scalars, arch="sm_90a")
+    return program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_folded_scale_matches_the_reference_on_pocl(layout):
+    program, outputs, expected = _run(LAYOUTS[layout], dict(b=1, h=1, q=128, x=208, d=32))
+    assert_matches_reference(program, outputs, expected, layout)
+
+
+def test_a_fold_that_drops_the_scale_fails_on_pocl(monkeypatch):
+    from napkin_dsl import algebra
+    from napkin_dsl.backends.tensorcore import TensorPrinter
+    from napkin_dsl.diagram import Const
+
+    original = TensorPrinter.fold_scales
+
+    def dropped(self):
+        original(self)
+        assert self.factor_folded, "nothing folded: nothing to plant"
+        self.factor_folded = {name: Const(algebra.Integer(1)) for name in self.factor_folded}
+
+    monkeypatch.setattr(TensorPrinter, "fold_scales", dropped)
+    program, outputs, expected = _run(LAYOUTS["V [d x]"], dict(b=1, h=1, q=128, x=208, d=32))
+    with pytest.raises(AssertionError):
+        assert_matches_reference(program, outputs, expected, "dropped")
