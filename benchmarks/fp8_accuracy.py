@@ -3,9 +3,9 @@
 FA3 (Shah et al. 2024, section 4.3) measures the RMSE of fp8 attention on inputs with outlier
 features: 2.4e-2 for plain per-tensor fp8, 9.1e-3 with block quantization and a Hadamard
 rotation of Q and K ("incoherent processing"). This script measures the same trade-off through
-napkin's NumPy backend, with every step written as a napkin kernel: the quantization (a Hadamard
-rotation as a contraction with a matrix input, the amax of each block, its scale amax / 448 and
-the saturating cast to e4m3) and the attention (dequantization maps, the fp8 products
+napkin's NumPy backend (or the OpenCL one, ``--backend opencl``), with every step written as a
+napkin kernel: the quantization (a Hadamard rotation as a contraction with a matrix input, the
+amax of each block, its scale amax / 448 and the saturating cast to e4m3) and the attention (dequantization maps, the fp8 products
 accumulated in f32, the softmax). Only the random inputs and the Hadamard matrix are made here.
 
 Inputs, as FA3's: every entry of Q, K and V is N(0, 1) + N(0, 10^2) * Bernoulli(0.001), i.e.
@@ -13,12 +13,13 @@ standard normal with 0.1% of the entries outliers of standard deviation 10. The 
 float64 attention (napkin's reference evaluator) of the same unquantized inputs; RMSE is
 sqrt(mean((O - O_ref)^2)) over every output entry.
 
-Run: python benchmarks/fp8_accuracy.py [--heads 4] [--length 1024] [--dim 64] [--block 64] [--seed 0]
+Run: python benchmarks/fp8_accuracy.py [--heads 4] [--length 1024] [--dim 64] [--block 64] [--seed 0] [--backend opencl]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 
 import numpy as np
@@ -119,16 +120,19 @@ def rmse(got, want) -> float:
     return float(np.sqrt(np.mean((np.asarray(got, np.float64) - np.asarray(want, np.float64)) ** 2)))
 
 
-def measure(seed: int = 0, heads: int = 4, length: int = 1024, dim: int = 64, block: int = 64) -> dict[str, float]:
-    """The RMSE of each scheme's output against float64 attention, on one batch of outlier inputs."""
+def measure(seed: int = 0, heads: int = 4, length: int = 1024, dim: int = 64, block: int = 64,
+            backend: str = "numpy") -> dict[str, float]:
+    """The RMSE of each scheme's output against float64 attention, on one batch of outlier inputs,
+    every kernel (quantization, rotation and attention) run on ``backend`` (numpy or opencl)."""
     if length % block:
         raise ValueError(f"the length {length} is not a multiple of the block {block}")
     rng = np.random.default_rng(seed)
     shape = (1, heads, length, dim)
     Q, K, V = (outlier_inputs(rng, shape) for _ in range(3))
-    quant = napkin.load(QUANTIZE)
-    att = napkin.load(ATTENTION)
-    want = reference(att["attention_f64"], Q.astype(np.float64), K.astype(np.float64), V.astype(np.float64))
+    quant = _on(napkin.load(QUANTIZE), backend)
+    kernels = napkin.load(ATTENTION)
+    att = _on(kernels, backend)
+    want = reference(kernels["attention_f64"], Q.astype(np.float64), K.astype(np.float64), V.astype(np.float64))
     blocked = (1, heads, length // block, block, dim)
     results = {}
 
@@ -140,7 +144,7 @@ def measure(seed: int = 0, heads: int = 4, length: int = 1024, dim: int = 64, bl
 
     # the example's Q is per block of queries, K per key, V per head (FA3's descale of O)
     qr, kr, vh = quant["quantize_blocks"](Q.reshape(blocked)), quant["quantize_rows"](K), quant["quantize_heads"](V)
-    example = napkin.load(_example("fp8_attention.napkin"))["fp8_attention"]
+    example = _on(napkin.load(_example("fp8_attention.napkin")), backend)["fp8_attention"]
     out = example(qr["X8"], qr["sX"], kr["X8"], kr["sX"], vh["X8"], vh["sX"])
     results[SCHEMES[2]] = rmse(np.asarray(out, np.float64).reshape(shape), want)
 
@@ -153,6 +157,11 @@ def measure(seed: int = 0, heads: int = 4, length: int = 1024, dim: int = 64, bl
     args = [a for b in (*rotated, blocks[2]) for a in (b["X8"], b["sX"])]
     results[SCHEMES[4]] = rmse(att["attention_blocks"](*args).reshape(shape), want)
     return results
+
+
+def _on(kernels: dict, backend: str) -> dict:
+    """Each kernel as a function that runs it on ``backend``."""
+    return {name: functools.partial(kernel, backend=backend) for name, kernel in kernels.items()}
 
 
 def _example(name: str):
@@ -168,11 +177,13 @@ def main(argv=None) -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--block", type=int, default=64, help="rows per scale block")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", default="numpy", choices=("numpy", "opencl"),
+                        help="where every kernel runs (opencl: the OpenCL device, PoCL on a CPU)")
     args = parser.parse_args(argv)
-    results = measure(args.seed, args.heads, args.length, args.dim, args.block)
+    results = measure(args.seed, args.heads, args.length, args.dim, args.block, args.backend)
     print(f"fp8 (e4m3) attention RMSE against float64, b=1 h={args.heads} q=x={args.length} d={args.dim}, "
           f"blocks of {args.block} rows, seed {args.seed}")
-    print("inputs: N(0,1) + N(0,10^2) * Bernoulli(0.001) in every entry of Q, K, V; NumPy backend")
+    print(f"inputs: N(0,1) + N(0,10^2) * Bernoulli(0.001) in every entry of Q, K, V; the {args.backend} backend")
     width = max(len(s) for s in SCHEMES)
     print(f"| {'scheme':<{width}} | RMSE     |")
     print(f"|{'-' * (width + 2)}|----------|")

@@ -409,3 +409,15 @@ def test_the_numpy_backend_counts_what_the_model_prices_on_m16n8k32(text, sizes)
     assert isel.selection(program, program.launches[0]).plan.dtype == "fp8e4m3"
     result = check_run(kernel, sizes=sizes, seed=3)
     assert result["ok"] and not result["count_differences"], result
+
+
+@pytest.mark.parametrize("arch, path", [("sm_90a", "wgmma"), ("sm_90", "mma.sync")])
+def test_an_8_bit_output_of_a_tensor_core_product_is_stored_a_value_at_a_time(arch, path, opencl_device):
+    """A product saved to an e4m3 output (a rotation stored in 8 bits: examples/incoherent_fp8.napkin).
+    The staged save wrote each fragment pair as two floats into a tile laid out for bytes, and C
+    came back inf; an 8-bit output is stored a value at a time, converted and saturated."""
+    from .test_opencl import run_on_pocl
+
+    source = (EXAMPLES / "matmul.napkin").read_text().replace("C: f32[m n]", "C: fp8e4m3[m n]")
+    program, _ = run_on_pocl(source, "matmul", [path], arch=arch, m=256, n=256, k=128)
+    assert program.diagram.arrays["C"].dtype == "fp8e4m3"

@@ -28,8 +28,8 @@ it and warns (failing ``--strict``) when the committed text is out of date, and
 natural size, in a box that scrolls sideways where the column is narrower, with a link to the
 SVG file under each.
 
-Commands run in a scratch directory per page that holds ``examples`` (a link to the
-repository's examples), so paths in their output read as they do from the repository root.
+Commands run in a scratch directory per page that holds ``examples`` and ``benchmarks`` (links
+to the repository's), so paths in their output read as they do from the repository root.
 
 Failures: a NapkinError is part of the output (the page shows it). A block whose outcome is not
 the one it expects, or any other exception (a napkin bug), is logged as a warning, which fails
@@ -172,7 +172,7 @@ def setup_for(example: Example) -> Setup:
 
 
 class Workspace:
-    """A scratch directory per page, holding a link to the examples."""
+    """A scratch directory per page, holding links to the examples and the benchmarks."""
 
     def __init__(self):
         self.root = Path(tempfile.mkdtemp(prefix="napkin-docs-"))
@@ -182,10 +182,11 @@ class Workspace:
         if src_uri not in self.pages:
             path = self.root / re.sub(r"[^A-Za-z0-9_.-]", "_", src_uri)
             path.mkdir()
-            try:
-                (path / "examples").symlink_to(EXAMPLES, target_is_directory=True)
-            except OSError:  # no symlinks here: copy
-                shutil.copytree(EXAMPLES, path / "examples")
+            for linked in (EXAMPLES, ROOT / "benchmarks"):
+                try:
+                    (path / linked.name).symlink_to(linked, target_is_directory=True)
+                except OSError:  # no symlinks here: copy
+                    shutil.copytree(linked, path / linked.name)
             self.pages[src_uri] = path
         return self.pages[src_uri]
 

@@ -1376,20 +1376,23 @@ def check_run(kernel, hardware: str | None = None, sizes: dict | None = None, se
 def quantization_accuracy(kernel, hardware, sizes: dict, axis_sizes: dict, seed: int, backend: str,
                           impls: dict | None, arch: str | None, outputs: dict) -> dict | None:
     """A quantized kernel's error as a measured trade-off, or None for a kernel with no 8-bit
-    input. The reference is evaluated in float64 on the inputs as drawn, before rounding to their
-    dtypes (:func:`unrounded_arguments`): what the kernel approximates, quantization included.
+    input and no intermediate stored in 8 bits (FA3's incoherent processing: Q rotated, then
+    stored as e4m3). The reference is evaluated in float64 on the inputs as drawn, before
+    rounding to their dtypes (:func:`unrounded_arguments`), and keeps every intermediate in
+    float64: what the kernel approximates, quantization included.
     Per output, the RMSE and max error of this run (``outputs``) against it, and of the same
     kernel with every 8-bit type declared bf16 (its text retyped, relabelled and run on the same
     backend from the same unrounded inputs) where that kernel builds; ``bf16_skipped`` says why not."""
     from ..reference import evaluate
 
     diagram = kernel.diagram
-    quantized = sorted({a.dtype for a in diagram.input_arrays if a.dtype in FP8_DTYPES})
+    stored = [a for a in diagram.arrays.values() if a.role == "input" or (a.role == "intermediate" and a.level is not None)]
+    quantized = sorted({a.dtype for a in stored if a.dtype in FP8_DTYPES})
     if not quantized:
         return None
     values, scalars = unrounded_arguments(diagram, axis_sizes, seed)
     exact = evaluate(diagram, values, scalars, axis_sizes, impls, keep_float64=True)
-    label = "+".join(quantized)  # this run's row: the 8-bit types of its inputs
+    label = "+".join(quantized)  # this run's row: the 8-bit types of its inputs and stored intermediates
     result = {"inputs": quantized, "outputs": {name: {label: _rmse_max(outputs[name], exact[name])} for name in diagram.outputs},
               "bf16_skipped": None}
     try:

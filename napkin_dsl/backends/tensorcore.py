@@ -1285,6 +1285,8 @@ class TensorPrinter(KernelWriter):
         _, held, axes, dtype = self.saved(step)
         col = self.plan.fragments[held].col
         eb = DTYPE_BYTES[dtype]
+        if eb < 2:  # the staging writes a fragment pair as one 16-bit word or two floats: an 8-bit
+            return None  # output is stored a value at a time, each converted (saturating) by the dialect
         if col is None or axes[-1] != col or self.sizes[col] % (16 // eb) or col == self.plan.stream:
             return None
         if not SwizzledTile.supports(self.tile[col], eb) or id(step) not in self.free_after:
