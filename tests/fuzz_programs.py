@@ -73,6 +73,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from napkin_dsl import elementwise
+from napkin_dsl.hardware import BUILT_OVERLAPS
 
 # ---- profiles and names ----------------------------------------------------------------------
 
@@ -800,6 +801,9 @@ def _relabel(draw, b: _Builder, name: str | None, sizes: dict, eager: bool = Fal
         level = draw(st.sampled_from(["registers", "l2"]))
         axis = draw(st.sampled_from(groupable))
         lines.append(f"    {level}: group {axis} {size(axis)}")
+    if hardware in GPUS and draw(st.integers(0, 5)) == 0:
+        # a warpgroup schedule (issue 48): built where a launch has consumer warpgroups, a note elsewhere
+        lines.append(f"    overlap: {draw(st.sampled_from(BUILT_OVERLAPS))}")
     return "\n".join(lines) + "\n"
 
 
