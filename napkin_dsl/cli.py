@@ -25,6 +25,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -362,8 +363,33 @@ def cmd_grad(args) -> int:
     check_symbols(sizes, kernels)
     for i, k in enumerate(kernels):
         bound = {a: n for a, n in sizes.items() if a in k.diagram.axes}
-        print(("\n" if i else "") + k.grad(rewrite_d=True if args.rewrite_d else None, **bound).source, end="")
+        backward = k.grad(rewrite_d=True if args.rewrite_d else None, **bound)
+        print(("\n" if i else "") + backward.source, end="")
+        if set(k.diagram.axes) <= set(bound):
+            print("".join(f"{line}\n" for line in _backward_price(k, backward, bound)), end="")
     return 0
+
+
+def _backward_price(forward, backward, sizes: dict) -> list[str]:
+    """The derived backward's predicted time and throughput, as comment lines: in napkin's own
+    FLOPs (what the backward computes), and for an attention-shaped forward in FlashAttention's
+    convention (2.5 times the forward's products), which published backward rows use."""
+    from .grad import FLASH_BACKWARD_FACTOR, flash_backward_flops
+
+    at = " ".join(f"{a}={n}" for a, n in sizes.items())
+    try:
+        report = backward.cost(**sizes)
+    except NapkinError as why:  # the derived relabelling does not fit these sizes: the text stands, unpriced
+        reason = re.sub(r"^(.*?:\d+:\d+: )?error: ", "", str(why).splitlines()[0])
+        return [f"# not priced at {at}: {reason}"]
+    seconds, flops = report.time["overlapped_s"], float(report.total_flops)
+    lines = [f"# priced on {report.hardware} at {at}: {seconds * 1e3:.3g} ms, "
+             f"{flops / seconds / 1e12:.0f} TFLOP/s in napkin's FLOPs ({flops / 1e12:.4g} TFLOP, what it computes)"]
+    flash = flash_backward_flops(forward.diagram, sizes)
+    if flash is not None:
+        lines.append(f"#   {flash / seconds / 1e12:.0f} TFLOP/s in FlashAttention's convention ({FLASH_BACKWARD_FACTOR}x the "
+                     f"forward's products: {flash / 1e12:.4g} TFLOP), as published backward rows count it")
+    return lines
 
 
 def cmd_cost(args) -> int:

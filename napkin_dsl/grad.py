@@ -865,6 +865,22 @@ def _masked(expr: Expression) -> bool:
     return isinstance(expr, Apply) and any(_masked(a) for a in expr.args)
 
 
+# FlashAttention's FLOP convention for attention's backward: 2.5 times the forward's products
+# (its five matrix products to the forward's two), whatever the backward computes.
+FLASH_BACKWARD_FACTOR = 2.5
+
+
+def flash_backward_flops(diagram: Diagram, sizes: dict) -> float | None:
+    """The FLOPs FlashAttention counts for the backward of ``diagram`` at ``sizes``: 2.5 times
+    the forward's tensor FLOPs, where the forward is attention-shaped (a softmax whose only
+    consumer contracts it with V into an output: :func:`_fa2_rewrite`); None elsewhere, where
+    the convention says nothing (a matmul's backward is twice its forward, not 2.5 times)."""
+    if not any(isinstance(s.box, Softmax) and _fa2_rewrite(diagram, s) for s in diagram.statements):
+        return None
+    tensor = sum(float(algebra.as_expr(s.flops.get("tensor", 0)).subs(sizes)) for s in diagram.statements)
+    return FLASH_BACKWARD_FACTOR * tensor
+
+
 def _fa2_rewrite(diagram: Diagram, softmax: Statement) -> str | None:
     """The forward output O when ``softmax``'s only consumer is ``O = P * V`` (a contraction over
     the softmax axis into an output that keeps every other axis of P's): then

@@ -445,7 +445,9 @@ def test_the_model_derives_fa2s_backward_for_attention_without_an_lse_output():
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         cli.main(["grad", str(EXAMPLES / "attention.napkin"), "--set", *(f"{a}={n}" for a, n in BIG.items())])
-    assert printed.getvalue() == chosen.source
+    text, price = printed.getvalue()[:len(chosen.source)], printed.getvalue()[len(chosen.source):]
+    assert text == chosen.source  # then the model's price of it, as comments (tests/test_grad_price.py)
+    assert price.startswith("# priced on H100 at ") and all(line.startswith("#") for line in price.splitlines())
 
 
 def test_training_through_attention_runs_the_lse_forward_and_matches_torch():

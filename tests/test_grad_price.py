@@ -1,0 +1,47 @@
+"""The derived backward priced in both FLOP conventions (issue 47, item 4): `napkin grad` with
+every axis bound ends with the model's time for the backward and its throughput in napkin's own
+FLOPs (what the backward computes) and, for an attention-shaped forward, in FlashAttention's
+(2.5 times the forward's products), the convention published backward rows use.
+"""
+
+from __future__ import annotations
+
+import re
+
+import napkin_dsl as napkin
+from napkin_dsl.cli import main
+
+from .conftest import EXAMPLES
+
+BIG = dict(b=4, h=32, q=8192, x=8192, d=128)
+
+
+def _grad(capsys, file, **sizes):
+    assert main(["grad", str(file), "--set", *(f"{a}={n}" for a, n in sizes.items())]) == 0
+    return capsys.readouterr().out
+
+
+def test_attentions_backward_is_priced_in_napkins_flops_and_flashattentions(capsys):
+    out = _grad(capsys, EXAMPLES / "attention.napkin", **BIG)
+    forward = napkin.load(EXAMPLES / "attention.napkin")["attention"]
+    report = forward.grad(**BIG).cost(**BIG)
+    seconds = report.time["overlapped_s"]
+    b, h, q, x, d = (BIG[a] for a in "bhqxd")
+    own = re.search(r"# priced on H100 at b=4 h=32 q=8192 x=8192 d=128: ([\d.]+) ms, (\d+) TFLOP/s in napkin's FLOPs", out)
+    assert own and float(own.group(1)) == float(f"{seconds * 1e3:.3g}")
+    assert int(own.group(2)) == round(float(report.total_flops) / seconds / 1e12)
+    flash = re.search(r"#   (\d+) TFLOP/s in FlashAttention's convention \(2.5x the forward's products", out)
+    assert flash and int(flash.group(1)) == round(2.5 * 4 * b * h * q * x * d / seconds / 1e12)
+    assert int(flash.group(1)) < int(own.group(2))  # napkin's backward computes more than FA2's five products
+
+
+def test_a_matmuls_backward_has_no_flashattention_figure(capsys):
+    out = _grad(capsys, EXAMPLES / "matmul.napkin", m=4096, n=4096, k=64)
+    assert "TFLOP/s in napkin's FLOPs" in out and "FlashAttention" not in out
+
+
+def test_a_backward_whose_relabelling_does_not_fit_is_printed_and_says_why_it_is_unpriced(capsys):
+    out = _grad(capsys, EXAMPLES / "matmul.napkin", m=512, n=512, k=512)
+    assert "kernel matmul_grad(" in out
+    (line,) = [line for line in out.splitlines() if line.startswith("# not priced")]
+    assert line.startswith("# not priced at m=512 n=512 k=512: matmul_grad needs 360,448 bytes at smem per block"), line
