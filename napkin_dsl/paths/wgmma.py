@@ -123,8 +123,8 @@ SCHEDULES = ("serial", "pipelined", "pingpong", "pingpong+pipelined")
 PINGPONG_BARRIERS = (2, 3, 4, 5)
 # The fragment registers a consumer thread may hold, by its setmaxnreg registers R: what ptxas
 # compiled without spills in sm_90a builds of attention at b4 h32 8k, by schedule (fragments
-# held, R: spilled bytes; tests/test_pipelined.py, test_three_consumers.py and
-# test_wgmma_fp8_attention.py hold the edges):
+# held, R: spilled bytes; tests/test_pipelined.py, test_three_consumers.py and test_fp8_issue.py
+# hold the edges):
 #   serial:    182 at 240: 0 (fp8, 128 x 128, d128), 166: 0 (bf16 128 x 192, d128; 128 x 256,
 #              d64), 158: 0 (128 x 176, d128); at 160 (three consumer warpgroups) 102: 0
 #              (192 x 128, d64), 118: 0 (192 x 96, d128) and 88 (192 x 160, d64), 134: 304
