@@ -269,15 +269,18 @@ def _measured_taller(launch: LaunchProgram) -> bool:
 
 def _rollable(plan: TensorPlan, launch: LaunchProgram, arch: str) -> bool:
     """Whether a built plan of row warps may take ROLLED_FRAGMENT_BUDGET, its loop rolled: one that
-    streams, on 16-bit operands, with a product reading its A operand from registers (attention's
-    P), for an architecture it was measured on (ROLLED_MIN_CAPABILITY), in a launch measured
-    taller (:func:`_measured_taller`). At 204 fragments ptxas leaves a register or two to spare,
-    and what else a launch holds spills (the figures there)."""
+    streams, on 16-bit or 8-bit operands, with a product reading its A operand from registers
+    (attention's P), for an architecture it was measured on (ROLLED_MIN_CAPABILITY), in a launch
+    measured taller (:func:`_measured_taller`). At 204 fragments ptxas leaves a register or two
+    to spare, and what else a launch holds spills (the figures there). 8-bit: FA3's fp8 tile (128 x
+    128 at d = 128, 182 fragments) on sm_89's native m16n8k32 compiles rolled in 237 registers with
+    no spills (tests/test_fp8_issue.py); where the arch converts 8-bit operands (sm_90), the path's
+    own check keeps FRAGMENT_BUDGET (paths.mma_sync.converted_fp8_refusal)."""
     streams = plan.stream is not None and any(op.streamed for op in plan.operands.values())
     capability = re.match(r"sm_(\d+)", arch)
     return (capability is not None and int(capability.group(1)) >= ROLLED_MIN_CAPABILITY and streams
             and _measured_taller(launch) and plan.split is None
-            and plan.dtype in TENSOR_DTYPES and any(m.a_in_registers for m in plan.mmas.values()))
+            and (plan.dtype in TENSOR_DTYPES or plan.dtype in FP8_DTYPES) and any(m.a_in_registers for m in plan.mmas.values()))
 
 
 def _budgeted(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: int, path: str | None,

@@ -135,3 +135,51 @@ def test_a_fold_that_drops_the_scale_fails_on_pocl(monkeypatch):
     program, outputs, expected = _run(LAYOUTS["V [d x]"], dict(b=1, h=1, q=128, x=208, d=32))
     with pytest.raises(AssertionError):
         assert_matches_reference(program, outputs, expected, "dropped")
+
+
+# ---- sm_89: the same tile on mma.sync's native 8-bit shape (QMMA) ----------------------------
+
+L40S = LAYOUTS["V [d x]"].replace("on H100", "on L40S")
+
+
+def test_fa3s_fp8_tile_builds_rolled_on_qmma_for_sm_89():
+    """On an Ada GPU (sm_89, L40S) the tile is mma.sync m16n8k32: 8 warps of 16 rows hold 182
+    fragment registers, over FRAGMENT_BUDGET, within the rolled budget (one chunk a trip): no
+    spills, no local memory, QMMA in the hot loop, the model under the static ceiling."""
+    pytest.importorskip("cuda.bindings")
+    from napkin_dsl.backends import sass
+    from napkin_dsl.isel import selection
+
+    kernel = _kernel(L40S)
+    program = kernel.gpu_program("L40S", **BIG)
+    chosen = selection(program, program.launches[0], "sm_89")
+    assert chosen.path == "mma.sync" and chosen.plan.rolled, chosen.reason
+    compiled = kernel.compile("sm_89", hardware="L40S", **BIG)
+    (resources,) = compiled.resources.values()
+    assert resources["spill_bytes"] == 0
+    try:
+        listing = sass.disassemble(compiled.image)
+    except sass.NoDisassembler:
+        pytest.skip("no nvdisasm")
+    (instructions,) = listing.values()
+    opcodes = collections.Counter(i.base for i in instructions)
+    assert opcodes["LDL"] == opcodes["STL"] == 0 and opcodes["QMMA"] and not opcodes["HMMA"], opcodes
+    (entry,) = sass.sass_report(compiled)["launches"]
+    assert entry["ceiling"]["model_tflops"] <= entry["ceiling"]["tflops"] * (1 + 1e-9)
+
+
+def test_the_rolled_qmma_build_matches_the_reference_on_pocl(opencl_device):
+    from napkin_dsl.backends import opencl
+    from napkin_dsl.isel import selection
+    from napkin_dsl.reference import evaluate
+
+    from .test_tensorcore import random_inputs
+
+    sizes = dict(b=1, h=1, q=200, x=208, d=128)
+    kernel = _kernel(L40S)
+    program = kernel.gpu_program("L40S", **sizes)
+    assert selection(program, program.launches[0], "sm_89").plan.rolled
+    inputs, scalars = random_inputs(kernel.diagram, sizes, seed=5)
+    scalars.update(sQ=0.75, sK=-1.25, sV=0.5)
+    outputs = opencl.run(program, inputs, scalars, arch="sm_89")
+    assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "sm_89 rolled")

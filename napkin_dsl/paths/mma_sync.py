@@ -78,7 +78,7 @@ class MmaSyncPath(TensorPath):
                 # the m16n8k32 A fragment holds 4 consecutive k of one row in a register.
                 raise Refusal(f"A operand {mma.a} is {mma.dtype} stored with {plan.row} fastest; an fp8 A is read by "
                               f"ldmatrix, which needs {mma.k} fastest")
-        # an fp8 plan is never rolled (isel._rollable): its budget is FRAGMENT_BUDGET
+        # where the arch converts 8-bit operands to f16, their registers come on top: FRAGMENT_BUDGET, rolled or not
         refuse_if(converted_fp8_refusal(plan, launch, tile, FRAGMENT_BUDGET, arch))
         return plan
 
