@@ -18,12 +18,13 @@ SASS, and on PoCL against the float64 reference, where a fold that drops the sca
 from __future__ import annotations
 
 import collections
+import re
 
 import pytest
 
 import napkin_dsl as napkin
 
-from .conftest import assert_matches_reference
+from .conftest import EXAMPLES, assert_matches_reference
 
 # FA3's form of fp8 attention with per-tensor scales, V stored keys fastest or as TMA writes it
 PER_TENSOR = """kernel fp8_fa3(Q: fp8e4m3[b h q d], sQ: f32, K: fp8e4m3[b h x d], sK: f32, V: fp8e4m3[b h V_AXES], sV: f32) -> O: bf16[b h q d]:
@@ -183,3 +184,58 @@ def test_the_rolled_qmma_build_matches_the_reference_on_pocl(opencl_device):
     scalars.update(sQ=0.75, sK=-1.25, sV=0.5)
     outputs = opencl.run(program, inputs, scalars, arch="sm_89")
     assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "sm_89 rolled")
+
+
+# ---- a register-budget refusal names the tile that would have fitted (item 1) -----------------
+
+FA3_FORM_256 = (EXAMPLES / "fp8_attention.napkin").read_text().replace("stream x 64", "stream x 256")
+SHAPE = dict(b=4, h=32, qb=64, qi=128, x=8192, d=128)
+
+
+def test_a_tile_over_the_register_budget_names_the_stream_tile_that_fits_and_that_tile_builds():
+    from napkin_dsl.isel import selection
+
+    program = _kernel(FA3_FORM_256).gpu_program("H100", **SHAPE)
+    chosen = selection(program, program.launches[0], "sm_90a")
+    assert chosen.path == "fma"
+    assert "use smaller tiles (stream x 64 would hold 150)" in chosen.reason  # mma.sync's 160
+    assert "not wgmma either: a thread would hold 246 fragment registers" in chosen.reason
+    assert "use smaller tiles (stream x 128 would hold 182)" in chosen.reason  # wgmma's 182
+    named = _kernel(FA3_FORM_256.replace("stream x 256", "stream x 128")).gpu_program("H100", **SHAPE)
+    assert selection(named, named.launches[0], "sm_90a").path == "wgmma"
+
+
+ARCHES = [("A100", "sm_80"), ("L40S", "sm_89"), ("H100", "sm_90"), ("H100", "sm_90a")]
+
+
+@pytest.mark.parametrize("hardware, arch", ARCHES)
+def test_no_example_falls_to_fma_over_its_registers_where_a_halved_stream_tile_fits(hardware, arch):
+    """Every example, on every path napkin builds: a launch with a contraction that stays on FMA
+    over a register budget either names a stream tile that fits (and that tile is not refused
+    over registers), or none fits: its stream tile halved is refused over registers too."""
+    from napkin_dsl.isel import select_program
+
+    from .test_cuda_codegen import SIZES
+
+    checked = 0
+    for name, runs in SIZES.items():
+        for kernel in napkin.load(EXAMPLES / name).values():
+            sizes = {a: n for a, n in runs[0].items() if a in kernel.diagram.axes}
+            program = kernel.gpu_program(hardware, **sizes)
+            for index, chosen in select_program(program, arch).launches.items():
+                if chosen.path != "fma" or "fragment registers" not in (chosen.reason or ""):
+                    continue
+                checked += 1
+                named = re.search(r"stream (\w+) (\d+) would hold", chosen.reason)
+                text = (EXAMPLES / name).read_text()
+                block = text[text.index(f"relabel {kernel.name} "):]
+                written = re.search(r"stream (\w+) (\d+)", block)
+                assert written, (name, block)  # every example's launch over its registers streams
+                axis = named.group(1) if named else written.group(1)
+                assert axis == written.group(1), (name, chosen.reason, block)
+                tile = named.group(2) if named else str(int(written.group(2)) // 2)
+                smaller = napkin.load(text.replace(block, block.replace(written.group(0), f"stream {axis} {tile}", 1)))[kernel.name]
+                program = smaller.gpu_program(hardware, **sizes)
+                again = select_program(program, arch).launches[index]
+                assert ("fragment registers" not in (again.reason or "")) == bool(named), (name, arch, again.reason)
+    assert checked or arch != "sm_90"  # fp8 attention on sm_90's converted 8-bit path is one

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..dtypes import FP8_DTYPES
 from ..layouts import MMA_K, MMA_K8, MMA_M, MMA_N
 from ..pseudocode import LaunchProgram
-from .plan import FRAGMENT_BUDGET, Mma, Refusal, TensorPath, TensorPlan, live_fragment_values, refuse_if
+from .plan import FRAGMENT_BUDGET, Mma, Refusal, TensorPath, TensorPlan, fitting_tile_hint, live_fragment_values, refuse_if
 
 
 def mma_k(dtype: str) -> int:
@@ -59,8 +59,9 @@ def converted_fp8_refusal(plan: TensorPlan, launch: LaunchProgram, tile: dict, b
     held = live_fragment_values(plan, launch, tile) + CONVERTED_FP8_REGISTERS
     if held <= budget:
         return None
+    hint = fitting_tile_hint(plan, launch, tile, budget, CONVERTED_FP8_REGISTERS)
     return (f"{arch} has no 8-bit mma.sync: ptxas converts the fp8 operands to f16, and with P packed in "
-            f"registers a thread would hold {held} fragment registers (budget {budget}); use smaller tiles")
+            f"registers a thread would hold {held} fragment registers (budget {budget}); use smaller tiles{hint}")
 
 
 class MmaSyncPath(TensorPath):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from ..dtypes import FP8_DTYPES
-from ..layouts import MMA_M, MMA_N
+from ..layouts import MMA_K, MMA_K8, MMA_M, MMA_N
 from ..pseudocode import LaunchProgram, liveness, released_by
 
 TENSOR_DTYPES = ("bf16", "f16")
@@ -224,4 +224,29 @@ def budget_refusal(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: 
     what = (f"budget {budget}" if path is None
             else f"the register file's {MAX_REGISTERS} registers per thread")
     return (f"a thread would hold {held} fragment registers at once with {plan.warp_rows}-row warp tiles "
-            f"({what}); use smaller tiles")
+            f"({what}); use smaller tiles{fitting_tile_hint(plan, launch, tile, budget if path is None else MAX_REGISTERS)}")
+
+
+def fitting_stream_tile(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: int,
+                        extra: int = 0) -> tuple[int, int] | None:
+    """The largest halving of the plan's stream tile at which a thread's fragments (and ``extra``
+    registers) fit ``budget``: (that tile, the registers held), or None where the plan streams
+    nothing or no halving down to one instruction's k fits. Counted as the budget counts them
+    (:func:`live_fragment_values`), so a refusal can name the tile that would have fitted."""
+    axis = plan.stream
+    if axis is None or axis not in tile:
+        return None
+    least = MMA_K8 if plan.dtype in FP8_DTYPES else MMA_K
+    n = tile[axis]
+    while n % 2 == 0 and n // 2 >= least and (n // 2) % least == 0:
+        n //= 2
+        held = live_fragment_values(plan, launch, dict(tile, **{axis: n})) + extra
+        if held <= budget:
+            return n, held
+    return None
+
+
+def fitting_tile_hint(plan: TensorPlan, launch: LaunchProgram, tile: dict, budget: int, extra: int = 0) -> str:
+    """`` (stream x 32 would hold 150)``: the tile :func:`fitting_stream_tile` finds, or ""."""
+    found = fitting_stream_tile(plan, launch, tile, budget, extra)
+    return "" if found is None else f" (stream {plan.stream} {found[0]} would hold {found[1]})"

@@ -15,7 +15,8 @@ from ..diagram import Map, Softmax
 from ..dtypes import DTYPE_BYTES, FP8_DTYPES
 from ..layouts import MMA_M, WARPGROUP_THREADS, WGMMA_M, WGMMA_MAX_N, CanonicalTile, wgmma_k
 from ..pseudocode import LaunchProgram, Loop, split_loop, walk
-from .plan import FRAGMENT_BUDGET, Mma, Refusal, TensorPath, TensorPlan, budget_refusal, live_fragment_values, refuse_if
+from .plan import (FRAGMENT_BUDGET, Mma, Refusal, TensorPath, TensorPlan, budget_refusal, fitting_tile_hint, live_fragment_values,
+                   refuse_if)
 
 
 @dataclass(frozen=True)
@@ -508,7 +509,7 @@ class WgmmaPath(TensorPath):
         if held > budget:
             raise Refusal(f"a thread would hold {held} fragment registers at once, where {roles.consumers} consumer "
                           f"warpgroups take {roles.consumer_registers} registers each (budget {budget}); use a "
-                          f"smaller {plan.stream or plan.row} tile")
+                          f"smaller {plan.stream or plan.row} tile{fitting_tile_hint(built, launch, tile, budget)}")
         return replace(built, roles=roles)
 
     @staticmethod
