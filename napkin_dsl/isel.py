@@ -910,6 +910,9 @@ def plan_summary(plan: TensorPlan) -> str:
     if isinstance(plan, WgmmaPlan) and plan.roles is not None:
         consumers = plan.roles.consumers
         pipeline += f"; a producer warpgroup, {consumers} consumer warpgroup{'s' if consumers > 1 else ''}"
+    if getattr(plan, "rolled", False):  # why: the fragments are over FRAGMENT_BUDGET (_budgeted)
+        pipeline += (f"; the stream loop rolled, one chunk a trip (fragments over {FRAGMENT_BUDGET} registers, "
+                     f"within {ROLLED_FRAGMENT_BUDGET})")
     tiles = f"group {plan.row} {plan.warp_rows}" + (f", {plan.split} {plan.warp_cols}" if plan.split else "")
     shape = f"{plan.warp_rows} {plan.row}" + (f" x {plan.warp_cols} {plan.split}" if plan.split else " rows")
     return f"registers: {tiles} ({plan.warps} warps of {shape}){pipeline}"

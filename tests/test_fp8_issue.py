@@ -149,12 +149,15 @@ def test_fa3s_fp8_tile_builds_rolled_on_qmma_for_sm_89():
     spills, no local memory, QMMA in the hot loop, the model under the static ceiling."""
     pytest.importorskip("cuda.bindings")
     from napkin_dsl.backends import sass
-    from napkin_dsl.isel import selection
+    from napkin_dsl.isel import plan_summary, selection
 
     kernel = _kernel(L40S)
     program = kernel.gpu_program("L40S", **BIG)
     chosen = selection(program, program.launches[0], "sm_89")
     assert chosen.path == "mma.sync" and chosen.plan.rolled, chosen.reason
+    # --resources says which shape and why
+    assert plan_summary(chosen.plan) == ("registers: group q 16 (8 warps of 16 q rows); cp.async 2 stages for K, V; the stream "
+                                         "loop rolled, one chunk a trip (fragments over 160 registers, within 204)")
     compiled = kernel.compile("sm_89", hardware="L40S", **BIG)
     (resources,) = compiled.resources.values()
     assert resources["spill_bytes"] == 0

@@ -17,7 +17,7 @@
  *
  * instruction paths:
  *   napkin_attention_0: mma.sync
- *     registers: group q 32 (4 warps of 32 q rows); cp.async 2 stages for K, V
+ *     registers: group q 32 (4 warps of 32 q rows); cp.async 2 stages for K, V; the stream loop rolled, one chunk a trip (fragments over 160 registers, within 204)
  *     S: mma.sync.m16n8k16 bf16 -> f32, A = Q by ldmatrix, B = K by ldmatrix
  *     P: fma on q x x fragments in registers
  *     O: mma.sync.m16n8k16 bf16 -> f32, A = P from registers (packed to bf16), B = V by ldmatrix.trans
