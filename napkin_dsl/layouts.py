@@ -911,12 +911,14 @@ class TransposeSplit:
     skew: int = 0
     swap: bool = False
 
-    def block(self, warp: int, lane: int) -> tuple[int, int]:
-        """The (k, n) origin of the block lane ``lane`` of warp ``warp`` copies."""
+    def block(self, warp, lane) -> tuple:
+        """The (k, n) origin of the block lane ``lane`` of warp ``warp`` copies (ints, or integer
+        arrays of warps and lanes: the arithmetic is elementwise)."""
         return _transpose_block(self.n_bits, self.n_blocks, self.k_blocks, self.skew, warp, lane)
 
-    def written_row(self, n: int, store: int) -> int:
-        """The n row (of the block at n) that a lane's ``store``-th write goes to."""
+    def written_row(self, n, store: int):
+        """The n row (of the block at n: an int, or an integer array) that a lane's ``store``-th
+        write goes to."""
         return n + (store ^ (self.swap and (n // TRANSPOSE_BLOCK) & 1))
 
     @property
@@ -925,7 +927,7 @@ class TransposeSplit:
         return self.wavefronts / self.ideal
 
 
-def _transpose_block(n_bits: int, n_blocks: int, k_blocks: int, skew: int, warp: int, lane: int) -> tuple[int, int]:
+def _transpose_block(n_bits: int, n_blocks: int, k_blocks: int, skew: int, warp, lane) -> tuple:
     patches = n_blocks >> n_bits
     n = (warp % patches) << n_bits | (lane & ((1 << n_bits) - 1))
     k = (warp // patches) << (5 - n_bits) | (lane >> n_bits)
@@ -958,14 +960,10 @@ def _transpose_wavefronts(src: CanonicalTile, dst: CanonicalTile, split: Transpo
 
     src_words, dst_words = _word_table(src), _word_table(dst)
     warps = src.rows * src.cols // (TRANSPOSE_BLOCK * TRANSPOSE_BLOCK * 32)
-    # _transpose_block over every (warp, lane) at once
-    warp, lane = np.arange(warps)[:, None], np.arange(32)[None, :]
-    patches = split.n_blocks >> split.n_bits
-    n = (warp % patches) << split.n_bits | (lane & ((1 << split.n_bits) - 1))
-    k = ((warp // patches) << (5 - split.n_bits) | (lane >> split.n_bits)) + split.skew * n
-    k, swapped = k % split.k_blocks, (n & 1) if split.swap else 0
-    reads = np.concatenate([src_words[TRANSPOSE_BLOCK * k + i, n] for i in range(TRANSPOSE_BLOCK)])
-    writes = np.concatenate([dst_words[TRANSPOSE_BLOCK * n + (i ^ swapped), k] for i in range(TRANSPOSE_BLOCK)])
+    # the split's own block and row maps, over every (warp, lane) at once (they are elementwise)
+    k, n = split.block(np.arange(warps)[:, None], np.arange(32)[None, :])
+    reads = np.concatenate([src_words[k + i, n // 4] for i in range(TRANSPOSE_BLOCK)])
+    writes = np.concatenate([dst_words[split.written_row(n, i), k // 4] for i in range(TRANSPOSE_BLOCK)])
     return _warp_wavefronts(reads) + _warp_wavefronts(writes)
 
 

@@ -101,13 +101,14 @@ def has_nvdisasm() -> bool:
 needs_nvdisasm = pytest.mark.skipif(not has_nvdisasm(), reason="nvdisasm not installed (pip install 'napkin-dsl[sass]')")
 
 
-def sm_90a_listing(kernel, **sizes):
-    """A one-launch kernel compiled for sm_90a on H100, checked to spill nothing, and its SASS
-    instructions: (compiled, instructions), or a skip without NVRTC or nvdisasm."""
+def compiled_listing(kernel, arch: str = "sm_90a", hardware: str = "H100", **sizes):
+    """A one-launch kernel compiled for ``arch`` on ``hardware`` (``sizes`` may carry compile's
+    own options, ``overlap=``), checked to spill nothing, and its SASS instructions:
+    (compiled, instructions), or a skip without NVRTC or nvdisasm."""
     pytest.importorskip("cuda.bindings")
     from napkin_dsl.backends import sass
 
-    compiled = kernel.compile("sm_90a", hardware="H100", **sizes)
+    compiled = kernel.compile(arch, hardware=hardware, **sizes)
     (resources,) = compiled.resources.values()
     assert resources["spill_bytes"] == 0
     try:

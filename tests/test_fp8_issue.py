@@ -24,7 +24,7 @@ import pytest
 
 import napkin_dsl as napkin
 
-from .conftest import EXAMPLES, assert_matches_reference
+from .conftest import EXAMPLES, assert_matches_reference, compiled_listing
 
 # FA3's form of fp8 attention with per-tensor scales, V stored keys fastest or as TMA writes it
 PER_TENSOR = """kernel fp8_fa3(Q: fp8e4m3[b h q d], sQ: f32, K: fp8e4m3[b h x d], sK: f32, V: fp8e4m3[b h V_AXES], sV: f32) -> O: bf16[b h q d]:
@@ -74,17 +74,9 @@ def test_an_iteration_issues_at_most_1300_clocks_against_1024_tensor_clocks(layo
     keys): issue at most 1,300 (2,222 with V [x d] and 1,728 with V [d x] when the issue was
     filed, at chunks of 64), QGMMA in the loop, no spills, no local memory, the model under
     the ceiling."""
-    pytest.importorskip("cuda.bindings")
     from napkin_dsl.backends import sass
 
-    compiled = _kernel(LAYOUTS[layout]).compile("sm_90a", hardware="H100", **BIG)
-    (resources,) = compiled.resources.values()
-    assert resources["spill_bytes"] == 0
-    try:
-        listing = sass.disassemble(compiled.image)
-    except sass.NoDisassembler:
-        pytest.skip("no nvdisasm")
-    (instructions,) = listing.values()
+    compiled, instructions = compiled_listing(_kernel(LAYOUTS[layout]), **BIG)
     opcodes = collections.Counter(i.base for i in instructions)
     assert opcodes["LDL"] == opcodes["STL"] == 0 and opcodes["QGMMA"], opcodes
     (entry,) = sass.sass_report(compiled)["launches"]
@@ -147,7 +139,6 @@ def test_fa3s_fp8_tile_builds_rolled_on_qmma_for_sm_89():
     """On an Ada GPU (sm_89, L40S) the tile is mma.sync m16n8k32: 8 warps of 16 rows hold 182
     fragment registers, over FRAGMENT_BUDGET, within the rolled budget (one chunk a trip): no
     spills, no local memory, QMMA in the hot loop, the model under the static ceiling."""
-    pytest.importorskip("cuda.bindings")
     from napkin_dsl.backends import sass
     from napkin_dsl.isel import plan_summary, selection
 
@@ -158,14 +149,7 @@ def test_fa3s_fp8_tile_builds_rolled_on_qmma_for_sm_89():
     # --resources says which shape and why
     assert plan_summary(chosen.plan) == ("registers: group q 16 (8 warps of 16 q rows); cp.async 2 stages for K, V; the stream "
                                          "loop rolled, one chunk a trip (fragments over 160 registers, within 204)")
-    compiled = kernel.compile("sm_89", hardware="L40S", **BIG)
-    (resources,) = compiled.resources.values()
-    assert resources["spill_bytes"] == 0
-    try:
-        listing = sass.disassemble(compiled.image)
-    except sass.NoDisassembler:
-        pytest.skip("no nvdisasm")
-    (instructions,) = listing.values()
+    compiled, instructions = compiled_listing(kernel, "sm_89", "L40S", **BIG)
     opcodes = collections.Counter(i.base for i in instructions)
     assert opcodes["LDL"] == opcodes["STL"] == 0 and opcodes["QMMA"] and not opcodes["HMMA"], opcodes
     (entry,) = sass.sass_report(compiled)["launches"]

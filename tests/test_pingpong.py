@@ -21,7 +21,7 @@ from napkin_dsl.backends import barriers, opencl, pipeline
 from napkin_dsl.backends.barriers import BarrierOp, BarrierProtocolError, run_turns
 from napkin_dsl.isel import select_program
 
-from .conftest import EXAMPLES, sm_90a_listing
+from .conftest import EXAMPLES, compiled_listing
 from .test_pipelined import BIG, CASES
 
 SCHEDULES = ("pingpong", "pingpong+pipelined")
@@ -217,7 +217,7 @@ def test_fa3s_schedule_has_named_barriers_and_the_pipeline_in_its_consumer_loop(
     static ceiling at least the model's prediction, itself at least 620 TFLOP/s on H100."""
     from napkin_dsl.backends import sass
 
-    compiled, instructions = sm_90a_listing(_kernel(name), overlap="pingpong+pipelined", **sizes)
+    compiled, instructions = compiled_listing(_kernel(name), overlap="pingpong+pipelined", **sizes)
     consumer = max(sass.innermost_loops(instructions), key=lambda body: sum(i.opcode.startswith("HGMMA") for i in body))
     barriers_used = collections.Counter((i.opcode, i.operands) for i in consumer if i.opcode.startswith("BAR"))
     assert barriers_used == {("BAR.SYNC.DEFER_BLOCKING", "0x2, 0x100"): 1, ("BAR.SYNC.DEFER_BLOCKING", "0x3, 0x100"): 1,

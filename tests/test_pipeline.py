@@ -23,7 +23,7 @@ from napkin_dsl.backends import driver, opencl, pipeline
 from napkin_dsl.isel import mbarrier_count, selection
 from napkin_dsl.paths import wgmma as wgmma_path
 
-from .conftest import EXAMPLES, sm_90a_listing
+from .conftest import EXAMPLES, compiled_listing
 
 MATMUL = EXAMPLES / "matmul.napkin"
 # 11 chunks of 32 (the last one 8 deep): the ring (at most 8 stages) wraps, so every stage is
@@ -192,7 +192,7 @@ def test_the_roles_are_clean_under_oclgrind():
 def test_matmul_8192_has_a_producer_and_a_consumer_loop_with_wait_depth_1_and_one_block_barrier():
     from napkin_dsl.backends import sass
 
-    compiled, instructions = sm_90a_listing(napkin.load(MATMUL)["matmul"], m=8192, n=8192, k=8192)
+    compiled, instructions = compiled_listing(napkin.load(MATMUL)["matmul"], m=8192, n=8192, k=8192)
     # what `napkin cuda --sass` and benchmarks/bench_sass.py report of the roles
     (entry,) = sass.sass_report(compiled, ceiling=False)["launches"]
     roles = entry["roles"]
@@ -393,7 +393,7 @@ def test_fp8_attentions_consumer_loop_has_qgmma_and_only_the_consumers_barriers(
     from napkin_dsl.backends import sass
 
     (kernel,) = napkin.load(EXAMPLES / "fp8_attention_vt.napkin").values()
-    compiled, instructions = sm_90a_listing(kernel, b=4, h=32, qb=64, qi=128, x=8192, d=128)
+    compiled, instructions = compiled_listing(kernel, b=4, h=32, qb=64, qi=128, x=8192, d=128)
     (entry,) = sass.sass_report(compiled)["launches"]
     consumer = entry["roles"]["consumer_loop"]
     assert entry["roles"]["setmaxnreg"] == {"DEALLOC": 24, "TRY_ALLOC": 240}
@@ -418,7 +418,7 @@ def test_q_waited_at_the_wrong_phase_fails_where_the_adversary_lands_q_late(monk
 def test_attentions_consumer_loop_waits_s_to_depth_0_and_pv_to_1_with_no_copy_or_block_barrier(name, sizes):
     from napkin_dsl.backends import sass
 
-    compiled, instructions = sm_90a_listing(napkin.load(EXAMPLES / f"{name}.napkin")[name], **sizes)
+    compiled, instructions = compiled_listing(napkin.load(EXAMPLES / f"{name}.napkin")[name], **sizes)
     opcodes = collections.Counter(i.opcode for i in instructions)
     assert opcodes["USETMAXREG.DEALLOC.CTAPOOL"] == 1 and opcodes["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1, opcodes
     consumer = max(sass.innermost_loops(instructions), key=lambda body: sum(i.opcode.startswith("HGMMA") for i in body))
@@ -445,7 +445,7 @@ def test_the_tuned_matmul_8192_is_predicted_over_700_tflops_and_under_its_own_ce
 
     source = MATMUL.read_text().split("relabel")[0]
     kernel = napkin.load(source)["matmul"]
-    compiled, _ = sm_90a_listing(kernel, m=8192, n=8192, k=8192)
+    compiled, _ = compiled_listing(kernel, m=8192, n=8192, k=8192)
     plan = compiled.selection[0].plan
     assert plan.roles is not None and plan.roles.consumers == 2 and plan.stages >= 4, plan
     (entry,) = sass.sass_report(compiled)["launches"]

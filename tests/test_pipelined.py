@@ -22,7 +22,7 @@ from napkin_dsl.backends import opencl, pipeline
 from napkin_dsl.isel import select_program
 from napkin_dsl.paths import wgmma as wgmma_path
 
-from .conftest import EXAMPLES, sm_90a_listing
+from .conftest import EXAMPLES, compiled_listing
 
 CASES = [("attention", dict(b=1, h=2, q=200, x=600, d=32)),  # 10 chunks: the ring wraps; two warpgroups
          ("attention", dict(b=1, h=1, q=64, x=64, d=64)),  # one chunk: the first and the last are one
@@ -195,7 +195,7 @@ def test_the_consumer_loop_issues_both_products_then_waits_s_at_depth_1_and_pv_a
     ptxas ever runs the exponentials under the product, this test says so."""
     from napkin_dsl.backends import sass
 
-    compiled, instructions = sm_90a_listing(_kernel(name), overlap="pipelined", **BIG)
+    compiled, instructions = compiled_listing(_kernel(name), overlap="pipelined", **BIG)
     from napkin_dsl.backends import cuda
 
     # ptxas did not fall back to serializing the products (its C7513 "wgmma ... serialized" remark)

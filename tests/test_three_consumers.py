@@ -21,7 +21,7 @@ from napkin_dsl.backends.barriers import BarrierProtocolError
 from napkin_dsl.isel import select_program
 from napkin_dsl.paths import wgmma as wgmma_path
 
-from .conftest import EXAMPLES, assert_matches_reference, sm_90a_listing
+from .conftest import EXAMPLES, assert_matches_reference, compiled_listing
 from .test_pingpong import BUGS, captured_turns
 
 D64 = dict(b=4, h=32, q=8192, x=8192, d=64)
@@ -139,10 +139,10 @@ def test_three_consumer_warpgroups_match_float64_under_every_seed(name, seed, mo
 def test_fa3s_d64_tile_builds_three_turns_without_spills():
     """192 x 128 at d = 64 with pingpong+pipelined: setmaxnreg 160 for the consumers, each
     consumer loop's turn on its own barrier (2, 3 or 4) and the next's arrival, waits to depth 1
-    then 0, no spills (sm_90a_listing), and a static ceiling at least the model's prediction."""
+    then 0, no spills (compiled_listing), and a static ceiling at least the model's prediction."""
     from napkin_dsl.backends import sass
 
-    compiled, instructions = sm_90a_listing(_kernel("attention", 192, 128), overlap="pingpong+pipelined", **D64)
+    compiled, instructions = compiled_listing(_kernel("attention", 192, 128), overlap="pingpong+pipelined", **D64)
     consumer = max(sass.innermost_loops(instructions), key=lambda body: sum(i.opcode.startswith("HGMMA") for i in body))
     barriers_used = collections.Counter((i.opcode.split(".")[1], i.operands) for i in consumer if i.opcode.startswith("BAR"))
     assert {key for key in barriers_used} >= {("SYNC", "0x2, 0x100"), ("SYNC", "0x3, 0x100"), ("SYNC", "0x4, 0x100"),

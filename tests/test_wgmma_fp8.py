@@ -26,7 +26,7 @@ import napkin_dsl as napkin
 from napkin_dsl import layouts
 from napkin_dsl.isel import selection
 
-from .conftest import EXAMPLES, assert_matches_reference
+from .conftest import EXAMPLES, assert_matches_reference, compiled_listing
 
 # the example with B stored [n k]: k fastest in both operands
 EXAMPLE = (EXAMPLES / "fp8_matmul.napkin").read_text().replace("B: fp8e4m3[k n]", "B: fp8e4m3[n k]")
@@ -82,19 +82,11 @@ def test_the_8_bit_wrapper_is_the_isas_form_with_no_transpose_immediates(dtype, 
 
 
 def test_the_k_fastest_fp8_matmul_compiles_for_sm_90a_with_qgmma_in_the_hot_loop():
-    pytest.importorskip("cuda.bindings")
     from napkin_dsl.backends import sass
 
     (kernel,) = napkin.load(EXAMPLE).values()
-    compiled = kernel.compile("sm_90a", hardware="H100", **BIG)
+    compiled, instructions = compiled_listing(kernel, **BIG)
     assert compiled.launches[0].path == "wgmma"
-    (resources,) = compiled.resources.values()
-    assert resources["spill_bytes"] == 0
-    try:
-        listing = sass.disassemble(compiled.image)
-    except sass.NoDisassembler:
-        pytest.skip("no nvdisasm")
-    (instructions,) = listing.values()
     opcodes = collections.Counter(i.base for i in instructions)
     assert opcodes["LDL"] == opcodes["STL"] == 0 and opcodes["UTMALDG"] and opcodes["SYNCS"], opcodes
     ranges = [(s, e) for s, e in sass.loop_ranges(instructions)
@@ -288,24 +280,16 @@ def test_the_example_as_written_compiles_for_sm_90a_on_qgmma_with_a_conflict_fre
     16-bit product and no conversion of fp8 operands (F2FP: mma.sync's road on sm_90a before
     the copy), no spills, no local memory; the printed copy is the split's, conflict-free; the
     model under the static ceiling, both above the 16-bit peak."""
-    pytest.importorskip("cuda.bindings")
     from napkin_dsl.backends import sass
 
     from .test_wgmma_fp8_attention import assert_printed_copy_is_the_split
 
     text = MN_MAJOR["B [k n]"][0]
     (kernel,) = napkin.load(text).values()
-    compiled = kernel.compile("sm_90a", hardware="H100", **BIG)
+    compiled, instructions = compiled_listing(kernel, **BIG)
     assert compiled.launches[0].path == "wgmma"
-    (resources,) = compiled.resources.values()
-    assert resources["spill_bytes"] == 0
     split = assert_printed_copy_is_the_split(text, BIG, "B")
     assert split.conflict == 1.0
-    try:
-        listing = sass.disassemble(compiled.image)
-    except sass.NoDisassembler:
-        pytest.skip("no nvdisasm")
-    (instructions,) = listing.values()
     opcodes = collections.Counter(i.base for i in instructions)
     assert opcodes["LDL"] == opcodes["STL"] == 0 and opcodes["QGMMA"], opcodes
     assert not opcodes["HMMA"] and not opcodes["HGMMA"] and not opcodes["QMMA"], opcodes

@@ -538,8 +538,9 @@ class TensorPrinter(KernelWriter):
         return value if value > 0 else None
 
     @staticmethod
-    def softmax_of(step: Step) -> str | None:
-        """The array a softmax step exponentiates as ``S`` or ``where(COND, S, -inf)``, else None."""
+    def softmax_operand(step: Step):
+        """What a softmax step exponentiates, with a mask ``where(COND, v, -inf)`` taken off:
+        ``v``; None for a step that exponentiates nothing."""
         box = step.statement.box if step.statement is not None else None
         if step.op not in ("rescale", "online", "compute") or not isinstance(box, Softmax):
             return None
@@ -547,18 +548,20 @@ class TensorPrinter(KernelWriter):
         if (isinstance(operand, Apply) and operand.fn == "where" and isinstance(operand.args[2], Const)
                 and operand.args[2].value == -algebra.oo):
             operand = operand.args[1]
+        return operand
+
+    @classmethod
+    def softmax_of(cls, step: Step) -> str | None:
+        """The array a softmax step exponentiates as ``S`` or ``where(COND, S, -inf)``, else None."""
+        operand = cls.softmax_operand(step)
         return operand.array if isinstance(operand, Read) else None
 
     def softmax_of_product(self, step: Step) -> str | None:
         """The fragment a softmax step exponentiates a product of, ``S * f * ...`` (or that under
         ``where(COND, ..., -inf)``), read once and every other factor no fragment, else None."""
-        box = step.statement.box if step.statement is not None else None
-        if step.op not in ("rescale", "online", "compute") or not isinstance(box, Softmax):
+        operand = self.softmax_operand(step)
+        if operand is None:
             return None
-        operand = box.operand
-        if (isinstance(operand, Apply) and operand.fn == "where" and isinstance(operand.args[2], Const)
-                and operand.args[2].value == -algebra.oo):
-            operand = operand.args[1]
         factors = _factors(operand)
         held = [f for f in factors if isinstance(f, Read) and f.array in self.plan.fragments]
         return held[0].array if len(factors) > 1 and len(held) == 1 else None

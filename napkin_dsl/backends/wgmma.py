@@ -761,15 +761,15 @@ class WgmmaPrinter(TensorPrinter):
 
     def transpose(self, name: str):
         """An operand's chunk (``plan.transposed``: V [x d] under an fp8 P, a GEMM's B [k n] or A
-        [k m], MN-major as TMA wrote it) copied into its K-major tile (``isel.kmajor_name``) for the 8-bit shape,
-        which has no transpose: every thread of the block takes 4 x 4 blocks of bytes (a warp a
-        skewed patch of them, shaped by ``layouts.transpose_split`` for the fewest bank
-        conflicts), reads four 32-bit words (4 consecutive n of 4 rows of k, each within one
-        16-byte unit of the swizzled tile), swaps rows and columns with byte permutes, and writes
-        four words (4 consecutive k of 4 rows of n) at the copy's swizzled offsets
-        (``CanonicalTile.layout`` of each tile). The barrier
-        before this chunk's products already ordered the previous chunk's reads of the copy; the
-        copy's generic-proxy writes are fenced for the async proxy and a barrier publishes them."""
+        [k m], MN-major as TMA wrote it) copied into its K-major tile (``isel.kmajor_name``) for
+        the 8-bit shape, which has no transpose: every thread of the block takes 4 x 4 blocks of
+        bytes (a warp a skewed patch of them, shaped by ``layouts.transpose_split`` for the
+        fewest bank conflicts), reads four 32-bit words (4 consecutive n of 4 rows of k, each
+        within one 16-byte unit of the swizzled tile), swaps rows and columns with byte
+        permutes, and writes four words (4 consecutive k of 4 rows of n) at the copy's swizzled
+        offsets (``CanonicalTile.layout`` of each tile). The barrier before this chunk's products
+        already ordered the previous chunk's reads of the copy; :meth:`products` fences the
+        copies' generic-proxy writes for the async proxy and publishes them with one barrier."""
         src, dst = self.smem[name], self.smem[kmajor_name(name)]
         k_rows, n_cols = src.tile.rows, src.tile.cols  # the stage: k (x) rows, n (d) or m columns
         assert (dst.tile.rows, dst.tile.cols) == (n_cols, k_rows), "napkin bug: the K-major copy's shape"
