@@ -65,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from . import windows
 from .diagram import Diagram
 from .errors import NapkinCallError
 from .types import convert, numpy_dtype
@@ -571,7 +572,12 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
         del argument  # with it its keepalive (a DLPack capsule): the producer may release its memory
 
     problems.extend(_bind_given_sizes(diagram, sizes, bound))
+    if diagram.views:  # a convolution's output length, read off its window read
+        for axis, found in windows.inferred_sizes(diagram, {a: v[0] for a, v in bound.items()}).items():
+            bound.setdefault(axis, found)
     problems.extend(_unbound_axis_problems(diagram, bound))
+    if diagram.views and all(axis in bound for axis in diagram.axes):
+        problems.extend(message for message, _ in windows.window_problems(diagram, {a: v[0] for a, v in bound.items()}))
 
     bound_scalars: dict[str, np.generic] = {}
     for name in _scalar_params(diagram):
@@ -587,6 +593,13 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
     if caller is not None and (refusal := _output_refusal(diagram, caller)) is not None:
         raise refusal
     ordered = {axis: bound[axis][0] for axis in diagram.axes}
+    for view in diagram.views:
+        source = converted.get(view.window.source)
+        if not isinstance(source, np.ndarray):
+            raise NotImplementedError(
+                f"{diagram.name} reads {view.window.source} through a window ({view.window.text(diagram.arrays[view.window.source].axes)}), "
+                f"whose view napkin gathers in host memory: a gather on the device is not built yet; run it on the numpy or opencl backend")
+        converted[view.name] = windows.gather(view, source, ordered)
     return Binding(ordered, converted, bound_scalars, caller)
 
 

@@ -40,8 +40,8 @@ from . import syntax as syn
 from .boxes import REDUCTION_OPS, box_kind, statement_flops, work_axes
 from .dtypes import FP8_DTYPES, INTEGER_DTYPES, canonical_dtype
 from .diagram import (
-    COMPARISONS, OPERATORS, Apply, Array, Axis, BoxSignature, Const, Contract, Diagram, Index, Map, Opaque, Read,
-    Reduce, ScalarParam, ScalarParameter, Softmax, Statement, expression_axes, indices, intermediate_dtype,
+    COMPARISONS, OPERATORS, AffineIndex, Apply, Array, Axis, BoxSignature, Const, Contract, Diagram, Index, Map, Opaque, Read,
+    Reduce, ScalarParam, ScalarParameter, Softmax, Statement, Window, expression_axes, indices, intermediate_dtype,
     source_dtypes, is_boolean, reads,
 )
 from .errors import NapkinError, NapkinTypeError, Span, raise_collected
@@ -645,6 +645,8 @@ class _KernelChecker:
 
     def reference(self, ref: syn.Ref):
         name = ref.name
+        if ref.window is not None:
+            return self.window_read(ref, None)
         if name in self.arrays:
             array = self.arrays[name]
             if ref.axes is not None:
@@ -707,6 +709,8 @@ class _KernelChecker:
             return None
         if name == "len":
             return self.length(call)
+        if name == "pad":
+            return self.padded(call)
         if name == "where":
             if len(call.args) != 3:
                 self.out.error(f"where takes three arguments, got {len(call.args)}", call.span,
@@ -736,6 +740,104 @@ class _KernelChecker:
         return None
 
 
+    # -- window reads: X[b c (2*p + i)], pad(X[b c (p + i - 1)], 0)
+    def padded(self, call: syn.Call):
+        """``pad(READ, VALUE)``: a window read whose indices may fall outside the array, where
+        it reads VALUE (a number, or -inf/inf)."""
+        if len(call.args) != 2 or not isinstance(call.args[0], syn.Ref) or call.args[0].window is None:
+            self.out.error("pad takes a window read and the value read outside the array", call.span,
+                           "write pad(X[b c (p + i - 1)], 0): a read with an index in parentheses, then a number")
+            return None
+        value = self.number(call.args[1], "pad")
+        if value is None:
+            return None
+        if not isinstance(value, Const) or value.value.free_symbols:
+            self.out.error("pad's value is a number, -inf or inf", _span_of(call.args[1]) or call.span,
+                           "write pad(X[...], 0) for a convolution's zero padding, -inf for a max pooling's")
+            return None
+        return self.window_read(call.args[0], float(value.value))
+
+    def window_read(self, ref: syn.Ref, pad: float | None):
+        """A window read: the view of a parameter over the axes its indices use (diagram.Window)."""
+        name = ref.name
+        array = self.arrays.get(name)
+        if array is None or array.role != "input" or array.window is not None:
+            where = (f"{name} is computed by the kernel (line {self.defined_at[name].line}); " if array is not None
+                     and self.defined_at.get(name) is not None else "")
+            self.out.error(f"a window read reads a kernel parameter; {name} is not one", ref.span,
+                           f"{where}read a parameter through the window, or compute {name} as a parameter of its own kernel")
+            return None
+        if len(ref.window) != len(array.axes):
+            self.out.error(f"{name} has {len(array.axes)} axes {_axes_text(array.axes)} but its window read gives "
+                           f"{len(ref.window)} {'index' if len(ref.window) == 1 else 'indices'}", ref.span,
+                           "a window read lists one index per axis, in the array's order: X[b c (2*p + i)]")
+            return None
+        indices = []
+        for item in ref.window:
+            index = self.affine_index(item, ref.span) if not isinstance(item, str) else AffineIndex(((item, algebra.Integer(1)),))
+            if index is None:
+                return None
+            indices.append(index)
+        window = Window(name, tuple(indices), pad)
+        for index in indices:
+            for axis in index.axes:
+                if axis not in self.axes:
+                    self.axes[axis] = Axis(axis, Axis.symbol(axis), ref.span)
+        axes = tuple(dict.fromkeys(a for index in indices for a in index.axes))
+        view = next((a for a in self.arrays.values() if a.window == window), None)
+        if view is None:
+            taken = set(self.arrays) | set(self.scalars) | set(self.axes) | set(self.later_targets) | set(self.declared_outputs)
+            view_name = next(f"{name}_win{n or ''}" for n in range(len(taken) + 1) if f"{name}_win{n or ''}" not in taken)
+            view = Array(view_name, array.dtype, axes, "input", None, ref.span, window)
+            self.arrays[view_name] = view
+            self.defined_at[view_name] = ref.span
+        return Read(view.name, view.axes, ref.span)
+
+    def affine_index(self, expr, span: Span):
+        """An index expression as an :class:`AffineIndex`: integers, axes, len(axis), + - and
+        products by a constant. None (reported) for anything else."""
+        found = self.affine(expr)
+        if found is None:
+            return None
+        terms, offset = found
+        return AffineIndex(tuple((axis, c) for axis, c in terms.items() if c != 0), offset)
+
+    def affine(self, expr) -> tuple[dict, algebra.Expr] | None:
+        def refuse(what: str):
+            self.out.error(f"a window index adds integer multiples of axes and a constant; {what} is not that",
+                           _span_of(expr), "write an index such as (2*p + i - 1), (p + 2*i) or (len(c)*g + c)")
+            return None
+
+        if isinstance(expr, syn.Number):
+            if isinstance(expr.value, float):
+                return refuse(f"{expr.text}, not an integer,")
+            return {}, algebra.Integer(expr.value)
+        if isinstance(expr, syn.Ref) and expr.axes is None and expr.window is None:
+            if expr.name in self.arrays or expr.name in self.scalars:
+                return refuse(f"{expr.name}, a {'scalar' if expr.name in self.scalars else 'array'},")
+            return {expr.name: algebra.Integer(1)}, algebra.Integer(0)
+        if isinstance(expr, syn.Call) and expr.name == "len":
+            size = self.length(expr)
+            return None if size is None else ({}, size.value)
+        if isinstance(expr, syn.Neg):
+            inner = self.affine(expr.operand)
+            return None if inner is None else ({a: -c for a, c in inner[0].items()}, -inner[1])
+        if isinstance(expr, syn.BinOp) and expr.op in "+-*":
+            left, right = self.affine(expr.left), self.affine(expr.right)
+            if left is None or right is None:
+                return None
+            if expr.op == "*":
+                if left[0] and right[0]:
+                    return refuse("a product of two axes")
+                (terms, offset), factor = (left, right[1]) if left[0] else (right, left[1])
+                return {a: c * factor for a, c in terms.items()}, offset * factor
+            sign = 1 if expr.op == "+" else -1
+            terms = dict(left[0])
+            for axis, c in right[0].items():
+                terms[axis] = terms.get(axis, algebra.Integer(0)) + sign * c
+            return terms, left[1] + sign * right[1]
+        return refuse("this expression")
+
     def length(self, call: syn.Call):
         """``len(x)``: the size of axis x as a number, wherever x is in scope or not."""
         arg = call.args[0] if len(call.args) == 1 else None
@@ -752,6 +854,8 @@ def _span_of(expr) -> Span | None:
 
 def _syntax_array_axes(expr, arrays: dict) -> list[str]:
     """The axes of the arrays an expression names, read off the syntax (before it is checked)."""
+    if isinstance(expr, syn.Ref) and expr.window is not None:  # the axes its indices use
+        return [a for item in expr.window for a in ([item] if isinstance(item, str) else _syntax_index_axes(item, arrays))]
     if isinstance(expr, syn.Ref):
         return list(expr.axes or (arrays[expr.name].axes if expr.name in arrays else ()))
     children = []
@@ -764,6 +868,17 @@ def _syntax_array_axes(expr, arrays: dict) -> list[str]:
     elif isinstance(expr, syn.Call) and expr.name != "len":
         children = list(expr.args)
     return [a for child in children for a in _syntax_array_axes(child, arrays)]
+
+
+def _syntax_index_axes(expr, arrays: dict) -> list[str]:
+    """The axes a window index names (``2*p + i``: p and i), read off the syntax."""
+    if isinstance(expr, syn.Ref):
+        return [] if expr.name in arrays else [expr.name]
+    if isinstance(expr, syn.BinOp):
+        return _syntax_index_axes(expr.left, arrays) + _syntax_index_axes(expr.right, arrays)
+    if isinstance(expr, syn.Neg):
+        return _syntax_index_axes(expr.operand, arrays)
+    return []
 
 
 def _axis_list_span(span: Span | None, axes, axis: str) -> Span | None:

@@ -847,6 +847,12 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(error.to_dict(), indent=2))
         print(error.render(), file=sys.stderr)
         return EXIT_USER_ERROR
+    except NotImplementedError as error:  # what napkin does not build yet, named: a refusal, not a crash
+        refusal = NapkinError(str(error))
+        if getattr(args, "json", False):
+            print(json.dumps(refusal.to_dict(), indent=2))
+        print(refusal.render(), file=sys.stderr)
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

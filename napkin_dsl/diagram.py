@@ -110,8 +110,53 @@ class Axis:
 
 
 @dataclass(frozen=True)
+class AffineIndex:
+    """One index of a window read: ``offset + sum(coefficient * axis)``, each coefficient and
+    the offset an integer or a size expression (``len(c)``)."""
+
+    terms: tuple[tuple[str, algebra.Expr], ...]
+    offset: algebra.Expr = algebra.Integer(0)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(axis for axis, _ in self.terms)
+
+    def __str__(self) -> str:
+        parts = []
+        for axis, coefficient in self.terms:
+            shown = axis if coefficient == 1 else f"{size_text(coefficient)}*{axis}"
+            parts.append(("- " + shown[1:] if shown.startswith("-") else "+ " + shown) if parts else shown)
+        if self.offset != 0 or not parts:
+            shown = size_text(algebra.as_expr(self.offset))
+            parts.append(("- " + shown[1:] if shown.startswith("-") else "+ " + shown) if parts else shown)
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Window:
+    """How a view array reads its source: one :class:`AffineIndex` per axis of ``source``, in
+    its storage order. ``pad``: the value read where an index falls outside the source (a
+    padded convolution's 0, a pooling's -inf); None where every index must stay inside."""
+
+    source: str
+    indices: tuple[AffineIndex, ...]
+    pad: float | None = None
+
+    def text(self, source_axes: tuple[str, ...]) -> str:
+        """As written: ``X[b c (2*p + i)]``, with ``pad(..., 0)`` around it where padded."""
+        items = [axis if index.terms == ((axis, 1),) and index.offset == 0 else f"({index})"
+                 for axis, index in zip(source_axes, self.indices, strict=True)]
+        read = f"{self.source}[{' '.join(items)}]"
+        return read if self.pad is None else f"pad({read}, {self.pad:g})"
+
+
+@dataclass(frozen=True)
 class Array:
-    """An array of the kernel: a parameter, an output or an intermediate."""
+    """An array of the kernel: a parameter, an output or an intermediate.
+
+    A **view** (``window`` set, role "input") is a window read of a parameter: an array over
+    the axes the read's indices use, ``X_win[b c p i]`` for ``X[b c (2*p + i)]``, whose
+    values the binding gathers from the parameter before a launch (windows.py)."""
 
     name: str
     dtype: str
@@ -119,6 +164,7 @@ class Array:
     role: str  # "input", "output" or "intermediate"
     level: str | None = None  # the level it lives at when materialised; None = on chip
     span: Span | None = field(default=None, repr=False)
+    window: Window | None = None
 
     @property
     def bytes_per_value(self) -> int:
@@ -422,3 +468,8 @@ class Diagram:
     @property
     def input_arrays(self) -> list[Array]:
         return [self.arrays[p] for p in self.params if p in self.arrays]
+
+    @property
+    def views(self) -> list[Array]:
+        """The window reads' views (:class:`Window`), which the binding gathers from their sources."""
+        return [a for a in self.arrays.values() if a.window is not None]

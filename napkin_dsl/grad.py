@@ -288,6 +288,12 @@ def _check_differentiable(diagram: Diagram, save: tuple[str, ...]) -> None:
         if name not in diagram.arrays or diagram.arrays[name].role != "intermediate":
             raise NapkinError(f"save={name!r}: {diagram.name} has no intermediate {name!r} to save "
                               f"(intermediates: {', '.join(a for a, v in diagram.arrays.items() if v.role == 'intermediate')})")
+    for view in diagram.views:
+        source = diagram.arrays[view.window.source]
+        raise NotImplementedError(
+            f"the backward of a window read ({view.window.text(source.axes)}) is not derived yet: {source.name}'s "
+            f"gradient scatters the view's back through the window (a transposed convolution), which napkin does "
+            f"not build; differentiate {diagram.name} with torch, or write it without the window read")
     for s in diagram.statements:
         if isinstance(s.box, Opaque):
             raise NapkinError(f"opaque box {s.box.box.name} has no declared backward, so {diagram.name} has no derived "

@@ -31,6 +31,7 @@ from .errors import NapkinError
 from .hardware import Hardware, load_hardware
 from .pseudocode import LaunchProgram, Program, co_resident_blocks, elaborate, l2_candidates
 from .relabel import Partition, Schedule, is_top, make_schedule
+from .windows import completed_sizes
 
 
 def split_points(diagram: Diagram, profile: Hardware) -> tuple[str, ...]:
@@ -179,6 +180,7 @@ def plan(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     """
     profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     check_size_bounds(diagram, block, sizes or {})  # before any count is formed from them
+    sizes = completed_sizes(diagram, sizes or {})  # a convolution's output length, from its window read
     schedule = make_schedule(diagram, profile, block, sizes)
     program = elaborate(schedule)
     level = shared_cache_level(schedule)

@@ -84,6 +84,7 @@ from .dtypes import INTEGER_DTYPES
 from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
 from .errors import NapkinCallError
 from .types import convert
+from .windows import gather
 
 __all__ = ["ELEMENTWISE", "evaluate", "reference"]
 
@@ -401,6 +402,8 @@ def evaluate(
     for array in diagram.input_arrays:
         # astype copies: the caller's arrays are never written, nor kept.
         evaluator.arrays[array.name] = np.asarray(inputs[array.name]).astype(np.float64)
+    for view in diagram.views:  # a window read's values, gathered here from its parameter
+        evaluator.arrays[view.name] = gather(view, evaluator.arrays[view.window.source], sizes)
     for statement in diagram.statements:
         try:
             values = evaluator.statement(statement)

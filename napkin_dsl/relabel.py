@@ -459,7 +459,7 @@ def make_schedule(
     errors += _materialisation_errors(diagram, profile)
     raise_collected(errors)
     parts = {part_axis(p.axis): (p.axis, p.size) for p in partitions if p.kind == "split"}
-    notes = _carried_notes(diagram, profile, split) + _ragged_notes(diagram, partitions, sizes)
+    notes = _carried_notes(diagram, profile, split) + _ragged_notes(diagram, partitions, sizes) + _window_notes(diagram)
     return Schedule(diagram, profile, tuple(partitions), levels, tuple(launches), sizes, tuple(notes), parts,
                     device=tuple(device), overlap=block.overlap if block is not None else None)
 
@@ -688,6 +688,14 @@ def _carried_notes(diagram: Diagram, profile: Hardware, split: list) -> list[str
     return [f"{producer.target} ({line_of(producer)}) is read by {reader.target} ({line_of(reader)}) after a launch boundary: "
             f"napkin saves it to {top} and loads it there, as if it were written {producer.target}[{' '.join(producer.axes)}] @{top}"
             for producer, reader in carried_across(diagram, profile, split)]
+
+
+def _window_notes(diagram: Diagram) -> list[str]:
+    """A note for each window read's view: what it is, and that it is gathered whole before the
+    launch, so the launch loads the view (a window of k reads each element k times)."""
+    return [f"{view.name}[{' '.join(view.axes)}] is {view.window.text(diagram.arrays[view.window.source].axes)}, "
+            f"gathered whole before the launch: each element of {view.window.source} is loaded once per window "
+            f"position that reads it (tiles with halos are not built yet)" for view in diagram.views]
 
 
 def _ragged_notes(diagram: Diagram, partitions: list, sizes: dict) -> list[str]:

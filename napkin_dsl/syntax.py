@@ -54,11 +54,16 @@ class Number:
 
 @dataclass(frozen=True)
 class Ref:
-    """A name in an expression: an array (``S``, ``S[q x]``), a scalar or a size (``d``)."""
+    """A name in an expression: an array (``S``, ``S[q x]``), a scalar or a size (``d``).
+
+    A window read, ``X[b c (2*p + i)]``, indexes some axis through an expression in
+    parentheses: ``axes`` is None and ``window`` holds one item per written position, an axis
+    name or the expression."""
 
     name: str
     axes: tuple[str, ...] | None
     span: Span
+    window: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -291,9 +296,30 @@ class _Builder:
     def axis_names(tree: lark.Tree) -> tuple[str, ...]:
         return tuple(str(token) for token in tree.children)
 
+    def index_names(self, index: lark.Tree | None, what: str) -> tuple[str, ...] | None:
+        """The axis names of an index that may hold names only (a target's, a box's axes)."""
+        if index is None:
+            return None
+        for item in index.children:
+            if isinstance(item, lark.Tree):
+                raise NapkinSyntaxError(f"an index expression in parentheses is a window read's, not {what}'s",
+                                        self.span(item), "write axis names here; index an array you read through "
+                                                         "an expression: X[b c (2*p + i)]")
+        return tuple(str(token) for token in index.children)
+
+    def read_index(self, index: lark.Tree | None, depth: int) -> tuple[tuple | None, tuple | None]:
+        """(axes, window) of a read's index: its names, or, where an item is an expression in
+        parentheses, None and each item (a name or the expression)."""
+        if index is None:
+            return None, None
+        if not any(isinstance(item, lark.Tree) for item in index.children):
+            return tuple(str(token) for token in index.children), None
+        return None, tuple(self.expr(item.children[0], depth + 1) if isinstance(item, lark.Tree) else str(item)
+                           for item in index.children)
+
     def statement(self, tree: lark.Tree) -> Statement:
         name, index, level, dtype, expr = tree.children
-        axes = self.axis_names(index.children[0]) if index is not None else None
+        axes = self.index_names(index, "a target")
         return Statement(
             str(name),
             axes,
@@ -377,11 +403,11 @@ class _Builder:
             return Number(value, text, self.span(token))
         if kind == "ref":
             name, index = tree.children
-            axes = self.axis_names(index.children[0]) if index is not None else None
-            return Ref(str(name), axes, self.span(name))
+            axes, window = self.read_index(index, depth)
+            return Ref(str(name), axes, self.span(name), window)
         if kind == "call":
             name, index, *args = tree.children
-            axes = self.axis_names(index.children[0]) if index is not None else None
+            axes = self.index_names(index, "a box")
             return Call(str(name), axes, tuple(self.expr(a, depth + 1) for a in args if a is not None), self.span(name))
         if kind == "neg":
             return Neg(self.expr(tree.children[0], depth + 1), self.span(tree))

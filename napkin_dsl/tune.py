@@ -54,6 +54,7 @@ from .paths.plan import TENSOR_DTYPES
 from .plan import materialise, materialised, plan, shared_cache_level, split_points
 from .pseudocode import Loop, Mask, Program, elaborate, walk
 from .relabel import bind, make_schedule, split_launches
+from .windows import completed_sizes
 
 FRAGMENT = {"m": 16, "n": 8, "k": 16}  # mma.sync m16n8k16
 COALESCE_BYTES = 128
@@ -513,6 +514,7 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
     profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     sizes = dict(sizes or {})
     check_size_bounds(diagram, block, sizes)  # the scores below are floats formed from them
+    sizes = completed_sizes(diagram, sizes)  # a convolution's output length, from its window read
     started = _time.perf_counter()
     if profile.symbolic:
         return _tune_abstract(diagram, profile, block, sizes, started)

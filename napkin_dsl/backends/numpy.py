@@ -94,6 +94,7 @@ from ..reference import Evaluator as _Evaluator
 from ..reference import NamedArray as _Named
 from ..reference import ReferenceFailure as _Failure
 from ..types import convert, numpy_dtype
+from ..windows import completed_sizes, with_views
 
 __all__ = ["Counts", "check_memory", "check_run", "estimate_bytes", "execute", "gelu", "run_program"]
 
@@ -339,7 +340,7 @@ class Interpreter:
         self.block_loops, self.blocks_total = block_loops(program) if progress is not None else (set(), 0)
         self.blocks_done = self.next_report = 0
         self.chunk_status = None  # in a masked stream loop: "partial" or "full" (Mask.status)
-        for array in self.diagram.input_arrays:
+        for array in (*self.diagram.input_arrays, *self.diagram.views):
             self.values[self.top][array.name] = inputs[array.name]
             self.starts[self.top][array.name] = (0,) * len(array.axes)
 
@@ -1032,6 +1033,7 @@ def execute(program: Program, inputs: dict[str, np.ndarray], scalars: dict | Non
             raise NapkinCallError(f"input {array.name}[{' '.join(array.axes)}] has shape {value.shape}, "
                                   f"but the Program was built for {expected}")
         checked[array.name] = value.astype(numpy_dtype(array.dtype), copy=False)
+    checked = with_views(diagram, checked, {a: _integer(program.schedule.axis_size(a), f"axis {a}") for a in diagram.axes})
     missing = [name for name in diagram.scalars if name not in scalars]
     if missing:
         raise NapkinCallError(f"execute({diagram.name}) is missing scalar {', '.join(missing)}")
@@ -1239,7 +1241,24 @@ def default_sizes(kernel, given: dict | None = None) -> dict[str, int]:
         sizes[name] = given.get(name, DEFAULT_PARTITION_SIZE)
     for name, value in given.items():
         sizes.setdefault(name, value)
-    return sizes
+    return _window_sizes(diagram, sizes, set(given) | set(partition_sizes))
+
+
+def _window_sizes(diagram, sizes: dict, kept: set) -> dict:
+    """Default sizes of a kernel's window reads: a window's own axis (one beside another in an
+    index, in no output: ``i`` of ``(2*p + i)``) 3, as a convolution's kernel; an output's
+    axis there the length the window implies (windows.completed_sizes), unless ``kept``."""
+    if not diagram.views:
+        return sizes
+    outputs = {a for name in diagram.outputs for a in diagram.arrays[name].axes}
+    shared = {a for view in diagram.views for index in view.window.indices if len(index.terms) > 1 for a in index.axes}
+    sizes = dict(sizes)
+    for axis in shared - kept:
+        if axis in outputs:
+            del sizes[axis]
+        elif not diagram.axes[axis].size.is_Integer:
+            sizes[axis] = 3
+    return completed_sizes(diagram, sizes)
 
 
 def random_arguments(diagram, sizes: dict, seed: int) -> tuple[dict, dict]:
@@ -1453,6 +1472,8 @@ def run_program(backend: str, program: Program, inputs: dict, scalars: dict, imp
     run = getattr(module, "run", None)
     if run is None:
         raise NotImplementedError(f"the {backend} backend is not available: napkin_dsl.backends.{backend} has no run(program, inputs, scalars)")
+    if program.diagram.views:  # gathered here where the caller's inputs are the parameters alone
+        inputs = with_views(program.diagram, inputs, {a: _integer(program.schedule.axis_size(a), f"axis {a}") for a in program.diagram.axes})
     result = run(program, inputs, scalars, arch=arch) if arch is not None else run(program, inputs, scalars)
     outputs = result[0] if isinstance(result, tuple) else result
     return {name: np.asarray(value) for name, value in outputs.items()}, None

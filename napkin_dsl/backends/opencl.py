@@ -19,7 +19,7 @@ import numpy as np
 
 from ..cost import build_schedule, cost_of
 from ..dtypes import FP8_DTYPES
-from ..errors import NapkinError
+from ..errors import NapkinCallError, NapkinError
 from ..isel import select_program
 from ..paths.plan import STAGES
 from ..pseudocode import Program
@@ -159,6 +159,9 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
     ``synchronous`` and ``overlap`` as it takes them); returns the outputs (NumPy)."""
     import pyopencl as cl
 
+    missing = [a.name for a in (*program.diagram.input_arrays, *program.diagram.views) if a.name not in inputs]
+    if missing:  # its buffer would be allocated and never written: the kernel would read garbage
+        raise NapkinCallError(f"opencl.run({program.diagram.name}) is missing input {', '.join(missing)}")
     ctx, queue = context()
     device = queue.device
     source, kernels = generate(program, arch=arch, synchronous=synchronous, overlap=overlap)

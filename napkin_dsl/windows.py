@@ -1,0 +1,153 @@
+"""Window reads: the arithmetic of ``X[b c (2*p + i)]`` at bound sizes.
+
+A window read (``diagram.Window``) reads a kernel parameter through affine indices: a strided,
+dilated or padded convolution's input, a pooling's. The checker turns it into a **view**, an
+array over the axes the indices use (``X_win[b c p i]``), which every later stage reads as an
+input. This module holds what needs the sizes: the range each index reads (and whether it
+stays inside the array), the size of an axis that only a window read implies (a convolution's
+output length), and the gather that fills a view from its parameter before a launch.
+
+The gather materialises the whole view in the binding, so a launch transfers the view, k times
+the parameter for a window of k: the model prices exactly that. Gathering tiles with their
+halos inside the launch is not built yet.
+"""
+
+from __future__ import annotations
+
+from . import algebra
+from .diagram import AffineIndex, Array, Diagram
+from .errors import NapkinTypeError, Span, raise_collected
+
+
+def _value(expr, sizes: dict) -> int | None:
+    """An integer expression of sizes at ``sizes``, or None while one of its sizes is unbound."""
+    expr = algebra.as_expr(expr)
+    symbols = expr.free_symbols
+    if any(s.name not in sizes for s in symbols):
+        return None
+    value = expr.subs({s: sizes[s.name] for s in symbols}) if symbols else expr
+    return int(value)
+
+
+def index_bounds(index: AffineIndex, sizes: dict) -> tuple[int, int] | None:
+    """(lowest, highest) value ``index`` takes over its axes at ``sizes``; None while unbound."""
+    low = high = _value(index.offset, sizes)
+    if low is None:
+        return None
+    for axis, coefficient in index.terms:
+        c, n = _value(coefficient, sizes), sizes.get(axis)
+        if c is None or n is None:
+            return None
+        low, high = low + min(0, c * (n - 1)), high + max(0, c * (n - 1))
+    return low, high
+
+
+def padding_below(view: Array, dim: int, sizes: dict) -> int:
+    """How far below 0 a padded view's index ``dim`` reaches: the padding at the array's start,
+    taken as the padding at its end too (a convolution's symmetric padding)."""
+    bounds = index_bounds(view.window.indices[dim], sizes)
+    return 0 if bounds is None or view.window.pad is None else max(0, -bounds[0])
+
+
+def inferred_sizes(diagram: Diagram, bound: dict) -> dict[str, tuple[int, str]]:
+    """Sizes of axes no argument binds, read off the window reads that use them: the largest
+    size whose reads stay inside the array (a valid convolution's output length), padded by
+    as much past the end as the index reaches before the start (torch's ``padding``).
+
+    ``bound``: axis -> size, for the axes bound so far. Returns axis -> (size, the read)."""
+    sizes, found = dict(bound), {}
+    changed = True
+    while changed:
+        changed = False
+        for view in diagram.views:
+            source = diagram.arrays[view.window.source]
+            for dim, index in enumerate(view.window.indices):
+                unbound = [(a, c) for a, c in index.terms if a not in sizes]
+                n = sizes.get(source.axes[dim])
+                if len(unbound) != 1 or n is None:
+                    continue
+                axis, coefficient = unbound[0]
+                step = _value(coefficient, sizes)
+                rest = index_bounds(AffineIndex(tuple(t for t in index.terms if t[0] != axis), index.offset), sizes)
+                if step is None or step <= 0 or rest is None:
+                    continue
+                below = max(0, -rest[0]) if view.window.pad is not None else 0
+                size = (n - 1 + below - rest[1]) // step + 1
+                if size >= 1:
+                    sizes[axis] = size
+                    found[axis] = (size, f"the window read {view.window.text(source.axes)}")
+                    changed = True
+    return found
+
+
+def window_problems(diagram: Diagram, sizes: dict) -> list[tuple[str, Span | None]]:
+    """Why a window read at ``sizes`` would read outside its array: each unpadded index whose
+    range leaves 0 to the axis's size - 1, with the range it reads, and where the read is."""
+    problems = []
+    for view in diagram.views:
+        source = diagram.arrays[view.window.source]
+        for axis, index in zip(source.axes, view.window.indices, strict=True):
+            bounds, n = index_bounds(index, sizes), sizes.get(axis)
+            if bounds is None or n is None or view.window.pad is not None or (bounds[0] >= 0 and bounds[1] < n):
+                continue
+            shown = ", ".join(f"{a}={sizes[a]}" for a in index.axes)
+            fix = "or raise its offset" if bounds[0] < 0 else f"or bind smaller sizes of {', '.join(index.axes)}"
+            problems.append((
+                f"the window read {view.window.text(source.axes)} reads {source.name}'s axis {axis} at {index} from "
+                f"{bounds[0]} to {bounds[1]} ({shown}), outside 0 to {n - 1}; pad it, pad({view.window.text(source.axes)}, 0), "
+                f"{fix}", view.span))
+    return problems
+
+
+def completed_sizes(diagram: Diagram, sizes: dict) -> dict:
+    """``sizes`` with the sizes a window read implies (:func:`inferred_sizes`) for the axes it
+    leaves unbound; raises :class:`NapkinTypeError`, with a caret at the read, where an
+    unpadded read would leave its array."""
+    if not diagram.views:
+        return sizes
+    bound = {axis: value for axis, value in sizes.items() if isinstance(value, int)}
+    completed = dict(sizes)
+    for axis, (size, _) in inferred_sizes(diagram, bound).items():
+        completed.setdefault(axis, size)
+    problems = window_problems(diagram, {a: v for a, v in completed.items() if isinstance(v, int)})
+    raise_collected([NapkinTypeError(message, span, "a window read stays inside its array unless it is padded")
+                     for message, span in problems])
+    return completed
+
+
+def gather(view: Array, source, sizes: dict):
+    """The view's values, C-contiguous in its axes' order and the source's dtype: each element
+    the source at the window's indices, or the pad value outside it (NumPy arrays)."""
+    import numpy as np  # here, not at the top: `napkin check` plans without NumPy
+
+    axes = view.axes
+    rank = len(axes)
+    positions, inside = [], np.ones((1,) * rank, dtype=bool)
+    for dim, index in enumerate(view.window.indices):
+        at = np.full((1,) * rank, _value(index.offset, sizes), dtype=np.int64)
+        for axis, coefficient in index.terms:
+            shape = [1] * rank
+            shape[axes.index(axis)] = sizes[axis]
+            at = at + (np.arange(sizes[axis], dtype=np.int64) * _value(coefficient, sizes)).reshape(shape)
+        n = source.shape[dim]
+        inside = inside & (at >= 0) & (at < n)
+        positions.append(np.clip(at, 0, n - 1))
+    values = source[tuple(positions)]
+    values = np.broadcast_to(values, tuple(sizes[a] for a in axes))
+    if view.window.pad is not None:
+        values = np.where(inside, values, np.array(view.window.pad).astype(source.dtype))
+    return np.ascontiguousarray(values)
+
+
+def with_views(diagram: Diagram, inputs: dict, sizes: dict) -> dict:
+    """``inputs`` with each view the binding did not gather (a backend called directly) gathered
+    from its parameter."""
+    missing = [view for view in diagram.views if view.name not in inputs]
+    if not missing:
+        return inputs
+    import numpy as np
+
+    inputs = dict(inputs)
+    for view in missing:
+        inputs[view.name] = gather(view, np.asarray(inputs[view.window.source]), sizes)
+    return inputs

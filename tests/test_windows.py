@@ -1,0 +1,234 @@
+"""Window reads (issue 46, item 1): convolutions and pooling windows in the notation.
+
+A read may index an axis through an affine expression of axes, ``X[b c (2*p + i - 1)]``,
+padded with ``pad(READ, VALUE)``. Each kernel below is checked against torch's own operator in
+float64, on the reference, the NumPy backend and OpenCL, at ragged sizes, with the output's
+length read off the window as torch computes it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import napkin_dsl as napkin
+from napkin_dsl.backends.numpy import execute, random_arguments
+from napkin_dsl.cost import cost_of
+from napkin_dsl.errors import NapkinCallError, NapkinError, NapkinSyntaxError, NapkinTypeError
+from napkin_dsl.reference import evaluate
+
+from .test_numpy_backend import assert_counts_equal_report
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def _kernel(text: str) -> napkin.Kernel:
+    (kernel,) = napkin.load(text).values()
+    return kernel
+
+
+def _t(array) -> "torch.Tensor":
+    return torch.tensor(np.asarray(array, dtype=np.float64))
+
+
+# Each case: the kernel, the inputs' shapes, sizes= for axes no input carries, and torch's
+# float64 result from the same inputs (shaped as the kernel's output).
+CASES = {
+    "conv1d stride 2, padding 1, dilation 2": (
+        """kernel conv(X: f32[b c h], W: f32[o c i]) -> Y: f32[b o p]:
+    Y[b o p] = pad(X[b c (2*p + 2*i - 1)], 0) * W[o c i]
+""", {"X": (2, 3, 13), "W": (5, 3, 3)}, {},
+        lambda X, W: F.conv1d(_t(X), _t(W), stride=2, padding=1, dilation=2)),
+    "conv2d 3x3, padding 1": (
+        """kernel conv(X: f32[b c h w], W: f32[o c i j]) -> Y: f32[b o p q]:
+    Y[b o p q] = pad(X[b c (p + i - 1) (q + j - 1)], 0) * W[o c i j]
+""", {"X": (2, 3, 7, 9), "W": (4, 3, 3, 3)}, {},
+        lambda X, W: F.conv2d(_t(X), _t(W), padding=1)),
+    "conv2d 3x2, stride 2 by 3, no padding": (
+        """kernel conv(X: f32[b c h w], W: f32[o c i j]) -> Y: f32[b o p q]:
+    Y[b o p q] = X[b c (2*p + i) (3*q + j)] * W[o c i j]
+""", {"X": (1, 2, 11, 10), "W": (3, 2, 3, 2)}, {},
+        lambda X, W: F.conv2d(_t(X), _t(W), stride=(2, 3))),
+    "conv3d 2x2x2, stride 2": (
+        """kernel conv(X: f32[b c t h w], W: f32[o c k i j]) -> Y: f32[b o s p q]:
+    Y[b o s p q] = X[b c (2*s + k) (2*p + i) (2*q + j)] * W[o c k i j]
+""", {"X": (1, 2, 5, 6, 7), "W": (3, 2, 2, 2, 2)}, {},
+        lambda X, W: F.conv3d(_t(X), _t(W), stride=2)),
+    "grouped conv1d, 3 groups": (
+        """kernel conv(X: f32[b e h], W: f32[g o c i]) -> Y: f32[b g o p]:
+    Y[b g o p] = pad(X[b (len(c)*g + c) (p + i - 1)], 0) * W[g o c i]
+""", {"X": (2, 6, 9), "W": (3, 2, 2, 3)}, {},
+        lambda X, W: F.conv1d(_t(X), _t(W).reshape(6, 2, 3), padding=1, groups=3).reshape(2, 3, 2, -1)),
+    "depthwise conv1d": (
+        """kernel conv(X: f32[b c h], W: f32[c i]) -> Y: f32[b c p]:
+    Y[b c p] = pad(X[b c (p + i - 2)], 0) * W[c i]
+""", {"X": (2, 4, 10), "W": (4, 5)}, {},
+        lambda X, W: F.conv1d(_t(X), _t(W)[:, None, :], padding=2, groups=4)),
+    "transposed conv1d, stride 1": (
+        """kernel conv(X: f32[b c h], W: f32[c o i]) -> Y: f32[b o p]:
+    Y[b o p] = pad(X[b c (p - i)], 0) * W[c o i]
+""", {"X": (2, 3, 10), "W": (3, 4, 4)}, {},
+        lambda X, W: F.conv_transpose1d(_t(X), _t(W))),
+    "max pooling 3x3, stride 2, padding 1": (
+        """kernel pool(X: f32[b c h w]) -> Y: f32[b c p q]:
+    Y[b c p q] = max[i j](pad(X[b c (2*p + i - 1) (2*q + j - 1)], -inf))
+""", {"X": (2, 3, 9, 8)}, {"i": 3, "j": 3},
+        lambda X: F.max_pool2d(_t(X), 3, stride=2, padding=1)),
+    "average pooling 2x2, stride 2": (
+        """kernel pool(X: f32[b c h w]) -> Y: f32[b c p q]:
+    Y[b c p q] = mean[i j](X[b c (2*p + i) (2*q + j)])
+""", {"X": (2, 3, 9, 8)}, {"i": 2, "j": 2},
+        lambda X: F.avg_pool2d(_t(X), 2, stride=2)),
+}
+
+
+def _inputs(shapes: dict, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+@pytest.mark.parametrize("backend", ["reference", "numpy", "opencl"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_window_reads_match_torch(case, backend, request):
+    text, shapes, sizes, torch_op = CASES[case]
+    if backend == "opencl":
+        request.getfixturevalue("opencl_device")
+    kernel = _kernel(text)
+    inputs = _inputs(shapes)
+    want = torch_op(*inputs.values()).numpy()
+    if backend == "reference":
+        got = napkin.reference.reference(kernel, **inputs, sizes=sizes)
+    else:
+        got = kernel(**inputs, backend=backend, sizes=sizes)
+    assert got.shape == want.shape  # the output's length, read off the window as torch computes it
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-5, atol=1e-5)
+
+
+# ---- tiled: the view is loaded tile by tile, masked past its ends -------------------------------
+
+TILED = """kernel conv(X: f32[b c h w], W: f32[o c i j]) -> Y: f32[b o p q]:
+    Y[b o p q] = pad(X[b c (2*p + i - 1) (q + j - 1)], 0) * W[o c i j]
+
+relabel conv on H100:
+    smem: group b 1, o 4, p 4, q 8; stream c 2
+"""
+
+
+def test_tiled_window_read_counts_equal_the_model():
+    """At sizes no tile divides, the NumPy backend's counted transfers and FLOPs equal the
+    model's, read off the same Program (the view priced as an input)."""
+    kernel = _kernel(TILED)
+    sizes = {"b": 2, "c": 5, "h": 11, "w": 13, "o": 6, "i": 3, "j": 3}
+    program = kernel.program("H100", **sizes)
+    bound = program.schedule.sizes
+    assert (bound["p"], bound["q"]) == (6, 13)  # (11 + 2 - 3) // 2 + 1, and 13: a 'same' padding
+    axis_sizes = {a: bound[a] for a in kernel.diagram.axes}
+    arrays, scalars = random_arguments(kernel.diagram, axis_sizes, 0)
+    outputs, counts = execute(program, arrays, scalars)
+    want = F.conv2d(_t(arrays["X"]), _t(arrays["W"]), stride=(2, 1), padding=1).numpy()
+    np.testing.assert_allclose(outputs["Y"].astype(np.float64), want, rtol=1e-5, atol=1e-5)
+    assert_counts_equal_report(counts, cost_of(program, check=False))
+    expected = evaluate(kernel.diagram, arrays, scalars, axis_sizes, keep_float64=True)["Y"]
+    np.testing.assert_allclose(expected, want, rtol=1e-12, atol=1e-12)
+
+
+def test_tiled_window_read_on_opencl(opencl_device):
+    kernel = _kernel(TILED)
+    inputs = _inputs({"X": (2, 5, 11, 13), "W": (6, 5, 3, 3)}, seed=1)
+    got = kernel(**inputs, backend="opencl")
+    want = F.conv2d(_t(inputs["X"]), _t(inputs["W"]), stride=(2, 1), padding=1).numpy()
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-5, atol=1e-5)
+
+
+def test_window_read_leaves_its_inputs_alone():
+    kernel = _kernel(CASES["conv2d 3x3, padding 1"][0])
+    inputs = _inputs({"X": (1, 2, 5, 5), "W": (2, 2, 3, 3)})
+    kept = {name: value.copy() for name, value in inputs.items()}
+    kernel(**inputs)
+    for name, value in inputs.items():
+        assert np.array_equal(value, kept[name])
+
+
+# ---- the checker -----------------------------------------------------------------------------------
+
+
+def test_a_window_read_is_a_view_of_its_parameter():
+    kernel = _kernel(CASES["conv1d stride 2, padding 1, dilation 2"][0])
+    (view,) = kernel.diagram.views
+    assert view.axes == ("b", "c", "p", "i")
+    assert view.window.source == "X" and view.window.pad == 0
+    assert view.window.text(("b", "c", "h")) == "pad(X[b c (2*p + 2*i - 1)], 0)"
+    (statement,) = kernel.diagram.statements
+    assert statement.consumed == ("c", "i") or set(statement.consumed) == {"c", "i"}
+
+
+def test_two_reads_through_one_window_share_a_view():
+    kernel = _kernel("""kernel twice(X: f32[b h]) -> Y: f32[b p]:
+    Y[b p] = max[i](X[b (p + i)] * X[b (p + i)])
+""")
+    assert len(kernel.diagram.views) == 1
+
+
+@pytest.mark.parametrize("text, message, column", [
+    ("    Y[b p] = sum[i](X[b (p * i)])\n", "a product of two axes", 26),
+    ("    Y[b p] = sum[i](X[b (p + 0.5)])\n", "0.5, not an integer", 30),
+    ("    Y[b p] = sum[i](X[(p + i)])\n", "X has 2 axes [b h] but its window read gives 1 index", 21),
+    ("    Y[b p] = sum[i](pad(X[b h], 0))\n", "pad takes a window read", 21),
+    ("    Y[b p] = sum[i](pad(X[b (p + i)], Z))\n", "unknown name 'Z'", 39),
+    ("    Y[b p] = sum[i](X[b (p + n)])\n", "a window index adds integer multiples of axes and a constant; n, a scalar", 30),
+])
+def test_window_mistakes_get_a_caret(text, message, column):
+    source = "kernel k(X: f32[b h], n: f32) -> Y: f32[b p]:\n" + text
+    with pytest.raises(NapkinError) as caught:
+        napkin.load(source)
+    shown = str(caught.value)
+    assert message in shown
+    error = caught.value.errors[0] if hasattr(caught.value, "errors") else caught.value
+    assert error.span is not None and error.span.line == 2 and error.span.column == column, shown
+
+
+def test_a_window_reads_a_parameter_only():
+    with pytest.raises(NapkinTypeError, match="a window read reads a kernel parameter; H is not one"):
+        napkin.load("""kernel k(X: f32[b h]) -> Y: f32[b p]:
+    H[b h] = exp(X)
+    Y[b p] = sum[i](H[b (p + i)])
+""")
+
+
+@pytest.mark.parametrize("text", [
+    "    Y[b (p)] = X[b p]\n",
+    "    Y[b] = sum[(h)](X[b h])\n",
+])
+def test_an_index_expression_is_a_reads_only(text):
+    with pytest.raises(NapkinSyntaxError, match="an index expression in parentheses is a window read's"):
+        napkin.load("kernel k(X: f32[b p]) -> Y: f32[b p]:\n" + text)
+
+
+def test_a_read_outside_its_array_is_refused_with_its_range():
+    kernel = _kernel("""kernel k(X: f32[b h], W: f32[i]) -> Y: f32[b p]:
+    Y[b p] = X[b (p + i)] * W[i]
+""")
+    inputs = _inputs({"X": (2, 8), "W": (3,)})
+    assert kernel(**inputs).shape == (2, 6)  # a valid convolution: 8 - 3 + 1
+    with pytest.raises(NapkinError, match=r"reads X's axis h at p \+ i from 0 to 8 \(p=7, i=3\), outside 0 to 7"):
+        kernel(**inputs, sizes={"p": 7})
+    with pytest.raises(NapkinCallError, match=r"reads X's axis h at p \+ i from 0 to 8"):
+        napkin.binding.bind(kernel, inputs, sizes={"p": 7})
+    with pytest.raises(NapkinTypeError, match="outside 0 to 7") as caught:
+        kernel.program("H100", b=2, h=8, i=3, p=7)
+    assert caught.value.span.line == 2 and caught.value.span.column == 14
+
+
+def test_a_window_below_zero_names_its_offset():
+    kernel = _kernel("""kernel k(X: f32[h], W: f32[i]) -> Y: f32[p]:
+    Y[p] = X[(p + i - 1)] * W[i]
+""")
+    with pytest.raises(NapkinTypeError, match="from -1 to .* or raise its offset"):
+        kernel.program("H100", h=8, i=3)
+
+
+def test_a_pooling_window_needs_its_size():
+    kernel = _kernel(CASES["average pooling 2x2, stride 2"][0])
+    with pytest.raises(NapkinCallError, match=r"axis i is not carried by any input .* sizes=\{'i': N\}"):
+        kernel(**_inputs({"X": (1, 1, 4, 4)}))
