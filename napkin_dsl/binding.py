@@ -593,13 +593,6 @@ def bind(diagram, arrays: dict, scalars: dict | None = None, cast: bool = False,
     if caller is not None and (refusal := _output_refusal(diagram, caller)) is not None:
         raise refusal
     ordered = {axis: bound[axis][0] for axis in diagram.axes}
-    for view in diagram.views:
-        source = converted.get(view.window.source)
-        if not isinstance(source, np.ndarray):
-            raise NotImplementedError(
-                f"{diagram.name} reads {view.window.source} through a window ({view.window.text(diagram.arrays[view.window.source].axes)}), "
-                f"whose view napkin gathers in host memory: a gather on the device is not built yet; run it on the numpy or opencl backend")
-        converted[view.name] = windows.gather(view, source, ordered)
     return Binding(ordered, converted, bound_scalars, caller)
 
 

@@ -778,6 +778,12 @@ class _KernelChecker:
             if index is None:
                 return None
             indices.append(index)
+        repeated = next((a for n, index in enumerate(indices) for a in index.axes
+                         if any(a in other.axes for other in indices[n + 1:])), None)
+        if repeated is not None:
+            self.out.error(f"axis {repeated!r} indexes two axes of {name} in one window read", ref.span,
+                           f"a window read indexes each axis of {name} with axes of its own; use two axes of the same size")
+            return None
         window = Window(name, tuple(indices), pad)
         for index in indices:
             for axis in index.axes:

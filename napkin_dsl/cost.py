@@ -37,6 +37,7 @@ from .hardware import BUILT_OVERLAP, BUILT_OVERLAPS, OVERLAPS
 from .layouts import transpose_split
 from .pseudocode import MAX_MASK_GROUPS, Loop, Program, Step, chunk_span, liveness, mask_visits, released_by, split_loop, walk
 from .relabel import bind
+from .windows import load_footprint
 
 if TYPE_CHECKING:
     from .isel import ProgramSelection
@@ -63,6 +64,9 @@ def step_total(program: Program, step: Step, loops: tuple[Loop, ...], axes: tupl
     the mask holds in part (where its test runs). With symbolic sizes the visited chunks have no
     closed form here: every chunk counts, an upper bound the report notes (see masked_note)."""
     schedule = program.schedule
+    view = program.diagram.arrays.get(step.array) if axes is None and step.op == "load" else None
+    if view is not None and view.window is not None and step.source == schedule.levels[0]:
+        return _view_load_total(program, step, loops, view)
     axes = step.axes if axes is None else axes
     masked = next((loop for loop in loops if loop.mask is not None), None)
     if masked is not None:
@@ -80,6 +84,38 @@ def step_total(program: Program, step: Step, loops: tuple[Loop, ...], axes: tupl
     for loop in loops:
         # a split's loop over parts counts once for what carries its part axis (a part's state)
         if loop.axis not in axes and loop.part not in axes:
+            total *= loop.trips
+    return total
+
+
+def view_tile_box(view, schedule, level: str) -> algebra.Expr:
+    """Values of a window read's parameter one tile of ``view`` at ``level`` spans (clipped to
+    the parameter where the sizes are bound)."""
+    source = schedule.diagram.arrays[view.window.source]
+    box = algebra.Integer(1)
+    for axis, index in zip(source.axes, view.window.indices, strict=True):
+        span = 1 + sum((abs(c) if algebra.as_expr(c).is_number else c) * (schedule.extent(a, level) - 1) for a, c in index.terms)
+        size = schedule.axis_size(axis)
+        span, size = algebra.as_expr(span), algebra.as_expr(size)
+        box *= min(span, size) if span.is_number and size.is_number else span
+    return box
+
+
+def _view_load_total(program: Program, step: Step, loops: tuple[Loop, ...], view) -> algebra.Expr:
+    """What loads of a window read's view from device memory move: each tile's box in its
+    parameter (windows.load_footprint), once for every trip of a loop over another axis."""
+    schedule = program.schedule
+    source = program.diagram.arrays[view.window.source]
+
+    def size(axis):
+        value = as_number(schedule.axis_size(axis))
+        return int(value) if value is not None else schedule.axis_size(axis)
+
+    tiles = {a: (int(t) if (t := as_number(schedule.extent(a, step.level))) is not None else schedule.extent(a, step.level))
+             for a in view.axes}
+    total = load_footprint(view, {a: size(a) for a in program.diagram.axes}, tiles, tuple(size(a) for a in source.axes))
+    for loop in loops:
+        if loop.axis not in view.axes and loop.part not in view.axes:
             total *= loop.trips
     return total
 
@@ -184,7 +220,12 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
                     hold("registers", buffer, algebra.Integer(held), _bytes(buffer.dtype), f"{name} {held}/thread")
                     continue
                 if ref not in tile_of:
-                    tile_of[ref] = tile_values(schedule, level, buffer.axes)
+                    view = program.diagram.arrays.get(name)
+                    if view is not None and view.window is not None and level != compute:
+                        # a cache level above the gather holds the parameter's box, not the view
+                        tile_of[ref] = view_tile_box(view, schedule, level)
+                    else:
+                        tile_of[ref] = tile_values(schedule, level, buffer.axes)
                 hold(level, buffer, tile_of[ref], _bytes(buffer.dtype))
             for name, slot in slots.items():
                 array = slot_array(name)  # a K-major copy (isel.kmajor_name) holds its operand's values again

@@ -316,7 +316,20 @@ def _launch_refusal(launch: LaunchProgram, tile: dict) -> str | None:
     statements = launch.launch.statements
     if not any(isinstance(s.box, Contract) for s in statements):
         return "no contraction"
-    return _split_parts_refusal(launch, tile) or _box_refusal(statements) or _f64_refusal(launch)
+    return (_split_parts_refusal(launch, tile) or _box_refusal(statements) or _f64_refusal(launch)
+            or _window_refusal(launch))
+
+
+def _window_refusal(launch: LaunchProgram) -> str | None:
+    """A launch that reads a window read's view stays on the FMA path: its tiles are gathered
+    element by element from the parameter (lowering.view_load), which the tensor-core printers'
+    copies (cp.async, TMA) do not do; implicit GEMM is not built yet."""
+    arrays = launch.schedule.diagram.arrays
+    view = next((arrays[n] for n in launch.launch.inputs if n in arrays and arrays[n].window is not None), None)
+    if view is None:
+        return None
+    return (f"{view.name} is the window read {view.window.text(arrays[view.window.source].axes)}, gathered element by "
+            f"element: a convolution on tensor cores (implicit GEMM) is not built yet")
 
 
 def _split_parts_refusal(launch: LaunchProgram, tile: dict) -> str | None:

@@ -691,11 +691,11 @@ def _carried_notes(diagram: Diagram, profile: Hardware, split: list) -> list[str
 
 
 def _window_notes(diagram: Diagram) -> list[str]:
-    """A note for each window read's view: what it is, and that it is gathered whole before the
-    launch, so the launch loads the view (a window of k reads each element k times)."""
-    return [f"{view.name}[{' '.join(view.axes)}] is {view.window.text(diagram.arrays[view.window.source].axes)}, "
-            f"gathered whole before the launch: each element of {view.window.source} is loaded once per window "
-            f"position that reads it (tiles with halos are not built yet)" for view in diagram.views]
+    """A note for each window read's view: what it is, and how a launch loads it."""
+    return [f"{view.name}[{' '.join(view.axes)}] is {view.window.text(diagram.arrays[view.window.source].axes)}: "
+            f"each tile is gathered from {view.window.source}, reading from device memory the box of "
+            f"{view.window.source} its indices span (halo included), and holding the view's tile on chip"
+            for view in diagram.views]
 
 
 def _ragged_notes(diagram: Diagram, partitions: list, sizes: dict) -> list[str]:

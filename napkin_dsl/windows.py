@@ -29,6 +29,14 @@ def _value(expr, sizes: dict) -> int | None:
     return int(value)
 
 
+def integer_at(expr, sizes: dict) -> int:
+    """A window's coefficient or offset (an integer, or a size expression: ``len(c)``) at ``sizes``."""
+    value = _value(expr, sizes)
+    if value is None:
+        raise ValueError(f"napkin bug: {expr} is asked for before its sizes are bound")
+    return value
+
+
 def index_bounds(index: AffineIndex, sizes: dict) -> tuple[int, int] | None:
     """(lowest, highest) value ``index`` takes over its axes at ``sizes``; None while unbound."""
     low = high = _value(index.offset, sizes)
@@ -151,3 +159,59 @@ def with_views(diagram: Diagram, inputs: dict, sizes: dict) -> dict:
     for view in missing:
         inputs[view.name] = gather(view, np.asarray(inputs[view.window.source]), sizes)
     return inputs
+
+
+# ---- what a load of a view moves from device memory -----------------------------------------------
+
+
+def tile_footprint(view: Array, ranges: dict, source_shape: tuple, sizes: dict) -> int:
+    """Elements of the view's parameter that a load of one tile of the view reads from device
+    memory: the box its indices span inside the array (a load reads whole rows of it), found
+    from the indices themselves. ``ranges``: view axis -> (start, stop) of the tile."""
+    import numpy as np
+
+    total = 1
+    for dim, index in enumerate(view.window.indices):
+        at = np.array([_value(index.offset, sizes)], dtype=np.int64)
+        for axis, coefficient in index.terms:
+            start, stop = ranges[axis]
+            at = np.add.outer(at, np.arange(start, stop, dtype=np.int64) * _value(coefficient, sizes)).ravel()
+        inside = at[(at >= 0) & (at < source_shape[dim])]
+        total *= int(inside.max() - inside.min() + 1) if inside.size else 0
+    return total
+
+
+def load_footprint(view: Array, sizes: dict, tiles: dict, source_sizes: tuple):
+    """The model's count of what the loads of ``view`` from device memory move in a launch, its
+    tiles' boxes in the parameter summed over the tiles (:func:`tile_footprint` finds one by
+    its indices). ``tiles``: view axis -> its tile extent (the axis's size where it is whole);
+    ``sizes``: axis -> size. Exact, clipped to the array, at bound sizes; with a symbolic size,
+    a tile's box unclipped times the number of tiles."""
+    if not all(isinstance(sizes.get(a), int) and isinstance(tiles.get(a), int) for a in view.axes) \
+            or not all(isinstance(n, int) for n in source_sizes):
+        span = algebra.Integer(1)
+        for index in view.window.indices:
+            span *= 1 + sum((abs(c) if algebra.as_expr(c).is_number else c) * (tiles[a] - 1) for a, c in index.terms)
+        count = algebra.Integer(1)
+        for axis in view.axes:
+            count *= algebra.as_expr(sizes[axis]) / tiles[axis]
+        return span * count
+    total = 1
+    for dim, index in enumerate(view.window.indices):  # each axis indexes one dim: the sum factors
+        starts = [range(0, sizes[a], tiles[a]) for a in index.axes]
+        summed = 0
+        for origin in _product(starts):
+            low = high = _value(index.offset, sizes)
+            for (axis, coefficient), start in zip(index.terms, origin, strict=True):
+                c, last = _value(coefficient, sizes), min(start + tiles[axis], sizes[axis]) - 1
+                low, high = low + min(c * start, c * last), high + max(c * start, c * last)
+            summed += max(0, min(high, source_sizes[dim] - 1) - max(low, 0) + 1)
+        total *= summed
+    return algebra.Integer(total)
+
+
+def _product(ranges: list) -> list[tuple]:
+    """Every combination of one value from each of ``ranges`` (itertools.product, as a list)."""
+    import itertools
+
+    return list(itertools.product(*ranges))

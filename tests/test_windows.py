@@ -14,6 +14,7 @@ import pytest
 import napkin_dsl as napkin
 from napkin_dsl.backends.numpy import execute, random_arguments
 from napkin_dsl.cost import cost_of
+from napkin_dsl.isel import select_program
 from napkin_dsl.errors import NapkinCallError, NapkinError, NapkinSyntaxError, NapkinTypeError
 from napkin_dsl.reference import evaluate
 
@@ -131,6 +132,63 @@ def test_tiled_window_read_counts_equal_the_model():
     assert_counts_equal_report(counts, cost_of(program, check=False))
     expected = evaluate(kernel.diagram, arrays, scalars, axis_sizes, keep_float64=True)["Y"]
     np.testing.assert_allclose(expected, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_tiles_halo_is_what_it_moves():
+    """Each tile of a window read moves its box of the parameter, halo included: groups of 4
+    outputs of a 3-wide window read 4 - 1 + 3 = 6 rows of X each. Counted by the NumPy backend
+    from the indices it gathers, and priced by the model, against that arithmetic."""
+    kernel = _kernel("""kernel conv(X: f32[b h], W: f32[i]) -> Y: f32[b p]:
+    Y[b p] = X[b (p + i)] * W[i]
+
+relabel conv on two_level:
+    l1: group p 4
+""")
+    program = kernel.program("two_level", b=2, h=10, i=3)  # p = 8: two groups of 4
+    arrays, scalars = random_arguments(kernel.diagram, {"b": 2, "h": 10, "i": 3, "p": 8}, 0)
+    _, counts = execute(program, arrays, scalars)
+    x_rows, w, y = 2 * (2 * 6), 2 * 3, 2 * 8  # two groups, each 6 rows of both batches; W per group; Y
+    assert counts.H["l1"] == x_rows + w + y
+    assert_counts_equal_report(counts, cost_of(program, check=False))
+
+
+def test_a_window_read_moves_its_parameter_from_device_memory_once():
+    """On H100 the whole view is one tile at L2: device memory gives each element of X once
+    (its box is all of X), not once per window position as the view's 9 x would."""
+    kernel = _kernel(CASES["conv2d 3x3, padding 1"][0])
+    sizes = {"b": 4, "c": 16, "h": 20, "w": 20, "o": 32, "i": 3, "j": 3}
+    report = cost_of(kernel.program("H100", **sizes), check=False)
+    x, w, y = 4 * 16 * 20 * 20, 32 * 16 * 3 * 3, 4 * 32 * 20 * 20
+    assert int(report.levels["l2"].H) == x + w + y
+
+
+def test_the_kernel_gathers_from_the_parameter():
+    """The generated kernel takes X, not a view: each element of a tile is read from X at the
+    window's indices, with the pad value outside; it compiles with NVRTC and runs on OpenCL."""
+    kernel = _kernel(CASES["conv2d 3x3, padding 1"][0].replace("f32", "bf16"))
+    compiled = kernel.compile(arch="sm_80", b=4, c=16, h=20, w=20, o=32, i=3, j=3)
+    source = compiled.source
+    assert "g_X_win" not in source and "const __nv_bfloat16* __restrict__ g_X," in source
+    assert "g_X[" in source
+    (resources,) = compiled.resources.values()
+    assert resources["spill_bytes"] == 0
+
+
+def test_a_window_read_stays_off_tensor_cores_by_name():
+    kernel = _kernel(CASES["conv2d 3x3, padding 1"][0].replace("f32", "bf16") + """
+relabel conv on H100:
+    smem: group b 1, o 64, p 16, q 16; stream c 16
+""")
+    selection = select_program(kernel.program("H100", b=4, c=32, h=32, w=32, o=64, i=3, j=3), "sm_90a")[0]
+    assert selection.plan is None
+    assert "gathered element by element: a convolution on tensor cores (implicit GEMM) is not built yet" in selection.reason
+
+
+def test_an_axis_indexes_one_axis_of_the_array():
+    with pytest.raises(NapkinTypeError, match="axis 'p' indexes two axes of X in one window read"):
+        napkin.load("""kernel k(X: f32[h w]) -> Y: f32[p]:
+    Y[p] = sum[i](X[(p + i) (p)])
+""")
 
 
 def test_tiled_window_read_on_opencl(opencl_device):

@@ -59,6 +59,8 @@ from ..errors import NapkinError
 from ..isel import FMA_THREADS, REGISTER_TILE, FmaAccumulator, register_tile_axes
 from ..pseudocode import Loop, Program, Step, liveness, released_by, split_loop, walk
 from ..reference import ReferenceFailure as _Failure
+from ..windows import index_bounds
+from ..windows import integer_at as window_value
 from ..reference import constant_value
 from .compiled import KernelSource
 
@@ -904,7 +906,7 @@ class KernelWriter:
         """The arrays the kernel takes: the launch's inputs and outputs, or, for a split's parts
         or combine launch, what it loads from and saves to device memory (the part arrays)."""
         if not is_split(self.launch):
-            return list(self.launch.launch.inputs), list(self.launch.launch.outputs)
+            return self.sources(self.launch.launch.inputs), list(self.launch.launch.outputs)
         top = self.schedule.levels[0]
         inputs, outputs = [], []
         for step in walk_steps(self.launch.body):
@@ -912,7 +914,33 @@ class KernelWriter:
                 inputs.append(step.array)
             if step.op == "save" and step.dest == top and step.array not in outputs:
                 outputs.append(step.array)
-        return inputs, outputs
+        return self.sources(inputs), outputs
+
+    def sources(self, names) -> list[str]:
+        """``names`` with each window read's view replaced by its parameter, which the kernel
+        gathers the view's tiles from (:meth:`view_element`)."""
+        arrays = self.diagram.arrays
+        return list(dict.fromkeys(arrays[n].window.source if n in arrays and arrays[n].window is not None else n
+                                  for n in names))
+
+    def view_element(self, name: str) -> tuple[list[str], str, str]:
+        """Where the current element (i_<axis> from the tile's origin) of window read ``name``
+        is in its parameter: (lines computing its index along each of the parameter's axes, the
+        condition that it lies inside the parameter, "" for an unpadded window, which the
+        binding holds inside; its flat index)."""
+        window = self.diagram.arrays[name].window
+        source = self.diagram.arrays[window.source]
+        lines, inside, flat = [], [], ""
+        for axis, index in zip(source.axes, window.indices, strict=True):
+            terms = [f"{window_value(c, self.sizes)} * ({self.index(a)})" for a, c in index.terms]
+            offset = window_value(index.offset, self.sizes)
+            at = self.fresh("w")
+            lines.append(f"const int {at} = {' + '.join(terms + ([str(offset)] if offset or not terms else []))};")
+            low, high = index_bounds(index, self.sizes)
+            if window.pad is not None and (low < 0 or high >= self.sizes[axis]):  # else it never leaves
+                inside.append(f"{at} >= 0 && {at} < {self.sizes[axis]}")
+            flat = at if not flat else f"({flat}) * {self.sizes[axis]} + {at}"
+        return lines, " && ".join(inside), flat or "0"
 
     def set_origin(self, axis: str, origin: str):
         self.origin[axis] = origin
@@ -1155,6 +1183,9 @@ class Printer(KernelWriter):
         name = step.array
         axes, dtype = self.globals[name]
         d = self.dialect
+        if name in self.diagram.arrays and self.diagram.arrays[name].window is not None:
+            self.view_load(name, axes, dtype)
+            return
         vector = 16 // DTYPE_BYTES[dtype]
         last = axes[-1] if axes else None
         can_vector = (
@@ -1195,6 +1226,35 @@ class Printer(KernelWriter):
                 value = d.load(f"g_{ident(name)}", self.global_index(name), dtype, self.real)
                 self.emit(f"const {self.real} v = ({valid}) ? {value} : {self.zero};")
                 self.emit(self.write(name, axes, "v"))
+
+    def view_load(self, name: str, axes, dtype: str):
+        """A tile of a window read's view, gathered element by element from its parameter: past
+        the end of an axis of the tile zero, outside the parameter the window's pad value."""
+        window = self.diagram.arrays[name].window
+        if dtype in FP8_C and window.pad not in (None, 0.0):
+            raise NotImplementedError(f"a padded window read of an 8-bit array pads with {window.pad:g}; the kernels "
+                                      f"copy fp8 bytes as they are, and only 0 is a byte they can write")
+        t = self.fresh("t")
+        count = " * ".join(str(self.tile[a]) for a in axes) or "1"
+        with self.block(f"for (int {t} = nk_tid; {t} < {count}; {t} += NK_THREADS) {{"):
+            rest = self.fresh("r")
+            self.emit(f"int {rest} = {t};")
+            for axis in reversed(axes):
+                self.emit(f"const int i_{ident(axis)} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
+            valid = " && ".join(f"i_{ident(a)} < {self.extent_expr(a)}" for a in axes if self.extent_expr(a) != str(self.tile[a])) or "true"
+            lines, inside, at = self.view_element(name)
+            for line in lines:
+                self.emit(line)
+            source = f"g_{ident(window.source)}"
+            if dtype in FP8_C and self.slots[name].dtype == dtype:  # bytes as they are (see step_load)
+                self.emit(f"{self.ptr(name)}[{self.buffer_index(name, axes)}] = "
+                          f"({valid}{' && ' + inside if inside else ''}) ? {source}[{at}] : 0;")
+                return
+            value = self.dialect.load(source, at, dtype, self.real)
+            pad = literal(window.pad, self.real) if window.pad is not None else self.zero
+            read = f"({inside}) ? {value} : {pad}" if inside else value
+            self.emit(f"const {self.real} v = ({valid}) ? ({read}) : {self.zero};")
+            self.emit(self.write(name, axes, "v"))
 
     def step_save(self, step: Step):
         name = step.array

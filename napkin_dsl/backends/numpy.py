@@ -94,7 +94,7 @@ from ..reference import Evaluator as _Evaluator
 from ..reference import NamedArray as _Named
 from ..reference import ReferenceFailure as _Failure
 from ..types import convert, numpy_dtype
-from ..windows import completed_sizes, with_views
+from ..windows import completed_sizes, tile_footprint, with_views
 
 __all__ = ["Counts", "check_memory", "check_run", "estimate_bytes", "execute", "gelu", "run_program"]
 
@@ -513,12 +513,22 @@ class Interpreter:
         nbytes = DTYPE_BYTES[step.dtype]
         upper_values, upper_starts = self.values[source], self.starts[source]
         lower_values, lower_starts = self.values[dest], self.starts[dest]
+        view = self.diagram.arrays.get(name)  # not a split's part array (O.acc.part)
+        if view is not None and view.window is not None and source == self.top:
+            # A window read's tile is gathered from its parameter: what it moves from device
+            # memory is the box of the parameter its indices span, found from the indices.
+            shape = tuple(self.sizes[a] for a in self.diagram.arrays[view.window.source].axes)
+
+            def moved() -> int:
+                return tile_footprint(view, {a: self.ranges[a] for a in view.axes}, shape, self.sizes)
+        else:
+            moved = None
 
         def load():
             tile = upper_values[name][self.window(axes, upper_starts[name])].astype(dtype)  # a copy, converted
             lower_values[name] = tile
             lower_starts[name] = self.origin(axes)
-            self.count_transfer(level, tile.size, nbytes)
+            self.count_transfer(level, tile.size if moved is None else moved(), nbytes)
 
         return load
 
@@ -1472,8 +1482,6 @@ def run_program(backend: str, program: Program, inputs: dict, scalars: dict, imp
     run = getattr(module, "run", None)
     if run is None:
         raise NotImplementedError(f"the {backend} backend is not available: napkin_dsl.backends.{backend} has no run(program, inputs, scalars)")
-    if program.diagram.views:  # gathered here where the caller's inputs are the parameters alone
-        inputs = with_views(program.diagram, inputs, {a: _integer(program.schedule.axis_size(a), f"axis {a}") for a in program.diagram.axes})
     result = run(program, inputs, scalars, arch=arch) if arch is not None else run(program, inputs, scalars)
     outputs = result[0] if isinstance(result, tuple) else result
     return {name: np.asarray(value) for name, value in outputs.items()}, None

@@ -159,7 +159,7 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
     ``synchronous`` and ``overlap`` as it takes them); returns the outputs (NumPy)."""
     import pyopencl as cl
 
-    missing = [a.name for a in (*program.diagram.input_arrays, *program.diagram.views) if a.name not in inputs]
+    missing = [a.name for a in program.diagram.input_arrays if a.name not in inputs]
     if missing:  # its buffer would be allocated and never written: the kernel would read garbage
         raise NapkinCallError(f"opencl.run({program.diagram.name}) is missing input {', '.join(missing)}")
     ctx, queue = context()
