@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from . import algebra
-from .diagram import Contract, Diagram, Map, Opaque, Reduce, Softmax, Statement, count_operations
+from .diagram import Contract, Diagram, Map, Opaque, Reduce, Scan, Softmax, Statement, count_operations
 from .errors import RelabelError, Span
 
 # ---- reductions ------------------------------------------------------------------------------
@@ -311,6 +311,27 @@ class SoftmaxKind(BoxKind):
         return "online", None
 
 
+class ScanKind(BoxKind):
+    name = "scan"
+
+    def flops(self, box) -> tuple[Work, ...]:
+        # Per element: the operand, then one add (or multiply) into the running value.
+        counts = count_operations(box.operand)
+        return (_work("compute", "elements", fma=counts["fma"] + 1, special=counts["special"]),)
+
+    def stream_role(self, s: Statement, site: StreamSite) -> tuple[str, int | None]:
+        box = s.box
+        raise RelabelError(
+            f"cannot stream {site.axis}: {box.name}[{box.axis}] ({line_of(s)}) carries its running "
+            f"{'sum' if box.op == 'sum' else 'product'} along {site.axis!r} from chunk to chunk, which napkin does not build "
+            f"yet", s.span or site.span,
+            f"leave {site.axis} unpartitioned: group the other axes ({' '.join(s.woven) or 'none'}) to spread the rows")
+
+
+# What a scan starts from and folds each value in with (an elementwise function, as REDUCTION_TABLE's).
+SCAN_FOLDS = {"sum": (0.0, "add"), "prod": (1.0, "mul")}
+
+
 class OpaqueKind(BoxKind):
     name = "opaque"
 
@@ -330,7 +351,8 @@ def opaque_flops(box) -> algebra.Symbol:
 
 
 BOX_KINDS: dict[type, BoxKind] = {
-    Contract: ContractKind(), Map: MapKind(), Reduce: ReduceKind(), Softmax: SoftmaxKind(), Opaque: OpaqueKind(),
+    Contract: ContractKind(), Map: MapKind(), Reduce: ReduceKind(), Softmax: SoftmaxKind(), Scan: ScanKind(),
+    Opaque: OpaqueKind(),
 }
 
 

@@ -41,7 +41,7 @@ from .boxes import REDUCTION_OPS, box_kind, statement_flops, work_axes
 from .dtypes import FP8_DTYPES, INTEGER_DTYPES, canonical_dtype
 from .diagram import (
     COMPARISONS, OPERATORS, AffineIndex, Apply, Array, Axis, BoxSignature, Const, Contract, Diagram, Index, Map, Opaque, Read,
-    Reduce, ScalarParam, ScalarParameter, Softmax, Statement, Window, expression_axes, indices, intermediate_dtype,
+    SCAN_OPS, Reduce, ScalarParam, ScalarParameter, Scan, Softmax, Statement, Window, expression_axes, indices, intermediate_dtype,
     source_dtypes, is_boolean, reads,
 )
 from .errors import NapkinError, NapkinTypeError, Span, raise_collected
@@ -324,9 +324,11 @@ class _KernelChecker:
 
     def _box(self, stmt: syn.Statement, target_axes):
         expr = stmt.expr
-        if isinstance(expr, syn.Call) and (expr.name == "softmax" or (expr.name in REDUCTION_OPS and expr.axes is not None) or expr.name in self.boxes):
+        if isinstance(expr, syn.Call) and (expr.name in ("softmax", *SCAN_OPS) or (expr.name in REDUCTION_OPS and expr.axes is not None) or expr.name in self.boxes):
             if expr.name == "softmax":
                 return self.softmax(stmt, expr, target_axes)
+            if expr.name in SCAN_OPS:
+                return self.scan(stmt, expr, target_axes)
             if expr.name in self.boxes:
                 return self.opaque(stmt, expr, target_axes)
             return self.reduce(stmt, expr, target_axes)
@@ -475,6 +477,34 @@ class _KernelChecker:
         woven = tuple(a for a in target_axes if a != axis)
         dtypes = [self.arrays[r.array].dtype for r in reads(operand)]
         return Softmax(axis, operand), tuple(target_axes), woven, (axis,), dtypes
+
+    def scan(self, stmt, expr: syn.Call, target_axes):
+        """``cumsum[x](E)``, ``cumprod[x](E)``: one axis, which the result keeps."""
+        name = expr.name
+        if expr.axes is None or len(expr.axes) != 1:
+            given = f"got {_axes_text(expr.axes)}" if expr.axes else "got none"
+            self.out.error(f"{name} needs exactly one axis, {given}", expr.span,
+                           f"write {name}[AXIS](EXPR); for several axes, scan them in separate statements")
+            return None
+        axis = expr.axes[0]
+        operand = self.single_operand(expr, f"{name}[{axis}]")
+        if operand is None:
+            return None
+        operand_axes = expression_axes(operand)
+        if axis not in operand_axes:
+            self.out.error(f"{name}[{axis}] acts along axis {axis!r}, but its operand has axes {_axes_text(operand_axes)}",
+                           expr.span, _did_you_mean(axis, operand_axes) or "name an axis of the operand")
+            return None
+        if target_axes is None:
+            target_axes = operand_axes
+        if set(target_axes) != set(operand_axes):
+            self.out.error(f"{stmt.target}{_axes_text(target_axes)} does not match {name}[{axis}] of an operand with axes "
+                           f"{_axes_text(operand_axes)}", stmt.span,
+                           f"a scan keeps its operand's axes: write {stmt.target}{_axes_text(operand_axes)}")
+            return None
+        woven = tuple(a for a in target_axes if a != axis)
+        dtypes = [self.arrays[r.array].dtype for r in reads(operand)]
+        return Scan(SCAN_OPS[name], axis, operand), tuple(target_axes), woven, (axis,), dtypes
 
     def opaque(self, stmt, expr: syn.Call, target_axes):
         decl: syn.BoxDecl = self.boxes[expr.name]
@@ -697,7 +727,7 @@ class _KernelChecker:
 
     def call(self, call: syn.Call):
         name = call.name
-        if name == "softmax" or (name in REDUCTION_OPS and call.axes is not None) or name in self.boxes:
+        if name in ("softmax", *SCAN_OPS) or (name in REDUCTION_OPS and call.axes is not None) or name in self.boxes:
             self.out.error(
                 f"{name}{_axes_text(call.axes) if call.axes else ''}(...) must be the whole right-hand side of a statement",
                 call.span, "give its result a name in a statement of its own, then use that name",
@@ -734,7 +764,8 @@ class _KernelChecker:
                 self.out.error(*_arity_error(name, entry.arity, len(args), call.span))
                 return None
             return Apply(name, tuple(args))
-        functions = sorted(set(elementwise.FUNCTIONS) | set(REDUCTION_OPS) | {"softmax", "where", "len"} | set(self.boxes))
+        functions = sorted(set(elementwise.FUNCTIONS) | set(REDUCTION_OPS) | set(SCAN_OPS) | {"softmax", "where", "len", "pad"}
+                           | set(self.boxes))
         self.out.error(f"unknown function {name!r}", call.span,
                        _did_you_mean(name, functions) or f"known: {', '.join(functions)}; declare others with 'box'")
         return None
@@ -973,7 +1004,7 @@ def _box_parts(box) -> tuple[list, list]:
         return list(box.operands), [box.scale] if box.scale is not None else []
     if isinstance(box, Map):
         return [], [box.expr]
-    if isinstance(box, (Reduce, Softmax)):
+    if isinstance(box, (Reduce, Softmax, Scan)):
         return [], [box.operand]
     return list(box.args), []
 

@@ -355,6 +355,26 @@ class Softmax:
 
 
 @dataclass(frozen=True)
+class Scan:
+    """``cumsum[x](E)``, ``cumprod[x](E)``: along ``axis``, each element the sum (``op`` "sum")
+    or product ("prod") of the operand's elements up to and including it. It keeps its axis, as
+    a softmax does, and acts along it (the axis is consumed, never woven)."""
+
+    op: str  # "sum" or "prod"
+    axis: str
+    operand: Expression
+    kind = "scan"
+
+    @property
+    def name(self) -> str:
+        return f"cum{self.op}"
+
+
+# A scan's name in the notation -> its op (Scan.op)
+SCAN_OPS = {"cumsum": "sum", "cumprod": "prod"}
+
+
+@dataclass(frozen=True)
 class BoxSignature:
     name: str
     inputs: tuple[tuple[str, tuple[str, ...]], ...]  # (dtype, axes) per input
@@ -369,7 +389,7 @@ class Opaque:
     kind = "opaque"
 
 
-Box = Union[Contract, Map, Reduce, Softmax, Opaque]
+Box = Union[Contract, Map, Reduce, Softmax, Scan, Opaque]
 
 
 @dataclass(frozen=True)
@@ -415,6 +435,8 @@ class Statement:
             return f"{box.op}[{' '.join(box.axes)}]({format_expression(box.operand)})"
         if isinstance(box, Softmax):
             return f"softmax[{box.axis}]({format_expression(box.operand)})"
+        if isinstance(box, Scan):
+            return f"{box.name}[{box.axis}]({format_expression(box.operand)})"
         return f"{box.box.name}({', '.join(format_expression(r) for r in box.args)})"
 
 

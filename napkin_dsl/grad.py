@@ -58,7 +58,7 @@ from . import syntax as syn
 from .check import check_module
 from .dtypes import INTEGER_DTYPES
 from .diagram import (
-    Apply, Const, Contract, Diagram, Expression, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement,
+    Apply, Const, Contract, Diagram, Expression, Index, Map, Opaque, Read, Reduce, ScalarParam, Scan, Softmax, Statement,
     expression_axes, reads,
 )
 from .errors import NapkinError
@@ -288,6 +288,11 @@ def _check_differentiable(diagram: Diagram, save: tuple[str, ...]) -> None:
         if name not in diagram.arrays or diagram.arrays[name].role != "intermediate":
             raise NapkinError(f"save={name!r}: {diagram.name} has no intermediate {name!r} to save "
                               f"(intermediates: {', '.join(a for a, v in diagram.arrays.items() if v.role == 'intermediate')})")
+    for s in diagram.statements:
+        if isinstance(s.box, Scan):
+            raise NotImplementedError(
+                f"the backward of {s.box.name}[{s.box.axis}] ({s.target}, line {s.span.line if s.span else s.index + 1}) is not "
+                f"derived yet: its gradient is a scan in the reverse order along {s.box.axis}, which the notation has no box for")
     for view in diagram.views:
         source = diagram.arrays[view.window.source]
         raise NotImplementedError(

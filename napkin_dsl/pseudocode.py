@@ -50,6 +50,7 @@ from .diagram import (
     Map,
     Read,
     Reduce,
+    Scan,
     Softmax,
     Statement,
     accumulation_dtype,
@@ -256,6 +257,8 @@ def released_by(sequence: list, spans: dict, ref, index: int) -> bool:
     last = spans[ref][1]
     if step.op in ("load", "save", "alloc") or ref not in step.reads or ref in step.writes or last != index:
         return False
+    if step.statement is not None and isinstance(step.statement.box, Scan):
+        return False  # a scan reads its operand's row while writing its target's: both are held
     defined_in = {id(lp) for lp in sequence[spans[ref][0]][1]}
     return all(id(lp) in defined_in for lp in loops)
 

@@ -81,7 +81,7 @@ from . import algebra, elementwise
 from .binding import arguments, bind, check_reference_memory, diagram_of
 from .boxes import reduction
 from .dtypes import INTEGER_DTYPES
-from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from .diagram import Apply, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Scan, Softmax, Statement
 from .errors import NapkinCallError
 from .types import convert
 from .windows import gather
@@ -296,6 +296,10 @@ class Evaluator:
                 values = np.broadcast_to(self.expression(box.operand).aligned(statement.axes), self.shape(statement.axes))
                 along = statement.axes.index(box.axis)
                 return masked_softmax(values, along)
+            if isinstance(box, Scan):
+                values = np.broadcast_to(self.expression(box.operand).aligned(statement.axes), self.shape(statement.axes))
+                along = statement.axes.index(box.axis)
+                return np.cumsum(values, axis=along) if box.op == "sum" else np.cumprod(values, axis=along)
         raise AssertionError(f"napkin bug: unknown box {box!r}")
 
     def contract(self, statement: Statement, box: Contract) -> np.ndarray:

@@ -63,7 +63,8 @@ from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
 from . import algebra
-from .diagram import Apply, Array, BoxSignature, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement
+from .diagram import (Apply, Array, BoxSignature, Const, Contract, Diagram, Index, Map, Opaque, Read, Reduce, ScalarParam, Scan,
+                      Softmax, Statement)
 from .diagram import size_text as diagram_size_text
 from .errors import NapkinError
 from .hardware import hardware_names, load_hardware
@@ -356,9 +357,9 @@ def box_label(statement: Statement) -> str:
     if isinstance(box, Contract):
         text = f"contract {' '.join(box.contracted)}"
         return text + (f" × {expression_text(box.scale)}" if box.scale is not None else "")
-    if isinstance(box, Softmax):
+    if isinstance(box, (Softmax, Scan)):
         operand = "" if isinstance(box.operand, Read) else f"({expression_text(box.operand)})"
-        return f"softmax[{box.axis}]{operand}"
+        return f"{'softmax' if isinstance(box, Softmax) else box.name}[{box.axis}]{operand}"
     if isinstance(box, Reduce):
         operand = "" if isinstance(box.operand, Read) else f"({expression_text(box.operand)})"
         return f"{box.op}[{' '.join(box.axes)}]{operand}"
@@ -859,9 +860,10 @@ class Renderer:
             column.lane_ys = [wire_y(top, k) for k in range(len(column.lanes))]
             port_top = wire_y(top, len(column.lanes)) + (LANE_GAP if column.lanes else 0)
             box = column.statement.box
-            rows = len(column.in_ports) if isinstance(box, Softmax) else max(len(column.in_ports), len(column.out_ports))
+            keeps_axis = isinstance(box, (Softmax, Scan))
+            rows = len(column.in_ports) if keeps_axis else max(len(column.in_ports), len(column.out_ports))
             column.in_port_ys = [port_top + PITCH * j for j in range(len(column.in_ports))]
-            if isinstance(box, Softmax) and column.in_port_ys:
+            if keeps_axis and column.in_port_ys:
                 # Softmax keeps its axis: the wire leaves the triangle where the inputs meet.
                 middle = sum(column.in_port_ys) / len(column.in_port_ys)
                 column.out_port_ys = [middle for _ in column.out_ports]
@@ -883,7 +885,7 @@ class Renderer:
         if isinstance(box, Contract):
             tallest = max((ys[-1] - ys[0] for ys in self.cap_groups(column).values()), default=0)
             width = max(width, 36 + cap_bulge(tallest))
-        elif isinstance(box, Softmax):
+        elif isinstance(box, (Softmax, Scan)):
             width = max(width, 52)
         elif isinstance(box, Reduce):
             width = max(width, 24 + text_width(box.op, SMALL_SIZE) + 10)
@@ -1245,7 +1247,7 @@ class Renderer:
         d.text(centre, column.label_y + (0.5 if opaque else 0), label, size=HEADER_SIZE if opaque else LABEL_SIZE, bold=opaque,
                anchor="middle", title=column.label if label != column.label else None, background=False)
         # A map's only wires into the box are axis-less operands; its label is its pictogram.
-        pictogram = {Contract: self.draw_caps, Softmax: self.draw_triangle, Reduce: self.draw_reduction,
+        pictogram = {Contract: self.draw_caps, Softmax: self.draw_triangle, Scan: self.draw_triangle, Reduce: self.draw_reduction,
                      Opaque: self.draw_ports, Map: self.draw_ports}
         pictogram[type(s.box)](column, x0, x1)
 
@@ -1278,7 +1280,7 @@ class Renderer:
         self.draw_ports(column, x0, x1, labelled=False, only_scalars=True)
 
     def draw_triangle(self, column: Column, x0: float, x1: float):
-        """Softmax: a triangle on the wire it acts along."""
+        """Softmax (and a scan, which also keeps its axis): a triangle on the wire it acts along."""
         compute = self.levels.compute
         axis = column.statement.box.axis
         centre = (x0 + x1) / 2

@@ -5,11 +5,9 @@ dilated or padded convolution's input, a pooling's. The checker turns it into a 
 array over the axes the indices use (``X_win[b c p i]``), which every later stage reads as an
 input. This module holds what needs the sizes: the range each index reads (and whether it
 stays inside the array), the size of an axis that only a window read implies (a convolution's
-output length), and the gather that fills a view from its parameter before a launch.
-
-The gather materialises the whole view in the binding, so a launch transfers the view, k times
-the parameter for a window of k: the model prices exactly that. Gathering tiles with their
-halos inside the launch is not built yet.
+output length), the gather of a view from its parameter (the reference's, and the NumPy
+backend's), and what loading a tile of a view moves from device memory: the box of the
+parameter its indices span, halo included (the model's count and the NumPy backend's).
 """
 
 from __future__ import annotations

@@ -51,10 +51,10 @@ from dataclasses import dataclass, field
 
 from .. import algebra
 from ..algebra import as_number
-from ..boxes import REDUCTION_TABLE, accumulated, reduction
+from ..boxes import REDUCTION_TABLE, SCAN_FOLDS, accumulated, reduction
 from .. import elementwise
 from ..dtypes import DTYPE_BYTES, INTEGER_DTYPES
-from ..diagram import Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax
+from ..diagram import Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Scan, Softmax
 from ..errors import NapkinError
 from ..isel import FMA_THREADS, REGISTER_TILE, FmaAccumulator, register_tile_axes
 from ..pseudocode import Loop, Program, Step, liveness, released_by, split_loop, walk
@@ -1313,7 +1313,30 @@ class Printer(KernelWriter):
         if isinstance(box, Softmax):
             self.softmax(s, box, staged=self.hazard(step, target))
             return
+        if isinstance(box, Scan):
+            self.scan(step, s, box)
+            return
         raise AssertionError(f"napkin bug: the FMA printer has no step for box {box!r}")
+
+    def scan(self, step: Step, s, box: Scan):
+        """Y = cumsum[axis](operand) (or cumprod), unstreamed: a row to a thread, which walks the
+        row in order, folding each value into its running one and writing it. A thread reads an
+        element before it writes the target's, and only its own row's: in place is safe where
+        the target shares the operand's slot element for element (hazard says when not)."""
+        if self.hazard(step, s.target):
+            raise LoweringError(f"{s.target} = {box.name}[{box.axis}](...) shares shared memory with an operand it is still "
+                                f"reading", hint="napkin bug: the arena placed a scan's target over its operand")
+        start, fn = SCAN_FOLDS[box.op]
+        axis = box.axis
+        all_axes = tuple(s.woven) + (axis,)
+
+        def row():
+            self.emit(f"{self.real} run = {literal(start, self.real)};")
+            with self.block(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{"):
+                self.emit(self.fold("run", fn, self.expression(box.operand, all_axes)))
+                self.emit(self.write(s.target, all_axes, "run"))
+
+        self.flat_loop(tuple(s.woven), row)
 
     def hazard(self, step: Step, out: str) -> bool:
         """Does `out` share bytes with an input of the step other than in place, element for element?"""

@@ -82,7 +82,7 @@ from ..cost import contraction_unit, fma_register_launches, plain_tiles, tensor_
 from ..boxes import accumulated, opaque_flops, reduction
 from ..dtypes import DTYPE_BYTES, FP8_DTYPES
 from ..diagram import (
-    Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Softmax, Statement, indices,
+    Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Scan, Softmax, Statement, indices,
     operation_count, operation_unit, reads,
 )
 from .. import elementwise
@@ -717,6 +717,17 @@ class Interpreter:
                 self.store(level, target, axes, _softmax(operand(), along, self.count).astype(dtype, copy=False))
 
             return compute
+        if isinstance(box, Scan):
+            operand = self.named_operand(s, operands)
+            along = s.iteration_axes.index(box.axis)
+            scan = np.cumsum if box.op == "sum" else np.cumprod
+
+            def compute():
+                values = operand()
+                self.count("fma", values.size)  # one add (or multiply) an element into the running value
+                self.store(level, target, axes, scan(values, axis=along).astype(dtype, copy=False))
+
+            return compute
         if isinstance(box, Opaque):
             flops = opaque_flops(box)  # declared by signature only: its FLOPs are a symbol per copy
 
@@ -1159,7 +1170,7 @@ def tolerance(program: Program) -> float:
         box = s.box
         if isinstance(box, Softmax):
             magnitude[s.target] = 1.0
-        elif isinstance(box, Contract) or (isinstance(box, Reduce) and box.op == "sum"):
+        elif isinstance(box, Contract) or (isinstance(box, (Reduce, Scan)) and box.op == "sum"):
             magnitude[s.target] = math.sqrt(length(s.consumed)) * operands(s)
         else:  # maps, max/min/mean, opaque boxes: as large as their operands
             magnitude[s.target] = operands(s)
@@ -1192,7 +1203,10 @@ def tolerance(program: Program) -> float:
     if not rounded and all(diagram.arrays[n].dtype.startswith("i") for n in diagram.outputs):
         return 0.0  # integers, exactly
 
-    arithmetic = sum(2 * UNIT_ROUNDOFF[compute[s.target]] * math.sqrt(length(s.consumed)) * amplification.get(s.target, 1.0)
+    # A sum's rounding errors grow as the square root of its length; a running product's, each
+    # factor rounding the whole product, with its length.
+    arithmetic = sum(2 * UNIT_ROUNDOFF[compute[s.target]] * amplification.get(s.target, 1.0)
+                     * (length(s.consumed) if isinstance(s.box, Scan) and s.box.op == "prod" else math.sqrt(length(s.consumed)))
                      for s in diagram.statements)
     floor = max(ARITHMETIC_FLOOR.get(dtype, ARITHMETIC_FLOOR["f32"]) for dtype in compute.values()) if compute else 0.0
     roundings = sum(TOLERANCE.get(dtype, TOLERANCE["bf16"]) * amplification.get(name, 1.0) for name, dtype in rounded)

@@ -238,6 +238,15 @@ def _tasks() -> list[Task]:
              """kernel max_pool1d(X: f32[b c h]) -> Y: f32[b c p]:
     Y[b c p] = max[i](X[b c (4*p + i)])
 """, {"X": (2, 3, 19)}, {"b": 16, "c": 64, "h": 65536, "i": 4}, sizes={"i": 4}),
+        Task("cumsum", Lambda(lambda X: torch.cumsum(X, 1)), """kernel cumsum_(X: f32[b x]) -> Y: f32[b x]:
+    Y[b x] = cumsum[x](X)
+""", {"X": (13, 37)}, {"b": 128, "x": 4000}),
+        Task("cumprod", Lambda(lambda X: torch.cumprod(X, 1)), """kernel cumprod_(X: f32[b x]) -> Y: f32[b x]:
+    Y[b x] = cumprod[x](X)
+""", {"X": (13, 11)}, {"b": 128, "x": 4000}),
+        Task("masked cumsum", Lambda(lambda X, M: torch.cumsum(X * M, 1)), """kernel masked_cumsum(X: f32[b x], M: f32[b x]) -> Y: f32[b x]:
+    Y[b x] = cumsum[x](X * M)
+""", {"X": (13, 37), "M": (13, 37)}, {"b": 128, "x": 4000}),
         Task("global average pooling", Lambda(lambda X: X.mean((2, 3))), """kernel gap(X: f32[b c h w]) -> Y: f32[b c]:
     Y[b c] = mean[h w](X)
 """, {"X": (2, 3, 7, 9)}, {"b": 128, "c": 512, "h": 7, "w": 7}),
