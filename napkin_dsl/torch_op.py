@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from . import windows
 from .dtypes import INTEGER_DTYPES
 from .errors import NapkinError
 from .types import numpy_dtype
@@ -96,7 +97,10 @@ def torch_op(kernel, *, backend: str = "numpy", hardware: str | None = None, sav
     running = kernel
     if grad and any(diagram.arrays[p].dtype not in INTEGER_DTYPES for p in diagram.params if p in diagram.arrays):
         bound = {a: n for a, n in sizes.items() if a in diagram.axes}
-        backward_kernel = kernel.grad(hardware=hardware, save_lse=save_lse, **bound)
+        try:
+            backward_kernel = kernel.grad(hardware=hardware, save_lse=save_lse, **bound)
+        except NotImplementedError as missing:  # a box with no derived backward yet (a window read, a scan)
+            raise NotImplementedError(f"{missing}; Kernel.torch_op(grad=False) registers the forward alone") from None
         if backward_kernel.derivation.auxiliary:
             running = kernel.lse_forward()
     digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
@@ -129,6 +133,7 @@ def _output_axes(diagram, sizes: dict) -> None:
     """Refuse an output axis that no input carries and no size binds: the fake implementation
     could not give its extent."""
     carried = {a for p in diagram.params if p in diagram.arrays for a in diagram.arrays[p].axes}
+    carried |= {a for view in diagram.views for a in view.axes}  # a convolution's output length: windows.inferred_sizes
     for o in diagram.outputs:
         free = [a for a in diagram.arrays[o].axes if a not in carried and a not in sizes]
         if free:
@@ -170,6 +175,8 @@ def _register(kernel, name: str, backend: str, hardware, sizes: dict):
                 device = device or a.device
                 for axis, n in zip(diagram.arrays[p].axes, a.shape, strict=True):
                     extents.setdefault(axis, n)
+        for axis, (n, _) in windows.inferred_sizes(diagram, extents).items():  # what a window read implies
+            extents.setdefault(axis, n)
         made = tuple(torch.empty([extents[a] for a in diagram.arrays[o].axes], dtype=dtypes[o], device=device) for o in outputs)
         return made[0] if len(made) == 1 else made
 

@@ -290,3 +290,29 @@ def test_a_pooling_window_needs_its_size():
     kernel = _kernel(CASES["average pooling 2x2, stride 2"][0])
     with pytest.raises(NapkinCallError, match=r"axis i is not carried by any input .* sizes=\{'i': N\}"):
         kernel(**_inputs({"X": (1, 1, 4, 4)}))
+
+
+def test_a_torch_op_of_a_window_read_registers_its_forward_alone():
+    kernel = _kernel(CASES["conv1d stride 2, padding 1, dilation 2"][0])
+    with pytest.raises(NotImplementedError, match=r"torch_op\(grad=False\) registers the forward alone"):
+        kernel.torch_op()
+    op = kernel.torch_op(grad=False)
+    inputs = _inputs({"X": (2, 3, 13), "W": (5, 3, 3)})
+    X, W = (torch.tensor(v) for v in inputs.values())
+    want = F.conv1d(X.double(), W.double(), stride=2, padding=1, dilation=2)
+    assert torch.allclose(op(X, W).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_window_read_compiles_in_a_torch_graph():
+    """Under torch.compile with no graph break, the fake implementation gives the output's length
+    as the window implies it (windows.inferred_sizes), and the op runs."""
+    op = _kernel(CASES["conv2d 3x3, padding 1"][0]).torch_op(grad=False)
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def layer(X, W):
+        return torch.relu(op(X, W))
+
+    inputs = _inputs({"X": (2, 3, 7, 9), "W": (4, 3, 3, 3)})
+    X, W = (torch.tensor(v) for v in inputs.values())
+    want = torch.relu(F.conv2d(X.double(), W.double(), padding=1))
+    assert torch.allclose(layer(X, W).double(), want, rtol=1e-5, atol=1e-5)
