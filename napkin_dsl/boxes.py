@@ -319,13 +319,17 @@ class ScanKind(BoxKind):
         counts = count_operations(box.operand)
         return (_work("compute", "elements", fma=counts["fma"] + 1, special=counts["special"]),)
 
+    def streamed(self, box, role: str) -> tuple[Work, ...]:
+        if role != "scan":
+            return super().streamed(box, role)
+        # A chunk's scan starts from the carry, the running value the chunk before it ended on:
+        # the same work per element as the unstreamed scan, and none beside it.
+        return self.flops(box)
+
     def stream_role(self, s: Statement, site: StreamSite) -> tuple[str, int | None]:
-        box = s.box
-        raise RelabelError(
-            f"cannot stream {site.axis}: {box.name}[{box.axis}] ({line_of(s)}) carries its running "
-            f"{'sum' if box.op == 'sum' else 'product'} along {site.axis!r} from chunk to chunk, which napkin does not build "
-            f"yet", s.span or site.span,
-            f"leave {site.axis} unpartitioned: group the other axes ({' '.join(s.woven) or 'none'}) to spread the rows")
+        # The running value carried from chunk to chunk, per row: each chunk's scan starts from
+        # it, and its last element is the next chunk's carry. Its output carries the axis, chunk by chunk.
+        return "scan", None
 
 
 # What a scan starts from and folds each value in with (an elementwise function, as REDUCTION_TABLE's).

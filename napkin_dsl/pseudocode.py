@@ -428,7 +428,7 @@ class _LaunchElaborator:
             load_inputs(s, steps)
             steps.append(self.compute(s, level))
             save_if_output(s.target, steps)
-        streamed = by_role("body", "online", "accumulate", "rescaled", "lse")
+        streamed = by_role("body", "online", "accumulate", "rescaled", "lse", "scan")
         for s in streamed:  # hoist loads of arrays that do not carry the streamed axis
             load_inputs(s, steps, carrying=axis, hoist_only=True)
         for s in streamed:
@@ -437,7 +437,7 @@ class _LaunchElaborator:
         for s in streamed:
             load_inputs(s, loop_body, carrying=axis)
             loop_body += self.streamed(s, roles[s.index], level, axis)
-            if roles[s.index] == "body":
+            if roles[s.index] in ("body", "scan"):  # saved chunk by chunk
                 save_if_output(s.target, loop_body)
         tile = self.schedule.extent(axis, level)
         outer = self.schedule.extent(axis, parent) if self.cut is None else self.part_size()
@@ -451,7 +451,7 @@ class _LaunchElaborator:
             return steps
         for s in streamed:
             steps += self.finalise(s, roles[s.index], level, axis)
-            if roles[s.index] != "body":
+            if roles[s.index] not in ("body", "scan"):
                 save_if_output(s.target, steps)
         for s in by_role("post"):
             load_inputs(s, steps)
@@ -550,6 +550,11 @@ class _LaunchElaborator:
             acc = self.state(s, "acc", level, s.axes)
             return [Step("init", level, s.axes, (), (acc,), s.target, dtype=dtype, statement=s,
                          text=f"{s.target}.acc[{' '.join(s.axes)}] = 0")]
+        if role == "scan":
+            carry = self.state(s, "carry", level, s.woven)
+            start = "0" if box.op == "sum" else "1"
+            return [Step("init", level, s.woven, (), (carry,), s.target, dtype=dtype, statement=s,
+                         text=f"{s.target}.carry[{' '.join(s.woven)}] = {start}")]
         return []
 
     def streamed(self, s: Statement, role: str, level: str, axis: str) -> list:
@@ -586,6 +591,13 @@ class _LaunchElaborator:
                      text=f"{s.target}[{' '.join(s.axes)}] = exp({_operand_text(s)} - {s.target}.max); "
                           f"{s.target}.sum = {s.target}.sum * {s.target}.scale + sum[{axis}]({s.target})"),
             ]
+        if role == "scan":
+            carry = (level, f"{s.target}.carry")
+            chunk = self.buffer(s.target, level, s.axes, dtype)
+            return [Step("compute", level, s.iteration_axes, operands + (carry,), (chunk, carry), s.target, dtype=dtype,
+                         statement=s, **step_work(s, work, "compute"),
+                         text=f"{s.target}[{' '.join(s.axes)}] = {box.name}[{axis}]({s.target}.carry, {_operand_text(s)}); "
+                              f"{s.target}.carry = {s.target}[last {axis}]")]
         if role == "rescaled":
             acc = (level, f"{s.target}.acc")
             online = self.online_source(s)

@@ -70,7 +70,8 @@ class Partition:
 class StreamRoles:
     """How each statement of a launch takes part in a stream over ``axis``.
 
-    Roles: ``pre`` (before the loop), ``body`` (per chunk, stateless along the axis),
+    Roles: ``pre`` (before the loop), ``body`` (per chunk, stateless along the axis), ``scan``
+    (a cumsum or cumprod along the axis, each chunk's starting from the carry the one before left),
     ``accumulate`` (consumes the axis with a running sum/max/min), ``online`` (softmax along
     the axis feeding contractions: running max and sum with rescaling), ``rescaled`` (a
     contraction consuming an online softmax), ``lse`` (the log-sum-exp read off an online
@@ -361,7 +362,7 @@ def stream_roles(statements: list[Statement], inputs: list[str], outputs: list[s
         roles[s.index] = role
         if source is not None:
             sources[s.index] = source
-        if role == "online":  # the softmax's chunk flows on to the contraction that rescales
+        if role in ("online", "scan"):  # the chunk flows on: the softmax's to the contraction, a scan's to any reader
             carries[s.target] = True
             continue
         carries[s.target] = False

@@ -1,11 +1,14 @@
 """Scans (issue 46, item 4): cumsum[x] and cumprod[x] as boxes that keep their axis.
 
 Each is checked against torch's cumsum and cumprod in float64 on the reference, the NumPy
-backend and OpenCL, at ragged sizes, whole and with the rows grouped; the NumPy backend's
-counts equal the model's; a stream of the scanned axis is refused by name, as is the backward.
+backend and OpenCL, at ragged sizes, whole, with the rows grouped and with the scanned axis
+streamed (a carry from chunk to chunk); the NumPy backend's counts equal the model's; a split
+of the scanned axis and the backward are refused by name.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -103,9 +106,60 @@ def test_a_scan_is_not_woven_over_its_axis():
         _kernel(GROUPED.replace("group b 4", "group b 4, x 8")).program("H100", b=8, x=64)
 
 
-def test_a_stream_of_the_scanned_axis_is_refused_by_name():
-    with pytest.raises(RelabelError, match=r"cannot stream x: cumsum\[x\] \(line 2\) carries its running sum along 'x'"):
-        _kernel(GROUPED.replace("group b 4", "group b 4; stream x 8")).program("H100", b=8, x=64)
+STREAMED = """kernel k(X: f32[b x]) -> Y: f32[b x]:
+    C[b x] = SCAN[x](X)
+    Y[b x] = C * 2
+
+relabel k on H100:
+    smem: group b 4; stream x 8
+"""
+
+
+@pytest.mark.parametrize("backend", ["numpy", "opencl"])
+@pytest.mark.parametrize("scan", ["cumsum", "cumprod"])
+def test_a_streamed_scan_carries_its_running_value(scan, backend, request):
+    """A stream of the scanned axis: each chunk's scan starts from the carry the chunk before
+    left, at sizes no chunk divides (37 in chunks of 8), against torch in float64."""
+    if backend == "opencl":
+        request.getfixturevalue("opencl_device")
+    kernel = _kernel(STREAMED.replace("SCAN", scan))
+    X = (1 + 0.1 * np.random.default_rng(3).standard_normal((10, 37))).astype(np.float32)
+    want = 2 * (torch.cumsum if scan == "cumsum" else torch.cumprod)(torch.tensor(X, dtype=torch.float64), 1).numpy()
+    got = kernel(X, backend=backend)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-5, atol=1e-5)
+
+
+def test_a_streamed_scan_counts_what_the_model_prices():
+    kernel = _kernel(STREAMED.replace("SCAN", "cumsum"))
+    program = kernel.program("H100", b=10, x=37)
+    arrays, scalars = random_arguments(kernel.diagram, {"b": 10, "x": 37}, 0)
+    outputs, counts = execute(program, arrays, scalars)
+    np.testing.assert_allclose(outputs["Y"], 2 * np.cumsum(arrays["X"].astype(np.float64), axis=1), rtol=1e-5, atol=1e-5)
+    assert_counts_equal_report(counts, cost_of(program, check=False))
+    assert any("C.carry = C[last x]" in step.text for step in _steps(program))
+
+
+def _steps(program):
+    from napkin_dsl.pseudocode import walk
+
+    return [step for launch in program.launches for step, _ in walk(launch.body)]
+
+
+def test_a_streamed_scan_compiles_for_cuda():
+    compiled = _kernel(STREAMED.replace("SCAN", "cumsum").replace("f32", "bf16")).compile(arch="sm_80", b=1024, x=4096)
+    (resources,) = compiled.resources.values()
+    assert resources["spill_bytes"] == 0
+
+
+def test_a_split_of_the_scanned_axis_is_refused_by_name():
+    with pytest.raises(RelabelError, match="consumes 'x' as scan, which has no merge of its parts' states"):
+        _kernel(STREAMED.replace("SCAN", "cumsum").replace("stream x 8", "split x 16; stream x 8")).program("H100", b=8, x=64)
+
+
+def test_a_row_longer_than_shared_memory_streams():
+    """A row of a million values (4 MB) fits no tile: the tuner streams it."""
+    result = _kernel(GROUPED).tune("H100", top=1, b=64, x=1 << 20)
+    assert "stream x" in result.best.relabel_line()
 
 
 @pytest.mark.parametrize("text, message", [
@@ -124,10 +178,12 @@ def test_the_backward_of_a_scan_is_refused_by_name():
         _kernel(GROUPED).grad()
 
 
-def test_the_tuner_spreads_the_rows():
+def test_the_tuner_never_groups_the_scanned_axis():
     result = _kernel(GROUPED).tune("H100", top=1, b=4096, x=4096)
     assert result.configurations and result.best.time_s > 0
-    assert "x" not in result.best.relabel_line()  # never a group or stream of the scanned axis
+    line = result.best.relabel_line()
+    groups = line.split("group", 1)[1].split(";")[0] if "group" in line else ""
+    assert not re.search(r"\bx\b", groups), line  # the scanned axis is never grouped
 
 
 def test_a_scan_draws():

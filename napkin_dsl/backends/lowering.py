@@ -595,6 +595,8 @@ def state_start(name: str, statement, real: str = "float") -> str:
     suffix = name.split(".")[-1]
     if suffix == "max":
         return literal(-math.inf, real)
+    if suffix == "carry":  # a scan's running value before the first chunk
+        return literal(SCAN_FOLDS[statement.box.op][0], real)
     if suffix == "acc":
         return literal(accumulated(statement.box).start, real)
     return literal(0.0, real)
@@ -1328,15 +1330,20 @@ class Printer(KernelWriter):
                                 f"reading", hint="napkin bug: the arena placed a scan's target over its operand")
         start, fn = SCAN_FOLDS[box.op]
         axis = box.axis
-        all_axes = tuple(s.woven) + (axis,)
+        rows = tuple(s.woven)
+        all_axes = rows + (axis,)
+        carry = f"{s.target}.carry"
+        streamed = (step.level, carry) in step.reads  # a chunk of a stream: start from the carry, leave it
 
         def row():
-            self.emit(f"{self.real} run = {literal(start, self.real)};")
+            self.emit(f"{self.real} run = {self.read(carry, rows) if streamed else literal(start, self.real)};")
             with self.block(f"for (int i_{ident(axis)} = 0; i_{ident(axis)} < {self.extent_expr(axis)}; ++i_{ident(axis)}) {{"):
                 self.emit(self.fold("run", fn, self.expression(box.operand, all_axes)))
                 self.emit(self.write(s.target, all_axes, "run"))
+            if streamed:
+                self.emit(self.write(carry, rows, "run"))
 
-        self.flat_loop(tuple(s.woven), row)
+        self.flat_loop(rows, row)
 
     def hazard(self, step: Step, out: str) -> bool:
         """Does `out` share bytes with an input of the step other than in place, element for element?"""

@@ -79,7 +79,7 @@ from .. import algebra
 from ..binding import format_gib as _gib
 from ..binding import memory_limit
 from ..cost import contraction_unit, fma_register_launches, plain_tiles, tensor_launches, vector_reads
-from ..boxes import accumulated, opaque_flops, reduction
+from ..boxes import SCAN_FOLDS, accumulated, opaque_flops, reduction
 from ..dtypes import DTYPE_BYTES, FP8_DTYPES
 from ..diagram import (
     Apply, Const, Contract, Index, Map, Opaque, Read, Reduce, ScalarParam, Scan, Softmax, Statement, indices,
@@ -721,11 +721,24 @@ class Interpreter:
             operand = self.named_operand(s, operands)
             along = s.iteration_axes.index(box.axis)
             scan = np.cumsum if box.op == "sum" else np.cumprod
+            streamed = (level, f"{target}.carry") in step.reads
+            if streamed:
+                carry_name, carry_axes, _ = self.state(s, "carry", level)
+                rows = tuple(a for a in s.iteration_axes if a != box.axis)
+                align_carry = _aligner(carry_axes, rows)
 
             def compute():
                 values = operand()
                 self.count("fma", values.size)  # one add (or multiply) an element into the running value
-                self.store(level, target, axes, scan(values, axis=along).astype(dtype, copy=False))
+                if not streamed:
+                    self.store(level, target, axes, scan(values, axis=along).astype(dtype, copy=False))
+                    return
+                # the chunk's scan starts from the carry, in order: the carry first, then the chunk
+                carry = np.expand_dims(align_carry(self.values[level][carry_name]), along).astype(values.dtype)
+                result = np.delete(scan(np.concatenate([carry, values], axis=along), axis=along), 0, axis=along)
+                self.store(level, target, axes, result.astype(dtype, copy=False))
+                last = np.take(result, result.shape[along] - 1, axis=along)
+                self.store(level, carry_name, carry_axes, _aligner(rows, carry_axes)(last).astype(self.values[level][carry_name].dtype))
 
             return compute
         if isinstance(box, Opaque):
@@ -770,6 +783,8 @@ class Interpreter:
         role = self.roles[s.index]
         if role == "online":
             states = [self.state(s, "max", level) + (-np.inf,), self.state(s, "sum", level) + (0.0,)]
+        elif role == "scan":  # the carry: the running value before the first chunk
+            states = [self.state(s, "carry", level) + (SCAN_FOLDS[s.box.op][0],)]
         else:  # accumulate (a running sum, max or min) or rescaled (a contraction's running sum)
             start = accumulated(s.box).start
             states = [self.state(s, "acc", level) + (start,)]
