@@ -792,11 +792,14 @@ class _KernelChecker:
         """A window read: the view of a parameter over the axes its indices use (diagram.Window)."""
         name = ref.name
         array = self.arrays.get(name)
-        if array is None or array.role != "input" or array.window is not None:
-            where = (f"{name} is computed by the kernel (line {self.defined_at[name].line}); " if array is not None
+        stored = array is not None and array.window is None and (array.role == "input" or array.level is not None)
+        if not stored:
+            where = (f"{name} is computed on chip (line {self.defined_at[name].line}); " if array is not None
                      and self.defined_at.get(name) is not None else "")
-            self.out.error(f"a window read reads a kernel parameter; {name} is not one", ref.span,
-                           f"{where}read a parameter through the window, or compute {name} as a parameter of its own kernel")
+            self.out.error(f"a window read reads a kernel parameter or an array materialised in device memory; "
+                           f"{name} is neither", ref.span,
+                           f"{where}materialise it: {name}[{' '.join(array.axes)}] @gmem = ..." if array is not None and array.role != "input"
+                           else f"{where}read a parameter through the window")
             return None
         if len(ref.window) != len(array.axes):
             self.out.error(f"{name} has {len(array.axes)} axes {_axes_text(array.axes)} but its window read gives "

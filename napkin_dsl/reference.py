@@ -406,8 +406,12 @@ def evaluate(
     for array in diagram.input_arrays:
         # astype copies: the caller's arrays are never written, nor kept.
         evaluator.arrays[array.name] = np.asarray(inputs[array.name]).astype(np.float64)
-    for view in diagram.views:  # a window read's values, gathered here from its parameter
-        evaluator.arrays[view.name] = gather(view, evaluator.arrays[view.window.source], sizes)
+    def gather_views():  # a window read's values, gathered from its source once the source has them
+        for view in diagram.views:
+            if view.name not in evaluator.arrays and view.window.source in evaluator.arrays:
+                evaluator.arrays[view.name] = gather(view, evaluator.arrays[view.window.source], sizes)
+
+    gather_views()
     for statement in diagram.statements:
         try:
             values = evaluator.statement(statement)
@@ -419,6 +423,7 @@ def evaluate(
             with np.errstate(invalid="ignore"):
                 values = np.rint(values)  # stored as an integer: every reader sees it rounded
         evaluator.arrays[statement.target] = values
+        gather_views()
     outputs = {}
     for name in diagram.outputs:
         values, dtype = evaluator.arrays[name], diagram.arrays[name].dtype

@@ -458,6 +458,7 @@ def make_schedule(
     launches, launch_errors = _launches(diagram, partitions, split)
     errors += launch_errors
     errors += _materialisation_errors(diagram, profile)
+    errors += _window_source_errors(diagram, profile)
     raise_collected(errors)
     parts = {part_axis(p.axis): (p.axis, p.size) for p in partitions if p.kind == "split"}
     notes = _carried_notes(diagram, profile, split) + _ragged_notes(diagram, partitions, sizes) + _window_notes(diagram)
@@ -689,6 +690,21 @@ def _carried_notes(diagram: Diagram, profile: Hardware, split: list) -> list[str
     return [f"{producer.target} ({line_of(producer)}) is read by {reader.target} ({line_of(reader)}) after a launch boundary: "
             f"napkin saves it to {top} and loads it there, as if it were written {producer.target}[{' '.join(producer.axes)}] @{top}"
             for producer, reader in carried_across(diagram, profile, split)]
+
+
+def _window_source_errors(diagram: Diagram, profile: Hardware) -> list[RelabelError]:
+    """A window read of an intermediate gathers from device memory: the intermediate must be
+    materialised at the top level of ``profile``, not at a level below it."""
+    errors = []
+    for view in diagram.views:
+        source = diagram.arrays[view.window.source]
+        if source.role == "intermediate" and not is_top(source.level, profile):
+            errors.append(RelabelError(
+                f"{view.window.source} is read through a window ({view.window.text(source.axes)}), which gathers from "
+                f"device memory, but it is " + (f"materialised at @{source.level}, below {profile.name}'s top level"
+                                                 if source.level else "kept on chip"),
+                source.span, f"materialise it at the top: @{profile.top.name}"))
+    return errors
 
 
 def _window_notes(diagram: Diagram) -> list[str]:

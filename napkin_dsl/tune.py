@@ -552,7 +552,9 @@ def tune(diagram: Diagram, hardware: str | Hardware, block: syn.RelabelBlock | N
             spaces.append(search.space(diagram, ranked, "resized"))
     choices = [written]
     if fusion:
-        points = split_points(diagram, profile)
+        # an array read through a window stays in device memory: the window gathers from there
+        windowed = {view.window.source for view in diagram.views}
+        points = [p for p in split_points(diagram, profile) if p not in windowed]
         fixed = written - set(points)
         if len(points) <= MAX_SPLIT_POINTS:
             subsets = itertools.chain.from_iterable(itertools.combinations(points, n) for n in range(len(points) + 1))

@@ -121,42 +121,31 @@ def completed_sizes(diagram: Diagram, sizes: dict) -> dict:
     return completed
 
 
-def gather(view: Array, source, sizes: dict):
+def gather(view: Array, source, sizes: dict, ranges: dict | None = None):
     """The view's values, C-contiguous in its axes' order and the source's dtype: each element
-    the source at the window's indices, or the pad value outside it (NumPy arrays)."""
+    the source at the window's indices, or the pad value outside it (NumPy arrays). ``ranges``:
+    view axis -> (start, stop) of one tile of the view (default: the whole view)."""
     import numpy as np  # here, not at the top: `napkin check` plans without NumPy
 
     axes = view.axes
     rank = len(axes)
+    ranges = ranges or {a: (0, sizes[a]) for a in axes}
     positions, inside = [], np.ones((1,) * rank, dtype=bool)
     for dim, index in enumerate(view.window.indices):
         at = np.full((1,) * rank, _value(index.offset, sizes), dtype=np.int64)
         for axis, coefficient in index.terms:
             shape = [1] * rank
-            shape[axes.index(axis)] = sizes[axis]
-            at = at + (np.arange(sizes[axis], dtype=np.int64) * _value(coefficient, sizes)).reshape(shape)
+            start, stop = ranges[axis]
+            shape[axes.index(axis)] = stop - start
+            at = at + (np.arange(start, stop, dtype=np.int64) * _value(coefficient, sizes)).reshape(shape)
         n = source.shape[dim]
         inside = inside & (at >= 0) & (at < n)
         positions.append(np.clip(at, 0, n - 1))
     values = source[tuple(positions)]
-    values = np.broadcast_to(values, tuple(sizes[a] for a in axes))
+    values = np.broadcast_to(values, tuple(ranges[a][1] - ranges[a][0] for a in axes))
     if view.window.pad is not None:
         values = np.where(inside, values, np.array(view.window.pad).astype(source.dtype))
     return np.ascontiguousarray(values)
-
-
-def with_views(diagram: Diagram, inputs: dict, sizes: dict) -> dict:
-    """``inputs`` with each view the binding did not gather (a backend called directly) gathered
-    from its parameter."""
-    missing = [view for view in diagram.views if view.name not in inputs]
-    if not missing:
-        return inputs
-    import numpy as np
-
-    inputs = dict(inputs)
-    for view in missing:
-        inputs[view.name] = gather(view, np.asarray(inputs[view.window.source]), sizes)
-    return inputs
 
 
 # ---- what a load of a view moves from device memory -----------------------------------------------

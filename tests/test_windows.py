@@ -246,8 +246,9 @@ def test_window_mistakes_get_a_caret(text, message, column):
     assert error.span is not None and error.span.line == 2 and error.span.column == column, shown
 
 
-def test_a_window_reads_a_parameter_only():
-    with pytest.raises(NapkinTypeError, match="a window read reads a kernel parameter; H is not one"):
+def test_a_window_of_an_array_on_chip_is_refused():
+    with pytest.raises(NapkinTypeError, match="a window read reads a kernel parameter or an array materialised in device memory; "
+                                              "H is neither"):
         napkin.load("""kernel k(X: f32[b h]) -> Y: f32[b p]:
     H[b h] = exp(X)
     Y[b p] = sum[i](H[b (p + i)])
@@ -316,3 +317,55 @@ def test_a_window_read_compiles_in_a_torch_graph():
     X, W = (torch.tensor(v) for v in inputs.values())
     want = torch.relu(F.conv2d(X.double(), W.double(), padding=1))
     assert torch.allclose(layer(X, W).double(), want, rtol=1e-5, atol=1e-5)
+
+
+# ---- a window read of a materialised intermediate: convolution, then pooling ------------------
+
+CONV_POOL = """kernel conv_pool(X: f32[b c h w], W: f32[o c i j]) -> Y: f32[b o s t]:
+    C[b o p q] = pad(X[b c (p + i - 1) (q + j - 1)], 0) * W[o c i j]
+    R[b o p q] @gmem = relu(C)
+    Y[b o s t] = max[k l](R[b o (2*s + k) (2*t + l)])
+"""
+
+
+@pytest.mark.parametrize("backend", ["reference", "numpy", "opencl"])
+def test_a_window_read_of_a_materialised_intermediate(backend, request):
+    """Convolution, ReLU, then 2x2 max pooling of the materialised result: the pooling's output
+    length is read off the convolution's, itself read off X."""
+    if backend == "opencl":
+        request.getfixturevalue("opencl_device")
+    kernel = _kernel(CONV_POOL)
+    inputs = _inputs({"X": (2, 3, 9, 7), "W": (4, 3, 3, 3)})
+    X, W = (_t(v) for v in inputs.values())
+    want = F.max_pool2d(torch.relu(F.conv2d(X, W, padding=1)), 2).numpy()
+    sizes = {"k": 2, "l": 2}
+    if backend == "reference":
+        got = napkin.reference.reference(kernel, **inputs, sizes=sizes)
+    else:
+        got = kernel(**inputs, backend=backend, sizes=sizes)
+    assert got.shape == want.shape == (2, 4, 4, 3)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_window_read_of_an_intermediate_counts_what_the_model_prices():
+    kernel = _kernel(CONV_POOL + """
+relabel conv_pool on H100:
+    smem for C, R: group b 1, o 2, p 4, q 4; stream c 2
+    smem for Y: group b 1, o 2, s 2, t 2
+""")
+    program = kernel.program("H100", b=2, c=3, h=9, w=7, o=4, i=3, j=3, k=2, l=2)
+    arrays, scalars = random_arguments(kernel.diagram, {a: program.schedule.sizes[a] for a in ("b", "c", "h", "w", "o", "i", "j")}, 0)
+    outputs, counts = execute(program, arrays, scalars)
+    want = F.max_pool2d(torch.relu(F.conv2d(_t(arrays["X"]), _t(arrays["W"]), padding=1)), 2).numpy()
+    np.testing.assert_allclose(outputs["Y"].astype(np.float64), want, rtol=1e-5, atol=1e-5)
+    assert_counts_equal_report(counts, cost_of(program, check=False))
+
+
+def test_a_window_reads_an_array_in_device_memory():
+    with pytest.raises(NapkinTypeError, match="a window read reads a kernel parameter or an array materialised in device "
+                                              "memory; R is neither") as caught:
+        napkin.load(CONV_POOL.replace(" @gmem", ""))
+    assert "materialise it: R[b o p q] @gmem = ..." in str(caught.value)
+    kernel = _kernel(CONV_POOL.replace("@gmem", "@l2"))
+    with pytest.raises(NapkinError, match="R is read through a window .* materialised at @l2, below H100's top level"):
+        kernel.program("H100", b=2, c=3, h=9, w=7, o=4, i=3, j=3, k=2, l=2)

@@ -94,7 +94,7 @@ from ..reference import Evaluator as _Evaluator
 from ..reference import NamedArray as _Named
 from ..reference import ReferenceFailure as _Failure
 from ..types import convert, numpy_dtype
-from ..windows import completed_sizes, tile_footprint, with_views
+from ..windows import completed_sizes, gather, tile_footprint
 
 __all__ = ["Counts", "check_memory", "check_run", "estimate_bytes", "execute", "gelu", "run_program"]
 
@@ -340,7 +340,7 @@ class Interpreter:
         self.block_loops, self.blocks_total = block_loops(program) if progress is not None else (set(), 0)
         self.blocks_done = self.next_report = 0
         self.chunk_status = None  # in a masked stream loop: "partial" or "full" (Mask.status)
-        for array in (*self.diagram.input_arrays, *self.diagram.views):
+        for array in self.diagram.input_arrays:
             self.values[self.top][array.name] = inputs[array.name]
             self.starts[self.top][array.name] = (0,) * len(array.axes)
 
@@ -515,17 +515,23 @@ class Interpreter:
         lower_values, lower_starts = self.values[dest], self.starts[dest]
         view = self.diagram.arrays.get(name)  # not a split's part array (O.acc.part)
         if view is not None and view.window is not None and source == self.top:
-            # A window read's tile is gathered from its parameter: what it moves from device
-            # memory is the box of the parameter its indices span, found from the indices.
+            # A window read's tile is gathered from its source, as the kernels gather it: what it
+            # moves from device memory is the box of the source its indices span, found from the indices.
             shape = tuple(self.sizes[a] for a in self.diagram.arrays[view.window.source].axes)
 
             def moved() -> int:
                 return tile_footprint(view, {a: self.ranges[a] for a in view.axes}, shape, self.sizes)
+
+            def fetch():
+                return gather(view, upper_values[view.window.source], self.sizes, {a: self.ranges[a] for a in view.axes})
         else:
             moved = None
 
+            def fetch():
+                return upper_values[name][self.window(axes, upper_starts[name])]
+
         def load():
-            tile = upper_values[name][self.window(axes, upper_starts[name])].astype(dtype)  # a copy, converted
+            tile = fetch().astype(dtype)  # a copy, converted
             lower_values[name] = tile
             lower_starts[name] = self.origin(axes)
             self.count_transfer(level, tile.size if moved is None else moved(), nbytes)
@@ -1069,7 +1075,6 @@ def execute(program: Program, inputs: dict[str, np.ndarray], scalars: dict | Non
             raise NapkinCallError(f"input {array.name}[{' '.join(array.axes)}] has shape {value.shape}, "
                                   f"but the Program was built for {expected}")
         checked[array.name] = value.astype(numpy_dtype(array.dtype), copy=False)
-    checked = with_views(diagram, checked, {a: _integer(program.schedule.axis_size(a), f"axis {a}") for a in diagram.axes})
     missing = [name for name in diagram.scalars if name not in scalars]
     if missing:
         raise NapkinCallError(f"execute({diagram.name}) is missing scalar {', '.join(missing)}")

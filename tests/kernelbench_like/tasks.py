@@ -276,6 +276,13 @@ def _tasks() -> list[Task]:
     Z[b o p q] = X[b c (p + i) (q + j)] * W[o c i j]
     Y[b o] = mean[p q](Z)
 """, {"X": (2, 3, 7, 9)}, {"b": 32, "c": 64, "h": 56, "w": 56, "o": 64, "i": 3, "j": 3}, weights=("W",)),
+        Task("conv2d + relu + max pooling", Conv(nn.Conv2d(3, 4, 3, padding=1, bias=False), lambda Y: F.max_pool2d(torch.relu(Y), 2)),
+             """kernel conv_relu_pool(X: f32[b c h w], W: f32[o c i j]) -> Y: f32[b o s t]:
+    C[b o p q] = pad(X[b c (p + i - 1) (q + j - 1)], 0) * W[o c i j]
+    R[b o p q] @gmem = relu(C)
+    Y[b o s t] = max[k l](R[b o (2*s + k) (2*t + l)])
+""", {"X": (2, 3, 9, 7)}, {"b": 32, "c": 64, "h": 56, "w": 56, "o": 64, "i": 3, "j": 3, "k": 2, "l": 2},
+             sizes={"k": 2, "l": 2}, weights=("W",)),
         Task("attention", Lambda(lambda Q, K, V: F.scaled_dot_product_attention(Q, K, V)),
              """kernel sdpa(Q: f32[b h q d], K: f32[b h x d], V: f32[b h x d]) -> O: f32[b h q d]:
     S[b h q x] = Q * K * d^-0.5
