@@ -450,41 +450,28 @@ class _KernelChecker:
         return Reduce(REDUCTION_OPS[expr.name], tuple(expr.axes), operand), tuple(target_axes), tuple(target_axes), tuple(expr.axes), dtypes
 
     def softmax(self, stmt, expr: syn.Call, target_axes):
-        if expr.axes is None or len(expr.axes) != 1:
-            given = f"got {_axes_text(expr.axes)}" if expr.axes else "got none"
-            self.out.error(f"softmax needs exactly one axis, {given}", expr.span,
-                           "write softmax[AXIS](EXPR); for several axes, softmax them in separate statements")
+        found = self.along_one_axis(stmt, expr, target_axes, "softmax", "softmax them", "softmax keeps")
+        if found is None:
             return None
-        axis = expr.axes[0]
-        operand = self.single_operand(expr, f"softmax[{axis}]")
-        if operand is None:
-            return None
-        operand_axes = expression_axes(operand)
-        if axis not in operand_axes:
-            self.out.error(
-                f"softmax[{axis}] acts along axis {axis!r}, but its operand has axes {_axes_text(operand_axes)}",
-                expr.span, _did_you_mean(axis, operand_axes) or "name an axis of the operand",
-            )
-            return None
-        if target_axes is None:
-            target_axes = operand_axes
-        if set(target_axes) != set(operand_axes):
-            self.out.error(
-                f"{stmt.target}{_axes_text(target_axes)} does not match softmax[{axis}] of an operand with axes {_axes_text(operand_axes)}",
-                stmt.span, f"softmax keeps its operand's axes: write {stmt.target}{_axes_text(operand_axes)}",
-            )
-            return None
-        woven = tuple(a for a in target_axes if a != axis)
-        dtypes = [self.arrays[r.array].dtype for r in reads(operand)]
-        return Softmax(axis, operand), tuple(target_axes), woven, (axis,), dtypes
+        axis, operand, target_axes, woven, dtypes = found
+        return Softmax(axis, operand), target_axes, woven, (axis,), dtypes
 
     def scan(self, stmt, expr: syn.Call, target_axes):
         """``cumsum[x](E)``, ``cumprod[x](E)``: one axis, which the result keeps."""
-        name = expr.name
+        found = self.along_one_axis(stmt, expr, target_axes, expr.name, "scan them", "a scan keeps")
+        if found is None:
+            return None
+        axis, operand, target_axes, woven, dtypes = found
+        return Scan(SCAN_OPS[expr.name], axis, operand), target_axes, woven, (axis,), dtypes
+
+    def along_one_axis(self, stmt, expr: syn.Call, target_axes, name: str, several: str, keeps: str):
+        """A box that acts along one axis and keeps it (softmax, a scan): (its axis, its checked
+        operand, the target's axes, the axes woven over it, the operands' dtypes), or None where
+        reported. ``several`` and ``keeps`` word the hints: "softmax them", "softmax keeps"."""
         if expr.axes is None or len(expr.axes) != 1:
             given = f"got {_axes_text(expr.axes)}" if expr.axes else "got none"
             self.out.error(f"{name} needs exactly one axis, {given}", expr.span,
-                           f"write {name}[AXIS](EXPR); for several axes, scan them in separate statements")
+                           f"write {name}[AXIS](EXPR); for several axes, {several} in separate statements")
             return None
         axis = expr.axes[0]
         operand = self.single_operand(expr, f"{name}[{axis}]")
@@ -492,19 +479,22 @@ class _KernelChecker:
             return None
         operand_axes = expression_axes(operand)
         if axis not in operand_axes:
-            self.out.error(f"{name}[{axis}] acts along axis {axis!r}, but its operand has axes {_axes_text(operand_axes)}",
-                           expr.span, _did_you_mean(axis, operand_axes) or "name an axis of the operand")
+            self.out.error(
+                f"{name}[{axis}] acts along axis {axis!r}, but its operand has axes {_axes_text(operand_axes)}",
+                expr.span, _did_you_mean(axis, operand_axes) or "name an axis of the operand",
+            )
             return None
         if target_axes is None:
             target_axes = operand_axes
         if set(target_axes) != set(operand_axes):
-            self.out.error(f"{stmt.target}{_axes_text(target_axes)} does not match {name}[{axis}] of an operand with axes "
-                           f"{_axes_text(operand_axes)}", stmt.span,
-                           f"a scan keeps its operand's axes: write {stmt.target}{_axes_text(operand_axes)}")
+            self.out.error(
+                f"{stmt.target}{_axes_text(target_axes)} does not match {name}[{axis}] of an operand with axes {_axes_text(operand_axes)}",
+                stmt.span, f"{keeps} its operand's axes: write {stmt.target}{_axes_text(operand_axes)}",
+            )
             return None
         woven = tuple(a for a in target_axes if a != axis)
         dtypes = [self.arrays[r.array].dtype for r in reads(operand)]
-        return Scan(SCAN_OPS[name], axis, operand), tuple(target_axes), woven, (axis,), dtypes
+        return axis, operand, tuple(target_axes), woven, dtypes
 
     def opaque(self, stmt, expr: syn.Call, target_axes):
         decl: syn.BoxDecl = self.boxes[expr.name]

@@ -37,7 +37,7 @@ from .hardware import BUILT_OVERLAP, BUILT_OVERLAPS, OVERLAPS
 from .layouts import transpose_split
 from .pseudocode import MAX_MASK_GROUPS, Loop, Program, Step, chunk_span, liveness, mask_visits, released_by, split_loop, walk
 from .relabel import bind
-from .windows import load_footprint
+from .windows import index_span, load_footprint
 
 if TYPE_CHECKING:
     from .isel import ProgramSelection
@@ -94,9 +94,8 @@ def view_tile_box(view, schedule, level: str) -> algebra.Expr:
     source = schedule.diagram.arrays[view.window.source]
     box = algebra.Integer(1)
     for axis, index in zip(source.axes, view.window.indices, strict=True):
-        span = 1 + sum((abs(c) if algebra.as_expr(c).is_number else c) * (schedule.extent(a, level) - 1) for a, c in index.terms)
-        size = schedule.axis_size(axis)
-        span, size = algebra.as_expr(span), algebra.as_expr(size)
+        span = algebra.as_expr(index_span(index, {a: schedule.extent(a, level) for a in index.axes}))
+        size = algebra.as_expr(schedule.axis_size(axis))
         box *= min(span, size) if span.is_number and size.is_number else span
     return box
 

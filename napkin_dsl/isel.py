@@ -322,7 +322,7 @@ def _launch_refusal(launch: LaunchProgram, tile: dict) -> str | None:
 
 def _window_refusal(launch: LaunchProgram) -> str | None:
     """A launch that reads a window read's view stays on the FMA path: its tiles are gathered
-    element by element from the parameter (lowering.view_load), which the tensor-core printers'
+    element by element from the parameter (lowering.Printer.step_load), which the tensor-core printers'
     copies (cp.async, TMA) do not do; implicit GEMM is not built yet."""
     arrays = launch.schedule.diagram.arrays
     view = next((arrays[n] for n in launch.launch.inputs if n in arrays and arrays[n].window is not None), None)

@@ -168,6 +168,12 @@ def tile_footprint(view: Array, ranges: dict, source_shape: tuple, sizes: dict) 
     return total
 
 
+def index_span(index: AffineIndex, tiles: dict):
+    """How many values an index spans over a tile (``tiles``: its axes' extents), unclipped:
+    ``1 + sum(|c| (t - 1))``; a size coefficient (``len(c)``) is positive."""
+    return 1 + sum((abs(c) if algebra.as_expr(c).is_number else c) * (tiles[a] - 1) for a, c in index.terms)
+
+
 def load_footprint(view: Array, sizes: dict, tiles: dict, source_sizes: tuple):
     """The model's count of what the loads of ``view`` from device memory move in a launch, its
     tiles' boxes in the parameter summed over the tiles (:func:`tile_footprint` finds one by
@@ -178,7 +184,7 @@ def load_footprint(view: Array, sizes: dict, tiles: dict, source_sizes: tuple):
             or not all(isinstance(n, int) for n in source_sizes):
         span = algebra.Integer(1)
         for index in view.window.indices:
-            span *= 1 + sum((abs(c) if algebra.as_expr(c).is_number else c) * (tiles[a] - 1) for a, c in index.terms)
+            span *= index_span(index, tiles)
         count = algebra.Integer(1)
         for axis in view.axes:
             count *= algebra.as_expr(sizes[axis]) / tiles[axis]

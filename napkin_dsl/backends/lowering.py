@@ -1185,13 +1185,14 @@ class Printer(KernelWriter):
         name = step.array
         axes, dtype = self.globals[name]
         d = self.dialect
-        if name in self.diagram.arrays and self.diagram.arrays[name].window is not None:
-            self.view_load(name, axes, dtype)
-            return
+        window = self.diagram.arrays[name].window if name in self.diagram.arrays else None
+        if window is not None and dtype in FP8_C and window.pad not in (None, 0.0):
+            raise NotImplementedError(f"a padded window read of an 8-bit array pads with {window.pad:g}; the kernels "
+                                      f"copy fp8 bytes as they are, and only 0 is a byte they can write")
         vector = 16 // DTYPE_BYTES[dtype]
         last = axes[-1] if axes else None
         can_vector = (
-            last is not None and d.vector_copy("a", "b") is not None
+            window is None and last is not None and d.vector_copy("a", "b") is not None
             and self.tile[last] % vector == 0 and self.sizes[last] % vector == 0 and self.sizes[last] % self.tile[last] == 0
             and all(self.slots[name].size % 16 == 0 for _ in [0]) and self.slots[name].offset % 16 == 0
         )
@@ -1211,7 +1212,8 @@ class Printer(KernelWriter):
                 src = f"g_{ident(name)}[{self.global_index(name)}]"
                 self.emit(f"if ({valid}) {{ {d.vector_copy(dst, src)} }} else {{ {d.vector_zero(dst)} }}")
             return
-        # Scalar path: every element of the tile, zero past the end of the axis.
+        # Scalar path: every element of the tile, zero past the end of the axis. A window read's
+        # view is gathered from its source (view_element), the window's pad value outside it.
         t = self.fresh("t")
         count = " * ".join(str(self.tile[a]) for a in axes) or "1"
         with self.block(f"for (int {t} = nk_tid; {t} < {count}; {t} += NK_THREADS) {{"):
@@ -1220,42 +1222,25 @@ class Printer(KernelWriter):
             for axis in reversed(axes):
                 self.emit(f"const int i_{ident(axis)} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
             valid = " && ".join(f"i_{ident(a)} < {self.extent_expr(a)}" for a in axes if self.extent_expr(a) != str(self.tile[a])) or "true"
+            source, at, inside = f"g_{ident(name)}", self.global_index(name), ""
+            if window is not None:
+                lines, inside, at = self.view_element(name)
+                for line in lines:
+                    self.emit(line)
+                source = f"g_{ident(window.source)}"
             if dtype in FP8_C and self.slots[name].dtype == dtype:
                 # fp8 bytes are copied as they are: a decode and a saturating encode would turn an
                 # e5m2 infinity into the largest finite value before the kernel reads it.
-                self.emit(f"{self.ptr(name)}[{self.buffer_index(name, axes)}] = ({valid}) ? g_{ident(name)}[{self.global_index(name)}] : 0;")
-            else:
-                value = d.load(f"g_{ident(name)}", self.global_index(name), dtype, self.real)
-                self.emit(f"const {self.real} v = ({valid}) ? {value} : {self.zero};")
-                self.emit(self.write(name, axes, "v"))
-
-    def view_load(self, name: str, axes, dtype: str):
-        """A tile of a window read's view, gathered element by element from its parameter: past
-        the end of an axis of the tile zero, outside the parameter the window's pad value."""
-        window = self.diagram.arrays[name].window
-        if dtype in FP8_C and window.pad not in (None, 0.0):
-            raise NotImplementedError(f"a padded window read of an 8-bit array pads with {window.pad:g}; the kernels "
-                                      f"copy fp8 bytes as they are, and only 0 is a byte they can write")
-        t = self.fresh("t")
-        count = " * ".join(str(self.tile[a]) for a in axes) or "1"
-        with self.block(f"for (int {t} = nk_tid; {t} < {count}; {t} += NK_THREADS) {{"):
-            rest = self.fresh("r")
-            self.emit(f"int {rest} = {t};")
-            for axis in reversed(axes):
-                self.emit(f"const int i_{ident(axis)} = {rest} % {self.tile[axis]}; {rest} /= {self.tile[axis]};")
-            valid = " && ".join(f"i_{ident(a)} < {self.extent_expr(a)}" for a in axes if self.extent_expr(a) != str(self.tile[a])) or "true"
-            lines, inside, at = self.view_element(name)
-            for line in lines:
-                self.emit(line)
-            source = f"g_{ident(window.source)}"
-            if dtype in FP8_C and self.slots[name].dtype == dtype:  # bytes as they are (see step_load)
-                self.emit(f"{self.ptr(name)}[{self.buffer_index(name, axes)}] = "
-                          f"({valid}{' && ' + inside if inside else ''}) ? {source}[{at}] : 0;")
+                self.emit(f"{self.ptr(name)}[{self.buffer_index(name, axes)}] = ({valid}{' && ' + inside if inside else ''}) ? "
+                          f"{source}[{at}] : 0;")
                 return
-            value = self.dialect.load(source, at, dtype, self.real)
-            pad = literal(window.pad, self.real) if window.pad is not None else self.zero
-            read = f"({inside}) ? {value} : {pad}" if inside else value
-            self.emit(f"const {self.real} v = ({valid}) ? ({read}) : {self.zero};")
+            value = d.load(source, at, dtype, self.real)
+            if window is None:
+                self.emit(f"const {self.real} v = ({valid}) ? {value} : {self.zero};")
+            else:
+                pad = literal(window.pad, self.real) if window.pad is not None else self.zero
+                read = f"({inside}) ? {value} : {pad}" if inside else value
+                self.emit(f"const {self.real} v = ({valid}) ? ({read}) : {self.zero};")
             self.emit(self.write(name, axes, "v"))
 
     def step_save(self, step: Step):

@@ -31,10 +31,6 @@ class Task:
     weights: tuple = ()  # kernel parameters read off the module, by attribute, in order
 
 
-def _linear(n_in: int, n_out: int, bias: bool = True) -> nn.Linear:
-    return nn.Linear(n_in, n_out, bias=bias).double()
-
-
 class Lambda(nn.Module):
     """A task whose module has no weights: forward is the function."""
 
@@ -46,44 +42,33 @@ class Lambda(nn.Module):
         return self.function(*inputs)
 
 
-class Conv(nn.Module):
-    """A convolution module (torch's, in float64) whose weight the kernel takes as W."""
+class Layer(nn.Module):
+    """A torch layer (in float64), then ``after``: the kernel takes its weight as W and its bias as bias."""
 
-    def __init__(self, conv: nn.Module, after=None):
+    def __init__(self, layer: nn.Module, after=None):
         super().__init__()
-        self.conv = conv.double()
+        self.layer = layer.double()
         self.after = after
 
     @property
     def W(self):
-        return self.conv.weight
+        return self.layer.weight
 
     @property
     def bias(self):
-        return self.conv.bias
+        return self.layer.bias
 
     def forward(self, X):
-        Y = self.conv(X)
+        Y = self.layer(X)
         return self.after(Y) if self.after is not None else Y
 
 
-class LinearTask(nn.Module):
-    def __init__(self, n_in: int, n_out: int, after=None, bias: bool = True):
-        super().__init__()
-        self.linear = _linear(n_in, n_out, bias)
-        self.after = after
+def Conv(conv: nn.Module, after=None) -> Layer:
+    return Layer(conv, after)
 
-    @property
-    def W(self):
-        return self.linear.weight
 
-    @property
-    def bias(self):
-        return self.linear.bias
-
-    def forward(self, X):
-        Y = self.linear(X)
-        return self.after(Y) if self.after is not None else Y
+def LinearTask(n_in: int, n_out: int, after=None, bias: bool = True) -> Layer:
+    return Layer(nn.Linear(n_in, n_out, bias=bias), after)
 
 
 class RMSNormTask(nn.Module):
@@ -95,9 +80,9 @@ class RMSNormTask(nn.Module):
         return X * torch.rsqrt(X.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
 
 
-def _grouped_weight(conv: Conv, groups: int) -> torch.Tensor:
+def _grouped_weight(conv: Layer, groups: int) -> torch.Tensor:
     """torch's grouped weight [o_total c/groups ...] as the kernel's W[g o c ...]."""
-    w = conv.conv.weight
+    w = conv.layer.weight
     return w.reshape(groups, w.shape[0] // groups, *w.shape[1:])
 
 
