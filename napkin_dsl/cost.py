@@ -307,9 +307,9 @@ def register_transfers(program: Program, step: Step, loops, plan) -> algebra.Exp
     if s is None or step.op not in ("compute", "accumulate") or s.target not in plan.mmas or (level, s.target) in step.reads:
         return algebra.Integer(0)
     mma = plan.mmas[s.target]
-    moved = step_total(program, step, loops, (mma.k, mma.n)) * plan.b_readers
+    moved = step_total(program, step, loops, (*mma.contracted, mma.n)) * plan.b_readers
     if not mma.a_in_registers:
-        moved += step_total(program, step, loops, (plan.row, mma.k)) * plan.col_warps
+        moved += step_total(program, step, loops, (plan.row, *mma.contracted)) * plan.col_warps
     return moved
 
 
@@ -1001,6 +1001,53 @@ def fma_issue_seconds(program: Program, launch, selected: ProgramSelection | Non
     return issue, port
 
 
+# An implicit GEMM's gathered operand (paths.plan.Operand.gathered) is filled element by element
+# (tensorcore.TensorPrinter.gather): per element and tap, a window read's element costs its
+# bounds tests, its address, the select of the pad value, the LDG and the STS, measured at 90-92
+# instructions for a trip of a 3 x 3 window's 9 taps (sm_90 SASS of the 3 x 3 convolution,
+# docs/tensor-cores.md); another operand's element (a convolution's weights W[o c i j]) its address,
+# LDG and STS, 144-173 instructions a trip of 36-45 elements, which ptxas unrolls.
+GATHER_WINDOW_ELEMENT = 10
+GATHER_ELEMENT = 4
+
+
+def gather_issue(program: Program, launch, selected: ProgramSelection | None = None) -> int | None:
+    """Thread instructions a tensor-core launch's gathered operands issue (``GATHER_WINDOW_ELEMENT``
+    an element of a window read, ``GATHER_ELEMENT`` of another): each copy of a tile the Program
+    loads into the compute level gathers the whole tile; None where it gathers nothing or a size is
+    symbolic."""
+    hardware = program.hardware
+    if hardware.symbolic or not hardware.clock_hz:
+        return None
+    chosen = _selected(program, selected)[launch.index]
+    if chosen.plan is None or not any(op.gathered for op in chosen.plan.operands.values()):
+        return None
+    level = program.schedule.compute_level
+    slots = 0
+    for step, loops in walk(launch.body):
+        op = chosen.plan.operands.get(step.array) if step.op == "load" and step.level == level else None
+        if op is None or not op.gathered:
+            continue
+        # every copy of the step gathers its whole tile, zeros past a ragged axis's end included
+        copies = as_number(step_total(program, step, loops, ()))
+        if copies is None or chosen.tile is None:
+            return None
+        elements = int(copies) * math.prod(chosen.tile[a] for a in (op.rows, op.cols, *op.taps))
+        window = program.diagram.arrays[step.array].window is not None
+        slots += elements * (GATHER_WINDOW_ELEMENT if window else GATHER_ELEMENT)
+    return slots
+
+
+def gather_issue_seconds(program: Program, launch, selected: ProgramSelection | None = None) -> float | None:
+    """:func:`gather_issue` at ``ISSUE_LANES`` thread instructions a clock per SM, or None."""
+    slots = gather_issue(program, launch, selected)
+    if slots is None:
+        return None
+    hardware = program.hardware
+    sms = hardware.level(program.schedule.compute_level).units
+    return slots / (ISSUE_LANES * sms * float(hardware.clock_hz))
+
+
 def loaded_bytes(program: Program, launch, level: str) -> algebra.Expr:
     """Bytes one launch loads into ``level`` (the copies that fill its tiles), tails included."""
     return _total(step_total(program, step, loops) * _bytes(step.dtype)
@@ -1103,7 +1150,7 @@ def tiles_of(mask, program: Program, axis: str) -> range:
 
 def predict_time(program: Program, levels: dict, priced: list, occupancy: dict | None = None,
                  launch_levels: dict | None = None, fma: dict | None = None, hidden: dict | None = None,
-                 copied: dict | None = None, chains: dict | None = None) -> dict:
+                 copied: dict | None = None, chains: dict | None = None, gathers: dict | None = None) -> dict:
     """Roofline prediction; None entries where a rate, bandwidth or size is unknown.
 
     Launches run one after another, each on its own roofline: its compute (over its own busy
@@ -1116,7 +1163,9 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
     copies move through shared memory's port (:func:`copied_bytes`), scaled by their bank
     conflicts (:func:`copy_conflict`), added to the port's term. ``chains`` maps a wgmma launch
     to its :class:`~napkin_dsl.chain.Chain` and the chunks its blocks run (:func:`launch_chains`):
-    its compute time is then stretched by the chain's factor, at the blocks an SM holds."""
+    its compute time is then stretched by the chain's factor, at the blocks an SM holds. ``gathers``
+    maps an implicit GEMM's launch to the seconds its gathers issue (:func:`gather_issue_seconds`),
+    a unit of its own ("issue"), which its ``hidden`` runs beside the tensor cores."""
     hardware = program.hardware
     schedule = program.schedule
     time: dict = {"overlapped_s": None, "serial_s": None, "compute_s": None}
@@ -1145,6 +1194,8 @@ def predict_time(program: Program, levels: dict, priced: list, occupancy: dict |
         if launch_of in (fma or {}):
             # The FP32 lanes, the schedulers and shared memory's port work at once: the slowest binds.
             units_s[launch_of]["fma"] = units_s[launch_of].get("fma", 0.0) + max(seconds, *fma[launch_of])
+    for launch_of, seconds in (gathers or {}).items():
+        units_s[launch_of]["issue"] = seconds
     compute = {i: overlapped_compute(s, (hidden or {}).get(i, ())) for i, s in units_s.items()}
     launch_levels = launch_levels or {program.launches[0].index: levels}
     transfer: dict = {}  # level -> seconds over every launch
@@ -1505,6 +1556,12 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
            if (seconds := fma_issue_seconds(program, launch, selected)) is not None}
     priced_overlap = OVERLAPS[overlap_name(program, selected, overlap)]
     hidden = {launch.index: priced_overlap.hidden for launch in program.launches if selected[launch.index].path == "wgmma"}
+    # An implicit GEMM's gather issues beside its products: other warps' and blocks' products run
+    # on the tensor cores while a warp gathers, so the longer of the two binds (the SASS ceiling's max)
+    gathers = {launch.index: seconds for launch in program.launches
+               if (seconds := gather_issue_seconds(program, launch, selected)) is not None}
+    for index in gathers:
+        hidden[index] = (*hidden.get(index, ()), "issue")
     copied = {launch.index: n for launch in program.launches
               if not hardware.symbolic and (n := copied_bytes(program, launch, selected)) is not None}
     conflicts = {launch.index: copy_conflict(program, launch, selected) for launch in program.launches if launch.index in copied}
@@ -1512,7 +1569,7 @@ def cost_of(program: Program, *, check: bool = True, arch: str | None = None, re
     built = not what_if and not hardware.symbolic
     chains, chain_notes = launch_chains(program, selected) if built else ({}, [])
     time = predict_time(program, levels, priced, occupancy, launch_level_costs(program, rows, levels, selected), fma, hidden,
-                        {index: n * conflicts[index] for index, n in copied.items()}, chains)
+                        {index: n * conflicts[index] for index, n in copied.items()}, chains, gathers)
     time["overlap"] = priced_overlap.name
     schedule = program.schedule
     notes = (list(schedule.notes) + cache_warnings(program, levels) + masked_notes(program) + accumulator_notes(program, selected)

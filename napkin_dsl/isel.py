@@ -36,6 +36,7 @@ profile's instruction paths and sizes only.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 
@@ -220,6 +221,7 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
     refuse_if(_reduction_refusal(site, fragments))
     operands, mmas, dtype = _products(site, row, fragments, loaded, stream)
     plain = _plain_tiles(site, row, operands, loaded, stream)
+    refuse_if(_window_refusal(site, plain))
     _target_path(hardware, arch, path, dtype)
     statements = launch.launch.statements
     split = _column_split(statements, fragments, mmas, stream)
@@ -316,20 +318,19 @@ def _launch_refusal(launch: LaunchProgram, tile: dict) -> str | None:
     statements = launch.launch.statements
     if not any(isinstance(s.box, Contract) for s in statements):
         return "no contraction"
-    return (_split_parts_refusal(launch, tile) or _box_refusal(statements) or _f64_refusal(launch)
-            or _window_refusal(launch))
+    return _split_parts_refusal(launch, tile) or _box_refusal(statements) or _f64_refusal(launch)
 
 
-def _window_refusal(launch: LaunchProgram) -> str | None:
-    """A launch that reads a window read's view stays on the FMA path: its tiles are gathered
-    element by element from the parameter (lowering.Printer.step_load), which the tensor-core printers'
-    copies (cp.async, TMA) do not do; implicit GEMM is not built yet."""
-    arrays = launch.schedule.diagram.arrays
-    view = next((arrays[n] for n in launch.launch.inputs if n in arrays and arrays[n].window is not None), None)
+def _window_refusal(site: _Site, plain: tuple) -> str | None:
+    """A window read that a launch on tensor cores reads elementwise (a plain tile, not a
+    product's operand) stays on the FMA path: the tensor-core printers gather a window read's
+    elements only into a product's swizzled sub-tiles (an implicit GEMM's, tensorcore.gather)."""
+    arrays = site.diagram.arrays
+    view = next((arrays[n] for n in plain if arrays[n].window is not None), None)
     if view is None:
         return None
-    return (f"{view.name} is the window read {view.window.text(arrays[view.window.source].axes)}, gathered element by "
-            f"element: a convolution on tensor cores (implicit GEMM) is not built yet")
+    return (f"{view.name} is the window read {view.window.text(arrays[view.window.source].axes)}, read elementwise: "
+            f"tensor cores gather a window read only as a product's operand (implicit GEMM)")
 
 
 def _split_parts_refusal(launch: LaunchProgram, tile: dict) -> str | None:
@@ -441,29 +442,44 @@ def _reduction_refusal(site: _Site, fragments: dict) -> str | None:
     return None
 
 
-def _operand_refusal(site: _Site, name: str, role: str, loaded: set, row: str | None = None) -> str | None:
+def _operand_refusal(site: _Site, name: str, role: str, loaded: set, taps: tuple = ()) -> str | None:
     """Why array ``name`` cannot be a contraction's ``role`` operand read by ldmatrix from a
-    swizzled shared tile."""
+    swizzled shared tile (one a value of ``taps``, an implicit GEMM's: :class:`Operand`)."""
     array = site.diagram.arrays[name]
     tile, sizes = site.tile, site.sizes
     if name not in loaded:
         return f"{role} operand {name} is not loaded into shared memory"
     if array.dtype not in TENSOR_DTYPES + FP8_DTYPES:
         return f"{name} is {array.dtype}; tensor cores here take {', '.join(TENSOR_DTYPES + FP8_DTYPES)}"
-    axes = site.wide(array.axes)
-    if len(axes) != 2 or array.axes[-1] != axes[-1]:
+    axes = [a for a in site.wide(array.axes) if a not in taps]
+    if _gathered(array, taps):
+        if array.dtype in FP8_DTYPES:
+            return (f"{name} is gathered element by element into its tiles (an implicit GEMM's operand), which is "
+                    f"built for 16-bit operands ({', '.join(TENSOR_DTYPES)}), not {array.dtype}")
+        if len(axes) != 2:
+            return f"{name} is not a two-dimensional tile beside the contracted axes {' '.join(taps)}"
+    elif len(axes) != 2 or array.axes[-1] != axes[-1]:
         return f"{name} is not a two-dimensional tile whose fastest axis is its last"
     if not SwizzledTile.supports(tile[axes[1]], DTYPE_BYTES[array.dtype]):
         return (f"{name}'s tile rows ({tile[axes[1]]} values of {axes[1]}, "
                 f"{tile[axes[1]] * DTYPE_BYTES[array.dtype]} bytes) are not 32, 64 or a multiple of 128 bytes: no swizzle covers them")
-    if sizes[axes[1]] % (16 // DTYPE_BYTES[array.dtype]):
+    if not _gathered(array, taps) and sizes[axes[1]] % (16 // DTYPE_BYTES[array.dtype]):
         return (f"{name}'s rows in memory ({axes[1]} = {sizes[axes[1]]}) are not a multiple of 16 bytes: "
                 f"cp.async copies 16-byte units")
     return None
 
 
+def _gathered(array, taps: tuple) -> bool:
+    """Whether an operand's tiles are gathered element by element (:class:`Operand`): a window
+    read's, or one with taps, whose sub-tiles are strided in memory."""
+    return array.window is not None or bool(taps)
+
+
 def _contraction_axes(site: _Site, s, row: str):
-    """(A, B, k, n) of contraction ``s`` as ``out[row, n] = A[row, k] B[k, n]``, or a refusal."""
+    """(A, B, k, n, taps) of contraction ``s`` as ``out[row, n] = sum over taps of A[row, k] B[k, n]``,
+    or a refusal. Of several contracted axes (a convolution's channels and window: implicit
+    GEMM), k is the streamed one, else the last of B's whose tile is whole fragments; the
+    others are taps, each a product of its own sub-tiles."""
     reads_ = s.box.operands
     if len(reads_) != 2:
         # A factor over the output's axes alone has left the product already (a post-scale,
@@ -472,21 +488,36 @@ def _contraction_axes(site: _Site, s, row: str):
         raise Refusal(f"{s.target} contracts {len(reads_)} operands, each over a contracted axis ({held}); mma takes two "
                       f"(a factor leaves the product, to scale its result, only where its axes are all axes of {s.target})")
     contracted = site.wide(s.box.contracted)
-    if len(contracted) != 1:
-        raise Refusal(f"{s.target} contracts {len(contracted)} tiled axes; mma contracts one")
-    k = contracted[0]
+    if not contracted:
+        raise Refusal(f"{s.target} contracts no tiled axis")
     step = max(mma_k(site.diagram.arrays[r.array].dtype) for r in reads_ if r.array in site.diagram.arrays)
+    k = _contracted_k(site, contracted, reads_, step)
     if site.tile[k] % step:
         raise Refusal(f"the contracted {k} tile ({site.tile[k]}) is not a multiple of {step}")
+    taps = tuple(a for a in contracted if a != k)
     with_row = [r for r in reads_ if row in r.axes]
     if len(with_row) != 1:
         raise Refusal(f"{s.target}: exactly one operand must carry {row}")
     a, b = with_row[0], next(r for r in reads_ if r is not with_row[0])
     out = site.wide(s.axes)
     n = next((x for x in out if x != row), None)
-    if n is None or set(site.wide(b.axes)) != {k, n} or set(site.wide(a.axes)) != {row, k}:
-        raise Refusal(f"{s.target} is not (rows x {k}) times ({k} x columns)")
-    return a, b, k, n
+    if n is None or set(site.wide(b.axes)) != {k, n, *taps} or set(site.wide(a.axes)) != {row, k, *taps}:
+        raise Refusal(f"{s.target} is not (rows x {' '.join((k, *taps))}) times ({' '.join((k, *taps))} x columns)")
+    return a, b, k, n, taps
+
+
+def _contracted_k(site: _Site, contracted: list, reads_, step: int) -> str:
+    """The contracted axis mma's k runs along (:func:`_contraction_axes`)."""
+    if len(contracted) == 1:
+        return contracted[0]
+    streamed = _stream_and_loaded(site.launch)[0]
+    if streamed in contracted:
+        return streamed
+    b_axes = site.diagram.arrays[reads_[1].array].axes if reads_[1].array in site.diagram.arrays else reads_[1].axes
+    whole = [a for a in b_axes if a in contracted and site.tile[a] % step == 0]
+    if not whole:
+        raise Refusal(f"none of the contracted tiles ({', '.join(f'{a} {site.tile[a]}' for a in contracted)}) is a multiple of {step}")
+    return whole[-1]
 
 
 def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str | None) -> tuple[dict, dict, str]:
@@ -496,28 +527,30 @@ def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str |
     mmas: dict[str, Mma] = {}
     dtypes = set()
 
-    def operand(name: str, role: str) -> Operand:
-        refuse_if(_operand_refusal(site, name, role, loaded, row))
+    def operand(name: str, role: str, taps: tuple) -> Operand:
+        refuse_if(_operand_refusal(site, name, role, loaded, taps))
         array = site.diagram.arrays[name]
-        axes = site.wide(array.axes)
-        found = Operand(name, axes[0], axes[1], stream is not None and stream in array.axes)
+        axes = [a for a in site.wide(array.axes) if a not in taps]
+        found = Operand(name, axes[0], axes[1], stream is not None and stream in array.axes, taps, _gathered(array, taps))
+        if operands.get(name, found) != found:
+            raise Refusal(f"{name} is read by two products with different taps or layouts")
         operands[name] = found
         return found
 
     for s in site.contractions:
-        a, b, k, n = _contraction_axes(site, s, row)
-        b_tile = operand(b.array, "B")
+        a, b, k, n, taps = _contraction_axes(site, s, row)
+        b_tile = operand(b.array, "B", taps)
         if a.array in fragments:
-            if fragments[a.array].col != k:
-                raise Refusal(f"{a.array} in registers is not laid out along {k}")
+            if fragments[a.array].col != k or taps:
+                raise Refusal(f"{a.array} in registers is not laid out along {' '.join((k, *taps))}")
             a_trans, a_regs = False, True
         else:
-            a_tile = operand(a.array, "A")
+            a_tile = operand(a.array, "A", taps)
             a_trans, a_regs = a_tile.cols == row, False
             dtypes.add(site.diagram.arrays[a.array].dtype)
         dtype = site.diagram.arrays[b.array].dtype
         dtypes.add(dtype)
-        mmas[s.target] = Mma(a.array, a_regs, a_trans, b.array, b_tile.rows == k, k, n, dtype)
+        mmas[s.target] = Mma(a.array, a_regs, a_trans, b.array, b_tile.rows == k, k, n, dtype, taps)
     if len(dtypes) != 1:
         raise Refusal(f"contractions mix {' and '.join(sorted(dtypes))} operands")
     return operands, mmas, dtypes.pop()
@@ -791,8 +824,9 @@ def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSl
         stages = plan.stages if op.streamed else 1
         align = swizzled.alignment if canonical else 128
         offset = -(-offset // align) * align
-        slots[name] = SmemSlot(name, offset, swizzled.bytes, stages, swizzled)
-        offset += swizzled.bytes * stages
+        taps = math.prod(tile[a] for a in op.taps)  # an implicit GEMM's sub-tiles, one after another
+        slots[name] = SmemSlot(name, offset, swizzled.bytes * taps, stages, swizzled)
+        offset += swizzled.bytes * taps * stages
     # A wgmma plan's K-major copies (plan.transposed): rows and columns swapped, one stage.
     for name in plan.transposed if canonical else ():
         op = plan.operands[name]
@@ -916,6 +950,17 @@ def plan_summary(plan: TensorPlan) -> str:
     streamed = [name for name, op in plan.operands.items() if op.streamed]
     tma = plan.tma if isinstance(plan, WgmmaPlan) else ()
     copier = "TMA" if tma else "cp.async"
+    gathered = [name for name in streamed if plan.operands[name].gathered]
+    if gathered:  # an implicit GEMM's (tensorcore.TensorPrinter.gather)
+        mixed = len(gathered) != len(streamed)
+        copier = "cp.async and gathered" if mixed else "gathered"
+
+        def detail(name: str) -> str:
+            op = plan.operands[name]
+            said = (["gathered"] if mixed and op.gathered else []) + ([f"a sub-tile per {' '.join(op.taps)}"] if op.taps else [])
+            return f"{name} ({', '.join(said)})" if said else name
+
+        streamed = [detail(name) for name in streamed]
     pipeline = f"; {copier} {plan.stages} stages for {', '.join(streamed)}" if streamed else "; cp.async, 1 stage"
     once = [load.array for load in tma if not load.streamed]
     if once:  # copied once before the stream, each on its own mbarrier

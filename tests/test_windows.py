@@ -174,14 +174,16 @@ def test_the_kernel_gathers_from_the_parameter():
     assert resources["spill_bytes"] == 0
 
 
-def test_a_window_read_stays_off_tensor_cores_by_name():
+def test_a_convolution_tiled_along_two_row_axes_stays_off_tensor_cores_by_name():
+    """A tile of 16 x 16 outputs (p and q): tensor cores take one row axis (an implicit GEMM's
+    q, tests/test_implicit_gemm.py), so the launch stays on the FMA path and says why."""
     kernel = _kernel(CASES["conv2d 3x3, padding 1"][0].replace("f32", "bf16") + """
 relabel conv on H100:
     smem: group b 1, o 64, p 16, q 16; stream c 16
 """)
     selection = select_program(kernel.program("H100", b=4, c=32, h=32, w=32, o=64, i=3, j=3), "sm_90a")[0]
     assert selection.plan is None
-    assert "gathered element by element: a convolution on tensor cores (implicit GEMM) is not built yet" in selection.reason
+    assert "Y.acc[b o p q] is not a tile of p rows by at most one other axis" in selection.reason
 
 
 def test_an_axis_indexes_one_axis_of_the_array():

@@ -132,6 +132,9 @@ class Dialect:
     storage = {}  # napkin dtype -> element type in memory
 
     float_suffix = ""  # libm spelling for float: CUDA's expf, OpenCL's overloaded exp
+    # dtypes whose values a kernel may copy as they are, element to element, without widening
+    # them (an implicit GEMM's gather, tensorcore.TensorPrinter.gather)
+    bit_copied = ("f32", "f64", "f16", "bf16", "fp8e4m3", "fp8e5m2", "i32", "i64")
     prelude_f64 = ""  # what kernels computing in double need besides the prelude
     prelude_fp8 = ""  # what kernels with an fp8 array need besides the prelude
 
@@ -281,6 +284,7 @@ class OpenCLDialect(Dialect):
     # bf16 lives in memory as its 16 raw bits; f16 as `half`, read with vload_half.
     storage = {"f32": "float", "f64": "double", "f16": "half", "bf16": "ushort", "fp8e4m3": "uchar", "fp8e5m2": "uchar",
                "i32": "int", "i64": "long"}
+    bit_copied = tuple(t for t in Dialect.bit_copied if t != "f16")  # a `half` is loaded and stored by vload_half, vstore_half only
     prelude_fp8 = ("inline float nk_half_bits(uint bits) { ushort h = (ushort)bits; return vload_half(0, (const __private half*)&h); }\n"
                    + fp8_prelude("inline", "as_float", "as_uint", "rint", lambda bits: f"nk_half_bits({bits})"))
     prelude = """#pragma OPENCL EXTENSION cl_khr_fp64 : enable
@@ -925,16 +929,17 @@ class KernelWriter:
         return list(dict.fromkeys(arrays[n].window.source if n in arrays and arrays[n].window is not None else n
                                   for n in names))
 
-    def view_element(self, name: str) -> tuple[list[str], str, str]:
-        """Where the current element (i_<axis> from the tile's origin) of window read ``name``
-        is in its parameter: (lines computing its index along each of the parameter's axes, the
-        condition that it lies inside the parameter, "" for an unpadded window, which the
-        binding holds inside; its flat index)."""
+    def view_element(self, name: str, index_of=None) -> tuple[list[str], str, str]:
+        """Where the current element (i_<axis> from the tile's origin; ``index_of(axis)`` where
+        given) of window read ``name`` is in its parameter: (lines computing its index along each
+        of the parameter's axes, the condition that it lies inside the parameter, "" for an
+        unpadded window, which the binding holds inside; its flat index)."""
         window = self.diagram.arrays[name].window
         source = self.diagram.arrays[window.source]
+        index_of = index_of or self.index
         lines, inside, flat = [], [], ""
         for axis, index in zip(source.axes, window.indices, strict=True):
-            terms = [f"{window_value(c, self.sizes)} * ({self.index(a)})" for a, c in index.terms]
+            terms = [f"{window_value(c, self.sizes)} * ({index_of(a)})" for a, c in index.terms]
             offset = window_value(index.offset, self.sizes)
             at = self.fresh("w")
             lines.append(f"const int {at} = {' + '.join(terms + ([str(offset)] if offset or not terms else []))};")

@@ -499,9 +499,9 @@ class Interpreter:
         nbytes = DTYPE_BYTES[mma.dtype]
 
         def count():
-            values = math.prod(self.extents((mma.k, mma.n))) * plan.b_readers
+            values = math.prod(self.extents((*mma.contracted, mma.n))) * plan.b_readers
             if not mma.a_in_registers:
-                values += math.prod(self.extents((plan.row, mma.k))) * plan.col_warps
+                values += math.prod(self.extents((plan.row, *mma.contracted))) * plan.col_warps
             self.count_transfer("registers", values, nbytes)
 
         return count

@@ -653,7 +653,7 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
            "model_s": model_s, "model_tflops": total / model_s / 1e12 if model_s and total else None,
            "flops": total, "unit_flops": on_unit,
            "tensor_in_loop": sum(i.kind == "tensor" for i in body or []),
-           "tensor_in_kernel": sum(i.kind == "tensor" for i in function), "whole_function": False}
+           "tensor_in_kernel": sum(i.kind == "tensor" for i in function), "whole_function": False, "inner_loops": 0}
     def works(code):
         return any((i.kind == "tensor") if unit == "tensor" else (i.base in FP32_FLOPS) for i in code or [])
 
@@ -662,6 +662,11 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
         body, out["whole_function"] = function, True
     if not body:
         return out
+    # Loops inside the priced code (an implicit GEMM's gathers, tensorcore.TensorPrinter.gather) run
+    # more than once an iteration and are counted once: the ceiling is then an upper bound.
+    first, last = body[0].address, body[-1].address
+    out["inner_loops"] = sum(1 for start, end in loop_ranges(function)
+                             if first <= start and end <= last and (start, end) != (first, last))
     ring = [load for load in (plan.tma if isinstance(plan, WgmmaPlan) else ()) if load.streamed]
     fill = (sum(load.bytes for load in ring), sum(load.boxes for load in ring)) if ring else (0, 1)
     # with roles the producer's loop issues the boxes: the consumers' loop takes a fill a full-barrier wait
@@ -878,6 +883,9 @@ def format_ceiling(ceiling: dict, hardware: str | None = None) -> list[str]:
     if ceiling["tflops"] is not None:
         lines.append(f"    the launch: at most {_tflops(ceiling['tflops'])} TFLOP/s ({ceiling['busy']:.2f} of the SMs busy); "
                      f"the model predicts {_tflops(ceiling['model_tflops'])}")
+    if ceiling.get("inner_loops"):
+        lines.append(f"    {ceiling['inner_loops']} loop{'s' if ceiling['inner_loops'] != 1 else ''} inside it (gathers) counted once "
+                     f"each: the clocks are at least these, and the ceiling at most this")
     if loop["unpriced"]:
         lines.append(f"    not priced (no rate in the profile): {', '.join(f'{n} {op}' for op, n in loop['unpriced'].items())}")
     return lines

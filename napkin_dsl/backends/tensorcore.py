@@ -41,7 +41,9 @@ split's combine launch (the FMA printer's).
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
+from dataclasses import replace
 
 from ..boxes import reduction
 from .. import algebra
@@ -788,7 +790,7 @@ class TensorPrinter(KernelWriter):
         for name, op in self.plan.operands.items():
             tile = self.smem[name].tile
             units = tile.units_per_row
-            if self.threads % units or (self.threads // units) % 8:
+            if op.gathered or self.threads % units or (self.threads // units) % 8:
                 continue
             per = 16 // tile.element_bytes
             self.emit(f"const int nk_cr_{ident(name)} = nk_tid / {units}, nk_cc_{ident(name)} = (nk_tid % {units}) * {per};  // {name}: this thread's copy")
@@ -812,7 +814,9 @@ class TensorPrinter(KernelWriter):
             self.plain_load(name)
             return
         base = f"{slot.offset}" if stage is None else f"{slot.offset} + ({stage}) * {slot.stage_bytes}"
-        if name in self.copies:
+        if self.plan.operands[name].gathered:
+            self.gather(name, base, origin)
+        elif name in self.copies:
             self.hoisted_copy(name, base, origin)
         else:
             self.general_copy(name, base, origin)
@@ -870,6 +874,84 @@ class TensorPrinter(KernelWriter):
 
         with self.block(f"for (int u = nk_tid; u < {count}; u += {self.threads}) {{"):
             body()
+
+    def gather(self, name: str, base: str, origin: str | None):
+        """Fill an implicit GEMM's operand tile element by element (``Operand.gathered``). Each
+        thread takes an element (row, col) of a sub-tile, its columns fastest so that neighbouring
+        threads read neighbouring addresses of a window read's parameter, and reads it for every
+        tap in unrolled loops: the taps are constants there, so each one's address and bounds are
+        the element's plus immediates, and its place in shared memory is the element's swizzled
+        offset plus the tap's sub-tile. A value comes from device memory (a window read's from its
+        parameter at the window's indices, the pad value outside it), or is 0 past a ragged axis's
+        end. A plain store, not cp.async: the chunk's barrier (``chunk``) makes it visible before
+        any warp reads the buffer, as it does a landed copy."""
+        op = self.plan.operands[name]
+        tile = self.smem[name].tile
+        array = self.diagram.arrays[name]
+        d = self.dialect
+        origins = dict(self.origin)
+        if origin is not None:
+            origins[self.plan.stream] = origin
+        wide = (op.rows, op.cols, *op.taps)
+
+        def index_of(axis: str) -> str:
+            parts = [p for p in (origins.get(axis), f"i_{ident(axis)}" if axis in wide else None) if p]
+            return " + ".join(parts) or "0"
+
+        def element():
+            inside = [f"{index_of(a)} < {self.sizes[a]}" for a in wide if self.sizes[a] % self.tile[a]]
+            if array.window is not None:
+                lines, within, flat = self.view_element(name, index_of)
+                for line in lines:
+                    self.emit(line)
+                inside += [within] if within else []
+                source = array.window.source
+            else:
+                flat = self.global_offset(name, {a: f"i_{ident(a)}" for a in wide}, origins)
+                source = name
+            tap = "0"
+            for axis in op.taps:
+                tap = f"i_{ident(axis)}" if tap == "0" else f"({tap}) * {self.tile[axis]} + i_{ident(axis)}"
+            at = f"(nk_gs + ({tap}) * {tile.bytes}) / {tile.element_bytes}"
+            pointer = d.shared_pointer(d.storage[array.dtype], "0")
+            if array.dtype not in d.bit_copied:
+                value = d.load(f"g_{ident(source)}", flat, array.dtype)
+                if inside:
+                    value = f"(({') && ('.join(inside)}) ? {value} : {pad})"
+                self.emit(d.store(pointer, at, value, array.dtype))
+                return
+            # the element's bits as they are: no conversion to f32 and back
+            value = f"g_{ident(source)}[{flat}]"
+            if inside:
+                value = f"({') && ('.join(inside)}) ? {value} : nk_gather_pad_{ident(name)}"
+            self.emit(f"{pointer}[{at}] = {value};")
+
+        def taps(rest: tuple):
+            if not rest:
+                element()
+                return
+            self.emit("NK_UNROLL")
+            with self.block(f"for (int i_{ident(rest[0])} = 0; i_{ident(rest[0])} < {self.tile[rest[0]]}; ++i_{ident(rest[0])}) {{"):
+                taps(rest[1:])
+
+        cols = self.tile[op.cols]
+        count = self.tile[op.rows] * cols
+        pad = array.window.pad if array.window is not None and array.window.pad is not None else 0.0
+        pad = f"{'-' if pad < 0 else ''}NK_INF" if math.isinf(pad) else f"{float(pad)!r}f"
+        with self.block("{"):
+            if array.dtype in d.bit_copied:
+                self.emit(f"{d.storage[array.dtype]} nk_gather_pad_{ident(name)};  // the pad value, converted once")
+                self.emit(d.store(f"(&nk_gather_pad_{ident(name)})", "0", pad, array.dtype))
+            # rolled: unrolled, ptxas keeps every trip's loads in flight and spills (2 KB at 4
+            # chunks of c = 32 for the 3 x 3 convolution of a 32 x 64 tile); the taps within a trip unroll
+            with self.block(f"for (int v = 0; v < {-(-count // self.threads)}; ++v) {{"):
+                self.emit(f"const int u = nk_tid + v * {self.threads};")
+                if count % self.threads:
+                    self.emit(f"if (u >= {count}) break;")
+                self.emit(f"const int i_{ident(op.rows)} = u / {cols}, i_{ident(op.cols)} = u % {cols};")
+                self.emit(f"const int nk_gs = {base} + {offset_expr(tile, f'i_{ident(op.rows)}', f'i_{ident(op.cols)}')};"
+                          f"  // the element's byte in the first tap's sub-tile")
+                taps(op.taps)
 
     def plain_load(self, name: str, sync: bool = True):
         array = self.diagram.arrays[name]
@@ -1635,12 +1717,12 @@ class TensorPrinter(KernelWriter):
 
                 self.loop("mt", mt_count, pack)
             else:
-                offset = self.ldsm_offset(m.a, "a", m.a_trans, f"(nk_wrow + mt * {MMA_M})", f"(kk * {MMA_K})")
+                offset = self.ldsm_offset(m.a, "a", m.a_trans, f"(nk_wrow + mt * {MMA_M})", f"(kk * {MMA_K})", tap)
                 self.loop("mt", mt_count, lambda: self.emit(f"{'NK_LDSM_T' if m.a_trans else 'NK_LDSM'}(a[mt], {offset});"))
 
             def per_pair():
                 self.emit(f"unsigned b[{LDMATRIX_DELIVERS.extent('j')}];")
-                offset = self.ldsm_offset(m.b, "b", m.b_trans, f"({n_start}np * {n_width})", f"(kk * {MMA_K})")
+                offset = self.ldsm_offset(m.b, "b", m.b_trans, f"({n_start}np * {n_width})", f"(kk * {MMA_K})", tap)
                 self.emit(f"{'NK_LDSM_T' if m.b_trans else 'NK_LDSM'}(b, {offset});")
 
                 def per_m():
@@ -1652,7 +1734,14 @@ class TensorPrinter(KernelWriter):
 
             self.loop("np", n_pairs, per_pair)
 
-        self.loop("kk", k_steps, per_k)
+        taps = math.prod(self.tile[a] for a in m.taps)
+        tap = "tp" if taps > 1 else None
+        if tap is None:
+            self.loop("kk", k_steps, per_k)
+            return
+        # an implicit GEMM: the k steps over each tap's sub-tiles in turn (Operand.taps)
+        with self.block(f"for (int tp = 0; tp < {taps}; ++tp) {{  // the taps: {' '.join(m.taps)}"):
+            self.loop("kk", k_steps, per_k)
 
     def lane_constants(self):
         """Each ldmatrix site's per-lane row offset and swizzle key, computed once per thread."""
@@ -1695,12 +1784,16 @@ class TensorPrinter(KernelWriter):
         """Whether the streamed operands fill a TMA ring (the wgmma printer's); cp.async here."""
         return False
 
-    def ldsm_offset(self, name: str, operand: str, trans: bool, outer: str, k: str) -> str:
-        """Byte offset of this lane's ldmatrix row for the fragment at (outer, k): m or n, and k.
+    def ldsm_offset(self, name: str, operand: str, trans: bool, outer: str, k: str, tap: str | None = None) -> str:
+        """Byte offset of this lane's ldmatrix row for the fragment at (outer, k): m or n, and k,
+        in the sub-tile of ``tap`` (an implicit GEMM's: a multiple of the swizzled tile's bytes,
+        which keeps the swizzle's period).
 
         Stored rows are k when ``trans``; the lane's share was computed once (lane_constants)."""
         slot = self.smem[name]
         tile = self.ldsm_tile(name)
+        if tap is not None:
+            slot = replace(slot, offset=f"{slot.offset} + ({tap}) * {slot.tile.bytes}")
         index = self.lanes[(name, operand, trans)]
         row0, col0 = (k, outer) if trans else (outer, k)
         u0 = f"((({col0}) * {tile.element_bytes}) >> 4)"

@@ -43,12 +43,21 @@ def refuse_if(reason: str | None) -> None:
 
 @dataclass(frozen=True)
 class Operand:
-    """A shared-memory tile a contraction reads with ldmatrix: ``rows`` x ``cols`` (fastest)."""
+    """A shared-memory tile a contraction reads with ldmatrix: ``rows`` x ``cols`` (fastest).
+
+    An implicit GEMM's operand (a convolution's window read, or its weights) holds one such
+    swizzled sub-tile per value of its ``taps``, the contracted axes beside k the tile holds whole
+    (a 3 x 3 window's i and j), one after another in the order of the taps. It is ``gathered``
+    element by element into them, not copied by cp.async: a window read's elements come from its
+    parameter at the window's indices, with the pad value outside it (``lowering.view_element``),
+    and an operand with taps is strided in memory along its sub-tile's columns."""
 
     array: str
     rows: str
     cols: str
     streamed: bool
+    taps: tuple = ()
+    gathered: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,14 @@ class Mma:
     k: str
     n: str
     dtype: str  # operand dtype the mma runs in
+    # An implicit GEMM's further contracted axes, held whole in both operands' tiles: the product
+    # runs over k once per value of the taps, each on its own sub-tile (Operand.taps)
+    taps: tuple = ()
+
+    @property
+    def contracted(self) -> tuple:
+        """Every contracted axis the product runs over: k, then the taps."""
+        return (self.k, *self.taps)
 
 
 @dataclass(frozen=True)
