@@ -50,6 +50,7 @@ from .paths.plan import (FRAGMENT_BUDGET, MAX_REGISTERS, MAX_WARPS, STAGES, TENS
 from .paths.wgmma import WgmmaPlan, scheduled_roles
 from .pseudocode import LaunchProgram, Program, blocks_per_unit, split_loop, walk
 from .relabel import bind
+from .windows import integer_at
 
 # The plans, their paths and what every path shares are paths/'s (one module a path); this module
 # analyses a launch into mma.sync's layout and asks the paths in order (select). The mma.sync
@@ -452,9 +453,9 @@ def _operand_refusal(site: _Site, name: str, role: str, loaded: set, taps: tuple
     if array.dtype not in TENSOR_DTYPES + FP8_DTYPES:
         return f"{name} is {array.dtype}; tensor cores here take {', '.join(TENSOR_DTYPES + FP8_DTYPES)}"
     axes = [a for a in site.wide(array.axes) if a not in taps]
-    if _gathered(array, taps):
+    if _indexed(array, taps):
         if array.dtype in FP8_DTYPES:
-            return (f"{name} is gathered element by element into its tiles (an implicit GEMM's operand), which is "
+            return (f"{name} is an implicit GEMM's operand, a sub-tile a tap copied through its window, which is "
                     f"built for 16-bit operands ({', '.join(TENSOR_DTYPES)}), not {array.dtype}")
         if len(axes) != 2:
             return f"{name} is not a two-dimensional tile beside the contracted axes {' '.join(taps)}"
@@ -463,16 +464,37 @@ def _operand_refusal(site: _Site, name: str, role: str, loaded: set, taps: tuple
     if not SwizzledTile.supports(tile[axes[1]], DTYPE_BYTES[array.dtype]):
         return (f"{name}'s tile rows ({tile[axes[1]]} values of {axes[1]}, "
                 f"{tile[axes[1]] * DTYPE_BYTES[array.dtype]} bytes) are not 32, 64 or a multiple of 128 bytes: no swizzle covers them")
-    if not _gathered(array, taps) and sizes[axes[1]] % (16 // DTYPE_BYTES[array.dtype]):
+    if not _indexed(array, taps) and sizes[axes[1]] % (16 // DTYPE_BYTES[array.dtype]):
         return (f"{name}'s rows in memory ({axes[1]} = {sizes[axes[1]]}) are not a multiple of 16 bytes: "
                 f"cp.async copies 16-byte units")
     return None
 
 
-def _gathered(array, taps: tuple) -> bool:
-    """Whether an operand's tiles are gathered element by element (:class:`Operand`): a window
-    read's, or one with taps, whose sub-tiles are strided in memory."""
+def _indexed(array, taps: tuple) -> bool:
+    """Whether an operand's tiles are an implicit GEMM's (:class:`Operand`): a window read's, or
+    one with taps, each sub-tile of the taps' copied on its own."""
     return array.window is not None or bool(taps)
+
+
+def _gathered(site: _Site, array, cols: str, taps: tuple) -> bool:
+    """Whether an implicit GEMM's operand is gathered element by element, where a 16-byte unit
+    of a sub-tile's row (along ``cols``) is not 16 contiguous bytes in memory: ``cols`` is not
+    its array's last axis (or a window read's parameter's, indexed by ``cols`` alone), that
+    axis's size is not whole units, or a window pads with a value other than 0 (cp.async fills
+    zeros)."""
+    if not _indexed(array, taps):
+        return False
+    per = 16 // DTYPE_BYTES[array.dtype]
+    window = array.window
+    if window is None:
+        return array.axes[-1] != cols or site.sizes[cols] % per != 0
+    source = site.diagram.arrays[window.source]
+    last = window.indices[-1]
+    alone = (len(last.terms) == 1 and last.terms[0][0] == cols and integer_at(last.terms[0][1], site.sizes) == 1
+             and integer_at(last.offset, site.sizes) == 0)
+    elsewhere = any(cols in index.axes for index in window.indices[:-1])
+    return (not alone or elsewhere or site.sizes[source.axes[-1]] % per != 0 or site.sizes[cols] % per != 0
+            or window.pad not in (None, 0.0))
 
 
 def _contraction_axes(site: _Site, s, row: str):
@@ -531,7 +553,8 @@ def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str |
         refuse_if(_operand_refusal(site, name, role, loaded, taps))
         array = site.diagram.arrays[name]
         axes = [a for a in site.wide(array.axes) if a not in taps]
-        found = Operand(name, axes[0], axes[1], stream is not None and stream in array.axes, taps, _gathered(array, taps))
+        found = Operand(name, axes[0], axes[1], stream is not None and stream in array.axes, taps,
+                        _gathered(site, array, axes[1], taps), _indexed(array, taps))
         if operands.get(name, found) != found:
             raise Refusal(f"{name} is read by two products with different taps or layouts")
         operands[name] = found
@@ -951,9 +974,9 @@ def plan_summary(plan: TensorPlan) -> str:
     tma = plan.tma if isinstance(plan, WgmmaPlan) else ()
     copier = "TMA" if tma else "cp.async"
     gathered = [name for name in streamed if plan.operands[name].gathered]
-    if gathered:  # an implicit GEMM's (tensorcore.TensorPrinter.gather)
-        mixed = len(gathered) != len(streamed)
-        copier = "cp.async and gathered" if mixed else "gathered"
+    if any(plan.operands[name].indexed for name in streamed):  # an implicit GEMM's (tensorcore.TensorPrinter.gather)
+        mixed = 0 < len(gathered) < len(streamed)
+        copier = "cp.async and gathered" if mixed else "gathered" if gathered else copier
 
         def detail(name: str) -> str:
             op = plan.operands[name]

@@ -80,7 +80,31 @@ def test_a_convolution_runs_on_tensor_cores_on_pocl(case, opencl_device):
     ((target, mma),) = plan.mmas.items()
     window = {"i", "j"} & set(kernel.diagram.axes)  # the 1D case's window is i alone
     assert mma.k == "c" and set(mma.taps) == window
-    assert all(op.gathered and op.taps == mma.taps for op in plan.operands.values())
+    assert all(op.indexed and op.taps == mma.taps for op in plan.operands.values())
+    # channels last, a unit of 8 channels is 16 contiguous bytes: cp.async; else element by element
+    channels_last = kernel.diagram.arrays["W"].axes[-1] == "c"
+    assert all(op.gathered != channels_last for op in plan.operands.values())
+
+
+def test_channels_last_copies_units_by_cp_async_with_zeros_outside_the_window():
+    """X[b h w c] and W[o i j c]: each sub-tile's row is copied 16 bytes at a time, its address
+    through the window, zero-filled where the window leaves X; no element is stored by hand."""
+    text, sizes = CASES["3x3 'same', NHWC and weights [o i j c]"]
+    kernel = _kernel(text)
+    source = kernel.compile(arch="sm_80", **_bound(kernel, sizes)).source if _has_nvrtc() else None
+    from napkin_dsl.backends import opencl
+
+    generated, _ = opencl.generate(kernel.gpu_program(None, **_bound(kernel, sizes)), arch="sm_80")
+    for text_ in [t for t in (source, generated) if t is not None]:
+        assert "NK_CP16(nk_gs + ((i_i) * 3 + i_j) * " in text_ and "nk_gather_pad" not in text_
+
+
+def _has_nvrtc() -> bool:
+    try:
+        import cuda.bindings  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def test_the_plan_holds_one_sub_tile_a_tap():
@@ -101,7 +125,7 @@ def test_wgmma_declines_a_gathered_tile_by_name():
     program = kernel.program("H100", b=4, c=64, h=20, w=64, o=64, i=3, j=3)
     selection = isel.select_program(program, "sm_90a")[0]
     assert selection.path == "mma.sync"
-    assert selection.declined_path == "wgmma" and "gathered element by element into its tiles (implicit GEMM)" in selection.declined
+    assert selection.declined_path == "wgmma" and "an implicit GEMM's operand" in selection.declined
 
 
 def test_an_fp8_convolution_stays_on_the_fma_path_by_name():
@@ -198,3 +222,17 @@ def test_oclgrind_finds_no_race_in_the_gathers(tmp_path):
     assert "data race" not in report and "Invalid" not in report, report[-2000:]
     errors = [float(line.split()[-1]) for line in result.stdout.splitlines() if " error " in line]
     assert errors and max(errors) < 0.02, result.stdout
+
+
+def test_a_unit_copied_into_the_first_taps_sub_tile_is_caught(opencl_device, monkeypatch):
+    """A planted bug in the channels-last copy: every tap's unit lands in the first tap's
+    sub-tile. PoCL's result leaves the reference."""
+    emit = TensorPrinter.emit
+
+    def first_sub_tile(self, line=""):
+        emit(self, line.replace("NK_CP16(nk_gs + (", "NK_CP16(nk_gs + 0 * ("))
+
+    monkeypatch.setattr(TensorPrinter, "emit", first_sub_tile)
+    text, sizes = CASES["3x3 'same', NHWC and weights [o i j c]"]
+    with pytest.raises(AssertionError):
+        run_on_pocl(text, "planted", ["mma.sync"], arch="sm_80", **_bound(_kernel(text), sizes))

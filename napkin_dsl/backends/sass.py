@@ -662,8 +662,9 @@ def launch_ceiling(compiled: CompiledKernel, index: int, body: list[Instruction]
         body, out["whole_function"] = function, True
     if not body:
         return out
-    # Loops inside the priced code (an implicit GEMM's gathers, tensorcore.TensorPrinter.gather) run
-    # more than once an iteration and are counted once: the ceiling is then an upper bound.
+    # Loops inside the priced code (an implicit GEMM's gathers, tensorcore.TensorPrinter.gather; an
+    # epilogue's passes where the function is priced whole) may run more than once an iteration and
+    # are counted once: the ceiling is then an upper bound.
     first, last = body[0].address, body[-1].address
     out["inner_loops"] = sum(1 for start, end in loop_ranges(function)
                              if first <= start and end <= last and (start, end) != (first, last))
@@ -884,8 +885,8 @@ def format_ceiling(ceiling: dict, hardware: str | None = None) -> list[str]:
         lines.append(f"    the launch: at most {_tflops(ceiling['tflops'])} TFLOP/s ({ceiling['busy']:.2f} of the SMs busy); "
                      f"the model predicts {_tflops(ceiling['model_tflops'])}")
     if ceiling.get("inner_loops"):
-        lines.append(f"    {ceiling['inner_loops']} loop{'s' if ceiling['inner_loops'] != 1 else ''} inside it (gathers) counted once "
-                     f"each: the clocks are at least these, and the ceiling at most this")
+        lines.append(f"    {ceiling['inner_loops']} loop{'s' if ceiling['inner_loops'] != 1 else ''} inside it, counted once each here "
+                     f"(an implicit GEMM's gathers, an epilogue's passes): the clocks are at least these, the ceiling at most this")
     if loop["unpriced"]:
         lines.append(f"    not priced (no rate in the profile): {', '.join(f'{n} {op}' for op, n in loop['unpriced'].items())}")
     return lines

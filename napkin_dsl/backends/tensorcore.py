@@ -790,7 +790,7 @@ class TensorPrinter(KernelWriter):
         for name, op in self.plan.operands.items():
             tile = self.smem[name].tile
             units = tile.units_per_row
-            if op.gathered or self.threads % units or (self.threads // units) % 8:
+            if op.indexed or self.threads % units or (self.threads // units) % 8:
                 continue
             per = 16 // tile.element_bytes
             self.emit(f"const int nk_cr_{ident(name)} = nk_tid / {units}, nk_cc_{ident(name)} = (nk_tid % {units}) * {per};  // {name}: this thread's copy")
@@ -814,7 +814,7 @@ class TensorPrinter(KernelWriter):
             self.plain_load(name)
             return
         base = f"{slot.offset}" if stage is None else f"{slot.offset} + ({stage}) * {slot.stage_bytes}"
-        if self.plan.operands[name].gathered:
+        if self.plan.operands[name].indexed:
             self.gather(name, base, origin)
         elif name in self.copies:
             self.hoisted_copy(name, base, origin)
@@ -876,15 +876,18 @@ class TensorPrinter(KernelWriter):
             body()
 
     def gather(self, name: str, base: str, origin: str | None):
-        """Fill an implicit GEMM's operand tile element by element (``Operand.gathered``). Each
-        thread takes an element (row, col) of a sub-tile, its columns fastest so that neighbouring
-        threads read neighbouring addresses of a window read's parameter, and reads it for every
-        tap in unrolled loops: the taps are constants there, so each one's address and bounds are
-        the element's plus immediates, and its place in shared memory is the element's swizzled
-        offset plus the tap's sub-tile. A value comes from device memory (a window read's from its
-        parameter at the window's indices, the pad value outside it), or is 0 past a ragged axis's
-        end. A plain store, not cp.async: the chunk's barrier (``chunk``) makes it visible before
-        any warp reads the buffer, as it does a landed copy."""
+        """Fill an implicit GEMM's operand tile (``Operand.indexed``), one sub-tile a tap: 16 bytes
+        at a time by cp.async where a unit of a sub-tile's row is 16 contiguous bytes in memory
+        (zeros outside the window and past a ragged axis's end), else element by element
+        (``Operand.gathered``) with plain stores, the pad value outside the window; the chunk's
+        barrier (``chunk``) makes those visible before any warp reads the buffer, as it does a
+        landed copy. Each thread takes a unit (row, col) of a sub-tile, columns fastest so that
+        neighbouring threads read neighbouring addresses, and copies it for every tap in
+        unrolled loops: the taps are constants there, so each one's address and bounds are the
+        unit's plus immediates, and its place in shared memory is the unit's swizzled offset plus
+        the tap's sub-tile. The loop over units stays rolled: unrolled, ptxas keeps every trip's
+        loads in flight and spills (2 KB at 4 chunks of c = 32 for the 3 x 3 convolution of a
+        32 x 64 tile)."""
         op = self.plan.operands[name]
         tile = self.smem[name].tile
         array = self.diagram.arrays[name]
@@ -893,12 +896,17 @@ class TensorPrinter(KernelWriter):
         if origin is not None:
             origins[self.plan.stream] = origin
         wide = (op.rows, op.cols, *op.taps)
+        per = 1 if op.gathered else 16 // tile.element_bytes
+        pad = array.window.pad if array.window is not None and array.window.pad is not None else 0.0
+        pad = f"{'-' if pad < 0 else ''}NK_INF" if math.isinf(pad) else f"{float(pad)!r}f"
+        copied_bits = op.gathered and array.dtype in d.bit_copied
 
         def index_of(axis: str) -> str:
             parts = [p for p in (origins.get(axis), f"i_{ident(axis)}" if axis in wide else None) if p]
             return " + ".join(parts) or "0"
 
-        def element():
+        def unit():
+            # a unit past a ragged axis's end lies wholly past it: the axis's size is whole units (isel._gathered)
             inside = [f"{index_of(a)} < {self.sizes[a]}" for a in wide if self.sizes[a] % self.tile[a]]
             if array.window is not None:
                 lines, within, flat = self.view_element(name, index_of)
@@ -912,45 +920,40 @@ class TensorPrinter(KernelWriter):
             tap = "0"
             for axis in op.taps:
                 tap = f"i_{ident(axis)}" if tap == "0" else f"({tap}) * {self.tile[axis]} + i_{ident(axis)}"
-            at = f"(nk_gs + ({tap}) * {tile.bytes}) / {tile.element_bytes}"
-            pointer = d.shared_pointer(d.storage[array.dtype], "0")
-            if array.dtype not in d.bit_copied:
-                value = d.load(f"g_{ident(source)}", flat, array.dtype)
-                if inside:
-                    value = f"(({') && ('.join(inside)}) ? {value} : {pad})"
-                self.emit(d.store(pointer, at, value, array.dtype))
+            at = f"nk_gs + ({tap}) * {tile.bytes}"
+            valid = f"({') && ('.join(inside)})" if inside else None
+            if not op.gathered:  # a unit outside reads nothing: its address is the array's first
+                self.emit(f"NK_CP16({at}, g_{ident(source)} + ({f'{valid} ? {flat} : 0' if valid else flat}), {valid or 1});")
                 return
-            # the element's bits as they are: no conversion to f32 and back
-            value = f"g_{ident(source)}[{flat}]"
-            if inside:
-                value = f"({') && ('.join(inside)}) ? {value} : nk_gather_pad_{ident(name)}"
-            self.emit(f"{pointer}[{at}] = {value};")
+            pointer, element = d.shared_pointer(d.storage[array.dtype], "0"), f"({at}) / {tile.element_bytes}"
+            if copied_bits:  # the element's bits as they are: no conversion to f32 and back
+                value = f"g_{ident(source)}[{flat}]"
+                self.emit(f"{pointer}[{element}] = {f'{valid} ? {value} : nk_gather_pad_{ident(name)}' if valid else value};")
+                return
+            value = d.load(f"g_{ident(source)}", flat, array.dtype)
+            self.emit(d.store(pointer, element, f"({valid} ? {value} : {pad})" if valid else value, array.dtype))
 
         def taps(rest: tuple):
             if not rest:
-                element()
+                unit()
                 return
             self.emit("NK_UNROLL")
             with self.block(f"for (int i_{ident(rest[0])} = 0; i_{ident(rest[0])} < {self.tile[rest[0]]}; ++i_{ident(rest[0])}) {{"):
                 taps(rest[1:])
 
-        cols = self.tile[op.cols]
-        count = self.tile[op.rows] * cols
-        pad = array.window.pad if array.window is not None and array.window.pad is not None else 0.0
-        pad = f"{'-' if pad < 0 else ''}NK_INF" if math.isinf(pad) else f"{float(pad)!r}f"
+        units = self.tile[op.cols] // per
+        count = self.tile[op.rows] * units
         with self.block("{"):
-            if array.dtype in d.bit_copied:
+            if copied_bits:
                 self.emit(f"{d.storage[array.dtype]} nk_gather_pad_{ident(name)};  // the pad value, converted once")
                 self.emit(d.store(f"(&nk_gather_pad_{ident(name)})", "0", pad, array.dtype))
-            # rolled: unrolled, ptxas keeps every trip's loads in flight and spills (2 KB at 4
-            # chunks of c = 32 for the 3 x 3 convolution of a 32 x 64 tile); the taps within a trip unroll
             with self.block(f"for (int v = 0; v < {-(-count // self.threads)}; ++v) {{"):
                 self.emit(f"const int u = nk_tid + v * {self.threads};")
                 if count % self.threads:
                     self.emit(f"if (u >= {count}) break;")
-                self.emit(f"const int i_{ident(op.rows)} = u / {cols}, i_{ident(op.cols)} = u % {cols};")
+                self.emit(f"const int i_{ident(op.rows)} = u / {units}, i_{ident(op.cols)} = (u % {units}){f' * {per}' if per > 1 else ''};")
                 self.emit(f"const int nk_gs = {base} + {offset_expr(tile, f'i_{ident(op.rows)}', f'i_{ident(op.cols)}')};"
-                          f"  // the element's byte in the first tap's sub-tile")
+                          f"  // the {'element' if per == 1 else 'unit'}'s byte in the first tap's sub-tile")
                 taps(op.taps)
 
     def plain_load(self, name: str, sync: bool = True):

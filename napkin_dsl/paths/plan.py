@@ -47,10 +47,12 @@ class Operand:
 
     An implicit GEMM's operand (a convolution's window read, or its weights) holds one such
     swizzled sub-tile per value of its ``taps``, the contracted axes beside k the tile holds whole
-    (a 3 x 3 window's i and j), one after another in the order of the taps. It is ``gathered``
-    element by element into them, not copied by cp.async: a window read's elements come from its
-    parameter at the window's indices, with the pad value outside it (``lowering.view_element``),
-    and an operand with taps is strided in memory along its sub-tile's columns."""
+    (a 3 x 3 window's i and j), one after another in the order of the taps. Such an operand (and a
+    window read's, whose elements come from its parameter at the window's indices, with the pad
+    value outside it: ``lowering.view_element``) is ``indexed``: copied 16 bytes at a time by
+    cp.async, each unit's address through the taps and the window, where a unit of a sub-tile's
+    row is 16 contiguous bytes in memory (a channels-last convolution's); else ``gathered``,
+    element by element (``tensorcore.TensorPrinter.gather``)."""
 
     array: str
     rows: str
@@ -58,6 +60,7 @@ class Operand:
     streamed: bool
     taps: tuple = ()
     gathered: bool = False
+    indexed: bool = False
 
 
 @dataclass(frozen=True)

@@ -482,10 +482,10 @@ class WgmmaPath(TensorPath):
         register level's other steps (softmax, maxima, sums, an epilogue) run on the D fragments as on
         mma.sync's C."""
         statements = launch.launch.statements
-        gathered = next((op for op in plan.operands.values() if op.gathered), None)
-        if gathered is not None:  # backends/wgmma.py fills its tiles by TMA or cp.async only
-            raise Refusal(f"{gathered.array} is gathered element by element into its tiles (implicit GEMM), which mma.sync's "
-                          f"printer builds: wgmma's tiles are copied whole")
+        indexed = next((op for op in plan.operands.values() if op.indexed), None)
+        if indexed is not None:  # backends/wgmma.py fills its tiles by TMA or cp.async of whole rows only
+            raise Refusal(f"{indexed.array} is an implicit GEMM's operand, a sub-tile a tap copied through its window, which "
+                          f"mma.sync's printer builds: wgmma's tiles are copied whole")
         copied = _transposed_copies(plan) if plan.dtype in FP8_DTYPES else []
         if split_loop(launch) is not None:  # backends/wgmma.py saves no part state: mma.sync's printer does
             raise Refusal("a split's parts launch: the wgmma epilogue that saves its part states is not written")
