@@ -59,7 +59,7 @@ from .diagram import (
     reads,
     size_text,
 )
-from .relabel import Launch, Partition, Schedule, bind, part_axis, smaller, split_of, trips
+from .relabel import Launch, Partition, Schedule, bind, part_axis, smaller, split_of, summed_over_groups, trips
 
 # ---- the Program ---------------------------------------------------------------------------
 
@@ -106,6 +106,10 @@ class Step:
     # The online softmax whose state this step reads (a rescaled contraction's rescale and
     # finalise, a log-sum-exp's finalise): its target, from the stream's roles (relabel.StreamRoles).
     online: str | None = None
+    # A save that adds its tile into the destination, and an alloc that zeroes it: the partial
+    # sums of a contraction over the groups of an axis it consumes (relabel.summed_over_groups),
+    # which every group adds into the output (atomically, on a GPU).
+    add: bool = False
 
     def __post_init__(self):
         if self.op not in STEP_KINDS:
@@ -283,6 +287,7 @@ class _LaunchElaborator:
         self.combine = combine
         self.inputs, self.outputs = list(launch.inputs), list(launch.outputs)
         self.states: list = []  # (statement, state buffer, its axes): what the parts save, the combine merges
+        self.summed = summed_over_groups(schedule, launch)  # target -> the grouped axes it sums over
         self.extra: dict = {}  # a part array (`O.acc.part`) -> (axes, dtype), as diagram.arrays holds the others
         if self.cut is not None or combine:
             self.split_arrays()
@@ -354,8 +359,9 @@ class _LaunchElaborator:
         for name in self.outputs:
             axes, dtype = self.array(name)
             ref = self.buffer(name, level, axes, dtype)
-            body.append(Step("alloc", level, axes, writes=(ref,), array=name, dtype=dtype,
-                             text=f"allocate {name} tile"))
+            summed = self.summed.get(name)
+            body.append(Step("alloc", level, axes, writes=(ref,), array=name, dtype=dtype, add=summed is not None,
+                             text=f"allocate {name} tile" + (", zeroed" if summed else "")))
         body += self.level_body(level_index + 1)
         for name in self.outputs:
             body.append(self.transfer("save", name, parent, level))
@@ -384,8 +390,11 @@ class _LaunchElaborator:
             write = (upper, name)
             if upper == self.levels[0] or held is not None:
                 self.buffer(name, upper, axes, dtype)
-        return Step(kind, lower, axes, (read,), (write,), name, source, dest, dtype,
-                    text=f"{kind} {held + ' as ' if held else ''}{name}[{' '.join(axes)}] {source} -> {dest}")
+        summed = self.summed.get(name) if kind == "save" and held is None else None
+        text = f"{kind} {held + ' as ' if held else ''}{name}[{' '.join(axes)}] {source} -> {dest}"
+        if summed:
+            text = f"add {name}[{' '.join(axes)}] {source} -> {dest}  (each group of {' '.join(summed)} adds its partial sum)"
+        return Step(kind, lower, axes, (read,), (write,), name, source, dest, dtype, text=text, add=summed is not None)
 
     # -- the compute level
     def compute_body(self, level: str, parent: str) -> list:

@@ -9,7 +9,10 @@ kernel), and for each stream the role every statement plays in it.
 
 Legality (METHOD.md sections 3-4):
 
-* a group partition needs an axis no statement consumes (every box is woven over it);
+* a group partition needs an axis no statement consumes (every box is woven over it), or one
+  only contractions consume whose results are outputs of their launch in f32 that nothing in
+  the launch reads: each group adds its partial sum into the output in device memory
+  (:func:`summed_over_groups`; split-K without a combine launch, FlashAttention's dQ);
 * a stream partition needs an axis that arrives by a transfer and is consumed by a
   streamable chain: running sums (contractions, ``sum``, ``mean``), running ``max``/``min``,
   stateless maps, or ``softmax`` followed by a contraction over the same axis (the online
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from . import algebra
 from . import syntax as syn
 from .boxes import StreamSite, box_kind, line_of
-from .diagram import Diagram, Softmax, Statement
+from .diagram import Contract, Diagram, Softmax, Statement
 from .errors import RelabelError, Span, raise_collected
 from .hardware import Hardware, load_hardware
 
@@ -452,7 +455,7 @@ def make_schedule(
     partitions += list(extra_partitions)
     levels, warp_tiles = _levels_involved(profile, partitions)
     for p in partitions:
-        errors += _partition_errors(p, partitions, split, levels[-1], warp_tiles)
+        errors += _partition_errors(p, partitions, split, levels[-1], warp_tiles, diagram)
     partitions += _split_streams(partitions, split)
     errors += _stream_count_errors(partitions, split)
     launches, launch_errors = _launches(diagram, partitions, split)
@@ -583,14 +586,26 @@ def _levels_involved(profile: Hardware, partitions: list) -> tuple[tuple[str, ..
     return tuple(names[: lowest + 1]), warp_tiles
 
 
-def _partition_errors(p: Partition, partitions: list, split: list, compute_level: str, warp_tiles: list) -> list[RelabelError]:
+def _partition_errors(p: Partition, partitions: list, split: list, compute_level: str, warp_tiles: list,
+                      diagram: Diagram) -> list[RelabelError]:
     """What is wrong with partition ``p`` by its kind: a group of an axis some statement
-    consumes, a split (:func:`split_errors`), a stream below or above the compute level."""
+    consumes (other than a sum over the groups: :func:`summed_over_groups`), a split
+    (:func:`split_errors`), a stream below or above the compute level."""
     if p.kind == "group":
-        consumers = [s for i, (statements, _, _) in enumerate(split) if p.applies_to(i)
-                     for s in statements if p.axis in s.consumed]
+        consumers = [s for i, (statements, _, outputs) in enumerate(split) if p.applies_to(i)
+                     for s in statements if p.axis in s.consumed
+                     and _summed_refusal(s, statements, outputs, diagram, partitions, i, p.axis) is not None]
         if not consumers:
             return []
+        if all(isinstance(s.box, Contract) for s in consumers):
+            s = consumers[0]
+            statements, _, outputs = next(entry for entry in split if s in entry[0])
+            why = _summed_refusal(s, statements, outputs, diagram, partitions, split.index((statements, _, outputs)), p.axis)
+            return [RelabelError(
+                f"cannot group-partition {p.axis}: {s.target} ({line_of(s)}) contracts it, and its groups' partial sums "
+                f"add into {s.target} only where {why}",
+                p.span, f"did you mean 'stream {p.axis} {p.size}'?",
+            )]
         described = ", ".join(
             f"{s.box.kind if not isinstance(s.box, Softmax) else f'softmax[{s.box.axis}]'} {s.target} ({line_of(s)})"
             for s in consumers
@@ -613,6 +628,43 @@ def _partition_errors(p: Partition, partitions: list, split: list, compute_level
         f"stream partitions run at the compute level ({compute_level}); {p.axis!r} is streamed at {p.level}",
         p.span, f"write it on the {compute_level}: line",
     )]
+
+
+# The dtype a sum over groups adds in: each group adds its partial sum into the output in device
+# memory (atomicAdd on f32 in CUDA, a compare-and-swap loop in OpenCL).
+SUMMED_DTYPE = "f32"
+
+
+def _summed_refusal(s: Statement, statements: list, outputs: list, diagram: Diagram, partitions: list, index: int,
+                    axis: str) -> str | None:
+    """Why contraction ``s`` cannot sum over the groups of ``axis`` (None: it can). A group
+    partition of an axis a contraction consumes leaves each group a partial sum; each adds it into
+    the output in device memory (pseudocode.Step.add), which starts at zero: the contraction's
+    target must be an output of its launch, in ``SUMMED_DTYPE``, that nothing in the launch reads
+    (it holds a partial sum until every group has added), and the axis must not also be streamed or
+    split in the launch."""
+    if not isinstance(s.box, Contract):
+        return f"a {s.box.kind} box consumes it"
+    if s.target not in outputs:
+        return f"{s.target} is saved to device memory by its launch (mark it @gmem, or make it an output)"
+    if diagram.arrays[s.target].dtype != SUMMED_DTYPE:
+        return (f"{s.target} is {SUMMED_DTYPE} (it is {diagram.arrays[s.target].dtype}: the groups add atomically in {SUMMED_DTYPE}; "
+                f"compute it {SUMMED_DTYPE} @gmem and cast it in a statement of its own)")
+    readers = [r.target for r in statements if s.target in r.inputs]
+    if readers:
+        return f"nothing in its launch reads it ({', '.join(readers)} does, before every group has added)"
+    other = next((q for q in partitions if q.axis == axis and q.kind in ("stream", "split") and q.applies_to(index)), None)
+    if other is not None:
+        return f"{axis} is not also {'streamed' if other.kind == 'stream' else 'split'} in its launch"
+    return None
+
+
+def summed_over_groups(schedule: Schedule, launch: Launch) -> dict[str, tuple[str, ...]]:
+    """The contractions of ``launch`` that sum over the groups of an axis they consume: target ->
+    those axes. Each group adds its partial sum into the target (``pseudocode.Step.add``)."""
+    grouped = {p.axis for p in schedule.partitions if p.kind == "group" and not p.derived and p.applies_to(launch.index)}
+    return {s.target: tuple(a for a in s.box.contracted if a in grouped) for s in launch.statements
+            if isinstance(s.box, Contract) and grouped & set(s.box.contracted)}
 
 
 def _split_streams(partitions: list, split: list) -> list[Partition]:

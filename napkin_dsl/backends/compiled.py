@@ -63,6 +63,9 @@ class KernelSource:
     # order after the scalars: what the launcher encodes over each operand's address (a wgmma
     # plan's ``plan.tma``, at the sizes printed); () for a launch without TMA.
     tensor_maps: tuple = ()
+    # Outputs the launch adds partial sums into (relabel.summed_over_groups, pseudocode.Step.add):
+    # the launcher zeroes each before the launch.
+    zeroed: tuple = ()
 
     def __repr__(self) -> str:
         # Without the text: the whole kernel source made the repr of every compiled kernel pages long.
@@ -252,7 +255,7 @@ def _launch(stored: dict) -> KernelSource:
     from .driver import TiledTensorMap
 
     tupled = {key: [tuple(item) if isinstance(item, list) else item for item in stored[key]] for key in ("arrays", "scalars")}
-    named = {key: tuple(stored[key]) for key in ("roles", "barriers") if key in stored}
+    named = {key: tuple(stored[key]) for key in ("roles", "barriers", "zeroed") if key in stored}
     maps = tuple((name, TiledTensorMap(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}))
                  for name, fields in stored.get("tensor_maps", ()))
     return KernelSource(**{**stored, **tupled, **named, "tensor_maps": maps})

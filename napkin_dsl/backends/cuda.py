@@ -266,6 +266,8 @@ def launch(compiled: CompiledKernel, inputs: dict, scalars: dict | None = None, 
             args += [(np.float64 if scalar_ctype(diagram, name) == "double" else np.float32)(scalars[name]) for name in k.scalars]
             # TMA operands: the driver encodes each tensor map over the operand's device memory
             args += [_encoded(compiled, name, tensor_map, _address(argument(name))) for name, tensor_map in k.tensor_maps]
+            for name in k.zeroed:  # the launch adds its groups' partial sums into it (relabel.summed_over_groups)
+                device.zero(held[name], stream)
             device.launch(function, k.grid, k.block, args, shared_bytes=k.shared_bytes, stream=stream)
         device.synchronize(stream)
         return {name: device.copy_to_host(held[name], host) for name, host in host_outputs.items()}

@@ -383,6 +383,13 @@ class Device:
         else:
             _call("cuMemcpyHtoDAsync", buffer.handle, host.ctypes.data, host.nbytes, stream)
 
+    def zero(self, buffer: DeviceBuffer, stream: Any = None) -> None:
+        """Set every byte of ``buffer`` to 0 (an output a launch adds partial sums into)."""
+        if stream is None:
+            _call("cuMemsetD8", buffer.handle, 0, buffer.nbytes)
+        else:
+            _call("cuMemsetD8Async", buffer.handle, 0, buffer.nbytes, stream)
+
     def copy_to_host(self, buffer: DeviceBuffer, out: np.ndarray, stream: Any = None) -> np.ndarray:
         """Copy ``out.nbytes`` bytes from the buffer into ``out`` (C-contiguous, writable)."""
         if not (out.flags.c_contiguous and out.flags.writeable):

@@ -231,6 +231,12 @@ __device__ __forceinline__ float nk_f(__nv_bfloat16 v) { return __bfloat162float
             return f"{ptr}[{index}]" if dtype == "f64" else f"((double){read})"
         return read
 
+    def atomic_add(self, ptr: str, index: str, value: str) -> str:
+        """Add f32 ``value`` into ``ptr[index]`` in device memory, atomically: a group's partial sum
+        (relabel.summed_over_groups). The result is not read: on sm_60 and later ptxas makes it
+        RED.E.ADD.F32, which L2 performs."""
+        return f"atomicAdd(&{ptr}[{index}], {value});"
+
     def store(self, ptr: str, index: str, value: str, dtype: str, real: str = "float") -> str:
         if dtype in INTEGER_DTYPES:  # an integer-valued float (check.py refuses any other), rounded as types.convert does
             return f"{ptr}[{index}] = ({self.storage[dtype]}){'rint' if real == 'double' else 'rintf'}({value});"
@@ -289,6 +295,11 @@ class OpenCLDialect(Dialect):
                    + fp8_prelude("inline", "as_float", "as_uint", "rint", lambda bits: f"nk_half_bits({bits})"))
     prelude = """#pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #define NK_INF INFINITY
+/* A float added atomically (Dialect.atomic_add): retried until no other work-item changed it between. */
+inline void nk_atomic_add_f32(volatile __global float* p, float v) {
+    union { uint u; float f; } seen, next;
+    do { seen.f = *p; next.f = seen.f + v; } while (atomic_cmpxchg((volatile __global uint*)p, seen.u, next.u) != seen.u);
+}
 inline float nk_bf16(ushort v) { return as_float(((uint)v) << 16); }
 inline ushort nk_to_bf16(float v) {
     uint bits = as_uint(v);
@@ -329,6 +340,10 @@ inline ushort nk_to_bf16(float v) {
                  "fp8e4m3": f"nk_e4m3({ptr}[{index}])", "fp8e5m2": f"nk_e5m2({ptr}[{index}])"}.get(dtype, f"{ptr}[{index}]")
         # In a double step, narrower values are widened before any arithmetic sees them.
         return f"((double){value})" if real == "double" else value
+
+    def atomic_add(self, ptr, index, value):
+        # OpenCL 1.2 adds no floats atomically: a compare-and-swap loop on the value's bits (prelude)
+        return f"nk_atomic_add_f32(&{ptr}[{index}], {value});"
 
     def store(self, ptr, index, value, dtype, real="float"):
         if dtype in INTEGER_DTYPES:  # an integer-valued float (check.py refuses any other), rounded as types.convert does
@@ -740,7 +755,8 @@ class KernelWriter:
         self.depth = 0
         self.emit("}")
         grid = math.prod(self.groups(a) for a in self.grouped) if self.grouped else 1
-        return KernelSource(entry, "\n".join(self.lines) + "\n", grid, self.threads, self.arena, arrays, scalars)
+        zeroed = tuple(dict.fromkeys(step.array for step, _ in walk(self.launch.body) if step.op == "save" and step.add))
+        return KernelSource(entry, "\n".join(self.lines) + "\n", grid, self.threads, self.arena, arrays, scalars, zeroed=zeroed)
 
     def global_offset(self, name: str, coords: dict, origins: dict) -> str:
         """The element index into device array ``name`` (row-major over its axes) of the tile
@@ -1253,16 +1269,19 @@ class Printer(KernelWriter):
         axes, dtype = self.globals[name]
         held = step.reads[0][1]  # a split's part saves a state (O.acc) as its part array (O.acc.part)
         d = self.dialect
+        def store(value: str) -> str:
+            if step.add:  # a group's partial sum (relabel.summed_over_groups), into the output the launcher zeroed
+                return d.atomic_add(f"g_{ident(name)}", self.global_index(name), value)
+            return d.store(f"g_{ident(name)}", self.global_index(name), value, dtype, self.real)
+
         if held in self.accumulators:  # straight from this thread's registers, one part long
             acc = self.accumulators[held]
             for axis in axes:
                 if axis not in step.statement.axes:
                     self.emit(f"const int i_{ident(axis)} = 0;")
-            self.owned_outputs(acc, step.statement.axes, lambda r: self.emit(
-                d.store(f"g_{ident(name)}", self.global_index(name), r, dtype, self.real)))
+            self.owned_outputs(acc, step.statement.axes, lambda r: self.emit(store(r)))
             return
-        self.flat_loop(axes, lambda: self.emit(
-            d.store(f"g_{ident(name)}", self.global_index(name), self.read(held, axes), dtype, self.real)))
+        self.flat_loop(axes, lambda: self.emit(store(self.read(held, axes))))
 
     def step_init(self, step: Step):
         s = step.statement

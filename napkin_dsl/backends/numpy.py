@@ -559,13 +559,17 @@ class Interpreter:
             if order is not None:
                 tile = tile.transpose(order)
             if name not in upper_values:  # the top level: the whole array, at its first save
-                upper_values[name] = _empty(full_shape, dtype)
+                # a sum over groups adds into zeros (the launcher zeroes the output: tensorcore, lowering)
+                upper_values[name] = np.zeros(full_shape, dtype) if step.add else _empty(full_shape, dtype)
                 upper_starts[name] = (0,) * len(axes)
             if dtype != tile.dtype:
                 # as the reference converts: integers rounded (f32 rounding error must not truncate
                 # 2.9999 to 2), fp8 saturating (the largest finite value, never NaN or inf)
                 tile = convert(tile, step.dtype)
-            upper_values[name][self.window(axes, upper_starts[name])] = tile
+            if step.add:  # a group's partial sum, added to the others' (relabel.summed_over_groups)
+                upper_values[name][self.window(axes, upper_starts[name])] += tile
+            else:
+                upper_values[name][self.window(axes, upper_starts[name])] = tile
             self.count_transfer(level, tile.size, nbytes)
 
         return save
@@ -576,7 +580,7 @@ class Interpreter:
         values, starts = self.values[level], self.starts[level]
 
         def alloc():
-            values[name] = _empty(self.extents(axes), dtype)
+            values[name] = np.zeros(self.extents(axes), dtype) if step.add else _empty(self.extents(axes), dtype)
             starts[name] = self.origin(axes)
 
         return alloc

@@ -203,6 +203,8 @@ def run(program: Program, inputs: dict, scalars: dict | None = None, arch: str |
     for k in kernels:
         kernel = built[k.entry]
         args = [buffer(name) for name, _, _ in k.arrays]
+        for name in k.zeroed:  # the launch adds its groups' partial sums into it (relabel.summed_over_groups)
+            cl.enqueue_fill_buffer(queue, buffers[name], np.zeros(1, np.uint8), 0, max(hosts[name].nbytes, 1))
         args += [(np.float64 if scalar_ctype(diagram, name) == "double" else np.float32)(scalars[name]) for name in k.scalars]
         if not k.roles:
             kernel(queue, (k.grid * k.block,), (k.block,), *args)
