@@ -319,17 +319,7 @@ def _launch_refusal(launch: LaunchProgram, tile: dict) -> str | None:
     statements = launch.launch.statements
     if not any(isinstance(s.box, Contract) for s in statements):
         return "no contraction"
-    return _split_parts_refusal(launch, tile) or _box_refusal(statements) or _f64_refusal(launch) or _summed_refusal(launch)
-
-
-def _summed_refusal(launch: LaunchProgram) -> str | None:
-    """A launch whose groups add partial sums into an output (relabel.summed_over_groups) stays on
-    the FMA path: the tensor-core printers' epilogues store, and the FMA printer adds atomically."""
-    added = next((step.array for step, _ in walk(launch.body) if step.op == "save" and step.add), None)
-    if added is None:
-        return None
-    return (f"each group adds its partial sum into {added} atomically, which the FMA path prints; "
-            f"the tensor-core epilogues store (atomic adds from fragments are not built yet)")
+    return _split_parts_refusal(launch, tile) or _box_refusal(statements) or _f64_refusal(launch)
 
 
 def _window_refusal(site: _Site, plain: tuple) -> str | None:

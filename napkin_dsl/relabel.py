@@ -653,6 +653,7 @@ def _summed_refusal(s: Statement, statements: list, outputs: list, diagram: Diag
     readers = [r.target for r in statements if s.target in r.inputs]
     if readers:
         return f"nothing in its launch reads it ({', '.join(readers)} does, before every group has added)"
+    # the kernels stream an axis over its whole size, never over a group's range of it
     other = next((q for q in partitions if q.axis == axis and q.kind in ("stream", "split") and q.applies_to(index)), None)
     if other is not None:
         return f"{axis} is not also {'streamed' if other.kind == 'stream' else 'split'} in its launch"

@@ -43,7 +43,9 @@ relabel kq on H100:
     smem: group x 32; stream q 16
 """
 
-CASES = {"split-K by groups": (SPLIT_K, dict(m=64, n=40, k=200)), "dQ in the key launch": (KEY_LAUNCH, dict(q=50, x=70, d=24))}
+# f32 operands: the FMA path (tensor cores: TENSOR_SPLIT_K below)
+CASES = {"split-K by groups": (SPLIT_K.replace("bf16", "f32"), dict(m=64, n=40, k=200)),
+         "dQ in the key launch": (KEY_LAUNCH, dict(q=50, x=70, d=24))}
 
 
 def _kernel(text: str) -> napkin.Kernel:
@@ -91,7 +93,7 @@ def test_a_plain_store_in_place_of_the_atomic_add_is_caught(opencl_device, monke
 
 def test_the_cuda_kernel_adds_with_atomicadd_into_an_output_the_launcher_zeroes():
     pytest.importorskip("cuda.bindings")
-    compiled = _kernel(SPLIT_K).compile(arch="sm_80", m=64, n=40, k=200)
+    compiled = _kernel(CASES["split-K by groups"][0]).compile(arch="sm_80", m=64, n=40, k=200)
     assert "atomicAdd(&g_C[" in compiled.source
     (launch,) = compiled.launches
     assert launch.zeroed == ("C",)
@@ -99,11 +101,25 @@ def test_the_cuda_kernel_adds_with_atomicadd_into_an_output_the_launcher_zeroes(
     assert row["path"] == "fma" and row["spill_bytes"] == 0
 
 
-def test_tensor_cores_decline_a_sum_over_groups_by_name():
-    program = _kernel(SPLIT_K).program("H100", m=256, n=256, k=1024)
-    selection = isel.select_program(program, "sm_80")[0]
-    assert selection.path == "fma"
-    assert "each group adds its partial sum into C atomically" in selection.reason
+TENSOR_SPLIT_K = SPLIT_K.replace("group m 32, n 32, k 64", "group m 64, n 64, k 64")
+
+
+@pytest.mark.parametrize("arch, path", [("sm_80", "mma.sync"), ("sm_90a", "wgmma")])
+def test_tensor_cores_add_each_groups_partial_sum_from_their_fragments(arch, path, opencl_device):
+    """On tensor cores each thread adds its accumulator fragments' values into C, at ragged sizes
+    (k = 400: six groups of 64 and one of 16)."""
+    program, _ = run_on_pocl(TENSOR_SPLIT_K, path, [path], arch=arch, m=128, n=72, k=400)
+    source, _ = opencl.generate(program, arch=arch)
+    assert "nk_atomic_add_f32(&g_C[" in source and "NK_ST16(g_C" not in source
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_the_tensor_core_kernels_compile_their_atomic_adds(arch):
+    pytest.importorskip("cuda.bindings")
+    compiled = _kernel(TENSOR_SPLIT_K).compile(arch=arch, m=1024, n=1024, k=8192)
+    (row,) = compiled.launch_table()
+    assert row["path"] == ("wgmma" if arch == "sm_90a" else "mma.sync") and row["spill_bytes"] == 0, row
+    assert "atomicAdd(&g_C[" in compiled.source and compiled.launches[0].zeroed == ("C",)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -122,6 +138,8 @@ relabel mm on H100:
 relabel mm on H100:
     smem: group m 32, n 32, k 64
 """, "nothing in its launch reads it (D does"),
+    (SPLIT_K.replace("smem: group m 32, n 32, k 64", "l2: group k 128\n    smem: group m 32, n 32; stream k 32"),
+     "k is not also streamed in its launch"),
     ("""kernel s(X: f32[r c]) -> Y: f32[r]:
     Y[r] = sum[c](X)
 
@@ -132,3 +150,16 @@ relabel s on H100:
 def test_a_sum_over_groups_is_refused_where_it_cannot_add(text, message):
     with pytest.raises(RelabelError, match=message.replace("(", r"\(")):
         _kernel(text).program("H100", m=64, n=64, k=256, r=4, c=256)
+
+
+def test_on_tensor_cores_the_counts_equal_the_models():
+    kernel = _kernel(TENSOR_SPLIT_K)
+    sizes = dict(m=128, n=72, k=400)
+    program = kernel.program("H100", **sizes)
+    selected = isel.select_program(program, "sm_80")
+    assert selected[0].path == "mma.sync"
+    arrays, scalars = random_arguments(kernel.diagram, sizes, 0)
+    outputs, counts = execute(program, arrays, scalars, selected=selected)
+    want = evaluate(kernel.diagram, arrays, scalars, sizes, keep_float64=True)["C"]
+    np.testing.assert_allclose(outputs["C"].astype(np.float64), want, rtol=1e-2, atol=1e-2)
+    assert_counts_equal_report(counts, cost_of(program, arch="sm_80", selected=selected, check=False))

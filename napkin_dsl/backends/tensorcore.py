@@ -1343,7 +1343,7 @@ class TensorPrinter(KernelWriter):
         name, held, _, dtype = self.saved(step)
         fragment = self.plan.fragments[held]
         col = fragment.col
-        if self.save_tile(step) is not None:
+        if not step.add and self.save_tile(step) is not None:  # a group's partial sum adds from the fragments
             self.tiled_save(step)
             return
         in_rows = col is None
@@ -1360,7 +1360,9 @@ class TensorPrinter(KernelWriter):
             coords[col] = self.col_expr(col)
         valid = [f"({self.origin.get(a, '0')} + {coords[a]} < {self.sizes[a]})" for a in coords
                  if self.sizes[a] % self.tile[a] or (a in self.origin and a == self.plan.stream)]
-        store = self.dialect.store(f"g_{ident(name)}", self.global_offset(name, coords, self.origin), value, dtype)
+        at = self.global_offset(name, coords, self.origin)
+        # a group's partial sum (relabel.summed_over_groups) adds into the output the launcher zeroed
+        store = self.dialect.atomic_add(f"g_{ident(name)}", at, value) if step.add else self.dialect.store(f"g_{ident(name)}", at, value, dtype)
         self.each_element(col, lambda: self.emit(f"if ({' && '.join(valid)}) {store}" if valid else store))
 
     def save_tile(self, step: Step) -> SwizzledTile | None:
