@@ -653,6 +653,11 @@ def _summed_refusal(s: Statement, statements: list, outputs: list, diagram: Diag
     readers = [r.target for r in statements if s.target in r.inputs]
     if readers:
         return f"nothing in its launch reads it ({', '.join(readers)} does, before every group has added)"
+    # a group of an axis the contraction does not iterate computes it again, and would add it again
+    again = next((q.axis for q in partitions if q.kind == "group" and not q.derived and q.applies_to(index)
+                  and q.axis not in s.iteration_axes), None)
+    if again is not None:
+        return f"every group computes it once ({again} is grouped, and {s.target} is computed again in each group of {again})"
     # the kernels stream an axis over its whole size, never over a group's range of it
     other = next((q for q in partitions if q.axis == axis and q.kind in ("stream", "split") and q.applies_to(index)), None)
     if other is not None:

@@ -6,7 +6,7 @@ Strategies (each draws a :class:`Case`: the text of a ``.napkin`` file, the size
   scalar factors, elementwise maps (every function of the table of elementwise functions,
   ``napkin_dsl.elementwise``: ``exp log sqrt rsqrt tanh sigmoid gelu silu relu abs neg max
   min`` and any entry added to it; ``+ - * / ^``, unary minus), reductions ``sum/max/min/mean/lse/logsumexp``,
-  ``softmax``, masks (``where(COND, E, -inf)`` in a softmax, an ``lse`` or a ``max``, COND a
+  ``softmax``, scans ``cumsum/cumprod`` (a product's operand held to [-1, 1]), masks (``where(COND, E, -inf)`` in a softmax, an ``lse`` or a ``max``, COND a
   conjunction of linear comparisons of axis indices, sizes ``len(x) - len(q)`` among them,
   some masking whole rows; rarely ``or``, ``!=``, ``not``), ``@gmem`` (``@l0``)
   materialisation, with a dtype written after the level a third of the time
@@ -474,7 +474,7 @@ class _Builder:
 
     def statement(self):
         draw = self.draw
-        kind = draw(st.sampled_from(["map", "map", "contract", "contract", "reduce", "softmax", "motif", "motif"]))
+        kind = draw(st.sampled_from(["map", "map", "contract", "contract", "reduce", "softmax", "motif", "motif", "scan"]))
         getattr(self, f"s_{kind}")()
 
     def s_map(self):
@@ -549,6 +549,28 @@ class _Builder:
         if draw(st.integers(0, 2)) == 0:
             operand = self.masked(operand, axis, [a for a in e.axes if a != axis])
         self.add(self.fresh("P"), draw(st.permutations(e.axes)), f"softmax[{axis}]({operand})", 0.0, 1.0, consumed=[axis],
+                 index=draw(st.booleans()))
+
+    def s_scan(self):
+        """``cumsum[x](E)`` or ``cumprod[x](E)``: the whole right-hand side, keeping its axis. A
+        product's operand is held to [-1, 1] (tanh), so that its running products stay there."""
+        draw = self.draw
+        e = self.expression(draw(st.integers(0, 2)))
+        if not e.axes:
+            return self.s_map()
+        axis = draw(st.sampled_from(e.axes))
+        op = draw(st.sampled_from(["cumsum", "cumprod"]))
+        if op == "cumprod":
+            if e.bound > 1:
+                e = _Expr(f"tanh({e.text})", e.axes, -1.0, 1.0)
+            bound = max(abs(e.lo), abs(e.hi))  # at most 1: the running products shrink
+            lo, hi = (-bound, bound) if e.lo < 0 else (0.0, e.hi)
+        else:
+            n = self.max_size
+            lo, hi = min(e.lo, e.lo * n), max(e.hi, e.hi * n)
+            if max(abs(lo), abs(hi)) > BIG * 10:
+                return self.s_map()
+        self.add(self.fresh("U"), draw(st.permutations(e.axes)), f"{op}[{axis}]({e.text})", lo, hi, consumed=[axis],
                  index=draw(st.booleans()))
 
     def masked(self, operand: str, axis: str, others) -> str:
@@ -1310,7 +1332,7 @@ class _Bounds:
             return r, _spread(f, a, ea) + special * np.abs(r)
 
     def statement(self, s):
-        from napkin_dsl.diagram import Contract, Map, Reduce, Softmax
+        from napkin_dsl.diagram import Contract, Map, Reduce, Scan, Softmax
 
         dtype = self.compute_dtype(s)
         u = UNIT_ROUNDOFF[dtype]
@@ -1363,6 +1385,21 @@ class _Bounds:
                     v = (np.max if box.op == "max" else np.min)(x, axis=where)
                     e = np.max(ex, axis=where)
                 v, e = _expand(v, kept, s.axes), _expand(e, kept, s.axes)
+            elif isinstance(box, Scan):
+                x, ex = self.expression(box.operand, s.axes, u)
+                shape = tuple(self.sizes[a] for a in s.axes)
+                x, ex = np.broadcast_to(x, shape), np.broadcast_to(ex, shape)
+                k = s.axes.index(box.axis)
+                # the elements up to each one, in any order of adding or multiplying (a stream's
+                # carry adds the chunk's own scan to the running value): n + 1 roundings at most
+                count = _expand(np.arange(1, self.sizes[box.axis] + 1, dtype=np.float64), (box.axis,), s.axes)
+                if box.op == "sum":
+                    v = np.cumsum(x, axis=k)
+                    e = np.cumsum(ex, axis=k) + (count + 1) * u * np.cumsum(np.abs(x), axis=k)
+                else:
+                    v = np.cumprod(x, axis=k)
+                    magnitude = np.cumprod(np.abs(x), axis=k)
+                    e = np.cumprod(np.abs(x) + ex, axis=k) * (1 + u) ** (count + 1) - magnitude
             elif isinstance(box, Softmax):
                 x, ex = self.expression(box.operand, s.axes, u)
                 shape = tuple(self.sizes[a] for a in s.axes)

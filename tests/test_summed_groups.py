@@ -163,3 +163,20 @@ def test_on_tensor_cores_the_counts_equal_the_models():
     want = evaluate(kernel.diagram, arrays, scalars, sizes, keep_float64=True)["C"]
     np.testing.assert_allclose(outputs["C"].astype(np.float64), want, rtol=1e-2, atol=1e-2)
     assert_counts_equal_report(counts, cost_of(program, arch="sm_80", selected=selected, check=False))
+
+
+def test_a_sum_computed_again_in_each_group_of_another_axis_is_refused():
+    """Found by the program generator: C contracts w, grouped, and the launch is also grouped over
+    j, which C does not iterate, so each group of j computes C again; adding, it would count
+    twice. Storing, the copies agreed."""
+    text = """kernel k(X1: f32[w2]) -> C7: f32[]:
+    T3[w2] @l0 = max(X1, 0.5)
+    T5[j w2] = T3[w2]
+    C7[] = X1[w2] * T3[w2]
+
+relabel on three_level:
+    l2: group w2 1
+    l1: group j 1
+"""
+    with pytest.raises(RelabelError, match=r"C7 is computed again in each group of j"):
+        _kernel(text).program("three_level", w2=1, j=2)
