@@ -110,8 +110,12 @@ def _view_load_total(program: Program, step: Step, loops: tuple[Loop, ...], view
         value = as_number(schedule.axis_size(axis))
         return int(value) if value is not None else schedule.axis_size(axis)
 
-    tiles = {a: (int(t) if (t := as_number(schedule.extent(a, step.level))) is not None else schedule.extent(a, step.level))
-             for a in view.axes}
+    # each axis's tile is its innermost loop's (the loops are the launch's own: a relabel clause
+    # scoped to another launch partitions nothing here), else the whole axis
+    tiles = {}
+    for a in view.axes:
+        extent = next((loop.tile for loop in reversed(loops) if loop.axis == a), schedule.axis_size(a))
+        tiles[a] = int(t) if (t := as_number(extent)) is not None else extent
     total = load_footprint(view, {a: size(a) for a in program.diagram.axes}, tiles, tuple(size(a) for a in source.axes))
     for loop in loops:
         if loop.axis not in view.axes and loop.part not in view.axes:

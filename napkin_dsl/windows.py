@@ -155,17 +155,25 @@ def tile_footprint(view: Array, ranges: dict, source_shape: tuple, sizes: dict) 
     """Elements of the view's parameter that a load of one tile of the view reads from device
     memory: the box its indices span inside the array (a load reads whole rows of it), found
     from the indices themselves. ``ranges``: view axis -> (start, stop) of the tile."""
-    import numpy as np
-
     total = 1
     for dim, index in enumerate(view.window.indices):
-        at = np.array([_value(index.offset, sizes)], dtype=np.int64)
-        for axis, coefficient in index.terms:
-            start, stop = ranges[axis]
-            at = np.add.outer(at, np.arange(start, stop, dtype=np.int64) * _value(coefficient, sizes)).ravel()
-        inside = at[(at >= 0) & (at < source_shape[dim])]
-        total *= int(inside.max() - inside.min() + 1) if inside.size else 0
+        total *= inside_span(index, ranges, source_shape[dim], sizes)
     return total
+
+
+def inside_span(index: AffineIndex, ranges: dict, length: int, sizes: dict) -> int:
+    """How many values of an array's dimension of ``length`` lie between the least and the
+    greatest value ``index`` takes inside it over ``ranges`` (axis -> (start, stop)): the box a
+    tile reads along that dimension, found from the values themselves (a strided index skips
+    some, and the first and last inside need not be the span's clipped ends)."""
+    import numpy as np
+
+    at = np.array([_value(index.offset, sizes)], dtype=np.int64)
+    for axis, coefficient in index.terms:
+        start, stop = ranges[axis]
+        at = np.add.outer(at, np.arange(start, stop, dtype=np.int64) * _value(coefficient, sizes)).ravel()
+    inside = at[(at >= 0) & (at < length)]
+    return int(inside.max() - inside.min() + 1) if inside.size else 0
 
 
 def index_span(index: AffineIndex, tiles: dict):
@@ -194,11 +202,8 @@ def load_footprint(view: Array, sizes: dict, tiles: dict, source_sizes: tuple):
         starts = [range(0, sizes[a], tiles[a]) for a in index.axes]
         summed = 0
         for origin in _product(starts):
-            low = high = _value(index.offset, sizes)
-            for (axis, coefficient), start in zip(index.terms, origin, strict=True):
-                c, last = _value(coefficient, sizes), min(start + tiles[axis], sizes[axis]) - 1
-                low, high = low + min(c * start, c * last), high + max(c * start, c * last)
-            summed += max(0, min(high, source_sizes[dim] - 1) - max(low, 0) + 1)
+            ranges = {axis: (start, min(start + tiles[axis], sizes[axis])) for axis, start in zip(index.axes, origin, strict=True)}
+            summed += inside_span(index, ranges, source_sizes[dim], sizes)
         total *= summed
     return algebra.Integer(total)
 

@@ -6,7 +6,8 @@ Strategies (each draws a :class:`Case`: the text of a ``.napkin`` file, the size
   scalar factors, elementwise maps (every function of the table of elementwise functions,
   ``napkin_dsl.elementwise``: ``exp log sqrt rsqrt tanh sigmoid gelu silu relu abs neg max
   min`` and any entry added to it; ``+ - * / ^``, unary minus), reductions ``sum/max/min/mean/lse/logsumexp``,
-  ``softmax``, scans ``cumsum/cumprod`` (a product's operand held to [-1, 1]), masks (``where(COND, E, -inf)`` in a softmax, an ``lse`` or a ``max``, COND a
+  ``softmax``, scans ``cumsum/cumprod`` (a product's operand held to [-1, 1]), padded window reads
+  of new inputs (``pad(X[.. (2*p + i - 1) ..], 0)``, a view the error bounds gather exactly), masks (``where(COND, E, -inf)`` in a softmax, an ``lse`` or a ``max``, COND a
   conjunction of linear comparisons of axis indices, sizes ``len(x) - len(q)`` among them,
   some masking whole rows; rarely ``or``, ``!=``, ``not``), ``@gmem`` (``@l0``)
   materialisation, with a dtype written after the level a third of the time
@@ -298,6 +299,8 @@ class _Builder:
         draw = self.draw
         kind = draw(st.integers(0, 9)) if allow_scalar else 0
         if kind <= 6:
+            if draw(st.integers(0, 9)) == 0 and len(self.axes) >= 3:
+                return self.window_read()
             array = self.array()
             return _Expr(self.ref(array), array.axes, array.lo, array.hi)
         if kind == 7:
@@ -317,6 +320,26 @@ class _Builder:
         form = draw(st.sampled_from([f"{size}^-0.5", f"1 / {size}", size, f"({size} + 1)^-1"]))
         hi = float(self.max_size) if form == size else 1.0
         return _Expr(form, (), 1.0 / self.max_size, hi, compound=True)
+
+    def window_read(self) -> _Expr:
+        """``pad(X[.. (s*p + d*i + o) ..], 0)``: a new input X read through a padded window along
+        one of its axes, that axis indexed by two others (an output position p and a window
+        position i, stride s, dilation d, offset o). Padded, it reads inside X at any sizes;
+        the pad value 0 lies inside X's interval."""
+        draw = self.draw
+        p, i = draw(st.lists(st.sampled_from(self.axes), min_size=2, max_size=2, unique=True))
+        others = [a for a in self.axes if a not in (p, i)]
+        windowed = draw(st.sampled_from(others))
+        rest = [a for a in draw(st.lists(st.sampled_from(others), max_size=2, unique=True)) if a != windowed]
+        axes = draw(st.permutations([windowed] + rest))
+        array = self.new_input(axes, draw(st.sampled_from(["f32", "f32", "bf16", "f64"])))
+        stride, dilation = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
+        offset = draw(st.sampled_from([0, -1]))
+        index = " + ".join([f"{stride}*{p}" if stride > 1 else p, f"{dilation}*{i}" if dilation > 1 else i])
+        index += f" - {-offset}" if offset else ""
+        spelled = [f"({index})" if a == windowed else a for a in axes]
+        read_axes = tuple(x for a in axes for x in ((p, i) if a == windowed else (a,)))
+        return _Expr(f"pad({array.name}[{' '.join(spelled)}], 0)", read_axes, min(array.lo, 0.0), max(array.hi, 0.0))
 
     def expression(self, depth: int, positive=False) -> _Expr:
         """An elementwise expression with at least one array read."""
@@ -1253,6 +1276,12 @@ class _Bounds:
             index = _expand(np.arange(self.sizes[expr.axis], dtype=np.float64), (expr.axis,), axes)
             return index, np.zeros(index.shape)
         if isinstance(expr, Read):
+            if expr.array not in self.values:  # a window read's view: gathered from its source, exactly
+                from napkin_dsl.windows import gather
+
+                view = self.diagram.arrays[expr.array]
+                source, source_error = self.values[view.window.source]
+                self.values[expr.array] = (gather(view, source, self.sizes), gather(view, source_error, self.sizes))
             v, e = self.values[expr.array]
             stored = self.diagram.arrays[expr.array].axes
             return _expand(v, stored, axes), _expand(e, stored, axes)
