@@ -78,6 +78,9 @@ def _check_gradients(case, backend: str = "numpy") -> None:
         except NapkinError as error:  # only an opaque box has no backward (grad.py)
             assert "opaque box" in str(error), str(error)
             continue
+        except NotImplementedError as error:  # a scan's or a window read's: refused by name (grad.py)
+            assert "is not derived yet" in str(error), str(error)
+            continue
         rng = np.random.default_rng(case.seed + 1)
         # An output that is infinite (the lse of a row masked out entirely) carries no
         # gradient: it is weighted 0, and the loss leaves it out rather than reading 0 * inf.
