@@ -592,15 +592,15 @@ def _partition_errors(p: Partition, partitions: list, split: list, compute_level
     consumes (other than a sum over the groups: :func:`summed_over_groups`), a split
     (:func:`split_errors`), a stream below or above the compute level."""
     if p.kind == "group":
-        consumers = [s for i, (statements, _, outputs) in enumerate(split) if p.applies_to(i)
-                     for s in statements if p.axis in s.consumed
-                     and _summed_refusal(s, statements, outputs, diagram, partitions, i, p.axis) is not None]
-        if not consumers:
+        # each consumer of the axis, with why its groups cannot sum (None: they can)
+        refused = [(s, why) for i, (statements, _, outputs) in enumerate(split) if p.applies_to(i)
+                   for s in statements if p.axis in s.consumed
+                   if (why := _summed_refusal(s, statements, outputs, diagram, partitions, i, p.axis)) is not None]
+        if not refused:
             return []
+        consumers = [s for s, _ in refused]
         if all(isinstance(s.box, Contract) for s in consumers):
-            s = consumers[0]
-            statements, _, outputs = next(entry for entry in split if s in entry[0])
-            why = _summed_refusal(s, statements, outputs, diagram, partitions, split.index((statements, _, outputs)), p.axis)
+            s, why = refused[0]
             return [RelabelError(
                 f"cannot group-partition {p.axis}: {s.target} ({line_of(s)}) contracts it, and its groups' partial sums "
                 f"add into {s.target} only where {why}",

@@ -166,6 +166,18 @@ def inside_span(index: AffineIndex, ranges: dict, length: int, sizes: dict) -> i
     greatest value ``index`` takes inside it over ``ranges`` (axis -> (start, stop)): the box a
     tile reads along that dimension, found from the values themselves (a strided index skips
     some, and the first and last inside need not be the span's clipped ends)."""
+    offset = _value(index.offset, sizes)
+    terms = sorted(((abs(_value(c, sizes)), c, ranges[axis]) for axis, c in index.terms), key=lambda term: term[0])
+    low = high = offset
+    reach, contiguous = 0, True
+    for magnitude, coefficient, (start, stop) in terms:
+        c = _value(coefficient, sizes)
+        low, high = low + min(c * start, c * (stop - 1)), high + max(c * start, c * (stop - 1))
+        if stop - start > 1:
+            contiguous = contiguous and magnitude <= reach + 1  # no value between is skipped
+            reach += magnitude * (stop - start - 1)
+    if contiguous:  # every value of [low, high] is taken: the clipped span (the model's hot path)
+        return max(0, min(high, length - 1) - max(low, 0) + 1)
     import numpy as np
 
     at = np.array([_value(index.offset, sizes)], dtype=np.int64)

@@ -401,3 +401,32 @@ def test_a_views_loads_count_what_the_model_prices(text, sizes):
     expected = evaluate(kernel.diagram, arrays, scalars, sizes, keep_float64=True)
     for name, want in expected.items():
         np.testing.assert_allclose(outputs[name].astype(np.float64), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tiles_box_along_an_index_is_the_values_it_takes_inside_the_array():
+    """windows.inside_span against the values enumerated: contiguous indices (p + i, 2*p + i)
+    take the clipped span's arithmetic, strided ones (2*p, 3*p + i) are enumerated; both give
+    the least to the greatest value inside the array, over random tiles and offsets."""
+    import random
+
+    from napkin_dsl import algebra
+    from napkin_dsl.diagram import AffineIndex
+    from napkin_dsl.windows import inside_span
+
+    rng = random.Random(0)
+    for _ in range(500):
+        coefficients = [rng.choice([-2, -1, 1, 2, 3]) for _ in range(rng.randint(1, 2))]
+        axes = ["p", "i"][:len(coefficients)]
+        index = AffineIndex(tuple((a, algebra.Integer(c)) for a, c in zip(axes, coefficients, strict=True)),
+                            algebra.Integer(rng.randint(-4, 4)))
+        ranges = {}
+        for a in axes:
+            start = rng.randint(0, 6)
+            ranges[a] = (start, start + rng.randint(1, 5))
+        length = rng.randint(1, 12)
+        values = [int(index.offset)]
+        for (a, c) in zip(axes, coefficients, strict=True):
+            values = [v + c * t for v in values for t in range(*ranges[a])]
+        inside = [v for v in values if 0 <= v < length]
+        want = max(inside) - min(inside) + 1 if inside else 0
+        assert inside_span(index, ranges, length, {}) == want, (coefficients, ranges, length, index)

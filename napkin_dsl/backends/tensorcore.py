@@ -897,8 +897,7 @@ class TensorPrinter(KernelWriter):
             origins[self.plan.stream] = origin
         wide = (op.rows, op.cols, *op.taps)
         per = 1 if op.gathered else 16 // tile.element_bytes
-        pad = array.window.pad if array.window is not None and array.window.pad is not None else 0.0
-        pad = f"{'-' if pad < 0 else ''}NK_INF" if math.isinf(pad) else f"{float(pad)!r}f"
+        pad = literal(array.window.pad if array.window is not None and array.window.pad is not None else 0.0)
         copied_bits = op.gathered and array.dtype in d.bit_copied
 
         def index_of(axis: str) -> str:
@@ -1741,11 +1740,8 @@ class TensorPrinter(KernelWriter):
 
         taps = math.prod(self.tile[a] for a in m.taps)
         tap = "tp" if taps > 1 else None
-        if tap is None:
-            self.loop("kk", k_steps, per_k)
-            return
         # an implicit GEMM: the k steps over each tap's sub-tiles in turn (Operand.taps)
-        with self.block(f"for (int tp = 0; tp < {taps}; ++tp) {{  // the taps: {' '.join(m.taps)}"):
+        with self.block(f"for (int tp = 0; tp < {taps}; ++tp) {{  // the taps: {' '.join(m.taps)}") if tap else nullcontext():
             self.loop("kk", k_steps, per_k)
 
     def lane_constants(self):
