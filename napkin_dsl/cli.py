@@ -363,11 +363,30 @@ def cmd_grad(args) -> int:
     check_symbols(sizes, kernels)
     for i, k in enumerate(kernels):
         bound = {a: n for a, n in sizes.items() if a in k.diagram.axes}
-        backward = k.grad(rewrite_d=True if args.rewrite_d else None, **bound)
+        backward = k.grad(rewrite_d=True if args.rewrite_d else None, sum_dq=False if args.deterministic else None,
+                          **bound)
         print(("\n" if i else "") + backward.source, end="")
         if set(k.diagram.axes) <= set(bound):
             print("".join(f"{line}\n" for line in _backward_price(k, backward, bound)), end="")
+            print("".join(f"{line}\n" for line in _other_dq_choice(k, backward, bound, args.rewrite_d)), end="")
     return 0
+
+
+def _other_dq_choice(forward, backward, sizes: dict, rewrite_d: bool) -> list[str]:
+    """The price of the dQ choice not taken (Kernel.grad's ``sum_dq``), the model's best backward
+    with it, as comment lines: the deterministic launch beside the atomic sums, or the atomic
+    sums beside it; none where the backward has no key launch that can sum dQ."""
+    keyed = backward.derivation.schedule
+    if keyed is None:
+        return []
+    other = forward.grad(rewrite_d=True if rewrite_d else None, sum_dq=not keyed.summed, **sizes)
+    if other.derivation.schedule is None or bool(other.derivation.schedule.summed) == bool(keyed.summed):
+        return []
+    names = ", ".join(keyed.query_outputs)
+    what = (f"deterministic: {names} in a launch of its own, recomputing what it reads" if keyed.summed
+            else f"{names} summed over the groups of {keyed.keys} by atomic adds, in the key launch")
+    how = "--deterministic picks it" if keyed.summed else "taken without --deterministic"
+    return [f"# the other choice ({what}; {how}):"] + _backward_price(forward, other, sizes)
 
 
 def _backward_price(forward, backward, sizes: dict) -> list[str]:
@@ -784,8 +803,11 @@ def build_parser() -> argparse.ArgumentParser:
     grad.add_argument("--kernel", metavar="K", help="the kernel of the file to differentiate (default: every kernel)")
     grad.add_argument("--rewrite-d", action="store_true",
                       help="compute a softmax's row sum as FA2's D = sum[d](dO * O), from the saved output")
-    add_set(grad, "bind an axis; with every axis bound, the model picks FA2's D or not and the key launch's "
-                  "query chunk (Kernel.backward_options)")
+    grad.add_argument("--deterministic", action="store_true",
+                      help="compute dQ in a launch of its own, which recomputes what it reads, instead of summing it "
+                           "over the key groups by atomic adds (whose order varies from run to run)")
+    add_set(grad, "bind an axis; with every axis bound, the model picks FA2's D or not, the key launch's "
+                  "query chunk and how dQ is summed (Kernel.backward_options), and prices the other dQ choice")
     grad.set_defaults(run=cmd_grad)
 
     cost = sub.add_parser("cost", help="transfers H, memory M, groups N, FLOPs and predicted time per level")

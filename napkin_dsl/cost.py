@@ -234,7 +234,9 @@ def columns(program: Program, selected: ProgramSelection | None = None) -> list[
                 array = slot_array(name)  # a K-major copy (isel.kmajor_name) holds its operand's values again
                 buffer = launch.buffers[(compute, array)]
                 text = _tile_text(schedule, name, buffer.axes, compute) + (f" x{slot.stages}" if slot.stages > 1 else "")
-                hold(compute, buffer, algebra.Integer(slot.bytes // _bytes(buffer.dtype)), _bytes(buffer.dtype), text)
+                # a staged fragment (paths.plan.staged_slot) is held in the product's operand dtype, not its own f32
+                size = slot.tile.element_bytes if slot.tile is not None else _bytes(buffer.dtype)
+                hold(compute, buffer, algebra.Integer(slot.bytes // size), size, text)
             if plan is not None and mbarrier_count(plan):  # the arena's mbarriers, after the tiles (isel.smem_layout)
                 tiles = max((slot.offset + slot.bytes for slot in slots.values()), default=0)
                 column.hold_bytes(compute, selected[launch.index].smem_bytes - tiles,
@@ -302,19 +304,15 @@ class _Shown(Mapping):
 
 
 def register_transfers(program: Program, step: Step, loops, plan) -> algebra.Expr:
-    """Values a tensor-core launch's step reads from shared memory into the tensor cores: a
-    contraction reads its A tile once per warp column (unless A is already a fragment) and its
-    B tile once per warp row on mma.sync (each warp multiplies its rows by its columns of B,
-    loading them by ldmatrix), once per warpgroup on wgmma (``TensorPlan.b_readers``)."""
+    """Values a tensor-core launch's step moves between shared memory and the tensor cores
+    (``paths.plan.shared_reads``)."""
+    from .paths.plan import shared_reads
+
     s = step.statement
     level = program.schedule.compute_level
     if s is None or step.op not in ("compute", "accumulate") or s.target not in plan.mmas or (level, s.target) in step.reads:
         return algebra.Integer(0)
-    mma = plan.mmas[s.target]
-    moved = step_total(program, step, loops, (*mma.contracted, mma.n)) * plan.b_readers
-    if not mma.a_in_registers:
-        moved += step_total(program, step, loops, (plan.row, *mma.contracted)) * plan.col_warps
-    return moved
+    return shared_reads(plan, s.target, lambda axes: step_total(program, step, loops, axes))
 
 
 def register_vector_reads(program: Program, step: Step, loops, plan, loaded: frozenset) -> list[tuple[algebra.Expr, int]]:
@@ -392,7 +390,7 @@ def statement_columns(program: Program, rows: list[dict] | None = None, selected
             for level in levels:
                 memory[owner][level].append(row["M"].get(level, algebra.Integer(0)))
             if step.op in ("load", "save"):
-                moved[owner][step.level] += step_total(program, step, loops)
+                moved[owner][step.level] += step_total(program, step, loops) * step.passes
             if launch.index in tensor:
                 plan = tensor[launch.index][0]
                 moved[owner]["registers"] += register_transfers(program, step, loops, plan)
@@ -704,7 +702,7 @@ def level_costs(program: Program, rows: list[dict] | None = None, selected: Prog
         for launch in program.launches:
             for step, loops in walk(launch.body):
                 if step.op in ("load", "save") and step.level == level:  # transfers between level and its parent
-                    moved = step_total(program, step, loops)
+                    moved = step_total(program, step, loops) * step.passes
                     H += moved
                     H_bytes += moved * _bytes(step.dtype)
             N.append(launch_blocks(program, launch, level))

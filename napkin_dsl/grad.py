@@ -62,7 +62,7 @@ from .diagram import (
     expression_axes, reads,
 )
 from .errors import NapkinError
-from .relabel import make_schedule
+from .relabel import SUMMED_DTYPE, make_schedule
 
 # ---- notation text of expressions -----------------------------------------------------------
 
@@ -620,13 +620,14 @@ def lse_forward(diagram: Diagram, block_text: str = "") -> tuple[str, tuple[str,
 
 def backward_with_relabel(diagram: Diagram, relabel: syn.RelabelBlock | None, hardware: str | None,
                           rewrite_d: bool = False, save: tuple[str, ...] = (), key_stream: int | None = None,
-                          auxiliary: tuple[str, ...] = ()) -> Backward:
+                          auxiliary: tuple[str, ...] = (), sum_dq: bool = True) -> Backward:
     """:func:`backward`, with a relabel block when the forward has one: the forward's group
     partitions on axes that every statement of the backward is woven over (batch and heads for
     attention), at the same levels, on the same hardware. Streams and splits are not derived
     (the text says so; ``napkin tune`` sizes the backward). The block is kept only if the
     backward accepts it (:func:`~napkin_dsl.relabel.make_schedule`). ``key_stream`` sizes the
-    query chunks of FA2's key launch (:func:`_keys_schedule`) instead of the forward's stream.
+    query chunks of FA2's key launch (:func:`_keys_schedule`) instead of the forward's stream;
+    ``sum_dq`` computes dQ there too, summed over the key groups (else in a launch of its own).
     ``auxiliary``: outputs the forward returns for its backward only (:func:`lse_forward`)."""
     derived = replace(backward(diagram, rewrite_d, save, auxiliary), auxiliary=auxiliary)
     if relabel is None:
@@ -654,7 +655,7 @@ def backward_with_relabel(diagram: Diagram, relabel: syn.RelabelBlock | None, ha
     if not block:
         note = ("# relabelling: none derived (no group of the forward is woven over by every backward statement); "
                 "napkin tune sizes the backward")
-    keyed = _keys_schedule(derived, relabel, hardware, key_stream)
+    keyed = _keys_schedule(derived, relabel, hardware, key_stream, sum_dq)
     if keyed is not None:
         return replace(keyed, auxiliary=auxiliary)
     lines = derived.text.splitlines()
@@ -678,6 +679,11 @@ class KeySchedule:
     query_outputs: tuple[str, ...]  # gradients contracting the keys (dQ): grouped over queries
     renamed: dict = field(default_factory=dict)  # statement recomputed in the query launch -> its name there
     key_stream: int = 0  # the key launch's query chunk
+    # A query gradient the key launch computes instead (FA2's dQ), each key group adding its
+    # product into it in device memory, in f32 (relabel.summed_over_groups) -> that sum's name
+    # (the gradient itself when it is f32; else cast by a launch of its own). Empty: the query
+    # launch recomputes what the query gradients read.
+    summed: dict = field(default_factory=dict)
 
 
 def _key_axes(diagram: Diagram, prefer=()) -> tuple[str, str] | None:
@@ -722,7 +728,7 @@ def _rename(text: str, names: dict) -> str:
 
 
 def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str | None,
-                   key_stream: int | None = None) -> Backward | None:
+                   key_stream: int | None = None, sum_dq: bool = True) -> Backward | None:
     """FA2's schedule of a backward whose gradients split into those woven over a key axis and
     those contracting it (:func:`_key_axes`), as launches the front end accepts, or None.
 
@@ -732,12 +738,13 @@ def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str |
       it contracts them): FA2's preprocess;
     * the key launch computes the key gradients (dK, dV) grouped over the keys and streaming the
       queries: each key group accumulates its gradients over every query chunk;
-    * dQ contracts the keys, so no key group can own it: relabel.py refuses ``group x`` in a
-      launch that consumes x, and a ``split x`` beside the stream of q (napkin splits one axis
-      per launch and streams only that one within its parts). It gets a launch of its own that
-      recomputes what it reads (renamed ``S_1``...) grouped over the queries and streaming the
-      keys, as the forward does; FA2 instead adds each key group's dQ into device memory
-      atomically, which the notation does not express.
+    * dQ contracts the keys, so no key group owns it. With ``sum_dq`` (FA2's choice), the key
+      launch computes it too, from the dS it holds, and each key group adds its product for the
+      query chunk into an f32 sum in device memory (``dQ_f32 @gmem f32``, the sum over groups of
+      relabel.summed_over_groups), which a launch of its own casts to dQ's type: five products.
+      Without (or where the key launch does not hold everything dQ reads), dQ gets a launch of
+      its own that recomputes what it reads (renamed ``S_1``...) grouped over the queries and
+      streaming the keys, as the forward does: seven products, and no atomic adds.
 
     The sizes are the forward's: its group size of the queries groups the keys, its stream size
     streams the queries (or ``key_stream``, which :meth:`Kernel.backward_options` prices: the key
@@ -808,30 +815,57 @@ def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str |
             clause += f"; stream {x} {stream_size}"
         clauses.append(clause)
     key_chain = _needed(diagram, key_outputs, stop=frozenset(stats))
-    body.append(f"# launch: {', '.join(key_outputs)}, grouped over the keys {x}, streaming the queries {q}")
-    for c in key_chain:
-        body.append(line(c, {}, c is key_chain[-1], first=x))
-    clauses.append(f"    {level} for {', '.join(key_outputs)}: {unit_prefix}{x} {group_size}; stream {q} {key_chunk}")
     query_chain = _needed(diagram, query_outputs, stop=frozenset(stats))
     computed = {c.target for c in key_chain}
-    renamed = {c.target: fresh(c.target) for c in query_chain if c.target in computed and c.target not in diagram.outputs}
-    body.append(f"# launch: {', '.join(query_outputs)}, grouped over the queries {q}, streaming the keys {x}; "
-                f"it contracts {x}, so it recomputes what it reads")
-    for c in query_chain:
-        note = "    # recomputed for " + ", ".join(query_outputs) if c.target in renamed else ""
-        body.append(line(c, renamed, False, note=note))
-    clauses.append(f"    {level} for {', '.join(query_outputs)}: {unit_prefix}{q} {group_size}; stream {x} {stream_size}")
+    summed = {}
+    # an f64 gradient keeps its launch: the sums add in f32 (relabel.SUMMED_DTYPE)
+    if sum_dq and len(query_outputs) == 1 and all(c.target in computed for c in query_chain if c.target not in query_outputs) \
+            and isinstance(diagram.producer(query_outputs[0]).box, Contract) and diagram.arrays[query_outputs[0]].dtype != "f64":
+        (dq,) = query_outputs
+        summed = {dq: dq if diagram.arrays[dq].dtype == SUMMED_DTYPE else fresh(f"{dq}_{SUMMED_DTYPE}")}
+    renamed = {c.target: fresh(c.target) for c in query_chain
+               if c.target in computed and c.target not in diagram.outputs and not summed}
+    launched = [*key_outputs, *summed.values()]
+    body.append(f"# launch: {', '.join(launched)}, grouped over the keys {x}, streaming the queries {q}"
+                + (f"; each key group adds its {', '.join(summed)} product for the chunk into {', '.join(summed.values())}"
+                   if summed else ""))
+    for c in key_chain:
+        body.append(line(c, {}, c is key_chain[-1] and not summed, first=x))
+    for dq, total in summed.items():
+        head, rest = _rename(written[dq], {dq: total}).split(" = ", 1)
+        dtype = "" if total == dq else f" {SUMMED_DTYPE}"  # an output's dtype is its signature's
+        body.append(f"{head} @gmem{dtype} = {rest}    # summed over the groups of {x}, atomically")
+    clauses.append(f"    {level} for {', '.join(launched)}: {unit_prefix}{x} {group_size}; stream {q} {key_chunk}")
+    if summed:
+        casts = [dq for dq, total in summed.items() if total != dq]
+        if casts:
+            body.append(f"# launch: {', '.join(casts)}, cast from the f32 sums")
+        for dq in casts:
+            head = written[dq].split(" = ", 1)[0]
+            body.append(f"{head} = {_rename(head, {dq: summed[dq]})}")
+            clauses.append(f"    {level} for {dq}: {unit_prefix}{q} {group_size}")
+    else:
+        body.append(f"# launch: {', '.join(query_outputs)}, grouped over the queries {q}, streaming the keys {x}; "
+                    f"it contracts {x}, so it recomputes what it reads")
+        for c in query_chain:
+            note = "    # recomputed for " + ", ".join(query_outputs) if c.target in renamed else ""
+            body.append(line(c, renamed, False, note=note))
+        clauses.append(f"    {level} for {', '.join(query_outputs)}: {unit_prefix}{q} {group_size}; stream {x} {stream_size}")
     placed = {c.target for c in key_chain} | {c.target for c in query_chain} | stats
     if placed != {s.target for s in diagram.statements}:
         return None  # a statement none of the launches needs: keep the plain text
 
     lines = derived.text.splitlines()
-    header = lines[:3] + [
-        f"# schedule (FA2's): {', '.join(key_outputs)} in groups of the keys {x} streaming the queries {q}; "
-        f"{', '.join(query_outputs)} contracts {x}, so it has a launch of its own grouped over {q} (relabel.py refuses "
-        f"group {x} in a launch that consumes {x}, and split {x} beside a stream of {q})",
-        lines[3],
-    ]
+    if summed:
+        plan = (f"# schedule (FA2's): {', '.join(key_outputs)} in groups of the keys {x} streaming the queries {q}; "
+                f"{', '.join(query_outputs)} contracts {x}: each key group adds its part into "
+                f"{', '.join(summed.values())} in device memory, atomically (so the sum's order, and its last bits, "
+                f"vary from run to run)")
+    else:
+        plan = (f"# schedule: {', '.join(key_outputs)} in groups of the keys {x} streaming the queries {q}; "
+                f"{', '.join(query_outputs)} contracts {x}, so it has a launch of its own grouped over {q}, which "
+                f"recomputes what it reads (deterministic: no atomic adds)")
+    header = lines[:3] + [plan, lines[3]]
     text = "\n".join(header + ["    " + b for b in body]) + "\n"
     block = f"\nrelabel {derived.name} on {relabel.hardware}:\n" + "\n".join(clauses) + "\n"
     try:
@@ -840,7 +874,7 @@ def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str |
     except NapkinError:
         return None
     schedule = KeySchedule(x, q, tuple(sorted(stats, key=list(diagram.arrays).index)), tuple(key_outputs),
-                           tuple(query_outputs), renamed, key_chunk)
+                           tuple(query_outputs), renamed, key_chunk, summed)
     return Backward(text + block, derived.name, derived.saved, derived.recomputed, derived.cotangents,
                     derived.gradients, schedule)
 

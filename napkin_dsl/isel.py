@@ -46,7 +46,8 @@ from .layouts import MMA_K, MMA_M, MMA_N, CanonicalTile, SwizzledTile
 from .paths import offered_paths, path_of
 from .paths.mma_sync import MmaSyncPlan, converted_fp8_refusal, mma_k, mma_shape
 from .paths.plan import (FRAGMENT_BUDGET, MAX_REGISTERS, MAX_WARPS, STAGES, TENSOR_DTYPES, Fragment, Mma, Operand, Refusal,
-                         TensorPlan, budget_refusal, gather_registers, live_fragment_values, refuse_if)
+                         TensorPlan, WarpGrid, budget_refusal, gather_registers, live_fragment_values, refuse_if,
+                         staged_slot)
 from .paths.wgmma import WgmmaPlan, scheduled_roles
 from .pseudocode import LaunchProgram, Program, blocks_per_unit, split_loop, walk
 from .relabel import bind
@@ -218,9 +219,10 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
     row = _row_axis(site)
     warp_rows, warp_tiles = _warp_rows(site, row, warp_tiles)
     stream, loaded = _stream_and_loaded(launch)
-    fragments = _fragments(site, row, loaded)
+    staged = _staged_products(site, row)
+    fragments = _fragments(site, row, loaded, staged)
     refuse_if(_reduction_refusal(site, fragments))
-    operands, mmas, dtype = _products(site, row, fragments, loaded, stream)
+    operands, mmas, dtype = _products(site, row, fragments, loaded, stream, staged)
     plain = _plain_tiles(site, row, operands, loaded, stream)
     refuse_if(_window_refusal(site, plain))
     _target_path(hardware, arch, path, dtype)
@@ -232,14 +234,21 @@ def _plan(launch: LaunchProgram, arch: str, tile: dict, sizes: dict, warp_tiles:
     budget = FRAGMENT_BUDGET if path is None else MAX_REGISTERS
     if split is None:
         def rows_plan(rows: int) -> MmaSyncPlan:
-            return MmaSyncPlan(row, tile[row], rows, dtype, operands, plain, fragments, mmas, stream,
+            plan = MmaSyncPlan(row, tile[row], rows, dtype, operands, plain, fragments, mmas, stream,
                                instruction=path or "mma.sync")
+            return replace(plan, grids=_staged_grids(plan, staged, tile)) if staged else plan
 
-        # a what-if wgmma keeps 16-row warps (each warp of a warpgroup holds 16 of its 64 rows), and
-        # so does a launch taller warps were not measured on (_measured_taller)
-        rows = warp_rows or _default_warp_rows(
-            tile[row], lambda rows: path != "wgmma" and _measured_taller(launch)
-            and _budgeted(rows_plan(rows), launch, tile, budget, path, arch)[1] is None)
+        def fits(rows: int) -> bool:
+            # a what-if wgmma keeps 16-row warps (each warp of a warpgroup holds 16 of its 64 rows), and
+            # so does a launch taller warps were not measured on (_measured_taller)
+            if path == "wgmma" or not _measured_taller(launch):
+                return False
+            try:
+                return _budgeted(rows_plan(rows), launch, tile, budget, path, arch)[1] is None
+            except Refusal:  # fewer warps than a staged product's grid takes (_staged_grids)
+                return False
+
+        rows = warp_rows or _default_warp_rows(tile[row], fits)
         plan, refusal = _budgeted(rows_plan(rows), launch, tile, budget, path, arch, converted)
         refuse_if(refusal)
         return plan
@@ -373,19 +382,119 @@ def _f64_refusal(launch: LaunchProgram) -> str | None:
 
 def _row_axis(site: _Site) -> str:
     """The row axis: woven through every statement, read by the first contraction's first
-    operand, its tile whole fragments of MMA_M rows."""
-    statements = site.statements
-    common = set(site.wide(statements[0].axes))
-    for s in statements[1:]:
-        common &= set(site.wide(s.axes))
-    first = site.contractions[0].box.operands[0]
-    rows = [a for a in site.wide(statements[0].axes) if a in common and a in first.axes]
+    operand, its tile whole fragments of MMA_M rows. Where none is, one woven through every
+    statement but products that may be staged (:func:`_staged_candidates`: their rows are
+    their own, ``Mma.staged``)."""
+    rows = _woven_rows(site, site.statements)
+    if not rows:
+        candidates = _staged_candidates(site)
+        rest = [s for s in site.statements if s.target not in candidates]
+        rows = _woven_rows(site, rest) if candidates and rest else []
     if not rows:
         raise Refusal("no axis is woven through every statement and read by the first contraction's first operand")
     row = rows[0]
     if site.tile[row] % MMA_M:
         raise Refusal(f"the {row} tile ({site.tile[row]}) is not a multiple of {MMA_M}")
     return row
+
+
+def _woven_rows(site: _Site, statements) -> list[str]:
+    """The wide axes of every one of ``statements`` that the first contraction's first operand reads."""
+    common = set(site.wide(statements[0].axes))
+    for s in statements[1:]:
+        common &= set(site.wide(s.axes))
+    first = site.contractions[0].box.operands[0]
+    return [a for a in site.wide(statements[0].axes) if a in common and a in first.axes]
+
+
+def _staged_candidates(site: _Site) -> set[str]:
+    """Products that may have rows of their own (``Mma.staged``): two operands, one of them
+    computed in the launch, over a two-dimensional output tile."""
+    computed = {s.target for s in site.statements}
+    return {s.target for s in site.contractions
+            if len(s.box.operands) == 2 and sum(r.array in computed for r in s.box.operands) == 1
+            and len(site.wide(s.axes)) == 2}
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A staged product as the analysis finds it: ``target[rows, n] = sum over the plan's row of
+    fragment[row, rows] * b[row, n]`` (``Mma.staged``)."""
+
+    target: str
+    fragment: str
+    b: str
+    rows: str
+    n: str
+
+
+def _staged_products(site: _Site, row: str) -> dict[str, _Staged]:
+    """The products of the launch whose output does not carry the row axis, each checked to be
+    one mma.sync can run with A staged through shared memory (FlashAttention-2's dQ = dS^T K in
+    the launch grouped over keys): it contracts the row axis alone; its A is a fragment computed
+    here over (row, its rows); its B a loaded tile over (row, its columns); its output is saved,
+    not read by another statement here, and computed afresh each time (not accumulated over a
+    stream), its tiles whole fragments."""
+    staged = {}
+    computed = {s.target for s in site.statements}
+    read_here = {r.array for s in site.statements for r in _reads(s)}
+    accumulated = {step.statement.target for step, _ in walk(site.launch.body)
+                   if step.op == "accumulate" and step.statement is not None}
+    for s in site.contractions:
+        out = site.wide(s.axes)
+        if row in out:
+            continue
+        name = f"{s.target} ({s.target}[{' '.join(s.axes)}] does not carry the row axis {row})"
+        if s.target not in _staged_candidates(site):
+            raise Refusal(f"{name} is not a product of a fragment computed here and a loaded tile, over two axes")
+        if site.wide(s.box.contracted) != [row]:
+            raise Refusal(f"{name} contracts {' '.join(site.wide(s.box.contracted))}: a product staged through "
+                          f"shared memory contracts the row axis {row} alone")
+        a = next(r for r in s.box.operands if r.array in computed)
+        b = next(r for r in s.box.operands if r is not a)
+        rows = next((x for x in site.wide(a.axes) if x != row), None)
+        n = next((x for x in out if x != rows), None)
+        if rows is None or set(site.wide(a.axes)) != {row, rows} or set(out) != {rows, n} \
+                or set(site.wide(b.axes)) != {row, n}:
+            raise Refusal(f"{name} is not ({rows or '?'} x {row}) fragments times a ({row} x columns) tile")
+        if s.target in read_here:
+            raise Refusal(f"{name} is read here by another statement; a staged product's output is saved only")
+        if s.target in accumulated:
+            raise Refusal(f"{name} accumulates over a stream; a staged product is computed afresh each time")
+        for axis in (rows, n):
+            if site.tile[axis] % (2 * MMA_N):
+                raise Refusal(f"{name}: its {axis} tile ({site.tile[axis]}) is not a multiple of {2 * MMA_N}")
+        dtype = site.diagram.arrays[b.array].dtype
+        if dtype not in TENSOR_DTYPES:  # ldmatrix .trans moves 16-bit values (before sm_100)
+            raise Refusal(f"{name}: its B operand {b.array} is {dtype}; a staged product takes {', '.join(TENSOR_DTYPES)}")
+        if not SwizzledTile.supports(site.tile[rows], DTYPE_BYTES[dtype]):
+            raise Refusal(f"{name}: {a.array} is staged in rows of {site.tile[rows]} {rows} ({dtype}), which no swizzle "
+                          f"covers (rows of 32, 64 or a multiple of 128 bytes)")
+        staged[s.target] = _Staged(s.target, a.array, b.array, rows, n)
+    return staged
+
+
+def _staged_grids(plan: TensorPlan, staged: dict, tile: dict) -> dict:
+    """Each staged product's warp grid (``TensorPlan.grids``): warp tiles of whole fragment pairs
+    over the output, one for every warp of the block, the grid that reads the fewest values from
+    shared memory (the staged A once per warp column, B once per warp row), or a refusal. No warp
+    sits a product out: the emulated warp primitives (tensorcore.OPENCL_PRELUDE) wait at block
+    barriers, which every work-item of the block must reach."""
+    grids = {}
+    for found in staged.values():
+        rows, cols = tile[found.rows], tile[found.n]
+        options = []
+        for wr in range(MMA_M, rows + 1, MMA_M):
+            for wc in range(2 * MMA_N, cols + 1, 2 * MMA_N):
+                if rows % wr or cols % wc or (rows // wr) * (cols // wc) != plan.warps:
+                    continue
+                traffic = rows * (cols // wc) + cols * (rows // wr)
+                options.append((traffic, -wr, WarpGrid(found.rows, rows, wr, found.n, cols, wc)))
+        if not options:
+            raise Refusal(f"{found.target}'s {rows} x {cols} tile of {found.rows} x {found.n} has no grid of warp tiles of "
+                          f"whole fragment pairs for each of the {plan.warps} warps (a longer {found.rows} chunk has)")
+        grids[found.target] = min(options, key=lambda o: o[:2])[2]
+    return grids
 
 
 def _warp_rows(site: _Site, row: str, warp_tiles: dict) -> tuple[int | None, dict]:
@@ -411,12 +520,16 @@ def _stream_and_loaded(launch: LaunchProgram) -> tuple[str | None, set]:
     return stream, loaded
 
 
-def _fragments(site: _Site, row: str, loaded: set) -> dict[str, Fragment]:
+def _fragments(site: _Site, row: str, loaded: set, staged: dict) -> dict[str, Fragment]:
     """Register fragments: everything computed at the compute level, each a tile of rows by at
-    most one other axis of whole 16-column fragment pairs."""
+    most one other axis of whole 16-column fragment pairs (a staged product's output: of its own
+    rows by its columns, laid out on its grid)."""
     fragments: dict[str, Fragment] = {}
     for (lvl, name), buffer in site.launch.buffers.items():
         if lvl != site.level or name in loaded:
+            continue
+        if name in staged:
+            fragments[name] = Fragment(name, staged[name].n)
             continue
         axes = site.wide(buffer.axes)
         if row not in axes or len(axes) > 2:
@@ -542,7 +655,8 @@ def _contracted_k(site: _Site, contracted: list, reads_, step: int) -> str:
     return whole[-1]
 
 
-def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str | None) -> tuple[dict, dict, str]:
+def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str | None,
+              staged: dict) -> tuple[dict, dict, str]:
     """The contractions as mma.sync products: (shared operands by array, in the order they are
     first read, B before A; mma by statement target; the one operand dtype they run in)."""
     operands: dict[str, Operand] = {}
@@ -561,6 +675,16 @@ def _products(site: _Site, row: str, fragments: dict, loaded: set, stream: str |
         return found
 
     for s in site.contractions:
+        if s.target in staged:
+            found = staged[s.target]
+            if fragments[found.fragment].col != found.rows:
+                raise Refusal(f"{found.fragment} in registers is not laid out along {found.rows}")
+            b_tile = operand(found.b, "B", ())
+            dtype = site.diagram.arrays[found.b].dtype
+            dtypes.add(dtype)
+            mmas[s.target] = Mma(found.fragment, False, True, found.b, b_tile.rows == row, row, found.n, dtype,
+                                 staged=True)
+            continue
         a, b, k, n, taps = _contraction_axes(site, s, row)
         b_tile = operand(b.array, "B", taps)
         if a.array in fragments:
@@ -625,7 +749,7 @@ def _column_split(statements, fragments: dict, mmas: dict, stream: str | None) -
     cols = {f.col for f in fragments.values() if f.col is not None}
     if len(cols) != 1 or any(isinstance(s.box, (Reduce, Softmax)) for s in statements):
         return None
-    if any(m.a_in_registers for m in mmas.values()):
+    if any(m.a_in_registers or m.staged for m in mmas.values()):
         return None
     col = cols.pop()
     return None if col == stream else col
@@ -825,8 +949,9 @@ def kmajor_name(name: str) -> str:
 
 
 def slot_array(slot: str) -> str:
-    """The array a shared-memory slot holds: its own name, or a K-major copy's operand."""
-    return slot.removesuffix(".kmajor")
+    """The array a shared-memory slot holds: its own name, a K-major copy's operand, or a staged
+    product's A fragment (``paths.plan.staged_slot``)."""
+    return slot.removesuffix(".kmajor").removesuffix(".staged")
 
 
 def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSlot], int]:
@@ -850,6 +975,13 @@ def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSl
         taps = math.prod(tile[a] for a in op.taps)  # an implicit GEMM's sub-tiles, one after another
         slots[name] = SmemSlot(name, offset, swizzled.bytes * taps, stages, swizzled)
         offset += swizzled.bytes * taps * stages
+    # A staged product's A fragment (Mma.staged): the plan's rows by the product's, one stage.
+    for target, mma in plan.mmas.items():
+        if mma.staged and staged_slot(mma.a) not in slots:
+            swizzled = SwizzledTile(tile[plan.row], tile[plan.grids[target].rows], DTYPE_BYTES[mma.dtype])
+            offset = -(-offset // 128) * 128
+            slots[staged_slot(mma.a)] = SmemSlot(staged_slot(mma.a), offset, swizzled.bytes, 1, swizzled)
+            offset += swizzled.bytes
     # A wgmma plan's K-major copies (plan.transposed): rows and columns swapped, one stage.
     for name in plan.transposed if canonical else ():
         op = plan.operands[name]

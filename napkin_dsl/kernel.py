@@ -392,7 +392,8 @@ class Kernel:
         return self._cache["lse forward"]
 
     def grad(self, rewrite_d: bool | None = None, save: tuple[str, ...] = (), hardware: str | None = None,
-             key_stream: int | None = None, save_lse: bool | None = None, **sizes: int) -> Kernel:
+             key_stream: int | None = None, save_lse: bool | None = None, sum_dq: bool | None = None,
+             **sizes: int) -> Kernel:
         """The backward kernel, derived from the diagram (``grad.py``): a Kernel of its own, parsed
         back from its text (``.source``) through the normal front end. Its parameters are the
         forward's inputs it reads, the forward outputs it reads (saved) and one cotangent per
@@ -407,34 +408,41 @@ class Kernel:
         (default: the forward's stream, or with sizes the model's pick, as for ``rewrite_d``).
         ``save_lse``: the backward of :meth:`lse_forward`, which reads each softmax's lse and
         recomputes P from it, as FA2 does (default: not, or with sizes the model's pick); the
-        returned kernel's ``derivation.auxiliary`` names the outputs the forward adds."""
-        undecided = rewrite_d is None or key_stream is None or save_lse is None
+        returned kernel's ``derivation.auxiliary`` names the outputs the forward adds.
+        ``sum_dq``: FA2's key launch computes dQ as well, each key group adding its part into an
+        f32 sum in device memory atomically (True: five products, not deterministic), or dQ has a
+        launch of its own that recomputes what it reads (False: seven products, deterministic);
+        default True, or with sizes the model's pick."""
+        undecided = rewrite_d is None or key_stream is None or save_lse is None or sum_dq is None
         if sizes and set(self.diagram.axes) <= set(sizes) and undecided:
-            choice = ("grad choice", rewrite_d, tuple(save), key_stream, save_lse, hardware, tuple(sorted(sizes.items())))
+            choice = ("grad choice", rewrite_d, tuple(save), key_stream, save_lse, sum_dq, hardware,
+                      tuple(sorted(sizes.items())))
             if choice not in self._cache:  # priced once per shape (an autograd call asks every step)
                 best = self.backward_options(hardware, saves=(tuple(save),), rewrite_d=rewrite_d,
-                                             key_stream=key_stream, save_lse=save_lse, **sizes)[0]
-                self._cache[choice] = (best.rewrite_d, best.key_stream, best.save_lse)
-            rewrite_d, key_stream, save_lse = self._cache[choice]
+                                             key_stream=key_stream, save_lse=save_lse, sum_dq=sum_dq, **sizes)[0]
+                self._cache[choice] = (best.rewrite_d, best.key_stream, best.save_lse, best.sum_dq)
+            rewrite_d, key_stream, save_lse, sum_dq = self._cache[choice]
         rewrite_d = True if rewrite_d is None else rewrite_d
+        sum_dq = True if sum_dq is None else sum_dq
         forward = self.lse_forward() if save_lse else None
         if save_lse and forward is None:
             raise NapkinError(f"save_lse: {self.name} has no softmax without an lse output to add one for")
-        key = ("grad", rewrite_d, tuple(save), key_stream, bool(save_lse))
+        key = ("grad", rewrite_d, tuple(save), key_stream, bool(save_lse), sum_dq)
         if key not in self._cache:
             from .grad import backward_with_relabel
 
             source = forward or self
             added = tuple(o for o in source.diagram.outputs if o not in self.diagram.outputs)
             derived = backward_with_relabel(source.diagram, source.relabel, source.hardware, rewrite_d, tuple(save),
-                                            key_stream, added)
+                                            key_stream, added, sum_dq)
             kernel = load(derived.text, hardware=self.hardware)[derived.name]
             kernel.derivation = derived
             self._cache[key] = kernel
         return self._cache[key]
 
     def backward_options(self, hardware: str | None = None, saves=None, rewrite_d: bool | None = None,
-                         key_stream: int | None = None, save_lse: bool | None = None, **sizes: int) -> list[BackwardOption]:
+                         key_stream: int | None = None, save_lse: bool | None = None, sum_dq: bool | None = None,
+                         **sizes: int) -> list[BackwardOption]:
         """The backward's choices priced by the model at ``sizes``, cheapest first:
 
         * FA2's D rewrite or not (``rewrite_d`` fixes it);
@@ -445,7 +453,10 @@ class Kernel:
         * the query chunk of FA2's key launch (``key_stream`` fixes it; else the forward's stream
           and its halvings down to 16, the mma k: the key launch holds dK and dV whole, so a
           shorter chunk is what lets the rest of its fragments fit the registers and the launch
-          run on tensor cores).
+          run on tensor cores);
+        * dQ summed over the key groups in the key launch by atomic adds, or computed in a launch of
+          its own, deterministically (``sum_dq`` fixes it; the second is listed only where the
+          first is built).
 
         Each saved value costs the forward its write to device memory at the bandwidth into the
         level below (a lower bound: the forward's own schedule may also change) on top of the
@@ -481,12 +492,17 @@ class Kernel:
             if lse:
                 forward_s += written_s(with_lse.diagram, [o for o in with_lse.diagram.outputs if o not in self.diagram.outputs])
             variant = {"save": tuple(save), "save_lse": lse}
-            for rewrite in (True, False) if rewrite_d is None else (rewrite_d,):
+            for rewrite, summing in itertools.product((True, False) if rewrite_d is None else (rewrite_d,),
+                                                      (True, False) if sum_dq is None else (sum_dq,)):
+                variant = dict(variant, sum_dq=summing)
                 plain = self.grad(rewrite_d=rewrite, key_stream=key_stream, **variant)
                 if (rewrite_d is None and not rewrite
                         and plain.source == self.grad(rewrite_d=True, key_stream=key_stream, **variant).source):
                     continue  # no softmax to rewrite: one kernel
                 keyed = plain.derivation.schedule
+                if sum_dq is None and not summing and (keyed is None or not self.grad(
+                        rewrite_d=rewrite, key_stream=key_stream, **dict(variant, sum_dq=True)).derivation.schedule.summed):
+                    continue  # no dQ summed over key groups: the same kernel
                 chunks = [key_stream] if key_stream is not None or keyed is None else _halvings(keyed.key_stream)
                 for chunk in chunks:
                     backward = (plain if keyed is None or chunk == keyed.key_stream
@@ -498,10 +514,11 @@ class Kernel:
                     else:  # a profile with no bandwidths prices no time: the defaults then stand
                         seconds, why = ((float(predicted), "") if predicted is not None
                                         else (float("inf"), "no time: the profile has no rates"))
+                    summed = bool(keyed is not None and backward.derivation.schedule.summed)
                     options.append(BackwardOption(seconds + forward_s, seconds, forward_s, rewrite, tuple(save), why,
-                                                  chunk, lse))
+                                                  chunk, lse, summed))
         return sorted(options, key=lambda o: (o.seconds, not o.rewrite_d, len(o.save), o.save_lse,
-                                              -(o.key_stream if isinstance(o.key_stream, int) else 0)))
+                                              -(o.key_stream if isinstance(o.key_stream, int) else 0), not o.sum_dq))
 
     def __call__(self, *arrays, backend: str = "numpy", cast: bool = False, hardware: str | None = None,
                  impls: dict | None = None, sizes: dict | None = None, **named):
@@ -557,6 +574,7 @@ class BackwardOption:
     refused: str = ""
     key_stream: int | None = None  # the query chunk of FA2's key launch (None: no key launch)
     save_lse: bool = False  # the forward adds an lse output per softmax (Kernel.lse_forward)
+    sum_dq: bool = False  # dQ summed over the key groups in the key launch, atomically (not deterministic)
 
 
 def _halvings(size: int, least: int = 16) -> list[int]:

@@ -79,6 +79,12 @@ class Buffer:
 STEP_KINDS = ("load", "save", "alloc", "init", "compute", "online", "rescale", "accumulate", "finalise", "merge")
 
 
+# An add into device memory moves its tile three times there: the launcher's zeroing write, the
+# fetch of the line the first add reads (L2 adds in place, and holds no line of an output far
+# larger than it), and the sum written back. Each add between is L2's, on chip.
+ADDED_PASSES = 3
+
+
 @dataclass(frozen=True)
 class Step:
     op: str  # one of STEP_KINDS
@@ -110,6 +116,9 @@ class Step:
     # sums of a contraction over the groups of an axis it consumes (relabel.summed_over_groups),
     # which every group adds into the output (atomically, on a GPU).
     add: bool = False
+    # Times a transfer moves its tile (the model and the backends count each): an add into the
+    # top level, ADDED_PASSES; every other transfer, once.
+    passes: int = 1
 
     def __post_init__(self):
         if self.op not in STEP_KINDS:
@@ -392,9 +401,14 @@ class _LaunchElaborator:
                 self.buffer(name, upper, axes, dtype)
         summed = self.summed.get(name) if kind == "save" and held is None else None
         text = f"{kind} {held + ' as ' if held else ''}{name}[{' '.join(axes)}] {source} -> {dest}"
+        passes = 1
         if summed:
             text = f"add {name}[{' '.join(axes)}] {source} -> {dest}  (each group of {' '.join(summed)} adds its partial sum)"
-        return Step(kind, lower, axes, (read,), (write,), name, source, dest, dtype, text=text, add=summed is not None)
+            if upper == self.levels[0]:
+                passes = ADDED_PASSES
+                text += f", x{passes}: zeroed, fetched, written back"
+        return Step(kind, lower, axes, (read,), (write,), name, source, dest, dtype, text=text, add=summed is not None,
+                    passes=passes)
 
     # -- the compute level
     def compute_body(self, level: str, parent: str) -> list:

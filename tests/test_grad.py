@@ -22,7 +22,9 @@ import pytest
 import napkin_dsl as napkin
 from napkin_dsl import cli, elementwise
 from napkin_dsl.backends.numpy import tolerance
+from napkin_dsl.diagram import Contract
 from napkin_dsl.errors import NapkinError
+from napkin_dsl.pseudocode import ADDED_PASSES, walk
 
 from .conftest import EXAMPLES
 
@@ -306,9 +308,29 @@ def test_a_scalar_that_requires_grad_is_not_differentiated_silently():
 BIG = dict(b=4, h=32, q=8192, x=8192, d=128)
 
 
+def test_attention_lse_backward_sums_dq_over_the_key_groups_in_the_key_launch():
+    """FA2's five products: the key launch computes dQ too, each key group adding its part into an
+    f32 sum in device memory, cast to bf16 by a launch of its own; nothing is recomputed twice."""
+    (kernel,) = napkin.load(EXAMPLES / "attention_lse.napkin").values()
+    backward = kernel.grad()  # the atomic sum is the default without sizes
+    schedule = backward.derivation.schedule
+    assert schedule.summed == {"dQ": "dQ_f32"} and schedule.renamed == {}
+    assert "dQ_f32[b h q d] @gmem f32 = dS[b h q x] * K[b h x d] * len(d)^(-1/2)" in backward.source
+    assert "dQ[b h q d] = dQ_f32[b h q d]" in backward.source and "S_1" not in backward.source
+    assert "smem for dK, dV, dQ_f32: group b 1, h 1, x 128; stream q 64" in backward.source
+    program = backward.program(**BIG)
+    assert [[s.target for s in launch.launch.statements] for launch in program.launches] == [
+        ["D"], ["S", "P", "dP", "dS", "dK", "dV", "dQ_f32"], ["dQ"]]
+    products = [s for launch in program.launches for s in launch.launch.statements if isinstance(s.box, Contract)]
+    assert len(products) == 5
+    added = [step for step, _ in walk(program.launches[1].body) if step.add and step.op == "save"]
+    assert {step.array for step in added} == {"dQ_f32"}
+    assert [step.passes for step in added] == [1, ADDED_PASSES]  # into L2, then device memory's three passes
+
+
 def test_attention_lse_backward_has_fa2s_launches_and_fits_at_8192():
     (kernel,) = napkin.load(EXAMPLES / "attention_lse.napkin").values()
-    backward = kernel.grad()  # the rewrite is the default without sizes
+    backward = kernel.grad(sum_dq=False)  # the rewrite is the default without sizes
     schedule = backward.derivation.schedule
     assert (schedule.keys, schedule.queries) == ("x", "q")
     assert schedule.statistics == ("D",) and schedule.key_outputs == ("dK", "dV") and schedule.query_outputs == ("dQ",)
@@ -423,8 +445,9 @@ def test_a_kernel_whose_softmaxes_have_their_lse_has_no_lse_forward():
 
 def test_the_model_derives_fa2s_backward_for_attention_without_an_lse_output():
     """The done-when of issue 24: napkin grad examples/attention.napkin at b4 h32 q=x=8192 d128
-    on H100 saves O and L (the forward adds L), recomputes P from L, groups the keys, streams the
-    queries and gives dQ a launch of its own; every launch but D's runs on tensor cores."""
+    on H100 saves O and L (the forward adds L), recomputes P from L, groups the keys and streams
+    the queries; issue 47: the key launch sums dQ over the key groups, on tensor cores, and a launch
+    of its own casts it."""
     from napkin_dsl.isel import select_program
 
     (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
@@ -440,7 +463,8 @@ def test_the_model_derives_fa2s_backward_for_attention_without_an_lse_output():
     schedule = derived.schedule
     assert (schedule.keys, schedule.queries) == ("x", "q")
     assert schedule.key_outputs == ("dK", "dV") and schedule.query_outputs == ("dQ",)
-    assert select_program(chosen.gpu_program(None, **BIG)).paths == ("fma", "mma.sync", "mma.sync")
+    assert schedule.summed == {"dQ": "dQ_f32"}
+    assert select_program(chosen.gpu_program(None, **BIG)).paths == ("fma", "mma.sync", "fma")
     # the CLI prints the same kernel
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

@@ -297,8 +297,13 @@ class OpenCLDialect(Dialect):
 #define NK_INF INFINITY
 /* A float added atomically (Dialect.atomic_add): retried until no other work-item changed it between. */
 inline void nk_atomic_add_f32(volatile __global float* p, float v) {
-    union { uint u; float f; } seen, next;
-    do { seen.f = *p; next.f = seen.f + v; } while (atomic_cmpxchg((volatile __global uint*)p, seen.u, next.u) != seen.u);
+    volatile __global uint* u = (volatile __global uint*)p;
+    uint seen = atomic_or(u, 0u); /* read atomically: a plain read races with the other groups' adds */
+    for (;;) {
+        const uint was = atomic_cmpxchg(u, seen, as_uint(as_float(seen) + v));
+        if (was == seen) break;
+        seen = was;
+    }
 }
 inline float nk_bf16(ushort v) { return as_float(((uint)v) << 16); }
 inline ushort nk_to_bf16(float v) {

@@ -88,6 +88,7 @@ from ..diagram import (
 from .. import elementwise
 from ..errors import NapkinCallError, NapkinError
 from ..isel import ProgramSelection, select_program
+from ..paths.plan import shared_reads
 from ..pseudocode import Loop, Program, Step, walk, compute_dtype
 from ..reference import ELEMENTWISE, logsumexp, masked_softmax
 from ..reference import Evaluator as _Evaluator
@@ -476,9 +477,8 @@ class Interpreter:
         return run
 
     def fragment_counter(self, step: Step) -> Callable[[], None]:
-        """ldmatrix traffic of a tensor-core contraction: A once per warp column, B once per warp row
-        on mma.sync and once per warpgroup on wgmma (``TensorPlan.b_readers``, as the model counts);
-        and an elementwise step's reads of plain shared tiles, one a fragment element."""
+        """ldmatrix traffic of a tensor-core contraction (``paths.plan.shared_reads``, as the model
+        counts it); and an elementwise step's reads of plain shared tiles, one a fragment element."""
         s = step.statement
         entry = self.tensor.get(self.launch.index)
         level = self.program.schedule.compute_level
@@ -495,13 +495,10 @@ class Interpreter:
                 or (step.level, s.target) in step.reads):
             return lambda: None
         plan = entry[0]
-        mma = plan.mmas[s.target]
-        nbytes = DTYPE_BYTES[mma.dtype]
+        nbytes = DTYPE_BYTES[plan.mmas[s.target].dtype]
 
         def count():
-            values = math.prod(self.extents((*mma.contracted, mma.n))) * plan.b_readers
-            if not mma.a_in_registers:
-                values += math.prod(self.extents((plan.row, *mma.contracted))) * plan.col_warps
+            values = shared_reads(plan, s.target, lambda axes: math.prod(self.extents(axes)))
             self.count_transfer("registers", values, nbytes)
 
         return count
@@ -570,7 +567,7 @@ class Interpreter:
                 upper_values[name][self.window(axes, upper_starts[name])] += tile
             else:
                 upper_values[name][self.window(axes, upper_starts[name])] = tile
-            self.count_transfer(level, tile.size, nbytes)
+            self.count_transfer(level, tile.size * step.passes, nbytes)
 
         return save
 
@@ -1222,7 +1219,7 @@ def tolerance(program: Program) -> float:
     if not program.hardware.symbolic:
         for plan, _ in tensor_launches(program).values():
             for mma in plan.mmas.values():
-                if mma.a_in_registers:  # P, computed in f32, packed to the mma's 16-bit type
+                if mma.a_in_registers or mma.staged:  # P or dS, computed in f32, packed to the mma's 16-bit type
                     rounded.add((mma.a, mma.dtype))
     if not rounded and all(diagram.arrays[n].dtype.startswith("i") for n in diagram.outputs):
         return 0.0  # integers, exactly

@@ -51,7 +51,7 @@ from ..dtypes import DTYPE_BYTES, FP8_DTYPES
 from ..diagram import Apply, Const, Contract, Map, Read, Reduce, Softmax, format_expression, reads
 from ..isel import smem_layout
 from ..paths.mma_sync import MmaSyncPlan
-from ..paths.plan import TensorPlan
+from ..paths.plan import TensorPlan, staged_slot
 from ..layouts import (
     LDMATRIX_DELIVERS,
     LDMATRIX_DELIVERS_T,
@@ -607,10 +607,11 @@ class TensorPrinter(KernelWriter):
         return free
 
     def dims(self, name: str) -> str:
-        fragment = self.plan.fragments[name]
+        plan = self.plan.laid_out(name)
+        fragment = plan.fragments[name]
         if fragment.col is None:
-            return f"[{self.plan.m_tiles}][{MMA_C_PAIR.extent('h')}]"
-        return f"[{self.plan.m_tiles}][{self.plan.cols_per_warp(fragment.col, self.tile) // MMA_N}][{MMA_C.extent('i')}]"
+            return f"[{plan.m_tiles}][{MMA_C_PAIR.extent('h')}]"
+        return f"[{plan.m_tiles}][{plan.cols_per_warp(fragment.col, self.tile) // MMA_N}][{MMA_C.extent('i')}]"
 
     # -- loops over fragments
     def loop(self, var: str, count: int, body):
@@ -778,8 +779,55 @@ class TensorPrinter(KernelWriter):
         if any(ref[1] in self.smem for ref in step.reads):
             self.wait()
         self.emit(f"// {step.text}")
+        # the fragment a step computes or saves, if it is laid out on a staged product's grid
+        held = [step.statement.target] if step.statement is not None else []
+        held += [name for _, name in step.reads] if step.op == "save" else []
+        target = next((name for name in held if name in self.plan.grids), None)
         with self.block("{"):
+            if target is not None:
+                self.on_grid(step, target)
+                return
             getattr(self, f"tc_{step.op}")(step)
+
+    def on_grid(self, step: Step, target: str):
+        """A step of a staged product's output (``Mma.staged``), laid out on the product's warp grid:
+        the block declares the grid's origin of this warp under the names the fragment loops read
+        (``nk_wrow``, ``nk_wcol``), and the step is printed with the plan as the fragment is laid out
+        (``TensorPlan.laid_out``). The product itself first stages its A fragment, laid out on the
+        plan's rows."""
+        mma = self.plan.mmas[target]
+        if step.op == "compute" and (step.level, target) not in step.reads:
+            self.stage(mma.a, mma.dtype)
+        plan = self.plan
+        laid = plan.laid_out(target)
+        self.emit(f"const int nk_wrow = (nk_warp / {laid.col_warps}) * {laid.warp_rows};  "
+                  f"// this warp's first row of {target}'s {laid.row} tile (its own grid)")
+        self.emit(f"const int nk_wcol = (nk_warp % {laid.col_warps}) * {laid.warp_cols};  // ... and its first column of {laid.split}")
+        self.plan = laid
+        assert laid.warps == plan.warps, f"napkin bug: {target}'s grid leaves warps out (isel._staged_grids)"
+        try:
+            getattr(self, f"tc_{step.op}")(step)
+        finally:
+            self.plan = plan
+
+    def stage(self, name: str, dtype: str):
+        """Fragment ``name`` (the plan's rows by a staged product's rows) written to its shared tile
+        (``paths.plan.staged_slot``) as ``dtype`` pairs, between two barriers: every warp has read
+        the tile's last contents before any overwrites it, and it is whole before any reads it."""
+        assert name not in self.packed, f"napkin bug: staged fragment {name} is packed"
+        slot = self.smem[staged_slot(name)]
+        col = self.plan.fragments[name].col
+        kind = "BF16" if dtype == "bf16" else "F16"
+        self.emit(f"NK_SYNC();  // every warp has read {name}'s staged tile before it is overwritten")
+
+        def write():
+            pair = offset_expr(slot.tile, *self.fragment_expr(True, col))
+            lo, hi = (f"{_var(name)}[mt][nt][{self.value_index(str(e))}]" for e in range(2))
+            self.emit(f"{self.dialect.shared_word(f'{slot.offset} + {pair}')} = NK_PACK_{kind}({lo}, {hi});")
+
+        nt = self.plan.cols_per_warp(col, self.tile) // MMA_N
+        self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("h", MMA_C_PAIR.extent("h"), write)))
+        self.emit(f"NK_SYNC();  // {name}'s staged tile is whole before any warp reads it")
 
     # -- transfers
     def copy_constants(self):
@@ -1372,6 +1420,8 @@ class TensorPrinter(KernelWriter):
         one fragment row (mt) of every warp row, staged and stored ``m_tiles`` times over
         (:meth:`save_passes`)."""
         _, held, axes, dtype = self.saved(step)
+        if held in self.plan.grids:  # a staged product's output (on its own grid): stored from its fragments
+            return None
         col = self.plan.fragments[held].col
         eb = DTYPE_BYTES[dtype]
         if eb < 2:  # the staging writes a fragment pair as one 16-bit word or two floats: an 8-bit
@@ -1721,7 +1771,8 @@ class TensorPrinter(KernelWriter):
 
                 self.loop("mt", mt_count, pack)
             else:
-                offset = self.ldsm_offset(m.a, "a", m.a_trans, f"(nk_wrow + mt * {MMA_M})", f"(kk * {MMA_K})", tap)
+                slot = staged_slot(m.a) if m.staged else m.a
+                offset = self.ldsm_offset(slot, "a", m.a_trans, f"(nk_wrow + mt * {MMA_M})", f"(kk * {MMA_K})", tap)
                 self.loop("mt", mt_count, lambda: self.emit(f"{'NK_LDSM_T' if m.a_trans else 'NK_LDSM'}(a[mt], {offset});"))
 
             def per_pair():
@@ -1751,7 +1802,7 @@ class TensorPrinter(KernelWriter):
             if m.dtype in FP8_DTYPES and m.b_trans:
                 self.gather_constants(m.b, m.a_in_registers)  # mma_fp8: byte loads, no ldmatrix site
             sites = ([] if m.dtype in FP8_DTYPES and m.b_trans else [(m.b, "b", m.b_trans)])
-            sites += [] if m.a_in_registers else [(m.a, "a", m.a_trans)]
+            sites += [] if m.a_in_registers else [(staged_slot(m.a) if m.staged else m.a, "a", m.a_trans)]
             for site in sites:
                 if site in self.lanes:
                     continue

@@ -88,6 +88,10 @@ class MmaSyncPath(TensorPath):
             return (f"{target}: {plan.instruction} (priced, not built) {mma.dtype} -> f32, A = {mma.a} from "
                     f"{'registers' if mma.a_in_registers else 'shared memory'}, B = {mma.b} from shared memory")
         a = f"{mma.a} from registers (packed to {mma.dtype})" if mma.a_in_registers else f"{mma.a} by ldmatrix{'.trans' if mma.a_trans else ''}"
+        if mma.staged:
+            laid = plan.laid_out(target)
+            a = (f"{mma.a} staged through shared memory (packed to {mma.dtype}), by ldmatrix.trans; on {laid.warps} warps "
+                 f"of {laid.warp_rows} {laid.row} x {laid.warp_cols} {laid.split}")
         if mma.dtype in FP8_DTYPES:  # byte loads for an n-contiguous B (backends/tensorcore.py, mma_fp8)
             b = f"{mma.b} by {'byte loads, 4 k a register' if mma.b_trans else 'ldmatrix'}"
             return f"{target}: mma.sync.{mma_shape(mma.dtype)} {mma.dtype} -> f32, A = {a}, B = {b}"

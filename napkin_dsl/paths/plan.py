@@ -15,7 +15,7 @@ describe its products. Instruction selection (``isel.py``) asks the paths in ord
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import ClassVar
 
 from ..dtypes import FP8_DTYPES
@@ -86,11 +86,35 @@ class Mma:
     # An implicit GEMM's further contracted axes, held whole in both operands' tiles: the product
     # runs over k once per value of the taps, each on its own sub-tile (Operand.taps)
     taps: tuple = ()
+    # A is a register fragment over (the plan's row, this product's rows), written to a shared tile
+    # of its own (staged_slot) and read back k-major by ldmatrix .trans: a product whose rows are
+    # not the plan's, which contracts the plan's row axis (FlashAttention-2's dQ = dS^T K in the
+    # launch grouped over keys). Its output is laid out on a warp grid of its own (TensorPlan.grids).
+    staged: bool = False
 
     @property
     def contracted(self) -> tuple:
         """Every contracted axis the product runs over: k, then the taps."""
         return (self.k, *self.taps)
+
+
+def staged_slot(name: str) -> str:
+    """The shared-memory slot a staged product's A fragment ``name`` is written to (``Mma.staged``)."""
+    return f"{name}.staged"
+
+
+@dataclass(frozen=True)
+class WarpGrid:
+    """How the block's warps split the output tile of a staged product (``Mma.staged``), whose rows
+    are not the plan's row axis: ``rows`` x ``cols`` in warp tiles of ``warp_rows`` x ``warp_cols``,
+    every warp of the block holding one."""
+
+    rows: str
+    row_tile: int
+    warp_rows: int
+    cols: str
+    col_tile: int
+    warp_cols: int
 
 
 @dataclass(frozen=True)
@@ -118,6 +142,17 @@ class TensorPlan:
     # name it): its path's own, or for a what-if another (an mma.sync plan priced as "wgmma":
     # four warps share one read of the B tile from shared memory).
     instruction: str = "mma.sync"
+    grids: dict = field(default_factory=dict)  # a staged product's target -> its WarpGrid (Mma.staged)
+
+    def laid_out(self, name: str) -> TensorPlan:
+        """The plan as fragment ``name`` is laid out: this one, or for a staged product's output
+        the same plan with its grid's rows and column split (one warp grid, the fields the
+        fragment loops and the ldmatrix counts read)."""
+        grid = self.grids.get(name)
+        if grid is None:
+            return self
+        return replace(self, row=grid.rows, row_tile=grid.row_tile, warp_rows=grid.warp_rows, split=grid.cols,
+                       col_tile=grid.col_tile, warp_cols=grid.warp_cols)
 
     @property
     def built(self) -> bool:
@@ -192,10 +227,28 @@ class TensorPath:
 
 def fragment_values(plan: TensorPlan, name: str, tile: dict) -> int:
     """Registers (4-byte values) one thread holds for a register-resident array."""
+    plan = plan.laid_out(name)
     fragment = plan.fragments[name]
     if fragment.col is None:
         return plan.m_tiles * 2  # rows g and g + 8 of each 16-row fragment
     return plan.m_tiles * (plan.cols_per_warp(fragment.col, tile) // MMA_N) * 4
+
+
+def shared_reads(plan: TensorPlan, target: str, extent) -> int:
+    """Values product ``target`` moves between shared memory and registers, ``extent(axes)`` being
+    the elements a tile over ``axes`` covers: its B tile once per warp row on mma.sync (each warp
+    loads its own fragments by ldmatrix), once per warpgroup on wgmma (``TensorPlan.b_readers``);
+    its A tile once per warp column, unless A is a fragment already; a staged A (``Mma.staged``)
+    once more, as the fragments written to its shared tile. The model and the NumPy backend both
+    count this."""
+    mma = plan.mmas[target]
+    laid = plan.laid_out(target)
+    moved = extent((*mma.contracted, mma.n)) * laid.b_readers
+    if not mma.a_in_registers:
+        moved += extent((laid.row, *mma.contracted)) * laid.col_warps
+    if mma.staged:
+        moved += extent((laid.row, *mma.contracted))
+    return moved
 
 
 def live_fragment_values(plan: TensorPlan, launch: LaunchProgram, tile: dict) -> int:

@@ -486,6 +486,10 @@ class WgmmaPath(TensorPath):
         if indexed is not None:  # backends/wgmma.py fills its tiles by TMA or cp.async of whole rows only
             raise Refusal(f"{indexed.array} is an implicit GEMM's operand, a sub-tile a tap copied through its window, which "
                           f"mma.sync's printer builds: wgmma's tiles are copied whole")
+        staged = next((target for target, mma in plan.mmas.items() if mma.staged), None)
+        if staged is not None:  # backends/wgmma.py holds one accumulator layout: the warpgroups' rows
+            raise Refusal(f"{staged}'s rows are not {plan.row}: a product staged through shared memory (its A read "
+                          f"transposed) is built on mma.sync")
         copied = _transposed_copies(plan) if plan.dtype in FP8_DTYPES else []
         if split_loop(launch) is not None:  # backends/wgmma.py saves no part state: mma.sync's printer does
             raise Refusal("a split's parts launch: the wgmma epilogue that saves its part states is not written")
