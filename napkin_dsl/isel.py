@@ -355,8 +355,9 @@ def _split_parts_refusal(launch: LaunchProgram, tile: dict) -> str | None:
     level = launch.schedule.compute_level
     streams_whole_chunks = (any(lp.kind == "stream" and lp.axis == cut.axis and lp.mask is None for _, loops in steps for lp in loops)
                             and int(cut.tile) % tile[cut.axis] == 0)
-    saves_fragments = not any(step.op == "save" and step.level == level and not isinstance(step.statement.box, (Contract, Softmax))
-                              for step, _ in steps)
+    saves_fragments = not any(step.op == "save" and step.level == level
+                              and not (step.statement is not None and isinstance(step.statement.box, (Contract, Softmax)))
+                              for step, _ in steps)  # an add of a sum over groups has no statement: not a part state
     computes_every_statement = not ({s.target for s in launch.launch.statements}
                                     - {step.statement.target for step, _ in steps if step.statement is not None})
     if streams_whole_chunks and saves_fragments and computes_every_statement:

@@ -183,3 +183,12 @@ def test_the_causal_backward_sums_dq_and_matches_the_reference_on_pocl(opencl_de
     inputs = {name: inputs[name] for name in backward.diagram.params}
     outputs = opencl.run(program, inputs, {})
     assert_matches_reference(program, outputs, evaluate(backward.diagram, inputs, {}, sizes), "causal")
+
+
+def test_a_split_of_the_streamed_queries_beside_the_adds_stays_on_fma_and_says_why():
+    """Found by `napkin tune` on the backward: the parts launch of a split q beside dQ's adds (a
+    save with no statement) crashed the parts check; it stays on the FMA path, by name."""
+    text = KEYS.replace("smem: group x 64; stream q 32", "smem: group x 64; split q 64; stream q 32")
+    program = _kernel(text).gpu_program(None, q=256, x=128, d=64)
+    chosen = isel.select_program(program, "sm_80")[0]
+    assert chosen.path == "fma" and "the parts launch of split q" in chosen.reason, chosen.reason
