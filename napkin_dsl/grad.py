@@ -62,6 +62,7 @@ from .diagram import (
     expression_axes, reads,
 )
 from .errors import NapkinError
+from .pseudocode import kept_fraction
 from .relabel import SUMMED_DTYPE, make_schedule
 
 # ---- notation text of expressions -----------------------------------------------------------
@@ -918,12 +919,31 @@ FLASH_BACKWARD_FACTOR = 2.5
 def flash_backward_flops(diagram: Diagram, sizes: dict) -> float | None:
     """The FLOPs FlashAttention counts for the backward of ``diagram`` at ``sizes``: 2.5 times
     the forward's tensor FLOPs, where the forward is attention-shaped (a softmax whose only
-    consumer contracts it with V into an output: :func:`_fa2_rewrite`); None elsewhere, where
-    the convention says nothing (a matmul's backward is twice its forward, not 2.5 times)."""
-    if not any(isinstance(s.box, Softmax) and _fa2_rewrite(diagram, s) for s in diagram.statements):
+    consumer contracts it with V into an output: :func:`_fa2_rewrite`), over the pairs a masked
+    softmax's mask keeps (``pseudocode.kept_fraction``: causal's half); None elsewhere, where the
+    convention says nothing (a matmul's backward is twice its forward, not 2.5 times)."""
+    softmax = next((s for s in diagram.statements if isinstance(s.box, Softmax) and _fa2_rewrite(diagram, s)), None)
+    if softmax is None:
         return None
     tensor = sum(float(algebra.as_expr(s.flops.get("tensor", 0)).subs(sizes)) for s in diagram.statements)
+    condition = _mask_condition(diagram, softmax)
+    if condition is not None:  # over the pairs the mask keeps: causal's (n + 1) / 2n, as FA's n / 2
+        kept = kept_fraction(condition, sizes)
+        if kept is None:
+            return None  # a mask the convention does not count
+        tensor *= kept
     return FLASH_BACKWARD_FACTOR * tensor
+
+
+def _mask_condition(diagram: Diagram, softmax: Statement):
+    """The condition of a masked softmax's where(COND, S, -inf) (its operand, or the map it reads), or None."""
+    operand = softmax.box.operand
+    if isinstance(operand, Read):
+        producer = diagram.producer(operand.array)
+        operand = producer.box.expr if producer is not None and isinstance(producer.box, Map) else None
+    if isinstance(operand, Apply) and operand.fn == "where" and operand.args[2] == Const(-algebra.oo):
+        return operand.args[0]
+    return None
 
 
 def _fa2_rewrite(diagram: Diagram, softmax: Statement) -> str | None:

@@ -918,6 +918,38 @@ def _constraints(condition) -> tuple[Constraint, ...] | None:
 _INDEX = "index:"  # the prefix of the symbol standing for an axis index in a constraint
 
 
+def kept_fraction(condition, sizes: dict) -> float | None:
+    """The share of the index pairs of a mask's two axes that ``condition`` keeps (causal over
+    q = x: (n + 1) / 2n), counted exactly, or None where it is not linear inequalities over at
+    most two axes bound in ``sizes``. FlashAttention's FLOP convention counts a masked
+    attention's products over what its mask keeps."""
+    import numpy as np
+
+    constraints = _constraints(condition)
+    if not constraints:
+        return None
+    axes = list(dict.fromkeys(a for c in constraints for a, _ in c.coefficients))
+    if not 1 <= len(axes) <= 2 or any(a not in sizes for a in axes):
+        return None
+    constants = []
+    for c in constraints:
+        value = c.constant.subs({sym: sizes[sym.name] for sym in c.constant.free_symbols if sym.name in sizes})
+        if not value.is_number:
+            return None
+        constants.append(float(value))
+    rows, cols = (sizes[a] for a in axes) if len(axes) == 2 else (sizes[axes[0]], 1)
+    col = np.arange(cols, dtype=np.float64)
+    kept = 0
+    for start in range(0, rows, 1024):  # a block of rows at a time: 8192 x 8192 pairs in 64 MiB steps
+        row = np.arange(start, min(start + 1024, rows), dtype=np.float64)[:, None]
+        held = np.ones((len(row), cols), dtype=bool)
+        for c, constant in zip(constraints, constants, strict=True):
+            value = constant + sum(k * (row if a == axes[0] else col) for a, k in c.coefficients)
+            held &= (value > 0) if c.strict else (value >= 0)
+        kept += int(held.sum())
+    return kept / (rows * cols)
+
+
 def _linear(expr):
     """A number expression of indices, sizes and constants (algebra), or None if it reads arrays."""
     if isinstance(expr, Index):
@@ -959,8 +991,128 @@ def _mask_streams(body: tuple, schedule: Schedule, launch: Launch) -> tuple:
             mask = None  # another result of the loop needs every chunk: none is skipped
         if mask is not None:
             inner = tuple(_untested(n, mask) for n in inner)
+        elif node.kind == "stream":
+            mask = _zero_mask(inner, schedule, launch, node.axis)
         out.append(dataclasses.replace(node, body=inner, mask=mask))
     return tuple(out)
+
+
+# ---- zero masks: the chunks whose every contribution is zero -----------------------------------
+#
+# A stream loop with no masked softmax may still skip chunks: the backward of causal attention
+# streams the queries in a launch grouped over the keys, and dS = where(q >= x, ..., 0) and
+# P = where(L > -inf, exp(where(q >= x, S, -inf) - L), 0) are zero wherever q < x. A chunk the
+# condition hides adds zero to every result the loop computes (dK and dV accumulate products of
+# dS and P; dQ's adds are dS K), so it is never visited. Its condition is tested in every chunk
+# visited (Mask.tested is None): the skip is the saving. Zero is read off the expressions, with
+# the other values finite (0 * inf would be NaN: an array that holds infinities is not assumed).
+
+
+def _zero_mask(body: tuple, schedule: Schedule, launch: Launch, axis: str) -> Mask | None:
+    """The Mask of a stream loop over ``axis`` whose hidden chunks add nothing to any result of
+    the loop (see above), or None."""
+    steps = [step for step, _ in walk(body) if step.statement is not None]
+    computed = list(dict.fromkeys(step.statement.target for step in steps))
+    by_target = {s.target: s for s in launch.statements}
+    condition = next((c for name in computed for c in _where_conditions(by_target[name].box)
+                      if (found := _constraints(c)) and any(dict(k.coefficients).get(axis) for k in found)), None)
+    if condition is None:
+        return None
+    constraints = _constraints(condition)
+    zero, minus_infinite = set(), set()
+    for name in computed:  # in order: a statement reads what comes before it
+        box = by_target[name].box
+        if isinstance(box, Map):
+            if _zero_when_hidden(box.expr, constraints, zero, minus_infinite):
+                zero.add(name)
+            elif _minus_infinite_when_hidden(box.expr, constraints, zero, minus_infinite):
+                minus_infinite.add(name)
+        elif isinstance(box, Contract) and any(r.array in zero for r in box.operands):
+            zero.add(name)
+        elif isinstance(box, Reduce) and box.op == "sum" and any(r.array in zero for r in reads(box.operand)):
+            zero.add(name)
+    added = {step.array for step in (step for step, _ in walk(body)) if step.op == "save" and step.add}
+    for name in reversed(computed):
+        s = by_target[name]
+        readers = [r for r in launch.statements if name in r.inputs]
+        if name in zero and (axis in s.consumed or name in added or name not in launch.outputs):
+            continue  # a zero term of a sum over the stream, a zero added, or a zero read here
+        if name not in launch.outputs and readers and all(r.target in zero for r in readers):
+            zero.add(name)  # read only where it is multiplied by zero or selected out
+            continue
+        return None
+    axes = list(dict.fromkeys(a for c in constraints for a, _ in c.coefficients))
+    axes = [axis] + [a for a in axes if a != axis]
+    compute = schedule.compute_level
+    writer = next(name for name in computed if condition in _where_conditions(by_target[name].box))
+    return Mask(writer, axis, constraints, tuple((a, schedule.extent(a, compute)) for a in axes),
+                format_expression(condition))
+
+
+def _where_conditions(box) -> list:
+    """The conditions of the where(...) selections in a map's expression."""
+    found = []
+
+    def visit(e):
+        if isinstance(e, Apply):
+            if e.fn == "where":
+                found.append(e.args[0])
+            for a in e.args:
+                visit(a)
+
+    if isinstance(box, Map):
+        visit(box.expr)
+    return found
+
+
+def _hides(condition, constraints) -> bool:
+    """Whether ``condition`` is false wherever ``constraints`` (a chunk the mask hides) are."""
+    return _constraints(condition) == constraints
+
+
+def _zero_when_hidden(expr, constraints, zero: set, minus_infinite: set) -> bool:
+    """Whether ``expr`` is 0 at every element of a chunk the mask hides."""
+    if isinstance(expr, Const):
+        return expr.value == 0
+    if isinstance(expr, Read):
+        return expr.array in zero
+    if not isinstance(expr, Apply):
+        return False
+    args = expr.args
+    if expr.fn == "where":
+        if _hides(args[0], constraints):
+            return _zero_when_hidden(args[2], constraints, zero, minus_infinite)
+        return all(_zero_when_hidden(a, constraints, zero, minus_infinite) for a in args[1:])
+    if expr.fn == "mul":
+        return any(_zero_when_hidden(a, constraints, zero, minus_infinite) for a in args)
+    if expr.fn in ("neg", "div"):
+        return _zero_when_hidden(args[0], constraints, zero, minus_infinite)
+    if expr.fn in ("exp", "exp2"):
+        return _minus_infinite_when_hidden(args[0], constraints, zero, minus_infinite)
+    return False
+
+
+def _minus_infinite_when_hidden(expr, constraints, zero: set, minus_infinite: set) -> bool:
+    """Whether ``expr`` is -inf at every element of a chunk the mask hides, the values it adds or
+    subtracts finite."""
+    if isinstance(expr, Const):
+        return expr.value == -algebra.oo
+    if isinstance(expr, Read):
+        return expr.array in minus_infinite
+    if not isinstance(expr, Apply):
+        return False
+    args = expr.args
+    if expr.fn == "where":
+        if _hides(args[0], constraints):
+            return _minus_infinite_when_hidden(args[2], constraints, zero, minus_infinite)
+        return all(_minus_infinite_when_hidden(a, constraints, zero, minus_infinite) for a in args[1:])
+    if expr.fn in ("add", "sub"):  # one term -inf (the first, of a difference), the others finite
+        infinite = [_minus_infinite_when_hidden(a, constraints, zero, minus_infinite) for a in args]
+        return infinite.count(True) == 1 and (infinite[0] or expr.fn == "add")
+    if expr.fn == "mul":  # by positive constants only
+        infinite = [a for a in args if _minus_infinite_when_hidden(a, constraints, zero, minus_infinite)]
+        return len(infinite) == 1 and all(isinstance(a, Const) and a.value > 0 for a in args if a is not infinite[0])
+    return False
 
 
 def _skips_safely(body: tuple, mask: Mask, launch: Launch, axis: str) -> bool:
@@ -1241,8 +1393,10 @@ def _render_nodes(nodes, schedule, lines, depth, warp_line=None):
             plural = "" if node.trips == 1 else "s"
             lines.append(f"{pad}{kind} {node.axis} in {node.trips} {node.kind}{plural} of {node.tile} @{node.level}:{derived}")
             if node.mask is not None:
+                tests = ("tests only the chunks it does not hold in full" if node.mask.tested is not None
+                         else "every other chunk adds zero to each result; tests every chunk it visits")
                 lines.append(f"{pad}    # masked by {node.mask.condition}: visits only the chunks where "
-                             f"{mask_bounds_text(node.mask)}; tests only the chunks it does not hold in full")
+                             f"{mask_bounds_text(node.mask)}; {tests}")
             innermost = (warp_line is not None and node.kind == "group" and node.level == schedule.compute_level
                          and not any(isinstance(n, Loop) and n.kind == "group" for n in node.body))
             if innermost:

@@ -61,3 +61,26 @@ def test_a_backward_whose_relabelling_does_not_fit_is_printed_and_says_why_it_is
     assert "kernel matmul_grad(" in out
     line = next(line for line in out.splitlines() if line.startswith("# not priced"))
     assert re.match(r"# not priced at m=512 n=512 k=512: matmul_grad needs [\d,]+ bytes at smem per block", line), line
+
+
+def test_a_causal_backward_is_priced_over_the_pairs_its_mask_keeps(capsys):
+    """FlashAttention counts causal attention's FLOPs over half the (q, x) pairs: napkin counts the
+    pairs the mask keeps, exactly ((n + 1) / 2n at q = x = n)."""
+    out = _grad(capsys, EXAMPLES / "causal_attention.napkin", **BIG)
+    flash = re.search(r"#   \d+ TFLOP/s in FlashAttention's convention \(2.5x the forward's products: ([\d.]+) TFLOP\)", out)
+    n = BIG["q"]
+    want = 2.5 * 4 * BIG["b"] * BIG["h"] * n * n * BIG["d"] * (n + 1) / (2 * n)
+    assert flash and float(flash.group(1)) == float(f"{want / 1e12:.4g}")
+
+
+def test_the_kept_fraction_of_a_mask_is_its_count_of_pairs():
+    import numpy as np
+
+    from napkin_dsl.diagram import Apply, Const, Index
+    from napkin_dsl.pseudocode import kept_fraction
+
+    q, x = Index("q"), Index("x")
+    window = Apply("and", (Apply("ge", (q, x)), Apply("lt", (Apply("sub", (q, x)), Const(5)))))
+    rows, cols = np.meshgrid(np.arange(37), np.arange(23), indexing="ij")
+    assert kept_fraction(window, {"q": 37, "x": 23}) == ((rows >= cols) & (rows - cols < 5)).mean()
+    assert kept_fraction(Apply("ge", (q, x)), {"q": 8, "x": 8}) == 36 / 64

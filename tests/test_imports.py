@@ -137,7 +137,8 @@ STAGES = (
     ("types",),
     ("check", "binding"),
     ("relabel",),
-    ("pseudocode", "reference", "grad"),  # grad: the backward kernel as text, checked and relabelled
+    ("pseudocode", "reference"),
+    ("grad",),  # the backward kernel as text, checked and relabelled; a mask's kept pairs price it
     ("paths.plan",),  # what every instruction path shares
     ("paths.mma_sync", "paths.wgmma"),  # one module an instruction path
     ("paths",),  # the order selection asks the paths in
