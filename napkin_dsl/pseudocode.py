@@ -1023,10 +1023,9 @@ def _zero_mask(body: tuple, schedule: Schedule, launch: Launch, axis: str) -> Ma
     for name in computed:  # in order: a statement reads what comes before it
         box = by_target[name].box
         if isinstance(box, Map):
-            if _zero_when_hidden(box.expr, constraints, zero, minus_infinite):
-                zero.add(name)
-            elif _minus_infinite_when_hidden(box.expr, constraints, zero, minus_infinite):
-                minus_infinite.add(name)
+            value = _hidden_value(box.expr, constraints, zero, minus_infinite)
+            if value is not None:
+                (zero if value == ZERO else minus_infinite).add(name)
         elif isinstance(box, Contract) and any(r.array in zero for r in box.operands):
             zero.add(name)
         elif isinstance(box, Reduce) and box.op == "sum" and any(r.array in zero for r in reads(box.operand)):
@@ -1070,49 +1069,42 @@ def _hides(condition, constraints) -> bool:
     return _constraints(condition) == constraints
 
 
-def _zero_when_hidden(expr, constraints, zero: set, minus_infinite: set) -> bool:
-    """Whether ``expr`` is 0 at every element of a chunk the mask hides."""
+ZERO, MINUS_INFINITY = "0", "-inf"
+
+
+def _hidden_value(expr, constraints, zero: set, minus_infinite: set) -> str | None:
+    """The value ``expr`` takes at every element of a chunk the mask hides: :data:`ZERO`,
+    :data:`MINUS_INFINITY`, or None (another value, or one not known), the values it adds,
+    subtracts or multiplies otherwise finite."""
     if isinstance(expr, Const):
-        return expr.value == 0
+        return ZERO if expr.value == 0 else MINUS_INFINITY if expr.value == -algebra.oo else None
     if isinstance(expr, Read):
-        return expr.array in zero
+        return ZERO if expr.array in zero else MINUS_INFINITY if expr.array in minus_infinite else None
     if not isinstance(expr, Apply):
-        return False
+        return None
     args = expr.args
     if expr.fn == "where":
         if _hides(args[0], constraints):
-            return _zero_when_hidden(args[2], constraints, zero, minus_infinite)
-        return all(_zero_when_hidden(a, constraints, zero, minus_infinite) for a in args[1:])
-    if expr.fn == "mul":
-        return any(_zero_when_hidden(a, constraints, zero, minus_infinite) for a in args)
-    if expr.fn in ("neg", "div"):
-        return _zero_when_hidden(args[0], constraints, zero, minus_infinite)
+            return _hidden_value(args[2], constraints, zero, minus_infinite)
+        taken = {_hidden_value(a, constraints, zero, minus_infinite) for a in args[1:]}
+        return taken.pop() if len(taken) == 1 else None
+    values = [_hidden_value(a, constraints, zero, minus_infinite) for a in args]
     if expr.fn in ("exp", "exp2"):
-        return _minus_infinite_when_hidden(args[0], constraints, zero, minus_infinite)
-    return False
-
-
-def _minus_infinite_when_hidden(expr, constraints, zero: set, minus_infinite: set) -> bool:
-    """Whether ``expr`` is -inf at every element of a chunk the mask hides, the values it adds or
-    subtracts finite."""
-    if isinstance(expr, Const):
-        return expr.value == -algebra.oo
-    if isinstance(expr, Read):
-        return expr.array in minus_infinite
-    if not isinstance(expr, Apply):
-        return False
-    args = expr.args
-    if expr.fn == "where":
-        if _hides(args[0], constraints):
-            return _minus_infinite_when_hidden(args[2], constraints, zero, minus_infinite)
-        return all(_minus_infinite_when_hidden(a, constraints, zero, minus_infinite) for a in args[1:])
-    if expr.fn in ("add", "sub"):  # one term -inf (the first, of a difference), the others finite
-        infinite = [_minus_infinite_when_hidden(a, constraints, zero, minus_infinite) for a in args]
-        return infinite.count(True) == 1 and (infinite[0] or expr.fn == "add")
-    if expr.fn == "mul":  # by positive constants only
-        infinite = [a for a in args if _minus_infinite_when_hidden(a, constraints, zero, minus_infinite)]
-        return len(infinite) == 1 and all(isinstance(a, Const) and a.value > 0 for a in args if a is not infinite[0])
-    return False
+        return ZERO if values[0] == MINUS_INFINITY else None
+    if expr.fn in ("neg", "div"):
+        return ZERO if values[0] == ZERO and MINUS_INFINITY not in values else None
+    if expr.fn == "mul":
+        if MINUS_INFINITY not in values:
+            return ZERO if ZERO in values else None
+        # -inf times positive constants only (0 * -inf is NaN)
+        others = [a for a, v in zip(args, values, strict=True) if v != MINUS_INFINITY]
+        return MINUS_INFINITY if values.count(MINUS_INFINITY) == 1 and all(
+            isinstance(a, Const) and a.value > 0 for a in others) else None
+    if expr.fn in ("add", "sub"):
+        if values.count(MINUS_INFINITY) == 1 and (values[0] == MINUS_INFINITY or expr.fn == "add"):
+            return MINUS_INFINITY  # one term -inf (the first, of a difference), the others finite
+        return ZERO if all(v == ZERO for v in values) else None
+    return None
 
 
 def _skips_safely(body: tuple, mask: Mask, launch: Launch, axis: str) -> bool:
