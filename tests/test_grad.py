@@ -411,6 +411,42 @@ def test_the_backward_runs_on_pocl(example):
         assert error < 1e-4, f"{example} {gradient}: {error:.3g}"
 
 
+@pytest.mark.parametrize("sum_dq", [True, False], ids=["dQ summed over key groups", "dQ in its own launch"])
+@pytest.mark.parametrize("example", ["attention_lse", "causal_attention"])
+@pytest.mark.parametrize("backend", ["numpy", "opencl"])
+def test_fa2s_schedule_gives_torchs_gradients_at_ragged_sizes(example, sum_dq, backend):
+    """Issue 47's done-when: both dQ choices of FA2's keyed schedule, on NumPy and PoCL, at sizes
+    no tile divides (keys 128 + 22, query chunks 16 x 4 + 6), against float64 torch; causal
+    attention's key launch skips the chunks before its keys (pseudocode._zero_mask)."""
+    from napkin_dsl.backends import opencl
+
+    if backend == "opencl" and not opencl.opencl_available():
+        pytest.skip("no OpenCL platform (PoCL)")
+    kernel = _kernel(example, "f32")
+    backward = kernel.grad(sum_dq=sum_dq, key_stream=16, save_lse=example != "attention_lse")
+    assert bool(backward.derivation.schedule.summed) == sum_dq
+    sizes = dict(b=1, h=2, q=70, x=150, d=16)
+    key_launch = backward.program(**sizes).launches[1]
+    masked = any(loop.mask is not None for _, loops in walk(key_launch.body) for loop in loops)
+    assert masked == (example == "causal_attention")
+    rng = np.random.default_rng(5)
+    inputs = {a.name: rng.standard_normal([sizes[x] for x in a.axes]).astype(np.float32) for a in kernel.diagram.input_arrays}
+    forward = kernel.lse_forward() or kernel
+    outputs = forward(**inputs)
+    cotangents = {o: rng.standard_normal(outputs[o].shape).astype(np.float32) for o in kernel.diagram.outputs}
+    call = {n: v for n, v in inputs.items() if n in backward.diagram.params}
+    call.update({n: outputs[n] for n in backward.derivation.saved})
+    call.update({backward.derivation.cotangents[o]: c for o, c in cotangents.items() if o in backward.derivation.cotangents})
+    if backend == "numpy":
+        got = backward(**call)
+    else:
+        got = opencl.run(backward.program(**sizes), call, {})
+    want = _torch_gradients(example, inputs, [cotangents[o] for o in kernel.diagram.outputs])
+    for name, gradient in backward.derivation.gradients.items():
+        error = np.abs(got[gradient].astype(np.float64) - want[name]).max() / np.abs(want[name]).max()
+        assert error < 1e-4, f"{example} {gradient}: {error:.3g}"
+
+
 # ---- the forward that saves the lse (FA2's L for a kernel that returns none) -----------------
 
 
