@@ -438,6 +438,7 @@ def _staged_products(site: _Site, row: str) -> dict[str, _Staged]:
     stream), its tiles whole fragments."""
     staged = {}
     computed = {s.target for s in site.statements}
+    candidates = _staged_candidates(site)
     read_here = {r.array for s in site.statements for r in _reads(s)}
     accumulated = {step.statement.target for step, _ in walk(site.launch.body)
                    if step.op == "accumulate" and step.statement is not None}
@@ -446,7 +447,7 @@ def _staged_products(site: _Site, row: str) -> dict[str, _Staged]:
         if row in out:
             continue
         name = f"{s.target} ({s.target}[{' '.join(s.axes)}] does not carry the row axis {row})"
-        if s.target not in _staged_candidates(site):
+        if s.target not in candidates:
             raise Refusal(f"{name} is not a product of a fragment computed here and a loaded tile, over two axes")
         if site.wide(s.box.contracted) != [row]:
             raise Refusal(f"{name} contracts {' '.join(site.wide(s.box.contracted))}: a product staged through "

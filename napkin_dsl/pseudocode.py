@@ -1028,8 +1028,9 @@ def _zero_mask(body: tuple, schedule: Schedule, launch: Launch, axis: str) -> Ma
                 (zero if value == ZERO else minus_infinite).add(name)
         elif isinstance(box, Contract) and any(r.array in zero for r in box.operands):
             zero.add(name)
-        elif isinstance(box, Reduce) and box.op == "sum" and any(r.array in zero for r in reads(box.operand)):
-            zero.add(name)
+        elif isinstance(box, Reduce) and box.op == "sum" \
+                and _hidden_value(box.operand, constraints, zero, minus_infinite) == ZERO:
+            zero.add(name)  # its terms' value, not any read's: sum(A + B) with A zero is B's
     added = {step.array for step in (step for step, _ in walk(body)) if step.op == "save" and step.add}
     for name in reversed(computed):
         s = by_target[name]
@@ -1049,7 +1050,7 @@ def _zero_mask(body: tuple, schedule: Schedule, launch: Launch, axis: str) -> Ma
 
 
 def _where_conditions(box) -> list:
-    """The conditions of the where(...) selections in a map's expression."""
+    """The conditions of the where(...) selections in a map's expression or a reduction's operand."""
     found = []
 
     def visit(e):
@@ -1061,6 +1062,8 @@ def _where_conditions(box) -> list:
 
     if isinstance(box, Map):
         visit(box.expr)
+    elif isinstance(box, Reduce):
+        visit(box.operand)
     return found
 
 

@@ -558,6 +558,10 @@ class _Builder:
         if op in ("lse", "logsumexp", "max") and draw(st.integers(0, 2)) == 0:
             # masked: a fully masked row's lse and max are -inf, which nothing may read
             operand, reusable = self.masked(e.text, reduced[0], [a for a in e.axes if a != reduced[0]]), False
+        elif op == "sum" and draw(st.integers(0, 3)) == 0:
+            # zero-masked: streamed along its axis, the chunks the mask hides add nothing (pseudocode._zero_mask)
+            operand = f"where({self.condition(reduced[0], [a for a in e.axes if a != reduced[0]])}, {e.text}, 0)"
+            lo, hi = min(lo, 0.0), max(hi, 0.0)
         target = self.fresh("R")
         self.add(target, draw(st.permutations(kept)), f"{op}[{' '.join(reduced)}]({operand})", lo, hi, consumed=reduced,
                  index=bool(kept) or draw(st.booleans()), reusable=reusable)

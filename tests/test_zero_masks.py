@@ -131,6 +131,33 @@ def test_a_chunk_is_skipped_only_where_it_adds_zero(t, skips):
     assert_counts_equal_report(counts, cost_of(program, check=False))
 
 
+SUMMED = """kernel k(Q: f32[q d], K: f32[x d]) -> Y: f32[x]:
+    S[q x] = K[x d] * Q[q d]
+    T[q x] = where(q >= x, S[q x], 0)
+    Y[x] = sum[q]({Y})
+
+relabel k on H100:
+    smem: group x 32; stream q 16
+"""
+
+
+@pytest.mark.parametrize("y, skips", [
+    ("where(q >= x, S[q x], 0)", True),  # the sum's own operand masked
+    ("T[q x] * 3", True),
+    ("T[q x] + 1", False),  # a hidden chunk adds 1 a term: zero in T is not zero in the sum
+])
+def test_a_sum_over_the_stream_skips_a_chunk_only_where_its_terms_are_zero(y, skips):
+    kernel = _load(SUMMED.format(Y=y))
+    sizes = dict(q=70, x=50, d=8)
+    program = kernel.program("H100", **sizes)
+    assert bool(_masks(program, 0)) == skips
+    arrays, scalars = random_arguments(kernel.diagram, sizes, 0)
+    outputs, counts = execute(program, arrays, scalars)
+    want = evaluate(kernel.diagram, arrays, scalars, sizes, keep_float64=True)["Y"]
+    np.testing.assert_allclose(outputs["Y"].astype(np.float64), want, rtol=1e-4, atol=1e-4)
+    assert_counts_equal_report(counts, cost_of(program, check=False))
+
+
 def test_a_chunk_saved_plainly_is_not_skipped():
     """T itself an output, saved a chunk at a time: a hidden chunk's zeros must be written."""
     text = SELECTED.format(T="where(q >= x, S[q x], 0)").replace("-> Y: f32[x d]", "-> (Y: f32[x d], T: f32[q x])")
