@@ -361,10 +361,10 @@ def cmd_grad(args) -> int:
     sizes = parse_sets(args.set)
     kernels = [k for _, k in _load_all([args.file], args.kernel, None)]
     check_symbols(sizes, kernels)
+    sum_dq = False if args.deterministic else True if args.atomic else None
     for i, k in enumerate(kernels):
         bound = {a: n for a, n in sizes.items() if a in k.diagram.axes}
-        backward = k.grad(rewrite_d=True if args.rewrite_d else None, sum_dq=False if args.deterministic else None,
-                          **bound)
+        backward = k.grad(rewrite_d=True if args.rewrite_d else None, sum_dq=sum_dq, **bound)
         print(("\n" if i else "") + backward.source, end="")
         if set(k.diagram.axes) <= set(bound):
             print("".join(f"{line}\n" for line in _backward_price(k, backward, bound)), end="")
@@ -385,7 +385,7 @@ def _other_dq_choice(forward, backward, sizes: dict, rewrite_d: bool) -> list[st
     names = ", ".join(keyed.query_outputs)
     what = (f"deterministic: {names} in a launch of its own, recomputing what it reads" if keyed.summed
             else f"{names} summed over the groups of {keyed.keys} by atomic adds, in the key launch")
-    how = "--deterministic picks it" if keyed.summed else "taken without --deterministic"
+    how = "--deterministic picks it" if keyed.summed else "--atomic picks it"
     return [f"# the other choice ({what}; {how}):"] + _backward_price(forward, other, sizes)
 
 
@@ -803,9 +803,13 @@ def build_parser() -> argparse.ArgumentParser:
     grad.add_argument("--kernel", metavar="K", help="the kernel of the file to differentiate (default: every kernel)")
     grad.add_argument("--rewrite-d", action="store_true",
                       help="compute a softmax's row sum as FA2's D = sum[d](dO * O), from the saved output")
-    grad.add_argument("--deterministic", action="store_true",
-                      help="compute dQ in a launch of its own, which recomputes what it reads, instead of summing it "
-                           "over the key groups by atomic adds (whose order varies from run to run)")
+    summed = grad.add_mutually_exclusive_group()
+    summed.add_argument("--deterministic", action="store_true",
+                        help="compute dQ in a launch of its own, which recomputes what it reads, instead of summing it "
+                             "over the key groups by atomic adds (whose order varies from run to run)")
+    summed.add_argument("--atomic", action="store_true",
+                        help="sum dQ over the key groups by atomic adds in the key launch (five products, its order of "
+                             "adds varying from run to run), where the model would pick the deterministic launch")
     add_set(grad, "bind an axis; with every axis bound, the model picks FA2's D or not, the key launch's "
                   "query chunk and how dQ is summed (Kernel.backward_options), and prices the other dQ choice")
     grad.set_defaults(run=cmd_grad)

@@ -57,16 +57,17 @@ def key_clause(backward) -> str:
 
 
 def test_the_model_picks_a_query_chunk_that_puts_the_key_launch_on_tensor_cores():
-    backward = forward().grad(**LONG)
+    """On A100 (mma.sync; on H100 both launches run on wgmma: tests/test_grad_wgmma.py)."""
+    backward = forward().grad(hardware="A100", **LONG)
     assert key_clause(backward).endswith("stream q 16")
-    selected = select_program(backward.gpu_program(None, **LONG))
+    selected = select_program(backward.gpu_program(None, **LONG), "sm_80")
     assert selected.paths == ("fma", "mma.sync", "fma")  # D, the key launch (dQ summed there too), dQ's cast
     # the forward's 64-query chunk would hold S and dP beside dK and dV: over the budget, on FMA
     wide = forward().grad(key_stream=64)
     assert key_clause(wide).endswith("stream q 64")
-    refused = select_program(wide.gpu_program(None, **LONG))[1]
+    refused = select_program(wide.gpu_program(None, **LONG), "sm_80")[1]
     assert refused.path == "fma" and "fragment registers" in refused.reason
-    options = forward().backward_options(**LONG)
+    options = forward().backward_options("A100", **LONG)
     assert options[0].key_stream == 16 and options[0].rewrite_d
     by_chunk = {o.key_stream: o.seconds for o in options if o.rewrite_d and not o.save and o.sum_dq}
     assert by_chunk[16] < by_chunk[32] and by_chunk[16] < by_chunk[64]
@@ -75,7 +76,7 @@ def test_the_model_picks_a_query_chunk_that_puts_the_key_launch_on_tensor_cores(
 def test_the_chunk_loads_its_vectors_together_behind_one_barrier():
     backward = forward().grad(key_stream=16, sum_dq=False)  # dQ's staging has barriers of its own
     program = backward.gpu_program(None, b=1, h=1, q=48, x=195, d=64)
-    _, kernels = opencl.generate(program)
+    _, kernels = opencl.generate(program, arch="sm_80")
     body = kernels[1].text.split("// buffer 0", 1)[1].split("// buffer 1", 1)[0]
     loads = [name for name in ("L", "dL", "D") if f"// load {name} of this chunk" in body]
     assert loads == ["L", "dL", "D"]
@@ -93,9 +94,9 @@ def test_the_key_launch_on_mma_sync_matches_the_reference_and_the_numpy_backend_
     assert bool(backward.derivation.schedule.summed) == sum_dq
     sizes = dict(b=1, h=1, q=q, x=195, d=64)
     program = backward.gpu_program(None, **sizes)
-    assert select_program(program)[1].path == "mma.sync"
+    assert select_program(program, "sm_80")[1].path == "mma.sync"
     inputs = consistent_inputs(backward, sizes)
-    outputs = opencl.run(program, inputs, {})
+    outputs = opencl.run(program, inputs, {}, arch="sm_80")
     assert_matches_reference(program, outputs, evaluate(backward.diagram, inputs, {}, sizes), f"q={q}")
     # the NumPy backend runs the same Program itself: the two agree to the bf16 outputs' rounding
     # and the tensor-core path's bf16 packing of P and dS
@@ -106,9 +107,10 @@ def test_the_key_launch_on_mma_sync_matches_the_reference_and_the_numpy_backend_
 
 
 def attention_backward():
-    """examples/attention.napkin's backward as the model picks it at LONG: the forward adds L."""
+    """examples/attention.napkin's backward as the model picks it at LONG on A100: the forward adds
+    L, and the key launch sums dQ."""
     (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
-    return kernel.grad(**LONG)
+    return kernel.grad(hardware="A100", **LONG)
 
 
 @pytest.mark.parametrize("which", ["attention_lse", "attention"])

@@ -289,7 +289,7 @@ def _clobber_p(monkeypatch):
     def clobbered(self, target, out):
         original(self, target, out)
         if self.plan.mmas[target].a_in_registers:
-            self.emit("nk_a[0][1] ^= 0x00010001u;")
+            self.emit("nk_a_P[0][1] ^= 0x00010001u;")
     monkeypatch.setattr(pipeline.RolesPrinter, "mma", clobbered)
 
 

@@ -149,7 +149,7 @@ def _p_overwritten_before_its_wait(monkeypatch):
         loops = [op for op in self.lines if isinstance(op, pipeline.Loop)]
         body = loops[-2].body
         (_, depth0) = _steady_waits(self)
-        body.insert(body.index(depth0), "nk_a[0][1] ^= 0x00010001u;")
+        body.insert(body.index(depth0), "nk_a_P[0][1] ^= 0x00010001u;")
     _plant(monkeypatch, change)
 
 

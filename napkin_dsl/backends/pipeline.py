@@ -89,7 +89,7 @@ from ..pseudocode import walk
 from .lowering import KernelSource, ident
 from .roles import PRELUDE as ROLES_PRELUDE
 from .roles import STATUS_STORE, STATUS_WORDS
-from .wgmma import WgmmaPrinter
+from .wgmma import WgmmaPrinter, a_registers
 
 
 @dataclass
@@ -185,10 +185,11 @@ class RolesPrinter(WgmmaPrinter):
         self.ring_node = None  # the stream's loop node and its streamed operands (stream_loop)
         self.sites: list[list[str]] = []  # OpenCL: each product's deferred work, by its group's site
         self.site_operands: list[list[str]] = []  # ... and the shared tiles it reads
-        self.site_registers: dict[int, tuple] = {}  # ... and its register A's posted k steps: (first, count)
+        self.site_registers: dict[int, tuple] = {}  # ... and its register A's posted k steps: (array, first, count)
         self.held: list[str] = []  # the accumulators the products write (their shadows, on OpenCL)
         self.drained: set[str] = set()  # products a later step of the chunk reads: waited to depth 0
-        self.hoisted: list[str] = []  # register A's declaration: it lives across the consumers' segments
+        self.hoisted: list[str] = []  # register A's declarations: they live across the consumers' segments
+        self.register_arrays: list[str] = []  # ... and their arrays (wgmma.a_registers), pinned after a wait to depth 0
         self.posted = 0  # OpenCL: the k steps of register A the products post (their slots in nk_asnap)
         self.post_slots: dict[str, int] = {}  # ... the first slot of each product's
         self.step_wait: Wait | None = None  # a product's wait, placed after its step's block (mma)
@@ -523,9 +524,10 @@ class RolesPrinter(WgmmaPrinter):
             if target not in self.post_slots:
                 self.post_slots[target], self.posted = self.posted, self.posted + k_steps
             first = self.post_slots[target]
-            self.site_registers[site] = (first, k_steps)
+            a = a_registers(m)
+            self.site_registers[site] = (a, first, k_steps)
             self.emit("// issue: the warp's lanes post A's registers, which the product reads when it lands")
-            self.loop("kk", k_steps, lambda: self.loop("j", 4, lambda: self.emit(f"{self.posted_word(f'{first} + kk', 'nk_lane')}[j] = nk_a[kk][j];")))
+            self.loop("kk", k_steps, lambda: self.loop("j", 4, lambda: self.emit(f"{self.posted_word(f'{first} + kk', 'nk_lane')}[j] = {a}[kk][j];")))
 
             def a_words(kk):
                 return self.posted_word(first + kk, "0")
@@ -567,14 +569,16 @@ class RolesPrinter(WgmmaPrinter):
         return f"(nk_asnap + (({slot}) * {self.plan.warps} + nk_warp) * {WARPGROUP_THREADS} + 4 * {lane})"
 
     def register_a(self, m):
-        """The wgmma printer's packing of P, its declaration hoisted: the registers live across the
+        """The wgmma printer's packing of a register A (P; P and dS in the backward), its declaration hoisted: the registers live across the
         consumers' segments (the product reads them until it lands)."""
         start = len(self.lines)
         super().register_a(m)
-        (at,) = [i for i in range(start, len(self.lines)) if isinstance(self.lines[i], str) and self.lines[i].lstrip().startswith("unsigned nk_a[")]
+        declared = f"unsigned {a_registers(m)}["
+        (at,) = [i for i in range(start, len(self.lines)) if isinstance(self.lines[i], str) and self.lines[i].lstrip().startswith(declared)]
         declaration = self.lines.pop(at).strip()
         if declaration not in self.hoisted:
             self.hoisted.append(declaration)
+            self.register_arrays.append(a_registers(m))
 
     def producer_ops(self) -> list:
         """The producer's loop: wait for the stage to be empty, then expect the chunk's bytes on
@@ -649,10 +653,10 @@ class RolesPrinter(WgmmaPrinter):
                     # the products landed: their registers are read and reused after this, never before
                     for acc in (self.held if op.groups == 0 else op.landed):
                         self.loop("nk_v", math.prod(self.extents(acc)), lambda acc=acc: self.emit(f"NK_WG_PIN_F((&f_{ident(acc)}[0][0][0])[nk_v]);"))
-                    if self.hoisted and op.groups == 0:  # a register A in flight stays unpinned
+                    for a in self.register_arrays if op.groups == 0 else ():  # a register A in flight stays unpinned
                         self.emit("NK_UNROLL")
-                        self.emit("for (int kk = 0; kk < (int)(sizeof(nk_a) / sizeof(nk_a[0])); ++kk) { NK_WG_PIN_R(nk_a[kk][0]); "
-                                  "NK_WG_PIN_R(nk_a[kk][1]); NK_WG_PIN_R(nk_a[kk][2]); NK_WG_PIN_R(nk_a[kk][3]); }")
+                        self.emit(f"for (int kk = 0; kk < (int)(sizeof({a}) / sizeof({a}[0])); ++kk) {{ "
+                                  + " ".join(f"NK_WG_PIN_R({a}[kk][{j}]);" for j in range(4)) + " }")
             else:
                 self.emit(op.replace("NK_SYNC();", sync))
 
@@ -740,9 +744,9 @@ class RolesPrinter(WgmmaPrinter):
             with self.block("for (int g = 0; g < nk_rs.groups; ++g) {"):
                 self.emit("if (!nk_rs.group_landing[g] || nk_rs.group_owner[g] != nk_wg) continue;")
                 with self.block("switch (nk_rs.group_arg[g][0]) {"):
-                    for site, (first, count) in self.site_registers.items():
+                    for site, (a, first, count) in self.site_registers.items():
                         self.emit(f"case {site}: for (int kk = 0; kk < {count}; ++kk) for (int j = 0; j < 4; ++j) "
-                                  f"if (nk_a[kk][j] != {self.posted_word(f'{first} + kk', 'nk_lane')}[j]) "
+                                  f"if ({a}[kk][j] != {self.posted_word(f'{first} + kk', 'nk_lane')}[j]) "
                                   "atomic_and(&nk_rs.group_sum[g], 0u); break;")
             self.emit("barrier(CLK_LOCAL_MEM_FENCE);")
         with self.block("for (int g = 0; g < nk_rs.groups; ++g) {"):

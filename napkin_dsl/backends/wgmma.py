@@ -16,7 +16,8 @@ Level Matrix Multiply-Accumulate"):
   immediate set, for one whose fastest axis is m or n), written 16 bytes at a time by
   ``cp.async`` behind the same double-buffered pipeline as the mma.sync path, and read by the
   tensor cores through 64-bit matrix descriptors (``layouts.MatrixDescriptor``);
-* A from registers (attention's P, ``Mma.a_in_registers``): the ``d, a, b-desc, ...`` form, A
+* A from registers (attention's P; P and dS of its backward, ``Mma.a_in_registers``), each
+  product's an array of its own (``a_registers``): the ``d, a, b-desc, ...`` form, A
   four .b32 registers of 16-bit pairs. Its register fragment (``layouts.wgmma_a``) is, per warp,
   mma.sync's m16n8k16 A fragment of the warp's 16 rows, so the D fragment of S packs into it with
   no lane crossing (``layouts.p_to_a_registers``), every k step's registers packed before the
@@ -67,8 +68,8 @@ register and half the ISA names, through the warp's scratch), written here apart
 ``layouts.py``'s encoder and the printer's packing, so that a CPU run through PoCL checks the
 encoding.
 
-Deliberately not here: choosing the path (``isel.py``), a reduction or a map before a
-contraction in a wgmma launch, wgmma left in flight across steps (the softmax of one chunk under the products
+Deliberately not here: choosing the path (``isel.py``), a reduction before a contraction in a
+wgmma launch, a product with rows of its own (``Mma.staged``: the summed dQ), wgmma left in flight across steps (the softmax of one chunk under the products
 of the next), clusters and TMA multicast, TMA stores, pingpong; the warp-specialized schedule
 (a producer warpgroup, consumers' "empty" mbarriers, ``setmaxnreg``: ``pipeline.py``, which
 extends this printer, for the plans ``paths.wgmma.roles_of`` takes; here thread 0 of the
@@ -724,12 +725,12 @@ class WgmmaPrinter(TensorPrinter):
             self.loop("nk_v", n // 2, lambda: self.emit(f"NK_WG_PIN_F({out_var}[0][nk_v / 4][nk_v % 4]);"))
         if m.a_in_registers:
             k_steps = self.tile[m.k] // wgmma_k(m.dtype)
-            self.loop("kk", k_steps, lambda: self.loop("j", 4, lambda: self.emit("NK_WG_PIN_R(nk_a[kk][j]);")))
+            self.loop("kk", k_steps, lambda: self.loop("j", 4, lambda: self.emit(f"NK_WG_PIN_R({a_registers(m)}[kk][j]);")))
 
     def products(self, target: str, accumulators: str, a_words=None):
         """The chunk's wgmmas of product ``target`` into ``accumulators`` (the address of its D
         fragment's first register), after ``wgmma.fence``; its B copied K-major first where the
-        plan copies it (``transpose``). A register A from ``nk_a``, or on OpenCL from the words
+        plan copies it (``transpose``). A register A from its array (:func:`a_registers`), or on OpenCL from the words
         ``a_words(kk)`` names (the warp's posted registers of k step kk)."""
         m = self.plan.mmas[target]
         d = self.dialect
@@ -753,7 +754,7 @@ class WgmmaPrinter(TensorPrinter):
         for kk in range(k_steps):
             db = self.descriptor_expr(b_name, not b_trans, "0", kk * k)
             if m.a_in_registers:
-                a = a_words(kk) if a_words is not None else f"nk_a[{kk}]"
+                a = a_words(kk) if a_words is not None else f"{a_registers(m)}[{kk}]"
                 self.emit(wgmma_call(d.name, accumulators, a, db, n, m.dtype, False, b_trans, True, a_words is not None))
                 continue
             da = self.descriptor_expr(a_name, not a_trans, a_row, kk * k)
@@ -828,12 +829,13 @@ class WgmmaPrinter(TensorPrinter):
         k_steps = self.tile[m.k] // WGMMA_K
         repack = p_to_a_registers()
         tiles_per_k = WGMMA_K // MMA_N
-        self.emit(f"unsigned nk_a[{k_steps}][{len(repack)}];  // {m.a} as wgmma's register A, one fragment per 16 of {m.k}")
+        a = a_registers(m)
+        self.emit(f"unsigned {a}[{k_steps}][{len(repack)}];  // {m.a} as wgmma's register A, one fragment per 16 of {m.k}")
 
         def pack():
             for j, halves in enumerate(repack):
                 lo, hi = (f"{src}[0][{tiles_per_k} * kk + {nt}][{c}]" for nt, c in halves)
-                self.emit(f"nk_a[kk][{j}] = NK_PACK_{kind}({lo}, {hi});")
+                self.emit(f"{a}[kk][{j}] = NK_PACK_{kind}({lo}, {hi});")
 
         self.loop("kk", k_steps, pack)
 
@@ -848,14 +850,21 @@ class WgmmaPrinter(TensorPrinter):
         k_steps = self.tile[m.k] // WGMMA_K8
         tiles_per_k = WGMMA_K8 // MMA_N
         src = "f_" + ident(m.a)
-        self.emit(f"unsigned nk_a[{k_steps}][{MMA_A8.extent('i') // 4}];  // {m.a} as wgmma's 8-bit register A, one fragment per {WGMMA_K8} of {m.k}")
+        a = a_registers(m)
+        self.emit(f"unsigned {a}[{k_steps}][{MMA_A8.extent('i') // 4}];  // {m.a} as wgmma's 8-bit register A, one fragment per {WGMMA_K8} of {m.k}")
         self.loop("kk", k_steps, lambda: self.exchange_p8(
             lambda nt, c: f"{src}[0][{tiles_per_k} * kk" + (f" + {nt}" if nt else "") + f"][{c}]",
-            lambda j: f"nk_a[kk][{j}]", PTX_FP8[m.dtype].upper()))
+            lambda j: f"{a}[kk][{j}]", PTX_FP8[m.dtype].upper()))
+
+
+def a_registers(m) -> str:
+    """The array of product ``m``'s register A fragments (P of attention, P and dS of its
+    backward's key launch): one per operand, since two products of a chunk may each read one."""
+    return f"nk_a_{ident(m.a)}"
 
 
 # the 8-bit operand types of the m64nNk32 shape, as NK_PACK_<type> names them
 PTX_FP8 = {"fp8e4m3": "e4m3", "fp8e5m2": "e5m2"}
 
 
-__all__ = ["WgmmaPrinter", "prelude", "cuda_wrapper", "wrapper_name", "tensor_maps"]
+__all__ = ["WgmmaPrinter", "a_registers", "prelude", "cuda_wrapper", "wrapper_name", "tensor_maps"]

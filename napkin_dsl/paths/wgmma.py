@@ -329,18 +329,21 @@ def drained_products(plan: TensorPlan, launch: LaunchProgram) -> tuple[str, ...]
     """The products of the stream's chunk that a warp-specialized consumer waits to depth 0: those
     whose accumulator a later step of the chunk reads (the softmax reads S), and those whose
     accumulator a step before them reads with no such product before it (it would read the
-    previous chunk's product in flight). The others (matmul's, attention's O += P V) leave the
+    previous chunk's product in flight); a later product that packs one as its register A reads it too. The others (matmul's, attention's O += P V) leave the
     wait depth in flight. In the chunk's order."""
     node = stream_loop(launch, plan.stream)
     if node is None:
         return tuple(plan.mmas)
     level = launch.schedule.compute_level
-    steps = [st for st, _ in walk(node.body) if st.level == level and st.op != "load" and st.statement is not None]
+    # (a save reads too: dQ's add into device memory, a step with no statement)
+    steps = [st for st, _ in walk(node.body) if st.level == level and st.op != "load"]
     products = [i for i, st in enumerate(steps) if is_product(plan, st)]
     drained: list[str] = []
     for i in products:
         written = {name for _, name in steps[i].writes}
-        readers = [j for j, st in enumerate(steps) if j not in products and written & {name for _, name in st.reads}]
+        # a step reading it, or a product packing it as its register A (dK = S Q with S's own fragment)
+        readers = [j for j, st in enumerate(steps) if written & {name for _, name in st.reads}
+                   and (j not in products or plan.mmas[st.statement.target].a_in_registers)]
         early = [j for j in readers if j < i]
         covered = not early or any(k < min(early) and steps[k].statement.target in drained for k in products)
         if any(j > i for j in readers) or not covered:
@@ -387,9 +390,11 @@ WGMMA_MAX_GROUPS = 4
 def statements_refusal(plan: TensorPlan, statements) -> str | None:
     """Why the wgmma printer does not take a launch's statements, or None: it takes the two
     contractions of an online softmax (attention: the softmax packs P into the second's register
-    A), or contractions whose operands both come from shared memory followed by elementwise maps
-    of their accumulators (matmul; mlp's bias and GELU; swiglu's dual GEMM G, U sharing X's tiles,
-    then silu(G) * U), which run on the D fragments as on mma.sync's C fragments."""
+    A), or contractions and elementwise maps of their accumulators, which run on the D fragments
+    as on mma.sync's C fragments: after the last (matmul; mlp's bias and GELU; swiglu's dual GEMM
+    G, U sharing X's tiles, then silu(G) * U) or between them, a map read by a later product as its
+    register A (the backward's key launch: P = exp(S - L) into dV, dS = P * (dP - D) into dK;
+    dQ's launch: dS into dQ), each product's register A an array of its own."""
     if any(isinstance(s.box, Softmax) for s in statements):
         return None if len(plan.mmas) == 2 else "wgmma takes an online softmax's two contractions (attention), no more"
     others = [s for s in statements if s.target not in plan.mmas]
@@ -397,9 +402,6 @@ def statements_refusal(plan: TensorPlan, statements) -> str | None:
         kinds = sorted({type(s.box).__name__.lower() for s in others if not isinstance(s.box, Map)})
         return (f"wgmma is built for contractions and elementwise maps of their results, or for attention's two: "
                 f"this launch also has a {', a '.join(kinds)}")
-    last_product = max(s.index for s in statements if s.target in plan.mmas)
-    if any(s.index < last_product for s in others) or any(m.a_in_registers for m in plan.mmas.values()):
-        return "wgmma reads A from registers only as attention's P: a map computed before a contraction stays on mma.sync"
     return None
 
 
