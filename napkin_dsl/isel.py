@@ -977,11 +977,14 @@ def smem_layout(plan: TensorPlan, tile: dict, diagram) -> tuple[dict[str, SmemSl
         taps = math.prod(tile[a] for a in op.taps)  # an implicit GEMM's sub-tiles, one after another
         slots[name] = SmemSlot(name, offset, swizzled.bytes * taps, stages, swizzled)
         offset += swizzled.bytes * taps * stages
-    # A staged product's A fragment (Mma.staged): the plan's rows by the product's, one stage.
+    # A staged product's A fragment (Mma.staged): the plan's rows by the product's, one stage; on
+    # wgmma a canonical tile, which the product reads by descriptor as its B (MN-major).
     for target, mma in plan.mmas.items():
         if mma.staged and staged_slot(mma.a) not in slots:
-            swizzled = SwizzledTile(tile[plan.row], tile[plan.grids[target].rows], DTYPE_BYTES[mma.dtype])
-            offset = -(-offset // 128) * 128
+            swizzled = (CanonicalTile if canonical else SwizzledTile)(tile[plan.row], tile[plan.staged_rows(target)],
+                                                                      DTYPE_BYTES[mma.dtype])
+            align = swizzled.alignment if canonical else 128
+            offset = -(-offset // align) * align
             slots[staged_slot(mma.a)] = SmemSlot(staged_slot(mma.a), offset, swizzled.bytes, 1, swizzled)
             offset += swizzled.bytes
     # A wgmma plan's K-major copies (plan.transposed): rows and columns swapped, one stage.

@@ -160,10 +160,59 @@ def test_a_staged_product_that_cannot_be_built_says_why(text, message):
     assert message in reason, reason
 
 
-def test_wgmma_leaves_a_staged_product_to_mma_sync():
+def test_wgmma_computes_a_staged_product_transposed():
+    """On wgmma (FlashAttention-3's dQ): dQ^T = K^T S^T, d on the warpgroup's 64 rows, the chunk's
+    queries as N, K read as A' and the staged S as B', both by descriptor, MN-major."""
     program = _kernel().gpu_program(None, q=256, x=256, d=64)
     chosen = isel.select_program(program, "sm_90a")[0]
-    assert chosen.path == "mma.sync" and "a product staged through shared memory" in chosen.declined
+    plan = chosen.plan
+    assert chosen.path == "wgmma" and plan.swapped("dQ") and not plan.swapped("dK")
+    assert plan.grids == {"dQ": WarpGrid("d", 64, 16, "q", 32, 32)} and plan.staged_rows("dQ") == "q"
+    assert plan.fragments["dQ"].col == "q" and plan.shapes["dQ"] == "m64n32k16"
+    slot = chosen.slots[staged_slot("S")]
+    assert type(slot.tile).__name__ == "CanonicalTile" and (slot.tile.rows, slot.tile.cols) == (64, 32)
+    assert slot.offset % slot.tile.alignment == 0
+    # K once, as A' over the warpgroups' rows of d; the staged S written once and read by the one warpgroup
+    values = shared_reads(plan, "dQ", lambda axes: int(np.prod([dict(q=32, x=64, d=64)[a] for a in axes])))
+    assert values == 64 * 64 + 32 * 64 * 2
+    wide = _kernel(KEYS.replace("group x 64", "group x 128")).gpu_program(None, q=256, x=256, d=64)
+    refused = isel.select_program(wide, "sm_90a")[0]
+    assert refused.path == "mma.sync" and "its d tile (64) is not the x tile (128)" in refused.declined
+
+
+@pytest.mark.parametrize("synchronous", [True, False], ids=["synchronous", "roles"])
+@pytest.mark.parametrize("sizes", [dict(q=50, x=100, d=64), dict(q=33, x=70, d=64)], ids=["ragged", "one-row-tail"])
+def test_the_transposed_product_matches_the_reference_on_pocl(sizes, synchronous, opencl_device):
+    from .test_opencl import random_inputs
+
+    kernel = _kernel()
+    program = kernel.gpu_program(None, **sizes)
+    assert isel.select_program(program, "sm_90a", synchronous=synchronous).paths == ("wgmma",)
+    inputs, scalars = random_inputs(kernel.diagram, sizes)
+    outputs = opencl.run(program, inputs, scalars, arch="sm_90a", synchronous=synchronous)
+    assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "keys")
+    # no emulation sees a missing proxy fence: each thread fences its staging writes before the barrier
+    source, _ = opencl.generate(program, arch="sm_90a", synchronous=synchronous)
+    staged = source.split("// dQ[q d] = S[q x] * K[x d]", 1)[1].split("const int nk_wrow", 1)[0]
+    assert staged.index("= NK_PACK_BF16(f_S") < staged.index("NK_FENCE_PROXY_ASYNC();") < staged.rindex("NK_SYNC();")
+
+
+@pytest.mark.parametrize("old, new", [
+    ("* 2 / 128) * ", "* 0 / 128) * "),  # every warpgroup reads the first rows of d as A'
+    ("= NK_PACK_BF16(f_S[mt][nt][2 * h], f_S[mt][nt][2 * h + 1]);",
+     "= NK_PACK_BF16(f_S[mt][nt][2 * h + 1], f_S[mt][nt][2 * h]);"),  # a pair staged in the wrong order
+], ids=["one warpgroup's d", "pair swapped"])
+def test_a_planted_bug_in_the_transposed_product_is_caught(old, new, monkeypatch, opencl_device):
+    from napkin_dsl.backends.wgmma import WgmmaPrinter
+
+    emit = WgmmaPrinter.emit
+
+    def planted(self, line=""):
+        emit(self, line.replace(old, new) if isinstance(line, str) else line)
+
+    monkeypatch.setattr(WgmmaPrinter, "emit", planted)
+    with pytest.raises(AssertionError):
+        run_on_pocl(KEYS.replace("group x 64", "group x 128"), "planted", ["wgmma"], arch="sm_90a", q=64, x=128, d=128)
 
 
 def test_the_causal_backward_sums_dq_and_matches_the_reference_on_pocl(opencl_device):

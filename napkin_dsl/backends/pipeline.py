@@ -83,6 +83,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..layouts import WARPGROUP_THREADS, wgmma_k
+from ..paths.plan import staged_slot
 from ..paths.wgmma import PINGPONG_BARRIERS, WgmmaPlan, pipeline_parts
 from .barriers import BarrierOp, run_turns
 from ..pseudocode import walk
@@ -548,7 +549,7 @@ class RolesPrinter(WgmmaPrinter):
         self.emit(f"// issue: {out}'s values move to its shadow, and its fragment reads NaN until the group lands")
         self.each_value(out, lambda at: self.emit(f"if (nk_pend_{ident(out)} == 0) {shadow}{at} = {acc}{at}; {acc}{at} = NAN;"))
         self.emit(f"nk_pend_{ident(out)} += 1;")
-        self.site_operands.append([m.b] if m.a_in_registers else [m.a, m.b])
+        self.site_operands.append([m.b] if m.a_in_registers else [staged_slot(m.a), m.b] if m.staged else [m.a, m.b])
         stage = self.buffers.get(m.b, "nk_stage")  # the stage its products read: the previous chunk's for a product issued behind
         self.emit(f"nk_role_commit(&nk_rs, {CONSUMERS}, nk_wg, nk_lane0, {site}, {stage}, nk_lane0 ? {self.operand_sum(site, stage)} : 0u);")
         self.step_wait = wait

@@ -84,6 +84,7 @@ from dataclasses import replace
 
 from ..dtypes import FP8_DTYPES
 from ..isel import MBARRIER_BYTES, kmajor_name, mbarrier_count
+from ..paths.plan import staged_slot
 from ..paths.wgmma import TmaLoad, WgmmaPlan
 from ..layouts import MMA_A8, MMA_N, WARPGROUP_THREADS, WGMMA_K, WGMMA_K8, WGMMA_M, descriptor, p_to_a_registers, transpose_split, wgmma_k
 from .driver import TiledTensorMap, tiled_tensor_map
@@ -483,9 +484,14 @@ def cuda_wrapper(n: int, dtype: str, trans_a: bool, trans_b: bool, a_regs: bool 
 def instruction_shapes(plan: WgmmaPlan, tile: dict) -> dict:
     """Each product's instruction, by target: (N, dtype, A transposed, B transposed, A from
     registers). An operand copied K-major each chunk (``plan.transposed``) is read untransposed from its copy."""
-    return {target: (tile[m.n], m.dtype, m.a_trans and m.a not in plan.transposed, m.b_trans and m.b not in plan.transposed,
-                     m.a_in_registers)
-            for target, m in plan.mmas.items()}
+    shapes = {}
+    for target, m in plan.mmas.items():
+        if plan.swapped(target):  # A' = B, B' = the staged tile (MN-major: its rows are k)
+            shapes[target] = (tile[plan.staged_rows(target)], m.dtype, m.b_trans, True, False)
+            continue
+        shapes[target] = (tile[m.n], m.dtype, m.a_trans and m.a not in plan.transposed, m.b_trans and m.b not in plan.transposed,
+                          m.a_in_registers)
+    return shapes
 
 
 def prelude(dialect: str, shapes, tma: bool) -> str:
@@ -738,6 +744,8 @@ class WgmmaPrinter(TensorPrinter):
         k_steps = self.tile[m.k] // k
         n = self.shapes[target][0]
         a_name, a_trans, b_name, b_trans = m.a, m.a_trans, m.b, m.b_trans
+        if self.plan.swapped(target):  # its transpose: A' = B over the warpgroups' rows of n, B' = the staged tile
+            a_name, a_trans, b_name, b_trans = m.b, m.b_trans, staged_slot(m.a), True
         copied = [name for name in (m.a, m.b) if name in self.plan.transposed]
         for name in copied:
             self.transpose(name)
@@ -759,6 +767,16 @@ class WgmmaPrinter(TensorPrinter):
                 continue
             da = self.descriptor_expr(a_name, not a_trans, a_row, kk * k)
             self.emit(wgmma_call(d.name, accumulators, da, db, n, m.dtype, a_trans, b_trans))
+
+    def stage(self, name: str, dtype: str):
+        """The mma.sync printer's staging of fragment ``name`` (dS), into a canonical tile here,
+        which the swapped product reads by descriptor: each thread's writes, through the generic
+        proxy, fenced for the async proxy before the barrier that publishes them."""
+        super().stage(name, dtype)
+        last = self.lines.pop()
+        assert "NK_SYNC();" in last, "napkin bug: a staged tile is published by a barrier"
+        self.emit("NK_FENCE_PROXY_ASYNC();  // this thread's writes, seen by the async proxy wgmma reads through")
+        self.lines.append(last)
 
     def transpose(self, name: str):
         """An operand's chunk (``plan.transposed``: V [x d] under an fp8 P, a GEMM's B [k n] or A

@@ -154,6 +154,20 @@ class TensorPlan:
         return replace(self, row=grid.rows, row_tile=grid.row_tile, warp_rows=grid.warp_rows, split=grid.cols,
                        col_tile=grid.col_tile, warp_cols=grid.warp_cols)
 
+    def swapped(self, target: str) -> bool:
+        """Whether staged product ``target`` (``Mma.staged``) is computed as its transpose: its
+        grid's rows are its n axis, its columns its own rows (wgmma's dQ^T = K^T dS^T in the key
+        launch, as FlashAttention-3 computes it: the consumers' 64-row warpgroups split d, and the
+        staged dS is B, read by descriptor)."""
+        grid = self.grids.get(target)
+        return grid is not None and grid.rows == self.mmas[target].n
+
+    def staged_rows(self, target: str) -> str:
+        """Staged product ``target``'s own row axis (the queries of dQ = dS^T K): its grid's rows,
+        or its columns where it is computed :meth:`swapped`."""
+        grid = self.grids[target]
+        return grid.cols if self.swapped(target) else grid.rows
+
     @property
     def built(self) -> bool:
         """Whether the printers build this plan: it is priced as its own path's instruction."""
@@ -239,10 +253,15 @@ def shared_reads(plan: TensorPlan, target: str, extent) -> int:
     the elements a tile over ``axes`` covers: its B tile once per warp row on mma.sync (each warp
     loads its own fragments by ldmatrix), once per warpgroup on wgmma (``TensorPlan.b_readers``);
     its A tile once per warp column, unless A is a fragment already; a staged A (``Mma.staged``)
-    once more, as the fragments written to its shared tile. The model and the NumPy backend both
-    count this."""
+    once more, as the fragments written to its shared tile. A staged product computed as its
+    transpose (:meth:`TensorPlan.swapped`, wgmma) reads its B tile once, as A' split over the
+    warpgroups, and its staged tile once per warpgroup, as B'. The model and the NumPy backend
+    both count this."""
     mma = plan.mmas[target]
     laid = plan.laid_out(target)
+    if plan.swapped(target):  # B read as A', each warpgroup its own rows of n; the staged tile as B', by each warpgroup
+        rows = plan.staged_rows(target)
+        return extent((*mma.contracted, mma.n)) + extent((rows, *mma.contracted)) * (laid.b_readers + 1)
     moved = extent((*mma.contracted, mma.n)) * laid.b_readers
     if not mma.a_in_registers:
         moved += extent((laid.row, *mma.contracted)) * laid.col_warps

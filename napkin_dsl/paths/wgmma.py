@@ -15,7 +15,7 @@ from ..diagram import Map, Softmax
 from ..dtypes import DTYPE_BYTES, FP8_DTYPES
 from ..layouts import MMA_M, WARPGROUP_THREADS, WGMMA_M, WGMMA_MAX_N, CanonicalTile, wgmma_k
 from ..pseudocode import LaunchProgram, Loop, split_loop, walk
-from .plan import (FRAGMENT_BUDGET, Mma, Refusal, TensorPath, TensorPlan, budget_refusal, fitting_tile_hint, live_fragment_values,
+from .plan import (FRAGMENT_BUDGET, Mma, Refusal, TensorPath, TensorPlan, WarpGrid, budget_refusal, fitting_tile_hint, live_fragment_values,
                    refuse_if)
 
 
@@ -256,6 +256,9 @@ def pingpong_refusal(plan: "WgmmaPlan", launch: LaunchProgram) -> str | None:
         return "no step of the chunk reads a product: there is no softmax to run under the other warpgroups' products"
     if roles.vectors:
         return f"{', '.join(roles.vectors)}, loaded each chunk between the consumers' barriers, is not ordered with pingpong's yet"
+    staged = [mma.a for mma in plan.mmas.values() if mma.staged]
+    if staged:
+        return f"{', '.join(staged)}, staged each chunk between the consumers' barriers, is not ordered with pingpong's yet"
     return None
 
 
@@ -387,6 +390,38 @@ class WgmmaPlan(TensorPlan):
 WGMMA_MAX_GROUPS = 4
 
 
+def swapped_products(plan: TensorPlan, launch: LaunchProgram, tile: dict) -> TensorPlan:
+    """The plan with each staged product (``Mma.staged``: dQ = dS^T K, whose rows are the queries,
+    in the key launch) computed as its transpose, as FlashAttention-3 computes dQ: dQ^T[n, rows] =
+    B^T[n, k] staged^T[k, rows]. Its n axis (d) is the warpgroups' rows, 64 each, so that its tile
+    must be the plan's row tile; its own rows (the query chunk) are the instruction's N; B (K,
+    read as A' by descriptor, MN-major where it is stored n-fastest) and the staged fragment (dS,
+    written to a canonical tile of its own, MN-major, read as B' by descriptor) are contracted over
+    the plan's row axis. Its grid (``TensorPlan.grids``) is the warps' 16-row tiles of n by the
+    whole chunk, and its fragment is laid out along the chunk. Or a refusal naming what wgmma does
+    not take."""
+    grids, fragments = dict(plan.grids), dict(plan.fragments)
+    for target, mma in plan.mmas.items():
+        if not mma.staged:
+            continue
+        statement = next(s for s in launch.launch.statements if s.target == target)
+        (rows,) = [a for a in statement.axes if a != mma.n and tile.get(a, 1) > 1]  # isel._staged_products' rows
+        if tile[mma.n] != tile[plan.row]:
+            raise Refusal(f"{target}'s rows are not {plan.row}, and its {mma.n} tile ({tile[mma.n]}) is not the {plan.row} "
+                          f"tile ({tile[plan.row]}): wgmma computes it transposed, {mma.n} on the warpgroups' "
+                          f"{tile[plan.row] // WGMMA_M} x {WGMMA_M} rows")
+        eb = DTYPE_BYTES[mma.dtype]
+        if not CanonicalTile.supports(tile[rows], eb):
+            raise Refusal(f"{mma.a} is staged for wgmma in rows of {tile[rows] * eb} bytes ({rows}): not 32, 64 or a "
+                          f"multiple of 128, which no swizzle atom covers")
+        if mma.dtype in FP8_DTYPES:
+            raise Refusal(f"{target} is an 8-bit product staged through shared memory: the 8-bit shape reads its operands "
+                          f"K-major only")
+        grids[target] = WarpGrid(mma.n, tile[mma.n], MMA_M, rows, tile[rows], tile[rows])
+        fragments[target] = replace(fragments[target], col=rows)
+    return replace(plan, grids=grids, fragments=fragments)
+
+
 def statements_refusal(plan: TensorPlan, statements) -> str | None:
     """Why the wgmma printer does not take a launch's statements, or None: it takes the two
     contractions of an online softmax (attention: the softmax packs P into the second's register
@@ -488,10 +523,7 @@ class WgmmaPath(TensorPath):
         if indexed is not None:  # backends/wgmma.py fills its tiles by TMA or cp.async of whole rows only
             raise Refusal(f"{indexed.array} is an implicit GEMM's operand, a sub-tile a tap copied through its window, which "
                           f"mma.sync's printer builds: wgmma's tiles are copied whole")
-        staged = next((target for target, mma in plan.mmas.items() if mma.staged), None)
-        if staged is not None:  # backends/wgmma.py holds one accumulator layout: the warpgroups' rows
-            raise Refusal(f"{staged}'s rows are not {plan.row}: a product staged through shared memory (its A read "
-                          f"transposed) is built on mma.sync")
+        plan = swapped_products(plan, launch, tile)
         copied = _transposed_copies(plan) if plan.dtype in FP8_DTYPES else []
         if split_loop(launch) is not None:  # backends/wgmma.py saves no part state: mma.sync's printer does
             raise Refusal("a split's parts launch: the wgmma epilogue that saves its part states is not written")
@@ -525,12 +557,15 @@ class WgmmaPath(TensorPath):
     @staticmethod
     def _shape(plan, launch, tile: dict, target: str, mma: Mma, copied: list[str]) -> str:
         """The instruction shape of one product, or a refusal: N, k and the operands' tiles."""
-        n = tile[mma.n]
+        n_axis = plan.staged_rows(target) if plan.swapped(target) else mma.n
+        n = tile[n_axis]
         if n % 8 or n > WGMMA_MAX_N:
-            raise Refusal(f"the {mma.n} tile ({n}) of {target} is not a multiple of 8 up to {WGMMA_MAX_N} (m64nNk16)")
+            raise Refusal(f"the {n_axis} tile ({n}) of {target} is not a multiple of 8 up to {WGMMA_MAX_N} (m64nNk16)")
         k = wgmma_k(mma.dtype)
         if tile[mma.k] % k:
             raise Refusal(f"the contracted {mma.k} tile ({tile[mma.k]}) is not a multiple of {k}")
+        if plan.swapped(target):  # A' = B by descriptor, B' = the staged tile (checked by swapped_products)
+            return f"m{WGMMA_M}n{n}k{k}"
         for name in (mma.b,) if mma.a_in_registers else (mma.a, mma.b):
             op = plan.operands[name]
             eb = DTYPE_BYTES[launch.schedule.diagram.arrays[name].dtype]
@@ -547,10 +582,14 @@ class WgmmaPath(TensorPath):
         def major(trans):
             return "MN-major" if trans else "K-major"
 
-        a_from = (f"A = {mma.a} from registers (packed to {mma.dtype})" if mma.a_in_registers
-                  else f"A = {mma.a} by descriptor ({major(mma.a_trans)})")
-        return (f"{target}: wgmma.mma_async.{plan.shapes.get(target, plan.shape)} {mma.dtype} -> f32, {a_from}, "
-                f"B = {mma.b} by descriptor ({major(mma.b_trans)}), staged by "
+        if plan.swapped(target):
+            operands = (f"as its transpose: A = {mma.b} by descriptor ({major(mma.b_trans)}), B = {mma.a} written to "
+                        f"shared memory by descriptor (MN-major)")
+        else:
+            a_from = (f"A = {mma.a} from registers (packed to {mma.dtype})" if mma.a_in_registers
+                      else f"A = {mma.a} by descriptor ({major(mma.a_trans)})")
+            operands = f"{a_from}, B = {mma.b} by descriptor ({major(mma.b_trans)})"
+        return (f"{target}: wgmma.mma_async.{plan.shapes.get(target, plan.shape)} {mma.dtype} -> f32, {operands}, staged by "
                 + (f"TMA ({plan.stages}-stage mbarrier ring)" if plan.tma else f"cp.async (not TMA: {plan.tma_declined})"))
 
     def warp_line(self, plan) -> str:
