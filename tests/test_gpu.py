@@ -351,6 +351,30 @@ def test_reference_on_sampled_rows_passes_a_right_output_and_fails_a_wrong_one(l
     assert gpu_check.compare_with_reference(kernel, program, inputs, case.scalars, wrong, indices)[0] == np.inf
 
 
+@pytest.mark.parametrize("label", ["attention_backward", "attention_backward_deterministic"])
+def test_a_backward_case_reads_its_forwards_outputs_and_its_bound_catches_a_wrong_gradient(label):
+    """O and L come from the forward run on the same Q, K and V (backward_inputs, here through the
+    NumPy backend as cuda.run on a GPU), so exp(S - L) stays finite; the sampled reference check,
+    held to BACKWARD_BOUND, passes the NumPy backend's gradients and fails a wrong one."""
+    case = next(c for c in gpu_check.CASES if c.label == label)
+    case = replace(case, sizes=dict(b=2, h=3, q=150, x=131, d=128), sample={"b": 2, "h": 2})
+    kernel = gpu_check.load_case(case)
+    assert bool(kernel.derivation.schedule.summed) == (case.grad.get("sum_dq", True))
+    inputs = gpu_check.random_inputs(kernel.diagram, case.sizes)
+    inputs = gpu_check.backward_inputs(case, inputs, lambda program, arrays: execute(program, arrays, {})[0])
+    forward = gpu_check.load_forward(case)
+    want = evaluate(forward.diagram, {n: inputs[n] for n in ("Q", "K", "V")}, {}, {a: case.sizes[a] for a in forward.diagram.axes})
+    assert np.abs(inputs["L"].astype(np.float64) - want["L"]).max() < 1e-3 * np.abs(want["L"]).max()
+    program = kernel.gpu_program("H200", **case.sizes)
+    outputs, _ = execute(program, inputs, {})
+    indices = gpu_check.sample_indices(case)
+    error, _ = gpu_check.compare_with_reference(kernel, program, inputs, {}, outputs, indices)
+    assert error <= gpu_check.BACKWARD_BOUND, error
+    wrong = dict(outputs, dK=outputs["dK"].copy())
+    wrong["dK"][-1, -1] = wrong["dK"][-1, -1] * 1.5  # the last head of the last batch is checked
+    assert gpu_check.compare_with_reference(kernel, program, inputs, {}, wrong, indices)[0] > gpu_check.BACKWARD_BOUND
+
+
 class _Event:
     recorded = None
 
