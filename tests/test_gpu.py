@@ -352,10 +352,10 @@ def test_reference_on_sampled_rows_passes_a_right_output_and_fails_a_wrong_one(l
 
 
 @pytest.mark.parametrize("label", ["attention_backward", "attention_backward_deterministic"])
-def test_a_backward_case_reads_its_forwards_outputs_and_its_bound_catches_a_wrong_gradient(label):
+def test_a_backward_case_reads_its_forwards_outputs_and_its_check_catches_a_wrong_gradient(label):
     """O and L come from the forward run on the same Q, K and V (backward_inputs, here through the
-    NumPy backend as cuda.run on a GPU), so exp(S - L) stays finite; the sampled reference check,
-    held to BACKWARD_BOUND, passes the NumPy backend's gradients and fails a wrong one."""
+    NumPy backend as cuda.run on a GPU), so exp(S - L) stays finite; the sampled reference check
+    passes the NumPy backend's gradients and fails a wrong one."""
     case = next(c for c in gpu_check.CASES if c.label == label)
     case = replace(case, sizes=dict(b=2, h=3, q=150, x=131, d=128), sample={"b": 2, "h": 2})
     kernel = gpu_check.load_case(case)
@@ -368,11 +368,11 @@ def test_a_backward_case_reads_its_forwards_outputs_and_its_bound_catches_a_wron
     program = kernel.gpu_program("H200", **case.sizes)
     outputs, _ = execute(program, inputs, {})
     indices = gpu_check.sample_indices(case)
-    error, _ = gpu_check.compare_with_reference(kernel, program, inputs, {}, outputs, indices)
-    assert error <= gpu_check.BACKWARD_BOUND, error
+    error, limit = gpu_check.compare_with_reference(kernel, program, inputs, {}, outputs, indices)
+    assert error <= limit < 0.1, (error, limit)
     wrong = dict(outputs, dK=outputs["dK"].copy())
     wrong["dK"][-1, -1] = wrong["dK"][-1, -1] * 1.5  # the last head of the last batch is checked
-    assert gpu_check.compare_with_reference(kernel, program, inputs, {}, wrong, indices)[0] > gpu_check.BACKWARD_BOUND
+    assert gpu_check.compare_with_reference(kernel, program, inputs, {}, wrong, indices)[0] > limit
 
 
 class _Event:

@@ -82,8 +82,7 @@ def _run(backward, sizes, synchronous: bool, seed: int, monkeypatch):
 def _assert_right(program, inputs, outputs, sizes: dict, context: str):
     """Within the Program's tolerance of the float64 reference, and within 4 bf16 units of the
     largest value of the NumPy backend running the same Program (which packs P and dS to bf16 as
-    the register A does): the tolerance read off a backward's Program is loose (its exponentials'
-    worst case), so the second is the check that catches a wrong operand."""
+    the register A does, and rounds where the emulation rounds)."""
     assert_matches_reference(program, outputs, evaluate(program.diagram, inputs, {}, sizes), context)
     interpreted, _ = numpy_backend.execute(program, inputs, {})
     for name in program.diagram.outputs:

@@ -336,6 +336,12 @@ def test_a_dropped_factor_still_fails_the_check(monkeypatch):
     # f32 arithmetic that computed it (2 u_f32 sqrt(100) 10, over the floor); the f32 output is not rounded
     ("kernel k(A: f16[i k], B: f16[k]) -> Y: f32[i]:\n    H[i] @gmem = A * B\n    Y[i] = exp(H)\n", {"i": 4, "k": 100},
      2 * 2.0**-11 * 10 + 2 * 2.0**-24 * (10 * 10 + 1)),
+    # a difference in the exponent: its terms' magnitudes add (|H| + |C| = 11), as their absolute errors do
+    ("kernel k(A: f16[i k], B: f16[k], C: f32[i]) -> Y: f32[i]:\n    H[i] @gmem = A * B\n    Y[i] = exp(H - C)\n",
+     {"i": 4, "k": 100}, 2 * 2.0**-11 * 11 + 2 * 2.0**-24 * (11 * 10 + 1)),
+    # P read outside the exponent errs linearly in Y: only H, inside it, is amplified (by |H| = 10)
+    ("kernel k(A: f16[i k], B: f16[k], G: f16[i k]) -> Y: f32[i]:\n    H[i] @gmem = A * B\n    P[i] @gmem = G * B\n"
+     "    Y[i] = P * exp(H)\n", {"i": 4, "k": 100}, 2 * 2.0**-11 * (10 + 1) + 2 * 2.0**-24 * (10 * 10 + 10 + 1)),
 ])
 def test_the_tolerance_follows_the_dtypes_and_the_reduction_lengths(text, sizes, expected):
     from napkin_dsl.backends.numpy import tolerance

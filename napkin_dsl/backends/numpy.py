@@ -1144,7 +1144,9 @@ def check_memory(program: Program, limit: float | None = None, tiles: bool = Tru
 #   argument into relative error of its result: exp(S (1 + u)) = exp(S) (1 + u S). So a rounded
 #   value that reaches a softmax or exp counts sqrt(n) times, where sqrt(n) is the magnitude of
 #   that exponential's argument for the run's unit-normal inputs: n the product of the lengths
-#   summed on the way (S = Q * K over d has |S| ~ sqrt(d));
+#   summed on the way (S = Q * K over d has |S| ~ sqrt(d)), the magnitudes of terms added in the
+#   argument added and of factors multiplied. A value the same statement reads outside the
+#   argument (P in the backward's dS = P * (dP - D) + dL * exp(S - L)) is not amplified there;
 # * the compute dtype's own arithmetic (f32) accumulates over each statement's reduction length
 #   n_s (about sqrt(n_s) u, probabilistically), amplified the same way; below a floor for
 #   library functions (the backends' exp, erf) that are not correctly rounded.
@@ -1196,17 +1198,40 @@ def tolerance(program: Program) -> float:
         else:  # maps, max/min/mean, opaque boxes: as large as their operands
             magnitude[s.target] = operands(s)
 
-    def exponential(s: Statement) -> bool:
+    def exponents(s: Statement) -> list:
+        """The arguments of the statement's exponentials: a softmax's operand, a map's exp calls'."""
         if isinstance(s.box, Softmax):
-            return True
-        return isinstance(s.box, Map) and _calls(s.box.expr, EXPONENTIAL)
+            return [s.box.operand]
+        return _arguments(s.box.expr, EXPONENTIAL) if isinstance(s.box, Map) else []
 
-    # amplification[name]: the largest exponential argument the array's values reach.
+    def size(expr) -> float:
+        """An exponential argument's magnitude: its absolute error is about u times it. Terms added
+        or subtracted add their magnitudes (so do their absolute errors), factors multiply theirs;
+        where(c, a, b) is the larger branch's; any other function, the product of what it reads."""
+        if isinstance(expr, Read):
+            return magnitude.get(expr.array, 1.0)
+        if not isinstance(expr, Apply):
+            return 1.0  # a constant or an index: no rounded input of the run's
+        if expr.fn in ("add", "sub"):
+            return sum(size(a) for a in expr.args)
+        if expr.fn in ("mul", "neg"):
+            return math.prod(size(a) for a in expr.args)
+        if expr.fn == "where":
+            return max(size(a) for a in expr.args[1:])
+        return math.prod(magnitude.get(r.array, 1.0) for r in reads(expr))
+
+    # amplification[name]: the largest exponential argument the array's values reach. An array
+    # read inside an exponential's argument reaches that argument's magnitude; one the statement
+    # reads outside it (P in dS = P * (dP - D) + dL * exp(S - L)) errs linearly there, and
+    # reaches only what the statement's own values reach.
     amplification: dict[str, float] = {}
     for s in reversed(diagram.statements):
-        here = operands(s) if exponential(s) else 1.0
-        reach = max(here, amplification.get(s.target, 1.0))
+        arguments = exponents(s)
+        here = max((size(a) for a in arguments), default=1.0)
+        inside = {r.array for a in arguments for r in reads(a)}
+        below = amplification.get(s.target, 1.0)
         for name in s.inputs:
+            reach = max(here, below) if name in inside else below
             amplification[name] = max(amplification.get(name, 1.0), reach)
 
     compute = {s.target: compute_dtype(diagram, s) for s in diagram.statements}
@@ -1250,11 +1275,16 @@ def _fast_calls(expr) -> set[str]:
     return found
 
 
-def _calls(expr, functions) -> bool:
-    """Whether an elementwise expression applies one of ``functions``."""
-    if isinstance(expr, Apply):
-        return expr.fn in functions or any(_calls(a, functions) for a in expr.args)
-    return False
+def _arguments(expr, functions) -> list:
+    """The arguments of every call of one of ``functions`` in an elementwise expression."""
+    if not isinstance(expr, Apply):
+        return []
+    found = list(expr.args) if expr.fn in functions else []
+    for a in expr.args:
+        found += _arguments(a, functions)
+    return found
+
+
 
 
 def default_sizes(kernel, given: dict | None = None) -> dict[str, int]:
