@@ -23,6 +23,11 @@ Level Matrix Multiply-Accumulate"):
   no lane crossing (``layouts.p_to_a_registers``), every k step's registers packed before the
   ``wgmma.fence``; the softmax and the other steps run on the D fragments as the mma.sync printer
   runs them on C fragments (the quad shuffles included);
+* a product with rows of its own (``Mma.staged``: the backward's dQ = dS^T K in the launch
+  grouped over the keys) is computed as its transpose (``TensorPlan.swapped``): dQ^T = K^T dS^T,
+  its n axis (d) on the warpgroups' rows, A' = K by descriptor at the warpgroup's 64 rows of d,
+  B' = dS written by every thread to a canonical tile of its own (:meth:`WgmmaPrinter.stage`,
+  fenced for the async proxy before the barrier that publishes it) by descriptor, MN-major;
 * every chunk, each thread between its ``cp.async.wait_group`` and the barrier:
   ``fence.proxy.async`` (its copies, written through the generic proxy, are seen by the async
   proxy wgmma reads through); every product: ``wgmma.fence`` (the accumulator and A registers were
@@ -69,7 +74,7 @@ register and half the ISA names, through the warp's scratch), written here apart
 encoding.
 
 Deliberately not here: choosing the path (``isel.py``), a reduction before a contraction in a
-wgmma launch, a product with rows of its own (``Mma.staged``: the summed dQ), wgmma left in flight across steps (the softmax of one chunk under the products
+wgmma launch, wgmma left in flight across steps (the softmax of one chunk under the products
 of the next), clusters and TMA multicast, TMA stores, pingpong; the warp-specialized schedule
 (a producer warpgroup, consumers' "empty" mbarriers, ``setmaxnreg``: ``pipeline.py``, which
 extends this printer, for the plans ``paths.wgmma.roles_of`` takes; here thread 0 of the
