@@ -621,14 +621,15 @@ def lse_forward(diagram: Diagram, block_text: str = "") -> tuple[str, tuple[str,
 
 def backward_with_relabel(diagram: Diagram, relabel: syn.RelabelBlock | None, hardware: str | None,
                           rewrite_d: bool = False, save: tuple[str, ...] = (), key_stream: int | None = None,
-                          auxiliary: tuple[str, ...] = (), sum_dq: bool = True) -> Backward:
+                          auxiliary: tuple[str, ...] = (), sum_dq: bool = True, key_group: int | None = None) -> Backward:
     """:func:`backward`, with a relabel block when the forward has one: the forward's group
     partitions on axes that every statement of the backward is woven over (batch and heads for
     attention), at the same levels, on the same hardware. Streams and splits are not derived
     (the text says so; ``napkin tune`` sizes the backward). The block is kept only if the
     backward accepts it (:func:`~napkin_dsl.relabel.make_schedule`). ``key_stream`` sizes the
     query chunks of FA2's key launch (:func:`_keys_schedule`) instead of the forward's stream;
-    ``sum_dq`` computes dQ there too, summed over the key groups (else in a launch of its own).
+    ``sum_dq`` computes dQ there too, summed over the key groups (else in a launch of its own);
+    ``key_group`` sizes its groups of keys instead of the forward's group of queries.
     ``auxiliary``: outputs the forward returns for its backward only (:func:`lse_forward`)."""
     derived = replace(backward(diagram, rewrite_d, save, auxiliary), auxiliary=auxiliary)
     if relabel is None:
@@ -656,7 +657,7 @@ def backward_with_relabel(diagram: Diagram, relabel: syn.RelabelBlock | None, ha
     if not block:
         note = ("# relabelling: none derived (no group of the forward is woven over by every backward statement); "
                 "napkin tune sizes the backward")
-    keyed = _keys_schedule(derived, relabel, hardware, key_stream, sum_dq)
+    keyed = _keys_schedule(derived, relabel, hardware, key_stream, sum_dq, key_group)
     if keyed is not None:
         return replace(keyed, auxiliary=auxiliary)
     lines = derived.text.splitlines()
@@ -680,6 +681,7 @@ class KeySchedule:
     query_outputs: tuple[str, ...]  # gradients contracting the keys (dQ): grouped over queries
     renamed: dict = field(default_factory=dict)  # statement recomputed in the query launch -> its name there
     key_stream: int = 0  # the key launch's query chunk
+    key_group: int = 0  # the key launch's group of keys
     # A query gradient the key launch computes instead (FA2's dQ), each key group adding its
     # product into it in device memory, in f32 (relabel.summed_over_groups) -> that sum's name
     # (the gradient itself when it is f32; else cast by a launch of its own). Empty: the query
@@ -729,7 +731,7 @@ def _rename(text: str, names: dict) -> str:
 
 
 def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str | None,
-                   key_stream: int | None = None, sum_dq: bool = True) -> Backward | None:
+                   key_stream: int | None = None, sum_dq: bool = True, key_group: int | None = None) -> Backward | None:
     """FA2's schedule of a backward whose gradients split into those woven over a key axis and
     those contracting it (:func:`_key_axes`), as launches the front end accepts, or None.
 
@@ -747,9 +749,11 @@ def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str |
       its own that recomputes what it reads (renamed ``S_1``...) grouped over the queries and
       streaming the keys, as the forward does: seven products, and no atomic adds.
 
-    The sizes are the forward's: its group size of the queries groups the keys, its stream size
-    streams the queries (or ``key_stream``, which :meth:`Kernel.backward_options` prices: the key
-    launch holds dK and dV whole, so its query chunk is what fits the rest of its fragments);
+    The sizes are the forward's: its group size of the queries groups the keys (or
+    ``key_group``), its stream size streams the queries (or ``key_stream``; both
+    :meth:`Kernel.backward_options` prices: the key launch holds dK and dV whole, so its query
+    chunk is what fits the rest of its fragments, and on wgmma a summed dQ's d is the key group's
+    rows);
     ``napkin tune`` resizes them. None when the forward has no block, the
     gradients do not split so, or the front end refuses the block (a softmax that must see whole
     rows, as attention's without a saved lse)."""
@@ -775,6 +779,7 @@ def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str |
     group_size = forward.get(("group", q), 128)
     stream_size = forward.get(("stream", x), 64)
     key_chunk = key_stream or stream_size
+    keys = key_group or group_size
     unit = [(p.axis, p.size) for lv in relabel.levels for p in lv.partitions
             if p.kind == "group" and p.targets is None and p.axis not in (x, q)
             and all(p.axis in s.woven for s in diagram.statements)]
@@ -836,7 +841,7 @@ def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str |
         head, rest = _rename(written[dq], {dq: total}).split(" = ", 1)
         dtype = "" if total == dq else f" {SUMMED_DTYPE}"  # an output's dtype is its signature's
         body.append(f"{head} @gmem{dtype} = {rest}    # summed over the groups of {x}, atomically")
-    clauses.append(f"    {level} for {', '.join(launched)}: {unit_prefix}{x} {group_size}; stream {q} {key_chunk}")
+    clauses.append(f"    {level} for {', '.join(launched)}: {unit_prefix}{x} {keys}; stream {q} {key_chunk}")
     if summed:
         casts = [dq for dq, total in summed.items() if total != dq]
         if casts:
@@ -875,7 +880,7 @@ def _keys_schedule(derived: Backward, relabel: syn.RelabelBlock, hardware: str |
     except NapkinError:
         return None
     schedule = KeySchedule(x, q, tuple(sorted(stats, key=list(diagram.arrays).index)), tuple(key_outputs),
-                           tuple(query_outputs), renamed, key_chunk, summed)
+                           tuple(query_outputs), renamed, key_chunk, keys, summed)
     return Backward(text + block, derived.name, derived.saved, derived.recomputed, derived.cotangents,
                     derived.gradients, schedule)
 

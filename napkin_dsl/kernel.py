@@ -393,7 +393,7 @@ class Kernel:
 
     def grad(self, rewrite_d: bool | None = None, save: tuple[str, ...] = (), hardware: str | None = None,
              key_stream: int | None = None, save_lse: bool | None = None, sum_dq: bool | None = None,
-             **sizes: int) -> Kernel:
+             key_group: int | None = None, **sizes: int) -> Kernel:
         """The backward kernel, derived from the diagram (``grad.py``): a Kernel of its own, parsed
         back from its text (``.source``) through the normal front end. Its parameters are the
         forward's inputs it reads, the forward outputs it reads (saved) and one cotangent per
@@ -412,29 +412,32 @@ class Kernel:
         ``sum_dq``: FA2's key launch computes dQ as well, each key group adding its part into an
         f32 sum in device memory atomically (True: five products, not deterministic), or dQ has a
         launch of its own that recomputes what it reads (False: seven products, deterministic);
-        default True, or with sizes the model's pick."""
-        undecided = rewrite_d is None or key_stream is None or save_lse is None or sum_dq is None
+        default True, or with sizes the model's pick. ``key_group``: the key launch's group of keys
+        (default: the forward's group of queries, or with sizes the model's pick)."""
+        undecided = (rewrite_d is None or key_stream is None or save_lse is None or sum_dq is None
+                     or key_group is None)
         if sizes and set(self.diagram.axes) <= set(sizes) and undecided:
-            choice = ("grad choice", rewrite_d, tuple(save), key_stream, save_lse, sum_dq, hardware,
+            choice = ("grad choice", rewrite_d, tuple(save), key_stream, save_lse, sum_dq, key_group, hardware,
                       tuple(sorted(sizes.items())))
             if choice not in self._cache:  # priced once per shape (an autograd call asks every step)
                 best = self.backward_options(hardware, saves=(tuple(save),), rewrite_d=rewrite_d,
-                                             key_stream=key_stream, save_lse=save_lse, sum_dq=sum_dq, **sizes)[0]
-                self._cache[choice] = (best.rewrite_d, best.key_stream, best.save_lse, best.sum_dq)
-            rewrite_d, key_stream, save_lse, sum_dq = self._cache[choice]
+                                             key_stream=key_stream, save_lse=save_lse, sum_dq=sum_dq,
+                                             key_group=key_group, **sizes)[0]
+                self._cache[choice] = (best.rewrite_d, best.key_stream, best.save_lse, best.sum_dq, best.key_group)
+            rewrite_d, key_stream, save_lse, sum_dq, key_group = self._cache[choice]
         rewrite_d = True if rewrite_d is None else rewrite_d
         sum_dq = True if sum_dq is None else sum_dq
         forward = self.lse_forward() if save_lse else None
         if save_lse and forward is None:
             raise NapkinError(f"save_lse: {self.name} has no softmax without an lse output to add one for")
-        key = ("grad", rewrite_d, tuple(save), key_stream, bool(save_lse), sum_dq)
+        key = ("grad", rewrite_d, tuple(save), key_stream, bool(save_lse), sum_dq, key_group)
         if key not in self._cache:
             from .grad import backward_with_relabel
 
             source = forward or self
             added = tuple(o for o in source.diagram.outputs if o not in self.diagram.outputs)
             derived = backward_with_relabel(source.diagram, source.relabel, source.hardware, rewrite_d, tuple(save),
-                                            key_stream, added, sum_dq)
+                                            key_stream, added, sum_dq, key_group)
             kernel = load(derived.text, hardware=self.hardware)[derived.name]
             kernel.derivation = derived
             self._cache[key] = kernel
@@ -442,7 +445,7 @@ class Kernel:
 
     def backward_options(self, hardware: str | None = None, saves=None, rewrite_d: bool | None = None,
                          key_stream: int | None = None, save_lse: bool | None = None, sum_dq: bool | None = None,
-                         **sizes: int) -> list[BackwardOption]:
+                         key_group: int | None = None, **sizes: int) -> list[BackwardOption]:
         """The backward's choices priced by the model at ``sizes``, cheapest first:
 
         * FA2's D rewrite or not (``rewrite_d`` fixes it);
@@ -456,7 +459,10 @@ class Kernel:
           run on tensor cores);
         * dQ summed over the key groups in the key launch by atomic adds, or computed in a launch of
           its own, deterministically (``sum_dq`` fixes it; the second is listed only where the
-          first is built).
+          first is built);
+        * the key launch's group of keys (``key_group`` fixes it; else the forward's group of
+          queries and 64, one wgmma warpgroup: a summed dQ on wgmma takes d on the key group's
+          rows, so d = 64 needs 64 keys).
 
         Each saved value costs the forward its write to device memory at the bandwidth into the
         level below (a lower bound: the forward's own schedule may also change) on top of the
@@ -504,9 +510,11 @@ class Kernel:
                         rewrite_d=rewrite, key_stream=key_stream, **dict(variant, sum_dq=True)).derivation.schedule.summed):
                     continue  # no dQ summed over key groups: the same kernel
                 chunks = [key_stream] if key_stream is not None or keyed is None else _halvings(keyed.key_stream)
-                for chunk in chunks:
-                    backward = (plain if keyed is None or chunk == keyed.key_stream
-                                else self.grad(rewrite_d=rewrite, key_stream=chunk, **variant))
+                groups = ([key_group] if key_group is not None or keyed is None
+                          else [keyed.key_group] + ([KEY_GROUP] if keyed.key_group > KEY_GROUP else []))
+                for chunk, group in itertools.product(chunks, groups):
+                    backward = (plain if keyed is None or (chunk, group) == (keyed.key_stream, keyed.key_group)
+                                else self.grad(rewrite_d=rewrite, key_stream=chunk, key_group=group, **variant))
                     try:
                         predicted = backward.cost(hardware, **{a: sizes[a] for a in backward.diagram.axes}).time["overlapped_s"]
                     except NapkinError as error:
@@ -516,9 +524,10 @@ class Kernel:
                                         else (float("inf"), "no time: the profile has no rates"))
                     summed = bool(keyed is not None and backward.derivation.schedule.summed)
                     options.append(BackwardOption(seconds + forward_s, seconds, forward_s, rewrite, tuple(save), why,
-                                                  chunk, lse, summed))
+                                                  chunk, lse, summed, group if keyed is not None else None))
         return sorted(options, key=lambda o: (o.seconds, not o.rewrite_d, len(o.save), o.save_lse,
-                                              -(o.key_stream if isinstance(o.key_stream, int) else 0), not o.sum_dq))
+                                              -(o.key_stream if isinstance(o.key_stream, int) else 0), not o.sum_dq,
+                                              -(o.key_group if isinstance(o.key_group, int) else 0)))
 
     def __call__(self, *arrays, backend: str = "numpy", cast: bool = False, hardware: str | None = None,
                  impls: dict | None = None, sizes: dict | None = None, **named):
@@ -575,6 +584,13 @@ class BackwardOption:
     key_stream: int | None = None  # the query chunk of FA2's key launch (None: no key launch)
     save_lse: bool = False  # the forward adds an lse output per softmax (Kernel.lse_forward)
     sum_dq: bool = False  # dQ summed over the key groups in the key launch, atomically (not deterministic)
+    key_group: int | None = None  # the key launch's group of keys (None: no key launch)
+
+
+# The other group of keys the backward's options price beside the forward's group of queries: one
+# wgmma warpgroup's rows, which a summed dQ computed transposed needs at d = 64
+# (paths.wgmma.swapped_products).
+KEY_GROUP = 64
 
 
 def _halvings(size: int, least: int = 16) -> list[int]:

@@ -47,8 +47,7 @@ matmul at m=n=k=8192, each with its example's relabel block), it
    ``$OUT/gpu_check.json`` (after every row, so a run cut short leaves what it had).
 
 Two rows are attention's derived backward (``Case.grad``: ``Kernel.grad`` at the case's sizes),
-as the model picks it (dQ summed over the key groups by atomic adds) and deterministic (dQ in a
-launch of its own): its inputs O and L come from the forward run on the GPU first
+with dQ summed over the key groups by atomic adds and deterministic (dQ in a launch of its own): its inputs O and L come from the forward run on the GPU first
 (``backward_inputs``), its gradients on the sampled heads are held to the tolerance as every
 row's are, torch's SDPA backward is timed beside it, and the deterministic one's gradients after
 the timed runs must equal ``run``'s bit for bit (the summed one's, within the tolerance).
@@ -289,13 +288,13 @@ CASES: list[Case] = [
     # within quads into the ISA's key order
     Case("fp8_attention_vt", "fp8_attention_vt.napkin", "fp8_attention_vt", {"b": 1, "h": 4, "qb": 8, "qi": 128, "x": 1024, "d": 128},
          {}, None),
-    # The derived backward of attention (issue 47), as the model picks it (on sm_90a: the key launch
-    # on wgmma, dQ summed over the key groups by atomic adds), and the deterministic choice (dQ in a
-    # launch of its own); O and L from the forward on the GPU, the gradients of 2 x 2 heads checked,
+    # The derived backward of attention (issue 47): dQ summed over the key groups by atomic adds
+    # (five products; on sm_90a the key launch on wgmma, dQ computed transposed), and the
+    # deterministic choice (dQ in a launch of its own); the rest as the model picks it; O and L from the forward on the GPU, the gradients of 2 x 2 heads checked,
     # torch's SDPA backward timed beside them. The deterministic one's gradients must be the same
     # bits after the timed runs; the summed one's within the tolerance.
     Case("attention_backward", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 4096, "x": 4096, "d": 128},
-         {"b": 2, "h": 2}, "sdpa_backward", grad={}),
+         {"b": 2, "h": 2}, "sdpa_backward", grad={"sum_dq": True}),
     Case("attention_backward_deterministic", "attention.napkin", "attention", {"b": 4, "h": 32, "q": 4096, "x": 4096, "d": 128},
          {"b": 2, "h": 2}, "sdpa_backward", grad={"sum_dq": False}),
 ]

@@ -359,7 +359,7 @@ def test_a_backward_case_reads_its_forwards_outputs_and_its_check_catches_a_wron
     case = next(c for c in gpu_check.CASES if c.label == label)
     case = replace(case, sizes=dict(b=2, h=3, q=150, x=131, d=128), sample={"b": 2, "h": 2})
     kernel = gpu_check.load_case(case)
-    assert bool(kernel.derivation.schedule.summed) == (case.grad.get("sum_dq", True))
+    assert bool(kernel.derivation.schedule.summed) == case.grad["sum_dq"]
     inputs = gpu_check.random_inputs(kernel.diagram, case.sizes)
     inputs = gpu_check.backward_inputs(case, inputs, lambda program, arrays: execute(program, arrays, {})[0])
     forward = gpu_check.load_forward(case)

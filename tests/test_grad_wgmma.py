@@ -214,3 +214,28 @@ def test_a_products_accumulator_packed_as_a_later_register_a_is_waited_for(synch
     inputs, scalars = random_inputs(kernel.diagram, sizes)
     outputs = opencl.run(program, inputs, scalars, arch="sm_90a", synchronous=synchronous)
     assert_matches_reference(program, outputs, evaluate(kernel.diagram, inputs, scalars, sizes), "packed")
+
+
+def test_at_d64_the_model_groups_64_keys_so_that_the_summed_dq_runs_on_wgmma():
+    """A summed dQ computed transposed takes d on the key group's rows: at d = 64, one warpgroup
+    of 64 keys (Kernel.backward_options prices the forward's 128 and 64)."""
+    (kernel,) = napkin.load(EXAMPLES / "attention.napkin").values()
+    sizes = dict(LONG, d=64)
+    backward = kernel.grad(**sizes)
+    schedule = backward.derivation.schedule
+    assert schedule.summed and schedule.key_group == 64
+    selected = select_program(backward.gpu_program(None, **sizes))
+    assert selected.paths == ("fma", "wgmma", "fma") and selected[1].plan.row_tile == 64
+    assert selected[1].plan.swapped("dQ_f32")
+    options = kernel.backward_options(**sizes)
+    assert (options[0].sum_dq, options[0].key_group) == (True, 64)
+    wide = [o for o in options if o.sum_dq and o.key_group == 128 and o.key_stream == options[0].key_stream]
+    assert wide and min(o.seconds for o in wide) > options[0].seconds  # 128 keys: dQ on mma.sync
+
+
+def test_the_summed_backward_with_64_keys_matches_the_reference_on_pocl(monkeypatch, opencl_device):
+    backward = _forward().grad(key_stream=32, sum_dq=True, key_group=64)
+    sizes = dict(RAGGED, d=64)
+    program, inputs, outputs = _run(backward, sizes, False, 2, monkeypatch)
+    assert select_program(program, "sm_90a")[1].plan.row_tile == 64
+    _assert_right(program, inputs, outputs, sizes, "64 keys")
