@@ -827,7 +827,12 @@ class TensorPrinter(KernelWriter):
 
         nt = self.plan.cols_per_warp(col, self.tile) // MMA_N
         self.loop("mt", self.plan.m_tiles, lambda: self.loop("nt", nt, lambda: self.loop("h", MMA_C_PAIR.extent("h"), write)))
+        self.stage_written()
         self.emit(f"NK_SYNC();  // {name}'s staged tile is whole before any warp reads it")
+
+    def stage_written(self):
+        """After a thread's writes of a staged tile, before the barrier that publishes them
+        (ldmatrix reads them through the generic proxy: nothing here)."""
 
     # -- transfers
     def copy_constants(self):

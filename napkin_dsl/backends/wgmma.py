@@ -26,7 +26,7 @@ Level Matrix Multiply-Accumulate"):
 * a product with rows of its own (``Mma.staged``: the backward's dQ = dS^T K in the launch
   grouped over the keys) is computed as its transpose (``TensorPlan.swapped``): dQ^T = K^T dS^T,
   its n axis (d) on the warpgroups' rows, A' = K by descriptor at the warpgroup's 64 rows of d,
-  B' = dS written by every thread to a canonical tile of its own (:meth:`WgmmaPrinter.stage`,
+  B' = dS written by every thread to a canonical tile of its own (:meth:`WgmmaPrinter.stage_written`,
   fenced for the async proxy before the barrier that publishes it) by descriptor, MN-major;
 * every chunk, each thread between its ``cp.async.wait_group`` and the barrier:
   ``fence.proxy.async`` (its copies, written through the generic proxy, are seen by the async
@@ -773,15 +773,11 @@ class WgmmaPrinter(TensorPrinter):
             da = self.descriptor_expr(a_name, not a_trans, a_row, kk * k)
             self.emit(wgmma_call(d.name, accumulators, da, db, n, m.dtype, a_trans, b_trans))
 
-    def stage(self, name: str, dtype: str):
-        """The mma.sync printer's staging of fragment ``name`` (dS), into a canonical tile here,
-        which the swapped product reads by descriptor: each thread's writes, through the generic
-        proxy, fenced for the async proxy before the barrier that publishes them."""
-        super().stage(name, dtype)
-        last = self.lines.pop()
-        assert "NK_SYNC();" in last, "napkin bug: a staged tile is published by a barrier"
+    def stage_written(self):
+        """A staged tile (dS, a canonical tile here, which the swapped product reads by
+        descriptor): each thread's writes, through the generic proxy, fenced for the async proxy
+        before the barrier that publishes them."""
         self.emit("NK_FENCE_PROXY_ASYNC();  // this thread's writes, seen by the async proxy wgmma reads through")
-        self.lines.append(last)
 
     def transpose(self, name: str):
         """An operand's chunk (``plan.transposed``: V [x d] under an fp8 P, a GEMM's B [k n] or A
